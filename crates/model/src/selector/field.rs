@@ -216,7 +216,9 @@ fn parse_term(input: &str, start: usize, term: &str) -> Result<FieldRequirement,
     let Some((at, len, op)) = found else {
         return Err(err(
             start,
-            format!("'{term}' is not a field requirement: expected 'path=value', 'path==value' or 'path!=value'"),
+            format!(
+                "'{term}' is not a field requirement: expected 'path=value', 'path==value' or 'path!=value'"
+            ),
         ));
     };
     let path = term[..at].trim();
@@ -224,7 +226,10 @@ fn parse_term(input: &str, start: usize, term: &str) -> Result<FieldRequirement,
         return Err(err(start, "a field path must not be empty".into()));
     }
     if let Some(bad) = path.find(|c: char| c.is_whitespace() || c == '\\') {
-        return Err(err(start + bad, format!("field path '{path}' must not contain spaces or '\\'")));
+        return Err(err(
+            start + bad,
+            format!("field path '{path}' must not contain spaces or '\\'"),
+        ));
     }
     let raw = &term[at + len..];
     let value = unescape(raw).map_err(|(offset, m)| err(start + at + len + offset, m))?;

@@ -293,7 +293,10 @@ impl<'a> Parser<'a> {
                 (_, Token::End) => break,
                 (_, Token::Comma) => continue,
                 (pos, t) => {
-                    return Err(self.err(pos, format!("expected ',' or end of input, found {}", t.describe())));
+                    return Err(self.err(
+                        pos,
+                        format!("expected ',' or end of input, found {}", t.describe()),
+                    ));
                 }
             }
         }
@@ -365,7 +368,10 @@ impl<'a> Parser<'a> {
             // `in` and `notin` are valid label keys when they stand where a key goes.
             Token::In => Ok("in".into()),
             Token::NotIn => Ok("notin".into()),
-            other => Err(self.err(pos, format!("expected a label key, found {}", other.describe()))),
+            other => Err(self.err(
+                pos,
+                format!("expected a label key, found {}", other.describe()),
+            )),
         }
     }
 
@@ -394,7 +400,13 @@ impl<'a> Parser<'a> {
     fn value_set(&mut self) -> Result<BTreeSet<String>, SelectorError> {
         let (pos, t) = self.next();
         if t != Token::Open {
-            return Err(self.err(pos, format!("expected '(' to open a set of values, found {}", t.describe())));
+            return Err(self.err(
+                pos,
+                format!(
+                    "expected '(' to open a set of values, found {}",
+                    t.describe()
+                ),
+            ));
         }
         let mut values = BTreeSet::new();
         loop {
@@ -419,7 +431,10 @@ impl<'a> Parser<'a> {
                     continue;
                 }
                 other => {
-                    return Err(self.err(pos, format!("expected a value or ')', found {}", other.describe())));
+                    return Err(self.err(
+                        pos,
+                        format!("expected a value or ')', found {}", other.describe()),
+                    ));
                 }
             }
             let (pos, t) = self.next();
@@ -427,7 +442,13 @@ impl<'a> Parser<'a> {
                 Token::Comma => continue,
                 Token::Close => return Ok(values),
                 other => {
-                    return Err(self.err(pos, format!("expected ',' or ')' in a set of values, found {}", other.describe())));
+                    return Err(self.err(
+                        pos,
+                        format!(
+                            "expected ',' or ')' in a set of values, found {}",
+                            other.describe()
+                        ),
+                    ));
                 }
             }
         }
@@ -462,16 +483,22 @@ fn validate_key(key: &str) -> Result<(), String> {
     match key.split_once('/') {
         Some((prefix, name)) => {
             if prefix.is_empty() || prefix.len() > 253 {
-                return Err(format!("label key prefix '{prefix}' must be a DNS subdomain of 1 to 253 characters"));
+                return Err(format!(
+                    "label key prefix '{prefix}' must be a DNS subdomain of 1 to 253 characters"
+                ));
             }
             let dns_ok = prefix.split('.').all(|part| {
                 !part.is_empty()
-                    && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                     && !part.starts_with('-')
                     && !part.ends_with('-')
             });
             if !dns_ok {
-                return Err(format!("label key prefix '{prefix}' must be a lowercase DNS subdomain"));
+                return Err(format!(
+                    "label key prefix '{prefix}' must be a lowercase DNS subdomain"
+                ));
             }
             validate_name(name, "label key name")
         }
@@ -492,14 +519,20 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn parses_every_operator() {
         let s = LabelSelector::parse("a=1,b==2,c!=3,d in (x, y),e notin (z),f,!g,h>5,i<7").unwrap();
         assert_eq!(s.requirements().len(), 9);
-        assert_eq!(s.requirements()[3], Requirement::In("d".into(), ["x".to_string(), "y".to_string()].into()));
+        assert_eq!(
+            s.requirements()[3],
+            Requirement::In("d".into(), ["x".to_string(), "y".to_string()].into())
+        );
         assert_eq!(s.requirements()[6], Requirement::DoesNotExist("g".into()));
     }
 
@@ -512,7 +545,10 @@ mod tests {
         assert!(m("app==web,tier in (t0,t1)"));
         assert!(!m("app!=web"));
         assert!(m("missing!=x"), "!= holds when the label is absent");
-        assert!(m("missing notin (x)"), "notin holds when the label is absent");
+        assert!(
+            m("missing notin (x)"),
+            "notin holds when the label is absent"
+        );
         assert!(!m("missing in (x)"));
         assert!(m("app"));
         assert!(!m("!app"));

@@ -64,8 +64,12 @@ mod proptests {
                 Requirement::NotIn(_, s) => !v.is_some_and(|v| s.contains(v)),
                 Requirement::Exists(_) => v.is_some(),
                 Requirement::DoesNotExist(_) => v.is_none(),
-                Requirement::GreaterThan(_, n) => v.and_then(|v| v.parse::<i64>().ok()).is_some_and(|x| x > *n),
-                Requirement::LessThan(_, n) => v.and_then(|v| v.parse::<i64>().ok()).is_some_and(|x| x < *n),
+                Requirement::GreaterThan(_, n) => v
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|x| x > *n),
+                Requirement::LessThan(_, n) => v
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|x| x < *n),
             }
         })
     }

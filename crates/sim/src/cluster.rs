@@ -1,0 +1,431 @@
+//! One simulated cluster: its store, who may use it, the faults it is told to show,
+//! and counts of the requests it served.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, watch};
+
+use crate::resource::{self, ResourceDef};
+use crate::status::ApiError;
+use crate::store::Store;
+
+/// Settings of one simulated cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The cluster's name (the kubeconfig context written for it).
+    pub name: String,
+    /// How many changes the history keeps; older resourceVersions answer 410. Default 10,000.
+    pub history: usize,
+    /// How many changes a watch may fall behind before it is ended. Default 16,384.
+    pub watch_buffer: usize,
+    /// How often a watch with bookmarks sends one. Default 60 s, as a real apiserver.
+    pub bookmark_interval: Duration,
+    /// A watch without `timeoutSeconds` is ended after a random time in this range. Default 5 to 10 minutes.
+    pub watch_lifetime: (Duration, Duration),
+    /// Bearer tokens the cluster accepts.
+    pub tokens: Vec<Token>,
+    /// The types served at start.
+    pub resources: Vec<ResourceDef>,
+}
+
+impl ClusterConfig {
+    /// Defaults for a cluster of this name, with one token (`<name>-token`, user `<name>-admin`).
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            history: 10_000,
+            watch_buffer: 16_384,
+            bookmark_interval: Duration::from_secs(60),
+            watch_lifetime: (Duration::from_secs(300), Duration::from_secs(600)),
+            tokens: vec![Token::new(
+                &format!("{name}-token"),
+                &format!("{name}-admin"),
+            )],
+            resources: resource::builtin(),
+        }
+    }
+}
+
+/// A bearer token and what it may not touch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// The token text.
+    pub token: String,
+    /// The user it authenticates as.
+    pub user: String,
+    /// Resource ids (`pods`, `deployments.apps`) this token is forbidden (403).
+    pub denied: BTreeSet<String>,
+}
+
+impl Token {
+    /// A token with full access.
+    pub fn new(token: &str, user: &str) -> Self {
+        Self {
+            token: token.into(),
+            user: user.into(),
+            denied: BTreeSet::new(),
+        }
+    }
+}
+
+/// Request verbs, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verb {
+    /// GET of one object.
+    Get,
+    /// LIST.
+    List,
+    /// WATCH.
+    Watch,
+    /// POST.
+    Create,
+    /// PUT.
+    Update,
+    /// PATCH.
+    Patch,
+    /// DELETE.
+    Delete,
+    /// A discovery document (`/version`, `/api`, `/apis/...`).
+    Discovery,
+}
+
+impl Verb {
+    /// Upper-case name, as in `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "GET",
+            Verb::List => "LIST",
+            Verb::Watch => "WATCH",
+            Verb::Create => "CREATE",
+            Verb::Update => "UPDATE",
+            Verb::Patch => "PATCH",
+            Verb::Delete => "DELETE",
+            Verb::Discovery => "DISCOVERY",
+        }
+    }
+
+    /// The RBAC verb.
+    pub fn rbac(self) -> &'static str {
+        match self {
+            Verb::Get | Verb::Discovery => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+/// A signal to every live watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatchControl {
+    /// Cut the connection without a clean end.
+    Drop,
+    /// Send a 410 `ERROR` event, then end.
+    Expire,
+}
+
+/// How long an injected failure lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailFor {
+    /// The next N requests.
+    Requests(usize),
+    /// Every request for this long.
+    Duration(Duration),
+}
+
+#[derive(Debug)]
+struct Failure {
+    code: u16,
+    until: Option<Instant>,
+    remaining: Option<usize>,
+}
+
+pub(crate) struct Faults {
+    pub(crate) control: broadcast::Sender<WatchControl>,
+    pub(crate) frozen: watch::Sender<bool>,
+    pub(crate) stalls_pending: AtomicUsize,
+    pub(crate) stall_release: watch::Sender<u64>,
+    failure: Mutex<Option<Failure>>,
+}
+
+/// A simulated cluster. Cheap to clone; every clone is the same cluster.
+#[derive(Clone)]
+pub struct Cluster(Arc<Inner>);
+
+/// The shared state behind a [`Cluster`].
+pub struct Inner {
+    /// Settings.
+    pub config: ClusterConfig,
+    /// The objects.
+    pub store: Store,
+    tokens: Mutex<Vec<Token>>,
+    pub(crate) faults: Faults,
+    counters: Mutex<BTreeMap<(Verb, String), u64>>,
+}
+
+impl Deref for Cluster {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Cluster {
+    /// A new, empty cluster (no namespaces yet).
+    pub fn new(config: ClusterConfig) -> Self {
+        let store = Store::new(
+            &config.name,
+            config.resources.clone(),
+            config.history,
+            config.watch_buffer,
+        );
+        let (control, _) = broadcast::channel(16);
+        let (frozen, _) = watch::channel(false);
+        let (stall_release, _) = watch::channel(0);
+        Cluster(Arc::new(Inner {
+            tokens: Mutex::new(config.tokens.clone()),
+            config,
+            store,
+            faults: Faults {
+                control,
+                frozen,
+                stalls_pending: AtomicUsize::new(0),
+                stall_release,
+                failure: Mutex::new(None),
+            },
+            counters: Mutex::new(BTreeMap::new()),
+        }))
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The first configured token, the one a written kubeconfig uses.
+    pub fn admin_token(&self) -> String {
+        lock(&self.tokens)
+            .first()
+            .map(|t| t.token.clone())
+            .unwrap_or_default()
+    }
+
+    /// Accepts a further token.
+    pub fn add_token(&self, token: Token) {
+        lock(&self.tokens).push(token);
+    }
+
+    /// Stops accepting a token: its requests get 401.
+    pub fn revoke_token(&self, token: &str) {
+        lock(&self.tokens).retain(|t| t.token != token);
+    }
+
+    /// Forbids (403) or allows again one resource id for one token.
+    pub fn set_denied(&self, token: &str, resource_id: &str, denied: bool) {
+        for t in lock(&self.tokens).iter_mut().filter(|t| t.token == token) {
+            if denied {
+                t.denied.insert(resource_id.to_string());
+            } else {
+                t.denied.remove(resource_id);
+            }
+        }
+    }
+
+    /// The user a bearer token authenticates as, and the resource ids it is denied.
+    pub(crate) fn authenticate(
+        &self,
+        token: Option<&str>,
+    ) -> Result<(String, BTreeSet<String>), ApiError> {
+        let token = token.ok_or_else(ApiError::unauthorized)?;
+        lock(&self.tokens)
+            .iter()
+            .find(|t| t.token == token)
+            .map(|t| (t.user.clone(), t.denied.clone()))
+            .ok_or_else(ApiError::unauthorized)
+    }
+
+    /// Counts a request.
+    pub(crate) fn count(&self, verb: Verb, resource: &str) {
+        *lock(&self.counters)
+            .entry((verb, resource.to_string()))
+            .or_default() += 1;
+    }
+
+    /// How many requests of a verb reached a resource id (`""` for discovery).
+    pub fn requests(&self, verb: Verb, resource: &str) -> u64 {
+        lock(&self.counters)
+            .get(&(verb, resource.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many requests of a verb reached any resource.
+    pub fn requests_of(&self, verb: Verb) -> u64 {
+        lock(&self.counters)
+            .iter()
+            .filter(|((v, _), _)| *v == verb)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Every counter.
+    pub fn request_counts(&self) -> BTreeMap<(Verb, String), u64> {
+        lock(&self.counters).clone()
+    }
+
+    /// Sets every counter back to zero.
+    pub fn reset_counters(&self) {
+        lock(&self.counters).clear();
+    }
+
+    /// The counters in Prometheus text format, as served at `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::from(
+            "# HELP sim_requests_total Requests served, by verb and resource.\n# TYPE sim_requests_total counter\n",
+        );
+        for ((verb, resource), n) in lock(&self.counters).iter() {
+            out.push_str(&format!(
+                "sim_requests_total{{verb=\"{}\",resource=\"{resource}\"}} {n}\n",
+                verb.as_str()
+            ));
+        }
+        out.push_str(&format!(
+            "# HELP sim_resource_version The cluster's current resourceVersion.\n# TYPE sim_resource_version gauge\nsim_resource_version {}\n",
+            self.store.resource_version()
+        ));
+        out.push_str("# HELP sim_objects Objects held, by resource.\n# TYPE sim_objects gauge\n");
+        for def in self.store.defs() {
+            out.push_str(&format!(
+                "sim_objects{{resource=\"{}\"}} {}\n",
+                def.id(),
+                self.store.count(&def.id())
+            ));
+        }
+        out
+    }
+
+    // ---- fault injection ----
+
+    /// Cuts every live watch connection at once, without a clean end.
+    pub fn drop_watches(&self) {
+        let _ = self.faults.control.send(WatchControl::Drop);
+    }
+
+    /// Sends every live watch a 410 `ERROR` event and ends it, as an apiserver does to
+    /// a watcher that fell behind its cache.
+    pub fn expire_watches(&self) {
+        let _ = self.faults.control.send(WatchControl::Expire);
+    }
+
+    /// The next `n` watch requests are accepted and never answered (no headers), until
+    /// [`Cluster::release_stalls`] or the connection is cut.
+    pub fn stall_next_watches(&self, n: usize) {
+        self.faults.stalls_pending.store(n, Ordering::SeqCst);
+    }
+
+    /// Ends every stalled watch request (the connection closes) and cancels pending stalls.
+    pub fn release_stalls(&self) {
+        self.faults.stalls_pending.store(0, Ordering::SeqCst);
+        self.faults.stall_release.send_modify(|g| *g += 1);
+    }
+
+    /// Takes one pending stall, if any.
+    pub(crate) fn take_stall(&self) -> bool {
+        self.faults
+            .stalls_pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Freezes (true) or thaws (false) every live watch: a frozen watch keeps its
+    /// connection open and sends nothing, not even bookmarks or its timeout end.
+    pub fn freeze_watches(&self, frozen: bool) {
+        self.faults.frozen.send_replace(frozen);
+    }
+
+    /// Answers every API request with `code` (429 or 500) for a while.
+    pub fn fail_requests(&self, code: u16, fail_for: FailFor) {
+        let (until, remaining) = match fail_for {
+            FailFor::Requests(n) => (None, Some(n)),
+            FailFor::Duration(d) => (Some(Instant::now() + d), None),
+        };
+        *lock(&self.faults.failure) = Some(Failure {
+            code,
+            until,
+            remaining,
+        });
+    }
+
+    /// Stops injected failures.
+    pub fn clear_failures(&self) {
+        *lock(&self.faults.failure) = None;
+    }
+
+    /// The injected failure this request gets, if any.
+    pub(crate) fn injected_failure(&self) -> Option<ApiError> {
+        let mut failure = lock(&self.faults.failure);
+        let f = failure.as_mut()?;
+        if f.until.is_some_and(|u| Instant::now() >= u) || f.remaining == Some(0) {
+            *failure = None;
+            return None;
+        }
+        if let Some(r) = f.remaining.as_mut() {
+            *r -= 1;
+        }
+        Some(match f.code {
+            429 => ApiError::too_many_requests(),
+            _ => ApiError::internal("injected failure"),
+        })
+    }
+
+    /// Forgets all history (as etcd compaction): older resourceVersions and continue tokens answer 410.
+    pub fn compact(&self) {
+        self.store.compact();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_end_after_their_count() {
+        let c = Cluster::new(ClusterConfig::new("a"));
+        c.fail_requests(429, FailFor::Requests(2));
+        assert_eq!(c.injected_failure().unwrap().code, 429);
+        assert_eq!(c.injected_failure().unwrap().code, 429);
+        assert!(c.injected_failure().is_none());
+    }
+
+    #[test]
+    fn tokens_authenticate_and_can_be_denied_or_revoked() {
+        let c = Cluster::new(ClusterConfig::new("a"));
+        let t = c.admin_token();
+        assert_eq!(c.authenticate(Some(&t)).unwrap().0, "a-admin");
+        assert_eq!(c.authenticate(Some("nope")).unwrap_err().code, 401);
+        assert_eq!(c.authenticate(None).unwrap_err().code, 401);
+        c.set_denied(&t, "pods", true);
+        assert!(c.authenticate(Some(&t)).unwrap().1.contains("pods"));
+        c.revoke_token(&t);
+        assert_eq!(c.authenticate(Some(&t)).unwrap_err().code, 401);
+    }
+
+    #[test]
+    fn stalls_are_taken_one_at_a_time() {
+        let c = Cluster::new(ClusterConfig::new("a"));
+        c.stall_next_watches(1);
+        assert!(c.take_stall());
+        assert!(!c.take_stall());
+    }
+}

@@ -1,0 +1,971 @@
+//! The simulated cluster's storage: what etcd and the watch cache are to a real
+//! apiserver. One resourceVersion sequence per cluster; a bounded history of changes;
+//! reads at any retained resourceVersion by undoing history over a persistent map, so
+//! a snapshot costs nothing to take.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use bytes::Bytes;
+use fleetscope_model::selector::{Fields, Labels, json_path, scalar_text};
+use imbl::OrdMap;
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use crate::resource::ResourceDef;
+use crate::status::ApiError;
+
+/// One stored object, serialised once at write time.
+#[derive(Debug)]
+pub struct StoredObject {
+    /// `namespace/name`, or `name` for cluster-scoped objects: the storage order.
+    pub key: Arc<str>,
+    /// Namespace; empty for cluster-scoped objects.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// metadata.uid.
+    pub uid: String,
+    /// metadata.resourceVersion.
+    pub rv: u64,
+    /// The object as JSON without `kind` and `apiVersion`, as list items are served.
+    pub body: Bytes,
+    /// metadata.labels.
+    pub labels: Vec<(String, String)>,
+    /// The values of the type's selectable fields.
+    pub fields: Vec<(String, String)>,
+}
+
+impl StoredObject {
+    /// The object as JSON with `kind` and `apiVersion` first, as GET and watch events carry it.
+    pub fn with_type_meta(&self, def: &ResourceDef) -> Vec<u8> {
+        let head = format!(
+            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\"",
+            def.kind,
+            def.api_version()
+        );
+        let mut out = Vec::with_capacity(head.len() + self.body.len() + 1);
+        out.extend_from_slice(head.as_bytes());
+        if self.body.len() > 2 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&self.body[1..]);
+        out
+    }
+
+    /// The object decoded.
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+impl Labels for StoredObject {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.labels.as_slice().label(key)
+    }
+}
+
+impl Fields for StoredObject {
+    fn field(&self, path: &str) -> Option<std::borrow::Cow<'_, str>> {
+        self.fields.as_slice().field(path)
+    }
+}
+
+/// What a change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Created.
+    Added,
+    /// Updated.
+    Modified,
+    /// Deleted.
+    Deleted,
+}
+
+impl ChangeKind {
+    /// The watch event type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Added => "ADDED",
+            ChangeKind::Modified => "MODIFIED",
+            ChangeKind::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One applied change, kept in history and broadcast to watches.
+#[derive(Debug)]
+pub struct Change {
+    /// The resourceVersion the change produced.
+    pub rv: u64,
+    /// The type of the object.
+    pub def: Arc<ResourceDef>,
+    /// What happened.
+    pub kind: ChangeKind,
+    /// The object after the change (for a delete: its last state, at the delete's rv).
+    pub object: Arc<StoredObject>,
+    /// The object before the change; `None` for a create.
+    pub prev: Option<Arc<StoredObject>>,
+}
+
+/// A resourceVersion constraint on a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadAt {
+    /// The latest state.
+    Latest,
+    /// Exactly this resourceVersion.
+    Exact(u64),
+    /// This resourceVersion or newer.
+    NotOlderThan(u64),
+}
+
+/// A consistent view of one resource type at one resourceVersion.
+#[derive(Clone)]
+pub struct Snapshot {
+    /// The resourceVersion the view is at.
+    pub rv: u64,
+    /// The type.
+    pub def: Arc<ResourceDef>,
+    /// The objects by key.
+    pub objects: OrdMap<Arc<str>, Arc<StoredObject>>,
+}
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchFrom {
+    /// From the current state: the current objects first (as synthetic ADDED events).
+    Now,
+    /// Every change after this resourceVersion.
+    After(u64),
+}
+
+/// A registered watch: what it must send first, then the live feed.
+pub struct Subscription {
+    /// The resourceVersion the watch starts at.
+    pub start_rv: u64,
+    /// The current objects, for a watch from now.
+    pub initial: Vec<Arc<StoredObject>>,
+    /// Retained changes after the requested resourceVersion.
+    pub backlog: Vec<Arc<Change>>,
+    /// Live changes.
+    pub live: broadcast::Receiver<Arc<Change>>,
+}
+
+struct ResourceState {
+    def: Arc<ResourceDef>,
+    objects: OrdMap<Arc<str>, Arc<StoredObject>>,
+}
+
+struct State {
+    rv: u64,
+    resources: BTreeMap<String, ResourceState>,
+    history: VecDeque<Arc<Change>>,
+    history_limit: usize,
+    /// The oldest resourceVersion still readable: history holds every change after it.
+    oldest_rv: u64,
+}
+
+/// The versioned object store of one simulated cluster.
+pub struct Store {
+    state: RwLock<State>,
+    changes: broadcast::Sender<Arc<Change>>,
+    cluster_name: String,
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn key_of(namespace: &str, name: &str) -> Arc<str> {
+    if namespace.is_empty() {
+        Arc::from(name)
+    } else {
+        Arc::from(format!("{namespace}/{name}"))
+    }
+}
+
+impl Store {
+    /// An empty store serving `defs`, keeping `history_limit` changes, broadcasting
+    /// through a channel of `watch_buffer` slots (a watch further behind is ended).
+    pub fn new(
+        cluster_name: &str,
+        defs: Vec<ResourceDef>,
+        history_limit: usize,
+        watch_buffer: usize,
+    ) -> Self {
+        let resources = defs
+            .into_iter()
+            .map(|d| {
+                (
+                    d.id(),
+                    ResourceState {
+                        def: Arc::new(d),
+                        objects: OrdMap::new(),
+                    },
+                )
+            })
+            .collect();
+        let (changes, _) = broadcast::channel(watch_buffer.max(16));
+        Self {
+            state: RwLock::new(State {
+                rv: 1,
+                resources,
+                history: VecDeque::new(),
+                history_limit: history_limit.max(1),
+                oldest_rv: 1,
+            }),
+            changes,
+            cluster_name: cluster_name.to_string(),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.read().rv
+    }
+
+    /// The oldest resourceVersion still readable.
+    pub fn oldest_resource_version(&self) -> u64 {
+        self.read().oldest_rv
+    }
+
+    /// Every served type.
+    pub fn defs(&self) -> Vec<Arc<ResourceDef>> {
+        self.read()
+            .resources
+            .values()
+            .map(|r| r.def.clone())
+            .collect()
+    }
+
+    /// The type served at `group/version/plural`.
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceDef>> {
+        self.read()
+            .resources
+            .values()
+            .find(|r| r.def.group == group && r.def.version == version && r.def.plural == plural)
+            .map(|r| r.def.clone())
+    }
+
+    /// The type with this id (`pods`, `deployments.apps`).
+    pub fn def(&self, id: &str) -> Option<Arc<ResourceDef>> {
+        self.read().resources.get(id).map(|r| r.def.clone())
+    }
+
+    /// Starts serving a type (as a CRD being created).
+    pub fn add_resource(&self, def: ResourceDef) {
+        self.write()
+            .resources
+            .entry(def.id())
+            .or_insert_with(|| ResourceState {
+                def: Arc::new(def),
+                objects: OrdMap::new(),
+            });
+    }
+
+    /// Stops serving a type and drops its objects (as a CRD being deleted).
+    pub fn remove_resource(&self, id: &str) -> bool {
+        self.write().resources.remove(id).is_some()
+    }
+
+    /// How many objects of a type are held.
+    pub fn count(&self, id: &str) -> usize {
+        self.read().resources.get(id).map_or(0, |r| r.objects.len())
+    }
+
+    /// Reads one object.
+    pub fn get(&self, id: &str, namespace: &str, name: &str) -> Option<Arc<StoredObject>> {
+        self.read()
+            .resources
+            .get(id)?
+            .objects
+            .get(&key_of(namespace, name))
+            .cloned()
+    }
+
+    /// A consistent view of one type at the requested resourceVersion.
+    pub fn snapshot(&self, id: &str, at: ReadAt) -> Result<Snapshot, ApiError> {
+        let state = self.read();
+        let res = state
+            .resources
+            .get(id)
+            .ok_or_else(ApiError::unknown_resource)?;
+        let target = match at {
+            ReadAt::Latest => state.rv,
+            ReadAt::NotOlderThan(rv) if rv <= state.rv => state.rv,
+            ReadAt::NotOlderThan(rv) | ReadAt::Exact(rv) if rv > state.rv => {
+                return Err(ApiError::too_large_rv(rv, state.rv));
+            }
+            ReadAt::Exact(rv) if rv < state.oldest_rv => return Err(ApiError::expired_rv()),
+            ReadAt::Exact(rv) | ReadAt::NotOlderThan(rv) => rv,
+        };
+        let mut objects = res.objects.clone();
+        for change in state.history.iter().rev().take_while(|c| c.rv > target) {
+            if change.def.id() != id {
+                continue;
+            }
+            match &change.prev {
+                Some(prev) => objects.insert(prev.key.clone(), prev.clone()),
+                None => objects.remove(&change.object.key),
+            };
+        }
+        Ok(Snapshot {
+            rv: target,
+            def: res.def.clone(),
+            objects,
+        })
+    }
+
+    /// Registers a watch of one type.
+    pub fn subscribe(&self, id: &str, from: WatchFrom) -> Result<Subscription, ApiError> {
+        let state = self.read();
+        let res = state
+            .resources
+            .get(id)
+            .ok_or_else(ApiError::unknown_resource)?;
+        let live = self.changes.subscribe();
+        match from {
+            WatchFrom::Now => Ok(Subscription {
+                start_rv: state.rv,
+                initial: res.objects.values().cloned().collect(),
+                backlog: Vec::new(),
+                live,
+            }),
+            WatchFrom::After(rv) => {
+                if rv < state.oldest_rv {
+                    return Err(ApiError::too_old_rv(rv, state.oldest_rv));
+                }
+                if rv > state.rv {
+                    return Err(ApiError::too_large_rv(rv, state.rv));
+                }
+                let skip = state.history.partition_point(|c| c.rv <= rv);
+                let backlog = state
+                    .history
+                    .iter()
+                    .skip(skip)
+                    .filter(|c| c.def.id() == id)
+                    .cloned()
+                    .collect();
+                Ok(Subscription {
+                    start_rv: rv,
+                    initial: Vec::new(),
+                    backlog,
+                    live,
+                })
+            }
+        }
+    }
+
+    /// Forgets all history: every older resourceVersion becomes too old to read or watch from.
+    pub fn compact(&self) {
+        let mut state = self.write();
+        state.history.clear();
+        state.oldest_rv = state.rv;
+    }
+
+    /// Renumbers every object from a fresh resourceVersion sequence, as a restore of
+    /// etcd from a backup does, and forgets history. Returns the new resourceVersion.
+    pub fn reset_resource_versions(&self) -> u64 {
+        let mut state = self.write();
+        let mut rv = 1;
+        for res in state.resources.values_mut() {
+            let def = res.def.clone();
+            let renumbered: Vec<_> = res
+                .objects
+                .values()
+                .map(|o| {
+                    rv += 1;
+                    let mut value = o.value();
+                    value["metadata"]["resourceVersion"] = json!(rv.to_string());
+                    encode(&def, value, rv)
+                })
+                .collect();
+            res.objects = renumbered
+                .into_iter()
+                .map(|o| (o.key.clone(), Arc::new(o)))
+                .collect();
+        }
+        state.rv = rv;
+        state.oldest_rv = rv;
+        state.history.clear();
+        rv
+    }
+
+    fn commit(
+        &self,
+        state: &mut State,
+        id: &str,
+        kind: ChangeKind,
+        object: Arc<StoredObject>,
+        prev: Option<Arc<StoredObject>>,
+    ) {
+        let Some(res) = state.resources.get_mut(id) else {
+            return;
+        };
+        match kind {
+            ChangeKind::Deleted => res.objects.remove(&object.key),
+            _ => res.objects.insert(object.key.clone(), object.clone()),
+        };
+        let change = Arc::new(Change {
+            rv: object.rv,
+            def: res.def.clone(),
+            kind,
+            object,
+            prev,
+        });
+        state.rv = change.rv;
+        state.history.push_back(change.clone());
+        while state.history.len() > state.history_limit {
+            if let Some(old) = state.history.pop_front() {
+                state.oldest_rv = old.rv;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = self.changes.send(change);
+    }
+
+    fn def_in(state: &State, id: &str) -> Result<Arc<ResourceDef>, ApiError> {
+        state
+            .resources
+            .get(id)
+            .map(|r| r.def.clone())
+            .ok_or_else(ApiError::unknown_resource)
+    }
+
+    /// Creates an object. The namespace comes from `namespace` or the object's metadata.
+    pub fn create(
+        &self,
+        id: &str,
+        namespace: Option<&str>,
+        mut value: Value,
+    ) -> Result<Arc<StoredObject>, ApiError> {
+        let mut state = self.write();
+        let def = Self::def_in(&state, id)?;
+        let meta = metadata_mut(&def, &mut value)?;
+        let namespace = resolve_namespace(&def, namespace, meta)?;
+        let name = match meta.get("name").and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => match meta.get("generateName").and_then(Value::as_str) {
+                Some(prefix) if !prefix.is_empty() => format!("{prefix}{}", random_suffix()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        &def.kind,
+                        "",
+                        "metadata.name: Required value: name or generateName is required",
+                    ));
+                }
+            },
+        };
+        validate_name(&def, &name)?;
+        if def.namespaced
+            && !state
+                .resources
+                .get("namespaces")
+                .is_some_and(|r| r.objects.contains_key(namespace.as_str()))
+        {
+            return Err(ApiError::namespace_not_found(&namespace));
+        }
+        let key = key_of(&namespace, &name);
+        if state
+            .resources
+            .get(id)
+            .is_some_and(|r| r.objects.contains_key(&key))
+        {
+            return Err(ApiError::already_exists(&def, &name));
+        }
+        let rv = state.rv + 1;
+        meta.insert("name".into(), json!(name));
+        if def.namespaced {
+            meta.insert("namespace".into(), json!(namespace));
+        }
+        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        if def.group.is_empty()
+            && matches!(
+                def.plural.as_str(),
+                "configmaps" | "secrets" | "namespaces" | "nodes" | "services" | "pods"
+            )
+        {
+            meta.remove("generation");
+        } else {
+            meta.insert("generation".into(), json!(1));
+        }
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        if def.plural == "namespaces" && value.get("status").is_none() {
+            value["status"] = json!({"phase": "Active"});
+        }
+        let object = Arc::new(encode(&def, value, rv));
+        self.commit(&mut state, id, ChangeKind::Added, object.clone(), None);
+        Ok(object)
+    }
+
+    /// Replaces an object. A resourceVersion in the body must match the stored one.
+    pub fn update(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
+        mut value: Value,
+    ) -> Result<Arc<StoredObject>, ApiError> {
+        let mut state = self.write();
+        let def = Self::def_in(&state, id)?;
+        let prev = state
+            .resources
+            .get(id)
+            .and_then(|r| r.objects.get(&key_of(namespace, name)).cloned());
+        let Some(prev) = prev else {
+            return Err(ApiError::not_found(&def, name));
+        };
+        let meta = metadata_mut(&def, &mut value)?;
+        if let Some(body_name) = meta.get("name").and_then(Value::as_str)
+            && body_name != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if let Some(rv) = meta.get("resourceVersion").and_then(Value::as_str)
+            && !rv.is_empty()
+            && rv != prev.rv.to_string()
+        {
+            return Err(ApiError::conflict(&def, name));
+        }
+        let old = prev.value();
+        let rv = state.rv + 1;
+        // Identity and creation fields are the server's, whatever the body says.
+        for field in ["uid", "creationTimestamp", "generation"] {
+            match old["metadata"].get(field) {
+                Some(v) => meta.insert(field.into(), v.clone()),
+                None => meta.remove(field),
+            };
+        }
+        meta.insert("name".into(), json!(name));
+        if def.namespaced {
+            meta.insert("namespace".into(), json!(namespace));
+        }
+        meta.insert("resourceVersion".into(), json!(rv.to_string()));
+        if value.get("spec").is_some()
+            && value.get("spec") != old.get("spec")
+            && let Some(g) = old["metadata"].get("generation").and_then(Value::as_i64)
+        {
+            value["metadata"]["generation"] = json!(g + 1);
+        }
+        let object = Arc::new(encode(&def, value, rv));
+        self.commit(
+            &mut state,
+            id,
+            ChangeKind::Modified,
+            object.clone(),
+            Some(prev),
+        );
+        Ok(object)
+    }
+
+    /// Applies a JSON merge patch (RFC 7386) to an object.
+    pub fn patch(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Arc<StoredObject>, ApiError> {
+        // Read, patch, then update with the read resourceVersion: a concurrent write
+        // between the two is a conflict, which the retry below resolves.
+        for _ in 0..8 {
+            let def = self.def(id).ok_or_else(ApiError::unknown_resource)?;
+            let current = self
+                .get(id, namespace, name)
+                .ok_or_else(|| ApiError::not_found(&def, name))?;
+            let mut value = current.value();
+            merge_patch(&mut value, patch);
+            value["metadata"]["resourceVersion"] = json!(current.rv.to_string());
+            match self.update(id, namespace, name, value) {
+                Err(e)
+                    if e.reason == "Conflict"
+                        && patch["metadata"].get("resourceVersion").is_none() =>
+                {
+                    continue;
+                }
+                other => return other,
+            }
+        }
+        let def = self.def(id).ok_or_else(ApiError::unknown_resource)?;
+        Err(ApiError::conflict(&def, name))
+    }
+
+    /// Deletes an object; returns its last state, at the delete's resourceVersion.
+    pub fn delete(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Arc<StoredObject>, ApiError> {
+        let mut state = self.write();
+        let def = Self::def_in(&state, id)?;
+        let prev = state
+            .resources
+            .get(id)
+            .and_then(|r| r.objects.get(&key_of(namespace, name)).cloned());
+        let Some(prev) = prev else {
+            return Err(ApiError::not_found(&def, name));
+        };
+        let rv = state.rv + 1;
+        let mut value = prev.value();
+        value["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let object = Arc::new(encode(&def, value, rv));
+        self.commit(
+            &mut state,
+            id,
+            ChangeKind::Deleted,
+            object.clone(),
+            Some(prev),
+        );
+        Ok(object)
+    }
+
+    /// The name of the cluster this store belongs to.
+    pub fn cluster_name(&self) -> &str {
+        &self.cluster_name
+    }
+}
+
+fn metadata_mut<'v>(
+    def: &ResourceDef,
+    value: &'v mut Value,
+) -> Result<&'v mut Map<String, Value>, ApiError> {
+    let Some(obj) = value.as_object_mut() else {
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
+    };
+    if let Some(kind) = obj.get("kind").and_then(Value::as_str)
+        && kind != def.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind of the object ({kind}) does not match the resource ({})",
+            def.kind
+        )));
+    }
+    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
+        && av != def.api_version()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version of the object ({av}) does not match the resource ({})",
+            def.api_version()
+        )));
+    }
+    let meta = obj.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    }
+    meta.as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
+}
+
+fn resolve_namespace(
+    def: &ResourceDef,
+    from_path: Option<&str>,
+    meta: &Map<String, Value>,
+) -> Result<String, ApiError> {
+    let in_body = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty());
+    if !def.namespaced {
+        return Ok(String::new());
+    }
+    match (from_path, in_body) {
+        (Some(p), Some(b)) if p != b => Err(ApiError::bad_request(format!(
+            "the namespace of the provided object does not match the namespace sent on the request ({b} != {p})"
+        ))),
+        (Some(p), _) => Ok(p.to_string()),
+        (None, Some(b)) => Ok(b.to_string()),
+        (None, None) => Err(ApiError::bad_request(
+            "a namespace is required to create a namespaced object",
+        )),
+    }
+}
+
+fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
+    let ok = name.len() <= 253
+        && name.split('.').all(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            &def.kind,
+            name,
+            format!(
+                "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+            ),
+        ))
+    }
+}
+
+fn random_suffix() -> String {
+    use rand::Rng;
+    const CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
+        .collect()
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(map) = target {
+        for (k, v) in patch {
+            if v.is_null() {
+                map.remove(k);
+            } else {
+                merge_patch(map.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+/// Serialises an object for storage: no kind or apiVersion, labels and selectable fields lifted out.
+fn encode(def: &ResourceDef, mut value: Value, rv: u64) -> StoredObject {
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("kind");
+        obj.remove("apiVersion");
+    }
+    let meta = &value["metadata"];
+    let text = |k: &str| {
+        meta.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (namespace, name, uid) = (text("namespace"), text("name"), text("uid"));
+    let labels = meta
+        .get("labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut fields = vec![("metadata.name".to_string(), name.clone())];
+    if def.namespaced {
+        fields.push(("metadata.namespace".to_string(), namespace.clone()));
+    }
+    for path in &def.selectable_fields {
+        let v = json_path(&value, path)
+            .and_then(scalar_text)
+            .map(|c| c.into_owned())
+            .unwrap_or_default();
+        fields.push((path.clone(), v));
+    }
+    let body = Bytes::from(serde_json::to_vec(&value).unwrap_or_else(|_| b"{}".to_vec()));
+    StoredObject {
+        key: key_of(&namespace, &name),
+        namespace,
+        name,
+        uid,
+        rv,
+        body,
+        labels,
+        fields,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::builtin;
+
+    fn store() -> Store {
+        let s = Store::new("t", builtin(), 100, 64);
+        s.create("namespaces", None, json!({"metadata": {"name": "ns"}}))
+            .unwrap();
+        s
+    }
+
+    #[test]
+    fn each_write_takes_the_next_resource_version() {
+        let s = store();
+        let a = s
+            .create("configmaps", Some("ns"), json!({"metadata": {"name": "a"}}))
+            .unwrap();
+        let b = s
+            .patch("configmaps", "ns", "a", &json!({"data": {"k": "v"}}))
+            .unwrap();
+        let c = s.delete("configmaps", "ns", "a").unwrap();
+        assert_eq!((a.rv + 1, b.rv + 1), (b.rv, c.rv));
+        assert_eq!(s.resource_version(), c.rv);
+        assert!(s.get("configmaps", "ns", "a").is_none());
+    }
+
+    #[test]
+    fn snapshots_read_the_past_by_undoing_history() {
+        let s = store();
+        let a = s
+            .create("configmaps", Some("ns"), json!({"metadata": {"name": "a"}}))
+            .unwrap();
+        let at = s.resource_version();
+        s.patch(
+            "configmaps",
+            "ns",
+            "a",
+            &json!({"metadata": {"labels": {"x": "y"}}}),
+        )
+        .unwrap();
+        s.create("configmaps", Some("ns"), json!({"metadata": {"name": "b"}}))
+            .unwrap();
+        s.delete("configmaps", "ns", "a").unwrap();
+        let past = s.snapshot("configmaps", ReadAt::Exact(at)).unwrap();
+        assert_eq!(past.objects.len(), 1);
+        assert_eq!(past.objects.values().next().unwrap().rv, a.rv);
+        let now = s.snapshot("configmaps", ReadAt::Latest).unwrap();
+        assert_eq!(
+            now.objects
+                .keys()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>(),
+            ["ns/b"]
+        );
+    }
+
+    #[test]
+    fn compaction_expires_older_reads_and_watches() {
+        let s = store();
+        let before = s.resource_version();
+        s.create("configmaps", Some("ns"), json!({"metadata": {"name": "a"}}))
+            .unwrap();
+        s.compact();
+        assert_eq!(
+            s.snapshot("configmaps", ReadAt::Exact(before))
+                .err()
+                .unwrap()
+                .code,
+            410
+        );
+        assert_eq!(
+            s.subscribe("configmaps", WatchFrom::After(before))
+                .err()
+                .unwrap()
+                .code,
+            410
+        );
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let s = Store::new("t", builtin(), 3, 64);
+        s.create("namespaces", None, json!({"metadata": {"name": "ns"}}))
+            .unwrap();
+        for i in 0..10 {
+            s.create(
+                "configmaps",
+                Some("ns"),
+                json!({"metadata": {"name": format!("c{i}")}}),
+            )
+            .unwrap();
+        }
+        assert_eq!(s.oldest_resource_version(), s.resource_version() - 3);
+    }
+
+    #[test]
+    fn writes_validate_their_input() {
+        let s = store();
+        assert_eq!(
+            s.create(
+                "configmaps",
+                Some("nope"),
+                json!({"metadata": {"name": "a"}})
+            )
+            .unwrap_err()
+            .code,
+            404
+        );
+        assert_eq!(
+            s.create(
+                "configmaps",
+                Some("ns"),
+                json!({"metadata": {"name": "A_b"}})
+            )
+            .unwrap_err()
+            .code,
+            422
+        );
+        assert_eq!(
+            s.create("configmaps", Some("ns"), json!([1]))
+                .unwrap_err()
+                .code,
+            400
+        );
+        assert_eq!(
+            s.create(
+                "configmaps",
+                Some("ns"),
+                json!({"kind": "Pod", "metadata": {"name": "a"}})
+            )
+            .unwrap_err()
+            .code,
+            400
+        );
+        s.create("configmaps", Some("ns"), json!({"metadata": {"name": "a"}}))
+            .unwrap();
+        assert_eq!(
+            s.create("configmaps", Some("ns"), json!({"metadata": {"name": "a"}}))
+                .unwrap_err()
+                .code,
+            409
+        );
+        let stale = json!({"metadata": {"name": "a", "resourceVersion": "1"}});
+        assert_eq!(
+            s.update("configmaps", "ns", "a", stale).unwrap_err().reason,
+            "Conflict"
+        );
+    }
+
+    #[test]
+    fn generate_name_makes_a_unique_name() {
+        let s = store();
+        let o = s
+            .create(
+                "configmaps",
+                Some("ns"),
+                json!({"metadata": {"generateName": "web-"}}),
+            )
+            .unwrap();
+        assert!(
+            o.name.starts_with("web-") && o.name.len() == 9,
+            "{}",
+            o.name
+        );
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        let mut v = json!({"a": {"b": 1, "c": 2}, "d": [1]});
+        merge_patch(&mut v, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
+        assert_eq!(v, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
+    }
+}
