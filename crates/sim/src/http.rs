@@ -426,8 +426,27 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
     Ok(ContinueToken { rv, start })
 }
 
-/// Parses `resourceVersion` and `resourceVersionMatch` as the apiserver validates them.
+/// Parses `resourceVersion` and `resourceVersionMatch` as the apiserver validates them
+/// for a list; a watch validates the match itself (see `watch::serve`).
 pub(crate) fn parse_rv(q: &Query) -> Result<(Option<u64>, Option<&str>), ApiError> {
+    let (rv, m) = parse_rv_unchecked(q)?;
+    match (m, rv) {
+        (Some(_), None) => Err(ApiError::invalid(
+            "ListOptions",
+            "",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        )),
+        (Some("Exact"), Some(0)) => Err(ApiError::invalid(
+            "ListOptions",
+            "",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+        )),
+        _ => Ok((rv, m)),
+    }
+}
+
+/// Parses `resourceVersion` and `resourceVersionMatch`, checking only that each is well formed.
+pub(crate) fn parse_rv_unchecked(q: &Query) -> Result<(Option<u64>, Option<&str>), ApiError> {
     let rv = match q.get("resourceVersion").filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => Some(
@@ -443,16 +462,6 @@ pub(crate) fn parse_rv(q: &Query) -> Result<(Option<u64>, Option<&str>), ApiErro
             format!(
                 "resourceVersionMatch: Unsupported value: \"{m}\": supported values: \"Exact\", \"NotOlderThan\""
             ),
-        )),
-        (Some(_), None) => Err(ApiError::invalid(
-            "ListOptions",
-            "",
-            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-        )),
-        (Some("Exact"), Some(0)) => Err(ApiError::invalid(
-            "ListOptions",
-            "",
-            "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
         )),
         _ => Ok((rv, m)),
     }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cluster::{Cluster, WatchControl};
-use crate::http::{Body, Query, Repr, Target, parse_rv, partial_metadata};
+use crate::http::{Body, Query, Repr, Target, parse_rv_unchecked, partial_metadata};
 use crate::resource::ResourceDef;
 use crate::status::ApiError;
 use crate::store::{Change, ChangeKind, StoredObject, Subscription, WatchFrom};
@@ -76,12 +76,19 @@ pub(crate) async fn serve(
         labels: q.label_selector()?,
         fields: q.field_selector(&t.def)?,
     };
-    let (rv, rv_match) = parse_rv(&q)?;
+    let (rv, rv_match) = parse_rv_unchecked(&q)?;
     let bookmarks = q.flag("allowWatchBookmarks");
     let send_initial = match q.get("sendInitialEvents") {
         None | Some("") => None,
         Some(v) => Some(matches!(v, "true" | "1")),
     };
+    if send_initial.is_none() && rv_match.is_some() {
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        ));
+    }
     if send_initial.is_some() {
         if rv_match != Some("NotOlderThan") {
             return Err(ApiError::invalid(
@@ -120,8 +127,9 @@ pub(crate) async fn serve(
             _ = conn.cancelled() => {}
             _ = release.changed() => {}
         }
+        // Cutting the connection drops this future; it must never answer first.
         conn.cancel();
-        return Err(ApiError::internal("stalled watch released"));
+        return std::future::pending().await;
     }
 
     let from = match (send_initial, rv) {

@@ -100,6 +100,18 @@ impl Api {
         }
     }
 
+    /// A request whose failure to get any answer is a result, not a panic.
+    pub async fn try_get(&self, path: &str) -> Result<StatusCode, String> {
+        let req = self.request(Method::GET, path, &[], None);
+        match tokio::time::timeout(PATIENCE, self.client.request(req))
+            .await
+            .expect("request timed out")
+        {
+            Ok(resp) => Ok(resp.status()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> Reply {
         self.send(Method::GET, path, &[], None).await
     }
