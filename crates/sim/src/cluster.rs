@@ -30,6 +30,9 @@ pub struct ClusterConfig {
     pub tokens: Vec<Token>,
     /// The types served at start.
     pub resources: Vec<ResourceDef>,
+    /// Serve HTTPS with a generated CA (default), as a real apiserver; plain HTTP when false.
+    /// Kubernetes clients send bearer tokens only over HTTPS.
+    pub tls: bool,
 }
 
 impl ClusterConfig {
@@ -46,6 +49,7 @@ impl ClusterConfig {
                 &format!("{name}-admin"),
             )],
             resources: resource::builtin(),
+            tls: true,
         }
     }
 }

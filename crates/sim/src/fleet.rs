@@ -4,6 +4,7 @@
 use std::io;
 use std::path::Path;
 
+use base64::Engine;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +52,8 @@ pub struct Context {
     pub server: String,
     /// The bearer token.
     pub token: String,
+    /// The CA certificate (PEM) to trust for an `https` server.
+    pub ca_pem: Option<String>,
 }
 
 /// A kubeconfig (as JSON, which every kubeconfig reader accepts) with one context per entry;
@@ -61,7 +64,13 @@ pub fn kubeconfig(contexts: &[Context]) -> Value {
         "kind": "Config",
         "preferences": {},
         "current-context": contexts.first().map(|c| c.name.clone()).unwrap_or_default(),
-        "clusters": contexts.iter().map(|c| json!({"name": c.name, "cluster": {"server": c.server}})).collect::<Vec<_>>(),
+        "clusters": contexts.iter().map(|c| {
+            let mut cluster = json!({"server": c.server});
+            if let Some(pem) = &c.ca_pem {
+                cluster["certificate-authority-data"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
+            }
+            json!({"name": c.name, "cluster": cluster})
+        }).collect::<Vec<_>>(),
         "users": contexts.iter().map(|c| json!({"name": c.name, "user": {"token": c.token}})).collect::<Vec<_>>(),
         "contexts": contexts.iter().map(|c| json!({"name": c.name, "context": {"cluster": c.name, "user": c.name}})).collect::<Vec<_>>(),
     })
@@ -119,6 +128,7 @@ impl SimFleet {
                 name: s.cluster().name().to_string(),
                 server: s.url(),
                 token: s.cluster().admin_token(),
+                ca_pem: s.ca_pem().map(str::to_string),
             })
             .collect()
     }

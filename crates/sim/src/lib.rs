@@ -17,6 +17,7 @@ mod server;
 pub mod status;
 pub mod store;
 mod table;
+mod tls;
 mod watch;
 mod workload;
 
@@ -25,4 +26,5 @@ pub use fleet::{Context, FleetSpec, SimFleet, kubeconfig, write_kubeconfig};
 pub use resource::ResourceDef;
 pub use server::SimServer;
 pub use status::ApiError;
+pub use tls::{ServerTls, TlsError};
 pub use workload::{Workload, WorkloadSpec};

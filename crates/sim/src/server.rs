@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use crate::cluster::Cluster;
 use crate::http;
+use crate::tls::{ServerTls, TlsError};
 
 struct Running {
     stop: CancellationToken,
@@ -25,6 +26,7 @@ struct Running {
 pub struct SimServer {
     cluster: Cluster,
     addr: SocketAddr,
+    tls: Option<ServerTls>,
     running: Mutex<Option<Running>>,
 }
 
@@ -41,13 +43,23 @@ fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 impl SimServer {
-    /// Serves `cluster` at `addr` (port 0 picks a free port).
+    /// Serves `cluster` at `addr` (port 0 picks a free port), over HTTPS unless the
+    /// cluster's config turns TLS off.
     pub async fn start(cluster: Cluster, addr: SocketAddr) -> io::Result<Self> {
+        let tls = if cluster.config.tls {
+            Some(
+                ServerTls::generate(cluster.name())
+                    .map_err(|e: TlsError| io::Error::other(e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let listener = bind(addr)?;
         let addr = listener.local_addr()?;
         let server = Self {
             cluster,
             addr,
+            tls,
             running: Mutex::new(None),
         };
         server.serve(listener);
@@ -63,7 +75,8 @@ impl SimServer {
         let stop = CancellationToken::new();
         let cluster = self.cluster.clone();
         let span = tracing::info_span!("sim_server", cluster = cluster.name(), addr = %self.addr);
-        let task = tokio::spawn(accept_loop(listener, cluster, stop.clone()).instrument(span));
+        let tls = self.tls.clone();
+        let task = tokio::spawn(accept_loop(listener, cluster, tls, stop.clone()).instrument(span));
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { stop, task });
     }
 
@@ -77,9 +90,15 @@ impl SimServer {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT`, or `http://` when TLS is off.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// The PEM of the CA that signed the serving certificate; `None` when TLS is off.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|t| t.ca_pem.as_str())
     }
 
     /// Whether the server is accepting connections.
@@ -143,7 +162,12 @@ impl Drop for SimServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, cluster: Cluster, stop: CancellationToken) {
+async fn accept_loop(
+    listener: TcpListener,
+    cluster: Cluster,
+    tls: Option<ServerTls>,
+    stop: CancellationToken,
+) {
     let connections = tokio_util::task::TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -159,13 +183,36 @@ async fn accept_loop(listener: TcpListener, cluster: Cluster, stop: Cancellation
         let _ = stream.set_nodelay(true);
         let conn_token = stop.child_token();
         let cluster = cluster.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
             let token = conn_token.clone();
             let service = service_fn(move |req| http::handle(cluster.clone(), token.clone(), req));
             let builder = auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let served = async {
+                let result = match tls {
+                    Some(tls) => match tls.acceptor.accept(stream).await {
+                        Ok(stream) => {
+                            builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await
+                        }
+                        Err(e) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                    },
+                    None => {
+                        builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended");
+                }
+            };
             tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended") },
+                _ = served => {}
                 // Dropping the connection closes the socket at once: the fault is the point.
                 _ = conn_token.cancelled() => {}
             }

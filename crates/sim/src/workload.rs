@@ -237,7 +237,9 @@ impl Workload {
                 let (ns, name) = self.pods[self.rng.random_range(0..self.pods.len())].clone();
                 let restarts = self.rng.random_range(0..5);
                 let phase = if restarts == 4 { "Pending" } else { "Running" };
-                let patch = json!({"status": {"phase": phase, "containerStatuses": [{"name": "main", "ready": phase == "Running", "restartCount": restarts}]}});
+                // Pod names start with their app, which names the one container.
+                let app = name.split('-').next().unwrap_or_default();
+                let patch = json!({"status": {"phase": phase, "containerStatuses": [{"name": app, "ready": phase == "Running", "restartCount": restarts}]}});
                 ignore_gone(store.patch("pods", &ns, &name, &patch))
             }
             35..55 if !self.configmaps.is_empty() => {

@@ -3,6 +3,8 @@
 //! replayed, and the answers are compared field by field once the values only a
 //! server can choose (uids, resourceVersions, timestamps, managedFields) are masked.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

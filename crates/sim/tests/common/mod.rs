@@ -196,7 +196,9 @@ impl Events {
     }
 }
 
-pub async fn start(config: ClusterConfig) -> SimServer {
+/// A cluster over plain HTTP, for the raw client here; HTTPS is covered by the kube-rs and kubectl tests.
+pub async fn start(mut config: ClusterConfig) -> SimServer {
+    config.tls = false;
     SimServer::start_local(Cluster::new(config))
         .await
         .expect("simulator starts")

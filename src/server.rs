@@ -1,0 +1,94 @@
+//! The gRPC server: the Fleet service, standard health checking and server reflection
+//! (v1 and v1alpha, so grpcurl of any age can `list` and `describe`).
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::grpc::FleetService;
+use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::proto::fleet_server::FleetServer;
+
+/// A failure to start or run the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reflection service could not be built from the descriptor sets.
+    #[error("building server reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The transport failed while serving.
+    #[error("serving gRPC: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Binds the listen address; done before anything else starts, so a taken port fails fast.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+/// Serves until `shutdown` resolves, then stops accepting and ends open streams.
+pub async fn serve(
+    listener: TcpListener,
+    service: FleetService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<FleetServer<FleetService>>().await;
+    let reflection = |b: tonic_reflection::server::Builder<'static>| {
+        b.register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure()).build_v1()?;
+    let reflection_v1alpha =
+        reflection(tonic_reflection::server::Builder::configure()).build_v1alpha()?;
+    let addr = listener.local_addr().ok();
+    tracing::info!(
+        ?addr,
+        clusters = service.clusters().len(),
+        "serving fleetscope.v1.Fleet"
+    );
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(FleetServer::new(service))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown requested");
+}

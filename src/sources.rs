@@ -1,0 +1,201 @@
+//! Cluster sources: kubeconfig files and the contexts chosen from them, checked before
+//! any port is bound so a bad kubeconfig is a clear error at start.
+
+use std::path::{Path, PathBuf};
+
+use kube::config::Kubeconfig;
+
+/// A kubeconfig that cannot be used, or a context selection that matches nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The file could not be read or parsed.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// No kubeconfig was given and none was found in the usual places.
+    #[error(
+        "no kubeconfig given: pass --kubeconfig FILE, set KUBECONFIG, or create ~/.kube/config"
+    )]
+    NoKubeconfig,
+    /// The kubeconfigs hold no context at all.
+    #[error("the kubeconfig(s) {0} define no contexts")]
+    NoContexts(String),
+    /// A `--context` pattern is not a valid glob.
+    #[error("--context {pattern:?} is not a valid glob: {message}")]
+    BadPattern {
+        /// The pattern.
+        pattern: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A `--context` pattern matched no context.
+    #[error("--context {pattern:?} matches no context; the kubeconfig(s) define: {available}")]
+    NoMatch {
+        /// The pattern.
+        pattern: String,
+        /// The contexts that exist.
+        available: String,
+    },
+}
+
+/// One cluster to watch: a context of a kubeconfig.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSource {
+    /// The cluster's name in fleetscope: the context name.
+    pub name: String,
+    /// The kubeconfig file it comes from.
+    pub kubeconfig: PathBuf,
+}
+
+/// The kubeconfig files to read: those given, else `$KUBECONFIG` (a path list), else `~/.kube/config`.
+pub fn kubeconfig_paths(given: &[PathBuf]) -> Result<Vec<PathBuf>, SourceError> {
+    if !given.is_empty() {
+        return Ok(given.to_vec());
+    }
+    if let Some(list) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        return Ok(std::env::split_paths(&list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect());
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .ok_or(SourceError::NoKubeconfig)?;
+    let default = home.join(".kube").join("config");
+    if default.exists() {
+        Ok(vec![default])
+    } else {
+        Err(SourceError::NoKubeconfig)
+    }
+}
+
+/// A `--context` pattern: a name or a shell glob (`prod-*`, `sim-?`).
+fn pattern(text: &str) -> Result<glob::Pattern, SourceError> {
+    glob::Pattern::new(text).map_err(|e| SourceError::BadPattern {
+        pattern: text.to_string(),
+        message: e.to_string(),
+    })
+}
+
+fn read(path: &Path) -> Result<Kubeconfig, SourceError> {
+    Kubeconfig::read_from(path).map_err(|source| SourceError::Kubeconfig {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads every kubeconfig and returns the contexts chosen by `patterns` (all when empty).
+/// A context name that appears in two files is taken from the first, as kubectl merges.
+pub fn resolve(paths: &[PathBuf], patterns: &[String]) -> Result<Vec<ClusterSource>, SourceError> {
+    let mut all: Vec<ClusterSource> = Vec::new();
+    for path in paths {
+        for ctx in read(path)?.contexts {
+            if !all.iter().any(|c| c.name == ctx.name) {
+                all.push(ClusterSource {
+                    name: ctx.name,
+                    kubeconfig: path.clone(),
+                });
+            }
+        }
+    }
+    let shown = || {
+        paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if all.is_empty() {
+        return Err(SourceError::NoContexts(shown()));
+    }
+    if patterns.is_empty() {
+        return Ok(all);
+    }
+    let compiled = patterns
+        .iter()
+        .map(|p| pattern(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (text, p) in patterns.iter().zip(&compiled) {
+        if !all.iter().any(|c| p.matches(&c.name)) {
+            let available = all
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(SourceError::NoMatch {
+                pattern: text.clone(),
+                available,
+            });
+        }
+    }
+    Ok(all
+        .into_iter()
+        .filter(|c| compiled.iter().any(|p| p.matches(&c.name)))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_globs_are_rejected_by_name() {
+        let e = pattern("prod-[").unwrap_err();
+        assert!(e.to_string().contains("prod-["), "{e}");
+    }
+
+    #[test]
+    fn bad_kubeconfigs_are_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, "clusters: [this is not: a kubeconfig").unwrap();
+        let e = resolve(std::slice::from_ref(&bad), &[]).unwrap_err();
+        assert!(e.to_string().contains(&bad.display().to_string()), "{e}");
+        let missing = dir.path().join("missing");
+        assert!(
+            resolve(&[missing], &[])
+                .unwrap_err()
+                .to_string()
+                .contains("missing")
+        );
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").unwrap();
+        assert!(matches!(
+            resolve(&[empty], &[]).unwrap_err(),
+            SourceError::NoContexts(_)
+        ));
+    }
+
+    #[test]
+    fn context_patterns_select_and_unknown_ones_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kc");
+        let contexts: Vec<_> = ["sim-1", "sim-2", "prod"]
+            .iter()
+            .map(|n| fleetscope_sim::Context {
+                name: n.to_string(),
+                server: "https://127.0.0.1:1".into(),
+                token: "t".into(),
+                ca_pem: None,
+            })
+            .collect();
+        fleetscope_sim::write_kubeconfig(&path, &contexts).unwrap();
+        let chosen = resolve(std::slice::from_ref(&path), &["sim-*".into()]).unwrap();
+        assert_eq!(
+            chosen.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["sim-1", "sim-2"]
+        );
+        let one = resolve(
+            std::slice::from_ref(&path),
+            &["sim-?".into(), "prod".into()],
+        )
+        .unwrap();
+        assert_eq!(one.len(), 3);
+        let e = resolve(&[path], &["nope-*".into()]).unwrap_err();
+        assert!(e.to_string().contains("sim-1, sim-2, prod"), "{e}");
+    }
+}
