@@ -140,17 +140,22 @@ async fn start_fleet(args: &FleetArgs) -> anyhow::Result<SimFleet> {
     Ok(fleet)
 }
 
-async fn sim(args: SimArgs) -> anyhow::Result<()> {
-    let fleet = start_fleet(&args.fleet).await?;
+/// Writes the fleet's kubeconfig; returns its first context, for the printed examples.
+fn write_kubeconfig(fleet: &SimFleet, path: &std::path::Path) -> anyhow::Result<String> {
     fleet
-        .write_kubeconfig(&args.kubeconfig_out)
-        .with_context(|| format!("writing {}", args.kubeconfig_out.display()))?;
-    let kc = args.kubeconfig_out.display();
-    let first = fleet
+        .write_kubeconfig(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(fleet
         .contexts()
         .first()
         .map(|c| c.name.clone())
-        .unwrap_or_default();
+        .unwrap_or_default())
+}
+
+async fn sim(args: SimArgs) -> anyhow::Result<()> {
+    let fleet = start_fleet(&args.fleet).await?;
+    let first = write_kubeconfig(&fleet, &args.kubeconfig_out)?;
+    let kc = args.kubeconfig_out.display();
     println!(
         "{} simulated clusters are running; kubeconfig: {kc}\n",
         fleet.servers().len()
@@ -171,20 +176,13 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let fleet = start_fleet(&args.fleet).await?;
     let kubeconfig =
         std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));
-    fleet
-        .write_kubeconfig(&kubeconfig)
-        .with_context(|| format!("writing {}", kubeconfig.display()))?;
+    let first = write_kubeconfig(&fleet, &kubeconfig)?;
     let clusters = sources::resolve(std::slice::from_ref(&kubeconfig), &[])?;
     let service = FleetService::new(clusters.into_iter().map(|c| c.name).collect());
     let addr = listener
         .local_addr()
         .context("reading the listen address")?;
     let kc = kubeconfig.display();
-    let first = fleet
-        .contexts()
-        .first()
-        .map(|c| c.name.clone())
-        .unwrap_or_default();
     println!(
         "fleetscope demo\n\n\
          {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\

@@ -435,6 +435,24 @@ impl Store {
         let _ = self.changes.send(change);
     }
 
+    /// The type and the stored object a write names, or 404.
+    fn existing(
+        state: &State,
+        id: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(Arc<ResourceDef>, Arc<StoredObject>), ApiError> {
+        let def = Self::def_in(state, id)?;
+        let prev = state
+            .resources
+            .get(id)
+            .and_then(|r| r.objects.get(&key_of(namespace, name)).cloned());
+        match prev {
+            Some(prev) => Ok((def, prev)),
+            None => Err(ApiError::not_found(&def, name)),
+        }
+    }
+
     fn def_in(state: &State, id: &str) -> Result<Arc<ResourceDef>, ApiError> {
         state
             .resources
@@ -519,14 +537,7 @@ impl Store {
         mut value: Value,
     ) -> Result<Arc<StoredObject>, ApiError> {
         let mut state = self.write();
-        let def = Self::def_in(&state, id)?;
-        let prev = state
-            .resources
-            .get(id)
-            .and_then(|r| r.objects.get(&key_of(namespace, name)).cloned());
-        let Some(prev) = prev else {
-            return Err(ApiError::not_found(&def, name));
-        };
+        let (def, prev) = Self::existing(&state, id, namespace, name)?;
         let meta = metadata_mut(&def, &mut value)?;
         if let Some(body_name) = meta.get("name").and_then(Value::as_str)
             && body_name != name
@@ -612,14 +623,7 @@ impl Store {
         name: &str,
     ) -> Result<Arc<StoredObject>, ApiError> {
         let mut state = self.write();
-        let def = Self::def_in(&state, id)?;
-        let prev = state
-            .resources
-            .get(id)
-            .and_then(|r| r.objects.get(&key_of(namespace, name)).cloned());
-        let Some(prev) = prev else {
-            return Err(ApiError::not_found(&def, name));
-        };
+        let (def, prev) = Self::existing(&state, id, namespace, name)?;
         let rv = state.rv + 1;
         let mut value = prev.value();
         value["metadata"]["resourceVersion"] = json!(rv.to_string());

@@ -6,6 +6,20 @@ mod label;
 pub use field::{FieldOp, FieldRequirement, FieldSelector, Fields, json_path, scalar_text};
 pub use label::{LabelSelector, Labels, Requirement};
 
+/// Writes requirements comma-separated, as Kubernetes renders a selector.
+fn write_joined<T: std::fmt::Display>(
+    f: &mut std::fmt::Formatter<'_>,
+    items: &[T],
+) -> std::fmt::Result {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        write!(f, "{item}")?;
+    }
+    Ok(())
+}
+
 /// Which kind of selector an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SelectorKind {

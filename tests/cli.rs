@@ -1,0 +1,194 @@
+//! The `fleetscope` binary as a person runs it: `demo` comes up and answers health
+//! checks, `sim` writes a kubeconfig that reaches its clusters, and `serve` refuses
+//! bad input with a message naming what is wrong, before binding a port.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use common::PATIENCE;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleetscope");
+
+/// Kills the child when the test ends, however it ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads the child's stdout until a line containing `marker`; returns that line.
+fn wait_for_line(child: &mut Child, marker: &str) -> String {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let marker = marker.to_string();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if line.contains(&marker) {
+                let _ = tx.send(line);
+                return;
+            }
+        }
+    });
+    rx.recv_timeout(PATIENCE)
+        .expect("the expected line was printed")
+}
+
+#[tokio::test]
+async fn demo_starts_clusters_and_a_healthy_server() {
+    let mut child = Command::new(BIN)
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--clusters",
+            "2",
+            "--objects",
+            "100",
+            "--churn",
+            "5",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = wait_for_line(&mut child, "gRPC server on ");
+    let _running = Running(child);
+    let addr = line
+        .split("gRPC server on ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_end_matches(['(', ' ']);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "fleetscope.v1.Fleet".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner().status(), ServingStatus::Serving);
+}
+
+#[tokio::test]
+async fn sim_writes_a_kubeconfig_that_reaches_every_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sim.kubeconfig");
+    let mut child = Command::new(BIN)
+        .args([
+            "sim",
+            "--names",
+            "alpha,beta",
+            "--objects",
+            "100",
+            "--kubeconfig-out",
+        ])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_line(&mut child, "simulated clusters are running");
+    let _running = Running(child);
+    let sources = fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap();
+    assert_eq!(
+        sources.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["alpha", "beta"]
+    );
+    for name in ["alpha", "beta"] {
+        let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
+        let options = kube::config::KubeConfigOptions {
+            context: Some(name.into()),
+            ..Default::default()
+        };
+        let client = kube::Client::try_from(
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        let version = client.apiserver_version().await.unwrap();
+        assert_eq!(version.major, "1");
+    }
+}
+
+fn serve_fails_with(args: &[&str], expected: &str) {
+    let out = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve {args:?} should fail");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(expected),
+        "serve {args:?}: expected {expected:?} in {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn serve_refuses_bad_kubeconfigs_and_patterns_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.kubeconfig");
+    serve_fails_with(
+        &["--kubeconfig", missing.to_str().unwrap()],
+        "missing.kubeconfig",
+    );
+    let garbage = dir.path().join("garbage.kubeconfig");
+    std::fs::write(&garbage, "{ not: [ valid").unwrap();
+    serve_fails_with(
+        &["--kubeconfig", garbage.to_str().unwrap()],
+        "garbage.kubeconfig",
+    );
+    let good = dir.path().join("good.kubeconfig");
+    let ctx = fleetscope_sim::Context {
+        name: "sim-1".into(),
+        server: "https://127.0.0.1:1".into(),
+        token: "t".into(),
+        ca_pem: None,
+    };
+    fleetscope_sim::write_kubeconfig(&good, &[ctx]).unwrap();
+    serve_fails_with(
+        &[
+            "--kubeconfig",
+            good.to_str().unwrap(),
+            "--context",
+            "prod-*",
+        ],
+        "matches no context",
+    );
+    serve_fails_with(
+        &[
+            "--kubeconfig",
+            good.to_str().unwrap(),
+            "--context",
+            "prod-[",
+        ],
+        "not a valid glob",
+    );
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "not-an-address"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+}
