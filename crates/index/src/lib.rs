@@ -1,0 +1,309 @@
+//! fleetscope's merged index: every object of every cluster, keyed
+//! (resource type, cluster, namespace, name), with label, owner and field indexes;
+//! a global revision; an event log for resumable watches; and fan-out to subscribers.
+//!
+//! Entry points:
+//! - [`Index::new`] with a [`Config`]; [`Index::apply`] takes one batch of [`Change`]s
+//!   from the ingest and publishes it atomically: readers see all of it or none.
+//! - [`Index::snapshot`]: a consistent [`State`] at one revision, free to take and to
+//!   hold; [`State::page`] and [`State::count`] answer a [`Query`].
+//! - [`Index::subscribe`]: the events after a revision, then live ones;
+//!   [`transition`] turns an event into what a filtered subscriber sees.
+//! - [`Index::pin`] / [`Index::pinned`]: snapshots kept for paging until their TTL.
+
+mod object;
+mod query;
+mod state;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
+use tokio::sync::broadcast;
+
+pub use object::{Object, ObjectInput};
+pub use query::{Counts, GroupBy, Page, Query};
+pub use state::{Event, State};
+
+/// Index settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How many events the log keeps for resuming watches. Default 100,000.
+    pub log_retention: usize,
+    /// How many events a subscriber may fall behind before it is ended. Default 10,000.
+    pub subscriber_buffer: usize,
+    /// JSON paths with a field index (like client-go's `AddIndexers`), e.g. `spec.nodeName`.
+    pub field_indexes: Vec<String>,
+    /// How long a pinned snapshot is kept for paging after its last use. Default 5 minutes.
+    pub page_ttl: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            log_retention: 100_000,
+            subscriber_buffer: 10_000,
+            field_indexes: Vec::new(),
+            page_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One change from the ingest.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Create or replace one object.
+    Upsert(ObjectInput),
+    /// Delete one object.
+    Delete(ObjectKey),
+    /// The complete set of one resource type in one cluster, as a (re-)list returns it.
+    /// Diffed against what is held: objects gone become deletes, changed ones
+    /// modifications, new ones creates; unchanged ones produce nothing.
+    Replace {
+        /// Canonical resource type name.
+        resource: String,
+        /// The cluster.
+        cluster: ClusterName,
+        /// Every object the list returned.
+        objects: Vec<ObjectInput>,
+    },
+    /// Remove every object of a cluster.
+    RemoveCluster(ClusterName),
+}
+
+/// A watch cannot start from the revision asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    /// The revision is older than the event log holds.
+    #[error(
+        "revision {requested} is older than the event log, which starts after revision {oldest}: list again and watch from the list's revision"
+    )]
+    Expired {
+        /// The revision asked for.
+        requested: Revision,
+        /// The oldest revision a watch can resume from.
+        oldest: Revision,
+    },
+    /// The revision is newer than any the index has applied.
+    #[error(
+        "revision {requested} is newer than the current revision {current}: list again and watch from the list's revision"
+    )]
+    Future {
+        /// The revision asked for.
+        requested: Revision,
+        /// The current revision.
+        current: Revision,
+    },
+}
+
+/// A registered subscriber: the state it starts from, the retained events it missed,
+/// then live events.
+pub struct Subscription {
+    /// The state at the moment of subscribing.
+    pub snapshot: Arc<State>,
+    /// Retained events after the requested revision, in order.
+    pub backlog: Vec<Arc<Event>>,
+    /// Live events after `snapshot`; a receiver that lags past the buffer gets `Lagged`.
+    pub live: broadcast::Receiver<Arc<Event>>,
+}
+
+struct Published {
+    state: Arc<State>,
+    log: VecDeque<Arc<Event>>,
+}
+
+/// The merged index. One writer (the ingest), many cheap readers.
+pub struct Index {
+    config: Config,
+    writer: Mutex<State>,
+    published: RwLock<Published>,
+    events: broadcast::Sender<Arc<Event>>,
+    pins: Mutex<HashMap<Revision, (Arc<State>, Instant)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Index {
+    /// An empty index at revision 0.
+    pub fn new(config: Config) -> Self {
+        let state = State {
+            indexed_paths: Arc::new(config.field_indexes.clone()),
+            ..State::default()
+        };
+        let (events, _) = broadcast::channel(config.subscriber_buffer.max(1));
+        Self {
+            writer: Mutex::new(state.clone()),
+            published: RwLock::new(Published {
+                state: Arc::new(state),
+                log: VecDeque::new(),
+            }),
+            events,
+            pins: Mutex::new(HashMap::new()),
+            config,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Applies one batch and publishes it atomically; returns the events it produced.
+    pub fn apply(&self, changes: impl IntoIterator<Item = Change>) -> Vec<Arc<Event>> {
+        let mut state = lock(&self.writer);
+        let mut events = Vec::new();
+        for change in changes {
+            match change {
+                Change::Upsert(input) => events.extend(state.upsert(input)),
+                Change::Delete(key) => events.extend(state.delete(&key)),
+                Change::Replace {
+                    resource,
+                    cluster,
+                    objects,
+                } => {
+                    let listed: std::collections::HashSet<&ObjectKey> =
+                        objects.iter().map(|o| &o.key).collect();
+                    for key in state.keys_of(&resource, &cluster) {
+                        if !listed.contains(&key) {
+                            events.extend(state.delete(&key));
+                        }
+                    }
+                    for input in objects {
+                        if *input.key.resource == *resource && input.key.cluster == cluster {
+                            events.extend(state.upsert(input));
+                        }
+                    }
+                }
+                Change::RemoveCluster(cluster) => {
+                    for resource in state.resources_of(&cluster) {
+                        for key in state.keys_of(&resource, &cluster) {
+                            events.extend(state.delete(&key));
+                        }
+                    }
+                }
+            }
+        }
+        let events: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
+        if events.is_empty() {
+            return events;
+        }
+        let snapshot = Arc::new(state.clone());
+        drop(state);
+        let mut published = self.published.write().unwrap_or_else(|e| e.into_inner());
+        published.state = snapshot;
+        for e in &events {
+            published.log.push_back(e.clone());
+            // Sent under the lock, so a subscriber registering under the read lock misses nothing.
+            let _ = self.events.send(e.clone());
+        }
+        let excess = published
+            .log
+            .len()
+            .saturating_sub(self.config.log_retention);
+        published.log.drain(..excess);
+        events
+    }
+
+    /// The current state: consistent, at one revision, free to hold.
+    pub fn snapshot(&self) -> Arc<State> {
+        self.published
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .state
+            .clone()
+    }
+
+    /// The oldest revision a watch can resume from.
+    pub fn oldest_resumable(&self) -> Revision {
+        let p = self.published.read().unwrap_or_else(|e| e.into_inner());
+        p.log
+            .front()
+            .map_or(p.state.revision(), |e| Revision(e.revision.0 - 1))
+    }
+
+    /// Registers a subscriber from now (`None`) or after a revision.
+    pub fn subscribe(&self, since: Option<Revision>) -> Result<Subscription, IndexError> {
+        let p = self.published.read().unwrap_or_else(|e| e.into_inner());
+        let live = self.events.subscribe();
+        let current = p.state.revision();
+        let backlog = match since {
+            None => Vec::new(),
+            Some(r) if r > current => {
+                return Err(IndexError::Future {
+                    requested: r,
+                    current,
+                });
+            }
+            Some(r) => {
+                let oldest = p
+                    .log
+                    .front()
+                    .map_or(current, |e| Revision(e.revision.0 - 1));
+                if r < oldest {
+                    return Err(IndexError::Expired {
+                        requested: r,
+                        oldest,
+                    });
+                }
+                let skip = p.log.partition_point(|e| e.revision <= r);
+                p.log.iter().skip(skip).cloned().collect()
+            }
+        };
+        Ok(Subscription {
+            snapshot: p.state.clone(),
+            backlog,
+            live,
+        })
+    }
+
+    /// How many subscribers are registered.
+    pub fn subscriber_count(&self) -> usize {
+        self.events.receiver_count()
+    }
+
+    /// Keeps a snapshot for paging until `page_ttl` after its last use.
+    pub fn pin(&self, state: Arc<State>) {
+        let now = Instant::now();
+        let mut pins = lock(&self.pins);
+        pins.retain(|_, (_, used)| now.duration_since(*used) < self.config.page_ttl);
+        pins.insert(state.revision(), (state, now));
+    }
+
+    /// A pinned snapshot, if it has not expired; using it extends its life.
+    pub fn pinned(&self, revision: Revision) -> Option<Arc<State>> {
+        let now = Instant::now();
+        let mut pins = lock(&self.pins);
+        match pins.get_mut(&revision) {
+            Some((state, used)) if now.duration_since(*used) < self.config.page_ttl => {
+                *used = now;
+                Some(state.clone())
+            }
+            Some(_) => {
+                pins.remove(&revision);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+/// What a subscriber with `query` sees of an event: filters apply to transitions, so
+/// an object that stops matching is `Deleted` and one that starts matching is `Added`.
+pub fn transition(query: &Query, event: &Event) -> Option<EventType> {
+    let now = query.matches(&event.object);
+    let before = event.prev.as_ref().is_some_and(|p| query.matches(p));
+    match (event.kind, before, now) {
+        (EventType::Added, _, true) => Some(EventType::Added),
+        (EventType::Modified, true, true) => Some(EventType::Modified),
+        (EventType::Modified, false, true) => Some(EventType::Added),
+        (EventType::Modified, true, false) => Some(EventType::Deleted),
+        (EventType::Deleted, b, n) if b || n => Some(EventType::Deleted),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

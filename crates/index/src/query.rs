@@ -1,0 +1,282 @@
+//! Queries over a [`State`]: which objects match, in primary-key order, using the
+//! most selective secondary index and filtering the rest.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use fleetscope_model::selector::{FieldOp, Labels, Requirement};
+use fleetscope_model::{ClusterName, FieldSelector, LabelSelector, ObjectKey};
+use imbl::OrdSet;
+
+use crate::object::{FieldView, Object};
+use crate::state::State;
+
+/// Which objects of one resource type to read.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Canonical resource type name.
+    pub resource: String,
+    /// Clusters to read; `None` reads every cluster.
+    pub clusters: Option<Vec<ClusterName>>,
+    /// Namespaces to read; empty reads all (and cluster-scoped objects).
+    pub namespaces: Vec<String>,
+    /// Label selector.
+    pub labels: LabelSelector,
+    /// Field selector over any JSON path.
+    pub fields: FieldSelector,
+}
+
+impl Query {
+    /// Every object of a resource type.
+    pub fn all(resource: &str) -> Self {
+        Self {
+            resource: resource.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// Whether an object matches.
+    pub fn matches(&self, o: &Object) -> bool {
+        *o.key.resource == *self.resource
+            && self
+                .clusters
+                .as_ref()
+                .is_none_or(|cs| cs.contains(&o.key.cluster))
+            && (self.namespaces.is_empty()
+                || self.namespaces.iter().any(|n| **n == *o.key.namespace))
+            && self.labels.matches(o)
+            && (self.fields.is_empty()
+                || self.fields.matches(&FieldView {
+                    object: o,
+                    parsed: RefCell::new(None),
+                }))
+    }
+}
+
+/// One page of a list.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The matching objects, in key order.
+    pub items: Vec<Arc<Object>>,
+    /// The last key of this page, to continue after; `None` when nothing follows.
+    pub next: Option<ObjectKey>,
+    /// How many matching objects follow this page.
+    pub remaining: u64,
+}
+
+/// How to group a count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupBy {
+    /// By cluster.
+    Cluster,
+    /// By namespace.
+    Namespace,
+    /// By the value of a label (empty when absent).
+    Label(String),
+    /// By the value of a field path (empty when absent).
+    Field(String),
+}
+
+impl GroupBy {
+    /// Parses `cluster`, `namespace`, `label:KEY` or `field:PATH`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "cluster" => Some(GroupBy::Cluster),
+            "namespace" => Some(GroupBy::Namespace),
+            _ => match s.split_once(':') {
+                Some(("label", k)) if !k.is_empty() => Some(GroupBy::Label(k.to_string())),
+                Some(("field", p)) if !p.is_empty() => Some(GroupBy::Field(p.to_string())),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Counts, grouped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Group key (one value per GroupBy) → count, ordered by key.
+    pub groups: BTreeMap<Vec<String>, u64>,
+    /// How many objects match in all.
+    pub total: u64,
+}
+
+impl State {
+    /// The candidate keys from the most selective secondary index, if one applies.
+    fn indexed_candidates(&self, q: &Query) -> Option<OrdSet<ObjectKey>> {
+        let resource: Arc<str> = Arc::from(q.resource.as_str());
+        let mut best: Option<OrdSet<ObjectKey>> = None;
+        let mut consider = |set: OrdSet<ObjectKey>| {
+            if best.as_ref().is_none_or(|b| set.len() < b.len()) {
+                best = Some(set);
+            }
+        };
+        for r in q.labels.requirements() {
+            let values = self.labels.get(&(resource.clone(), Arc::from(r.key())));
+            match r {
+                Requirement::Equals(_, v) => consider(
+                    values
+                        .and_then(|m| m.get(v.as_str()).cloned())
+                        .unwrap_or_default(),
+                ),
+                Requirement::In(_, vs) => {
+                    let mut union = OrdSet::new();
+                    for v in vs {
+                        if let Some(set) = values.and_then(|m| m.get(v.as_str())) {
+                            union = union.union(set.clone());
+                        }
+                    }
+                    consider(union);
+                }
+                Requirement::Exists(_) => {
+                    let mut union = OrdSet::new();
+                    for set in values.into_iter().flat_map(|m| m.values()) {
+                        union = union.union(set.clone());
+                    }
+                    consider(union);
+                }
+                _ => {}
+            }
+        }
+        for f in q
+            .fields
+            .requirements()
+            .iter()
+            .filter(|f| f.op == FieldOp::Equals)
+        {
+            let key = (
+                resource.clone(),
+                Arc::from(f.path.as_str()),
+                Arc::from(f.value.as_str()),
+            );
+            if self.indexed_paths.contains(&f.path) {
+                consider(self.fields.get(&key).cloned().unwrap_or_default());
+            }
+        }
+        best
+    }
+
+    /// The key prefixes a primary scan walks, in key order: (cluster, namespace) pairs.
+    fn scan_prefixes(&self, q: &Query) -> Vec<(Option<ClusterName>, Option<String>)> {
+        let mut namespaces = q.namespaces.clone();
+        namespaces.sort();
+        namespaces.dedup();
+        let clusters: Option<Vec<ClusterName>> = match (&q.clusters, namespaces.is_empty()) {
+            (Some(cs), _) => {
+                let mut cs = cs.clone();
+                cs.sort();
+                cs.dedup();
+                Some(cs)
+            }
+            (None, true) => None,
+            (None, false) => Some(
+                self.counts
+                    .keys()
+                    .filter(|(r, _)| **r == *q.resource)
+                    .map(|(_, c)| c.clone())
+                    .collect(),
+            ),
+        };
+        match clusters {
+            None => vec![(None, None)],
+            Some(cs) if namespaces.is_empty() => cs.into_iter().map(|c| (Some(c), None)).collect(),
+            Some(cs) => cs
+                .into_iter()
+                .flat_map(|c| {
+                    namespaces
+                        .iter()
+                        .map(move |n| (Some(c.clone()), Some(n.clone())))
+                })
+                .collect(),
+        }
+    }
+
+    /// Every matching object after `after`, in key order.
+    pub fn matching<'a>(
+        &'a self,
+        q: &'a Query,
+        after: Option<&'a ObjectKey>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Object>> + 'a> {
+        if let Some(set) = self.indexed_candidates(q) {
+            let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let keys: Vec<ObjectKey> = set
+                .range::<_, ObjectKey>((lower, Bound::Unbounded))
+                .cloned()
+                .collect();
+            return Box::new(
+                keys.into_iter()
+                    .filter_map(move |k| self.objects.get(&k))
+                    .filter(move |o| q.matches(o)),
+            );
+        }
+        let prefixes = self.scan_prefixes(q);
+        let resource: Arc<str> = Arc::from(q.resource.as_str());
+        Box::new(prefixes.into_iter().flat_map(move |(cluster, namespace)| {
+            let lo = ObjectKey {
+                resource: resource.clone(),
+                cluster: cluster.clone().unwrap_or_else(|| ClusterName::from("")),
+                namespace: Arc::from(namespace.as_deref().unwrap_or("")),
+                name: Arc::from(""),
+            };
+            let start = match after {
+                Some(a) if *a >= lo => Bound::Excluded(a.clone()),
+                _ => Bound::Included(lo),
+            };
+            let resource = resource.clone();
+            self.objects
+                .range((start, Bound::Unbounded))
+                .take_while(move |(k, _)| {
+                    k.resource == resource
+                        && cluster.as_ref().is_none_or(|c| k.cluster == *c)
+                        && namespace.as_ref().is_none_or(|n| *k.namespace == **n)
+                })
+                .map(|(_, o)| o)
+                .filter(move |o| q.matches(o))
+        }))
+    }
+
+    /// One page of at most `limit` matching objects after `after`.
+    pub fn page(&self, q: &Query, after: Option<&ObjectKey>, limit: usize) -> Page {
+        let mut iter = self.matching(q, after);
+        let items: Vec<Arc<Object>> = iter.by_ref().take(limit.max(1)).cloned().collect();
+        let remaining = iter.count() as u64;
+        let next = if remaining > 0 {
+            items.last().map(|o| o.key.clone())
+        } else {
+            None
+        };
+        Page {
+            items,
+            next,
+            remaining,
+        }
+    }
+
+    /// Counts the matching objects, grouped.
+    pub fn count(&self, q: &Query, group_by: &[GroupBy]) -> Counts {
+        let mut counts = Counts::default();
+        for o in self.matching(q, None) {
+            counts.total += 1;
+            if group_by.is_empty() {
+                continue;
+            }
+            let mut parsed = None;
+            let key: Vec<String> = group_by
+                .iter()
+                .map(|g| match g {
+                    GroupBy::Cluster => o.key.cluster.to_string(),
+                    GroupBy::Namespace => o.key.namespace.to_string(),
+                    GroupBy::Label(k) => o.label(k).unwrap_or("").to_string(),
+                    GroupBy::Field(p) => o
+                        .field_value(p, &mut parsed)
+                        .map(|c| c.into_owned())
+                        .unwrap_or_default(),
+                })
+                .collect();
+            *counts.groups.entry(key).or_default() += 1;
+        }
+        counts
+    }
+}

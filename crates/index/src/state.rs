@@ -1,0 +1,227 @@
+//! The index's state: persistent maps, so a snapshot is a clone that costs nothing and
+//! shares everything with the live state.
+
+use std::sync::Arc;
+
+use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
+use imbl::{HashMap, OrdMap, OrdSet};
+
+use crate::object::{Object, ObjectInput};
+
+/// One applied change, with the state before it, so filters can see transitions.
+#[derive(Debug)]
+pub struct Event {
+    /// The revision the change was given.
+    pub revision: Revision,
+    /// What happened to the object.
+    pub kind: EventType,
+    /// The object after the change; for a delete, its last state.
+    pub object: Arc<Object>,
+    /// The object before the change; `None` for a create.
+    pub prev: Option<Arc<Object>>,
+}
+
+type KeySet = OrdSet<ObjectKey>;
+/// (resource, label key) → label value → objects.
+type LabelIndex = HashMap<(Arc<str>, Arc<str>), HashMap<Arc<str>, KeySet>>;
+/// (resource, field path, value) → objects.
+type FieldIndex = HashMap<(Arc<str>, Arc<str>, Arc<str>), KeySet>;
+
+/// A consistent state of the whole index at one revision.
+#[derive(Clone, Default)]
+pub struct State {
+    pub(crate) revision: Revision,
+    pub(crate) objects: OrdMap<ObjectKey, Arc<Object>>,
+    /// (resource, label key) → label value → objects.
+    pub(crate) labels: LabelIndex,
+    /// owner uid → objects.
+    pub(crate) owners: HashMap<Arc<str>, KeySet>,
+    /// (resource, field path, value) → objects.
+    pub(crate) fields: FieldIndex,
+    /// (resource, cluster) → object count.
+    pub(crate) counts: OrdMap<(Arc<str>, ClusterName), usize>,
+    /// The JSON paths with a field index.
+    pub(crate) indexed_paths: Arc<Vec<String>>,
+}
+
+impl State {
+    /// The revision this state is at.
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// How many objects are held.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// One object.
+    pub fn get(&self, key: &ObjectKey) -> Option<&Arc<Object>> {
+        self.objects.get(key)
+    }
+
+    /// Object counts per (resource, cluster).
+    pub fn counts(&self) -> impl Iterator<Item = (&str, &ClusterName, usize)> {
+        self.counts.iter().map(|((r, c), n)| (&**r, c, *n))
+    }
+
+    /// The objects owned by an owner uid.
+    pub fn owned_by(&self, uid: &str) -> Vec<&Arc<Object>> {
+        self.owners
+            .get(uid)
+            .map(|keys| keys.iter().filter_map(|k| self.objects.get(k)).collect())
+            .unwrap_or_default()
+    }
+
+    fn index(&mut self, o: &Object) {
+        let r = &o.key.resource;
+        for (k, v) in o.labels.iter() {
+            self.labels
+                .entry((r.clone(), k.clone()))
+                .or_default()
+                .entry(v.clone())
+                .or_default()
+                .insert(o.key.clone());
+        }
+        for uid in o.owners.iter() {
+            self.owners
+                .entry(uid.clone())
+                .or_default()
+                .insert(o.key.clone());
+        }
+        for (p, v) in o.fields.iter() {
+            self.fields
+                .entry((r.clone(), p.clone(), v.clone()))
+                .or_default()
+                .insert(o.key.clone());
+        }
+    }
+
+    fn unindex(&mut self, o: &Object) {
+        let r = &o.key.resource;
+        for (k, v) in o.labels.iter() {
+            let lk = (r.clone(), k.clone());
+            if let Some(values) = self.labels.get_mut(&lk) {
+                if let Some(set) = values.get_mut(v) {
+                    set.remove(&o.key);
+                    if set.is_empty() {
+                        values.remove(v);
+                    }
+                }
+                if values.is_empty() {
+                    self.labels.remove(&lk);
+                }
+            }
+        }
+        for uid in o.owners.iter() {
+            if let Some(set) = self.owners.get_mut(uid) {
+                set.remove(&o.key);
+                if set.is_empty() {
+                    self.owners.remove(uid);
+                }
+            }
+        }
+        for (p, v) in o.fields.iter() {
+            let fk = (r.clone(), p.clone(), v.clone());
+            if let Some(set) = self.fields.get_mut(&fk) {
+                set.remove(&o.key);
+                if set.is_empty() {
+                    self.fields.remove(&fk);
+                }
+            }
+        }
+    }
+
+    fn bump_count(&mut self, key: &ObjectKey, delta: isize) {
+        let ck = (key.resource.clone(), key.cluster.clone());
+        let n = self
+            .counts
+            .get(&ck)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add_signed(delta);
+        if n == 0 {
+            self.counts.remove(&ck);
+        } else {
+            self.counts.insert(ck, n);
+        }
+    }
+
+    /// Creates or replaces an object; `None` when the input is the state already held.
+    pub(crate) fn upsert(&mut self, input: ObjectInput) -> Option<Event> {
+        let prev = self.objects.get(&input.key).cloned();
+        if prev.as_ref().is_some_and(|p| p.same_as(&input)) {
+            return None;
+        }
+        let revision = self.revision.next();
+        let object = Arc::new(Object::from_input(input, revision));
+        match &prev {
+            Some(p) => self.unindex(p),
+            None => self.bump_count(&object.key, 1),
+        }
+        self.index(&object);
+        self.objects.insert(object.key.clone(), object.clone());
+        self.revision = revision;
+        let kind = if prev.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        Some(Event {
+            revision,
+            kind,
+            object,
+            prev,
+        })
+    }
+
+    /// Deletes an object; `None` when it is not held.
+    pub(crate) fn delete(&mut self, key: &ObjectKey) -> Option<Event> {
+        let prev = self.objects.remove(key)?;
+        self.unindex(&prev);
+        self.bump_count(key, -1);
+        let revision = self.revision.next();
+        self.revision = revision;
+        // The delete carries the object's last state, stamped with the delete's revision.
+        let last = Arc::new(Object {
+            key: prev.key.clone(),
+            uid: prev.uid.clone(),
+            resource_version: prev.resource_version.clone(),
+            revision,
+            json: prev.json.clone(),
+            labels: prev.labels.clone(),
+            owners: prev.owners.clone(),
+            fields: prev.fields.clone(),
+        });
+        Some(Event {
+            revision,
+            kind: EventType::Deleted,
+            object: last,
+            prev: Some(prev),
+        })
+    }
+
+    /// The keys held for one (resource, cluster).
+    pub(crate) fn keys_of(&self, resource: &str, cluster: &ClusterName) -> Vec<ObjectKey> {
+        let lo = ObjectKey::new(resource, cluster, "", "");
+        self.objects
+            .range(lo..)
+            .take_while(|(k, _)| *k.resource == *resource && k.cluster == *cluster)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The resources held for a cluster.
+    pub(crate) fn resources_of(&self, cluster: &ClusterName) -> Vec<Arc<str>> {
+        self.counts
+            .keys()
+            .filter(|(_, c)| c == cluster)
+            .map(|(r, _)| r.clone())
+            .collect()
+    }
+}

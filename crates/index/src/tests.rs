@@ -1,0 +1,527 @@
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use fleetscope_model::{ClusterName, EventType, LabelSelector, ObjectKey, Revision};
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+
+fn input(
+    resource: &str,
+    cluster: &str,
+    ns: &str,
+    name: &str,
+    rv: u64,
+    labels: &[(&str, &str)],
+) -> ObjectInput {
+    let label_map: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let json = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": ns, "resourceVersion": rv.to_string(), "labels": label_map}, "spec": {"nodeName": format!("n{}", rv % 3)}, "status": {"phase": if rv.is_multiple_of(2) { "Running" } else { "Pending" }}});
+    ObjectInput {
+        key: ObjectKey::new(resource, &ClusterName::from(cluster), ns, name),
+        uid: format!("uid-{cluster}-{ns}-{name}"),
+        resource_version: rv.to_string(),
+        json: Bytes::from(serde_json::to_vec(&json).unwrap()),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        owners: vec![format!("owner-{}", rv % 2)],
+        fields: vec![("spec.nodeName".into(), format!("n{}", rv % 3))],
+    }
+}
+
+fn index() -> Index {
+    Index::new(Config {
+        field_indexes: vec!["spec.nodeName".into()],
+        ..Config::default()
+    })
+}
+
+fn names(items: &[Arc<Object>]) -> Vec<String> {
+    items.iter().map(|o| o.key.to_string()).collect()
+}
+
+#[test]
+fn each_change_gets_the_next_revision_and_no_ops_get_none() {
+    let idx = index();
+    let e = idx.apply([Change::Upsert(input("pods", "a", "x", "p", 1, &[]))]);
+    assert_eq!(
+        (e.len(), e[0].revision, e[0].kind),
+        (1, Revision(1), EventType::Added)
+    );
+    assert!(
+        idx.apply([Change::Upsert(input("pods", "a", "x", "p", 1, &[]))])
+            .is_empty(),
+        "same state: no event"
+    );
+    let e = idx.apply([
+        Change::Upsert(input("pods", "a", "x", "p", 2, &[])),
+        Change::Delete(ObjectKey::new("pods", &"a".into(), "x", "p")),
+    ]);
+    assert_eq!(
+        e.iter().map(|e| (e.revision.0, e.kind)).collect::<Vec<_>>(),
+        [(2, EventType::Modified), (3, EventType::Deleted)]
+    );
+    assert_eq!(idx.snapshot().revision(), Revision(3));
+    assert!(idx.snapshot().is_empty());
+}
+
+#[test]
+fn replace_diffs_a_relist_into_deletes_modifications_and_adds() {
+    let idx = index();
+    idx.apply([
+        Change::Upsert(input("pods", "a", "x", "gone", 1, &[])),
+        Change::Upsert(input("pods", "a", "x", "same", 1, &[])),
+        Change::Upsert(input("pods", "a", "x", "changed", 1, &[])),
+        Change::Upsert(input("pods", "b", "x", "other-cluster", 1, &[])),
+    ]);
+    let events = idx.apply([Change::Replace {
+        resource: "pods".into(),
+        cluster: "a".into(),
+        objects: vec![
+            input("pods", "a", "x", "same", 1, &[]),
+            input("pods", "a", "x", "changed", 2, &[]),
+            input("pods", "a", "x", "new", 1, &[]),
+        ],
+    }]);
+    let got: Vec<(String, EventType)> = events
+        .iter()
+        .map(|e| (e.object.key.name.to_string(), e.kind))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("gone".into(), EventType::Deleted),
+            ("changed".into(), EventType::Modified),
+            ("new".into(), EventType::Added)
+        ]
+    );
+    assert_eq!(idx.snapshot().len(), 4, "the other cluster is untouched");
+}
+
+#[test]
+fn snapshots_are_unaffected_by_later_batches() {
+    let idx = index();
+    idx.apply([Change::Upsert(input(
+        "pods",
+        "a",
+        "x",
+        "p",
+        1,
+        &[("app", "web")],
+    ))]);
+    let before = idx.snapshot();
+    idx.apply([
+        Change::Delete(ObjectKey::new("pods", &"a".into(), "x", "p")),
+        Change::Upsert(input("pods", "a", "x", "q", 1, &[])),
+    ]);
+    assert_eq!(
+        names(&before.page(&Query::all("pods"), None, 10).items),
+        ["a/pods/x/p"]
+    );
+    assert_eq!(
+        before
+            .page(
+                &Query {
+                    labels: LabelSelector::parse("app=web").unwrap(),
+                    ..Query::all("pods")
+                },
+                None,
+                10
+            )
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        names(&idx.snapshot().page(&Query::all("pods"), None, 10).items),
+        ["a/pods/x/q"]
+    );
+}
+
+#[test]
+fn queries_select_by_cluster_namespace_label_and_field_in_key_order() {
+    let idx = index();
+    let mut batch = Vec::new();
+    for (i, c) in ["b", "a", "c"].iter().enumerate() {
+        for n in 0..4u64 {
+            let app = if n % 2 == 0 { "web" } else { "db" };
+            batch.push(Change::Upsert(input(
+                "pods",
+                c,
+                if n < 2 { "ns1" } else { "ns2" },
+                &format!("p{n}"),
+                n + i as u64,
+                &[("app", app)],
+            )));
+        }
+    }
+    batch.push(Change::Upsert(input(
+        "configmaps",
+        "a",
+        "ns1",
+        "cm",
+        1,
+        &[("app", "web")],
+    )));
+    idx.apply(batch);
+    let s = idx.snapshot();
+    let all = s.page(&Query::all("pods"), None, 100);
+    assert_eq!(all.items.len(), 12);
+    assert!(
+        all.items.windows(2).all(|w| w[0].key < w[1].key),
+        "key order"
+    );
+    let q = Query {
+        clusters: Some(vec!["c".into(), "a".into()]),
+        namespaces: vec!["ns2".into()],
+        ..Query::all("pods")
+    };
+    assert_eq!(
+        names(&s.page(&q, None, 100).items),
+        [
+            "a/pods/ns2/p2",
+            "a/pods/ns2/p3",
+            "c/pods/ns2/p2",
+            "c/pods/ns2/p3"
+        ]
+    );
+    let q = Query {
+        labels: LabelSelector::parse("app in (web)").unwrap(),
+        ..Query::all("pods")
+    };
+    assert_eq!(s.page(&q, None, 100).items.len(), 6);
+    let q = Query {
+        fields: "status.phase=Running,spec.nodeName!=n9".parse().unwrap(),
+        ..Query::all("pods")
+    };
+    assert_eq!(s.page(&q, None, 100).items.len(), 6);
+    let q = Query {
+        fields: "spec.nodeName=n0".parse().unwrap(),
+        ..Query::all("pods")
+    };
+    assert!(
+        s.page(&q, None, 100)
+            .items
+            .iter()
+            .all(|o| o.fields[0].1.as_ref() == "n0")
+    );
+    assert_eq!(
+        s.owned_by("owner-0").len(),
+        6,
+        "pods with an even resourceVersion"
+    );
+}
+
+#[test]
+fn pages_walk_one_snapshot_with_remaining_counts() {
+    let idx = index();
+    idx.apply((0..25).map(|i| {
+        Change::Upsert(input(
+            "pods",
+            "a",
+            "ns",
+            &format!("p{i:02}"),
+            i,
+            &[("app", "web")],
+        ))
+    }));
+    let s = idx.snapshot();
+    for q in [
+        Query::all("pods"),
+        Query {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Query::all("pods")
+        },
+    ] {
+        let mut after = None;
+        let mut seen = Vec::new();
+        loop {
+            let page = s.page(&q, after.as_ref(), 10);
+            assert_eq!(page.remaining as usize, 25 - seen.len() - page.items.len());
+            seen.extend(names(&page.items));
+            match page.next {
+                Some(k) => after = Some(k),
+                None => break,
+            }
+        }
+        assert_eq!(seen.len(), 25);
+    }
+}
+
+#[test]
+fn counts_group_by_cluster_namespace_label_and_field() {
+    let idx = index();
+    idx.apply([
+        Change::Upsert(input("pods", "a", "x", "1", 2, &[("app", "web")])),
+        Change::Upsert(input("pods", "a", "y", "2", 4, &[("app", "db")])),
+        Change::Upsert(input("pods", "b", "x", "3", 1, &[])),
+    ]);
+    let s = idx.snapshot();
+    let c = s.count(
+        &Query::all("pods"),
+        &[GroupBy::Cluster, GroupBy::Label("app".into())],
+    );
+    assert_eq!(c.total, 3);
+    let groups: Vec<(Vec<String>, u64)> = c.groups.into_iter().collect();
+    assert_eq!(
+        groups,
+        [
+            (vec!["a".into(), "db".into()], 1),
+            (vec!["a".into(), "web".into()], 1),
+            (vec!["b".into(), "".into()], 1)
+        ]
+    );
+    let c = s.count(
+        &Query::all("pods"),
+        &[GroupBy::Field("status.phase".into())],
+    );
+    assert_eq!(c.groups.get(&vec!["Running".to_string()]), Some(&2));
+    assert_eq!(
+        GroupBy::parse("label:app"),
+        Some(GroupBy::Label("app".into()))
+    );
+    assert_eq!(GroupBy::parse("bogus"), None);
+}
+
+#[test]
+fn subscriptions_resume_from_the_log_and_expire_past_retention() {
+    let idx = Index::new(Config {
+        log_retention: 5,
+        ..Config::default()
+    });
+    for i in 0..10 {
+        idx.apply([Change::Upsert(input(
+            "pods",
+            "a",
+            "x",
+            &format!("p{i}"),
+            1,
+            &[],
+        ))]);
+    }
+    let sub = idx.subscribe(Some(Revision(7))).unwrap();
+    assert_eq!(
+        sub.backlog.iter().map(|e| e.revision.0).collect::<Vec<_>>(),
+        [8, 9, 10]
+    );
+    assert_eq!(idx.oldest_resumable(), Revision(5));
+    assert!(idx.subscribe(Some(Revision(5))).is_ok());
+    assert_eq!(
+        idx.subscribe(Some(Revision(4))).err(),
+        Some(IndexError::Expired {
+            requested: Revision(4),
+            oldest: Revision(5)
+        })
+    );
+    assert!(matches!(
+        idx.subscribe(Some(Revision(11))),
+        Err(IndexError::Future { .. })
+    ));
+}
+
+#[tokio::test]
+async fn live_events_reach_subscribers_and_laggards_are_told() {
+    let idx = Index::new(Config {
+        subscriber_buffer: 4,
+        ..Config::default()
+    });
+    let mut fast = idx.subscribe(None).unwrap().live;
+    let mut slow = idx.subscribe(None).unwrap().live;
+    for i in 0..10 {
+        idx.apply([Change::Upsert(input(
+            "pods",
+            "a",
+            "x",
+            &format!("p{i}"),
+            1,
+            &[],
+        ))]);
+        assert_eq!(
+            fast.recv().await.unwrap().revision,
+            Revision(i + 1),
+            "a fast subscriber keeps up"
+        );
+    }
+    assert!(
+        matches!(
+            slow.recv().await,
+            Err(broadcast::error::RecvError::Lagged(_))
+        ),
+        "a slow one learns it fell behind"
+    );
+}
+
+#[test]
+fn transitions_follow_the_filter() {
+    let idx = index();
+    let q = Query {
+        labels: LabelSelector::parse("app=web").unwrap(),
+        ..Query::all("pods")
+    };
+    let mut kinds = Vec::new();
+    for (rv, app) in [(1, "web"), (2, "db"), (3, "web"), (4, "web")] {
+        for e in idx.apply([Change::Upsert(input(
+            "pods",
+            "a",
+            "x",
+            "p",
+            rv,
+            &[("app", app)],
+        ))]) {
+            kinds.push(transition(&q, &e));
+        }
+    }
+    for e in idx.apply([Change::Delete(ObjectKey::new(
+        "pods",
+        &"a".into(),
+        "x",
+        "p",
+    ))]) {
+        kinds.push(transition(&q, &e));
+    }
+    assert_eq!(
+        kinds,
+        [
+            Some(EventType::Added),
+            Some(EventType::Deleted),
+            Some(EventType::Added),
+            Some(EventType::Modified),
+            Some(EventType::Deleted)
+        ]
+    );
+}
+
+#[test]
+fn pinned_snapshots_expire_after_their_ttl() {
+    let idx = Index::new(Config {
+        page_ttl: Duration::ZERO,
+        ..Config::default()
+    });
+    idx.pin(idx.snapshot());
+    assert!(idx.pinned(Revision(0)).is_none());
+    let idx = index();
+    idx.pin(idx.snapshot());
+    assert!(idx.pinned(Revision(0)).is_some());
+}
+
+// ---- property test against a BTreeMap model ----
+
+#[derive(Debug, Clone)]
+enum Op {
+    Upsert {
+        cluster: u8,
+        ns: u8,
+        name: u8,
+        rv: u64,
+        app: u8,
+    },
+    Delete {
+        cluster: u8,
+        ns: u8,
+        name: u8,
+    },
+    Relist {
+        cluster: u8,
+        keep: Vec<(u8, u8, u64, u8)>,
+    },
+    RemoveCluster {
+        cluster: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3u8, 0..2u8, 0..6u8, 0..4u64, 0..3u8).prop_map(|(cluster, ns, name, rv, app)| Op::Upsert { cluster, ns, name, rv, app }),
+        2 => (0..3u8, 0..2u8, 0..6u8).prop_map(|(cluster, ns, name)| Op::Delete { cluster, ns, name }),
+        1 => (0..3u8, proptest::collection::vec((0..2u8, 0..6u8, 0..4u64, 0..3u8), 0..6)).prop_map(|(cluster, keep)| Op::Relist { cluster, keep }),
+        1 => (0..3u8).prop_map(|cluster| Op::RemoveCluster { cluster }),
+    ]
+}
+
+const APPS: [&str; 3] = ["web", "db", "cache"];
+
+fn mk(cluster: u8, ns: u8, name: u8, rv: u64, app: u8) -> ObjectInput {
+    input(
+        "pods",
+        &format!("c{cluster}"),
+        &format!("ns{ns}"),
+        &format!("p{name}"),
+        rv,
+        &[("app", APPS[app as usize])],
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn index_matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..60), selector in 0..4usize) {
+        let idx = index();
+        let mut model: BTreeMap<ObjectKey, ObjectInput> = BTreeMap::new();
+        let mut replayed: BTreeMap<ObjectKey, Arc<Object>> = BTreeMap::new();
+        let mut last = Revision(0);
+        let sub = idx.subscribe(None).unwrap();
+        let mut live = sub.live;
+        for op in ops {
+            let change = match op {
+                Op::Upsert { cluster, ns, name, rv, app } => {
+                    let i = mk(cluster, ns, name, rv, app);
+                    model.insert(i.key.clone(), i.clone());
+                    Change::Upsert(i)
+                }
+                Op::Delete { cluster, ns, name } => {
+                    let k = ObjectKey::new("pods", &format!("c{cluster}").into(), &format!("ns{ns}"), &format!("p{name}"));
+                    model.remove(&k);
+                    Change::Delete(k)
+                }
+                Op::Relist { cluster, keep } => {
+                    let c: ClusterName = format!("c{cluster}").into();
+                    model.retain(|k, _| k.cluster != c);
+                    let mut objects: BTreeMap<ObjectKey, ObjectInput> = BTreeMap::new();
+                    for (ns, name, rv, app) in keep {
+                        let i = mk(cluster, ns, name, rv, app);
+                        objects.insert(i.key.clone(), i);
+                    }
+                    model.extend(objects.clone());
+                    Change::Replace { resource: "pods".into(), cluster: c, objects: objects.into_values().collect() }
+                }
+                Op::RemoveCluster { cluster } => {
+                    let c: ClusterName = format!("c{cluster}").into();
+                    model.retain(|k, _| k.cluster != c);
+                    Change::RemoveCluster(c)
+                }
+            };
+            for e in idx.apply([change]) {
+                prop_assert_eq!(e.revision, last.next(), "revisions are dense and increasing");
+                last = e.revision;
+                match e.kind {
+                    EventType::Deleted => { replayed.remove(&e.object.key); }
+                    _ => { replayed.insert(e.object.key.clone(), e.object.clone()); }
+                }
+                let got = live.try_recv().unwrap();
+                prop_assert_eq!(got.revision, e.revision);
+            }
+        }
+        let s = idx.snapshot();
+        let selectors = ["", "app=web", "app!=web", "app in (db,cache)"];
+        let q = Query { labels: LabelSelector::parse(selectors[selector]).unwrap(), ..Query::all("pods") };
+        let expected: Vec<String> = model.values().filter(|i| q.labels.matches(i.labels.as_slice())).map(|i| i.key.to_string()).collect();
+        let got = names(&s.page(&q, None, 1000).items);
+        prop_assert_eq!(&got, &expected);
+        // Replaying the events gives the same state, and every object carries its latest input.
+        prop_assert_eq!(replayed.keys().collect::<Vec<_>>(), model.keys().collect::<Vec<_>>());
+        for (k, i) in &model {
+            let held = s.get(k).unwrap();
+            prop_assert_eq!(&*held.resource_version, i.resource_version.as_str());
+            prop_assert_eq!(&held.json, &i.json);
+        }
+        let by_cluster = s.count(&Query::all("pods"), &[GroupBy::Cluster]);
+        prop_assert_eq!(by_cluster.total as usize, model.len());
+        let counted: usize = s.counts().map(|(_, _, n)| n).sum();
+        prop_assert_eq!(counted, model.len());
+    }
+}

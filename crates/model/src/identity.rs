@@ -1,0 +1,174 @@
+//! Identity of clusters, resource types and objects, and fleetscope's global revision.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A cluster's name in fleetscope: its kubeconfig context name, or its configured name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClusterName(Arc<str>);
+
+impl ClusterName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for ClusterName {
+    fn from(s: &str) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl From<String> for ClusterName {
+    fn from(s: String) -> Self {
+        Self(Arc::from(s))
+    }
+}
+
+impl fmt::Display for ClusterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A resource type as resolved by discovery.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceType {
+    /// API group; empty for the core group.
+    pub group: String,
+    /// API version served, e.g. `v1`.
+    pub version: String,
+    /// Plural resource name, e.g. `deployments`.
+    pub plural: String,
+    /// Kind, e.g. `Deployment`.
+    pub kind: String,
+    /// Whether objects live in namespaces.
+    pub namespaced: bool,
+}
+
+impl ResourceType {
+    /// The canonical name: `pods`, `deployments.apps`.
+    pub fn name(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `v1` or `apps/v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// The global revision: each change fleetscope applies gets the next one. It never goes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Revision(pub u64);
+
+impl Revision {
+    /// The revision after this one.
+    pub fn next(self) -> Self {
+        Revision(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// An object's identity. Ordered by resource type, cluster, namespace, name: the
+/// index's primary order, so a cluster or a namespace is a contiguous range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// Canonical resource type name (`pods`, `deployments.apps`).
+    pub resource: Arc<str>,
+    /// The cluster.
+    pub cluster: ClusterName,
+    /// The namespace; empty for cluster-scoped objects.
+    pub namespace: Arc<str>,
+    /// The name.
+    pub name: Arc<str>,
+}
+
+impl ObjectKey {
+    /// A key from its parts.
+    pub fn new(resource: &str, cluster: &ClusterName, namespace: &str, name: &str) -> Self {
+        Self {
+            resource: Arc::from(resource),
+            cluster: cluster.clone(),
+            namespace: Arc::from(namespace),
+            name: Arc::from(name),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}/{}/{}", self.cluster, self.resource, self.name)
+        } else {
+            write!(
+                f,
+                "{}/{}/{}/{}",
+                self.cluster, self.resource, self.namespace, self.name
+            )
+        }
+    }
+}
+
+/// What a change did to an object, as a watcher sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Created, or started matching a filter.
+    Added,
+    /// Changed and still matches.
+    Modified,
+    /// Deleted, or stopped matching a filter.
+    Deleted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_order_by_resource_then_cluster_then_namespace_then_name() {
+        let a = ClusterName::from("a");
+        let b = ClusterName::from("b");
+        let mut keys = vec![
+            ObjectKey::new("pods", &b, "x", "1"),
+            ObjectKey::new("configmaps", &b, "x", "1"),
+            ObjectKey::new("pods", &a, "y", "0"),
+            ObjectKey::new("pods", &a, "x", "2"),
+        ];
+        keys.sort();
+        let shown: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["b/configmaps/x/1", "a/pods/x/2", "a/pods/y/0", "b/pods/x/1"]
+        );
+    }
+
+    #[test]
+    fn canonical_names_carry_the_group() {
+        let rt = ResourceType {
+            group: "apps".into(),
+            version: "v1".into(),
+            plural: "deployments".into(),
+            kind: "Deployment".into(),
+            namespaced: true,
+        };
+        assert_eq!(
+            (rt.name(), rt.api_version()),
+            ("deployments.apps".into(), "apps/v1".into())
+        );
+    }
+}
