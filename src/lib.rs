@@ -3,11 +3,11 @@
 //! The root package wires the engine crates to the outside world:
 //! - [`server::serve`]: the gRPC server (Fleet, health, reflection);
 //! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
-//! - [`sources::resolve`]: kubeconfig files and contexts → cluster sources;
 //! - [`proto`]: the generated API types.
 
 pub mod grpc;
 pub mod proto;
 pub mod server;
-pub mod sources;
 pub mod telemetry;
+
+pub use fleetscope_informer::source as sources;

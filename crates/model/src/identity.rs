@@ -143,7 +143,7 @@ mod tests {
     fn keys_order_by_resource_then_cluster_then_namespace_then_name() {
         let a = ClusterName::from("a");
         let b = ClusterName::from("b");
-        let mut keys = vec![
+        let mut keys = [
             ObjectKey::new("pods", &b, "x", "1"),
             ObjectKey::new("configmaps", &b, "x", "1"),
             ObjectKey::new("pods", &a, "y", "0"),

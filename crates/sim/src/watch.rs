@@ -303,6 +303,8 @@ async fn run(
                 continue;
             }
             tokio::select! {
+                // Faults first: a change made after drop_watches() must not reach an old watch.
+                biased;
                 _ = conn.cancelled() => return Err(End::Abort),
                 c = control.recv() => match c {
                     Ok(WatchControl::Drop) => return Err(End::Abort),

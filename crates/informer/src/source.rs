@@ -25,6 +25,14 @@ pub enum SourceError {
     /// The kubeconfigs hold no context at all.
     #[error("the kubeconfig(s) {0} define no contexts")]
     NoContexts(String),
+    /// A context's credentials or server could not be turned into a client.
+    #[error("cluster {cluster}: {message}")]
+    Client {
+        /// The context.
+        cluster: String,
+        /// Why.
+        message: String,
+    },
     /// A `--context` pattern is not a valid glob.
     #[error("--context {pattern:?} is not a valid glob: {message}")]
     BadPattern {
@@ -85,6 +93,26 @@ fn read(path: &Path) -> Result<Kubeconfig, SourceError> {
     Kubeconfig::read_from(path).map_err(|source| SourceError::Kubeconfig {
         path: path.to_path_buf(),
         source,
+    })
+}
+
+/// A kube client for one source, with kube's own config loading, so every auth method
+/// it supports works (tokens, client certificates, exec plugins, auth providers, proxies).
+pub async fn client(source: &ClusterSource) -> Result<kube::Client, SourceError> {
+    let kc = read(&source.kubeconfig)?;
+    let options = kube::config::KubeConfigOptions {
+        context: Some(source.name.clone()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .map_err(|e| SourceError::Client {
+            cluster: source.name.clone(),
+            message: e.to_string(),
+        })?;
+    kube::Client::try_from(config).map_err(|e| SourceError::Client {
+        cluster: source.name.clone(),
+        message: e.to_string(),
     })
 }
 

@@ -1,0 +1,561 @@
+//! One informer: LIST in pages, then WATCH with bookmarks from the list's
+//! resourceVersion; reconnect from the last resourceVersion after timeouts and EOFs;
+//! re-list on 410; back off with jitter on every failure; report state as it changes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetscope_model::{ClusterName, ResourceType};
+use futures::{AsyncBufReadExt, StreamExt};
+use kube::Client;
+use kube::Resource;
+use kube::api::{DynamicObject, ListParams, WatchParams};
+use kube::core::Request;
+use kube::discovery::ApiResource;
+use rand::Rng;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::prune::{PrunedObject, Pruning, prune};
+
+/// Which stream an update is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId {
+    /// The cluster.
+    pub cluster: ClusterName,
+    /// The resource type.
+    pub resource: ResourceType,
+}
+
+/// What a stream is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamState {
+    /// Waiting to start, or backing off.
+    Pending,
+    /// Listing.
+    Listing,
+    /// Listed and watching.
+    Watching,
+    /// Failed; retrying with backoff.
+    Failed,
+    /// 401 or 403; retrying slowly.
+    Forbidden,
+    /// The cluster does not serve the type (404).
+    NotFound,
+}
+
+/// What an informer tells the ingest.
+#[derive(Debug, Clone)]
+pub enum Update {
+    /// A complete (re-)list: the full set of the stream's objects.
+    Listed {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// Every object listed.
+        objects: Vec<PrunedObject>,
+        /// The list's resourceVersion.
+        resource_version: String,
+    },
+    /// An object was created or changed.
+    Applied {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// The object's new state.
+        object: PrunedObject,
+    },
+    /// An object was deleted.
+    Deleted {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// The object's last state.
+        object: PrunedObject,
+    },
+    /// A bookmark: the stream has seen everything up to this resourceVersion.
+    Progress {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// The resourceVersion.
+        resource_version: String,
+    },
+    /// The stream's state changed.
+    State {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// The new state.
+        state: StreamState,
+        /// Why, for a person to read, when not healthy.
+        error: Option<String>,
+    },
+}
+
+/// Settings of every stream.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// LIST page size. Default 500.
+    pub page_size: u32,
+    /// Server-side watch timeout. Default 290 s (kube allows less than 295 s).
+    pub watch_timeout: Duration,
+    /// A watch silent for its timeout plus this is treated as dead. Default 30 s.
+    pub idle_margin: Duration,
+    /// First backoff. Default 0.8 s.
+    pub backoff_start: Duration,
+    /// Longest backoff. Default 30 s.
+    pub backoff_cap: Duration,
+    /// Backoff for 401/403. Default 60 s.
+    pub forbidden_retry: Duration,
+    /// What to prune from objects.
+    pub pruning: Pruning,
+    /// Only this namespace; `None` for all.
+    pub namespace: Option<String>,
+    /// Server-side label selector.
+    pub label_selector: Option<String>,
+    /// Server-side field selector.
+    pub field_selector: Option<String>,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 500,
+            watch_timeout: Duration::from_secs(290),
+            idle_margin: Duration::from_secs(30),
+            backoff_start: Duration::from_millis(800),
+            backoff_cap: Duration::from_secs(30),
+            forbidden_retry: Duration::from_secs(60),
+            pruning: Pruning::default(),
+            namespace: None,
+            label_selector: None,
+            field_selector: None,
+        }
+    }
+}
+
+/// Exponential backoff with jitter, reset after a healthy period.
+#[derive(Debug)]
+pub struct Backoff {
+    start: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// Starting at `start`, doubling to `cap`.
+    pub fn new(start: Duration, cap: Duration) -> Self {
+        Self {
+            start,
+            cap,
+            next: start,
+        }
+    }
+
+    /// The next wait: the current step with ±25% jitter; the step then doubles.
+    pub fn next_delay(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        base.mul_f64(rand::rng().random_range(0.75..1.25))
+    }
+
+    /// Back to the first step.
+    pub fn reset(&mut self) {
+        self.next = self.start;
+    }
+}
+
+#[derive(Deserialize)]
+struct RawListMeta {
+    #[serde(rename = "resourceVersion", default)]
+    resource_version: String,
+    #[serde(rename = "continue", default)]
+    continue_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawList<'a> {
+    metadata: RawListMeta,
+    #[serde(borrow, default)]
+    items: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(borrow)]
+    object: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct RawStatus {
+    #[serde(default)]
+    code: u16,
+    #[serde(default)]
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct RawBookmark {
+    metadata: RawBookmarkMeta,
+}
+
+#[derive(Deserialize)]
+struct RawBookmarkMeta {
+    #[serde(rename = "resourceVersion", default)]
+    resource_version: String,
+}
+
+/// Why a LIST or WATCH stopped.
+#[derive(Debug)]
+enum Stop {
+    /// The resourceVersion is too old: re-list.
+    Expired,
+    /// The watch ended normally (timeout, EOF) or went silent: reconnect from the last RV.
+    Reconnect,
+    /// Refused: 401 or 403.
+    Forbidden(String),
+    /// The type is not served: 404.
+    NotFound(String),
+    /// Anything else.
+    Failed(String),
+    /// Cancelled.
+    Cancelled,
+}
+
+fn classify(e: kube::Error) -> Stop {
+    match e {
+        kube::Error::Api(s) if s.code == 410 => Stop::Expired,
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Stop::Forbidden(s.message.clone()),
+        kube::Error::Api(s) if s.code == 404 => Stop::NotFound(s.message.clone()),
+        // "Too large resource version": the cluster's history was reset; start over.
+        kube::Error::Api(s)
+            if s.code == 504 && s.message.contains("Too large resource version") =>
+        {
+            Stop::Expired
+        }
+        other => Stop::Failed(other.to_string()),
+    }
+}
+
+struct Informer {
+    client: Client,
+    id: Arc<StreamId>,
+    config: StreamConfig,
+    tx: mpsc::Sender<Update>,
+    cancel: CancellationToken,
+    path: String,
+}
+
+/// Runs one informer until cancelled. With `resume_from`, it watches from that
+/// resourceVersion without listing first; a 410 then leads to a re-list.
+pub async fn run(
+    client: Client,
+    id: Arc<StreamId>,
+    config: StreamConfig,
+    resume_from: Option<String>,
+    tx: mpsc::Sender<Update>,
+    cancel: CancellationToken,
+) {
+    let rt = &id.resource;
+    let ar = ApiResource {
+        group: rt.group.clone(),
+        version: rt.version.clone(),
+        api_version: rt.api_version(),
+        kind: rt.kind.clone(),
+        plural: rt.plural.clone(),
+    };
+    let namespace = if rt.namespaced {
+        config.namespace.as_deref()
+    } else {
+        None
+    };
+    let path = DynamicObject::url_path(&ar, namespace);
+    let informer = Informer {
+        client,
+        id,
+        config,
+        tx,
+        cancel,
+        path,
+    };
+    informer.run(resume_from).await;
+}
+
+impl Informer {
+    async fn send(&self, update: Update) -> bool {
+        tokio::select! {
+            r = self.tx.send(update) => r.is_ok(),
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+
+    async fn state(&self, state: StreamState, error: Option<String>) -> bool {
+        self.send(Update::State {
+            stream: self.id.clone(),
+            state,
+            error,
+        })
+        .await
+    }
+
+    async fn sleep(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+
+    async fn run(&self, resume_from: Option<String>) {
+        let mut backoff = Backoff::new(self.config.backoff_start, self.config.backoff_cap);
+        let mut rv = resume_from;
+        let mut last_state = None;
+        loop {
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            let stop = match rv.clone() {
+                None => {
+                    if !self.state(StreamState::Listing, None).await {
+                        return;
+                    }
+                    match self.list().await {
+                        Ok((objects, list_rv)) => {
+                            let update = Update::Listed {
+                                stream: self.id.clone(),
+                                objects,
+                                resource_version: list_rv.clone(),
+                            };
+                            if !self.send(update).await {
+                                return;
+                            }
+                            rv = Some(list_rv);
+                            continue;
+                        }
+                        Err(stop) => stop,
+                    }
+                }
+                Some(from) => {
+                    if last_state != Some(StreamState::Watching) {
+                        if !self.state(StreamState::Watching, None).await {
+                            return;
+                        }
+                        last_state = Some(StreamState::Watching);
+                    }
+                    let started = Instant::now();
+                    let (stop, seen) = self.watch(&from).await;
+                    rv = Some(seen);
+                    // A watch that stayed healthy for a while earns a fresh backoff.
+                    if started.elapsed() > Duration::from_secs(60) {
+                        backoff.reset();
+                    }
+                    stop
+                }
+            };
+            let (state, error, wait) = match stop {
+                Stop::Cancelled => return,
+                Stop::Reconnect => continue,
+                Stop::Expired => {
+                    tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
+                    rv = None;
+                    continue;
+                }
+                Stop::Forbidden(m) => (StreamState::Forbidden, m, self.config.forbidden_retry),
+                Stop::NotFound(m) => (StreamState::NotFound, m, self.config.forbidden_retry),
+                Stop::Failed(m) => (StreamState::Failed, m, backoff.next_delay()),
+            };
+            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %error, retry_in = ?wait, "stream failed");
+            last_state = Some(state);
+            if !self.state(state, Some(error)).await || !self.sleep(wait).await {
+                return;
+            }
+        }
+    }
+
+    fn list_params(&self) -> ListParams {
+        let mut lp = ListParams::default().limit(self.config.page_size);
+        if let Some(l) = &self.config.label_selector {
+            lp = lp.labels(l);
+        }
+        if let Some(f) = &self.config.field_selector {
+            lp = lp.fields(f);
+        }
+        lp
+    }
+
+    /// Lists every page. An expired continue token restarts the list, so the result is
+    /// always one consistent snapshot.
+    async fn list(&self) -> Result<(Vec<PrunedObject>, String), Stop> {
+        let mut objects = Vec::new();
+        let mut lp = self.list_params();
+        loop {
+            let req = Request::new(&self.path)
+                .list(&lp)
+                .map_err(|e| Stop::Failed(e.to_string()))?;
+            let text = tokio::select! {
+                r = self.client.request_text(req) => r.map_err(classify),
+                _ = self.cancel.cancelled() => Err(Stop::Cancelled),
+            };
+            let text = match text {
+                Err(Stop::Expired) if lp.continue_token.is_some() => {
+                    objects.clear();
+                    lp = self.list_params();
+                    continue;
+                }
+                other => other?,
+            };
+            let page: RawList = serde_json::from_str(&text)
+                .map_err(|e| Stop::Failed(format!("list response is not a list: {e}")))?;
+            for item in page.items {
+                match prune(item.get(), &self.id.resource, &self.config.pruning) {
+                    Ok(o) => objects.push(o),
+                    Err(e) => {
+                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object")
+                    }
+                }
+            }
+            match page.metadata.continue_token.filter(|c| !c.is_empty()) {
+                Some(c) => lp = lp.continue_token(&c),
+                None => return Ok((objects, page.metadata.resource_version)),
+            }
+        }
+    }
+
+    /// Watches from `from` until the stream stops; returns why, and the last
+    /// resourceVersion seen (where to resume).
+    async fn watch(&self, from: &str) -> (Stop, String) {
+        let mut seen = from.to_string();
+        let mut wp = WatchParams::default()
+            .timeout(self.config.watch_timeout.as_secs().clamp(1, 294) as u32);
+        wp.bookmarks = true;
+        wp.label_selector = self.config.label_selector.clone();
+        wp.field_selector = self.config.field_selector.clone();
+        let req = match Request::new(&self.path).watch(&wp, from) {
+            Ok(r) => r,
+            Err(e) => return (Stop::Failed(e.to_string()), seen),
+        };
+        let silence = self.config.watch_timeout + self.config.idle_margin;
+        let opened = tokio::select! {
+            r = tokio::time::timeout(silence, self.client.request_stream(req)) => r,
+            _ = self.cancel.cancelled() => return (Stop::Cancelled, seen),
+        };
+        let body = match opened {
+            Err(_) => {
+                return (
+                    Stop::Failed(format!("the watch was not answered within {silence:?}")),
+                    seen,
+                );
+            }
+            Ok(Err(e)) => return (classify(e), seen),
+            Ok(Ok(body)) => body,
+        };
+        let mut lines = body.lines();
+        loop {
+            let next = tokio::select! {
+                r = tokio::time::timeout(silence, lines.next()) => r,
+                _ = self.cancel.cancelled() => return (Stop::Cancelled, seen),
+            };
+            let line = match next {
+                Err(_) => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "watch silent for {silence:?}: reconnecting");
+                    return (Stop::Reconnect, seen);
+                }
+                Ok(None) => return (Stop::Reconnect, seen),
+                Ok(Some(Err(e))) => {
+                    return (Stop::Failed(format!("watch stream broke: {e}")), seen);
+                }
+                Ok(Some(Ok(line))) => line,
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let event: RawEvent = match serde_json::from_str(&line) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
+                    continue;
+                }
+            };
+            let update = match event.kind.as_str() {
+                "ADDED" | "MODIFIED" | "DELETED" => {
+                    match prune(event.object.get(), &self.id.resource, &self.config.pruning) {
+                        Ok(object) => {
+                            if !object.resource_version.is_empty() {
+                                seen = object.resource_version.clone();
+                            }
+                            if event.kind == "DELETED" {
+                                Update::Deleted {
+                                    stream: self.id.clone(),
+                                    object,
+                                }
+                            } else {
+                                Update::Applied {
+                                    stream: self.id.clone(),
+                                    object,
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
+                            continue;
+                        }
+                    }
+                }
+                "BOOKMARK" => match serde_json::from_str::<RawBookmark>(event.object.get()) {
+                    Ok(b) if !b.metadata.resource_version.is_empty() => {
+                        seen = b.metadata.resource_version.clone();
+                        Update::Progress {
+                            stream: self.id.clone(),
+                            resource_version: b.metadata.resource_version,
+                        }
+                    }
+                    _ => continue,
+                },
+                "ERROR" => {
+                    let status: RawStatus =
+                        serde_json::from_str(event.object.get()).unwrap_or(RawStatus {
+                            code: 0,
+                            message: line.clone(),
+                        });
+                    return match status.code {
+                        410 => (Stop::Expired, seen),
+                        401 | 403 => (Stop::Forbidden(status.message), seen),
+                        _ => (
+                            Stop::Failed(format!(
+                                "watch error {}: {}",
+                                status.code, status.message
+                            )),
+                            seen,
+                        ),
+                    };
+                }
+                other => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), kind = other, "skipping a watch event of unknown type");
+                    continue;
+                }
+            };
+            if !self.send(update).await {
+                return (Stop::Cancelled, seen);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_with_jitter_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(800), Duration::from_secs(30));
+        let first = b.next_delay();
+        assert!(
+            first >= Duration::from_millis(600) && first <= Duration::from_millis(1000),
+            "{first:?}"
+        );
+        for _ in 0..20 {
+            assert!(b.next_delay() <= Duration::from_millis(37_500));
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(1000));
+    }
+}

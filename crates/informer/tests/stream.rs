@@ -1,0 +1,274 @@
+//! Informers against a simulated cluster over HTTPS: list, watch, reconnect, re-list,
+//! resume without a list, and access errors as state.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetscope_informer::discovery;
+use fleetscope_informer::source::{self, ClusterSource};
+use fleetscope_informer::stream::{self, StreamConfig, StreamId, StreamState, Update};
+use fleetscope_model::ClusterName;
+use fleetscope_sim::{Cluster, ClusterConfig, SimServer, Verb};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+struct Setup {
+    server: SimServer,
+    source: ClusterSource,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let cluster = Cluster::new(ClusterConfig::new("inf"));
+    cluster
+        .store
+        .create("namespaces", None, json!({"metadata": {"name": "a"}}))
+        .unwrap();
+    for i in 0..7 {
+        cluster.store.create("configmaps", Some("a"), json!({"metadata": {"name": format!("cm-{i}"), "managedFields": [{"manager": "x"}]}})).unwrap();
+    }
+    let server = SimServer::start_local(cluster).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kc");
+    let ctx = fleetscope_sim::Context {
+        name: "inf".into(),
+        server: server.url(),
+        token: server.cluster().admin_token(),
+        ca_pem: server.ca_pem().map(str::to_string),
+    };
+    fleetscope_sim::write_kubeconfig(&path, &[ctx]).unwrap();
+    let source = source::resolve(&[path], &[]).unwrap().remove(0);
+    Setup {
+        server,
+        source,
+        _dir: dir,
+    }
+}
+
+async fn start(
+    s: &Setup,
+    resource: &str,
+    resume: Option<String>,
+) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
+    start_after(s, resource, resume, || {}).await
+}
+
+/// Resolves the type, runs `before` (to inject faults the informer alone should meet), then starts.
+async fn start_after(
+    s: &Setup,
+    resource: &str,
+    resume: Option<String>,
+    before: impl FnOnce(),
+) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
+    let client = source::client(&s.source).await.unwrap();
+    let served = discovery::discover(&client).await.unwrap();
+    let rt = discovery::resolve(&[resource.into()], &served)
+        .resources
+        .remove(0);
+    before();
+    let id = Arc::new(StreamId {
+        cluster: ClusterName::from("inf"),
+        resource: rt,
+    });
+    let (tx, rx) = mpsc::channel(1024);
+    let cancel = CancellationToken::new();
+    let config = StreamConfig {
+        page_size: 3,
+        backoff_start: Duration::from_millis(50),
+        forbidden_retry: Duration::from_millis(200),
+        ..StreamConfig::default()
+    };
+    tokio::spawn(stream::run(
+        client,
+        id.clone(),
+        config,
+        resume,
+        tx,
+        cancel.clone(),
+    ));
+    (rx, cancel, id)
+}
+
+/// Waits for a condition the server reports (a readiness signal), within the patience bound.
+async fn wait_until(cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached in time"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn next(rx: &mut mpsc::Receiver<Update>) -> Update {
+    tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("an update in time")
+        .expect("stream alive")
+}
+
+/// The next update that is not a state change.
+async fn next_data(rx: &mut mpsc::Receiver<Update>) -> Update {
+    loop {
+        match next(rx).await {
+            Update::State { .. } => continue,
+            other => return other,
+        }
+    }
+}
+
+async fn wait_state(rx: &mut mpsc::Receiver<Update>, want: StreamState) -> Option<String> {
+    loop {
+        if let Update::State { state, error, .. } = next(rx).await
+            && state == want
+        {
+            return error;
+        }
+    }
+}
+
+#[tokio::test]
+async fn lists_in_pages_then_watches_live_changes() {
+    let s = setup().await;
+    let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
+    let Update::Listed {
+        objects,
+        resource_version,
+        ..
+    } = next_data(&mut rx).await
+    else {
+        panic!("first a list")
+    };
+    assert_eq!(objects.len(), 7, "every page");
+    assert_eq!(
+        resource_version,
+        s.server.cluster().store.resource_version().to_string()
+    );
+    assert!(
+        s.server.cluster().requests(Verb::List, "configmaps") >= 3,
+        "pages of 3"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&objects[0].json).unwrap();
+    assert_eq!(
+        (v["kind"].as_str(), v["apiVersion"].as_str()),
+        (Some("ConfigMap"), Some("v1"))
+    );
+    assert!(v["metadata"].get("managedFields").is_none(), "pruned");
+    wait_state(&mut rx, StreamState::Watching).await;
+    let store = &s.server.cluster().store;
+    store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "new"}}),
+        )
+        .unwrap();
+    store.delete("configmaps", "a", "cm-0").unwrap();
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "new")
+    );
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Deleted { object, .. } if object.name == "cm-0")
+    );
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn dropped_watches_resume_without_a_list_and_410_relists() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
+    assert!(matches!(next_data(&mut rx).await, Update::Listed { .. }));
+    wait_state(&mut rx, StreamState::Watching).await;
+    let lists = c.requests(Verb::List, "configmaps");
+    let watches = c.requests(Verb::Watch, "configmaps");
+    c.drop_watches();
+    wait_until(|| c.requests(Verb::Watch, "configmaps") > watches).await;
+    c.store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "during-drop"}}),
+        )
+        .unwrap();
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "during-drop")
+    );
+    assert_eq!(
+        c.requests(Verb::List, "configmaps"),
+        lists,
+        "reconnected from the last resourceVersion, no LIST"
+    );
+
+    // History gone while the watch is down: 410 on reconnect, then a fresh list.
+    c.store.delete("configmaps", "a", "cm-1").unwrap();
+    c.compact();
+    c.expire_watches();
+    let Update::Listed { objects, .. } = next_data(&mut rx).await else {
+        panic!("a re-list")
+    };
+    assert!(
+        !objects.iter().any(|o| o.name == "cm-1"),
+        "the re-list no longer has the deleted object"
+    );
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn resumes_from_a_saved_resource_version_without_listing() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let from = c.store.resource_version().to_string();
+    c.store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "after"}}),
+        )
+        .unwrap();
+    c.reset_counters();
+    let (mut rx, cancel, _) = start(&s, "configmaps", Some(from)).await;
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after")
+    );
+    assert_eq!(c.requests(Verb::List, "configmaps"), 0);
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn forbidden_types_become_state_and_recover() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    c.set_denied(&c.admin_token(), "configmaps", true);
+    let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
+    let why = wait_state(&mut rx, StreamState::Forbidden).await.unwrap();
+    assert!(why.contains("forbidden"), "{why}");
+    c.set_denied(&c.admin_token(), "configmaps", false);
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Listed { .. }),
+        "retries and recovers"
+    );
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn stalled_and_failing_servers_are_retried() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let (mut rx, cancel, _) = start_after(&s, "configmaps", None, || {
+        c.fail_requests(500, fleetscope_sim::FailFor::Requests(2))
+    })
+    .await;
+    wait_state(&mut rx, StreamState::Failed).await;
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Listed { .. }),
+        "backs off, then lists"
+    );
+    cancel.cancel();
+}
