@@ -10,6 +10,14 @@ use fleetscope::telemetry::{self, LogFormat};
 use fleetscope::{server, sources};
 use fleetscope_sim::{FleetSpec, SimFleet};
 
+/// Prints to stdout, ignoring a closed stdout: a banner must never take the server down.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// One gRPC view over many Kubernetes clusters.
 #[derive(Debug, Parser)]
 #[command(name = "fleetscope", version, about)]
@@ -156,14 +164,14 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     let fleet = start_fleet(&args.fleet).await?;
     let first = write_kubeconfig(&fleet, &args.kubeconfig_out)?;
     let kc = args.kubeconfig_out.display();
-    println!(
+    say!(
         "{} simulated clusters are running; kubeconfig: {kc}\n",
         fleet.servers().len()
     );
     for s in fleet.servers() {
-        println!("  {:<12} {}", s.cluster().name(), s.url());
+        say!("  {:<12} {}", s.cluster().name(), s.url());
     }
-    println!(
+    say!(
         "\nTry:\n  kubectl --kubeconfig {kc} --context {first} get pods -A\n  kubectl --kubeconfig {kc} --context {first} get --raw '/api/v1/configmaps?watch=1'\n\nCtrl-C stops them."
     );
     server::shutdown_signal().await;
@@ -183,7 +191,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         .local_addr()
         .context("reading the listen address")?;
     let kc = kubeconfig.display();
-    println!(
+    say!(
         "fleetscope demo\n\n\
          {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\
          gRPC server on {addr} (health, reflection and the fleetscope.v1.Fleet contract).\n\n\

@@ -31,12 +31,12 @@ fn wait_for_line(child: &mut Child, marker: &str) -> String {
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let marker = marker.to_string();
+    // Keeps reading to the end, so the child never writes into a closed pipe.
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { return };
             if line.contains(&marker) {
                 let _ = tx.send(line);
-                return;
             }
         }
     });
