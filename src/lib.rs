@@ -5,9 +5,11 @@
 //! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
 //! - [`proto`]: the generated API types.
 
+pub mod engine;
 pub mod grpc;
 pub mod proto;
 pub mod server;
+pub mod status;
 pub mod telemetry;
 
 pub use fleetscope_informer::source as sources;

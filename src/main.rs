@@ -5,7 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use fleetscope::grpc::FleetService;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use fleetscope::engine::{Engine, EngineConfig};
+use fleetscope::grpc::{FleetService, ServiceConfig};
 use fleetscope::telemetry::{self, LogFormat};
 use fleetscope::{server, sources};
 use fleetscope_sim::{FleetSpec, SimFleet};
@@ -56,6 +60,95 @@ struct ServeArgs {
     /// The gRPC listen address.
     #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// What to collect and how: shared by `serve` and `demo`.
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// Resource types to collect, kubectl-style (`pods`, `deployments.apps`, `apps/v1/deployments`), comma-separated; `*` for every watchable type.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_RESOURCES",
+        value_delimiter = ',',
+        default_value = "pods,configmaps,services,nodes,namespaces,deployments.apps,replicasets.apps"
+    )]
+    resources: Vec<String>,
+    /// Labels for clusters, for cluster selectors: `GLOB:key=value,key=value`; repeatable.
+    #[arg(long = "cluster-label", value_name = "GLOB:LABELS")]
+    cluster_labels: Vec<String>,
+    /// A JSON path to index for field selectors and counts (e.g. `spec.nodeName`); repeatable.
+    #[arg(long = "field-index", value_name = "PATH")]
+    field_indexes: Vec<String>,
+    /// LIST page size towards the clusters.
+    #[arg(long, default_value_t = 500)]
+    page_size: u32,
+    /// Events kept for resuming watches.
+    #[arg(long, default_value_t = 100_000)]
+    event_log: usize,
+    /// Events a Watch subscriber may fall behind before it is ended.
+    #[arg(long, default_value_t = 10_000)]
+    subscriber_buffer: usize,
+    /// Seconds between Watch bookmarks.
+    #[arg(long, default_value_t = 30)]
+    bookmark_seconds: u64,
+    /// Run in memory only (the only mode until persistence is built).
+    #[arg(long)]
+    no_persist: bool,
+}
+
+impl EngineArgs {
+    fn config(&self, sources: &[sources::ClusterSource]) -> anyhow::Result<EngineConfig> {
+        let mut cluster_labels: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+        for spec in &self.cluster_labels {
+            let (pattern, labels) = spec.split_once(':').with_context(|| {
+                format!("--cluster-label {spec:?}: expected GLOB:key=value[,key=value]")
+            })?;
+            let pattern = glob::Pattern::new(pattern)
+                .with_context(|| format!("--cluster-label {spec:?}: {pattern:?} is not a glob"))?;
+            let mut parsed = BTreeMap::new();
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once('=').with_context(|| {
+                    format!("--cluster-label {spec:?}: {pair:?} is not key=value")
+                })?;
+                parsed.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            for s in sources.iter().filter(|s| pattern.matches(&s.name)) {
+                cluster_labels
+                    .entry(s.name.clone())
+                    .or_default()
+                    .extend(parsed.clone());
+            }
+        }
+        anyhow::ensure!(
+            self.resources.iter().any(|r| !r.trim().is_empty()),
+            "--resources names no resource type"
+        );
+        anyhow::ensure!(self.page_size > 0, "--page-size must be at least 1");
+        Ok(EngineConfig {
+            resources: self.resources.clone(),
+            cluster_labels,
+            stream: fleetscope_informer::StreamConfig {
+                page_size: self.page_size,
+                ..Default::default()
+            },
+            index: fleetscope_index::Config {
+                log_retention: self.event_log.max(1),
+                subscriber_buffer: self.subscriber_buffer.max(1),
+                field_indexes: self.field_indexes.clone(),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn service(&self) -> ServiceConfig {
+        ServiceConfig {
+            bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +196,8 @@ struct DemoArgs {
     listen: SocketAddr,
     #[command(flatten)]
     fleet: FleetArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 #[derive(Debug, Args)]
@@ -131,9 +226,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for c in &clusters {
         tracing::info!(cluster = %c.name, kubeconfig = %c.kubeconfig.display(), "cluster source");
     }
+    let config = args.engine.config(&clusters)?;
     let listener = server::bind(args.listen).await?;
-    let service = FleetService::new(clusters.into_iter().map(|c| c.name).collect());
-    server::serve(listener, service, server::shutdown_signal()).await?;
+    run(listener, clusters, config, args.engine.service()).await
+}
+
+/// Starts the engine and serves until Ctrl-C or SIGTERM, then stops both.
+async fn run(
+    listener: tokio::net::TcpListener,
+    clusters: Vec<sources::ClusterSource>,
+    config: EngineConfig,
+    service: ServiceConfig,
+) -> anyhow::Result<()> {
+    let engine = Engine::start(clusters, config);
+    let service = FleetService::new(&engine, service, engine.cancelled());
+    let cancel = engine.cancelled();
+    let served = server::serve(listener, service, async move {
+        server::shutdown_signal().await;
+        // Ends open Watch streams so the server can finish.
+        cancel.cancel();
+    })
+    .await;
+    engine.shutdown(Duration::from_secs(10)).await;
+    served?;
     Ok(())
 }
 
@@ -186,7 +301,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));
     let first = write_kubeconfig(&fleet, &kubeconfig)?;
     let clusters = sources::resolve(std::slice::from_ref(&kubeconfig), &[])?;
-    let service = FleetService::new(clusters.into_iter().map(|c| c.name).collect());
+    let config = args.engine.config(&clusters)?;
     let addr = listener
         .local_addr()
         .context("reading the listen address")?;
@@ -195,11 +310,13 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         "fleetscope demo\n\n\
          {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\
          gRPC server on {addr} (health, reflection and the fleetscope.v1.Fleet contract).\n\n\
-         This build serves the API surface; the cluster engine (informers, index) is not wired in yet,\n\
-         so Fleet RPCs answer UNIMPLEMENTED while health and reflection work.\n\n\
          Try:\n  \
          grpcurl -plaintext {addr} list\n  \
          grpcurl -plaintext {addr} describe fleetscope.v1.Fleet\n  \
+         grpcurl -plaintext {addr} fleetscope.v1.Fleet/ListClusters\n  \
+         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\",\"label_selector\":\"app=web\"}},\"limit\":3}}' {addr} fleetscope.v1.Fleet/List\n  \
+         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\"}},\"group_by\":[\"cluster\",\"field:status.phase\"]}}' {addr} fleetscope.v1.Fleet/Count\n  \
+         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"configmaps\"}}}}' {addr} fleetscope.v1.Fleet/Watch\n  \
          grpcurl -plaintext {addr} grpc.health.v1.Health/Check\n  \
          kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
          Ctrl-C stops it.",
@@ -207,8 +324,8 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         objects = args.fleet.objects,
         churn = args.fleet.churn,
     );
-    server::serve(listener, service, server::shutdown_signal()).await?;
+    let result = run(listener, clusters, config, args.engine.service()).await;
     fleet.shutdown().await;
     let _ = std::fs::remove_file(&kubeconfig);
-    Ok(())
+    result
 }

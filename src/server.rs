@@ -56,7 +56,7 @@ pub async fn serve(
     let addr = listener.local_addr().ok();
     tracing::info!(
         ?addr,
-        clusters = service.clusters().len(),
+        clusters = service.cluster_count(),
         "serving fleetscope.v1.Fleet"
     );
     tonic::transport::Server::builder()

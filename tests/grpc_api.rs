@@ -1,17 +1,11 @@
 //! The gRPC surface end to end: simulated clusters → the real server → real gRPC clients.
-//! Health checking and reflection (v1 and v1alpha) work; every Fleet RPC the engine does
-//! not back yet answers UNIMPLEMENTED with a message that says so.
+//! Health checking and reflection (v1 and v1alpha).
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::{Harness, PATIENCE};
-use fleetscope::proto::fleet_client::FleetClient;
-use fleetscope::proto::{
-    CountRequest, GetRequest, ListClustersRequest, ListRequest, ListResourceTypesRequest, Query,
-    WatchRequest,
-};
 use tokio_stream::StreamExt;
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
@@ -152,63 +146,5 @@ async fn reflection_v1alpha_serves_older_grpcurl() {
         ),
         "{r:?}"
     );
-    h.shutdown().await;
-}
-
-#[tokio::test]
-async fn fleet_rpcs_not_yet_backed_answer_unimplemented() {
-    let h = Harness::start(2, 50).await;
-    let mut c = FleetClient::connect(h.url()).await.unwrap();
-    let query = Some(Query {
-        resource: "pods".into(),
-        ..Default::default()
-    });
-    let errors = [
-        c.get(GetRequest {
-            cluster: "sim-1".into(),
-            resource: "pods".into(),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .unwrap_err(),
-        c.list(ListRequest {
-            query: query.clone(),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .unwrap_err(),
-        c.count(CountRequest {
-            query: query.clone(),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .unwrap_err(),
-        c.watch(WatchRequest {
-            query,
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .unwrap_err(),
-        c.list_clusters(ListClustersRequest::default())
-            .await
-            .map(|_| ())
-            .unwrap_err(),
-        c.list_resource_types(ListResourceTypesRequest::default())
-            .await
-            .map(|_| ())
-            .unwrap_err(),
-    ];
-    for e in errors {
-        assert_eq!(e.code(), Code::Unimplemented);
-        assert!(
-            e.message().contains("not served by this build"),
-            "{}",
-            e.message()
-        );
-    }
     h.shutdown().await;
 }

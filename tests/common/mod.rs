@@ -1,15 +1,20 @@
-//! Shared set-up for end-to-end tests: simulated clusters on loopback and a real server.
-#![allow(dead_code)]
+//! Shared set-up for end-to-end tests: simulated clusters on loopback, the real engine
+//! and server over them, and a real gRPC client.
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fleetscope::grpc::FleetService;
+use fleetscope::engine::{Engine, EngineConfig};
+use fleetscope::grpc::{FleetService, ServiceConfig};
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{self, ListClustersRequest};
 use fleetscope::{server, sources};
 use fleetscope_sim::{FleetSpec, SimFleet};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::transport::Channel;
 
 /// Generous bound for anything a test waits on.
 pub const PATIENCE: Duration = Duration::from_secs(60);
@@ -18,15 +23,39 @@ pub struct Harness {
     pub fleet: SimFleet,
     pub kubeconfig: PathBuf,
     pub addr: SocketAddr,
+    pub engine: std::sync::Arc<Engine>,
     _dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), server::ServerError>>>,
 }
 
+/// Engine settings for tests: quick retries, so faults heal within the patience bound.
+pub fn test_config(resources: &[&str]) -> EngineConfig {
+    let mut config = EngineConfig {
+        resources: resources.iter().map(|s| s.to_string()).collect(),
+        ..EngineConfig::default()
+    };
+    config.stream.backoff_start = Duration::from_millis(50);
+    config.stream.backoff_cap = Duration::from_millis(500);
+    config.stream.forbidden_retry = Duration::from_millis(300);
+    config.stream.page_size = 100;
+    config.rediscovery = Duration::from_millis(500);
+    config
+}
+
 impl Harness {
-    /// Simulated clusters, their kubeconfig, and the server over them on a free port.
+    /// Simulated clusters (no churn), the engine and the server over them.
     pub async fn start(clusters: usize, objects: usize) -> Self {
-        let fleet = SimFleet::start(&FleetSpec::numbered(clusters, objects, 0.0))
+        Self::start_with(
+            FleetSpec::numbered(clusters, objects, 0.0),
+            test_config(&["pods", "configmaps", "deployments.apps"]),
+            ServiceConfig::default(),
+        )
+        .await
+    }
+
+    pub async fn start_with(spec: FleetSpec, config: EngineConfig, service: ServiceConfig) -> Self {
+        let fleet = SimFleet::start(&spec)
             .await
             .expect("simulated clusters start");
         let dir = tempfile::tempdir().unwrap();
@@ -35,15 +64,19 @@ impl Harness {
         let resolved = sources::resolve(std::slice::from_ref(&kubeconfig), &[]).unwrap();
         let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let engine = std::sync::Arc::new(Engine::start(resolved, config));
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = FleetService::new(resolved.into_iter().map(|c| c.name).collect());
+        let service = FleetService::new(&engine, service, engine.cancelled());
+        let cancel = engine.cancelled();
         let task = tokio::spawn(server::serve(listener, service, async move {
             let _ = stopped.await;
+            cancel.cancel();
         }));
         Self {
             fleet,
             kubeconfig,
             addr,
+            engine,
             _dir: dir,
             stop: Some(stop),
             task: Some(task),
@@ -55,15 +88,82 @@ impl Harness {
     }
 
     /// A gRPC channel to the server.
-    pub async fn channel(&self) -> tonic::transport::Channel {
-        tonic::transport::Channel::from_shared(self.url())
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url())
             .unwrap()
             .connect()
             .await
             .expect("server reachable")
     }
 
-    /// Stops the server and waits for it to finish cleanly.
+    pub async fn client(&self) -> FleetClient<Channel> {
+        FleetClient::new(self.channel().await)
+    }
+
+    pub fn cluster(&self, i: usize) -> &fleetscope_sim::Cluster {
+        self.fleet.servers()[i].cluster()
+    }
+
+    /// Waits until every stream of every cluster is watching (ListClusters says so).
+    pub async fn synced(&self) {
+        self.wait_clusters(|cs| {
+            cs.iter()
+                .all(|c| c.freshness() == proto::Freshness::Synced && !c.streams.is_empty())
+        })
+        .await;
+    }
+
+    /// Polls ListClusters until `cond` holds, within the patience bound.
+    pub async fn wait_clusters(
+        &self,
+        cond: impl Fn(&[proto::Cluster]) -> bool,
+    ) -> Vec<proto::Cluster> {
+        let mut client = self.client().await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let clusters = client
+                .list_clusters(ListClustersRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .clusters;
+            if cond(&clusters) {
+                return clusters;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "clusters never reached the expected state: {clusters:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the index holds `n` objects matching a query.
+    pub async fn wait_count(&self, query: proto::Query, n: u64) {
+        let mut client = self.client().await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let total = client
+                .count(proto::CountRequest {
+                    query: Some(query.clone()),
+                    group_by: vec![],
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .total;
+            if total == n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "count stayed {total}, expected {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the server and the engine and waits for them to finish cleanly.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -75,6 +175,7 @@ impl Harness {
                 .expect("task")
                 .expect("server ran cleanly");
         }
+        self.engine.shutdown(Duration::from_secs(10)).await;
         self.fleet.shutdown().await;
     }
 }

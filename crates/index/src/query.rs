@@ -198,7 +198,7 @@ impl State {
         &'a self,
         q: &'a Query,
         after: Option<&'a ObjectKey>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Object>> + 'a> {
+    ) -> Box<dyn Iterator<Item = &'a Arc<Object>> + Send + 'a> {
         if let Some(set) = self.indexed_candidates(q) {
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
             let keys: Vec<ObjectKey> = set

@@ -99,21 +99,26 @@ fn read(path: &Path) -> Result<Kubeconfig, SourceError> {
 /// A kube client for one source, with kube's own config loading, so every auth method
 /// it supports works (tokens, client certificates, exec plugins, auth providers, proxies).
 pub async fn client(source: &ClusterSource) -> Result<kube::Client, SourceError> {
+    let config = config(source).await?;
+    kube::Client::try_from(config).map_err(|e| SourceError::Client {
+        cluster: source.name.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// The kube client configuration of one source (its server URL, credentials, TLS).
+pub async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
     let kc = read(&source.kubeconfig)?;
     let options = kube::config::KubeConfigOptions {
         context: Some(source.name.clone()),
         ..Default::default()
     };
-    let config = kube::Config::from_custom_kubeconfig(kc, &options)
+    kube::Config::from_custom_kubeconfig(kc, &options)
         .await
         .map_err(|e| SourceError::Client {
             cluster: source.name.clone(),
             message: e.to_string(),
-        })?;
-    kube::Client::try_from(config).map_err(|e| SourceError::Client {
-        cluster: source.name.clone(),
-        message: e.to_string(),
-    })
+        })
 }
 
 /// Reads every kubeconfig and returns the contexts chosen by `patterns` (all when empty).

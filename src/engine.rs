@@ -1,0 +1,415 @@
+//! Wiring: cluster sources → informers → one ordered, batched ingest → the index; and
+//! the status table beside it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fleetscope_index::{Change, Index, ObjectInput};
+use fleetscope_informer::PrunedObject;
+use fleetscope_informer::discovery::{self, Served};
+use fleetscope_informer::source::{self, ClusterSource};
+use fleetscope_informer::stream::{self, Backoff, StreamConfig, StreamId, Update};
+use fleetscope_model::selector::{json_path, scalar_text};
+use fleetscope_model::{ClusterName, ObjectKey, ResourceType};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::status::StatusTable;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Resource types to collect, kubectl-style; `*` for every watchable type.
+    pub resources: Vec<String>,
+    /// Labels per cluster, for cluster selectors.
+    pub cluster_labels: HashMap<String, BTreeMap<String, String>>,
+    /// Informer settings.
+    pub stream: StreamConfig,
+    /// How often each cluster's discovery is refreshed (new CRDs, vanished types). Default 60 s.
+    pub rediscovery: Duration,
+    /// Index settings.
+    pub index: fleetscope_index::Config,
+    /// Most updates applied in one batch. Default 4,096.
+    pub batch: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            resources: vec![
+                "pods".into(),
+                "configmaps".into(),
+                "deployments.apps".into(),
+            ],
+            cluster_labels: HashMap::new(),
+            stream: StreamConfig::default(),
+            rediscovery: Duration::from_secs(60),
+            index: fleetscope_index::Config::default(),
+            batch: 4096,
+        }
+    }
+}
+
+/// The running engine: the index, the status table, and the tasks feeding them.
+pub struct Engine {
+    /// The merged index.
+    pub index: Arc<Index>,
+    /// Cluster and stream health.
+    pub status: StatusTable,
+    /// Every resource type collected in some cluster.
+    pub types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Engine {
+    /// Starts informers for every source and the ingest.
+    pub fn start(sources: Vec<ClusterSource>, config: EngineConfig) -> Self {
+        let index = Arc::new(Index::new(config.index.clone()));
+        let status = StatusTable::default();
+        let types = Arc::default();
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        // A batch is published at once; kept within half a subscriber buffer, a reader
+        // that keeps up is never overrun by one batch.
+        let batch = config
+            .batch
+            .clamp(1, (config.index.subscriber_buffer / 2).max(1));
+        let (tx, rx) = mpsc::channel::<Update>(batch.max(16) * 4);
+        let field_paths = config.index.field_indexes.clone();
+        tasks.spawn(
+            ingest(
+                index.clone(),
+                status.clone(),
+                rx,
+                field_paths,
+                batch,
+                cancel.clone(),
+            )
+            .instrument(tracing::info_span!("ingest")),
+        );
+        for source in sources {
+            let labels = config
+                .cluster_labels
+                .get(&source.name)
+                .cloned()
+                .unwrap_or_default();
+            let name = ClusterName::from(source.name.as_str());
+            status.add_cluster(&name, "", labels);
+            let span = tracing::info_span!("cluster", cluster = %source.name);
+            tasks.spawn(
+                run_cluster(
+                    source,
+                    config.clone(),
+                    tx.clone(),
+                    status.clone(),
+                    Arc::clone(&types),
+                    tasks.clone(),
+                    cancel.clone(),
+                )
+                .instrument(span),
+            );
+        }
+        Self {
+            index,
+            status,
+            types,
+            cancel,
+            tasks,
+        }
+    }
+
+    /// Stops every task and waits for them, up to `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.cancel.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(?grace, "engine tasks did not stop within the grace period");
+        }
+    }
+
+    /// A token cancelled when the engine stops.
+    pub fn cancelled(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+async fn run_cluster(
+    source: ClusterSource,
+    config: EngineConfig,
+    tx: mpsc::Sender<Update>,
+    status: StatusTable,
+    types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+) {
+    let name = ClusterName::from(source.name.as_str());
+    let client = match source::config(&source).await.and_then(|config| {
+        let server = config.cluster_url.to_string();
+        status.update(&name, |c| c.server = server);
+        kube::Client::try_from(config).map_err(|e| source::SourceError::Client {
+            cluster: source.name.clone(),
+            message: e.to_string(),
+        })
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build a client for the cluster");
+            status.update(&name, |c| {
+                c.error = Some(e.to_string());
+                c.error_since.get_or_insert_with(SystemTime::now);
+            });
+            return;
+        }
+    };
+    let mut streams: HashMap<ResourceType, CancellationToken> = HashMap::new();
+    let mut backoff = Backoff::new(config.stream.backoff_start, config.stream.backoff_cap);
+    loop {
+        let wait = match discovery::discover(&client).await {
+            Ok(served) => {
+                backoff.reset();
+                if let Ok(v) = client.apiserver_version().await {
+                    status.update(&name, |c| c.version = v.git_version.clone());
+                }
+                status.update(&name, |c| {
+                    c.error = None;
+                    c.error_since = None;
+                });
+                reconcile(
+                    &name,
+                    &client,
+                    &served,
+                    &config,
+                    &mut streams,
+                    &tx,
+                    &status,
+                    &types,
+                    &tasks,
+                    &cancel,
+                )
+                .await;
+                config.rediscovery
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "discovery failed");
+                status.update(&name, |c| {
+                    c.error = Some(format!("discovery failed: {e}"));
+                    c.error_since.get_or_insert_with(SystemTime::now);
+                });
+                backoff.next_delay()
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Starts streams for newly served types and stops those whose type vanished.
+#[allow(clippy::too_many_arguments)]
+async fn reconcile(
+    name: &ClusterName,
+    client: &kube::Client,
+    served: &[Served],
+    config: &EngineConfig,
+    streams: &mut HashMap<ResourceType, CancellationToken>,
+    tx: &mpsc::Sender<Update>,
+    status: &StatusTable,
+    types: &Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    tasks: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let resolved = discovery::resolve(&config.resources, served);
+    status.update(name, |c| c.missing = resolved.missing.clone());
+    for rt in &resolved.resources {
+        if streams.contains_key(rt) {
+            continue;
+        }
+        types
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(rt.name(), rt.clone());
+        let token = cancel.child_token();
+        streams.insert(rt.clone(), token.clone());
+        status.update_stream(name, rt, |_| {});
+        let id = Arc::new(StreamId {
+            cluster: name.clone(),
+            resource: rt.clone(),
+        });
+        let span = tracing::info_span!("informer", cluster = %name, resource = %rt.name());
+        tasks.spawn(
+            stream::run(
+                client.clone(),
+                id,
+                config.stream.clone(),
+                None,
+                tx.clone(),
+                token,
+            )
+            .instrument(span),
+        );
+    }
+    let gone: Vec<ResourceType> = streams
+        .keys()
+        .filter(|rt| !resolved.resources.contains(rt))
+        .cloned()
+        .collect();
+    for rt in gone {
+        tracing::info!(cluster = %name, resource = %rt.name(), "resource type no longer served: dropping its objects");
+        if let Some(token) = streams.remove(&rt) {
+            token.cancel();
+        }
+        status.remove_stream(name, &rt.name());
+        let id = Arc::new(StreamId {
+            cluster: name.clone(),
+            resource: rt,
+        });
+        let _ = tx
+            .send(Update::Listed {
+                stream: id,
+                objects: Vec::new(),
+                resource_version: String::new(),
+            })
+            .await;
+    }
+}
+
+fn to_input(stream: &StreamId, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
+    let fields = if field_paths.is_empty() {
+        Vec::new()
+    } else {
+        match serde_json::from_slice::<serde_json::Value>(&o.json) {
+            Ok(v) => field_paths
+                .iter()
+                .filter_map(|p| Some((p.clone(), scalar_text(json_path(&v, p)?)?.into_owned())))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    };
+    ObjectInput {
+        key: ObjectKey::new(
+            &stream.resource.name(),
+            &stream.cluster,
+            &o.namespace,
+            &o.name,
+        ),
+        uid: o.uid,
+        resource_version: o.resource_version,
+        json: o.json,
+        labels: o.labels,
+        owners: o.owners,
+        fields,
+    }
+}
+
+/// The one ordered writer: drains what is waiting, applies it as one batch, then
+/// records stream progress, so status never runs ahead of the index.
+async fn ingest(
+    index: Arc<Index>,
+    status: StatusTable,
+    mut rx: mpsc::Receiver<Update>,
+    field_paths: Vec<String>,
+    batch: usize,
+    cancel: CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            u = rx.recv() => match u { Some(u) => u, None => return },
+            _ = cancel.cancelled() => return,
+        };
+        let mut updates = vec![first];
+        while updates.len() < batch {
+            match rx.try_recv() {
+                Ok(u) => updates.push(u),
+                Err(_) => break,
+            }
+        }
+        let mut changes = Vec::with_capacity(updates.len());
+        let mut after: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
+        for u in updates {
+            match u {
+                Update::Listed {
+                    stream,
+                    objects,
+                    resource_version,
+                } => {
+                    let objects = objects
+                        .into_iter()
+                        .map(|o| to_input(&stream, o, &field_paths))
+                        .collect();
+                    changes.push(Change::Replace {
+                        resource: stream.resource.name(),
+                        cluster: stream.cluster.clone(),
+                        objects,
+                    });
+                    if !resource_version.is_empty() {
+                        let status = status.clone();
+                        after.push(Box::new(move || {
+                            status.stream_listed(
+                                &stream.cluster,
+                                &stream.resource,
+                                &resource_version,
+                            )
+                        }));
+                    }
+                }
+                Update::Applied { stream, object } => {
+                    let rv = object.resource_version.clone();
+                    changes.push(Change::Upsert(to_input(&stream, object, &field_paths)));
+                    let status = status.clone();
+                    after.push(Box::new(move || {
+                        status.stream_progress(&stream.cluster, &stream.resource, &rv, true)
+                    }));
+                }
+                Update::Deleted { stream, object } => {
+                    let rv = object.resource_version.clone();
+                    changes.push(Change::Delete(ObjectKey::new(
+                        &stream.resource.name(),
+                        &stream.cluster,
+                        &object.namespace,
+                        &object.name,
+                    )));
+                    let status = status.clone();
+                    after.push(Box::new(move || {
+                        status.stream_progress(&stream.cluster, &stream.resource, &rv, true)
+                    }));
+                }
+                Update::Progress {
+                    stream,
+                    resource_version,
+                } => {
+                    let status = status.clone();
+                    after.push(Box::new(move || {
+                        status.stream_progress(
+                            &stream.cluster,
+                            &stream.resource,
+                            &resource_version,
+                            false,
+                        )
+                    }));
+                }
+                Update::State {
+                    stream,
+                    state,
+                    error,
+                } => {
+                    let status = status.clone();
+                    after.push(Box::new(move || {
+                        status.stream_state(&stream.cluster, &stream.resource, state, error)
+                    }));
+                }
+            }
+        }
+        index.apply(changes);
+        for f in after {
+            f();
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! Health of every cluster and stream, and the freshness answers report.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Instant, SystemTime};
+
+use fleetscope_informer::StreamState;
+use fleetscope_model::{ClusterName, ResourceType};
+use tokio::sync::broadcast;
+
+/// How current fleetscope's copy of a cluster (or of one of its streams) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// Listed and watching.
+    Synced,
+    /// Still in its initial list.
+    Syncing,
+    /// Could not be reached since `stale_since`; objects are as they were then.
+    Stale,
+    /// Refused or misconfigured; retrying has not cured it.
+    Error,
+}
+
+/// One stream's status.
+#[derive(Debug, Clone)]
+pub struct StreamStatus {
+    /// What it is doing.
+    pub state: StreamState,
+    /// The last resourceVersion seen.
+    pub resource_version: String,
+    /// When the last event arrived.
+    pub last_event: Option<SystemTime>,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// Whether it has completed a list since start.
+    pub synced_once: bool,
+    /// When it was last known current.
+    pub current_at: Option<Instant>,
+    /// When it stopped being current.
+    pub stale_since: Option<SystemTime>,
+}
+
+impl StreamStatus {
+    fn new() -> Self {
+        Self {
+            state: StreamState::Pending,
+            resource_version: String::new(),
+            last_event: None,
+            last_error: None,
+            synced_once: false,
+            current_at: None,
+            stale_since: None,
+        }
+    }
+
+    /// The stream's freshness.
+    pub fn freshness(&self) -> Freshness {
+        match self.state {
+            StreamState::Watching if self.synced_once => Freshness::Synced,
+            StreamState::Forbidden | StreamState::NotFound => Freshness::Error,
+            _ if self.synced_once => Freshness::Stale,
+            _ => Freshness::Syncing,
+        }
+    }
+}
+
+/// One cluster's status.
+#[derive(Debug, Clone)]
+pub struct ClusterStatus {
+    /// Name.
+    pub name: ClusterName,
+    /// Labels from the configuration.
+    pub labels: BTreeMap<String, String>,
+    /// The API server address.
+    pub server: String,
+    /// The Kubernetes version it reports.
+    pub version: String,
+    /// A cluster-level error (client, discovery), if any.
+    pub error: Option<String>,
+    /// When the cluster-level error began.
+    pub error_since: Option<SystemTime>,
+    /// Per resource type.
+    pub streams: BTreeMap<String, (ResourceType, StreamStatus)>,
+    /// Configured names this cluster does not serve, with why.
+    pub missing: Vec<(String, String)>,
+}
+
+impl ClusterStatus {
+    /// Freshness for one resource type (or the whole cluster with `None`), with the time it went stale and why.
+    pub fn freshness(&self, resource: Option<&str>) -> (Freshness, Option<SystemTime>, String) {
+        let streams: Vec<&StreamStatus> = match resource {
+            Some(r) => self.streams.get(r).map(|(_, s)| s).into_iter().collect(),
+            None => self.streams.values().map(|(_, s)| s).collect(),
+        };
+        if let Some(e) = &self.error {
+            let ever = streams.iter().any(|s| s.synced_once);
+            let f = if ever {
+                Freshness::Stale
+            } else {
+                Freshness::Error
+            };
+            return (f, self.error_since, e.clone());
+        }
+        if streams.is_empty() {
+            let why = match resource {
+                Some(r) => format!("the cluster serves no resource type {r}"),
+                None => "no resource streams yet".into(),
+            };
+            return (
+                if resource.is_some() {
+                    Freshness::Error
+                } else {
+                    Freshness::Syncing
+                },
+                None,
+                why,
+            );
+        }
+        let worst = streams
+            .iter()
+            .map(|s| s.freshness())
+            .max_by_key(|f| match f {
+                Freshness::Synced => 0,
+                Freshness::Syncing => 1,
+                Freshness::Stale => 2,
+                Freshness::Error => 3,
+            });
+        let worst = worst.unwrap_or(Freshness::Syncing);
+        let why = streams
+            .iter()
+            .filter_map(|s| s.last_error.clone())
+            .next()
+            .unwrap_or_default();
+        let since = streams.iter().filter_map(|s| s.stale_since).min();
+        match worst {
+            Freshness::Synced => (Freshness::Synced, None, String::new()),
+            Freshness::Syncing => (Freshness::Syncing, None, "initial list in progress".into()),
+            other => (other, since, why),
+        }
+    }
+}
+
+/// A change of a cluster's freshness, for watchers.
+#[derive(Debug, Clone)]
+pub struct FreshnessChange {
+    /// The cluster.
+    pub cluster: ClusterName,
+    /// Its new freshness.
+    pub freshness: Freshness,
+    /// When it went stale.
+    pub stale_since: Option<SystemTime>,
+    /// Why.
+    pub message: String,
+}
+
+/// Every cluster's status. Cheap to clone.
+#[derive(Clone)]
+pub struct StatusTable {
+    inner: Arc<RwLock<BTreeMap<ClusterName, ClusterStatus>>>,
+    changes: broadcast::Sender<FreshnessChange>,
+}
+
+impl Default for StatusTable {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            changes: broadcast::channel(1024).0,
+        }
+    }
+}
+
+impl StatusTable {
+    /// Registers a cluster.
+    pub fn add_cluster(&self, name: &ClusterName, server: &str, labels: BTreeMap<String, String>) {
+        let status = ClusterStatus {
+            name: name.clone(),
+            labels,
+            server: server.to_string(),
+            version: String::new(),
+            error: None,
+            error_since: None,
+            streams: BTreeMap::new(),
+            missing: Vec::new(),
+        };
+        self.write().insert(name.clone(), status);
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ClusterName, ClusterStatus>> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every cluster's status, ordered by name.
+    pub fn clusters(&self) -> Vec<ClusterStatus> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// One cluster's status.
+    pub fn cluster(&self, name: &ClusterName) -> Option<ClusterStatus> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Freshness changes, as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<FreshnessChange> {
+        self.changes.subscribe()
+    }
+
+    /// Applies `f` to a cluster's status and announces a change of its overall freshness.
+    pub fn update(&self, name: &ClusterName, f: impl FnOnce(&mut ClusterStatus)) {
+        let mut table = self.write();
+        let Some(status) = table.get_mut(name) else {
+            return;
+        };
+        let before = status.freshness(None).0;
+        f(status);
+        let (after, stale_since, message) = status.freshness(None);
+        if before != after {
+            tracing::info!(cluster = %name, ?before, ?after, "cluster freshness changed");
+            let _ = self.changes.send(FreshnessChange {
+                cluster: name.clone(),
+                freshness: after,
+                stale_since,
+                message,
+            });
+        }
+    }
+
+    /// Applies `f` to one stream's status, creating it if new.
+    pub fn update_stream(
+        &self,
+        name: &ClusterName,
+        rt: &ResourceType,
+        f: impl FnOnce(&mut StreamStatus),
+    ) {
+        self.update(name, |c| {
+            let (_, s) = c
+                .streams
+                .entry(rt.name())
+                .or_insert_with(|| (rt.clone(), StreamStatus::new()));
+            f(s);
+        });
+    }
+
+    /// Forgets a stream (its type vanished from the cluster).
+    pub fn remove_stream(&self, name: &ClusterName, resource: &str) {
+        self.update(name, |c| {
+            c.streams.remove(resource);
+        });
+    }
+
+    /// Records a stream's new state.
+    pub fn stream_state(
+        &self,
+        name: &ClusterName,
+        rt: &ResourceType,
+        state: StreamState,
+        error: Option<String>,
+    ) {
+        self.update_stream(name, rt, |s| {
+            let was_current = s.state == StreamState::Watching && s.synced_once;
+            s.state = state;
+            if error.is_some() {
+                s.last_error = error;
+            }
+            match state {
+                StreamState::Watching if s.synced_once => {
+                    s.stale_since = None;
+                    s.current_at = Some(Instant::now());
+                }
+                StreamState::Failed | StreamState::Forbidden | StreamState::NotFound
+                    if was_current || s.stale_since.is_none() =>
+                {
+                    s.stale_since.get_or_insert_with(SystemTime::now);
+                }
+                _ => {}
+            }
+        });
+    }
+
+    /// Records that a stream completed a list at `rv`.
+    pub fn stream_listed(&self, name: &ClusterName, rt: &ResourceType, rv: &str) {
+        self.update_stream(name, rt, |s| {
+            s.synced_once = true;
+            s.state = StreamState::Watching;
+            s.resource_version = rv.to_string();
+            s.last_error = None;
+            s.stale_since = None;
+            s.current_at = Some(Instant::now());
+            s.last_event = Some(SystemTime::now());
+        });
+    }
+
+    /// Records progress (an event or a bookmark) at `rv`.
+    pub fn stream_progress(&self, name: &ClusterName, rt: &ResourceType, rv: &str, event: bool) {
+        let mut table = self.write();
+        let Some(c) = table.get_mut(name) else { return };
+        if let Some((_, s)) = c.streams.get_mut(&rt.name()) {
+            s.resource_version = rv.to_string();
+            s.current_at = Some(Instant::now());
+            if event {
+                s.last_event = Some(SystemTime::now());
+            }
+        }
+    }
+}

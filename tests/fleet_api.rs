@@ -1,0 +1,748 @@
+//! The Fleet API end to end: simulated clusters on loopback → informers → the index →
+//! the real gRPC server → a real gRPC client.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{Harness, PATIENCE, test_config};
+use fleetscope::grpc::ServiceConfig;
+use fleetscope::proto::{
+    self, CountRequest, EventType, GetRequest, ListRequest, Query, WatchEvent, WatchRequest,
+};
+use fleetscope_sim::FleetSpec;
+use serde_json::json;
+use tokio_stream::StreamExt;
+use tonic::{Code, Streaming};
+
+fn query(resource: &str) -> Query {
+    Query {
+        resource: resource.into(),
+        ..Default::default()
+    }
+}
+
+async fn next_event(stream: &mut Streaming<WatchEvent>) -> WatchEvent {
+    tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("an event in time")
+        .expect("stream open")
+        .expect("no error")
+}
+
+/// The next event that is not a bookmark or a cluster status.
+async fn next_change(stream: &mut Streaming<WatchEvent>) -> WatchEvent {
+    loop {
+        let e = next_event(stream).await;
+        if !matches!(e.r#type(), EventType::Bookmark | EventType::ClusterStatus) {
+            return e;
+        }
+    }
+}
+
+#[tokio::test]
+async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
+    let h = Harness::start(3, 400).await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let pods_per_cluster: Vec<usize> = (0..3).map(|i| h.cluster(i).store.count("pods")).collect();
+    let total: usize = pods_per_cluster.iter().sum();
+
+    // Paging walks one snapshot while the clusters keep changing.
+    let first = c
+        .list(ListRequest {
+            query: Some(query("pods")),
+            limit: 50,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let revision = first.revision;
+    assert_eq!(first.remaining_item_count as usize, total - 50);
+    let mut seen: Vec<(String, String, String)> = first
+        .items
+        .iter()
+        .map(|o| (o.cluster.clone(), o.namespace.clone(), o.name.clone()))
+        .collect();
+    let mut token = first.next_page_token;
+    let mut i = 0;
+    while !token.is_empty() {
+        h.cluster(i % 3)
+            .store
+            .create(
+                "pods",
+                Some("team-0"),
+                json!({"metadata": {"name": format!("late-{i}")}, "spec": {}}),
+            )
+            .unwrap();
+        i += 1;
+        let page = c
+            .list(ListRequest {
+                query: None,
+                limit: 50,
+                page_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            page.revision, revision,
+            "every page reads the first page's snapshot"
+        );
+        seen.extend(
+            page.items
+                .iter()
+                .map(|o| (o.cluster.clone(), o.namespace.clone(), o.name.clone())),
+        );
+        token = page.next_page_token;
+    }
+    assert_eq!(seen.len(), total);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "ordered by cluster, namespace, name, without duplicates"
+    );
+    assert!(seen.iter().all(|(_, _, n)| !n.starts_with("late-")));
+
+    // Label, field and cluster selectors.
+    let web = c
+        .list(ListRequest {
+            query: Some(Query {
+                label_selector: "app=web".into(),
+                ..query("pods")
+            }),
+            limit: 5000,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!web.items.is_empty());
+    for o in &web.items {
+        let v: serde_json::Value = serde_json::from_str(&o.json).unwrap();
+        assert_eq!(v["metadata"]["labels"]["app"], "web");
+        assert_eq!(
+            (v["kind"].as_str(), v["apiVersion"].as_str()),
+            (Some("Pod"), Some("v1")),
+            "list items carry their type"
+        );
+    }
+    let on_node = c
+        .list(ListRequest {
+            query: Some(Query {
+                field_selector: "spec.nodeName=node-1,status.phase=Running".into(),
+                clusters: vec!["sim-2".into()],
+                ..query("pods")
+            }),
+            limit: 5000,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        on_node
+            .items
+            .iter()
+            .all(|o| o.cluster == "sim-2" && o.json.contains("\"nodeName\":\"node-1\""))
+    );
+    let globbed = c
+        .list(ListRequest {
+            query: Some(Query {
+                clusters: vec!["sim-[13]".into()],
+                ..query("deployments.apps")
+            }),
+            limit: 5000,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let clusters: BTreeSet<String> = globbed.items.iter().map(|o| o.cluster.clone()).collect();
+    assert_eq!(
+        clusters,
+        BTreeSet::from(["sim-1".to_string(), "sim-3".to_string()])
+    );
+    assert_eq!(
+        globbed.clusters.len(),
+        2,
+        "freshness of each cluster drawn on"
+    );
+    assert!(!globbed.partial);
+
+    // Metadata-only projection.
+    let meta = c
+        .list(ListRequest {
+            query: Some(Query {
+                projection: proto::Projection::Metadata as i32,
+                ..query("pods")
+            }),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v: serde_json::Value = serde_json::from_str(&meta.items[0].json).unwrap();
+    assert!(v.get("spec").is_none() && v["metadata"]["name"].is_string());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_count_and_bad_requests() {
+    let h = Harness::start(2, 300).await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let some = c
+        .list(ListRequest {
+            query: Some(query("pods")),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+        .remove(0);
+    let got = c
+        .get(GetRequest {
+            cluster: some.cluster.clone(),
+            resource: "Pod".into(),
+            namespace: some.namespace.clone(),
+            name: some.name.clone(),
+            projection: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.object.unwrap().uid, some.uid);
+    assert_eq!(got.cluster.unwrap().freshness(), proto::Freshness::Synced);
+    let missing = c
+        .get(GetRequest {
+            cluster: "sim-1".into(),
+            resource: "pods".into(),
+            namespace: "team-0".into(),
+            name: "nope".into(),
+            projection: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    let counts = c
+        .count(CountRequest {
+            query: Some(query("pods")),
+            group_by: vec!["cluster".into(), "label:app".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let expected: usize = (0..2).map(|i| h.cluster(i).store.count("pods")).sum();
+    assert_eq!(counts.total as usize, expected);
+    assert_eq!(
+        counts.groups.iter().map(|g| g.count).sum::<u64>(),
+        counts.total
+    );
+    assert!(counts.groups.iter().all(|g| g.key.len() == 2));
+
+    let unknown = c
+        .list(ListRequest {
+            query: Some(query("pdos")),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    assert!(
+        unknown.message().contains("did you mean pods"),
+        "{}",
+        unknown.message()
+    );
+    let bad = c
+        .list(ListRequest {
+            query: Some(Query {
+                label_selector: "app in web".into(),
+                ..query("pods")
+            }),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("position 7"), "{}", bad.message());
+    let bad = c
+        .list(ListRequest {
+            query: Some(Query {
+                field_selector: "status.phase".into(),
+                ..query("pods")
+            }),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let bad = c
+        .list(ListRequest {
+            query: None,
+            limit: 1,
+            page_token: "garbage".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let bad = c
+        .count(CountRequest {
+            query: Some(query("pods")),
+            group_by: vec!["colour".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let bad = c
+        .list(ListRequest {
+            query: Some(Query {
+                clusters: vec!["sim-[".into()],
+                ..query("pods")
+            }),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn watch_sends_initial_state_then_live_transitions_in_order_and_resumes() {
+    let h = Harness::start(2, 200).await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let q = Query {
+        label_selector: "stage=live".into(),
+        ..query("configmaps")
+    };
+    let store = &h.cluster(0).store;
+    store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            json!({"metadata": {"name": "w0", "labels": {"stage": "live"}}}),
+        )
+        .unwrap();
+    h.wait_count(q.clone(), 1).await;
+    let mut stream = c
+        .watch(WatchRequest {
+            query: Some(q.clone()),
+            since_revision: 0,
+            send_initial_events: true,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next_event(&mut stream).await;
+    assert_eq!(
+        (first.r#type(), first.object.as_ref().unwrap().name.as_str()),
+        (EventType::Added, "w0")
+    );
+    let end = next_event(&mut stream).await;
+    assert_eq!(end.r#type(), EventType::InitialEventsEnd);
+
+    store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            json!({"metadata": {"name": "w1", "labels": {"stage": "live"}}}),
+        )
+        .unwrap();
+    store
+        .patch(
+            "configmaps",
+            "team-0",
+            "w1",
+            &json!({"metadata": {"labels": {"stage": "done"}}}),
+        )
+        .unwrap();
+    store
+        .patch("configmaps", "team-0", "w0", &json!({"data": {"k": "v"}}))
+        .unwrap();
+    store.delete("configmaps", "team-0", "w0").unwrap();
+    let mut got = Vec::new();
+    let mut last = end.revision;
+    for _ in 0..4 {
+        let e = next_change(&mut stream).await;
+        assert!(e.revision > last, "revision order");
+        last = e.revision;
+        got.push((e.r#type(), e.object.unwrap().name));
+    }
+    assert_eq!(
+        got,
+        [
+            (EventType::Added, "w1".to_string()),
+            (EventType::Deleted, "w1".into()),
+            (EventType::Modified, "w0".into()),
+            (EventType::Deleted, "w0".into())
+        ],
+        "an object that stops matching is a DELETED for this subscriber"
+    );
+
+    // Resume from a revision: exactly the changes after it.
+    let mut resumed = c
+        .watch(WatchRequest {
+            query: Some(q.clone()),
+            since_revision: end.revision,
+            send_initial_events: false,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for (t, name) in &got {
+        let e = next_change(&mut resumed).await;
+        assert_eq!((&e.r#type(), &e.object.unwrap().name), (t, name));
+    }
+    let future = c
+        .watch(WatchRequest {
+            query: Some(q),
+            since_revision: u64::MAX / 2,
+            send_initial_events: false,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(future.code(), Code::OutOfRange);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn watch_from_a_revision_older_than_the_log_is_out_of_range() {
+    let mut config = test_config(&["configmaps"]);
+    config.index.log_retention = 5;
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 100, 0.0),
+        config,
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    for i in 0..10 {
+        h.cluster(0)
+            .store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                json!({"metadata": {"name": format!("x{i}")}}),
+            )
+            .unwrap();
+    }
+    h.wait_count(
+        Query {
+            namespaces: vec!["team-0".into()],
+            field_selector: "metadata.name=x9".into(),
+            ..query("configmaps")
+        },
+        1,
+    )
+    .await;
+    let mut c = h.client().await;
+    let e = c
+        .watch(WatchRequest {
+            query: Some(query("configmaps")),
+            since_revision: 1,
+            send_initial_events: false,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange);
+    assert!(e.message().contains("list again"), "{}", e.message());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn deletes_missed_while_a_watch_was_expired_reach_subscribers() {
+    let h = Harness::start(1, 200).await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let q = Query {
+        namespaces: vec!["team-0".into()],
+        ..query("configmaps")
+    };
+    let mut stream = c
+        .watch(WatchRequest {
+            query: Some(q),
+            since_revision: 0,
+            send_initial_events: false,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cluster = h.cluster(0);
+    let victims: Vec<String> = cluster
+        .store
+        .snapshot("configmaps", fleetscope_sim::store::ReadAt::Latest)
+        .unwrap()
+        .objects
+        .values()
+        .filter(|o| o.namespace == "team-0")
+        .map(|o| o.name.clone())
+        .take(2)
+        .collect();
+    assert_eq!(victims.len(), 2);
+    // The watch is cut, objects are deleted, history is compacted: only a re-list can tell.
+    cluster.freeze_watches(true);
+    for v in &victims {
+        cluster.store.delete("configmaps", "team-0", v).unwrap();
+    }
+    cluster.compact();
+    cluster.freeze_watches(false);
+    cluster.drop_watches();
+    let mut deleted = BTreeSet::new();
+    while deleted.len() < 2 {
+        let e = next_change(&mut stream).await;
+        assert_eq!(e.r#type(), EventType::Deleted);
+        deleted.insert(e.object.unwrap().name);
+    }
+    assert_eq!(deleted, victims.into_iter().collect());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cluster_going_offline_is_stale_then_catches_up() {
+    let h = Harness::start(2, 200).await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let server = &h.fleet.servers()[1];
+    server.go_offline().await;
+    let clusters = h
+        .wait_clusters(|cs| {
+            cs.iter()
+                .any(|c| c.name == "sim-2" && c.freshness() == proto::Freshness::Stale)
+        })
+        .await;
+    assert!(
+        clusters
+            .iter()
+            .any(|c| c.name == "sim-1" && c.freshness() == proto::Freshness::Synced),
+        "the other cluster is unaffected"
+    );
+    let list = c
+        .list(ListRequest {
+            query: Some(query("configmaps")),
+            limit: 5000,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.partial, "an answer drawing on a stale cluster says so");
+    assert!(
+        list.items.iter().any(|o| o.cluster == "sim-2"),
+        "its objects stay, marked stale"
+    );
+    let stale = list.clusters.iter().find(|f| f.cluster == "sim-2").unwrap();
+    assert_eq!(stale.freshness(), proto::Freshness::Stale);
+    assert!(stale.stale_since.is_some());
+
+    server
+        .cluster()
+        .store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            json!({"metadata": {"name": "while-away"}}),
+        )
+        .unwrap();
+    server.come_online().await.unwrap();
+    h.synced().await;
+    h.wait_count(
+        Query {
+            clusters: vec!["sim-2".into()],
+            field_selector: "metadata.name=while-away".into(),
+            ..query("configmaps")
+        },
+        1,
+    )
+    .await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn forbidden_type_is_status_while_others_sync() {
+    let spec = FleetSpec::numbered(1, 200, 0.0);
+    let h = Harness::start_with(
+        spec,
+        test_config(&["pods", "configmaps"]),
+        ServiceConfig::default(),
+    )
+    .await;
+    let cluster = h.cluster(0);
+    cluster.set_denied(&cluster.admin_token(), "pods", true);
+    let clusters = h
+        .wait_clusters(|cs| {
+            cs[0]
+                .streams
+                .iter()
+                .any(|s| s.resource == "pods" && s.state() == proto::StreamState::Forbidden)
+                && cs[0].streams.iter().any(|s| {
+                    s.resource == "configmaps" && s.state() == proto::StreamState::Watching
+                })
+        })
+        .await;
+    let pods = clusters[0]
+        .streams
+        .iter()
+        .find(|s| s.resource == "pods")
+        .unwrap();
+    assert!(pods.last_error.contains("forbidden"), "{}", pods.last_error);
+    cluster.set_denied(&cluster.admin_token(), "pods", false);
+    h.synced().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_is_ended_without_slowing_a_fast_one() {
+    let mut config = test_config(&["configmaps"]);
+    config.index.subscriber_buffer = 16;
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 100, 0.0),
+        config,
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let mut fast = c
+        .watch(WatchRequest {
+            query: Some(query("configmaps")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut slow = c
+        .watch(WatchRequest {
+            query: Some(query("configmaps")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let payload = "x".repeat(64 * 1024);
+    // Produce in chunks smaller than the buffer, each once the fast subscriber has the last:
+    // the fast one is never more than a chunk behind; the one that never reads falls behind.
+    let (chunks, chunk) = (25, 8);
+    for k in 0..chunks {
+        for j in 0..chunk {
+            let i = k * chunk + j;
+            h.cluster(0).store.create("configmaps", Some("team-0"), json!({"metadata": {"name": format!("burst-{i:03}")}, "data": {"blob": payload}})).unwrap();
+        }
+        for j in 0..chunk {
+            let e = next_change(&mut fast).await;
+            assert_eq!(
+                e.object.unwrap().name,
+                format!("burst-{:03}", k * chunk + j)
+            );
+        }
+    }
+    // The slow one, read only now, finds its stream ended with a resumable error.
+    let outcome = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match slow.next().await {
+                Some(Ok(_)) => continue,
+                Some(Err(status)) => return Some(status),
+                None => return None,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let status = outcome.expect("ended with an error");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("since_revision="),
+        "{}",
+        status.message()
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_clusters_and_resource_types_report_every_stream() {
+    let h = Harness::start(2, 200).await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let clusters = c
+        .list_clusters(proto::ListClustersRequest {
+            clusters: vec!["sim-2".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .clusters;
+    assert_eq!(clusters.len(), 1);
+    let sim2 = &clusters[0];
+    assert!(sim2.server.starts_with("https://127.0.0.1:"));
+    assert!(sim2.kubernetes_version.starts_with("v1."));
+    let pods = sim2.streams.iter().find(|s| s.resource == "pods").unwrap();
+    assert_eq!(pods.object_count as usize, h.cluster(1).store.count("pods"));
+    assert!(!pods.resource_version.is_empty());
+    let types = c
+        .list_resource_types(proto::ListResourceTypesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .resource_types;
+    let names: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["configmaps", "deployments.apps", "pods"]);
+    let deploy = types.iter().find(|t| t.name == "deployments.apps").unwrap();
+    assert_eq!(
+        (
+            deploy.kind.as_str(),
+            deploy.group.as_str(),
+            deploy.clusters.len()
+        ),
+        ("Deployment", "apps", 2)
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn bookmarks_carry_the_current_revision() {
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 100, 0.0),
+        test_config(&["configmaps"]),
+        ServiceConfig {
+            bookmark_interval: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let mut stream = c
+        .watch(WatchRequest {
+            query: Some(query("configmaps")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let revision = h.engine.index.snapshot().revision().0;
+    let b = loop {
+        let e = next_event(&mut stream).await;
+        if e.r#type() == EventType::Bookmark {
+            break e;
+        }
+    };
+    assert!(b.revision >= revision);
+    h.shutdown().await;
+}
