@@ -746,3 +746,67 @@ async fn bookmarks_carry_the_current_revision() {
     assert!(b.revision >= revision);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone() {
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 100, 0.0),
+        test_config(&["*"]),
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let before = c
+        .list_resource_types(proto::ListResourceTypesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .resource_types;
+    assert!(
+        before
+            .iter()
+            .any(|t| t.name == "crontabs.stable.example.com"),
+        "`*` takes custom types"
+    );
+    assert!(
+        !before.iter().any(|t| t.name == "secrets"),
+        "`*` leaves Secrets out"
+    );
+
+    let store = &h.cluster(0).store;
+    store.add_resource(fleetscope_sim::ResourceDef::new(
+        "example.com",
+        "v1",
+        "widgets",
+        "Widget",
+        true,
+    ));
+    store
+        .create(
+            "widgets.example.com",
+            Some("team-0"),
+            json!({"metadata": {"name": "w"}, "spec": {"size": 3}}),
+        )
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let r = c
+            .count(CountRequest {
+                query: Some(query("widgets")),
+                group_by: vec![],
+            })
+            .await;
+        if r.as_ref().is_ok_and(|r| r.get_ref().total == 1) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new type was never collected: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store.remove_resource("widgets.example.com");
+    h.wait_count(query("widgets.example.com"), 0).await;
+    h.shutdown().await;
+}

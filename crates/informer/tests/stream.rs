@@ -272,3 +272,135 @@ async fn stalled_and_failing_servers_are_retried() {
     );
     cancel.cancel();
 }
+
+async fn start_with(
+    s: &Setup,
+    resource: &str,
+    config: StreamConfig,
+) -> (mpsc::Receiver<Update>, CancellationToken) {
+    let client = source::client(&s.source).await.unwrap();
+    let served = discovery::discover(&client).await.unwrap();
+    let rt = discovery::resolve(&[resource.into()], &served)
+        .resources
+        .remove(0);
+    let id = Arc::new(StreamId {
+        cluster: ClusterName::from("inf"),
+        resource: rt,
+    });
+    let (tx, rx) = mpsc::channel(1024);
+    let cancel = CancellationToken::new();
+    tokio::spawn(stream::run(client, id, config, None, tx, cancel.clone()));
+    (rx, cancel)
+}
+
+#[tokio::test]
+async fn a_silent_watch_is_detected_and_replaced() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let config = StreamConfig {
+        watch_timeout: Duration::from_secs(1),
+        idle_margin: Duration::from_millis(500),
+        ..StreamConfig::default()
+    };
+    let (mut rx, cancel) = start_with(&s, "configmaps", config).await;
+    assert!(matches!(next_data(&mut rx).await, Update::Listed { .. }));
+    wait_state(&mut rx, StreamState::Watching).await;
+    // The connection stays open but nothing arrives, not even the server's timeout end.
+    c.freeze_watches(true);
+    let watches = c.requests(Verb::Watch, "configmaps");
+    wait_until(|| c.requests(Verb::Watch, "configmaps") > watches).await;
+    c.freeze_watches(false);
+    c.store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "after-stall"}}),
+        )
+        .unwrap();
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after-stall")
+    );
+    // A watch request that is accepted and never answered is abandoned too.
+    c.stall_next_watches(1);
+    c.drop_watches();
+    let watches = c.requests(Verb::Watch, "configmaps");
+    wait_until(|| c.requests(Verb::Watch, "configmaps") >= watches + 2).await;
+    c.release_stalls();
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn error_storms_back_off_without_a_relist_storm() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
+    assert!(matches!(next_data(&mut rx).await, Update::Listed { .. }));
+    wait_state(&mut rx, StreamState::Watching).await;
+    // An event on the watch proves it is established before the fault.
+    c.store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "before-storm"}}),
+        )
+        .unwrap();
+    assert!(matches!(next_data(&mut rx).await, Update::Applied { .. }));
+    let lists = c.requests(Verb::List, "configmaps");
+    c.fail_requests(429, fleetscope_sim::FailFor::Requests(6));
+    c.drop_watches();
+    wait_state(&mut rx, StreamState::Failed).await;
+    c.store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "after-storm"}}),
+        )
+        .unwrap();
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after-storm")
+    );
+    assert_eq!(
+        c.requests(Verb::List, "configmaps"),
+        lists,
+        "watches resumed from their resourceVersion: no re-list"
+    );
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn malformed_objects_are_skipped_and_the_rest_kept() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    c.store
+        .insert_raw(
+            "configmaps",
+            "a",
+            "broken",
+            r#"{"metadata":"not an object"}"#,
+        )
+        .unwrap();
+    let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
+    let Update::Listed { objects, .. } = next_data(&mut rx).await else {
+        panic!("a list")
+    };
+    assert_eq!(
+        objects.len(),
+        7,
+        "the malformed one is skipped, the others kept"
+    );
+    wait_state(&mut rx, StreamState::Watching).await;
+    c.store
+        .insert_raw("configmaps", "a", "broken-too", r#"{"metadata":{}}"#)
+        .unwrap();
+    c.store
+        .create(
+            "configmaps",
+            Some("a"),
+            json!({"metadata": {"name": "fine"}}),
+        )
+        .unwrap();
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "fine")
+    );
+    cancel.cancel();
+}

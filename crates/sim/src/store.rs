@@ -638,6 +638,37 @@ impl Store {
         Ok(object)
     }
 
+    /// Stores `body` verbatim as an object, bypassing validation: a fault that shows how
+    /// clients cope with an object no real apiserver would hold (wrong shapes, bad JSON).
+    /// It appears in lists and watches like any other object.
+    pub fn insert_raw(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
+        body: &str,
+    ) -> Result<(), ApiError> {
+        let mut state = self.write();
+        let def = Self::def_in(&state, id)?;
+        let rv = state.rv + 1;
+        let object = Arc::new(StoredObject {
+            key: key_of(namespace, name),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: String::new(),
+            rv,
+            body: Bytes::copy_from_slice(body.as_bytes()),
+            labels: Vec::new(),
+            fields: vec![
+                ("metadata.name".into(), name.to_string()),
+                ("metadata.namespace".into(), namespace.to_string()),
+            ],
+        });
+        let _ = def;
+        self.commit(&mut state, id, ChangeKind::Added, object, None);
+        Ok(())
+    }
+
     /// The name of the cluster this store belongs to.
     pub fn cluster_name(&self) -> &str {
         &self.cluster_name
