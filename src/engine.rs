@@ -160,9 +160,10 @@ async fn run_cluster(
     }) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(error = %e, "cannot build a client for the cluster");
+            let why = source::chain(&e);
+            tracing::error!(error = %why, "cannot build a client for the cluster");
             status.update(&name, |c| {
-                c.error = Some(e.to_string());
+                c.error = Some(why);
                 c.error_since.get_or_insert_with(SystemTime::now);
             });
             return;

@@ -5,6 +5,7 @@
 //! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
 //! - [`proto`]: the generated API types.
 
+pub mod client;
 pub mod engine;
 pub mod grpc;
 pub mod proto;

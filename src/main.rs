@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use fleetscope::client;
 use fleetscope::engine::{Engine, EngineConfig};
 use fleetscope::grpc::{FleetService, ServiceConfig};
 use fleetscope::telemetry::{self, LogFormat};
@@ -47,6 +48,104 @@ enum Command {
     Demo(DemoArgs),
     /// Run simulated Kubernetes clusters on loopback and write a kubeconfig for them.
     Sim(SimArgs),
+    /// List objects across the fleet, or get one by name.
+    Get(GetArgs),
+    /// Count objects across the fleet, grouped.
+    Count(CountArgs),
+    /// Stream changes across the fleet.
+    Watch(WatchArgs),
+    /// Show the health of every cluster and stream.
+    Clusters(ServerArg),
+}
+
+#[derive(Debug, Args)]
+struct ServerArg {
+    /// The fleetscope server.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    server: String,
+}
+
+#[derive(Debug, Args)]
+struct QueryArgs {
+    /// The resource type, kubectl-style: pods, deployments.apps, apps/v1/deployments, Deployment.
+    resource: String,
+    /// Namespaces; repeatable. Default: all.
+    #[arg(short = 'n', long = "namespace")]
+    namespaces: Vec<String>,
+    /// Label selector, Kubernetes syntax.
+    #[arg(short = 'l', long = "selector", default_value = "")]
+    labels: String,
+    /// Field selector over any JSON path, Kubernetes syntax.
+    #[arg(long = "field-selector", default_value = "")]
+    fields: String,
+    /// Clusters by name or glob; repeatable. Default: all.
+    #[arg(long = "cluster")]
+    clusters: Vec<String>,
+    /// Label selector over cluster labels.
+    #[arg(long = "cluster-selector", default_value = "")]
+    cluster_selector: String,
+    /// Only apiVersion, kind and metadata.
+    #[arg(long)]
+    metadata_only: bool,
+    #[command(flatten)]
+    server: ServerArg,
+}
+
+impl QueryArgs {
+    fn query(&self) -> fleetscope::proto::Query {
+        fleetscope::proto::Query {
+            clusters: self.clusters.clone(),
+            cluster_selector: self.cluster_selector.clone(),
+            resource: self.resource.clone(),
+            namespaces: self.namespaces.clone(),
+            label_selector: self.labels.clone(),
+            field_selector: self.fields.clone(),
+            projection: if self.metadata_only {
+                fleetscope::proto::Projection::Metadata as i32
+            } else {
+                0
+            },
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct GetArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// An object's name (with one --cluster, and -n for namespaced types).
+    name: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: client::Output,
+}
+
+#[derive(Debug, Args)]
+struct CountArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// Group by cluster, namespace, label:KEY or field:PATH; comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    group_by: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct WatchArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// Deliver every change after this revision.
+    #[arg(long, default_value_t = 0)]
+    since: u64,
+    /// First send the current objects as ADDED.
+    #[arg(long)]
+    initial: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: client::Output,
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +159,12 @@ struct ServeArgs {
     /// The gRPC listen address.
     #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
+    /// Also watch the cluster fleetscope runs in, through its service account.
+    #[arg(long, env = "FLEETSCOPE_IN_CLUSTER")]
+    in_cluster: bool,
+    /// The name of the in-cluster source.
+    #[arg(long, default_value = "in-cluster")]
+    in_cluster_name: String,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -210,21 +315,70 @@ struct SimArgs {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run_cli().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with every cause, the way people read errors at a terminal.
+            eprintln!("fleetscope: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_cli() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Demo(args) => demo(args).await,
         Command::Sim(args) => sim(args).await,
+        Command::Get(args) => {
+            let mut c = client::connect(&args.query.server.server).await?;
+            Ok(client::get(&mut c, args.query.query(), args.name, args.output).await?)
+        }
+        Command::Count(args) => {
+            let mut c = client::connect(&args.query.server.server).await?;
+            Ok(client::count(&mut c, args.query.query(), args.group_by).await?)
+        }
+        Command::Watch(args) => {
+            let mut c = client::connect(&args.query.server.server).await?;
+            Ok(client::watch(
+                &mut c,
+                args.query.query(),
+                args.since,
+                args.initial,
+                args.output,
+            )
+            .await?)
+        }
+        Command::Clusters(args) => {
+            let mut c = client::connect(&args.server).await?;
+            Ok(client::clusters(&mut c).await?)
+        }
     }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let paths = sources::kubeconfig_paths(&args.kubeconfigs)?;
-    let clusters = sources::resolve(&paths, &args.contexts)?;
+    let mut clusters = if args.in_cluster
+        && args.kubeconfigs.is_empty()
+        && std::env::var_os("KUBECONFIG").is_none()
+    {
+        Vec::new()
+    } else {
+        let paths = sources::kubeconfig_paths(&args.kubeconfigs)?;
+        sources::resolve(&paths, &args.contexts)?
+    };
+    if args.in_cluster {
+        anyhow::ensure!(
+            !clusters.iter().any(|c| c.name == args.in_cluster_name),
+            "--in-cluster-name {:?} is also a kubeconfig context: choose another name",
+            args.in_cluster_name
+        );
+        clusters.push(sources::ClusterSource::in_cluster(&args.in_cluster_name));
+    }
     for c in &clusters {
-        tracing::info!(cluster = %c.name, kubeconfig = %c.kubeconfig.display(), "cluster source");
+        tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
     }
     let config = args.engine.config(&clusters)?;
     let listener = server::bind(args.listen).await?;
@@ -317,7 +471,12 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
          grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\",\"label_selector\":\"app=web\"}},\"limit\":3}}' {addr} fleetscope.v1.Fleet/List\n  \
          grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\"}},\"group_by\":[\"cluster\",\"field:status.phase\"]}}' {addr} fleetscope.v1.Fleet/Count\n  \
          grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"configmaps\"}}}}' {addr} fleetscope.v1.Fleet/Watch\n  \
-         grpcurl -plaintext {addr} grpc.health.v1.Health/Check\n  \
+         grpcurl -plaintext {addr} grpc.health.v1.Health/Check\n\n\
+         or with the fleetscope CLI:\n  \
+         fleetscope clusters --server http://{addr}\n  \
+         fleetscope get pods -l app=web --cluster 'sim-*' --server http://{addr}\n  \
+         fleetscope count pods --group-by cluster,field:status.phase --server http://{addr}\n  \
+         fleetscope watch configmaps -n team-0 --server http://{addr}\n  \
          kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
          Ctrl-C stops it.",
         n = fleet.servers().len(),

@@ -192,3 +192,91 @@ fn serve_refuses_bad_kubeconfigs_and_patterns_by_name() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
 }
+
+#[tokio::test]
+async fn client_commands_print_kubectl_like_output() {
+    let h = common::Harness::start(2, 200).await;
+    h.synced().await;
+    let server = h.url();
+    let run = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || Command::new(BIN).args(&args).output().unwrap())
+            .await
+            .unwrap()
+    };
+    let out = run(vec![
+        "get".into(),
+        "pods".into(),
+        "-l".into(),
+        "app=web".into(),
+        "--cluster".into(),
+        "sim-2".into(),
+        "--server".into(),
+        server.clone(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["CLUSTER", "NAMESPACE", "NAME", "AGE"]
+    );
+    let rows: Vec<&str> = lines.collect();
+    assert!(
+        !rows.is_empty()
+            && rows
+                .iter()
+                .all(|l| l.starts_with("sim-2") && l.contains("web-")),
+        "{text}"
+    );
+
+    let out = run(vec![
+        "get".into(),
+        "configmaps".into(),
+        "-o".into(),
+        "json".into(),
+        "--server".into(),
+        server.clone(),
+    ])
+    .await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    let total: usize = (0..2).map(|i| h.cluster(i).store.count("configmaps")).sum();
+    assert_eq!(text.lines().count(), total, "every page");
+    assert!(text.lines().all(|l| {
+        serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["kind"] == "ConfigMap")
+    }));
+
+    let out = run(vec![
+        "count".into(),
+        "pods".into(),
+        "--group-by".into(),
+        "cluster".into(),
+        "--server".into(),
+        server.clone(),
+    ])
+    .await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("sim-1") && text.contains("TOTAL"), "{text}");
+
+    let out = run(vec!["clusters".into(), "--server".into(), server.clone()]).await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines().filter(|l| l.contains("WATCHING")).count() >= 6,
+        "{text}"
+    );
+
+    let out = run(vec![
+        "get".into(),
+        "podz".into(),
+        "--server".into(),
+        server.clone(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did you mean pods"));
+    h.shutdown().await;
+}

@@ -810,3 +810,25 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
     h.wait_count(query("widgets.example.com"), 0).await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_in_cluster_source_outside_a_cluster_is_reported_not_fatal() {
+    let engine = fleetscope::engine::Engine::start(
+        vec![fleetscope::sources::ClusterSource::in_cluster("home")],
+        test_config(&["pods"]),
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let status = loop {
+        let s = engine.status.cluster(&"home".into()).unwrap();
+        if s.error.is_some() {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no status for the in-cluster source"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.error.unwrap().contains("in-cluster"));
+    engine.shutdown(Duration::from_secs(5)).await;
+}

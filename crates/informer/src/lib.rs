@@ -17,5 +17,5 @@ pub mod source;
 pub mod stream;
 
 pub use prune::{PrunedObject, Pruning};
-pub use source::{ClusterSource, SourceError};
+pub use source::{ClusterSource, Origin, SourceError};
 pub use stream::{StreamConfig, StreamId, StreamState, Update};

@@ -9,7 +9,7 @@ use kube::config::Kubeconfig;
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The file could not be read or parsed.
-    #[error("kubeconfig {path}: {source}")]
+    #[error("kubeconfig {path}")]
     Kubeconfig {
         /// The file.
         path: PathBuf,
@@ -51,13 +51,56 @@ pub enum SourceError {
     },
 }
 
-/// One cluster to watch: a context of a kubeconfig.
+/// One cluster to watch: a context of a kubeconfig, or the cluster fleetscope runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterSource {
-    /// The cluster's name in fleetscope: the context name.
+    /// The cluster's name in fleetscope: the context name, or the in-cluster name.
     pub name: String,
-    /// The kubeconfig file it comes from.
-    pub kubeconfig: PathBuf,
+    /// Where its connection settings come from.
+    pub origin: Origin,
+}
+
+/// Where a cluster's connection settings come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A context of this kubeconfig file.
+    Kubeconfig(PathBuf),
+    /// The service account of the pod fleetscope runs in.
+    InCluster,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Kubeconfig(p) => write!(f, "kubeconfig {}", p.display()),
+            Origin::InCluster => f.write_str("in-cluster service account"),
+        }
+    }
+}
+
+impl ClusterSource {
+    /// The cluster fleetscope runs in, under `name`.
+    pub fn in_cluster(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            origin: Origin::InCluster,
+        }
+    }
+}
+
+/// An error with every cause after it, on one line: for status fields and logs.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// The kubeconfig files to read: those given, else `$KUBECONFIG` (a path list), else `~/.kube/config`.
@@ -108,7 +151,16 @@ pub async fn client(source: &ClusterSource) -> Result<kube::Client, SourceError>
 
 /// The kube client configuration of one source (its server URL, credentials, TLS).
 pub async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
-    let kc = read(&source.kubeconfig)?;
+    let path = match &source.origin {
+        Origin::InCluster => {
+            return kube::Config::incluster().map_err(|e| SourceError::Client {
+                cluster: source.name.clone(),
+                message: format!("in-cluster configuration: {e}"),
+            });
+        }
+        Origin::Kubeconfig(path) => path,
+    };
+    let kc = read(path)?;
     let options = kube::config::KubeConfigOptions {
         context: Some(source.name.clone()),
         ..Default::default()
@@ -130,7 +182,7 @@ pub fn resolve(paths: &[PathBuf], patterns: &[String]) -> Result<Vec<ClusterSour
             if !all.iter().any(|c| c.name == ctx.name) {
                 all.push(ClusterSource {
                     name: ctx.name,
-                    kubeconfig: path.clone(),
+                    origin: Origin::Kubeconfig(path.clone()),
                 });
             }
         }
@@ -188,6 +240,11 @@ mod tests {
         std::fs::write(&bad, "clusters: [this is not: a kubeconfig").unwrap();
         let e = resolve(std::slice::from_ref(&bad), &[]).unwrap_err();
         assert!(e.to_string().contains(&bad.display().to_string()), "{e}");
+        assert!(
+            chain(&e).len() > e.to_string().len(),
+            "the cause follows: {}",
+            chain(&e)
+        );
         let missing = dir.path().join("missing");
         assert!(
             resolve(&[missing], &[])
