@@ -1,0 +1,554 @@
+//! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
+//!
+//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|scale|fanout`
+//! runs one. Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part) and
+//! `FLEET_BENCH_OBJECTS` (objects in the scale part).
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fleetscope::engine::{Engine, EngineConfig};
+use fleetscope::grpc::{FleetService, ServiceConfig};
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{self, CountRequest, GetRequest, ListRequest, Query, WatchRequest};
+use fleetscope::server;
+use fleetscope_index::{Change, ObjectInput};
+use fleetscope_model::{ClusterName, ObjectKey, ResourceType};
+use fleetscope_sim::{Cluster, ClusterConfig, SimServer};
+use serde_json::json;
+use tokio_stream::StreamExt;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn pod(ns: &str, name: &str, i: usize) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": format!("app-{}", i % 100), "tier": if i.is_multiple_of(2) { "web" } else { "db" }},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("rs-{}", i / 3), "uid": format!("rs-uid-{}", i / 3), "controller": true}],
+                     "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}, "f:podIP": {}}}}]},
+        "spec": {"nodeName": format!("node-{}", i % 50), "containers": [{"name": "main", "image": format!("registry.example.com/app-{}:1.{}", i % 100, i % 7), "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}], "restartPolicy": "Always", "serviceAccountName": "default"},
+        "status": {"phase": if i.is_multiple_of(20) { "Pending" } else { "Running" }, "podIP": format!("10.{}.{}.{}", i / 65536 % 256, i / 256 % 256, i % 256), "conditions": [{"type": "Ready", "status": "True"}]},
+    })
+}
+
+/// Simulated clusters holding `pods` pods each, and their kubeconfig.
+async fn pod_clusters(
+    clusters: usize,
+    pods: usize,
+    dir: &std::path::Path,
+) -> (Vec<SimServer>, std::path::PathBuf, usize) {
+    let mut servers = Vec::new();
+    let mut bytes = 0;
+    for c in 0..clusters {
+        let cluster = Cluster::new(ClusterConfig::new(&format!("sim-{}", c + 1)));
+        for n in 0..10 {
+            cluster
+                .store
+                .create(
+                    "namespaces",
+                    None,
+                    json!({"metadata": {"name": format!("ns-{n}")}}),
+                )
+                .unwrap();
+        }
+        for i in 0..pods {
+            let o = cluster
+                .store
+                .create(
+                    "pods",
+                    Some(&format!("ns-{}", i % 10)),
+                    pod(&format!("ns-{}", i % 10), &format!("pod-{i}"), i),
+                )
+                .unwrap();
+            bytes += o.body.len();
+        }
+        servers.push(SimServer::start_local(cluster).await.unwrap());
+    }
+    let path = dir.join("kubeconfig");
+    let contexts: Vec<_> = servers
+        .iter()
+        .map(|s| fleetscope_sim::Context {
+            name: s.cluster().name().into(),
+            server: s.url(),
+            token: s.cluster().admin_token(),
+            ca_pem: s.ca_pem().map(str::to_string),
+        })
+        .collect();
+    fleetscope_sim::write_kubeconfig(&path, &contexts).unwrap();
+    (servers, path, bytes)
+}
+
+/// One side of the sync comparison, in its own process so resident memory is its own.
+async fn sync_child(which: &str) {
+    let clusters = 4;
+    let pods = env_usize("FLEET_BENCH_PODS", 25_000);
+    let dir = tempfile::tempdir().unwrap();
+    let (_servers, path, list_bytes) = pod_clusters(clusters, pods, dir.path()).await;
+    let total = clusters * pods;
+    let before = rss();
+    let start = Instant::now();
+    let held: usize;
+    match which {
+        "fleetscope" => {
+            let sources = fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap();
+            let config = EngineConfig {
+                resources: vec!["pods".into()],
+                ..EngineConfig::default()
+            };
+            let engine = Engine::start(sources, config);
+            loop {
+                let synced =
+                    engine.status.clusters().iter().all(|c| {
+                        c.freshness(Some("pods")).0 == fleetscope::status::Freshness::Synced
+                    });
+                if synced && engine.index.snapshot().len() == total {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            held = engine.index.snapshot().len();
+            let elapsed = start.elapsed();
+            let grown = rss().saturating_sub(before);
+            let snapshot = engine.index.snapshot();
+            let pruned: usize = snapshot
+                .page(&fleetscope_index::Query::all("pods"), None, usize::MAX)
+                .items
+                .iter()
+                .map(|o| o.json.len())
+                .sum();
+            report("fleetscope", held, list_bytes, elapsed, grown, Some(pruned));
+            engine.shutdown(Duration::from_secs(5)).await;
+        }
+        _ => {
+            use k8s_openapi::api::core::v1::Pod;
+            use kube::runtime::{WatchStreamExt, reflector, watcher};
+            let mut stores = Vec::new();
+            for s in &_servers {
+                let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
+                let options = kube::config::KubeConfigOptions {
+                    context: Some(s.cluster().name().into()),
+                    ..Default::default()
+                };
+                let client = kube::Client::try_from(
+                    kube::Config::from_custom_kubeconfig(kc, &options)
+                        .await
+                        .unwrap(),
+                )
+                .unwrap();
+                let (reader, writer) = reflector::store::<Pod>();
+                let stream = reflector(
+                    writer,
+                    watcher(kube::Api::<Pod>::all(client), watcher::Config::default()),
+                )
+                .applied_objects();
+                tokio::spawn(async move {
+                    let mut stream = std::pin::pin!(stream);
+                    while stream.next().await.is_some() {}
+                });
+                stores.push(reader);
+            }
+            for s in &stores {
+                s.wait_until_ready().await.unwrap();
+            }
+            held = stores.iter().map(|s| s.len()).sum();
+            let elapsed = start.elapsed();
+            report(
+                "kube-rs reflector",
+                held,
+                list_bytes,
+                elapsed,
+                rss().saturating_sub(before),
+                None,
+            );
+        }
+    }
+}
+
+fn report(
+    name: &str,
+    objects: usize,
+    bytes: usize,
+    elapsed: Duration,
+    grown: u64,
+    pruned: Option<usize>,
+) {
+    let s = elapsed.as_secs_f64();
+    let pruned_note = pruned.map_or(String::new(), |p| {
+        format!(
+            "; pruned JSON {:.0} MB, resident ÷ pruned JSON = {:.2}",
+            p as f64 / 1e6,
+            grown as f64 / p as f64
+        )
+    });
+    println!(
+        "  {name:<18} {objects} objects, {:.0} MB of LIST JSON in {:.2} s: {:.0} objects/s, {:.0} MB/s; resident +{:.0} MB ({:.0} B/object){pruned_note}",
+        bytes as f64 / 1e6,
+        s,
+        objects as f64 / s,
+        bytes as f64 / 1e6 / s,
+        grown as f64 / 1e6,
+        grown as f64 / objects.max(1) as f64,
+    );
+}
+
+fn sync() {
+    println!(
+        "initial sync: 4 simulated clusters over HTTPS, pods only, side by side (each in its own process)"
+    );
+    for which in ["fleetscope", "reflector"] {
+        let status = Command::new(std::env::current_exe().unwrap())
+            .arg("--child")
+            .arg(which)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+/// An engine with no sources, fed directly, and a server over it on loopback.
+async fn serve_index(engine: &Engine) -> String {
+    let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = FleetService::new(engine, ServiceConfig::default(), engine.cancelled());
+    let cancel = engine.cancelled();
+    tokio::spawn(server::serve(listener, service, async move {
+        cancel.cancelled().await
+    }));
+    format!("http://{addr}")
+}
+
+fn input(cluster: &ClusterName, i: usize) -> ObjectInput {
+    let ns = format!("ns-{}", i % 20);
+    let name = format!("pod-{i}");
+    let mut v = pod(&ns, &name, i);
+    v["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("managedFields");
+    let json = Bytes::from(serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": v["metadata"], "spec": v["spec"], "status": v["status"]})).unwrap());
+    ObjectInput {
+        key: ObjectKey::new("pods", cluster, &ns, &name),
+        uid: format!("uid-{cluster}-{i}"),
+        resource_version: i.to_string(),
+        json,
+        labels: vec![
+            ("app".into(), format!("app-{}", i % 100)),
+            (
+                "tier".into(),
+                if i.is_multiple_of(2) { "web" } else { "db" }.into(),
+            ),
+        ],
+        owners: vec![format!("rs-uid-{}", i / 3)],
+        fields: Vec::new(),
+    }
+}
+
+fn pods_type() -> ResourceType {
+    ResourceType {
+        group: String::new(),
+        version: "v1".into(),
+        plural: "pods".into(),
+        kind: "Pod".into(),
+        namespaced: true,
+    }
+}
+
+async fn scale() {
+    let total = env_usize("FLEET_BENCH_OBJECTS", 1_000_000);
+    let clusters = 10;
+    println!(
+        "scale: {total} pods in {clusters} clusters, fed to the index, queried over loopback gRPC"
+    );
+    let engine = Engine::start(Vec::new(), EngineConfig::default());
+    engine
+        .types
+        .write()
+        .unwrap()
+        .insert("pods".into(), pods_type());
+    let names: Vec<ClusterName> = (0..clusters)
+        .map(|c| ClusterName::from(format!("c-{c}")))
+        .collect();
+    let before = rss();
+    let mut pruned = 0usize;
+    let t = Instant::now();
+    for chunk in (0..total).collect::<Vec<_>>().chunks(10_000) {
+        let changes: Vec<Change> = chunk
+            .iter()
+            .map(|&i| {
+                let o = input(&names[i % clusters], i / clusters);
+                pruned += o.json.len();
+                Change::Upsert(o)
+            })
+            .collect();
+        engine.index.apply(changes);
+    }
+    let load = t.elapsed();
+    let grown = rss().saturating_sub(before);
+    println!(
+        "  indexed {total} objects in {:.1} s ({:.0}/s); pruned JSON {:.0} B/object; resident {:.0} B/object; resident ÷ pruned JSON = {:.2} (goal ≤ 1.5)",
+        load.as_secs_f64(),
+        total as f64 / load.as_secs_f64(),
+        pruned as f64 / total as f64,
+        grown as f64 / total as f64,
+        grown as f64 / pruned as f64
+    );
+    let url = serve_index(&engine).await;
+    let mut c = FleetClient::connect(url)
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20);
+
+    let mut gets = Vec::new();
+    for i in 0..2000 {
+        let n = (i * 7919) % (total / clusters);
+        let req = GetRequest {
+            cluster: names[i % clusters].to_string(),
+            resource: "pods".into(),
+            namespace: format!("ns-{}", n % 20),
+            name: format!("pod-{n}"),
+            projection: 0,
+        };
+        let t = Instant::now();
+        c.get(req).await.unwrap();
+        gets.push(t.elapsed());
+    }
+    println!(
+        "  Get: p50 {:?}, p99 {:?} over 2000 requests (goal p99 ≤ 1 ms)",
+        percentile(&mut gets, 0.5),
+        percentile(&mut gets, 0.99)
+    );
+
+    let mut lists = Vec::new();
+    for i in 0..200 {
+        let q = Query {
+            resource: "pods".into(),
+            label_selector: format!("app=app-{}", i % 100),
+            ..Default::default()
+        };
+        let t = Instant::now();
+        let r = c
+            .list(ListRequest {
+                query: Some(q),
+                limit: 500,
+                page_token: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        lists.push(t.elapsed());
+        assert_eq!(r.items.len(), 500);
+    }
+    println!(
+        "  List first page of 500, label selector matching 1%: p50 {:?}, p99 {:?} over 200 requests (goal p99 ≤ 20 ms)",
+        percentile(&mut lists, 0.5),
+        percentile(&mut lists, 0.99)
+    );
+
+    let mut counts = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let r = c
+            .count(CountRequest {
+                query: Some(Query {
+                    resource: "pods".into(),
+                    ..Default::default()
+                }),
+                group_by: vec!["cluster".into(), "namespace".into()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        counts.push(t.elapsed());
+        assert_eq!(r.total as usize, total);
+    }
+    println!(
+        "  Count by cluster × namespace: p50 {:?}, p99 {:?} over 20 requests (goal ≤ 50 ms)",
+        percentile(&mut counts, 0.5),
+        percentile(&mut counts, 0.99)
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+async fn fanout_round(subscribers: usize, stuck: bool, rate: usize, seconds: u64) -> Duration {
+    let mut config = EngineConfig::default();
+    config.index.subscriber_buffer = 100_000;
+    let engine = Arc::new(Engine::start(Vec::new(), config));
+    engine
+        .types
+        .write()
+        .unwrap()
+        .insert("pods".into(), pods_type());
+    let names: Vec<ClusterName> = (0..10)
+        .map(|c| ClusterName::from(format!("c-{c}")))
+        .collect();
+    let url = serve_index(&engine).await;
+    let applied: Arc<std::sync::Mutex<BTreeMap<u64, Instant>>> = Arc::default();
+    let latencies: Arc<std::sync::Mutex<Vec<Duration>>> = Arc::default();
+    let mut channels = Vec::new();
+    for _ in 0..8 {
+        channels.push(
+            tonic::transport::Channel::from_shared(url.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut tasks = Vec::new();
+    for s in 0..subscribers {
+        // Mixed filters: a tenth watch every pod, the rest one app or one cluster.
+        let q = match s % 10 {
+            0 => Query {
+                resource: "pods".into(),
+                ..Default::default()
+            },
+            1..=5 => Query {
+                resource: "pods".into(),
+                label_selector: format!("app=app-{}", s % 100),
+                ..Default::default()
+            },
+            _ => Query {
+                resource: "pods".into(),
+                clusters: vec![format!("c-{}", s % 10)],
+                ..Default::default()
+            },
+        };
+        let mut client = FleetClient::new(channels[s % channels.len()].clone());
+        let mut stream = client
+            .watch(WatchRequest {
+                query: Some(q),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let (applied, latencies) = (applied.clone(), latencies.clone());
+        tasks.push(tokio::spawn(async move {
+            while let Some(Ok(e)) = stream.next().await {
+                if e.r#type() == proto::EventType::Bookmark {
+                    continue;
+                }
+                let now = Instant::now();
+                if let Some(t) = applied.lock().unwrap().get(&e.revision) {
+                    latencies.lock().unwrap().push(now.duration_since(*t));
+                }
+            }
+        }));
+    }
+    // A subscriber that never reads its stream.
+    let _stuck = if stuck {
+        let mut client = FleetClient::new(channels[0].clone());
+        Some(
+            client
+                .watch(WatchRequest {
+                    query: Some(Query {
+                        resource: "pods".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner(),
+        )
+    } else {
+        None
+    };
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate as u32);
+    let n = rate * seconds as usize;
+    for i in 0..n {
+        ticks.tick().await;
+        let o = input(&names[i % 10], i % 5000);
+        let mut o = o;
+        o.resource_version = format!("{i}-{}", o.resource_version);
+        let t = Instant::now();
+        let events = engine.index.apply([Change::Upsert(o)]);
+        if let Some(e) = events.first() {
+            applied.lock().unwrap().insert(e.revision.0, t);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    engine.cancelled().cancel();
+    for t in tasks {
+        t.abort();
+    }
+    let mut l = latencies.lock().unwrap().clone();
+    let p99 = percentile(&mut l, 0.99);
+    println!(
+        "  {subscribers} subscribers{}: {} deliveries, ingest-to-delivery p50 {:?}, p99 {:?}",
+        if stuck { " + 1 that never reads" } else { "" },
+        l.len(),
+        percentile(&mut l, 0.5),
+        p99
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    p99
+}
+
+async fn fanout() {
+    let subscribers = env_usize("FLEET_BENCH_SUBSCRIBERS", 1000);
+    let rate = env_usize("FLEET_BENCH_RATE", 1000);
+    println!(
+        "watch fan-out: {subscribers} subscribers with mixed filters over loopback gRPC, {rate} events/s for 10 s"
+    );
+    let base = fanout_round(subscribers, false, rate, 10).await;
+    let with = fanout_round(subscribers, true, rate, 10).await;
+    println!(
+        "  p99 moved {:+.0}% with a subscriber that never reads (goal ≤ 10%; goal p99 ≤ 50 ms)",
+        (with.as_secs_f64() / base.as_secs_f64() - 1.0) * 100.0
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if args.first().map(String::as_str) == Some("--child") {
+        rt.block_on(sync_child(
+            args.get(1).map(String::as_str).unwrap_or("fleetscope"),
+        ));
+        return;
+    }
+    let part = args.first().cloned().unwrap_or_default();
+    println!(
+        "fleetscope benchmark ({} cores)",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    if part.is_empty() || part == "sync" {
+        sync();
+    }
+    if part.is_empty() || part == "scale" {
+        rt.block_on(scale());
+    }
+    if part.is_empty() || part == "fanout" {
+        rt.block_on(fanout());
+    }
+}
