@@ -147,17 +147,11 @@ async fn sync_child(which: &str) {
             use kube::runtime::{WatchStreamExt, reflector, watcher};
             let mut stores = Vec::new();
             for s in &_servers {
-                let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-                let options = kube::config::KubeConfigOptions {
-                    context: Some(s.cluster().name().into()),
-                    ..Default::default()
+                let source = fleetscope::sources::ClusterSource {
+                    name: s.cluster().name().into(),
+                    origin: fleetscope::sources::Origin::Kubeconfig(path.clone()),
                 };
-                let client = kube::Client::try_from(
-                    kube::Config::from_custom_kubeconfig(kc, &options)
-                        .await
-                        .unwrap(),
-                )
-                .unwrap();
+                let client = fleetscope::sources::client(&source).await.unwrap();
                 let (reader, writer) = reflector::store::<Pod>();
                 let stream = reflector(
                     writer,

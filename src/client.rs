@@ -279,6 +279,10 @@ pub async fn watch(
     Ok(())
 }
 
+fn freshness_name(f: proto::Freshness) -> String {
+    f.as_str_name().trim_start_matches("FRESHNESS_").to_string()
+}
+
 /// `clusters`: health per cluster and stream.
 pub async fn clusters(client: &mut FleetClient<Channel>) -> Result<(), ClientError> {
     let r = client
@@ -290,10 +294,7 @@ pub async fn clusters(client: &mut FleetClient<Channel>) -> Result<(), ClientErr
         for s in &c.streams {
             rows.push(vec![
                 c.name.clone(),
-                c.freshness()
-                    .as_str_name()
-                    .trim_start_matches("FRESHNESS_")
-                    .to_string(),
+                freshness_name(c.freshness()),
                 s.resource.clone(),
                 s.state()
                     .as_str_name()
@@ -307,10 +308,7 @@ pub async fn clusters(client: &mut FleetClient<Channel>) -> Result<(), ClientErr
         if c.streams.is_empty() {
             rows.push(vec![
                 c.name.clone(),
-                c.freshness()
-                    .as_str_name()
-                    .trim_start_matches("FRESHNESS_")
-                    .to_string(),
+                freshness_name(c.freshness()),
                 String::new(),
                 String::new(),
                 String::new(),

@@ -33,6 +33,20 @@ async fn next_event(stream: &mut Streaming<WatchEvent>) -> WatchEvent {
         .expect("no error")
 }
 
+/// A watch of every object of a type, from now.
+async fn watch_all(
+    c: &mut fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel>,
+    resource: &str,
+) -> Streaming<WatchEvent> {
+    c.watch(WatchRequest {
+        query: Some(query(resource)),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
 /// The next event that is not a bookmark or a cluster status.
 async fn next_change(stream: &mut Streaming<WatchEvent>) -> WatchEvent {
     loop {
@@ -620,22 +634,8 @@ async fn a_slow_subscriber_is_ended_without_slowing_a_fast_one() {
     .await;
     h.synced().await;
     let mut c = h.client().await;
-    let mut fast = c
-        .watch(WatchRequest {
-            query: Some(query("configmaps")),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut slow = c
-        .watch(WatchRequest {
-            query: Some(query("configmaps")),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut fast = watch_all(&mut c, "configmaps").await;
+    let mut slow = watch_all(&mut c, "configmaps").await;
     let payload = "x".repeat(64 * 1024);
     // Produce in chunks smaller than the buffer, each once the fast subscriber has the last:
     // the fast one is never more than a chunk behind; the one that never reads falls behind.
@@ -728,14 +728,7 @@ async fn bookmarks_carry_the_current_revision() {
     .await;
     h.synced().await;
     let mut c = h.client().await;
-    let mut stream = c
-        .watch(WatchRequest {
-            query: Some(query("configmaps")),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch_all(&mut c, "configmaps").await;
     let revision = h.engine.index.snapshot().revision().0;
     let b = loop {
         let e = next_event(&mut stream).await;

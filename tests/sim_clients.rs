@@ -13,19 +13,16 @@ use fleetscope_sim::{FleetSpec, SimFleet, Verb};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::discovery::Discovery;
-use kube::{Client, Config};
 
 async fn client_for(kubeconfig: &std::path::Path, context: &str) -> Client {
-    let kc = Kubeconfig::read_from(kubeconfig).unwrap();
-    let options = KubeConfigOptions {
-        context: Some(context.into()),
-        ..Default::default()
+    let source = fleetscope::sources::ClusterSource {
+        name: context.into(),
+        origin: fleetscope::sources::Origin::Kubeconfig(kubeconfig.to_path_buf()),
     };
-    let config = Config::from_custom_kubeconfig(kc, &options).await.unwrap();
-    Client::try_from(config).unwrap()
+    fleetscope::sources::client(&source).await.unwrap()
 }
 
 async fn fleet() -> (SimFleet, tempfile::TempDir, std::path::PathBuf) {
