@@ -285,6 +285,9 @@ async fn scale() {
     let names: Vec<ClusterName> = (0..clusters)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
+    for n in &names {
+        engine.status.add_cluster(n, "bench", BTreeMap::new());
+    }
     let before = rss();
     let mut pruned = 0usize;
     let t = Instant::now();

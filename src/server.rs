@@ -5,7 +5,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
@@ -54,6 +53,8 @@ pub async fn serve(
     let reflection_v1alpha =
         reflection(tonic_reflection::server::Builder::configure()).build_v1alpha()?;
     let addr = listener.local_addr().ok();
+    // Small replies must not wait for the peer's delayed ACK (Nagle): no delay.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tracing::info!(
         ?addr,
         clusters = service.cluster_count(),
@@ -64,7 +65,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(FleetServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     tracing::info!("server stopped");
     Ok(())

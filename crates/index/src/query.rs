@@ -174,8 +174,10 @@ impl State {
             (None, false) => Some(
                 self.counts
                     .keys()
-                    .filter(|(r, _)| **r == *q.resource)
-                    .map(|(_, c)| c.clone())
+                    .filter(|(r, _, _)| **r == *q.resource)
+                    .map(|(_, c, _)| c.clone())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
                     .collect(),
             ),
         };
@@ -256,26 +258,74 @@ impl State {
 
     /// Counts the matching objects, grouped.
     pub fn count(&self, q: &Query, group_by: &[GroupBy]) -> Counts {
-        let mut counts = Counts::default();
+        let by_place = group_by
+            .iter()
+            .all(|g| matches!(g, GroupBy::Cluster | GroupBy::Namespace));
+        if q.labels.is_empty() && q.fields.is_empty() && by_place {
+            return self.count_from_totals(q, group_by);
+        }
+        // Keys are borrowed while counting; only a new group allocates.
+        let mut groups: std::collections::HashMap<Vec<std::borrow::Cow<'_, str>>, u64> =
+            std::collections::HashMap::new();
+        let mut total = 0;
+        let mut key: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(group_by.len());
         for o in self.matching(q, None) {
-            counts.total += 1;
+            total += 1;
             if group_by.is_empty() {
                 continue;
             }
             let mut parsed = None;
-            let key: Vec<String> = group_by
+            key.clear();
+            for g in group_by {
+                key.push(match g {
+                    GroupBy::Cluster => std::borrow::Cow::Borrowed(o.key.cluster.as_str()),
+                    GroupBy::Namespace => std::borrow::Cow::Borrowed(&*o.key.namespace),
+                    GroupBy::Label(k) => std::borrow::Cow::Borrowed(o.label(k).unwrap_or("")),
+                    GroupBy::Field(p) => std::borrow::Cow::Owned(
+                        o.field_value(p, &mut parsed)
+                            .map(|c| c.into_owned())
+                            .unwrap_or_default(),
+                    ),
+                });
+            }
+            match groups.get_mut(key.as_slice()) {
+                Some(n) => *n += 1,
+                None => {
+                    groups.insert(key.clone(), 1);
+                }
+            }
+        }
+        Counts {
+            groups: groups
+                .into_iter()
+                .map(|(k, n)| (k.into_iter().map(|c| c.into_owned()).collect(), n))
+                .collect(),
+            total,
+        }
+    }
+
+    /// Counts by cluster and namespace from the per-namespace totals, without visiting objects.
+    fn count_from_totals(&self, q: &Query, group_by: &[GroupBy]) -> Counts {
+        let mut counts = Counts::default();
+        for (r, c, ns, n) in self.namespace_counts() {
+            if *r != *q.resource
+                || q.clusters.as_ref().is_some_and(|cs| !cs.contains(c))
+                || (!q.namespaces.is_empty() && !q.namespaces.iter().any(|x| x == ns))
+            {
+                continue;
+            }
+            counts.total += n as u64;
+            if group_by.is_empty() {
+                continue;
+            }
+            let key = group_by
                 .iter()
                 .map(|g| match g {
-                    GroupBy::Cluster => o.key.cluster.to_string(),
-                    GroupBy::Namespace => o.key.namespace.to_string(),
-                    GroupBy::Label(k) => o.label(k).unwrap_or("").to_string(),
-                    GroupBy::Field(p) => o
-                        .field_value(p, &mut parsed)
-                        .map(|c| c.into_owned())
-                        .unwrap_or_default(),
+                    GroupBy::Cluster => c.to_string(),
+                    _ => ns.to_string(),
                 })
                 .collect();
-            *counts.groups.entry(key).or_default() += 1;
+            *counts.groups.entry(key).or_default() += n as u64;
         }
         counts
     }

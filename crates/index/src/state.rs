@@ -39,7 +39,8 @@ pub struct State {
     /// (resource, field path, value) → objects.
     pub(crate) fields: FieldIndex,
     /// (resource, cluster) → object count.
-    pub(crate) counts: OrdMap<(Arc<str>, ClusterName), usize>,
+    /// (resource, cluster, namespace) → object count.
+    pub(crate) counts: OrdMap<(Arc<str>, ClusterName, Arc<str>), usize>,
     /// The JSON paths with a field index.
     pub(crate) indexed_paths: Arc<Vec<String>>,
 }
@@ -67,7 +68,21 @@ impl State {
 
     /// Object counts per (resource, cluster).
     pub fn counts(&self) -> impl Iterator<Item = (&str, &ClusterName, usize)> {
-        self.counts.iter().map(|((r, c), n)| (&**r, c, *n))
+        let mut out: Vec<(&str, &ClusterName, usize)> = Vec::new();
+        for ((r, c, _), n) in self.counts.iter() {
+            match out.last_mut() {
+                Some((lr, lc, ln)) if *lr == &**r && *lc == c => *ln += n,
+                _ => out.push((r, c, *n)),
+            }
+        }
+        out.into_iter()
+    }
+
+    /// Object counts per (resource, cluster, namespace).
+    pub fn namespace_counts(&self) -> impl Iterator<Item = (&str, &ClusterName, &str, usize)> {
+        self.counts
+            .iter()
+            .map(|((r, c, ns), n)| (&**r, c, &**ns, *n))
     }
 
     /// The objects owned by an owner uid.
@@ -138,7 +153,11 @@ impl State {
     }
 
     fn bump_count(&mut self, key: &ObjectKey, delta: isize) {
-        let ck = (key.resource.clone(), key.cluster.clone());
+        let ck = (
+            key.resource.clone(),
+            key.cluster.clone(),
+            key.namespace.clone(),
+        );
         let n = self
             .counts
             .get(&ck)
@@ -220,8 +239,10 @@ impl State {
     pub(crate) fn resources_of(&self, cluster: &ClusterName) -> Vec<Arc<str>> {
         self.counts
             .keys()
-            .filter(|(_, c)| c == cluster)
-            .map(|(r, _)| r.clone())
+            .filter(|(_, c, _)| c == cluster)
+            .map(|(r, _, _)| r.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect()
     }
 }

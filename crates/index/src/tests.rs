@@ -521,6 +521,11 @@ proptest! {
         }
         let by_cluster = s.count(&Query::all("pods"), &[GroupBy::Cluster]);
         prop_assert_eq!(by_cluster.total as usize, model.len());
+        // Counting from the per-namespace totals agrees with counting objects one by one.
+        let groups = [GroupBy::Cluster, GroupBy::Namespace];
+        let fast = s.count(&Query::all("pods"), &groups);
+        let slow = s.count(&Query { labels: LabelSelector::parse("app!=none").unwrap(), ..Query::all("pods") }, &groups);
+        prop_assert_eq!(fast, slow);
         let counted: usize = s.counts().map(|(_, _, n)| n).sum();
         prop_assert_eq!(counted, model.len());
     }
