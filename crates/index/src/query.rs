@@ -105,6 +105,18 @@ pub struct Counts {
 
 impl State {
     /// The candidate keys from the most selective secondary index, if one applies.
+    /// Whether the secondary index alone decides the query: one label requirement that
+    /// an index answers, and nothing else to filter.
+    fn index_answers_exactly(&self, q: &Query) -> bool {
+        q.clusters.is_none()
+            && q.namespaces.is_empty()
+            && q.fields.is_empty()
+            && matches!(
+                q.labels.requirements(),
+                [Requirement::Equals(..) | Requirement::In(..) | Requirement::Exists(..)]
+            )
+    }
+
     fn indexed_candidates(&self, q: &Query) -> Option<OrdSet<ObjectKey>> {
         let resource: Arc<str> = Arc::from(q.resource.as_str());
         let mut best: Option<OrdSet<ObjectKey>> = None;
@@ -241,6 +253,29 @@ impl State {
 
     /// One page of at most `limit` matching objects after `after`.
     pub fn page(&self, q: &Query, after: Option<&ObjectKey>, limit: usize) -> Page {
+        if self.index_answers_exactly(q)
+            && let Some(set) = self.indexed_candidates(q)
+        {
+            // Every key in the set matches: page and remainder come from the set alone.
+            let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let mut keys = set.range::<_, ObjectKey>((lower, Bound::Unbounded));
+            let items: Vec<Arc<Object>> = keys
+                .by_ref()
+                .take(limit.max(1))
+                .filter_map(|k| self.objects.get(k).cloned())
+                .collect();
+            let remaining = keys.count() as u64;
+            let next = if remaining > 0 {
+                items.last().map(|o| o.key.clone())
+            } else {
+                None
+            };
+            return Page {
+                items,
+                next,
+                remaining,
+            };
+        }
         let mut iter = self.matching(q, after);
         let items: Vec<Arc<Object>> = iter.by_ref().take(limit.max(1)).cloned().collect();
         let remaining = iter.count() as u64;
