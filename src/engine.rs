@@ -28,6 +28,8 @@ pub struct EngineConfig {
     pub cluster_labels: HashMap<String, BTreeMap<String, String>>,
     /// Informer settings.
     pub stream: StreamConfig,
+    /// Per resource type (named kubectl-style): namespace scope and server-side selectors.
+    pub scopes: Vec<Scope>,
     /// How often each cluster's discovery is refreshed (new CRDs, vanished types). Default 60 s.
     pub rediscovery: Duration,
     /// Index settings.
@@ -46,11 +48,84 @@ impl Default for EngineConfig {
             ],
             cluster_labels: HashMap::new(),
             stream: StreamConfig::default(),
+            scopes: Vec::new(),
             rediscovery: Duration::from_secs(60),
             index: fleetscope_index::Config::default(),
             batch: 4096,
         }
     }
+}
+
+/// What of one resource type to collect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// The resource type, kubectl-style.
+    pub resource: String,
+    /// Only this namespace.
+    pub namespace: Option<String>,
+    /// Server-side label selector.
+    pub labels: Option<String>,
+    /// Server-side field selector.
+    pub fields: Option<String>,
+}
+
+impl Scope {
+    /// Parses `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR` (each part optional),
+    /// checking the selectors' syntax.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (resource, options) = text.split_once(':').ok_or_else(|| {
+            format!("{text:?}: expected RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR")
+        })?;
+        let mut scope = Scope {
+            resource: resource.trim().to_string(),
+            ..Scope::default()
+        };
+        if scope.resource.is_empty() {
+            return Err(format!("{text:?}: the resource type is missing"));
+        }
+        for part in options.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{text:?}: {part:?} is not key=value"))?;
+            let value = value.trim().to_string();
+            match key.trim() {
+                "namespace" => scope.namespace = Some(value),
+                "labels" => {
+                    fleetscope_model::LabelSelector::parse(&value)
+                        .map_err(|e| format!("{text:?}: {e}"))?;
+                    scope.labels = Some(value);
+                }
+                "fields" => {
+                    fleetscope_model::FieldSelector::parse(&value)
+                        .map_err(|e| format!("{text:?}: {e}"))?;
+                    scope.fields = Some(value);
+                }
+                other => {
+                    return Err(format!(
+                        "{text:?}: unknown option {other:?} (namespace, labels, fields)"
+                    ));
+                }
+            }
+        }
+        Ok(scope)
+    }
+}
+
+/// The stream settings for one type: the base, narrowed by the first scope naming it.
+fn stream_config(config: &EngineConfig, rt: &ResourceType, served: &[Served]) -> StreamConfig {
+    let mut stream = config.stream.clone();
+    let scope = config.scopes.iter().find(|s| {
+        discovery::resolve(std::slice::from_ref(&s.resource), served)
+            .resources
+            .first()
+            == Some(rt)
+    });
+    if let Some(s) = scope {
+        stream.namespace = s.namespace.clone();
+        stream.label_selector = s.labels.clone();
+        stream.field_selector = s.fields.clone();
+    }
+    stream
 }
 
 /// The running engine: the index, the status table, and the tasks feeding them.
@@ -249,7 +324,7 @@ async fn reconcile(
             stream::run(
                 client.clone(),
                 id,
-                config.stream.clone(),
+                stream_config(config, rt, served),
                 None,
                 tx.clone(),
                 token,
@@ -412,5 +487,30 @@ async fn ingest(
         for f in after {
             f();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_parse_and_reject_bad_selectors() {
+        let s = Scope::parse(
+            "pods:namespace=team-0;labels=app in (web,api);fields=status.phase=Running",
+        )
+        .unwrap();
+        assert_eq!(s.resource, "pods");
+        assert_eq!(s.namespace.as_deref(), Some("team-0"));
+        assert_eq!(s.labels.as_deref(), Some("app in (web,api)"));
+        assert_eq!(s.fields.as_deref(), Some("status.phase=Running"));
+        assert!(Scope::parse("pods").is_err());
+        assert!(Scope::parse(":namespace=x").is_err());
+        assert!(
+            Scope::parse("pods:labels=app in web")
+                .unwrap_err()
+                .contains("position")
+        );
+        assert!(Scope::parse("pods:colour=blue").is_err());
     }
 }

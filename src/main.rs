@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use fleetscope::client;
-use fleetscope::engine::{Engine, EngineConfig};
+use fleetscope::engine::{Engine, EngineConfig, Scope};
 use fleetscope::grpc::{FleetService, ServiceConfig};
 use fleetscope::telemetry::{self, LogFormat};
 use fleetscope::{server, sources};
@@ -183,6 +183,19 @@ struct EngineArgs {
     /// Labels for clusters, for cluster selectors: `GLOB:key=value,key=value`; repeatable.
     #[arg(long = "cluster-label", value_name = "GLOB:LABELS")]
     cluster_labels: Vec<String>,
+    /// Narrow one type: `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR` (parts optional); repeatable.
+    #[arg(long = "scope", value_name = "RESOURCE:OPTIONS")]
+    scopes: Vec<String>,
+    /// Keep metadata.managedFields (pruned by default).
+    #[arg(long)]
+    keep_managed_fields: bool,
+    /// Annotations to prune from every object; repeatable. Default: kubectl's last-applied-configuration.
+    #[arg(
+        long = "prune-annotation",
+        value_name = "KEY",
+        default_value = "kubectl.kubernetes.io/last-applied-configuration"
+    )]
+    prune_annotations: Vec<String>,
     /// A JSON path to index for field selectors and counts (e.g. `spec.nodeName`); repeatable.
     #[arg(long = "field-index", value_name = "PATH")]
     field_indexes: Vec<String>,
@@ -236,8 +249,17 @@ impl EngineArgs {
             cluster_labels,
             stream: fleetscope_informer::StreamConfig {
                 page_size: self.page_size,
+                pruning: fleetscope_informer::Pruning {
+                    managed_fields: !self.keep_managed_fields,
+                    annotations: self.prune_annotations.clone(),
+                },
                 ..Default::default()
             },
+            scopes: self
+                .scopes
+                .iter()
+                .map(|s| Scope::parse(s).map_err(|e| anyhow::anyhow!("--scope {e}")))
+                .collect::<anyhow::Result<_>>()?,
             index: fleetscope_index::Config {
                 log_retention: self.event_log.max(1),
                 subscriber_buffer: self.subscriber_buffer.max(1),

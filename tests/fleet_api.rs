@@ -825,3 +825,43 @@ async fn an_in_cluster_source_outside_a_cluster_is_reported_not_fatal() {
     assert!(status.error.unwrap().contains("in-cluster"));
     engine.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn scopes_narrow_a_type_to_a_namespace_and_selectors_server_side() {
+    let mut config = test_config(&["pods", "configmaps"]);
+    config.scopes = vec![
+        fleetscope::engine::Scope::parse(
+            "pods:namespace=team-1;labels=app=web;fields=status.phase=Running",
+        )
+        .unwrap(),
+    ];
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 800, 0.0),
+        config,
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    let snapshot = h
+        .cluster(0)
+        .store
+        .snapshot("pods", fleetscope_sim::store::ReadAt::Latest)
+        .unwrap();
+    let expected = snapshot
+        .objects
+        .values()
+        .filter(|o| {
+            o.namespace == "team-1"
+                && o.labels.iter().any(|(k, v)| k == "app" && v == "web")
+                && o.fields
+                    .iter()
+                    .any(|(k, v)| k == "status.phase" && v == "Running")
+        })
+        .count();
+    assert!(expected > 0);
+    h.wait_count(query("pods"), expected as u64).await;
+    let all_configmaps = h.cluster(0).store.count("configmaps");
+    h.wait_count(query("configmaps"), all_configmaps as u64)
+        .await;
+    h.shutdown().await;
+}
