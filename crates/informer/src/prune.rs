@@ -4,6 +4,10 @@
 
 use bytes::Bytes;
 use fleetscope_model::ResourceType;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// What to remove from every object before it is kept.
@@ -54,23 +58,16 @@ pub enum PruneError {
     NoName,
 }
 
-/// Prunes one object given as JSON text.
+/// Prunes one object given as JSON text. Only `metadata` is decoded; every other
+/// top-level field is copied through as raw JSON text.
 pub fn prune(raw: &str, rt: &ResourceType, pruning: &Pruning) -> Result<PrunedObject, PruneError> {
-    let value: Value =
+    let fields: BTreeMap<Cow<'_, str>, &RawValue> =
         serde_json::from_str(raw).map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    let Value::Object(mut obj) = value else {
-        return Err(PruneError::NotAnObject(
-            "a JSON value that is not an object".into(),
-        ));
-    };
-    let mut meta = match obj.remove("metadata") {
-        Some(Value::Object(m)) => m,
-        _ => {
-            return Err(PruneError::NotAnObject(
-                "metadata is missing or not an object".into(),
-            ));
-        }
-    };
+    let meta_raw = fields
+        .get("metadata")
+        .ok_or_else(|| PruneError::NotAnObject("metadata is missing".into()))?;
+    let mut meta: Map<String, Value> = serde_json::from_str(meta_raw.get())
+        .map_err(|_| PruneError::NotAnObject("metadata is not an object".into()))?;
     if pruning.managed_fields {
         meta.remove("managedFields");
     }
@@ -110,28 +107,35 @@ pub fn prune(raw: &str, rt: &ResourceType, pruning: &Pruning) -> Result<PrunedOb
                 .collect()
         })
         .unwrap_or_default();
-    let out = PrunedObject {
+    // apiVersion and kind first, as Kubernetes writes them; list items lack them.
+    let mut json = Vec::with_capacity(raw.len());
+    json.extend_from_slice(b"{\"apiVersion\":");
+    serde_json::to_writer(&mut json, &rt.api_version())
+        .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
+    json.extend_from_slice(b",\"kind\":");
+    serde_json::to_writer(&mut json, &rt.kind)
+        .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
+    json.extend_from_slice(b",\"metadata\":");
+    serde_json::to_writer(&mut json, &meta).map_err(|e| PruneError::NotAnObject(e.to_string()))?;
+    for (key, value) in &fields {
+        if matches!(key.as_ref(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        json.push(b',');
+        serde_json::to_writer(&mut json, key.as_ref())
+            .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
+        json.push(b':');
+        json.extend_from_slice(value.get().as_bytes());
+    }
+    json.push(b'}');
+    Ok(PrunedObject {
         namespace: text(&meta, "namespace"),
         name,
         uid: text(&meta, "uid"),
         resource_version: text(&meta, "resourceVersion"),
-        json: Bytes::new(),
+        json: Bytes::from(json),
         labels,
         owners,
-    };
-    // apiVersion and kind first, as Kubernetes writes them; list items lack them.
-    let mut ordered = Map::with_capacity(obj.len() + 3);
-    ordered.insert("apiVersion".into(), Value::String(rt.api_version()));
-    ordered.insert("kind".into(), Value::String(rt.kind.clone()));
-    ordered.insert("metadata".into(), Value::Object(meta));
-    obj.remove("apiVersion");
-    obj.remove("kind");
-    ordered.extend(obj);
-    let json = serde_json::to_vec(&Value::Object(ordered))
-        .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    Ok(PrunedObject {
-        json: Bytes::from(json),
-        ..out
     })
 }
 
