@@ -52,11 +52,14 @@ pub async fn serve(
     let reflection_v1 = reflection(tonic_reflection::server::Builder::configure()).build_v1()?;
     let reflection_v1alpha =
         reflection(tonic_reflection::server::Builder::configure()).build_v1alpha()?;
-    let addr = listener.local_addr().ok();
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     // Small replies must not wait for the peer's delayed ACK (Nagle): no delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tracing::info!(
-        ?addr,
+        %addr,
         clusters = service.cluster_count(),
         "serving fleetscope.v1.Fleet"
     );

@@ -274,3 +274,90 @@ async fn client_commands_print_kubectl_like_output() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("did you mean pods"));
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
+    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 100, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kc");
+    fleet.write_kubeconfig(&kc).unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--resources",
+            "configmaps",
+            "--kubeconfig",
+        ])
+        .arg(&kc)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The log line names the address; keep draining stderr after it.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("serving fleetscope.v1.Fleet") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let line = rx
+        .recv_timeout(PATIENCE)
+        .expect("the server logs its address");
+    let log: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr = log["fields"]["addr"].as_str().unwrap().to_string();
+    let mut client =
+        fleetscope::proto::fleet_client::FleetClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    // Wait until the type is collected, then hold a Watch open.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut stream = loop {
+        let req = fleetscope::proto::WatchRequest {
+            query: Some(fleetscope::proto::Query {
+                resource: "configmaps".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match client.watch(req).await {
+            Ok(s) => break s.into_inner(),
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never collected: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The stream ends, and the process exits successfully.
+    let end = tokio::time::timeout(PATIENCE, async {
+        use tokio_stream::StreamExt;
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "the watch stream ended");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    fleet.shutdown().await;
+}
