@@ -116,7 +116,7 @@ struct Published {
 /// The merged index. One writer (the ingest), many cheap readers.
 pub struct Index {
     config: Config,
-    writer: Mutex<State>,
+    writer: Mutex<(State, object::Interner)>,
     published: RwLock<Published>,
     events: broadcast::Sender<Arc<Event>>,
     pins: Mutex<HashMap<Revision, (Arc<State>, Instant)>>,
@@ -135,7 +135,7 @@ impl Index {
         };
         let (events, _) = broadcast::channel(config.subscriber_buffer.max(1));
         Self {
-            writer: Mutex::new(state.clone()),
+            writer: Mutex::new((state.clone(), object::Interner::default())),
             published: RwLock::new(Published {
                 state: Arc::new(state),
                 log: VecDeque::new(),
@@ -153,11 +153,12 @@ impl Index {
 
     /// Applies one batch and publishes it atomically; returns the events it produced.
     pub fn apply(&self, changes: impl IntoIterator<Item = Change>) -> Vec<Arc<Event>> {
-        let mut state = lock(&self.writer);
+        let mut writer = lock(&self.writer);
+        let (state, interner) = &mut *writer;
         let mut events = Vec::new();
         for change in changes {
             match change {
-                Change::Upsert(input) => events.extend(state.upsert(input)),
+                Change::Upsert(input) => events.extend(state.upsert(input, interner)),
                 Change::Delete(key) => events.extend(state.delete(&key)),
                 Change::Replace {
                     resource,
@@ -173,7 +174,7 @@ impl Index {
                     }
                     for input in objects {
                         if *input.key.resource == *resource && input.key.cluster == cluster {
-                            events.extend(state.upsert(input));
+                            events.extend(state.upsert(input, interner));
                         }
                     }
                 }
@@ -191,7 +192,7 @@ impl Index {
             return events;
         }
         let snapshot = Arc::new(state.clone());
-        drop(state);
+        drop(writer);
         let mut published = self.published.write().unwrap_or_else(|e| e.into_inner());
         published.state = snapshot;
         for e in &events {

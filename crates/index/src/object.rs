@@ -8,6 +8,28 @@ use bytes::Bytes;
 use fleetscope_model::selector::{Fields, Labels, json_path, scalar_text};
 use fleetscope_model::{ObjectKey, Revision};
 
+/// Shares the strings many objects repeat (resource names, namespaces, label keys and
+/// values) so each is held once. Bounded: past its capacity, new strings are not shared.
+#[derive(Debug, Default)]
+pub(crate) struct Interner {
+    strings: std::collections::HashSet<Arc<str>>,
+}
+
+impl Interner {
+    const CAPACITY: usize = 200_000;
+
+    pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(shared) = self.strings.get(s) {
+            return shared.clone();
+        }
+        let fresh: Arc<str> = Arc::from(s);
+        if self.strings.len() < Self::CAPACITY {
+            self.strings.insert(fresh.clone());
+        }
+        fresh
+    }
+}
+
 /// An object as it arrives from a cluster, pruned, ready to index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectInput {
@@ -49,15 +71,25 @@ pub struct Object {
 }
 
 impl Object {
-    pub(crate) fn from_input(input: ObjectInput, revision: Revision) -> Self {
+    pub(crate) fn from_input(
+        input: ObjectInput,
+        revision: Revision,
+        interner: &mut Interner,
+    ) -> Self {
         let mut labels: Vec<(Arc<str>, Arc<str>)> = input
             .labels
             .into_iter()
-            .map(|(k, v)| (Arc::from(k), Arc::from(v)))
+            .map(|(k, v)| (interner.get(&k), interner.get(&v)))
             .collect();
         labels.sort();
+        let key = ObjectKey {
+            resource: interner.get(&input.key.resource),
+            cluster: input.key.cluster,
+            namespace: interner.get(&input.key.namespace),
+            name: input.key.name,
+        };
         Self {
-            key: input.key,
+            key,
             uid: Arc::from(input.uid),
             resource_version: Arc::from(input.resource_version),
             revision,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
 use imbl::{HashMap, OrdMap, OrdSet};
 
-use crate::object::{Object, ObjectInput};
+use crate::object::{Interner, Object, ObjectInput};
 
 /// One applied change, with the state before it, so filters can see transitions.
 #[derive(Debug)]
@@ -172,13 +172,13 @@ impl State {
     }
 
     /// Creates or replaces an object; `None` when the input is the state already held.
-    pub(crate) fn upsert(&mut self, input: ObjectInput) -> Option<Event> {
+    pub(crate) fn upsert(&mut self, input: ObjectInput, interner: &mut Interner) -> Option<Event> {
         let prev = self.objects.get(&input.key).cloned();
         if prev.as_ref().is_some_and(|p| p.same_as(&input)) {
             return None;
         }
         let revision = self.revision.next();
-        let object = Arc::new(Object::from_input(input, revision));
+        let object = Arc::new(Object::from_input(input, revision, interner));
         match &prev {
             Some(p) => self.unindex(p),
             None => self.bump_count(&object.key, 1),
