@@ -408,7 +408,8 @@ async fn ingest(
             }
         }
         let mut changes = Vec::with_capacity(updates.len());
-        let mut after: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
+        // Status is recorded after the batch is applied, so it never runs ahead of the index.
+        let mut after: Vec<(Arc<StreamId>, Progress)> = Vec::with_capacity(updates.len());
         for u in updates {
             match u {
                 Update::Listed {
@@ -426,68 +427,53 @@ async fn ingest(
                         objects,
                     });
                     if !resource_version.is_empty() {
-                        let status = status.clone();
-                        after.push(Box::new(move || {
-                            status.stream_listed(
-                                &stream.cluster,
-                                &stream.resource,
-                                &resource_version,
-                            )
-                        }));
+                        after.push((stream, Progress::Listed(resource_version)));
                     }
                 }
                 Update::Applied { stream, object } => {
                     let rv = object.resource_version.clone();
                     changes.push(Change::Upsert(to_input(&stream, object, &field_paths)));
-                    let status = status.clone();
-                    after.push(Box::new(move || {
-                        status.stream_progress(&stream.cluster, &stream.resource, &rv, true)
-                    }));
+                    after.push((stream, Progress::Event(rv)));
                 }
                 Update::Deleted { stream, object } => {
-                    let rv = object.resource_version.clone();
                     changes.push(Change::Delete(ObjectKey::new(
                         &stream.resource.name(),
                         &stream.cluster,
                         &object.namespace,
                         &object.name,
                     )));
-                    let status = status.clone();
-                    after.push(Box::new(move || {
-                        status.stream_progress(&stream.cluster, &stream.resource, &rv, true)
-                    }));
+                    after.push((stream, Progress::Event(object.resource_version)));
                 }
                 Update::Progress {
                     stream,
                     resource_version,
-                } => {
-                    let status = status.clone();
-                    after.push(Box::new(move || {
-                        status.stream_progress(
-                            &stream.cluster,
-                            &stream.resource,
-                            &resource_version,
-                            false,
-                        )
-                    }));
-                }
+                } => after.push((stream, Progress::Bookmark(resource_version))),
                 Update::State {
                     stream,
                     state,
                     error,
-                } => {
-                    let status = status.clone();
-                    after.push(Box::new(move || {
-                        status.stream_state(&stream.cluster, &stream.resource, state, error)
-                    }));
-                }
+                } => after.push((stream, Progress::State(state, error))),
             }
         }
         index.apply(changes);
-        for f in after {
-            f();
+        for (stream, progress) in after {
+            let (cluster, rt) = (&stream.cluster, &stream.resource);
+            match progress {
+                Progress::Listed(rv) => status.stream_listed(cluster, rt, &rv),
+                Progress::Event(rv) => status.stream_progress(cluster, rt, &rv, true),
+                Progress::Bookmark(rv) => status.stream_progress(cluster, rt, &rv, false),
+                Progress::State(state, error) => status.stream_state(cluster, rt, state, error),
+            }
         }
     }
+}
+
+/// What an update says about its stream, recorded once its batch is applied.
+enum Progress {
+    Listed(String),
+    Event(String),
+    Bookmark(String),
+    State(fleetscope_informer::StreamState, Option<String>),
 }
 
 #[cfg(test)]

@@ -265,7 +265,6 @@ impl StatusTable {
         error: Option<String>,
     ) {
         self.update_stream(name, rt, |s| {
-            let was_current = s.state == StreamState::Watching && s.synced_once;
             s.state = state;
             if error.is_some() {
                 s.last_error = error;
@@ -275,9 +274,7 @@ impl StatusTable {
                     s.stale_since = None;
                     s.current_at = Some(Instant::now());
                 }
-                StreamState::Failed | StreamState::Forbidden | StreamState::NotFound
-                    if was_current || s.stale_since.is_none() =>
-                {
+                StreamState::Failed | StreamState::Forbidden | StreamState::NotFound => {
                     s.stale_since.get_or_insert_with(SystemTime::now);
                 }
                 _ => {}
