@@ -8,8 +8,9 @@ use fleetscope_informer::StreamState;
 use fleetscope_model::{ClusterName, ResourceType};
 use tokio::sync::broadcast;
 
-/// How current fleetscope's copy of a cluster (or of one of its streams) is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How current fleetscope's copy of a cluster (or of one of its streams) is. Ordered
+/// from best to worst, so the worst of several is their maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Freshness {
     /// Listed and watching.
     Synced,
@@ -119,13 +120,8 @@ impl ClusterStatus {
         let worst = streams
             .iter()
             .map(|s| s.freshness())
-            .max_by_key(|f| match f {
-                Freshness::Synced => 0,
-                Freshness::Syncing => 1,
-                Freshness::Stale => 2,
-                Freshness::Error => 3,
-            });
-        let worst = worst.unwrap_or(Freshness::Syncing);
+            .max()
+            .unwrap_or(Freshness::Syncing);
         let why = streams
             .iter()
             .filter_map(|s| s.last_error.clone())

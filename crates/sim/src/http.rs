@@ -179,10 +179,9 @@ fn route(path: &str) -> Route {
 }
 
 fn percent_decode(s: &str) -> String {
-    form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// A request aimed at one resource type.
@@ -687,6 +686,12 @@ mod tests {
         );
         assert_eq!(negotiate(Some(&meta)), Repr::Metadata);
         assert_eq!(negotiate(None), Repr::Full);
+    }
+
+    #[test]
+    fn path_segments_are_percent_decoded_and_plus_is_literal() {
+        assert_eq!(percent_decode("a%2Bb+c%20d"), "a+b+c d");
+        assert_eq!(percent_decode("plain"), "plain");
     }
 
     #[test]
