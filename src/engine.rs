@@ -11,7 +11,7 @@ use fleetscope_informer::discovery::{self, Served};
 use fleetscope_informer::source::{self, ClusterSource};
 use fleetscope_informer::stream::{self, Backoff, StreamConfig, StreamId, Update};
 use fleetscope_model::selector::{json_path, scalar_text};
-use fleetscope_model::{ClusterName, ObjectKey, ResourceType};
+use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -315,10 +315,7 @@ async fn reconcile(
         let token = cancel.child_token();
         streams.insert(rt.clone(), token.clone());
         status.update_stream(name, rt, |_| {});
-        let id = Arc::new(StreamId {
-            cluster: name.clone(),
-            resource: rt.clone(),
-        });
+        let id = Arc::new(StreamId::new(name.clone(), rt.clone()));
         let span = tracing::info_span!("informer", cluster = %name, resource = %rt.name());
         tasks.spawn(
             stream::run(
@@ -343,10 +340,7 @@ async fn reconcile(
             token.cancel();
         }
         status.remove_stream(name, &rt.name());
-        let id = Arc::new(StreamId {
-            cluster: name.clone(),
-            resource: rt,
-        });
+        let id = Arc::new(StreamId::new(name.clone(), rt));
         let _ = tx
             .send(Update::Listed {
                 stream: id,
@@ -357,11 +351,23 @@ async fn reconcile(
     }
 }
 
+/// An object's key, sharing the stream's resource name and cluster.
+fn stream_key(stream: &StreamId, o: &PrunedObject) -> ObjectKey {
+    ObjectKey::in_location(
+        Arc::new(Location {
+            resource: stream.name.clone(),
+            cluster: stream.cluster.clone(),
+            namespace: Arc::from(o.namespace.as_str()),
+        }),
+        Arc::from(o.name.as_str()),
+    )
+}
+
 fn to_input(stream: &StreamId, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
     let fields = if field_paths.is_empty() {
         Vec::new()
     } else {
-        match serde_json::from_slice::<serde_json::Value>(&o.json) {
+        match serde_json::from_str::<serde_json::Value>(&o.json) {
             Ok(v) => field_paths
                 .iter()
                 .filter_map(|p| Some((p.clone(), scalar_text(json_path(&v, p)?)?.into_owned())))
@@ -370,14 +376,7 @@ fn to_input(stream: &StreamId, o: PrunedObject, field_paths: &[String]) -> Objec
         }
     };
     ObjectInput {
-        key: ObjectKey::new(
-            &stream.resource.name(),
-            &stream.cluster,
-            &o.namespace,
-            &o.name,
-        ),
-        uid: o.uid,
-        resource_version: o.resource_version,
+        key: stream_key(stream, &o),
         json: o.json,
         labels: o.labels,
         owners: o.owners,
@@ -422,7 +421,7 @@ async fn ingest(
                         .map(|o| to_input(&stream, o, &field_paths))
                         .collect();
                     changes.push(Change::Replace {
-                        resource: stream.resource.name(),
+                        resource: stream.name.to_string(),
                         cluster: stream.cluster.clone(),
                         objects,
                     });
@@ -436,12 +435,7 @@ async fn ingest(
                     after.push((stream, Progress::Event(rv)));
                 }
                 Update::Deleted { stream, object } => {
-                    changes.push(Change::Delete(ObjectKey::new(
-                        &stream.resource.name(),
-                        &stream.cluster,
-                        &object.namespace,
-                        &object.name,
-                    )));
+                    changes.push(Change::Delete(stream_key(&stream, &object)));
                     after.push((stream, Progress::Event(object.resource_version)));
                 }
                 Update::Progress {

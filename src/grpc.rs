@@ -225,17 +225,18 @@ fn object_proto(o: &Object, projection: proto::Projection) -> proto::Object {
     let json = match projection {
         proto::Projection::Metadata => match o.value() {
             Some(v) => serde_json::json!({"apiVersion": v["apiVersion"], "kind": v["kind"], "metadata": v["metadata"]}).to_string(),
-            None => String::from_utf8_lossy(&o.json).into_owned(),
+            None => o.json.to_string(),
         },
-        _ => String::from_utf8_lossy(&o.json).into_owned(),
+        _ => o.json.to_string(),
     };
+    let (uid, resource_version) = o.uid_and_resource_version();
     proto::Object {
         cluster: o.key.cluster.to_string(),
         resource: o.key.resource.to_string(),
         namespace: o.key.namespace.to_string(),
         name: o.key.name.to_string(),
-        uid: o.uid.to_string(),
-        resource_version: o.resource_version.to_string(),
+        uid,
+        resource_version,
         revision: o.revision.0,
         json,
     }

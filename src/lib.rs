@@ -14,3 +14,8 @@ pub mod status;
 pub mod telemetry;
 
 pub use fleetscope_informer::source as sources;
+
+/// mimalloc: less overhead per small allocation and less fragmentation than the
+/// system allocator for an index of millions of small objects.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

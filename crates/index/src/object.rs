@@ -1,19 +1,26 @@
-//! What the index holds of an object: its pruned JSON once, plus the few fields the
-//! secondary indexes need.
+//! What the index holds of an object: its pruned JSON once, plus the few values the
+//! secondary indexes need, shared between objects that carry the same ones.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use fleetscope_model::selector::{Fields, Labels, json_path, scalar_text};
-use fleetscope_model::{ObjectKey, Revision};
+use fleetscope_model::{Location, ObjectKey, Revision};
 
-/// Shares the strings many objects repeat (resource names, namespaces, label keys and
-/// values) so each is held once. Bounded: past its capacity, new strings are not shared.
+/// Shares what many objects repeat (resource names, namespaces, label keys and values,
+/// whole label/owner/field sets) so each is held once. Bounded: past its capacity, new
+/// values are still used, only not shared.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
-    strings: std::collections::HashSet<Arc<str>>,
+    strings: HashSet<Arc<str>>,
+    locations: HashSet<Arc<Location>>,
+    labels: HashSet<LabelSet>,
+    terms: HashSet<Arc<Terms>>,
 }
+
+/// metadata.labels, sorted by key.
+type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
 
 impl Interner {
     const CAPACITY: usize = 200_000;
@@ -28,6 +35,43 @@ impl Interner {
         }
         fresh
     }
+
+    fn location(&mut self, location: &Arc<Location>) -> Arc<Location> {
+        if let Some(shared) = self.locations.get(location) {
+            return shared.clone();
+        }
+        let fresh = Arc::new(Location {
+            resource: self.get(&location.resource),
+            cluster: location.cluster.clone(),
+            namespace: self.get(&location.namespace),
+        });
+        if self.locations.len() < Self::CAPACITY {
+            self.locations.insert(fresh.clone());
+        }
+        fresh
+    }
+
+    fn labels(&mut self, labels: Vec<(Arc<str>, Arc<str>)>) -> LabelSet {
+        if let Some(shared) = self.labels.get(labels.as_slice()) {
+            return shared.clone();
+        }
+        let fresh: LabelSet = Arc::from(labels);
+        if self.labels.len() < Self::CAPACITY {
+            self.labels.insert(fresh.clone());
+        }
+        fresh
+    }
+
+    fn terms(&mut self, terms: Terms) -> Arc<Terms> {
+        if let Some(shared) = self.terms.get(&terms) {
+            return shared.clone();
+        }
+        let fresh = Arc::new(terms);
+        if self.terms.len() < Self::CAPACITY {
+            self.terms.insert(fresh.clone());
+        }
+        fresh
+    }
 }
 
 /// An object as it arrives from a cluster, pruned, ready to index.
@@ -35,12 +79,8 @@ impl Interner {
 pub struct ObjectInput {
     /// Identity.
     pub key: ObjectKey,
-    /// metadata.uid.
-    pub uid: String,
-    /// metadata.resourceVersion in its cluster.
-    pub resource_version: String,
     /// The pruned object as JSON, with apiVersion and kind.
-    pub json: Bytes,
+    pub json: String,
     /// metadata.labels.
     pub labels: Vec<(String, String)>,
     /// The uids of metadata.ownerReferences.
@@ -49,25 +89,44 @@ pub struct ObjectInput {
     pub fields: Vec<(String, String)>,
 }
 
+/// The values an object is found by in the secondary indexes. Objects of one workload
+/// usually carry the same ones, so they share one copy; label sets are shared further,
+/// across workloads.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Terms {
+    /// metadata.labels, sorted by key.
+    labels: LabelSet,
+    /// The uids of metadata.ownerReferences.
+    owners: Box<[Arc<str>]>,
+    /// Values of the configured field indexes, as (JSON path, value).
+    fields: Box<[(Arc<str>, Arc<str>)]>,
+}
+
 /// An object held by the index.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Object {
     /// Identity.
     pub key: ObjectKey,
-    /// metadata.uid.
-    pub uid: Arc<str>,
-    /// metadata.resourceVersion in its cluster.
-    pub resource_version: Arc<str>,
     /// The revision of the change that produced this state.
     pub revision: Revision,
     /// The pruned object as JSON, with apiVersion and kind.
-    pub json: Bytes,
-    /// metadata.labels, sorted by key.
-    pub labels: Box<[(Arc<str>, Arc<str>)]>,
-    /// The uids of metadata.ownerReferences.
-    pub owners: Box<[Arc<str>]>,
-    /// Values of the configured field indexes, as (JSON path, value).
-    pub fields: Box<[(Arc<str>, Arc<str>)]>,
+    pub json: Box<str>,
+    terms: Arc<Terms>,
+}
+
+/// The few metadata values read back from the JSON rather than held twice.
+#[derive(serde::Deserialize, Default)]
+struct MetaOnly<'a> {
+    #[serde(default, borrow)]
+    metadata: MetaFields<'a>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct MetaFields<'a> {
+    #[serde(default, borrow, rename = "uid")]
+    uid: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "resourceVersion")]
+    resource_version: Option<Cow<'a, str>>,
 }
 
 impl Object {
@@ -82,36 +141,89 @@ impl Object {
             .map(|(k, v)| (interner.get(&k), interner.get(&v)))
             .collect();
         labels.sort();
-        let key = ObjectKey {
-            resource: interner.get(&input.key.resource),
-            cluster: input.key.cluster,
-            namespace: interner.get(&input.key.namespace),
-            name: input.key.name,
-        };
-        Self {
-            key,
-            uid: Arc::from(input.uid),
-            resource_version: Arc::from(input.resource_version),
-            revision,
-            json: input.json,
-            labels: labels.into_boxed_slice(),
-            owners: input.owners.into_iter().map(Arc::from).collect(),
+        let terms = Terms {
+            labels: interner.labels(labels),
+            // Owner uids are shared through the shared Terms, not the string table.
+            owners: input.owners.iter().map(|u| Arc::from(u.as_str())).collect(),
             fields: input
                 .fields
-                .into_iter()
-                .map(|(p, v)| (Arc::from(p), Arc::from(v)))
+                .iter()
+                .map(|(p, v)| (interner.get(p), Arc::from(v.as_str())))
                 .collect(),
+        };
+        let key = ObjectKey::in_location(interner.location(input.key.location()), input.key.name);
+        Self {
+            key,
+            revision,
+            // Held in exactly its length: a fresh allocation rather than a shrunk one,
+            // which would leave the allocation's tail as a hole between live objects.
+            json: if input.json.len() == input.json.capacity() {
+                input.json.into_boxed_str()
+            } else {
+                Box::from(input.json.as_str())
+            },
+            terms: interner.terms(terms),
+        }
+    }
+
+    /// The same state, stamped with another revision (a delete carries the last state).
+    pub(crate) fn restamped(&self, revision: Revision) -> Self {
+        Self {
+            key: self.key.clone(),
+            revision,
+            json: self.json.clone(),
+            terms: self.terms.clone(),
         }
     }
 
     /// Whether an input describes this same state (so applying it changes nothing).
     pub(crate) fn same_as(&self, input: &ObjectInput) -> bool {
-        *self.resource_version == *input.resource_version && self.json == input.json
+        *self.json == *input.json
+    }
+
+    /// metadata.labels, sorted by key.
+    pub fn labels(&self) -> &[(Arc<str>, Arc<str>)] {
+        &self.terms.labels
+    }
+
+    /// The uids of metadata.ownerReferences.
+    pub fn owners(&self) -> &[Arc<str>] {
+        &self.terms.owners
+    }
+
+    /// Values of the configured field indexes, as (JSON path, value).
+    pub fn fields(&self) -> &[(Arc<str>, Arc<str>)] {
+        &self.terms.fields
+    }
+
+    fn meta(&self) -> MetaFields<'_> {
+        serde_json::from_str::<MetaOnly<'_>>(&self.json)
+            .map(|m| m.metadata)
+            .unwrap_or_default()
+    }
+
+    /// metadata.uid, read from the JSON; empty when absent.
+    pub fn uid(&self) -> String {
+        self.uid_and_resource_version().0
+    }
+
+    /// metadata.resourceVersion in its cluster, read from the JSON; empty when absent.
+    pub fn resource_version(&self) -> String {
+        self.uid_and_resource_version().1
+    }
+
+    /// metadata.uid and metadata.resourceVersion, read from the JSON in one pass.
+    pub fn uid_and_resource_version(&self) -> (String, String) {
+        let m = self.meta();
+        (
+            m.uid.map(Cow::into_owned).unwrap_or_default(),
+            m.resource_version.map(Cow::into_owned).unwrap_or_default(),
+        )
     }
 
     /// The object decoded; `None` if the stored JSON does not parse (never expected).
     pub fn value(&self) -> Option<serde_json::Value> {
-        serde_json::from_slice(&self.json).ok()
+        serde_json::from_str(&self.json).ok()
     }
 
     /// The value of a field path: from the key or a field index when possible, else
@@ -126,7 +238,7 @@ impl Object {
             "metadata.namespace" => return Some(Cow::Borrowed(&self.key.namespace)),
             _ => {}
         }
-        if let Some((_, v)) = self.fields.iter().find(|(p, _)| **p == *path) {
+        if let Some((_, v)) = self.terms.fields.iter().find(|(p, _)| **p == *path) {
             return Some(Cow::Borrowed(v));
         }
         parsed
@@ -139,10 +251,11 @@ impl Object {
 
 impl Labels for Object {
     fn label(&self, key: &str) -> Option<&str> {
-        self.labels
+        let labels = &self.terms.labels;
+        labels
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
-            .map(|i| &*self.labels[i].1)
+            .map(|i| &*labels[i].1)
     }
 }
 
@@ -158,5 +271,36 @@ impl Fields for FieldView<'_> {
         self.object
             .field_value(path, &mut parsed)
             .map(|c| Cow::Owned(c.into_owned()))
+    }
+}
+
+/// An object as a member of the index's ordered sets: ordered and found by its key, so
+/// a set of entries is also a map from key to object.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry(pub Arc<Object>);
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.key.cmp(&other.0.key)
+    }
+}
+
+impl std::borrow::Borrow<ObjectKey> for Entry {
+    fn borrow(&self) -> &ObjectKey {
+        &self.0.key
     }
 }

@@ -8,10 +8,9 @@ use std::sync::Arc;
 
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
 use fleetscope_model::{ClusterName, FieldSelector, LabelSelector, ObjectKey};
-use imbl::OrdSet;
 
 use crate::object::{FieldView, Object};
-use crate::state::State;
+use crate::state::{KeySet, Members, State};
 
 /// Which objects of one resource type to read.
 #[derive(Debug, Clone, Default)]
@@ -117,10 +116,10 @@ impl State {
             )
     }
 
-    fn indexed_candidates(&self, q: &Query) -> Option<OrdSet<ObjectKey>> {
+    fn indexed_candidates(&self, q: &Query) -> Option<KeySet> {
         let resource: Arc<str> = Arc::from(q.resource.as_str());
-        let mut best: Option<OrdSet<ObjectKey>> = None;
-        let mut consider = |set: OrdSet<ObjectKey>| {
+        let mut best: Option<KeySet> = None;
+        let mut consider = |set: KeySet| {
             if best.as_ref().is_none_or(|b| set.len() < b.len()) {
                 best = Some(set);
             }
@@ -130,22 +129,23 @@ impl State {
             match r {
                 Requirement::Equals(_, v) => consider(
                     values
-                        .and_then(|m| m.get(v.as_str()).cloned())
+                        .and_then(|m| m.get(v.as_str()))
+                        .map(Members::to_set)
                         .unwrap_or_default(),
                 ),
                 Requirement::In(_, vs) => {
-                    let mut union = OrdSet::new();
+                    let mut union = KeySet::new();
                     for v in vs {
                         if let Some(set) = values.and_then(|m| m.get(v.as_str())) {
-                            union = union.union(set.clone());
+                            union = union.union(set.to_set());
                         }
                     }
                     consider(union);
                 }
                 Requirement::Exists(_) => {
-                    let mut union = OrdSet::new();
+                    let mut union = KeySet::new();
                     for set in values.into_iter().flat_map(|m| m.values()) {
-                        union = union.union(set.clone());
+                        union = union.union(set.to_set());
                     }
                     consider(union);
                 }
@@ -164,7 +164,12 @@ impl State {
                 Arc::from(f.value.as_str()),
             );
             if self.indexed_paths.contains(&f.path) {
-                consider(self.fields.get(&key).cloned().unwrap_or_default());
+                consider(
+                    self.fields
+                        .get(&key)
+                        .map(Members::to_set)
+                        .unwrap_or_default(),
+                );
             }
         }
         best
@@ -215,25 +220,23 @@ impl State {
     ) -> Box<dyn Iterator<Item = &'a Arc<Object>> + Send + 'a> {
         if let Some(set) = self.indexed_candidates(q) {
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
-            let keys: Vec<ObjectKey> = set
+            // The set may be a union built here; the objects it names live in `self`.
+            let candidates: Vec<&'a Arc<Object>> = set
                 .range::<_, ObjectKey>((lower, Bound::Unbounded))
-                .cloned()
+                .filter(|e| q.matches(&e.0))
+                .filter_map(|e| self.get(&e.0.key))
                 .collect();
-            return Box::new(
-                keys.into_iter()
-                    .filter_map(move |k| self.objects.get(&k))
-                    .filter(move |o| q.matches(o)),
-            );
+            return Box::new(candidates.into_iter());
         }
         let prefixes = self.scan_prefixes(q);
         let resource: Arc<str> = Arc::from(q.resource.as_str());
         Box::new(prefixes.into_iter().flat_map(move |(cluster, namespace)| {
-            let lo = ObjectKey {
-                resource: resource.clone(),
-                cluster: cluster.clone().unwrap_or_else(|| ClusterName::from("")),
-                namespace: Arc::from(namespace.as_deref().unwrap_or("")),
-                name: Arc::from(""),
-            };
+            let lo = ObjectKey::new(
+                &resource,
+                &cluster.clone().unwrap_or_else(|| ClusterName::from("")),
+                namespace.as_deref().unwrap_or(""),
+                "",
+            );
             let start = match after {
                 Some(a) if *a >= lo => Bound::Excluded(a.clone()),
                 _ => Bound::Included(lo),
@@ -241,12 +244,12 @@ impl State {
             let resource = resource.clone();
             self.objects
                 .range((start, Bound::Unbounded))
-                .take_while(move |(k, _)| {
-                    k.resource == resource
-                        && cluster.as_ref().is_none_or(|c| k.cluster == *c)
-                        && namespace.as_ref().is_none_or(|n| *k.namespace == **n)
+                .map(|e| &e.0)
+                .take_while(move |o| {
+                    o.key.resource == resource
+                        && cluster.as_ref().is_none_or(|c| o.key.cluster == *c)
+                        && namespace.as_ref().is_none_or(|n| *o.key.namespace == **n)
                 })
-                .map(|(_, o)| o)
                 .filter(move |o| q.matches(o))
         }))
     }
@@ -262,7 +265,7 @@ impl State {
             let items: Vec<Arc<Object>> = keys
                 .by_ref()
                 .take(limit.max(1))
-                .filter_map(|k| self.objects.get(k).cloned())
+                .map(|e| e.0.clone())
                 .collect();
             let remaining = keys.count() as u64;
             let next = if remaining > 0 {

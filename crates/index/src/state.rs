@@ -6,7 +6,7 @@ use std::sync::Arc;
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
 use imbl::{HashMap, OrdMap, OrdSet};
 
-use crate::object::{Interner, Object, ObjectInput};
+use crate::object::{Entry, Interner, Object, ObjectInput};
 
 /// One applied change, with the state before it, so filters can see transitions.
 #[derive(Debug)]
@@ -21,21 +21,101 @@ pub struct Event {
     pub prev: Option<Arc<Object>>,
 }
 
-type KeySet = OrdSet<ObjectKey>;
+/// Objects ordered by key; a set of entries is also a map from key to object.
+pub(crate) type KeySet = OrdSet<Entry>;
 /// (resource, label key) → label value → objects.
-type LabelIndex = HashMap<(Arc<str>, Arc<str>), HashMap<Arc<str>, KeySet>>;
+type LabelIndex = HashMap<(Arc<str>, Arc<str>), HashMap<Arc<str>, Members>>;
 /// (resource, field path, value) → objects.
-type FieldIndex = HashMap<(Arc<str>, Arc<str>, Arc<str>), KeySet>;
+type FieldIndex = HashMap<(Arc<str>, Arc<str>, Arc<str>), Members>;
+
+/// The objects one secondary-index value names. Most values name a few objects (an
+/// owner's pods, one pod IP), held as a small sorted vector; past [`Members::FEW`] they
+/// move to a persistent set.
+#[derive(Clone, Debug)]
+pub(crate) enum Members {
+    Few(Vec<Entry>),
+    Many(KeySet),
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Members::Few(Vec::new())
+    }
+}
+
+impl Members {
+    const FEW: usize = 32;
+
+    /// Adds an object, replacing one with the same key.
+    fn insert(&mut self, entry: Entry) {
+        match self {
+            Members::Few(v) => match v.binary_search(&entry) {
+                Ok(i) => v[i] = entry,
+                Err(i) if v.len() < Self::FEW => v.insert(i, entry),
+                Err(_) => {
+                    let mut set: KeySet = v.drain(..).collect();
+                    set.insert(entry);
+                    *self = Members::Many(set);
+                }
+            },
+            Members::Many(set) => {
+                set.insert(entry);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        match self {
+            Members::Few(v) => {
+                if let Ok(i) = v.binary_search_by(|e| e.0.key.cmp(key)) {
+                    v.remove(i);
+                }
+            }
+            Members::Many(set) => {
+                set.remove(key);
+                if set.len() <= Self::FEW / 2 {
+                    *self = Members::Few(set.iter().cloned().collect());
+                }
+            }
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Members::Few(v) => v.len(),
+            Members::Many(set) => set.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The members as a persistent set: free for a large one, a few inserts for a small one.
+    pub(crate) fn to_set(&self) -> KeySet {
+        match self {
+            Members::Few(v) => v.iter().cloned().collect(),
+            Members::Many(set) => set.clone(),
+        }
+    }
+
+    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = &Entry> + '_> {
+        match self {
+            Members::Few(v) => Box::new(v.iter()),
+            Members::Many(set) => Box::new(set.iter()),
+        }
+    }
+}
 
 /// A consistent state of the whole index at one revision.
 #[derive(Clone, Default)]
 pub struct State {
     pub(crate) revision: Revision,
-    pub(crate) objects: OrdMap<ObjectKey, Arc<Object>>,
+    pub(crate) objects: KeySet,
     /// (resource, label key) → label value → objects.
     pub(crate) labels: LabelIndex,
     /// owner uid → objects.
-    pub(crate) owners: HashMap<Arc<str>, KeySet>,
+    pub(crate) owners: HashMap<Arc<str>, Members>,
     /// (resource, field path, value) → objects.
     pub(crate) fields: FieldIndex,
     /// (resource, cluster) → object count.
@@ -63,7 +143,7 @@ impl State {
 
     /// One object.
     pub fn get(&self, key: &ObjectKey) -> Option<&Arc<Object>> {
-        self.objects.get(key)
+        self.objects.get(key).map(|e| &e.0)
     }
 
     /// Object counts per (resource, cluster).
@@ -89,37 +169,39 @@ impl State {
     pub fn owned_by(&self, uid: &str) -> Vec<&Arc<Object>> {
         self.owners
             .get(uid)
-            .map(|keys| keys.iter().filter_map(|k| self.objects.get(k)).collect())
+            .map(|entries| entries.iter().map(|e| &e.0).collect())
             .unwrap_or_default()
     }
 
-    fn index(&mut self, o: &Object) {
+    fn index(&mut self, o: &Arc<Object>) {
         let r = &o.key.resource;
-        for (k, v) in o.labels.iter() {
+        let entry = Entry(o.clone());
+        for (k, v) in o.labels() {
             self.labels
                 .entry((r.clone(), k.clone()))
                 .or_default()
                 .entry(v.clone())
                 .or_default()
-                .insert(o.key.clone());
+                .insert(entry.clone());
         }
-        for uid in o.owners.iter() {
+        for uid in o.owners() {
             self.owners
                 .entry(uid.clone())
                 .or_default()
-                .insert(o.key.clone());
+                .insert(entry.clone());
         }
-        for (p, v) in o.fields.iter() {
+        for (p, v) in o.fields() {
             self.fields
                 .entry((r.clone(), p.clone(), v.clone()))
                 .or_default()
-                .insert(o.key.clone());
+                .insert(entry.clone());
         }
+        self.objects.insert(entry);
     }
 
     fn unindex(&mut self, o: &Object) {
         let r = &o.key.resource;
-        for (k, v) in o.labels.iter() {
+        for (k, v) in o.labels() {
             let lk = (r.clone(), k.clone());
             if let Some(values) = self.labels.get_mut(&lk) {
                 if let Some(set) = values.get_mut(v) {
@@ -133,7 +215,7 @@ impl State {
                 }
             }
         }
-        for uid in o.owners.iter() {
+        for uid in o.owners() {
             if let Some(set) = self.owners.get_mut(uid) {
                 set.remove(&o.key);
                 if set.is_empty() {
@@ -141,7 +223,7 @@ impl State {
                 }
             }
         }
-        for (p, v) in o.fields.iter() {
+        for (p, v) in o.fields() {
             let fk = (r.clone(), p.clone(), v.clone());
             if let Some(set) = self.fields.get_mut(&fk) {
                 set.remove(&o.key);
@@ -173,7 +255,7 @@ impl State {
 
     /// Creates or replaces an object; `None` when the input is the state already held.
     pub(crate) fn upsert(&mut self, input: ObjectInput, interner: &mut Interner) -> Option<Event> {
-        let prev = self.objects.get(&input.key).cloned();
+        let prev = self.get(&input.key).cloned();
         if prev.as_ref().is_some_and(|p| p.same_as(&input)) {
             return None;
         }
@@ -184,7 +266,6 @@ impl State {
             None => self.bump_count(&object.key, 1),
         }
         self.index(&object);
-        self.objects.insert(object.key.clone(), object.clone());
         self.revision = revision;
         let kind = if prev.is_some() {
             EventType::Modified
@@ -201,22 +282,13 @@ impl State {
 
     /// Deletes an object; `None` when it is not held.
     pub(crate) fn delete(&mut self, key: &ObjectKey) -> Option<Event> {
-        let prev = self.objects.remove(key)?;
+        let prev = self.objects.remove(key)?.0;
         self.unindex(&prev);
         self.bump_count(key, -1);
         let revision = self.revision.next();
         self.revision = revision;
         // The delete carries the object's last state, stamped with the delete's revision.
-        let last = Arc::new(Object {
-            key: prev.key.clone(),
-            uid: prev.uid.clone(),
-            resource_version: prev.resource_version.clone(),
-            revision,
-            json: prev.json.clone(),
-            labels: prev.labels.clone(),
-            owners: prev.owners.clone(),
-            fields: prev.fields.clone(),
-        });
+        let last = Arc::new(prev.restamped(revision));
         Some(Event {
             revision,
             kind: EventType::Deleted,
@@ -230,8 +302,8 @@ impl State {
         let lo = ObjectKey::new(resource, cluster, "", "");
         self.objects
             .range(lo..)
-            .take_while(|(k, _)| *k.resource == *resource && k.cluster == *cluster)
-            .map(|(k, _)| k.clone())
+            .take_while(|e| *e.0.key.resource == *resource && e.0.key.cluster == *cluster)
+            .map(|e| e.0.key.clone())
             .collect()
     }
 

@@ -1,6 +1,5 @@
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
 use fleetscope_model::{ClusterName, EventType, LabelSelector, ObjectKey, Revision};
 use proptest::prelude::*;
 use serde_json::json;
@@ -22,9 +21,7 @@ fn input(
     let json = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": ns, "resourceVersion": rv.to_string(), "labels": label_map}, "spec": {"nodeName": format!("n{}", rv % 3)}, "status": {"phase": if rv.is_multiple_of(2) { "Running" } else { "Pending" }}});
     ObjectInput {
         key: ObjectKey::new(resource, &ClusterName::from(cluster), ns, name),
-        uid: format!("uid-{cluster}-{ns}-{name}"),
-        resource_version: rv.to_string(),
-        json: Bytes::from(serde_json::to_vec(&json).unwrap()),
+        json: json.to_string(),
         labels: labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -208,7 +205,7 @@ fn queries_select_by_cluster_namespace_label_and_field_in_key_order() {
         s.page(&q, None, 100)
             .items
             .iter()
-            .all(|o| o.fields[0].1.as_ref() == "n0")
+            .all(|o| o.fields()[0].1.as_ref() == "n0")
     );
     assert_eq!(
         s.owned_by("owner-0").len(),
@@ -353,6 +350,93 @@ async fn live_events_reach_subscribers_and_laggards_are_told() {
             Err(broadcast::error::RecvError::Lagged(_))
         ),
         "a slow one learns it fell behind"
+    );
+}
+
+#[test]
+fn secondary_sets_grow_past_a_few_members_and_shrink_back() {
+    let idx = index();
+    // Even resource versions: every object has owner-0, node n0/n2 alternating, app=web.
+    let all: Vec<ObjectInput> = (0..100)
+        .map(|i| {
+            input(
+                "pods",
+                "c1",
+                "ns",
+                &format!("p{i:03}"),
+                2 * i,
+                &[("app", "web")],
+            )
+        })
+        .collect();
+    idx.apply(all.into_iter().map(Change::Upsert));
+    let s = idx.snapshot();
+    assert_eq!(s.owned_by("owner-0").len(), 100);
+    let q = Query {
+        labels: LabelSelector::parse("app=web").unwrap(),
+        ..Query::all("pods")
+    };
+    let page = s.page(&q, None, 1000);
+    assert_eq!(page.items.len(), 100);
+    assert!(page.items.windows(2).all(|w| w[0].key < w[1].key));
+    // Delete 95 of them: the sets shrink back to a few members and still answer.
+    idx.apply((5..100).map(|i| {
+        Change::Delete(ObjectKey::new(
+            "pods",
+            &ClusterName::from("c1"),
+            "ns",
+            &format!("p{i:03}"),
+        ))
+    }));
+    let s = idx.snapshot();
+    let owned: Vec<String> = s
+        .owned_by("owner-0")
+        .iter()
+        .map(|o| o.key.name.to_string())
+        .collect();
+    assert_eq!(owned, ["p000", "p001", "p002", "p003", "p004"]);
+    assert_eq!(names(&s.page(&q, None, 1000).items).len(), 5);
+    let on_n0 = Query {
+        fields: "spec.nodeName=n0".parse().unwrap(),
+        ..Query::all("pods")
+    };
+    assert_eq!(s.count(&on_n0, &[]).total, 2);
+    // Modifying one keeps exactly one entry for it.
+    idx.apply([Change::Upsert(input(
+        "pods",
+        "c1",
+        "ns",
+        "p000",
+        1000,
+        &[("app", "web")],
+    ))]);
+    assert_eq!(idx.snapshot().owned_by("owner-0").len(), 5);
+}
+
+#[test]
+fn uid_and_resource_version_are_read_from_the_json() {
+    let idx = index();
+    let mut i = input("pods", "c1", "ns", "p", 7, &[]);
+    i.json = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","uid":"u-1","resourceVersion":"42"}}"#.into();
+    idx.apply([Change::Upsert(i)]);
+    let s = idx.snapshot();
+    let o = s
+        .get(&ObjectKey::new("pods", &ClusterName::from("c1"), "ns", "p"))
+        .unwrap();
+    assert_eq!(
+        o.uid_and_resource_version(),
+        ("u-1".to_string(), "42".to_string())
+    );
+    let mut bare = input("pods", "c1", "ns", "q", 8, &[]);
+    bare.json = r#"{"metadata":{"name":"q"}}"#.into();
+    idx.apply([Change::Upsert(bare)]);
+    let s = idx.snapshot();
+    let o = s
+        .get(&ObjectKey::new("pods", &ClusterName::from("c1"), "ns", "q"))
+        .unwrap();
+    assert_eq!(
+        (o.uid(), o.resource_version()),
+        (String::new(), String::new())
     );
 }
 
@@ -516,8 +600,9 @@ proptest! {
         prop_assert_eq!(replayed.keys().collect::<Vec<_>>(), model.keys().collect::<Vec<_>>());
         for (k, i) in &model {
             let held = s.get(k).unwrap();
-            prop_assert_eq!(&*held.resource_version, i.resource_version.as_str());
-            prop_assert_eq!(&held.json, &i.json);
+            let rv: serde_json::Value = serde_json::from_str(&i.json).unwrap();
+            prop_assert_eq!(held.resource_version(), rv["metadata"]["resourceVersion"].as_str().unwrap());
+            prop_assert_eq!(&*held.json, i.json.as_str());
         }
         let by_cluster = s.count(&Query::all("pods"), &[GroupBy::Cluster]);
         prop_assert_eq!(by_cluster.total as usize, model.len());

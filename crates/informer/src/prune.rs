@@ -2,7 +2,6 @@
 //! the fields the index needs lifted out. One malformed object is an error for that
 //! object alone.
 
-use bytes::Bytes;
 use fleetscope_model::ResourceType;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -40,7 +39,7 @@ pub struct PrunedObject {
     /// metadata.resourceVersion.
     pub resource_version: String,
     /// The pruned JSON, apiVersion and kind first.
-    pub json: Bytes,
+    pub json: String,
     /// metadata.labels.
     pub labels: Vec<(String, String)>,
     /// The uids of metadata.ownerReferences.
@@ -128,12 +127,13 @@ pub fn prune(raw: &str, rt: &ResourceType, pruning: &Pruning) -> Result<PrunedOb
         json.extend_from_slice(value.get().as_bytes());
     }
     json.push(b'}');
+    let json = String::from_utf8(json).map_err(|e| PruneError::NotAnObject(e.to_string()))?;
     Ok(PrunedObject {
         namespace: text(&meta, "namespace"),
         name,
         uid: text(&meta, "uid"),
         resource_version: text(&meta, "resourceVersion"),
-        json: Bytes::from(json),
+        json,
         labels,
         owners,
     })
@@ -160,7 +160,7 @@ mod tests {
             "managedFields":[{"manager":"kubectl"}],
             "annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}","keep":"me"}},"spec":{}}"#;
         let p = prune(raw, &pods(), &Pruning::default()).unwrap();
-        let v: Value = serde_json::from_slice(&p.json).unwrap();
+        let v: Value = serde_json::from_str(&p.json).unwrap();
         assert_eq!(v["kind"], "Pod");
         assert_eq!(v["apiVersion"], "v1");
         assert!(v["metadata"].get("managedFields").is_none());
@@ -179,7 +179,7 @@ mod tests {
         assert_eq!(p.labels, [("app".to_string(), "web".to_string())]);
         assert_eq!(p.owners, ["rs-1"]);
         assert!(
-            String::from_utf8_lossy(&p.json)
+            p.json
                 .starts_with(r#"{"apiVersion":"v1","kind":"Pod","metadata""#)
         );
     }

@@ -27,6 +27,20 @@ pub struct StreamId {
     pub cluster: ClusterName,
     /// The resource type.
     pub resource: ResourceType,
+    /// The resource type's canonical name, computed once for every object's key.
+    pub name: Arc<str>,
+}
+
+impl StreamId {
+    /// The stream of one resource type in one cluster.
+    pub fn new(cluster: ClusterName, resource: ResourceType) -> Self {
+        let name = Arc::from(resource.name());
+        Self {
+            cluster,
+            resource,
+            name,
+        }
+    }
 }
 
 /// What a stream is doing.

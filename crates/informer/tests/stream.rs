@@ -71,10 +71,7 @@ async fn start_after(
         .resources
         .remove(0);
     before();
-    let id = Arc::new(StreamId {
-        cluster: ClusterName::from("inf"),
-        resource: rt,
-    });
+    let id = Arc::new(StreamId::new(ClusterName::from("inf"), rt));
     let (tx, rx) = mpsc::channel(1024);
     let cancel = CancellationToken::new();
     let config = StreamConfig {
@@ -154,7 +151,7 @@ async fn lists_in_pages_then_watches_live_changes() {
         s.server.cluster().requests(Verb::List, "configmaps") >= 3,
         "pages of 3"
     );
-    let v: serde_json::Value = serde_json::from_slice(&objects[0].json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&objects[0].json).unwrap();
     assert_eq!(
         (v["kind"].as_str(), v["apiVersion"].as_str()),
         (Some("ConfigMap"), Some("v1"))
@@ -283,10 +280,7 @@ async fn start_with(
     let rt = discovery::resolve(&[resource.into()], &served)
         .resources
         .remove(0);
-    let id = Arc::new(StreamId {
-        cluster: ClusterName::from("inf"),
-        resource: rt,
-    });
+    let id = Arc::new(StreamId::new(ClusterName::from("inf"), rt));
     let (tx, rx) = mpsc::channel(1024);
     let cancel = CancellationToken::new();
     tokio::spawn(stream::run(client, id, config, None, tx, cancel.clone()));

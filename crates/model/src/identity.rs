@@ -84,16 +84,24 @@ impl fmt::Display for Revision {
     }
 }
 
-/// An object's identity. Ordered by resource type, cluster, namespace, name: the
-/// index's primary order, so a cluster or a namespace is a contiguous range.
+/// Where objects live: a resource type in a cluster's namespace. Shared by every key
+/// in it, so a key costs one pointer and its name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
+pub struct Location {
     /// Canonical resource type name (`pods`, `deployments.apps`).
     pub resource: Arc<str>,
     /// The cluster.
     pub cluster: ClusterName,
     /// The namespace; empty for cluster-scoped objects.
     pub namespace: Arc<str>,
+}
+
+/// An object's identity. Ordered by resource type, cluster, namespace, name: the
+/// index's primary order, so a cluster or a namespace is a contiguous range. The
+/// location's fields read through the key (`key.cluster`).
+#[derive(Debug, Clone)]
+pub struct ObjectKey {
+    location: Arc<Location>,
     /// The name.
     pub name: Arc<str>,
 }
@@ -101,12 +109,65 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// A key from its parts.
     pub fn new(resource: &str, cluster: &ClusterName, namespace: &str, name: &str) -> Self {
-        Self {
-            resource: Arc::from(resource),
-            cluster: cluster.clone(),
-            namespace: Arc::from(namespace),
-            name: Arc::from(name),
-        }
+        Self::in_location(
+            Arc::new(Location {
+                resource: Arc::from(resource),
+                cluster: cluster.clone(),
+                namespace: Arc::from(namespace),
+            }),
+            Arc::from(name),
+        )
+    }
+
+    /// A key in a shared location.
+    pub fn in_location(location: Arc<Location>, name: Arc<str>) -> Self {
+        Self { location, name }
+    }
+
+    /// The key's location.
+    pub fn location(&self) -> &Arc<Location> {
+        &self.location
+    }
+}
+
+impl std::ops::Deref for ObjectKey {
+    type Target = Location;
+
+    fn deref(&self) -> &Location {
+        &self.location
+    }
+}
+
+impl PartialEq for ObjectKey {
+    fn eq(&self, other: &Self) -> bool {
+        (Arc::ptr_eq(&self.location, &other.location) || self.location == other.location)
+            && self.name == other.name
+    }
+}
+
+impl Eq for ObjectKey {}
+
+impl std::hash::Hash for ObjectKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.location.hash(state);
+        self.name.hash(state);
+    }
+}
+
+impl PartialOrd for ObjectKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ObjectKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let location = if Arc::ptr_eq(&self.location, &other.location) {
+            std::cmp::Ordering::Equal
+        } else {
+            self.location.cmp(&other.location)
+        };
+        location.then_with(|| self.name.cmp(&other.name))
     }
 }
 

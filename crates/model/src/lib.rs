@@ -10,5 +10,5 @@
 mod identity;
 pub mod selector;
 
-pub use identity::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
+pub use identity::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
 pub use selector::{FieldSelector, LabelSelector, SelectorError};
