@@ -1,0 +1,348 @@
+//! Record encoding: length-prefixed fields behind a CRC-32 of the payload, so every
+//! record read back is either exactly what was written or detected as damaged.
+
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
+
+use crate::{EventRecord, ObjectRecord, StreamRecord};
+
+/// Why a record could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Shorter than its checksum.
+    #[error("record of {0} bytes is too short")]
+    Short(usize),
+    /// The checksum does not match the payload.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// The payload ends early or holds a value out of range.
+    #[error("malformed record: {0}")]
+    Malformed(&'static str),
+}
+
+pub(crate) const META_SCHEMA: &[u8] = b"m:schema";
+pub(crate) const META_REVISION: &[u8] = b"m:revision";
+pub(crate) const META_CLUSTERS: &[u8] = b"m:clusters";
+pub(crate) const OBJECT_PREFIX: &[u8] = b"o:";
+pub(crate) const EVENT_PREFIX: &[u8] = b"e:";
+pub(crate) const STREAM_PREFIX: &[u8] = b"s:";
+
+/// `o:` resource NUL cluster NUL namespace NUL name: byte order is the index's key order.
+pub(crate) fn object_key(key: &ObjectKey) -> Vec<u8> {
+    let mut k = Vec::with_capacity(
+        OBJECT_PREFIX.len()
+            + key.resource.len()
+            + key.cluster.as_str().len()
+            + key.namespace.len()
+            + key.name.len()
+            + 3,
+    );
+    k.extend_from_slice(OBJECT_PREFIX);
+    for (i, part) in [
+        &*key.resource,
+        key.cluster.as_str(),
+        &*key.namespace,
+        &*key.name,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            k.push(0);
+        }
+        k.extend_from_slice(part.as_bytes());
+    }
+    k
+}
+
+/// `e:` and the revision, big-endian, so events scan in revision order.
+pub(crate) fn event_key(revision: Revision) -> Vec<u8> {
+    let mut k = EVENT_PREFIX.to_vec();
+    k.extend_from_slice(&revision.0.to_be_bytes());
+    k
+}
+
+/// `s:` cluster NUL resource.
+pub(crate) fn stream_key(cluster: &ClusterName, resource: &str) -> Vec<u8> {
+    let mut k = STREAM_PREFIX.to_vec();
+    k.extend_from_slice(cluster.as_str().as_bytes());
+    k.push(0);
+    k.extend_from_slice(resource.as_bytes());
+    k
+}
+
+/// Builds a payload and seals it with its checksum.
+#[derive(Default)]
+pub(crate) struct Writer(Vec<u8>);
+
+impl Writer {
+    pub(crate) fn new() -> Self {
+        Self(vec![0; 4])
+    }
+
+    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    pub(crate) fn str(&mut self, s: &str) -> &mut Self {
+        // Strings longer than 4 GiB cannot come from a Kubernetes object.
+        self.u32(u32::try_from(s.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(s.as_bytes());
+        self
+    }
+
+    fn pairs(&mut self, pairs: &[(String, String)]) -> &mut Self {
+        self.u32(pairs.len() as u32);
+        for (k, v) in pairs {
+            self.str(k).str(v);
+        }
+        self
+    }
+
+    fn object(&mut self, o: &ObjectRecord) -> &mut Self {
+        self.str(&o.key.resource)
+            .str(o.key.cluster.as_str())
+            .str(&o.key.namespace)
+            .str(&o.key.name)
+            .u64(o.revision.0)
+            .str(&o.json)
+            .pairs(&o.labels);
+        self.u32(o.owners.len() as u32);
+        for uid in &o.owners {
+            self.str(uid);
+        }
+        self.pairs(&o.fields)
+    }
+
+    pub(crate) fn seal(mut self) -> Vec<u8> {
+        let crc = crc32fast::hash(&self.0[4..]);
+        self.0[..4].copy_from_slice(&crc.to_le_bytes());
+        self.0
+    }
+}
+
+/// Reads a sealed payload after checking its checksum.
+pub(crate) struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    pub(crate) fn open(record: &'a [u8]) -> Result<Self, DecodeError> {
+        if record.len() < 4 {
+            return Err(DecodeError::Short(record.len()));
+        }
+        let (crc, payload) = record.split_at(4);
+        if crc32fast::hash(payload).to_le_bytes() != crc {
+            return Err(DecodeError::Checksum);
+        }
+        Ok(Self(payload))
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Malformed("ends early"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.take(8)?;
+        let mut a = [0; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
+        let n = self.u32()? as usize;
+        std::str::from_utf8(self.take(n)?).map_err(|_| DecodeError::Malformed("not UTF-8"))
+    }
+
+    fn count(&mut self) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        // Each element takes at least four bytes: a larger count is damage, not a reason to allocate.
+        if n > self.0.len() / 4 {
+            return Err(DecodeError::Malformed("count exceeds the record"));
+        }
+        Ok(n)
+    }
+
+    fn pairs(&mut self) -> Result<Vec<(String, String)>, DecodeError> {
+        let n = self.count()?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push((self.str()?.to_string(), self.str()?.to_string()));
+        }
+        Ok(out)
+    }
+
+    fn object(&mut self) -> Result<ObjectRecord, DecodeError> {
+        let resource = self.str()?;
+        let cluster = ClusterName::from(self.str()?);
+        let namespace = self.str()?;
+        let name = self.str()?;
+        let key = ObjectKey::new(resource, &cluster, namespace, name);
+        let revision = Revision(self.u64()?);
+        let json = self.str()?.to_string();
+        let labels = self.pairs()?;
+        let n = self.count()?;
+        let mut owners = Vec::with_capacity(n);
+        for _ in 0..n {
+            owners.push(self.str()?.to_string());
+        }
+        let fields = self.pairs()?;
+        Ok(ObjectRecord {
+            key,
+            revision,
+            json,
+            labels,
+            owners,
+            fields,
+        })
+    }
+
+    pub(crate) fn end(&self) -> Result<(), DecodeError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Malformed("trailing bytes"))
+        }
+    }
+}
+
+pub(crate) fn encode_object(o: &ObjectRecord) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.object(o);
+    w.seal()
+}
+
+pub(crate) fn decode_object(record: &[u8]) -> Result<ObjectRecord, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let o = r.object()?;
+    r.end()?;
+    Ok(o)
+}
+
+fn kind_code(kind: EventType) -> u8 {
+    match kind {
+        EventType::Added => 1,
+        EventType::Modified => 2,
+        EventType::Deleted => 3,
+    }
+}
+
+pub(crate) fn encode_event(e: &EventRecord) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u64(e.revision.0).u8(kind_code(e.kind)).object(&e.object);
+    match &e.prev {
+        Some(p) => w.u8(1).object(p),
+        None => w.u8(0),
+    };
+    w.seal()
+}
+
+pub(crate) fn decode_event(record: &[u8]) -> Result<EventRecord, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let revision = Revision(r.u64()?);
+    let kind = match r.u8()? {
+        1 => EventType::Added,
+        2 => EventType::Modified,
+        3 => EventType::Deleted,
+        _ => return Err(DecodeError::Malformed("unknown event type")),
+    };
+    let object = r.object()?;
+    let prev = match r.u8()? {
+        0 => None,
+        1 => Some(r.object()?),
+        _ => return Err(DecodeError::Malformed("bad previous-state flag")),
+    };
+    r.end()?;
+    Ok(EventRecord {
+        revision,
+        kind,
+        object,
+        prev,
+    })
+}
+
+pub(crate) fn encode_stream(s: &StreamRecord) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.str(s.cluster.as_str())
+        .str(&s.resource.group)
+        .str(&s.resource.version)
+        .str(&s.resource.plural)
+        .str(&s.resource.kind)
+        .u8(u8::from(s.resource.namespaced))
+        .str(&s.resource_version);
+    w.seal()
+}
+
+pub(crate) fn decode_stream(record: &[u8]) -> Result<StreamRecord, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let cluster = ClusterName::from(r.str()?);
+    let resource = ResourceType {
+        group: r.str()?.to_string(),
+        version: r.str()?.to_string(),
+        plural: r.str()?.to_string(),
+        kind: r.str()?.to_string(),
+        namespaced: r.u8()? != 0,
+    };
+    let resource_version = r.str()?.to_string();
+    r.end()?;
+    Ok(StreamRecord {
+        cluster,
+        resource,
+        resource_version,
+    })
+}
+
+pub(crate) fn encode_u64(v: u64) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u64(v);
+    w.seal()
+}
+
+pub(crate) fn decode_u64(record: &[u8]) -> Result<u64, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let v = r.u64()?;
+    r.end()?;
+    Ok(v)
+}
+
+pub(crate) fn encode_names(names: &[ClusterName]) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u32(names.len() as u32);
+    for n in names {
+        w.str(n.as_str());
+    }
+    w.seal()
+}
+
+pub(crate) fn decode_names(record: &[u8]) -> Result<Vec<ClusterName>, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let n = r.count()?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(ClusterName::from(r.str()?));
+    }
+    r.end()?;
+    Ok(out)
+}

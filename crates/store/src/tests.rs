@@ -1,0 +1,388 @@
+use std::path::Path;
+
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
+use proptest::prelude::*;
+
+use super::*;
+
+fn object(cluster: &str, ns: &str, name: &str, revision: u64) -> ObjectRecord {
+    ObjectRecord {
+        key: ObjectKey::new("pods", &ClusterName::from(cluster), ns, name),
+        revision: Revision(revision),
+        json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{revision}"}}}}"#),
+        labels: vec![("app".into(), "web".into())],
+        owners: vec!["rs-1".into()],
+        fields: vec![("spec.nodeName".into(), "n1".into())],
+    }
+}
+
+fn pods() -> ResourceType {
+    ResourceType {
+        group: String::new(),
+        version: "v1".into(),
+        plural: "pods".into(),
+        kind: "Pod".into(),
+        namespaced: true,
+    }
+}
+
+fn stream(cluster: &str, rv: &str) -> StreamRecord {
+    StreamRecord {
+        cluster: ClusterName::from(cluster),
+        resource: pods(),
+        resource_version: rv.into(),
+    }
+}
+
+/// Three objects, their events and a stream, at revision 3.
+fn first_batch() -> Batch {
+    let objects: Vec<ObjectRecord> = (1..=3)
+        .map(|i| object("c1", "ns", &format!("p{i}"), i))
+        .collect();
+    Batch {
+        revision: Revision(3),
+        events: objects
+            .iter()
+            .map(|o| EventRecord {
+                revision: o.revision,
+                kind: EventType::Added,
+                object: o.clone(),
+                prev: None,
+            })
+            .collect(),
+        upserts: objects,
+        streams: vec![stream("c1", "100")],
+        clusters: Some(vec![ClusterName::from("c1")]),
+        ..Batch::default()
+    }
+}
+
+fn second_batch() -> Batch {
+    let changed = object("c1", "ns", "p1", 4);
+    let gone = object("c1", "ns", "p2", 5);
+    Batch {
+        revision: Revision(5),
+        upserts: vec![changed.clone()],
+        deletes: vec![gone.key.clone()],
+        events: vec![
+            EventRecord {
+                revision: Revision(4),
+                kind: EventType::Modified,
+                object: changed,
+                prev: Some(object("c1", "ns", "p1", 1)),
+            },
+            EventRecord {
+                revision: Revision(5),
+                kind: EventType::Deleted,
+                object: gone,
+                prev: None,
+            },
+        ],
+        drop_events: 1..3,
+        streams: vec![stream("c1", "105")],
+        ..Batch::default()
+    }
+}
+
+fn check_after_both(loaded: &Loaded) {
+    assert_eq!(loaded.revision, Revision(5));
+    let names: Vec<(&str, u64)> = loaded
+        .objects
+        .iter()
+        .map(|o| (&*o.key.name, o.revision.0))
+        .collect();
+    assert_eq!(names, [("p1", 4), ("p3", 3)]);
+    assert_eq!(loaded.objects[0].labels, [("app".into(), "web".into())]);
+    let events: Vec<u64> = loaded.events.iter().map(|e| e.revision.0).collect();
+    assert_eq!(events, [3, 4, 5]);
+    assert_eq!(
+        loaded.events[1].prev.as_ref().map(|p| p.revision),
+        Some(Revision(1))
+    );
+    assert_eq!(loaded.streams, [stream("c1", "105")]);
+    assert_eq!(loaded.clusters, [ClusterName::from("c1")]);
+}
+
+#[test]
+fn memory_store_round_trips_batches() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    store.commit(&second_batch()).unwrap();
+    check_after_both(&store.load().unwrap());
+}
+
+#[test]
+fn a_failing_write_changes_nothing() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    store.fail_writes(true);
+    let err = store.commit(&second_batch()).unwrap_err();
+    assert!(err.to_string().contains("No space left"), "{err}");
+    store.fail_writes(false);
+    let loaded = store.load().unwrap();
+    assert_eq!(loaded.revision, Revision(3));
+    assert_eq!(loaded.objects.len(), 3);
+}
+
+#[test]
+fn every_damaged_record_is_detected() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    for key in store.keys() {
+        let mut original = Vec::new();
+        store
+            .scan(&mut |k, v| {
+                if k == key {
+                    original = v.to_vec();
+                }
+                Ok(())
+            })
+            .unwrap();
+        for damage in [
+            {
+                let mut v = original.clone();
+                let last = v.len() - 1;
+                v[last] ^= 0x40;
+                v
+            },
+            original[..original.len() / 2].to_vec(),
+            Vec::new(),
+        ] {
+            store.overwrite_raw(&key, damage);
+            let err = store.load().unwrap_err();
+            assert!(err.is_damage(), "{}: {err}", String::from_utf8_lossy(&key));
+        }
+        store.overwrite_raw(&key, original);
+    }
+    assert!(store.load().is_ok());
+}
+
+#[test]
+fn a_record_under_another_key_is_damage() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    let p1 = codec::object_key(&object("c1", "ns", "p1", 1).key);
+    let p2 = codec::encode_object(&object("c1", "ns", "p2", 2));
+    store.overwrite_raw(&p1, p2);
+    let err = store.load().unwrap_err();
+    assert!(err.to_string().contains("is for"), "{err}");
+}
+
+#[test]
+fn an_unknown_schema_is_refused() {
+    let store = MemoryStore::new();
+    store.overwrite_raw(codec::META_SCHEMA, codec::encode_u64(SCHEMA_VERSION + 1));
+    assert!(matches!(
+        store.load(),
+        Err(StoreError::UnknownSchema { found }) if found == SCHEMA_VERSION + 1
+    ));
+}
+
+#[test]
+fn sled_store_persists_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let opened = SledStore::open(dir.path()).unwrap();
+        assert!(opened.moved_aside.is_none());
+        assert_eq!(opened.loaded.revision, Revision(0));
+        opened.store.commit(&first_batch()).unwrap();
+        opened.store.commit(&second_batch()).unwrap();
+        assert!(opened.store.size_on_disk() > 0);
+    }
+    let opened = SledStore::open(dir.path()).unwrap();
+    check_after_both(&opened.loaded);
+}
+
+#[test]
+fn a_second_opener_is_refused_while_the_first_holds_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = SledStore::open(dir.path()).unwrap();
+    let err = SledStore::open(dir.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err}");
+    assert!(
+        err.to_string()
+            .contains("in use by another running fleetscope")
+    );
+    drop(first);
+    SledStore::open(dir.path()).unwrap();
+}
+
+#[test]
+fn a_path_that_is_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let err = SledStore::open(&file).unwrap_err();
+    assert!(matches!(err, StoreError::NotADirectory(_)), "{err}");
+}
+
+#[test]
+fn an_unwritable_directory_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let locked = dir.path().join("ro");
+    std::fs::create_dir(&locked).unwrap();
+    let mut perms = std::fs::metadata(&locked).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o500);
+    std::fs::set_permissions(&locked, perms).unwrap();
+    // Permissions do not bind a privileged user; a read-only filesystem binds everyone.
+    let target = if std::fs::write(locked.join("probe"), b"").is_ok() {
+        Path::new("/proc/fleetscope-data").to_path_buf()
+    } else {
+        locked.join("data")
+    };
+    let err = SledStore::open(&target).unwrap_err();
+    assert!(matches!(err, StoreError::Io { .. }), "{err}");
+    assert!(
+        err.to_string().contains("cannot create data directory"),
+        "{err}"
+    );
+}
+
+/// Damages every file of a closed store with `damage`, then reopens it.
+fn reopen_damaged(damage: impl Fn(&Path)) -> Opened {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let opened = SledStore::open(dir.path()).unwrap();
+        opened.store.commit(&first_batch()).unwrap();
+        opened.store.commit(&second_batch()).unwrap();
+    }
+    for entry in walk(&dir.path().join("db")) {
+        damage(&entry);
+    }
+    let opened = SledStore::open(dir.path()).unwrap();
+    // Kept for inspection beside the fresh store.
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("damaged"))
+        .collect();
+    if opened.moved_aside.is_some() {
+        assert_eq!(aside.len(), 1);
+    }
+    std::mem::forget(dir);
+    opened
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn flipped_bytes_are_moved_aside_or_survive_intact() {
+    let opened = reopen_damaged(|p| {
+        let mut bytes = std::fs::read(p).unwrap();
+        let n = bytes.len();
+        for i in (n / 3..n).step_by(97) {
+            bytes[i] ^= 0x5a;
+        }
+        std::fs::write(p, bytes).unwrap();
+    });
+    // Either detected and moved aside (start empty), or what loads is exactly right.
+    match opened.moved_aside {
+        Some((_, why)) => {
+            assert!(!why.is_empty());
+            assert!(opened.loaded.objects.is_empty());
+        }
+        None => check_after_both(&opened.loaded),
+    }
+    // Whatever happened, the store opened is usable.
+    opened.store.commit(&first_batch()).unwrap();
+}
+
+#[test]
+fn truncated_files_are_moved_aside_or_survive_intact() {
+    let opened = reopen_damaged(|p| {
+        let len = std::fs::metadata(p).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+        f.set_len(len / 2).unwrap();
+    });
+    match opened.moved_aside {
+        Some(_) => assert!(opened.loaded.objects.is_empty()),
+        None => {
+            // sled may recover a prefix of its log: what loads must still verify and be
+            // a state some prefix of the batches produced.
+            let revision = opened.loaded.revision.0;
+            assert!([0, 3, 5].contains(&revision), "revision {revision}");
+        }
+    }
+    opened.store.commit(&first_batch()).unwrap();
+}
+
+#[test]
+fn an_empty_directory_is_a_new_store() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("db")).unwrap();
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none());
+    assert!(opened.loaded.objects.is_empty());
+}
+
+#[test]
+fn a_wrong_schema_on_disk_is_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let opened = SledStore::open(dir.path()).unwrap();
+        opened.store.commit(&first_batch()).unwrap();
+        opened
+            .store
+            .write(vec![(
+                codec::META_SCHEMA.to_vec(),
+                Some(codec::encode_u64(99)),
+            )])
+            .unwrap();
+    }
+    let opened = SledStore::open(dir.path()).unwrap();
+    let (aside, why) = opened.moved_aside.clone().expect("moved aside");
+    assert!(why.contains("schema version 99"), "{why}");
+    assert!(aside.exists());
+    assert!(opened.loaded.objects.is_empty());
+    // The fresh store is stamped with this build's schema.
+    drop(opened);
+    let reopened = SledStore::open(dir.path()).unwrap();
+    assert!(reopened.moved_aside.is_none());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn records_round_trip(
+        name in "[a-z0-9.-]{1,40}",
+        json in ".{0,200}",
+        labels in proptest::collection::vec(("[a-z/.]{1,20}", ".{0,20}"), 0..5),
+        revision in any::<u64>(),
+    ) {
+        let o = ObjectRecord {
+            key: ObjectKey::new("deployments.apps", &ClusterName::from("c"), "", &name),
+            revision: Revision(revision),
+            json,
+            labels,
+            owners: vec![name.clone()],
+            fields: Vec::new(),
+        };
+        prop_assert_eq!(codec::decode_object(&codec::encode_object(&o)).unwrap(), o.clone());
+        let e = EventRecord { revision: Revision(revision), kind: EventType::Deleted, object: o.clone(), prev: Some(o) };
+        prop_assert_eq!(codec::decode_event(&codec::encode_event(&e)).unwrap(), e);
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = codec::decode_object(&bytes);
+        let _ = codec::decode_event(&bytes);
+        let _ = codec::decode_stream(&bytes);
+        let _ = codec::decode_names(&bytes);
+    }
+}
