@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::persist::{self, PersistConfig, Persister};
 use crate::status::StatusTable;
 
 /// Engine settings.
@@ -36,6 +37,13 @@ pub struct EngineConfig {
     pub index: fleetscope_index::Config,
     /// Most updates applied in one batch. Default 4,096.
     pub batch: usize,
+    /// Write-behind persistence settings (used when started with a store).
+    pub persist: PersistConfig,
+    /// How long a resumed watch must stay open without a 410 before restored objects
+    /// count as current, when no event or bookmark confirms it sooner. Default 2 s.
+    pub restore_confirm: Duration,
+    /// Keep the stored objects of clusters no longer configured (default: delete them).
+    pub keep_removed_clusters: bool,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +60,9 @@ impl Default for EngineConfig {
             rediscovery: Duration::from_secs(60),
             index: fleetscope_index::Config::default(),
             batch: 4096,
+            persist: PersistConfig::default(),
+            restore_confirm: Duration::from_secs(2),
+            keep_removed_clusters: false,
         }
     }
 }
@@ -136,16 +147,125 @@ pub struct Engine {
     pub status: StatusTable,
     /// Every resource type collected in some cluster.
     pub types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    persister: Option<Arc<Persister>>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
 
+/// Where a cluster's streams resume: resource name → (type, resourceVersion).
+type Resume = HashMap<String, (ResourceType, String)>;
+
 impl Engine {
-    /// Starts informers for every source and the ingest.
+    /// Starts informers for every source and the ingest, in memory only.
     pub fn start(sources: Vec<ClusterSource>, config: EngineConfig) -> Self {
         let index = Arc::new(Index::new(config.index.clone()));
+        Self::start_inner(sources, config, index, None, HashMap::new())
+    }
+
+    /// Starts from what a store holds: the index is rebuilt at once, each stored stream
+    /// resumes its watch from its stored resourceVersion without listing, and every
+    /// change is written behind to the store. Clusters no longer configured lose their
+    /// objects (as deletes) unless `keep_removed_clusters`.
+    pub fn start_with_store(
+        sources: Vec<ClusterSource>,
+        config: EngineConfig,
+        store: Arc<dyn fleetscope_store::Store>,
+        mut loaded: fleetscope_store::Loaded,
+    ) -> Self {
+        let started = std::time::Instant::now();
+        let configured: std::collections::BTreeSet<ClusterName> = sources
+            .iter()
+            .map(|s| ClusterName::from(s.name.as_str()))
+            .collect();
+        reindex_fields(&mut loaded, &config.index.field_indexes);
+        let held_json: usize = loaded.objects.iter().map(|o| o.json.len()).sum();
+        let logged = persist::logged(&loaded);
+        let streams = std::mem::take(&mut loaded.streams);
+        let objects = loaded.objects.len();
+        let index = Arc::new(Index::restore(
+            config.index.clone(),
+            persist::restored(&mut loaded),
+        ));
+        let revision = index.snapshot().revision();
+        tracing::info!(objects, streams = streams.len(), %revision, took = ?started.elapsed(), "restored the index from the store");
+        let mut persist_config = config.persist.clone();
+        persist_config.log_retention = config.index.log_retention;
+        let persister = Arc::new(Persister::new(
+            store,
+            persist_config,
+            held_json,
+            &logged,
+            revision,
+        ));
+        persister.record_config(
+            configured.iter().cloned().collect(),
+            config.index.field_indexes.clone(),
+        );
+        let mut held: std::collections::BTreeSet<ClusterName> = index
+            .snapshot()
+            .counts()
+            .map(|(_, c, _)| c.clone())
+            .collect();
+        held.extend(streams.iter().map(|s| s.cluster.clone()));
+        let mut kept = Vec::new();
+        for gone in held.difference(&configured) {
+            if config.keep_removed_clusters {
+                tracing::info!(cluster = %gone, "cluster no longer configured: keeping its stored objects");
+                kept.push(gone.clone());
+                continue;
+            }
+            tracing::info!(cluster = %gone, "cluster no longer configured: deleting its stored objects");
+            let events = index.apply([Change::RemoveCluster(gone.clone())]);
+            let dropped = streams
+                .iter()
+                .filter(|s| &s.cluster == gone)
+                .map(|s| (s.cluster.clone(), s.resource.clone(), None));
+            persister.record(&events, dropped);
+        }
+        let mut resume: HashMap<ClusterName, Resume> = HashMap::new();
+        let mut kept_streams = Vec::new();
+        for s in streams {
+            if kept.contains(&s.cluster) {
+                kept_streams.push(s);
+            } else if configured.contains(&s.cluster) {
+                resume
+                    .entry(s.cluster.clone())
+                    .or_default()
+                    .insert(s.resource.name(), (s.resource, s.resource_version));
+            }
+        }
+        let engine = Self::start_inner(sources, config, index, Some(persister), resume);
+        for c in &kept {
+            engine.status.add_cluster(c, "", BTreeMap::new());
+        }
+        for s in kept_streams {
+            engine
+                .status
+                .stream_restored(&s.cluster, &s.resource, &s.resource_version);
+            engine
+                .types
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(s.resource.name(), s.resource);
+        }
+        for c in kept {
+            engine.status.update(&c, |s| {
+                s.error = Some("no longer configured; objects kept from the store".into());
+                s.error_since = Some(SystemTime::now());
+            });
+        }
+        engine
+    }
+
+    fn start_inner(
+        sources: Vec<ClusterSource>,
+        config: EngineConfig,
+        index: Arc<Index>,
+        persister: Option<Arc<Persister>>,
+        mut resume: HashMap<ClusterName, Resume>,
+    ) -> Self {
         let status = StatusTable::default();
-        let types = Arc::default();
+        let types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>> = Arc::default();
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         // A batch is published at once; kept within half a subscriber buffer, a reader
@@ -155,10 +275,18 @@ impl Engine {
             .clamp(1, (config.index.subscriber_buffer / 2).max(1));
         let (tx, rx) = mpsc::channel::<Update>(batch.max(16) * 4);
         let field_paths = config.index.field_indexes.clone();
+        if let Some(p) = &persister {
+            tasks.spawn(
+                p.clone()
+                    .run(cancel.clone())
+                    .instrument(tracing::info_span!("store")),
+            );
+        }
         tasks.spawn(
             ingest(
                 index.clone(),
                 status.clone(),
+                persister.clone(),
                 rx,
                 field_paths,
                 batch,
@@ -174,11 +302,20 @@ impl Engine {
                 .unwrap_or_default();
             let name = ClusterName::from(source.name.as_str());
             status.add_cluster(&name, "", labels);
+            let cluster_resume = resume.remove(&name).unwrap_or_default();
+            for (rt, rv) in cluster_resume.values() {
+                status.stream_restored(&name, rt, rv);
+                types
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(rt.name(), rt.clone());
+            }
             let span = tracing::info_span!("cluster", cluster = %source.name);
             tasks.spawn(
                 run_cluster(
                     source,
                     config.clone(),
+                    cluster_resume,
                     tx.clone(),
                     status.clone(),
                     Arc::clone(&types),
@@ -192,9 +329,15 @@ impl Engine {
             index,
             status,
             types,
+            persister,
             cancel,
             tasks,
         }
+    }
+
+    /// Persistence figures, when running with a store.
+    pub fn store_stats(&self) -> Option<persist::PersistStats> {
+        self.persister.as_ref().map(|p| p.stats())
     }
 
     /// Stops every task and waits for them, up to `grace`.
@@ -207,6 +350,14 @@ impl Engine {
         {
             tracing::warn!(?grace, "engine tasks did not stop within the grace period");
         }
+        // Everything the ingest applied is written before the process ends.
+        if let Some(p) = &self.persister
+            && p.close().await.is_err()
+        {
+            tracing::error!(
+                "the final store write failed: the next start resumes from the last write"
+            );
+        }
     }
 
     /// A token cancelled when the engine stops.
@@ -215,9 +366,11 @@ impl Engine {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_cluster(
     source: ClusterSource,
     config: EngineConfig,
+    mut resume: Resume,
     tx: mpsc::Sender<Update>,
     status: StatusTable,
     types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
@@ -262,6 +415,7 @@ async fn run_cluster(
                     &client,
                     &served,
                     &config,
+                    &mut resume,
                     &mut streams,
                     &tx,
                     &status,
@@ -295,6 +449,7 @@ async fn reconcile(
     client: &kube::Client,
     served: &[Served],
     config: &EngineConfig,
+    resume: &mut Resume,
     streams: &mut HashMap<ResourceType, CancellationToken>,
     tx: &mpsc::Sender<Update>,
     status: &StatusTable,
@@ -317,23 +472,45 @@ async fn reconcile(
         status.update_stream(name, rt, |_| {});
         let id = Arc::new(StreamId::new(name.clone(), rt.clone()));
         let span = tracing::info_span!("informer", cluster = %name, resource = %rt.name());
+        // A stored stream of the same type resumes its watch; anything else lists.
+        let resume_from = resume
+            .remove(&rt.name())
+            .filter(|(stored, _)| stored == rt)
+            .map(|(_, rv)| rv);
+        if resume_from.is_some() {
+            let (status, name, rt, wait, token) = (
+                status.clone(),
+                name.clone(),
+                rt.clone(),
+                config.restore_confirm,
+                token.clone(),
+            );
+            tasks.spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => status.confirm_restored(&name, &rt),
+                    _ = token.cancelled() => {}
+                }
+            });
+        }
         tasks.spawn(
             stream::run(
                 client.clone(),
                 id,
                 stream_config(config, rt, served),
-                None,
+                resume_from,
                 tx.clone(),
                 token,
             )
             .instrument(span),
         );
     }
-    let gone: Vec<ResourceType> = streams
+    let mut gone: Vec<ResourceType> = streams
         .keys()
         .filter(|rt| !resolved.resources.contains(rt))
         .cloned()
         .collect();
+    // Stored streams this cluster no longer serves (or that are no longer configured).
+    gone.extend(resume.drain().map(|(_, (rt, _))| rt));
     for rt in gone {
         tracing::info!(cluster = %name, resource = %rt.name(), "resource type no longer served: dropping its objects");
         if let Some(token) = streams.remove(&rt) {
@@ -351,6 +528,44 @@ async fn reconcile(
     }
 }
 
+/// Stored objects carry the field-index values of the configuration that stored them;
+/// when the configured paths differ, the values are read again from each object's JSON.
+fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[String]) {
+    if loaded.field_indexes.as_deref() == Some(paths) {
+        return;
+    }
+    let records = loaded.objects.iter_mut().chain(
+        loaded
+            .events
+            .iter_mut()
+            .flat_map(|e| std::iter::once(&mut e.object).chain(e.prev.as_mut())),
+    );
+    let mut redone = 0usize;
+    for o in records {
+        o.fields = field_values(&o.json, paths);
+        redone += 1;
+    }
+    if redone > 0 {
+        tracing::info!(
+            objects = redone,
+            "field indexes changed since the store was written: values read again"
+        );
+    }
+}
+
+fn field_values(json: &str, paths: &[String]) -> Vec<(String, String)> {
+    if paths.is_empty() {
+        return Vec::new();
+    }
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(v) => paths
+            .iter()
+            .filter_map(|p| Some((p.clone(), scalar_text(json_path(&v, p)?)?.into_owned())))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// An object's key, sharing the stream's resource name and cluster.
 fn stream_key(stream: &StreamId, o: &PrunedObject) -> ObjectKey {
     ObjectKey::in_location(
@@ -364,17 +579,7 @@ fn stream_key(stream: &StreamId, o: &PrunedObject) -> ObjectKey {
 }
 
 fn to_input(stream: &StreamId, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
-    let fields = if field_paths.is_empty() {
-        Vec::new()
-    } else {
-        match serde_json::from_str::<serde_json::Value>(&o.json) {
-            Ok(v) => field_paths
-                .iter()
-                .filter_map(|p| Some((p.clone(), scalar_text(json_path(&v, p)?)?.into_owned())))
-                .collect(),
-            Err(_) => Vec::new(),
-        }
-    };
+    let fields = field_values(&o.json, field_paths);
     ObjectInput {
         key: stream_key(stream, &o),
         json: o.json,
@@ -389,6 +594,7 @@ fn to_input(stream: &StreamId, o: PrunedObject, field_paths: &[String]) -> Objec
 async fn ingest(
     index: Arc<Index>,
     status: StatusTable,
+    persister: Option<Arc<Persister>>,
     mut rx: mpsc::Receiver<Update>,
     field_paths: Vec<String>,
     batch: usize,
@@ -425,7 +631,9 @@ async fn ingest(
                         cluster: stream.cluster.clone(),
                         objects,
                     });
-                    if !resource_version.is_empty() {
+                    if resource_version.is_empty() {
+                        after.push((stream, Progress::Dropped));
+                    } else {
                         after.push((stream, Progress::Listed(resource_version)));
                     }
                 }
@@ -449,10 +657,29 @@ async fn ingest(
                 } => after.push((stream, Progress::State(state, error))),
             }
         }
-        index.apply(changes);
+        let events = index.apply(changes);
+        if let Some(p) = &persister {
+            // The events and the resume points they imply go to the store together.
+            p.record(
+                &events,
+                after.iter().filter_map(|(stream, progress)| {
+                    let rv = match progress {
+                        Progress::Listed(rv) | Progress::Event(rv) | Progress::Bookmark(rv)
+                            if !rv.is_empty() =>
+                        {
+                            Some(rv.clone())
+                        }
+                        Progress::Dropped => None,
+                        _ => return None,
+                    };
+                    Some((stream.cluster.clone(), stream.resource.clone(), rv))
+                }),
+            );
+        }
         for (stream, progress) in after {
             let (cluster, rt) = (&stream.cluster, &stream.resource);
             match progress {
+                Progress::Dropped => {}
                 Progress::Listed(rv) => status.stream_listed(cluster, rt, &rv),
                 Progress::Event(rv) => status.stream_progress(cluster, rt, &rv, true),
                 Progress::Bookmark(rv) => status.stream_progress(cluster, rt, &rv, false),
@@ -464,6 +691,8 @@ async fn ingest(
 
 /// What an update says about its stream, recorded once its batch is applied.
 enum Progress {
+    /// The stream's type is gone: its objects were dropped.
+    Dropped,
     Listed(String),
     Event(String),
     Bookmark(String),

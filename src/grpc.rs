@@ -205,6 +205,7 @@ fn freshness_proto(f: Freshness) -> proto::Freshness {
     match f {
         Freshness::Synced => proto::Freshness::Synced,
         Freshness::Syncing => proto::Freshness::Syncing,
+        Freshness::Restored => proto::Freshness::Restored,
         Freshness::Stale => proto::Freshness::Stale,
         Freshness::Error => proto::Freshness::Error,
     }

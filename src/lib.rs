@@ -8,6 +8,7 @@
 pub mod client;
 pub mod engine;
 pub mod grpc;
+pub mod persist;
 pub mod proto;
 pub mod server;
 pub mod status;

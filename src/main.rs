@@ -167,6 +167,8 @@ struct ServeArgs {
     in_cluster_name: String,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    persist: PersistArgs,
 }
 
 /// What to collect and how: shared by `serve` and `demo`.
@@ -211,10 +213,31 @@ struct EngineArgs {
     /// Seconds between Watch bookmarks.
     #[arg(long, default_value_t = 30)]
     bookmark_seconds: u64,
-    /// Run in memory only (the only mode until persistence is built).
-    #[arg(long)]
-    no_persist: bool,
 }
+
+/// Where and how `serve` keeps its state across restarts.
+#[derive(Debug, Args)]
+struct PersistArgs {
+    /// The data directory. Default: the platform's user data directory + /fleetscope
+    /// (~/.local/share/fleetscope on Linux).
+    #[arg(long, env = "FLEETSCOPE_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Run in memory only: nothing is written, every start lists every cluster.
+    #[arg(long, env = "FLEETSCOPE_NO_PERSIST", conflicts_with = "data_dir")]
+    no_persist: bool,
+    /// Keep the stored objects of clusters no longer configured, instead of deleting them at start.
+    #[arg(long)]
+    keep_removed_clusters: bool,
+    /// The longest a change waits before it is written, in milliseconds.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    flush_ms: u64,
+    /// The persisted event log's size limit, as a share of the held objects' JSON size.
+    #[arg(long, default_value_t = 0.5)]
+    event_log_disk_share: f64,
+}
+
+/// Exit status when the data directory is held by another running fleetscope.
+const EXIT_DATA_DIR_LOCKED: u8 = 3;
 
 impl EngineArgs {
     fn config(&self, sources: &[sources::ClusterSource]) -> anyhow::Result<EngineConfig> {
@@ -343,7 +366,17 @@ async fn main() -> std::process::ExitCode {
         Err(e) => {
             // One line with every cause, the way people read errors at a terminal.
             eprintln!("fleetscope: {e:#}");
-            std::process::ExitCode::FAILURE
+            let locked = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<fleetscope_store::StoreError>(),
+                    Some(fleetscope_store::StoreError::Locked(_))
+                )
+            });
+            if locked {
+                std::process::ExitCode::from(EXIT_DATA_DIR_LOCKED)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }
@@ -402,19 +435,51 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for c in &clusters {
         tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
     }
-    let config = args.engine.config(&clusters)?;
+    let mut config = args.engine.config(&clusters)?;
+    let p = &args.persist;
+    anyhow::ensure!(
+        p.event_log_disk_share.is_finite() && p.event_log_disk_share >= 0.0,
+        "--event-log-disk-share must be a number, 0 or more"
+    );
+    config.keep_removed_clusters = p.keep_removed_clusters;
+    config.persist.max_delay = Duration::from_millis(p.flush_ms);
+    config.persist.log_share = p.event_log_disk_share;
+    let store = if p.no_persist {
+        tracing::info!("running in memory only (--no-persist)");
+        None
+    } else {
+        let dir = match &p.data_dir {
+            Some(d) => d.clone(),
+            None => dirs::data_dir()
+                .context(
+                    "no user data directory on this platform: give --data-dir or --no-persist",
+                )?
+                .join("fleetscope"),
+        };
+        let opened = fleetscope_store::SledStore::open(&dir)
+            .with_context(|| format!("opening the data directory {}", dir.display()))?;
+        tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
+        Some(opened)
+    };
     let listener = server::bind(args.listen).await?;
-    run(listener, clusters, config, args.engine.service()).await
+    let engine = match store {
+        Some(opened) => Engine::start_with_store(
+            clusters,
+            config,
+            std::sync::Arc::new(opened.store),
+            opened.loaded,
+        ),
+        None => Engine::start(clusters, config),
+    };
+    run(listener, engine, args.engine.service()).await
 }
 
 /// Starts the engine and serves until Ctrl-C or SIGTERM, then stops both.
 async fn run(
     listener: tokio::net::TcpListener,
-    clusters: Vec<sources::ClusterSource>,
-    config: EngineConfig,
+    engine: Engine,
     service: ServiceConfig,
 ) -> anyhow::Result<()> {
-    let engine = Engine::start(clusters, config);
     let service = FleetService::new(&engine, service, engine.cancelled());
     let cancel = engine.cancelled();
     let served = server::serve(listener, service, async move {
@@ -505,7 +570,9 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         objects = args.fleet.objects,
         churn = args.fleet.churn,
     );
-    let result = run(listener, clusters, config, args.engine.service()).await;
+    // The demo's clusters are new each run, so it keeps its state in memory.
+    let engine = Engine::start(clusters, config);
+    let result = run(listener, engine, args.engine.service()).await;
     fleet.shutdown().await;
     let _ = std::fs::remove_file(&kubeconfig);
     result

@@ -14,6 +14,8 @@ use tokio::sync::broadcast;
 pub enum Freshness {
     /// Listed and watching.
     Synced,
+    /// Loaded from the store at start; its watch has not yet caught up.
+    Restored,
     /// Still in its initial list.
     Syncing,
     /// Could not be reached since `stale_since`; objects are as they were then.
@@ -39,6 +41,8 @@ pub struct StreamStatus {
     pub current_at: Option<Instant>,
     /// When it stopped being current.
     pub stale_since: Option<SystemTime>,
+    /// Loaded from the store and not yet confirmed by its resumed watch.
+    pub restored: bool,
 }
 
 impl StreamStatus {
@@ -51,14 +55,17 @@ impl StreamStatus {
             synced_once: false,
             current_at: None,
             stale_since: None,
+            restored: false,
         }
     }
 
     /// The stream's freshness.
     pub fn freshness(&self) -> Freshness {
         match self.state {
-            StreamState::Watching if self.synced_once => Freshness::Synced,
             StreamState::Forbidden | StreamState::NotFound => Freshness::Error,
+            StreamState::Failed if self.synced_once => Freshness::Stale,
+            _ if self.restored => Freshness::Restored,
+            StreamState::Watching if self.synced_once => Freshness::Synced,
             _ if self.synced_once => Freshness::Stale,
             _ => Freshness::Syncing,
         }
@@ -131,6 +138,11 @@ impl ClusterStatus {
         match worst {
             Freshness::Synced => (Freshness::Synced, None, String::new()),
             Freshness::Syncing => (Freshness::Syncing, None, "initial list in progress".into()),
+            Freshness::Restored => (
+                Freshness::Restored,
+                None,
+                "loaded from the store; resuming watches".into(),
+            ),
             other => (other, since, why),
         }
     }
@@ -282,6 +294,7 @@ impl StatusTable {
     pub fn stream_listed(&self, name: &ClusterName, rt: &ResourceType, rv: &str) {
         self.update_stream(name, rt, |s| {
             s.synced_once = true;
+            s.restored = false;
             s.state = StreamState::Watching;
             s.resource_version = rv.to_string();
             s.last_error = None;
@@ -291,16 +304,42 @@ impl StatusTable {
         });
     }
 
-    /// Records progress (an event or a bookmark) at `rv`.
+    /// Records progress (an event or a bookmark) at `rv`. A restored stream that makes
+    /// progress has caught up.
     pub fn stream_progress(&self, name: &ClusterName, rt: &ResourceType, rv: &str, event: bool) {
         let mut table = self.write();
         let Some(c) = table.get_mut(name) else { return };
-        if let Some((_, s)) = c.streams.get_mut(&rt.name()) {
-            s.resource_version = rv.to_string();
-            s.current_at = Some(Instant::now());
-            if event {
-                s.last_event = Some(SystemTime::now());
-            }
+        let Some((_, s)) = c.streams.get_mut(&rt.name()) else {
+            return;
+        };
+        s.resource_version = rv.to_string();
+        s.current_at = Some(Instant::now());
+        if event {
+            s.last_event = Some(SystemTime::now());
         }
+        if s.restored {
+            drop(table);
+            self.confirm_restored(name, rt);
+        }
+    }
+
+    /// Registers a stream loaded from the store at `rv`: restored until its watch confirms it.
+    pub fn stream_restored(&self, name: &ClusterName, rt: &ResourceType, rv: &str) {
+        self.update_stream(name, rt, |s| {
+            s.synced_once = true;
+            s.restored = true;
+            s.resource_version = rv.to_string();
+        });
+    }
+
+    /// Ends a stream's restored state: its resumed watch is current.
+    pub fn confirm_restored(&self, name: &ClusterName, rt: &ResourceType) {
+        self.update_stream(name, rt, |s| {
+            if s.restored && s.state == StreamState::Watching {
+                s.restored = false;
+                s.stale_since = None;
+                s.current_at = Some(Instant::now());
+            }
+        });
     }
 }

@@ -26,7 +26,7 @@ pub struct Harness {
     pub engine: std::sync::Arc<Engine>,
     _dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), server::ServerError>>>,
+    task: Option<ServerTask>,
 }
 
 /// Engine settings for tests: quick retries, so faults heal within the patience bound.
@@ -55,23 +55,31 @@ impl Harness {
     }
 
     pub async fn start_with(spec: FleetSpec, config: EngineConfig, service: ServiceConfig) -> Self {
+        Self::start_full(spec, config, service, None).await
+    }
+
+    /// Like `start_with`, keeping state in a sled store in `data_dir`.
+    pub async fn start_persistent(
+        spec: FleetSpec,
+        config: EngineConfig,
+        data_dir: &std::path::Path,
+    ) -> Self {
+        Self::start_full(spec, config, ServiceConfig::default(), Some(data_dir)).await
+    }
+
+    async fn start_full(
+        spec: FleetSpec,
+        config: EngineConfig,
+        service: ServiceConfig,
+        data_dir: Option<&std::path::Path>,
+    ) -> Self {
         let fleet = SimFleet::start(&spec)
             .await
             .expect("simulated clusters start");
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         fleet.write_kubeconfig(&kubeconfig).unwrap();
-        let resolved = sources::resolve(std::slice::from_ref(&kubeconfig), &[]).unwrap();
-        let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let engine = std::sync::Arc::new(Engine::start(resolved, config));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let service = FleetService::new(&engine, service, engine.cancelled());
-        let cancel = engine.cancelled();
-        let task = tokio::spawn(server::serve(listener, service, async move {
-            let _ = stopped.await;
-            cancel.cancel();
-        }));
+        let (engine, addr, stop, task) = launch(&kubeconfig, config, service, data_dir, &[]).await;
         Self {
             fleet,
             kubeconfig,
@@ -81,6 +89,38 @@ impl Harness {
             stop: Some(stop),
             task: Some(task),
         }
+    }
+
+    /// Starts the engine and the server over the fleet (contexts matching `contexts`,
+    /// all when empty), with a store in `data_dir` if given.
+    pub async fn start_node(
+        &mut self,
+        config: EngineConfig,
+        service: ServiceConfig,
+        data_dir: Option<&std::path::Path>,
+        contexts: &[&str],
+    ) {
+        let (engine, addr, stop, task) =
+            launch(&self.kubeconfig, config, service, data_dir, contexts).await;
+        self.engine = engine;
+        self.addr = addr;
+        self.stop = Some(stop);
+        self.task = Some(task);
+    }
+
+    /// Stops the server and the engine gracefully (flushing the store), keeping the fleet.
+    pub async fn stop_node(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(PATIENCE, task)
+                .await
+                .expect("server stops")
+                .expect("task")
+                .expect("server ran cleanly");
+        }
+        self.engine.shutdown(Duration::from_secs(10)).await;
     }
 
     pub fn url(&self) -> String {
@@ -165,17 +205,50 @@ impl Harness {
 
     /// Stops the server and the engine and waits for them to finish cleanly.
     pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(PATIENCE, task)
-                .await
-                .expect("server stops")
-                .expect("task")
-                .expect("server ran cleanly");
-        }
-        self.engine.shutdown(Duration::from_secs(10)).await;
+        self.stop_node().await;
         self.fleet.shutdown().await;
     }
+}
+
+type ServerTask = JoinHandle<Result<(), server::ServerError>>;
+
+/// The engine (over the kubeconfig's contexts matching `contexts`, all when empty, with a
+/// store in `data_dir` if given) and a server over it on a free loopback port.
+async fn launch(
+    kubeconfig: &std::path::Path,
+    config: EngineConfig,
+    service: ServiceConfig,
+    data_dir: Option<&std::path::Path>,
+    contexts: &[&str],
+) -> (
+    std::sync::Arc<Engine>,
+    SocketAddr,
+    oneshot::Sender<()>,
+    ServerTask,
+) {
+    let contexts: Vec<String> = contexts.iter().map(|s| s.to_string()).collect();
+    let resolved = sources::resolve(&[kubeconfig.to_path_buf()], &contexts).unwrap();
+    let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let engine = match data_dir {
+        Some(d) => {
+            let opened = fleetscope_store::SledStore::open(d).expect("store opens");
+            Engine::start_with_store(
+                resolved,
+                config,
+                std::sync::Arc::new(opened.store),
+                opened.loaded,
+            )
+        }
+        None => Engine::start(resolved, config),
+    };
+    let engine = std::sync::Arc::new(engine);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let service = FleetService::new(&engine, service, engine.cancelled());
+    let cancel = engine.cancelled();
+    let task = tokio::spawn(server::serve(listener, service, async move {
+        let _ = stopped.await;
+        cancel.cancel();
+    }));
+    (engine, addr, stop, task)
 }

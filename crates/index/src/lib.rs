@@ -72,6 +72,30 @@ pub enum Change {
     RemoveCluster(ClusterName),
 }
 
+/// Persisted state to rebuild an index from.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// The revision to continue from.
+    pub revision: Revision,
+    /// Every object, with the revision of the change that produced it.
+    pub objects: Vec<(ObjectInput, Revision)>,
+    /// The retained event log, in revision order.
+    pub events: Vec<RestoredEvent>,
+}
+
+/// One event of a persisted log.
+#[derive(Debug)]
+pub struct RestoredEvent {
+    /// The event's revision.
+    pub revision: Revision,
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the change (for a delete, its last state), with its revision.
+    pub object: (ObjectInput, Revision),
+    /// The object before the change, with its revision.
+    pub prev: Option<(ObjectInput, Revision)>,
+}
+
 /// A watch cannot start from the revision asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IndexError {
@@ -139,6 +163,55 @@ impl Index {
             published: RwLock::new(Published {
                 state: Arc::new(state),
                 log: VecDeque::new(),
+            }),
+            events,
+            pins: Mutex::new(HashMap::new()),
+            config,
+        }
+    }
+
+    /// An index rebuilt from persisted state: the objects as they were, each with the
+    /// revision that produced it, the retained event log, and the revision to continue
+    /// from. Nothing is published as new events.
+    pub fn restore(config: Config, restored: Restored) -> Self {
+        let mut interner = object::Interner::default();
+        let mut state = State {
+            indexed_paths: Arc::new(config.field_indexes.clone()),
+            ..State::default()
+        };
+        for (input, revision) in restored.objects {
+            state.restore(Arc::new(Object::from_input(input, revision, &mut interner)));
+        }
+        let newest_object = state.objects.iter().map(|e| e.0.revision).max();
+        state.revision = restored.revision.max(newest_object.unwrap_or_default());
+        let mut log = VecDeque::with_capacity(restored.events.len());
+        for e in restored.events {
+            // An event whose state is the one held shares it.
+            let held = state
+                .get(&e.object.0.key)
+                .filter(|o| o.revision == e.object.1)
+                .cloned();
+            let object = held.unwrap_or_else(|| {
+                Arc::new(Object::from_input(e.object.0, e.object.1, &mut interner))
+            });
+            let prev = e.prev.map(|(input, revision)| {
+                Arc::new(Object::from_input(input, revision, &mut interner))
+            });
+            log.push_back(Arc::new(Event {
+                revision: e.revision,
+                kind: e.kind,
+                object,
+                prev,
+            }));
+        }
+        let excess = log.len().saturating_sub(config.log_retention);
+        log.drain(..excess);
+        let (events, _) = broadcast::channel(config.subscriber_buffer.max(1));
+        Self {
+            writer: Mutex::new((state.clone(), interner)),
+            published: RwLock::new(Published {
+                state: Arc::new(state),
+                log,
             }),
             events,
             pins: Mutex::new(HashMap::new()),

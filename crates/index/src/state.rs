@@ -253,6 +253,16 @@ impl State {
         }
     }
 
+    /// Adds an object as persisted, with its own revision and no event.
+    pub(crate) fn restore(&mut self, object: Arc<Object>) {
+        if let Some(prev) = self.get(&object.key).cloned() {
+            self.unindex(&prev);
+        } else {
+            self.bump_count(&object.key, 1);
+        }
+        self.index(&object);
+    }
+
     /// Creates or replaces an object; `None` when the input is the state already held.
     pub(crate) fn upsert(&mut self, input: ObjectInput, interner: &mut Interner) -> Option<Event> {
         let prev = self.get(&input.key).cloned();

@@ -22,6 +22,7 @@ pub enum DecodeError {
 pub(crate) const META_SCHEMA: &[u8] = b"m:schema";
 pub(crate) const META_REVISION: &[u8] = b"m:revision";
 pub(crate) const META_CLUSTERS: &[u8] = b"m:clusters";
+pub(crate) const META_FIELD_INDEXES: &[u8] = b"m:field-indexes";
 pub(crate) const OBJECT_PREFIX: &[u8] = b"o:";
 pub(crate) const EVENT_PREFIX: &[u8] = b"e:";
 pub(crate) const STREAM_PREFIX: &[u8] = b"s:";
@@ -327,21 +328,21 @@ pub(crate) fn decode_u64(record: &[u8]) -> Result<u64, DecodeError> {
     Ok(v)
 }
 
-pub(crate) fn encode_names(names: &[ClusterName]) -> Vec<u8> {
+pub(crate) fn encode_names<S: AsRef<str>>(names: &[S]) -> Vec<u8> {
     let mut w = Writer::new();
     w.u32(names.len() as u32);
     for n in names {
-        w.str(n.as_str());
+        w.str(n.as_ref());
     }
     w.seal()
 }
 
-pub(crate) fn decode_names(record: &[u8]) -> Result<Vec<ClusterName>, DecodeError> {
+pub(crate) fn decode_names(record: &[u8]) -> Result<Vec<String>, DecodeError> {
     let mut r = Reader::open(record)?;
     let n = r.count()?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(ClusterName::from(r.str()?));
+        out.push(r.str()?.to_string());
     }
     r.end()?;
     Ok(out)

@@ -83,6 +83,8 @@ pub struct Loaded {
     pub streams: Vec<StreamRecord>,
     /// The clusters configured when the store was last written.
     pub clusters: Vec<ClusterName>,
+    /// The field-index paths the stored objects' field values were read for.
+    pub field_indexes: Option<Vec<String>>,
 }
 
 /// One atomic write: the effect of one or more applied index batches.
@@ -104,6 +106,8 @@ pub struct Batch {
     pub drop_streams: Vec<(ClusterName, String)>,
     /// The configured clusters, when they changed.
     pub clusters: Option<Vec<ClusterName>>,
+    /// The configured field-index paths, when they changed.
+    pub field_indexes: Option<Vec<String>>,
 }
 
 impl Batch {
@@ -116,6 +120,7 @@ impl Batch {
             && self.streams.is_empty()
             && self.drop_streams.is_empty()
             && self.clusters.is_none()
+            && self.field_indexes.is_none()
     }
 }
 
@@ -165,6 +170,9 @@ impl StoreError {
     }
 }
 
+/// What [`Store::scan`] calls with each record: key, value.
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
 /// One write of a [`Batch`]: keys to set (`Some`) or remove (`None`).
 pub type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
@@ -172,10 +180,7 @@ pub type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 /// three primitives; loading, verifying and committing are shared.
 pub trait Store: Send + Sync {
     /// Visits every record in key order.
-    fn scan(
-        &self,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError>;
+    fn scan(&self, visit: &mut Visit<'_>) -> Result<(), StoreError>;
 
     /// Applies writes atomically and durably.
     fn write(&self, writes: Writes) -> Result<(), StoreError>;
@@ -201,8 +206,14 @@ pub trait Store: Send + Sync {
             } else if key == codec::META_REVISION {
                 revision = Some(codec::decode_u64(value).map_err(|e| damaged("revision", key, e))?);
             } else if key == codec::META_CLUSTERS {
-                loaded.clusters =
-                    codec::decode_names(value).map_err(|e| damaged("clusters", key, e))?;
+                loaded.clusters = codec::decode_names(value)
+                    .map_err(|e| damaged("clusters", key, e))?
+                    .into_iter()
+                    .map(ClusterName::from)
+                    .collect();
+            } else if key == codec::META_FIELD_INDEXES {
+                loaded.field_indexes =
+                    Some(codec::decode_names(value).map_err(|e| damaged("field indexes", key, e))?);
             } else if key.starts_with(codec::OBJECT_PREFIX) {
                 let o = codec::decode_object(value).map_err(|e| damaged("object", key, e))?;
                 if codec::object_key(&o.key) != key {
@@ -314,7 +325,15 @@ fn encode_batch(batch: &Batch) -> Writes {
     if let Some(clusters) = &batch.clusters {
         writes.insert(
             codec::META_CLUSTERS.to_vec(),
-            Some(codec::encode_names(clusters)),
+            Some(codec::encode_names(
+                &clusters.iter().map(ClusterName::as_str).collect::<Vec<_>>(),
+            )),
+        );
+    }
+    if let Some(paths) = &batch.field_indexes {
+        writes.insert(
+            codec::META_FIELD_INDEXES.to_vec(),
+            Some(codec::encode_names(paths)),
         );
     }
     writes.insert(

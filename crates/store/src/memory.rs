@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::{Store, StoreError, Writes};
+use crate::{Store, StoreError, Visit, Writes};
 
 /// A store held in memory.
 #[derive(Debug, Default)]
@@ -41,10 +41,7 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn scan(
-        &self,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, visit: &mut Visit<'_>) -> Result<(), StoreError> {
         for (k, v) in self.lock().iter() {
             visit(k, v)?;
         }

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::{Loaded, Store, StoreError, Writes};
+use crate::{Loaded, Store, StoreError, Visit, Writes};
 
 /// A data directory opened by this process.
 pub struct SledStore {
@@ -182,10 +182,7 @@ fn engine(e: sled::Error) -> StoreError {
 }
 
 impl Store for SledStore {
-    fn scan(
-        &self,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, visit: &mut Visit<'_>) -> Result<(), StoreError> {
         for item in self.db.iter() {
             let (k, v) = item.map_err(engine)?;
             visit(&k, &v)?;

@@ -53,6 +53,7 @@ fn first_batch() -> Batch {
         upserts: objects,
         streams: vec![stream("c1", "100")],
         clusters: Some(vec![ClusterName::from("c1")]),
+        field_indexes: Some(vec!["spec.nodeName".into()]),
         ..Batch::default()
     }
 }
@@ -101,6 +102,10 @@ fn check_after_both(loaded: &Loaded) {
     );
     assert_eq!(loaded.streams, [stream("c1", "105")]);
     assert_eq!(loaded.clusters, [ClusterName::from("c1")]);
+    assert_eq!(
+        loaded.field_indexes,
+        Some(vec!["spec.nodeName".to_string()])
+    );
 }
 
 #[test]

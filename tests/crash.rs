@@ -1,0 +1,312 @@
+//! Crash safety: `fleetscope serve` killed with SIGKILL at random moments while its
+//! clusters change, fifty times. Before each restart the store is opened directly and
+//! checked: every stream's stored objects are exactly its cluster's state at the
+//! stored resourceVersion (never ahead of it, never behind). Each restart serves at
+//! once, and the last one converges to the clusters.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::PATIENCE;
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{ListRequest, Query};
+use fleetscope_sim::store::ReadAt;
+use fleetscope_sim::{FleetSpec, SimFleet};
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fleetscope");
+const RESTARTS: usize = 50;
+const TYPES: &str = "configmaps,pods";
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(
+    kubeconfig: &std::path::Path,
+    data: &std::path::Path,
+    port: u16,
+    log: &std::path::Path,
+) -> Killed {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Killed(
+        Command::new(BIN)
+            .args(["serve", "--resources", TYPES, "--flush-ms", "20"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--data-dir")
+            .arg(data)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Every object of a type as the server lists it: (cluster, namespace, name) → resourceVersion.
+async fn listed(port: u16, resource: &str) -> Option<BTreeMap<(String, String, String), String>> {
+    let mut c = FleetClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .ok()?;
+    let mut out = BTreeMap::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list(ListRequest {
+                query: Some(Query {
+                    resource: resource.into(),
+                    ..Default::default()
+                }),
+                limit: 1000,
+                page_token: token,
+            })
+            .await
+            .ok()?
+            .into_inner();
+        for o in page.items {
+            out.insert((o.cluster, o.namespace, o.name), o.resource_version);
+        }
+        if page.next_page_token.is_empty() {
+            return Some(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// The clusters' objects of a type at their latest resourceVersion.
+fn truth(fleet: &SimFleet, resource: &str) -> BTreeMap<(String, String, String), String> {
+    let mut out = BTreeMap::new();
+    for s in fleet.servers() {
+        let snap = s
+            .cluster()
+            .store
+            .snapshot(resource, ReadAt::Latest)
+            .unwrap();
+        for o in snap.objects.values() {
+            out.insert(
+                (
+                    s.cluster().name().to_string(),
+                    o.namespace.clone(),
+                    o.name.clone(),
+                ),
+                o.rv.to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// Opens the store as the killed process left it and checks each stream's objects
+/// against its cluster's history at the stored resourceVersion.
+fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
+    let opened = fleetscope_store::SledStore::open(data).expect("the store opens after SIGKILL");
+    assert!(
+        opened.moved_aside.is_none(),
+        "a SIGKILL must not damage the store: {:?}",
+        opened.moved_aside
+    );
+    let loaded = opened.loaded;
+    let mut held: BTreeMap<(String, String), BTreeSet<(String, String, String)>> = BTreeMap::new();
+    for o in &loaded.objects {
+        held.entry((o.key.cluster.to_string(), o.key.resource.to_string()))
+            .or_default()
+            .insert((
+                o.key.namespace.to_string(),
+                o.key.name.to_string(),
+                serde_json::from_str::<serde_json::Value>(&o.json).unwrap()["metadata"]
+                    ["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ));
+    }
+    let mut checked = 0;
+    for s in &loaded.streams {
+        let server = fleet
+            .servers()
+            .iter()
+            .find(|x| x.cluster().name() == s.cluster.as_str())
+            .unwrap();
+        let rv: u64 = s.resource_version.parse().unwrap();
+        let Ok(snap) = server
+            .cluster()
+            .store
+            .snapshot(&s.resource.name(), ReadAt::Exact(rv))
+        else {
+            continue; // history no longer reaches back that far
+        };
+        let expected: BTreeSet<(String, String, String)> = snap
+            .objects
+            .values()
+            .map(|o| (o.namespace.clone(), o.name.clone(), o.rv.to_string()))
+            .collect();
+        let got = held
+            .remove(&(s.cluster.to_string(), s.resource.name()))
+            .unwrap_or_default();
+        assert_eq!(
+            got,
+            expected,
+            "{}/{}: stored objects differ from the cluster at the stored resourceVersion {rv}",
+            s.cluster,
+            s.resource.name()
+        );
+        checked += 1;
+    }
+    // Objects are never stored for a stream whose resume point is not.
+    for (k, objects) in &held {
+        let has_stream = loaded
+            .streams
+            .iter()
+            .any(|s| s.cluster.as_str() == k.0 && s.resource.name() == k.1);
+        assert!(
+            has_stream || objects.is_empty(),
+            "{k:?} has objects but no stream"
+        );
+    }
+    checked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_under_write_load_fifty_times() {
+    let fleet = SimFleet::start(&FleetSpec::numbered(2, 300, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+
+    // Write load: configmaps created, changed and deleted in every cluster, until stopped.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = fleet
+        .servers()
+        .iter()
+        .map(|s| {
+            let cluster = s.cluster().clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let name = format!("load-{}", i % 150);
+                    let store = &cluster.store;
+                    match store.get("configmaps", "team-0", &name) {
+                        None => {
+                            let _ = store.create(
+                                "configmaps",
+                                Some("team-0"),
+                                json!({"metadata": {"name": name}, "data": {"i": i.to_string()}}),
+                            );
+                        }
+                        Some(_) if i % 3 == 0 => {
+                            let _ = store.delete("configmaps", "team-0", &name);
+                        }
+                        Some(o) => {
+                            let mut v = o.value();
+                            v["data"] = json!({"i": i.to_string()});
+                            let _ = store.update("configmaps", "team-0", &name, v);
+                        }
+                    }
+                    i += 1;
+                    // Paces the load at about 500 changes/s per cluster.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+
+    // A fixed seed: the kill moments vary across iterations and repeat across runs.
+    let mut seed: u64 = 0x5eed_f1ee_75c0_9e01;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut checked = 0;
+    for round in 0..RESTARTS {
+        if round > 0 {
+            checked += check_store(&data, &fleet);
+        }
+        let port = free_port();
+        let mut child = serve(&kubeconfig, &data, port, &log);
+        // Serves: after the first round, at once from the store.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(pods) = listed(port, "pods").await
+                && (round == 0 || !pods.is_empty())
+            {
+                break;
+            }
+            if let Ok(Some(status)) = child.0.try_wait() {
+                panic!(
+                    "round {round}: serve exited with {status}: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: never served"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The kill lands somewhere in the next 0–400 ms of ingest and writes.
+        tokio::time::sleep(Duration::from_millis(next() % 400)).await;
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
+    }
+    checked += check_store(&data, &fleet);
+    assert!(
+        checked >= RESTARTS,
+        "stores were checked ({checked} streams)"
+    );
+
+    // With the load stopped, one more start converges to the clusters.
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let port = free_port();
+    let _last = serve(&kubeconfig, &data, port, &log);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    for resource in ["configmaps", "pods"] {
+        let want = truth(&fleet, resource);
+        loop {
+            if listed(port, resource).await.as_ref() == Some(&want) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{resource}: never converged"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    fleet.shutdown().await;
+}

@@ -1,0 +1,369 @@
+//! Restarts over a sled store: simulated clusters → the real engine and server with a
+//! data directory → a real gRPC client, stopped and started again over the same store.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{Harness, PATIENCE, test_config};
+use fleetscope::grpc::ServiceConfig;
+use fleetscope::proto::{
+    self, EventType, ListClustersRequest, ListRequest, Query, WatchEvent, WatchRequest,
+};
+use fleetscope_sim::store::ReadAt;
+use fleetscope_sim::{FleetSpec, Verb};
+use futures::StreamExt;
+use serde_json::json;
+use tonic::Streaming;
+
+const TYPES: [&str; 3] = ["pods", "configmaps", "deployments.apps"];
+
+fn config() -> fleetscope::engine::EngineConfig {
+    let mut c = test_config(&TYPES);
+    c.restore_confirm = std::time::Duration::from_millis(300);
+    // Small test fleets: let the persisted log hold every event of the test.
+    c.persist.log_share = 100.0;
+    c
+}
+
+fn query(resource: &str) -> Query {
+    Query {
+        resource: resource.into(),
+        ..Default::default()
+    }
+}
+
+/// (cluster, namespace, name, resourceVersion) of every object of a type, over gRPC.
+async fn served(h: &Harness, resource: &str) -> (BTreeSet<(String, String, String, String)>, u64) {
+    let mut c = h.client().await;
+    let mut out = BTreeSet::new();
+    let mut token = String::new();
+    let mut revision = 0;
+    loop {
+        let page = c
+            .list(ListRequest {
+                query: Some(query(resource)),
+                limit: 500,
+                page_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        revision = revision.max(page.revision);
+        for o in page.items {
+            out.insert((o.cluster, o.namespace, o.name, o.resource_version));
+        }
+        if page.next_page_token.is_empty() {
+            return (out, revision);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// The same, as the simulated clusters hold it now.
+fn truth(h: &Harness, resource: &str) -> BTreeSet<(String, String, String, String)> {
+    h.fleet
+        .servers()
+        .iter()
+        .flat_map(|s| {
+            let name = s.cluster().name().to_string();
+            s.cluster()
+                .store
+                .snapshot(resource, ReadAt::Latest)
+                .unwrap()
+                .objects
+                .values()
+                .map(|o| {
+                    (
+                        name.clone(),
+                        o.namespace.clone(),
+                        o.name.clone(),
+                        o.rv.to_string(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Waits until the index equals the clusters for every type.
+async fn converged(h: &Harness) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    for t in TYPES {
+        loop {
+            if served(h, t).await.0 == truth(h, t) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{t}: the index never matched the clusters"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn lists(h: &Harness) -> u64 {
+    h.fleet
+        .servers()
+        .iter()
+        .map(|s| s.cluster().requests_of(Verb::List))
+        .sum()
+}
+
+async fn next_change(stream: &mut Streaming<WatchEvent>) -> WatchEvent {
+    loop {
+        let e = tokio::time::timeout(PATIENCE, stream.next())
+            .await
+            .expect("an event in time")
+            .expect("stream open")
+            .expect("no error");
+        if !matches!(e.r#type(), EventType::Bookmark | EventType::ClusterStatus) {
+            return e;
+        }
+    }
+}
+
+async fn watch_from(h: &Harness, resource: &str, since: u64) -> Streaming<WatchEvent> {
+    h.client()
+        .await
+        .watch(WatchRequest {
+            query: Some(query(resource)),
+            since_revision: since,
+            send_initial_events: false,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn freshness(clusters: &[proto::Cluster]) -> Vec<proto::Freshness> {
+    clusters.iter().map(|c| c.freshness()).collect()
+}
+
+#[tokio::test]
+async fn a_restart_serves_at_once_and_resumes_every_watch_without_listing() {
+    let data = tempfile::tempdir().unwrap();
+    let mut h =
+        Harness::start_persistent(FleetSpec::numbered(2, 150, 0.0), config(), data.path()).await;
+    h.synced().await;
+    let before: Vec<_> = futures::future::join_all(TYPES.map(|t| served(&h, t))).await;
+    h.stop_node().await;
+    for s in h.fleet.servers() {
+        s.cluster().reset_counters();
+    }
+
+    h.start_node(config(), ServiceConfig::default(), Some(data.path()), &[])
+        .await;
+    // Served at once, from the store: the same objects, before any watch has caught up.
+    for (t, (objects, revision)) in TYPES.iter().zip(&before) {
+        let (now, now_revision) = served(&h, t).await;
+        assert_eq!(&now, objects, "{t}");
+        assert!(now_revision >= *revision, "revisions continue");
+    }
+    let first = h
+        .client()
+        .await
+        .list_clusters(ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .clusters;
+    assert!(
+        freshness(&first)
+            .iter()
+            .all(|f| matches!(f, proto::Freshness::Restored | proto::Freshness::Synced)),
+        "{first:#?}"
+    );
+    // Then every stream confirms its resumed watch, and none listed.
+    h.synced().await;
+    assert_eq!(
+        lists(&h),
+        0,
+        "a restart with valid resourceVersions lists nothing"
+    );
+    let watches: u64 = h
+        .fleet
+        .servers()
+        .iter()
+        .map(|s| s.cluster().requests_of(Verb::Watch))
+        .sum();
+    assert!(watches >= 6, "every stream resumed its watch ({watches})");
+    converged(&h).await;
+    h.shutdown().await;
+}
+
+/// Changes made while fleetscope is down: two creates, one update, two deletes.
+fn change_while_down(h: &Harness) -> Vec<(EventType, String)> {
+    let store = &h.cluster(0).store;
+    let existing: Vec<String> = store
+        .snapshot("configmaps", ReadAt::Latest)
+        .unwrap()
+        .objects
+        .values()
+        .filter(|o| o.namespace == "team-0")
+        .map(|o| o.name.clone())
+        .take(3)
+        .collect();
+    assert_eq!(existing.len(), 3);
+    let mut expected = Vec::new();
+    for name in ["while-down-1", "while-down-2"] {
+        store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                json!({"metadata": {"name": name}, "data": {"k": "v"}}),
+            )
+            .unwrap();
+        expected.push((EventType::Added, name.to_string()));
+    }
+    let mut changed = store
+        .get("configmaps", "team-0", &existing[0])
+        .unwrap()
+        .value();
+    changed["data"] = json!({"changed": "yes"});
+    changed["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    store
+        .update("configmaps", "team-0", &existing[0], changed)
+        .unwrap();
+    expected.push((EventType::Modified, existing[0].clone()));
+    for name in &existing[1..] {
+        store.delete("configmaps", "team-0", name).unwrap();
+        expected.push((EventType::Deleted, name.clone()));
+    }
+    expected
+}
+
+async fn missed_changes_reach_a_resumed_watch(expire_history: bool) {
+    let data = tempfile::tempdir().unwrap();
+    let mut h =
+        Harness::start_persistent(FleetSpec::numbered(1, 150, 0.0), config(), data.path()).await;
+    h.synced().await;
+    let (_, revision) = served(&h, "configmaps").await;
+    h.stop_node().await;
+    let expected = change_while_down(&h);
+    if expire_history {
+        h.cluster(0).compact();
+    }
+    for s in h.fleet.servers() {
+        s.cluster().reset_counters();
+    }
+    h.start_node(config(), ServiceConfig::default(), Some(data.path()), &[])
+        .await;
+    // A watch from before the restart resumes after it.
+    let mut stream = watch_from(&h, "configmaps", revision).await;
+    converged(&h).await;
+    let mut got = Vec::new();
+    let mut last = revision;
+    while got.len() < expected.len() {
+        let e = next_change(&mut stream).await;
+        assert!(e.revision > last, "in revision order");
+        last = e.revision;
+        got.push((e.r#type(), e.object.unwrap().name));
+    }
+    // A re-list applies its diff in key order; a resumed watch in the cluster's order.
+    let mut sorted_got = got.clone();
+    let mut sorted_expected = expected.clone();
+    sorted_got.sort_by(|a, b| a.1.cmp(&b.1));
+    sorted_expected.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(sorted_got, sorted_expected);
+    if !expire_history {
+        assert_eq!(
+            got, expected,
+            "a resumed watch replays in the cluster's order"
+        );
+    }
+    let configmap_lists = h.cluster(0).requests(Verb::List, "configmaps");
+    if expire_history {
+        assert!(
+            configmap_lists >= 1,
+            "an expired resourceVersion leads to a re-list"
+        );
+    } else {
+        assert_eq!(lists(&h), 0);
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn changes_made_while_down_reach_a_watch_resumed_from_before_the_restart() {
+    missed_changes_reach_a_resumed_watch(false).await;
+}
+
+#[tokio::test]
+async fn after_history_expired_the_relist_diff_reaches_a_resumed_watch() {
+    missed_changes_reach_a_resumed_watch(true).await;
+}
+
+#[tokio::test]
+async fn clusters_gone_from_the_configuration_are_deleted_at_start_unless_kept() {
+    let data = tempfile::tempdir().unwrap();
+    let mut h =
+        Harness::start_persistent(FleetSpec::numbered(2, 100, 0.0), config(), data.path()).await;
+    h.synced().await;
+    let (all, revision) = served(&h, "configmaps").await;
+    let of_sim_2 = all.iter().filter(|o| o.0 == "sim-2").count();
+    assert!(of_sim_2 > 0);
+    h.stop_node().await;
+
+    // First kept: the objects stay, the cluster is reported as no longer configured.
+    let mut keep = config();
+    keep.keep_removed_clusters = true;
+    h.start_node(
+        keep,
+        ServiceConfig::default(),
+        Some(data.path()),
+        &["sim-1"],
+    )
+    .await;
+    assert_eq!(served(&h, "configmaps").await.0, all);
+    let clusters = h
+        .wait_clusters(|cs| cs.iter().any(|c| c.name == "sim-2"))
+        .await;
+    let gone = clusters.iter().find(|c| c.name == "sim-2").unwrap();
+    assert_eq!(gone.freshness(), proto::Freshness::Stale);
+    h.stop_node().await;
+
+    // Then removed: subscribers resuming from before see every object as DELETED.
+    h.start_node(
+        config(),
+        ServiceConfig::default(),
+        Some(data.path()),
+        &["sim-1"],
+    )
+    .await;
+    let mut stream = watch_from(&h, "configmaps", revision).await;
+    let mut deleted = 0;
+    while deleted < of_sim_2 {
+        let e = next_change(&mut stream).await;
+        assert_eq!(e.r#type(), EventType::Deleted);
+        assert_eq!(e.object.unwrap().cluster, "sim-2");
+        deleted += 1;
+    }
+    let (now, _) = served(&h, "configmaps").await;
+    assert!(now.iter().all(|o| o.0 == "sim-1"));
+    assert_eq!(now.len(), all.len() - of_sim_2);
+    h.stop_node().await;
+
+    // And it stays removed across another restart.
+    h.start_node(
+        config(),
+        ServiceConfig::default(),
+        Some(data.path()),
+        &["sim-1"],
+    )
+    .await;
+    assert!(
+        served(&h, "configmaps")
+            .await
+            .0
+            .iter()
+            .all(|o| o.0 == "sim-1")
+    );
+    h.shutdown().await;
+}
