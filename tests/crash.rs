@@ -25,6 +25,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_fleetscope");
 const RESTARTS: usize = 50;
 const TYPES: &str = "configmaps,pods";
 
+/// (namespace, name, resourceVersion).
+type Versioned = (String, String, String);
+
 struct Killed(Child);
 
 impl Drop for Killed {
@@ -132,7 +135,7 @@ fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
         opened.moved_aside
     );
     let loaded = opened.loaded;
-    let mut held: BTreeMap<(String, String), BTreeSet<(String, String, String)>> = BTreeMap::new();
+    let mut held: BTreeMap<(String, String), BTreeSet<Versioned>> = BTreeMap::new();
     for o in &loaded.objects {
         held.entry((o.key.cluster.to_string(), o.key.resource.to_string()))
             .or_default()
@@ -161,7 +164,7 @@ fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
         else {
             continue; // history no longer reaches back that far
         };
-        let expected: BTreeSet<(String, String, String)> = snap
+        let expected: BTreeSet<Versioned> = snap
             .objects
             .values()
             .map(|o| (o.namespace.clone(), o.name.clone(), o.rv.to_string()))
@@ -224,7 +227,7 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
                                 json!({"metadata": {"name": name}, "data": {"i": i.to_string()}}),
                             );
                         }
-                        Some(_) if i % 3 == 0 => {
+                        Some(_) if i.is_multiple_of(3) => {
                             let _ = store.delete("configmaps", "team-0", &name);
                         }
                         Some(o) => {
