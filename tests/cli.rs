@@ -128,6 +128,7 @@ fn serve_fails_with(args: &[&str], expected: &str) {
         .args(args)
         .args(["--listen", "127.0.0.1:0"])
         .env_remove("KUBECONFIG")
+        .env("FLEETSCOPE_NO_PERSIST", "true")
         .output()
         .unwrap();
     assert!(!out.status.success(), "serve {args:?} should fail");
@@ -283,38 +284,22 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
     let dir = tempfile::tempdir().unwrap();
     let kc = dir.path().join("kc");
     fleet.write_kubeconfig(&kc).unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "--log-format",
-            "json",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--resources",
-            "configmaps",
-            "--kubeconfig",
-        ])
+    let data = dir.path().join("data");
+    let (mut child, addr) = spawn_serve(&kc, &data);
+    // A second fleetscope on the same data directory is refused, with its own exit status.
+    let second = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
         .arg(&kc)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
         .unwrap();
-    // The log line names the address; keep draining stderr after it.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("serving fleetscope.v1.Fleet") {
-                let _ = tx.send(line);
-            }
-        }
-    });
-    let line = rx
-        .recv_timeout(PATIENCE)
-        .expect("the server logs its address");
-    let log: serde_json::Value = serde_json::from_str(&line).unwrap();
-    let addr = log["fields"]["addr"].as_str().unwrap().to_string();
+    assert_eq!(second.status.code(), Some(3), "{second:?}");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("in use by another running fleetscope"),
+        "{stderr}"
+    );
     let mut client =
         fleetscope::proto::fleet_client::FleetClient::connect(format!("http://{addr}"))
             .await
@@ -359,5 +344,92 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
         .await
         .unwrap();
     assert!(status.success(), "{status:?}");
+
+    // What it held was written on the way out: a restart serves it at once and lists nothing.
+    let cluster = fleet.servers()[0].cluster();
+    let held = cluster.store.count("configmaps") as u64;
+    cluster.reset_counters();
+    let (child, addr) = spawn_serve(&kc, &data);
+    let _running = Running(child);
+    let mut client =
+        fleetscope::proto::fleet_client::FleetClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+    let count = client
+        .count(fleetscope::proto::CountRequest {
+            query: Some(fleetscope::proto::Query {
+                resource: "configmaps".into(),
+                ..Default::default()
+            }),
+            group_by: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .total;
+    assert_eq!(count, held);
+    assert_eq!(cluster.requests_of(fleetscope_sim::Verb::List), 0);
     fleet.shutdown().await;
+}
+
+/// `serve` over one kubeconfig with a data directory; returns it and its address once it serves.
+fn spawn_serve(kc: &std::path::Path, data: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--resources",
+            "configmaps",
+            "--kubeconfig",
+        ])
+        .arg(kc)
+        .arg("--data-dir")
+        .arg(data)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The log line names the address; keep draining stderr after it.
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("serving fleetscope.v1.Fleet") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let line = rx
+        .recv_timeout(PATIENCE)
+        .expect("the server logs its address");
+    let log: serde_json::Value = serde_json::from_str(&line).unwrap();
+    (child, log["fields"]["addr"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn serve_refuses_a_data_directory_that_is_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let kc = dir.path().join("kc");
+    std::fs::write(
+        &kc,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
+        .arg(&kc)
+        .arg("--data-dir")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not a directory"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
