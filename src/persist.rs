@@ -56,6 +56,10 @@ pub struct PersistStats {
     pub last_error: Option<String>,
     /// Events held in the persisted log.
     pub logged_events: usize,
+    /// Object states and deletions written, in all.
+    pub objects_written: u64,
+    /// Events written to the log, in all.
+    pub events_written: u64,
 }
 
 /// What has gathered since the last write.
@@ -336,7 +340,7 @@ impl Persister {
         .unwrap_or_else(|e| (Pending::default(), Err(format!("store writer failed: {e}"))));
         let took = started.elapsed();
         match result {
-            Ok(log) => {
+            Ok((log, objects, events)) => {
                 *lock(&self.log) = log;
                 let size = lock(&self.store).as_ref().map_or(0, |s| s.size_on_disk());
                 let mut s = lock(&self.stats);
@@ -344,6 +348,8 @@ impl Persister {
                     tracing::info!("store writes succeed again");
                 }
                 s.flushes += 1;
+                s.objects_written += objects;
+                s.events_written += events;
                 s.last_flush = took;
                 s.max_flush = s.max_flush.max(took);
                 s.size_on_disk = size;
@@ -363,7 +369,7 @@ impl Persister {
     }
 
     /// Encodes and commits one batch; returns the persisted log's new extent.
-    fn write(&self, p: &Pending) -> Result<LogOnDisk, String> {
+    fn write(&self, p: &Pending) -> Result<(LogOnDisk, u64, u64), String> {
         let mut batch = Batch {
             revision: p.revision,
             clusters: p.clusters.clone(),
@@ -439,7 +445,8 @@ impl Persister {
             .clone()
             .ok_or_else(|| "the store is closed".to_string())?;
         store.commit(&batch).map_err(|e| e.to_string())?;
-        Ok(log)
+        let objects = (batch.upserts.len() + batch.deletes.len()) as u64;
+        Ok((log, objects, batch.events.len() as u64))
     }
 }
 

@@ -391,3 +391,4 @@ proptest! {
         let _ = codec::decode_names(&bytes);
     }
 }
+
