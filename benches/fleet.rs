@@ -744,10 +744,16 @@ async fn persisted_ingest() {
     let (index, persister, _store) = persisted_index(dir.path());
     let cancel = tokio_util::sync::CancellationToken::new();
     let writer = tokio::spawn(persister.clone().run(cancel.clone()));
-    let names: Vec<ClusterName> = (0..10).map(|c| ClusterName::from(format!("c-{c}"))).collect();
+    let names: Vec<ClusterName> = (0..10)
+        .map(|c| ClusterName::from(format!("c-{c}")))
+        .collect();
     let objects = 100_000;
     for chunk in (0..objects).collect::<Vec<_>>().chunks(5_000) {
-        let events = index.apply(chunk.iter().map(|&i| Change::Upsert(input(&names[i % 10], i / 10))));
+        let events = index.apply(
+            chunk
+                .iter()
+                .map(|&i| Change::Upsert(input(&names[i % 10], i / 10))),
+        );
         persister.record(&events, []);
     }
     let rate = 50_000usize;
@@ -815,7 +821,9 @@ async fn churned_disk() {
     let (index, persister, store) = persisted_index(dir.path());
     let cancel = tokio_util::sync::CancellationToken::new();
     let writer = tokio::spawn(persister.clone().run(cancel.clone()));
-    let names: Vec<ClusterName> = (0..3).map(|c| ClusterName::from(format!("c-{c}"))).collect();
+    let names: Vec<ClusterName> = (0..3)
+        .map(|c| ClusterName::from(format!("c-{c}")))
+        .collect();
     let objects = 6_000;
     let events = index.apply((0..objects).map(|i| Change::Upsert(input(&names[i % 3], i / 3))));
     persister.record(&events, []);

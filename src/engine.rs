@@ -517,6 +517,17 @@ async fn reconcile(
             token.cancel();
         }
         status.remove_stream(name, &rt.name());
+        // A type no cluster collects any more is unknown to queries again.
+        let still_collected = status
+            .clusters()
+            .iter()
+            .any(|c| c.streams.contains_key(&rt.name()));
+        if !still_collected {
+            types
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&rt.name());
+        }
         let id = Arc::new(StreamId::new(name.clone(), rt));
         let _ = tx
             .send(Update::Listed {
@@ -675,6 +686,7 @@ async fn ingest(
                     Some((stream.cluster.clone(), stream.resource.clone(), rv))
                 }),
             );
+            p.backpressure().await;
         }
         for (stream, progress) in after {
             let (cluster, rt) = (&stream.cluster, &stream.resource);

@@ -130,6 +130,8 @@ pub struct Persister {
     stats: Mutex<PersistStats>,
     /// Serialises writes: the writer task and the final flush.
     writing: tokio::sync::Mutex<()>,
+    /// Signalled after each write, for an ingest waiting on a full backlog.
+    written: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -214,6 +216,7 @@ impl Persister {
             log: Mutex::new(log),
             stats: Mutex::new(PersistStats::default()),
             writing: tokio::sync::Mutex::new(()),
+            written: Notify::new(),
         }
     }
 
@@ -257,6 +260,21 @@ impl Persister {
         *lock(&self.held_json) += held;
         if wake {
             self.wake.notify_one();
+        }
+    }
+
+    /// Waits while the backlog is over `max_changes` × 4 and the store is writing, so an
+    /// ingest far ahead of the disk slows to its pace (and batches stay bounded). A
+    /// failing store does not hold the ingest: its backlog is bounded by the objects held.
+    pub async fn backpressure(&self) {
+        loop {
+            let notified = self.written.notified();
+            let over = lock(&self.pending).changes() > self.config.max_changes * 4;
+            if !over || lock(&self.stats).last_error.is_some() {
+                return;
+            }
+            self.wake.notify_one();
+            notified.await;
         }
     }
 
@@ -339,6 +357,7 @@ impl Persister {
         .await
         .unwrap_or_else(|e| (Pending::default(), Err(format!("store writer failed: {e}"))));
         let took = started.elapsed();
+        self.written.notify_waiters();
         match result {
             Ok((log, objects, events)) => {
                 *lock(&self.log) = log;

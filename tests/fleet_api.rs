@@ -800,7 +800,36 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     store.remove_resource("widgets.example.com");
-    h.wait_count(query("widgets.example.com"), 0).await;
+    // Once no cluster serves it, the type is unknown again: NOT_FOUND, and not listed.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let r = c
+            .count(fleetscope::proto::CountRequest {
+                query: Some(query("widgets.example.com")),
+                group_by: vec![],
+            })
+            .await;
+        if r.as_ref().is_err_and(|e| e.code() == tonic::Code::NotFound) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the vanished type is still answered: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listed = c
+        .list_resource_types(fleetscope::proto::ListResourceTypesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed
+            .resource_types
+            .iter()
+            .all(|t| !t.name.contains("widgets")),
+        "{listed:?}"
+    );
     h.shutdown().await;
 }
 

@@ -391,4 +391,3 @@ proptest! {
         let _ = codec::decode_names(&bytes);
     }
 }
-
