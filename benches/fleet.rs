@@ -723,6 +723,7 @@ fn persisted_index(
     Arc<dyn fleetscope_store::Store>,
 ) {
     let opened = fleetscope_store::SledStore::open(data).unwrap();
+    let opened_loaded = opened.loaded;
     let store: Arc<dyn fleetscope_store::Store> = Arc::new(opened.store);
     let index = Arc::new(fleetscope_index::Index::new(
         fleetscope_index::Config::default(),
@@ -730,9 +731,7 @@ fn persisted_index(
     let persister = Arc::new(fleetscope::persist::Persister::new(
         store.clone(),
         fleetscope::persist::PersistConfig::default(),
-        0,
-        &[],
-        fleetscope_model::Revision(0),
+        fleetscope::persist::Continued::of(&opened_loaded),
     ));
     (index, persister, store)
 }
@@ -754,7 +753,7 @@ async fn persisted_ingest() {
                 .iter()
                 .map(|&i| Change::Upsert(input(&names[i % 10], i / 10))),
         );
-        persister.record(&events, []);
+        persister.record(&index, &events, []);
     }
     let rate = 50_000usize;
     let seconds = 20;
@@ -770,7 +769,7 @@ async fn persisted_ingest() {
             Change::Upsert(input_at(&names[i % 10], i / 10, objects + n + k))
         }));
         n += per_tick;
-        persister.record(&events, []);
+        persister.record(&index, &events, []);
         if tick % 100 == 99 {
             samples.push(persister.stats().pending);
         }
@@ -784,7 +783,7 @@ async fn persisted_ingest() {
             let i = (n + k) * 7919 % objects;
             Change::Upsert(input_at(&names[i % 10], i / 10, objects + n + k))
         }));
-        persister.record(&events, []);
+        persister.record(&index, &events, []);
     }
     let applied = t.elapsed();
     while persister.stats().pending > 0 {
@@ -803,13 +802,14 @@ async fn persisted_ingest() {
         before.max_flush.as_secs_f64() * 1e3
     );
     println!(
-        "  at full speed: {burst} changes applied in {:.2} s ({:.0}/s), on disk after {:.2} s ({:.0}/s persisted; {} object writes and {} event writes after coalescing)",
+        "  at full speed: {burst} changes applied in {:.2} s ({:.0}/s), on disk after {:.2} s ({:.0}/s persisted; {} events written, {} snapshots, the last taking {:.2} s)",
         applied.as_secs_f64(),
         burst as f64 / applied.as_secs_f64(),
         drained.as_secs_f64(),
         burst as f64 / drained.as_secs_f64(),
-        after.objects_written - before.objects_written,
         after.events_written - before.events_written,
+        after.snapshots,
+        after.last_snapshot.as_secs_f64(),
     );
 }
 
@@ -826,7 +826,7 @@ async fn churned_disk() {
         .collect();
     let objects = 6_000;
     let events = index.apply((0..objects).map(|i| Change::Upsert(input(&names[i % 3], i / 3))));
-    persister.record(&events, []);
+    persister.record(&index, &events, []);
     let changes = env_usize("FLEET_BENCH_CHURN", 216_000);
     let mut ticks = tokio::time::interval(Duration::from_millis(10));
     for chunk in (0..changes).collect::<Vec<_>>().chunks(60) {
@@ -839,7 +839,7 @@ async fn churned_disk() {
                 Change::Upsert(input_at(&names[i % 3], i / 3, objects + k))
             }
         }));
-        persister.record(&events, []);
+        persister.record(&index, &events, []);
     }
     while persister.stats().pending > 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -178,8 +178,7 @@ impl Engine {
             .map(|s| ClusterName::from(s.name.as_str()))
             .collect();
         reindex_fields(&mut loaded, &config.index.field_indexes);
-        let held_json: usize = loaded.objects.iter().map(|o| o.json.len()).sum();
-        let logged = persist::logged(&loaded);
+        let continued = persist::Continued::of(&loaded);
         let streams = std::mem::take(&mut loaded.streams);
         let objects = loaded.objects.len();
         let index = Arc::new(Index::restore(
@@ -190,13 +189,7 @@ impl Engine {
         tracing::info!(objects, streams = streams.len(), %revision, took = ?started.elapsed(), "restored the index from the store");
         let mut persist_config = config.persist.clone();
         persist_config.log_retention = config.index.log_retention;
-        let persister = Arc::new(Persister::new(
-            store,
-            persist_config,
-            held_json,
-            &logged,
-            revision,
-        ));
+        let persister = Arc::new(Persister::new(store, persist_config, continued));
         persister.record_config(
             configured.iter().cloned().collect(),
             config.index.field_indexes.clone(),
@@ -220,7 +213,7 @@ impl Engine {
                 .iter()
                 .filter(|s| &s.cluster == gone)
                 .map(|s| (s.cluster.clone(), s.resource.clone(), None));
-            persister.record(&events, dropped);
+            persister.record(&index, &events, dropped);
         }
         let mut resume: HashMap<ClusterName, Resume> = HashMap::new();
         let mut kept_streams = Vec::new();
@@ -672,6 +665,7 @@ async fn ingest(
         if let Some(p) = &persister {
             // The events and the resume points they imply go to the store together.
             p.record(
+                &index,
                 &events,
                 after.iter().filter_map(|(stream, progress)| {
                     let rv = match progress {

@@ -1,17 +1,22 @@
-//! Write-behind persistence: the ingest records each applied batch here; a writer
-//! task commits what has gathered at most every `max_delay` (or sooner when it grows
-//! past `max_changes`) as one atomic store batch: objects, events and stream
-//! resourceVersions together, so a stream's resourceVersion on disk never runs ahead
-//! of its objects on disk. A failing store (a full disk) is logged and retried; the
-//! index keeps serving and nothing gathered is lost.
+//! Write-behind persistence. The ingest records each applied batch here; a writer task
+//! commits what has gathered at most every `max_delay` (or sooner when it grows past
+//! `max_changes`) as one atomic store batch: the events (the change log) and the
+//! streams' resourceVersions together, so a stream's resourceVersion on disk never runs
+//! ahead of the objects the store rebuilds. When the change log grows past a share of
+//! the objects' size, the index's state at that revision is written as a new snapshot
+//! and the log before it is trimmed to what resuming watches needs, so the store's size
+//! follows the objects held, not the changes seen. A failing store (a full disk) is
+//! logged and retried; the index keeps serving and nothing gathered is lost.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleetscope_index::{Event, Object, ObjectInput, Restored, RestoredEvent};
-use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
-use fleetscope_store::{Batch, EventRecord, Loaded, ObjectRecord, Store, StreamRecord};
+use fleetscope_index::{Event, Index, Object, ObjectInput, Restored, RestoredEvent, State};
+use fleetscope_model::{ClusterName, EventType, ResourceType, Revision};
+use fleetscope_store::{
+    Batch, EventRecord, Loaded, ObjectRecord, SnapshotMeta, Store, StreamRecord,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -24,8 +29,13 @@ pub struct PersistConfig {
     pub max_changes: usize,
     /// Events kept on disk for resuming watches across restarts (the in-memory log's length).
     pub log_retention: usize,
-    /// The persisted event log's size limit, as a share of the held objects' JSON. Default 0.5.
+    /// The resume log's size limit, as a share of the held objects' JSON. Default 0.5.
     pub log_share: f64,
+    /// A new snapshot is written once the change log after the last one exceeds this
+    /// share of the held objects' JSON and `snapshot_min_bytes`. Default 0.5.
+    pub snapshot_share: f64,
+    /// The change log's size below which no snapshot is written. Default 1 MiB.
+    pub snapshot_min_bytes: usize,
 }
 
 impl Default for PersistConfig {
@@ -35,6 +45,8 @@ impl Default for PersistConfig {
             max_changes: 20_000,
             log_retention: 100_000,
             log_share: 0.5,
+            snapshot_share: 0.5,
+            snapshot_min_bytes: 1 << 20,
         }
     }
 }
@@ -56,46 +68,46 @@ pub struct PersistStats {
     pub last_error: Option<String>,
     /// Events held in the persisted log.
     pub logged_events: usize,
-    /// Object states and deletions written, in all.
-    pub objects_written: u64,
-    /// Events written to the log, in all.
+    /// Events written, in all.
     pub events_written: u64,
+    /// Snapshots written, in all.
+    pub snapshots: u64,
+    /// How long the last snapshot took to write.
+    pub last_snapshot: Duration,
 }
 
 /// What has gathered since the last write.
 #[derive(Default)]
 struct Pending {
-    /// Latest state per key; `None` for deleted.
-    objects: HashMap<ObjectKey, Option<Arc<Object>>>,
     events: VecDeque<Arc<Event>>,
     /// Latest resume point per stream; `None` for a stream that is gone.
     streams: HashMap<(ClusterName, String), Option<StreamRecord>>,
     clusters: Option<Vec<ClusterName>>,
     field_indexes: Option<Vec<String>>,
+    /// The index's state to write as the next snapshot, captured at a recorded revision.
+    snapshot: Option<Arc<State>>,
     revision: Revision,
+    /// Bytes of the gathered events.
+    bytes: usize,
 }
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        self.objects.is_empty()
-            && self.events.is_empty()
+        self.events.is_empty()
             && self.streams.is_empty()
             && self.clusters.is_none()
             && self.field_indexes.is_none()
+            && self.snapshot.is_none()
     }
 
     fn changes(&self) -> usize {
-        self.objects.len() + self.events.len() + self.streams.len()
+        self.events.len() + self.streams.len()
     }
 
     /// Puts back a batch that failed to write, under what gathered since (newer wins).
-    fn restore_under(&mut self, mut older: Pending, retention: usize) {
-        for (k, v) in self.objects.drain() {
-            older.objects.insert(k, v);
-        }
+    fn restore_under(&mut self, mut older: Pending) {
         older.events.extend(self.events.drain(..));
-        let excess = older.events.len().saturating_sub(retention);
-        older.events.drain(..excess);
+        older.bytes += self.bytes;
         for (k, v) in self.streams.drain() {
             older.streams.insert(k, v);
         }
@@ -105,16 +117,28 @@ impl Pending {
         if self.field_indexes.is_some() {
             older.field_indexes = self.field_indexes.take();
         }
+        if self.snapshot.is_some() {
+            older.snapshot = self.snapshot.take();
+        }
         older.revision = older.revision.max(self.revision);
         *self = older;
     }
 }
 
-/// The persisted event log's extent: revisions and encoded sizes, oldest first.
-#[derive(Default)]
-struct LogOnDisk {
+/// The persisted log's extent, revisions and sizes oldest first, and the snapshot.
+#[derive(Default, Clone)]
+struct OnDisk {
     events: VecDeque<(u64, usize)>,
     bytes: usize,
+    snapshot: Option<SnapshotMeta>,
+    /// Bytes of the events after the snapshot: the change log a load replays.
+    change_log: usize,
+}
+
+impl OnDisk {
+    fn snapshot_revision(&self) -> u64 {
+        self.snapshot.map_or(0, |s| s.revision.0)
+    }
 }
 
 /// The write-behind persister.
@@ -124,9 +148,9 @@ pub struct Persister {
     config: PersistConfig,
     pending: Mutex<Pending>,
     wake: Notify,
-    /// Held objects' JSON bytes, for the log's size limit.
+    /// Held objects' JSON bytes, for the logs' size limits.
     held_json: Mutex<i64>,
-    log: Mutex<LogOnDisk>,
+    disk: Mutex<OnDisk>,
     stats: Mutex<PersistStats>,
     /// Serialises writes: the writer task and the final flush.
     writing: tokio::sync::Mutex<()>,
@@ -170,6 +194,14 @@ fn to_input(o: ObjectRecord) -> (ObjectInput, Revision) {
     )
 }
 
+fn event_size(e: &Event) -> usize {
+    e.object.json.len()
+        + match e.kind {
+            EventType::Modified => e.prev.as_ref().map_or(0, |p| p.json.len()),
+            _ => 0,
+        }
+}
+
 /// What the index is rebuilt from.
 pub fn restored(loaded: &mut Loaded) -> Restored {
     Restored {
@@ -190,62 +222,90 @@ pub fn restored(loaded: &mut Loaded) -> Restored {
     }
 }
 
+/// What a loaded store holds, for the persister that continues it.
+pub struct Continued {
+    /// The held objects' JSON bytes.
+    pub held_json: usize,
+    /// The persisted events: revision and size, oldest first.
+    pub logged: Vec<(Revision, usize)>,
+    /// The current snapshot.
+    pub snapshot: Option<SnapshotMeta>,
+    /// Bytes of the change log after the snapshot.
+    pub change_log: usize,
+    /// The store's revision.
+    pub revision: Revision,
+}
+
+impl Continued {
+    /// Read off a loaded store, before its objects and events are taken.
+    pub fn of(loaded: &Loaded) -> Self {
+        Self {
+            held_json: loaded.objects.iter().map(|o| o.json.len()).sum(),
+            logged: loaded
+                .events
+                .iter()
+                .map(|e| {
+                    (
+                        e.revision,
+                        e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len()),
+                    )
+                })
+                .collect(),
+            snapshot: loaded.snapshot,
+            change_log: loaded.change_log_bytes as usize,
+            revision: loaded.revision,
+        }
+    }
+}
+
 impl Persister {
-    /// A persister over `store`, which holds `held_json` bytes of objects and the
-    /// events `logged` (revision order).
-    pub fn new(
-        store: Arc<dyn Store>,
-        config: PersistConfig,
-        held_json: usize,
-        logged: &[(Revision, usize)],
-        revision: Revision,
-    ) -> Self {
-        let log = LogOnDisk {
-            events: logged.iter().map(|(r, n)| (r.0, *n)).collect(),
-            bytes: logged.iter().map(|(_, n)| n).sum(),
+    /// A persister over `store`, continuing what it holds.
+    pub fn new(store: Arc<dyn Store>, config: PersistConfig, from: Continued) -> Self {
+        let disk = OnDisk {
+            events: from.logged.iter().map(|(r, n)| (r.0, *n)).collect(),
+            bytes: from.logged.iter().map(|(_, n)| n).sum(),
+            snapshot: from.snapshot,
+            change_log: from.change_log,
         };
         Self {
             store: Mutex::new(Some(store)),
             config,
             pending: Mutex::new(Pending {
-                revision,
+                revision: from.revision,
                 ..Pending::default()
             }),
             wake: Notify::new(),
-            held_json: Mutex::new(held_json as i64),
-            log: Mutex::new(log),
+            held_json: Mutex::new(from.held_json as i64),
+            disk: Mutex::new(disk),
             stats: Mutex::new(PersistStats::default()),
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
         }
     }
 
-    /// Records one applied batch: its events and the streams' new resume points.
+    /// Records one batch just applied to `index` (nothing else applied since): its
+    /// events and the streams' new resume points.
     pub fn record(
         &self,
+        index: &Index,
         events: &[Arc<Event>],
         streams: impl IntoIterator<Item = (ClusterName, ResourceType, Option<String>)>,
     ) {
         let mut held = 0i64;
+        let mut added = 0usize;
         let mut p = lock(&self.pending);
         for e in events {
-            let key = e.object.key.clone();
             match e.kind {
-                EventType::Deleted => {
-                    held -= e.object.json.len() as i64;
-                    p.objects.insert(key, None);
-                }
+                EventType::Deleted => held -= e.object.json.len() as i64,
                 _ => {
                     held += e.object.json.len() as i64
                         - e.prev.as_ref().map_or(0, |p| p.json.len() as i64);
-                    p.objects.insert(key, Some(e.object.clone()));
                 }
             }
+            added += event_size(e);
             p.events.push_back(e.clone());
             p.revision = p.revision.max(e.revision);
         }
-        let excess = p.events.len().saturating_sub(self.config.log_retention);
-        p.events.drain(..excess);
         for (cluster, resource, rv) in streams {
             let key = (cluster.clone(), resource.name());
             let record = rv.map(|resource_version| StreamRecord {
@@ -255,9 +315,34 @@ impl Persister {
             });
             p.streams.insert(key, record);
         }
+        let held_json = {
+            let mut h = lock(&self.held_json);
+            *h += held;
+            (*h).max(0) as f64
+        };
+        // A snapshot is due when the change log (on disk and gathered) outgrows its
+        // share of the objects, or when a backlog the store cannot take grows past the
+        // retained log: the snapshot then stands in for the changes.
+        p.bytes += added;
+        let change_log = lock(&self.disk).change_log + p.bytes;
+        let due = change_log as f64
+            > (held_json * self.config.snapshot_share).max(self.config.snapshot_min_bytes as f64)
+            || p.events.len() > self.config.log_retention;
+        if due
+            && p.snapshot
+                .as_ref()
+                .is_none_or(|s| s.revision() < p.revision)
+        {
+            let state = index.snapshot();
+            if state.revision() == p.revision {
+                p.snapshot = Some(state);
+                let excess = p.events.len().saturating_sub(self.config.log_retention);
+                let dropped: usize = p.events.drain(..excess).map(|e| event_size(&e)).sum();
+                p.bytes -= dropped;
+            }
+        }
         let wake = p.changes() >= self.config.max_changes;
         drop(p);
-        *lock(&self.held_json) += held;
         if wake {
             self.wake.notify_one();
         }
@@ -265,7 +350,7 @@ impl Persister {
 
     /// Waits while the backlog is over `max_changes` × 4 and the store is writing, so an
     /// ingest far ahead of the disk slows to its pace (and batches stay bounded). A
-    /// failing store does not hold the ingest: its backlog is bounded by the objects held.
+    /// failing store does not hold the ingest: its backlog is bounded by snapshots.
     pub async fn backpressure(&self) {
         loop {
             let notified = self.written.notified();
@@ -289,11 +374,11 @@ impl Persister {
     pub fn stats(&self) -> PersistStats {
         let mut s = lock(&self.stats).clone();
         s.pending = lock(&self.pending).changes();
-        s.logged_events = lock(&self.log).events.len();
+        s.logged_events = lock(&self.disk).events.len();
         s
     }
 
-    /// Writes gathered changes every `max_delay` until cancelled, then once more.
+    /// Writes gathered changes every `max_delay` until cancelled.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut last_report = Instant::now();
         loop {
@@ -318,6 +403,7 @@ impl Persister {
                     max_flush_ms = s.max_flush.as_secs_f64() * 1e3,
                     pending = s.pending,
                     logged_events = s.logged_events,
+                    snapshots = s.snapshots,
                     "store"
                 );
             }
@@ -331,7 +417,7 @@ impl Persister {
         flushed
     }
 
-    /// Writes everything gathered so far as one batch.
+    /// Writes everything gathered so far.
     pub async fn flush(self: &Arc<Self>) -> Result<(), ()> {
         let _writing = self.writing.lock().await;
         let taken = {
@@ -357,18 +443,20 @@ impl Persister {
         .await
         .unwrap_or_else(|e| (Pending::default(), Err(format!("store writer failed: {e}"))));
         let took = started.elapsed();
-        self.written.notify_waiters();
-        match result {
-            Ok((log, objects, events)) => {
-                *lock(&self.log) = log;
+        let outcome = match result {
+            Ok((disk, events, snapshot_took)) => {
+                *lock(&self.disk) = disk;
                 let size = lock(&self.store).as_ref().map_or(0, |s| s.size_on_disk());
                 let mut s = lock(&self.stats);
                 if s.last_error.take().is_some() {
                     tracing::info!("store writes succeed again");
                 }
                 s.flushes += 1;
-                s.objects_written += objects;
                 s.events_written += events;
+                if let Some(t) = snapshot_took {
+                    s.snapshots += 1;
+                    s.last_snapshot = t;
+                }
                 s.last_flush = took;
                 s.max_flush = s.max_flush.max(took);
                 s.size_on_disk = size;
@@ -381,45 +469,77 @@ impl Persister {
                 }
                 s.last_error = Some(e);
                 drop(s);
-                lock(&self.pending).restore_under(taken, self.config.log_retention);
+                lock(&self.pending).restore_under(taken);
                 Err(())
             }
-        }
+        };
+        self.written.notify_waiters();
+        outcome
     }
 
-    /// Encodes and commits one batch; returns the persisted log's new extent.
-    fn write(&self, p: &Pending) -> Result<(LogOnDisk, u64, u64), String> {
+    /// Writes one gathered batch (and a snapshot, when one was captured); returns the
+    /// store's new extent, the events written and how long a snapshot took.
+    fn write(&self, p: &Pending) -> Result<(OnDisk, u64, Option<Duration>), String> {
+        let store = lock(&self.store)
+            .clone()
+            .ok_or_else(|| "the store is closed".to_string())?;
+        let mut disk = lock(&self.disk).clone();
         let mut batch = Batch {
             revision: p.revision,
             clusters: p.clusters.clone(),
             field_indexes: p.field_indexes.clone(),
             ..Batch::default()
         };
-        for (key, state) in &p.objects {
-            match state {
-                Some(o) => batch.upserts.push(to_record(o)),
-                None => batch.deletes.push(key.clone()),
-            }
-        }
         for ((cluster, resource), record) in &p.streams {
             match record {
                 Some(r) => batch.streams.push(r.clone()),
                 None => batch.drop_streams.push((cluster.clone(), resource.clone())),
             }
         }
-        // The log keeps the newest events within its length and its share of the
-        // objects' size; events trimmed before they reach the disk are not written.
+        let mut snapshot_took = None;
+        if let Some(state) = &p.snapshot {
+            let started = Instant::now();
+            let revision = state.revision();
+            let mut objects = state.iter().map(|o| to_record(o));
+            let meta = store
+                .write_snapshot(revision.0, revision, &mut objects)
+                .map_err(|e| e.to_string())?;
+            batch.snapshot = Some((meta, disk.snapshot));
+            disk.snapshot = Some(meta);
+            snapshot_took = Some(started.elapsed());
+        }
+        // The log keeps every event after the snapshot (the change log), and before it
+        // the newest within the resume log's length and size.
         let budget = (*lock(&self.held_json)).max(0) as f64 * self.config.log_share;
-        let mut log = {
-            let l = lock(&self.log);
-            LogOnDisk {
-                events: l.events.clone(),
-                bytes: l.bytes,
+        let on_disk_from = disk.events.front().map(|(r, _)| *r);
+        let first_new = p.events.front().map(|e| e.revision.0);
+        for e in &p.events {
+            let size = event_size(e);
+            disk.events.push_back((e.revision.0, size));
+            disk.bytes += size;
+        }
+        let cut = disk.snapshot_revision();
+        let mut dropped_upto = None;
+        while let Some(&(r, n)) = disk.events.front() {
+            let over = disk.events.len() > self.config.log_retention || disk.bytes as f64 > budget;
+            if r > cut || !over {
+                break;
             }
-        };
-        let records: Vec<EventRecord> = p
+            disk.events.pop_front();
+            disk.bytes -= n;
+            dropped_upto = Some(r);
+        }
+        if let (Some(from), Some(upto)) = (on_disk_from, dropped_upto) {
+            let end = (upto + 1).min(first_new.unwrap_or(u64::MAX));
+            if end > from {
+                batch.drop_events = from..end;
+            }
+        }
+        let oldest_kept = disk.events.front().map_or(u64::MAX, |(r, _)| *r);
+        batch.events = p
             .events
             .iter()
+            .filter(|e| e.revision.0 >= oldest_kept)
             .map(|e| EventRecord {
                 revision: e.revision,
                 kind: e.kind,
@@ -430,55 +550,13 @@ impl Persister {
                 },
             })
             .collect();
-        let first_new = records.first().map(|e| e.revision.0);
-        for e in &records {
-            let size = e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len());
-            log.events.push_back((e.revision.0, size));
-            log.bytes += size;
-        }
-        let mut dropped_upto = None;
-        while log.events.len() > self.config.log_retention
-            || (log.bytes as f64 > budget && !log.events.is_empty())
-        {
-            if let Some((r, n)) = log.events.pop_front() {
-                log.bytes -= n;
-                dropped_upto = Some(r);
-            }
-        }
-        let oldest_kept = log.events.front().map(|(r, _)| *r);
-        let on_disk_from = {
-            let l = lock(&self.log);
-            l.events.front().map(|(r, _)| *r)
-        };
-        if let (Some(from), Some(upto)) = (on_disk_from, dropped_upto) {
-            let end = (upto + 1).min(first_new.unwrap_or(u64::MAX));
-            if end > from {
-                batch.drop_events = from..end;
-            }
-        }
-        batch.events = records
-            .into_iter()
-            .filter(|e| oldest_kept.is_some_and(|o| e.revision.0 >= o))
-            .collect();
-        let store = lock(&self.store)
-            .clone()
-            .ok_or_else(|| "the store is closed".to_string())?;
+        disk.change_log = disk
+            .events
+            .iter()
+            .filter(|(r, _)| *r > cut)
+            .map(|(_, n)| n)
+            .sum();
         store.commit(&batch).map_err(|e| e.to_string())?;
-        let objects = (batch.upserts.len() + batch.deletes.len()) as u64;
-        Ok((log, objects, batch.events.len() as u64))
+        Ok((disk, batch.events.len() as u64, snapshot_took))
     }
-}
-
-/// The persisted log's extent from what was loaded.
-pub fn logged(loaded: &Loaded) -> Vec<(Revision, usize)> {
-    loaded
-        .events
-        .iter()
-        .map(|e| {
-            (
-                e.revision,
-                e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len()),
-            )
-        })
-        .collect()
 }

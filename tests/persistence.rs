@@ -22,8 +22,11 @@ const TYPES: [&str; 3] = ["pods", "configmaps", "deployments.apps"];
 fn config() -> fleetscope::engine::EngineConfig {
     let mut c = test_config(&TYPES);
     c.restore_confirm = std::time::Duration::from_millis(300);
-    // Small test fleets: let the persisted log hold every event of the test.
+    // Small test fleets: let the persisted log hold every event of the test, and
+    // write snapshots often, so restarts load a snapshot and replay the changes after it.
     c.persist.log_share = 100.0;
+    c.persist.snapshot_share = 0.05;
+    c.persist.snapshot_min_bytes = 0;
     c
 }
 
@@ -151,6 +154,11 @@ async fn a_restart_serves_at_once_and_resumes_every_watch_without_listing() {
     h.synced().await;
     let before: Vec<_> = futures::future::join_all(TYPES.map(|t| served(&h, t))).await;
     h.stop_node().await;
+    let stored = fleetscope_store::SledStore::open(data.path())
+        .unwrap()
+        .loaded;
+    assert!(stored.snapshot.is_some(), "a snapshot was written");
+    drop(stored);
     for s in h.fleet.servers() {
         s.cluster().reset_counters();
     }

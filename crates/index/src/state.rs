@@ -146,6 +146,11 @@ impl State {
         self.objects.get(key).map(|e| &e.0)
     }
 
+    /// Every object, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Object>> {
+        self.objects.iter().map(|e| &e.0)
+    }
+
     /// Object counts per (resource, cluster).
     pub fn counts(&self) -> impl Iterator<Item = (&str, &ClusterName, usize)> {
         let mut out: Vec<(&str, &ClusterName, usize)> = Vec::new();

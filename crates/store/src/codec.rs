@@ -3,7 +3,7 @@
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
 
-use crate::{EventRecord, ObjectRecord, StreamRecord};
+use crate::{EventRecord, ObjectRecord, SnapshotMeta, StreamRecord};
 
 /// Why a record could not be read back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,36 +23,30 @@ pub(crate) const META_SCHEMA: &[u8] = b"m:schema";
 pub(crate) const META_REVISION: &[u8] = b"m:revision";
 pub(crate) const META_CLUSTERS: &[u8] = b"m:clusters";
 pub(crate) const META_FIELD_INDEXES: &[u8] = b"m:field-indexes";
-pub(crate) const OBJECT_PREFIX: &[u8] = b"o:";
+pub(crate) const META_SNAPSHOT: &[u8] = b"m:snapshot";
+pub(crate) const CHUNK_PREFIX: &[u8] = b"b:";
 pub(crate) const EVENT_PREFIX: &[u8] = b"e:";
 pub(crate) const STREAM_PREFIX: &[u8] = b"s:";
 
-/// `o:` resource NUL cluster NUL namespace NUL name: byte order is the index's key order.
-pub(crate) fn object_key(key: &ObjectKey) -> Vec<u8> {
-    let mut k = Vec::with_capacity(
-        OBJECT_PREFIX.len()
-            + key.resource.len()
-            + key.cluster.as_str().len()
-            + key.namespace.len()
-            + key.name.len()
-            + 3,
-    );
-    k.extend_from_slice(OBJECT_PREFIX);
-    for (i, part) in [
-        &*key.resource,
-        key.cluster.as_str(),
-        &*key.namespace,
-        &*key.name,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if i > 0 {
-            k.push(0);
-        }
-        k.extend_from_slice(part.as_bytes());
-    }
+/// `b:`, the snapshot id and the chunk's index, big-endian: a snapshot's chunks in order.
+pub(crate) fn chunk_key(snapshot: u64, index: u32) -> Vec<u8> {
+    let mut k = CHUNK_PREFIX.to_vec();
+    k.extend_from_slice(&snapshot.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
     k
+}
+
+/// The snapshot id and chunk index of a chunk key.
+pub(crate) fn parse_chunk_key(key: &[u8]) -> Option<(u64, u32)> {
+    let rest = key.strip_prefix(CHUNK_PREFIX)?;
+    if rest.len() != 12 {
+        return None;
+    }
+    let mut id = [0; 8];
+    id.copy_from_slice(&rest[..8]);
+    let mut index = [0; 4];
+    index.copy_from_slice(&rest[8..]);
+    Some((u64::from_be_bytes(id), u32::from_be_bytes(index)))
 }
 
 /// `e:` and the revision, big-endian, so events scan in revision order.
@@ -229,17 +223,84 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Builds one chunk of a snapshot: objects in key order behind one checksum.
+pub(crate) struct ChunkWriter {
+    w: Writer,
+    count: u32,
+}
+
+impl ChunkWriter {
+    pub(crate) fn new() -> Self {
+        let mut w = Writer::new();
+        w.u32(0);
+        Self { w, count: 0 }
+    }
+
+    pub(crate) fn push(&mut self, o: &ObjectRecord) {
+        self.w.object(o);
+        self.count += 1;
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.w.0.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub(crate) fn seal(mut self) -> Vec<u8> {
+        self.w.0[4..8].copy_from_slice(&self.count.to_le_bytes());
+        self.w.seal()
+    }
+}
+
+pub(crate) fn decode_chunk(record: &[u8]) -> Result<Vec<ObjectRecord>, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let n = r.u32()? as usize;
+    // Each object takes at least 28 bytes: a larger count is damage.
+    if n > r.0.len() / 28 {
+        return Err(DecodeError::Malformed("count exceeds the chunk"));
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(r.object()?);
+    }
+    r.end()?;
+    Ok(out)
+}
+
+#[cfg(test)]
 pub(crate) fn encode_object(o: &ObjectRecord) -> Vec<u8> {
     let mut w = Writer::new();
     w.object(o);
     w.seal()
 }
 
+#[cfg(test)]
 pub(crate) fn decode_object(record: &[u8]) -> Result<ObjectRecord, DecodeError> {
     let mut r = Reader::open(record)?;
     let o = r.object()?;
     r.end()?;
     Ok(o)
+}
+
+pub(crate) fn encode_snapshot(s: &SnapshotMeta) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.u64(s.id).u64(s.revision.0).u32(s.chunks).u64(s.objects);
+    w.seal()
+}
+
+pub(crate) fn decode_snapshot(record: &[u8]) -> Result<SnapshotMeta, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let s = SnapshotMeta {
+        id: r.u64()?,
+        revision: Revision(r.u64()?),
+        chunks: r.u32()?,
+        objects: r.u64()?,
+    };
+    r.end()?;
+    Ok(s)
 }
 
 fn kind_code(kind: EventType) -> u8 {

@@ -7,8 +7,16 @@
 //!   loads and verifies what it holds. A store that fails verification or has an
 //!   unknown schema is moved aside and replaced by an empty one; it is never served.
 //! - [`MemoryStore`]: the same contract in memory, with a switch that makes writes fail.
-//! - [`Store::commit`]: one [`Batch`] applied atomically and durably: the objects,
-//!   events and stream resourceVersions it carries are on disk together or not at all.
+//! - [`Store::commit`]: one [`Batch`] applied atomically and durably: the events and
+//!   stream resourceVersions it carries are on disk together or not at all.
+//! - [`Store::write_snapshot`] then [`Store::commit`] with `snapshot` set: every object
+//!   at one revision, in chunks, made current atomically.
+//!
+//! Layout: the objects are a snapshot at some revision (large chunks, written once) plus
+//! the events after it (the change log, replayed at load). The same events, with some
+//! before the snapshot, are the log a `Watch` resumes from after a restart. Snapshots
+//! are rewritten as the change log grows, so the store's size follows the objects held,
+//! not the changes seen.
 //!
 //! Nothing else in fleetscope touches sled.
 
@@ -27,7 +35,10 @@ pub use memory::MemoryStore;
 pub use sled_store::{Opened, SledStore};
 
 /// The layout version this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;
+
+/// A snapshot chunk's target size.
+const CHUNK_BYTES: usize = 4 << 20;
 
 /// One object as stored: what the index needs to rebuild it without parsing the JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,13 +81,30 @@ pub struct StreamRecord {
     pub resource_version: String,
 }
 
+/// Which snapshot is current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    /// Its id (chunk keys carry it).
+    pub id: u64,
+    /// The revision the objects are at.
+    pub revision: Revision,
+    /// How many chunks.
+    pub chunks: u32,
+    /// How many objects.
+    pub objects: u64,
+}
+
 /// Everything a store holds, verified.
 #[derive(Debug, Default)]
 pub struct Loaded {
     /// The last revision applied.
     pub revision: Revision,
-    /// Every object, in key order.
+    /// Every object, in key order: the snapshot with the later events replayed.
     pub objects: Vec<ObjectRecord>,
+    /// The current snapshot.
+    pub snapshot: Option<SnapshotMeta>,
+    /// Bytes of events after the snapshot (the change log).
+    pub change_log_bytes: u64,
     /// The retained event log, in revision order.
     pub events: Vec<EventRecord>,
     /// Every stream that completed a list.
@@ -92,10 +120,8 @@ pub struct Loaded {
 pub struct Batch {
     /// The revision the store is at after this batch.
     pub revision: Revision,
-    /// Objects created or changed.
-    pub upserts: Vec<ObjectRecord>,
-    /// Objects deleted.
-    pub deletes: Vec<ObjectKey>,
+    /// A snapshot written by [`Store::write_snapshot`] to make current, with the one it replaces.
+    pub snapshot: Option<(SnapshotMeta, Option<SnapshotMeta>)>,
     /// Events to add to the log.
     pub events: Vec<EventRecord>,
     /// Revisions of logged events to drop (the log's trimmed head).
@@ -113,8 +139,7 @@ pub struct Batch {
 impl Batch {
     /// True when the batch writes nothing.
     pub fn is_empty(&self) -> bool {
-        self.upserts.is_empty()
-            && self.deletes.is_empty()
+        self.snapshot.is_none()
             && self.events.is_empty()
             && self.drop_events.is_empty()
             && self.streams.is_empty()
@@ -189,11 +214,14 @@ pub trait Store: Send + Sync {
     fn size_on_disk(&self) -> u64;
 
     /// Loads and verifies everything: every record's checksum, every key against its
-    /// record, the schema version.
+    /// record, the schema version, the snapshot's chunks and an unbroken change log
+    /// after it, which is then replayed onto the snapshot. Chunks of an unfinished
+    /// snapshot (a crash while writing one) are deleted.
     fn load(&self) -> Result<Loaded, StoreError> {
         let mut loaded = Loaded::default();
         let mut schema = None;
         let mut revision = None;
+        let mut chunks: Vec<((u64, u32), Vec<u8>)> = Vec::new();
         let damaged = |what: &str, key: &[u8], e: DecodeError| {
             StoreError::Damaged(format!(
                 "{what} record {:?}: {e}",
@@ -205,6 +233,9 @@ pub trait Store: Send + Sync {
                 schema = Some(codec::decode_u64(value).map_err(|e| damaged("schema", key, e))?);
             } else if key == codec::META_REVISION {
                 revision = Some(codec::decode_u64(value).map_err(|e| damaged("revision", key, e))?);
+            } else if key == codec::META_SNAPSHOT {
+                loaded.snapshot =
+                    Some(codec::decode_snapshot(value).map_err(|e| damaged("snapshot", key, e))?);
             } else if key == codec::META_CLUSTERS {
                 loaded.clusters = codec::decode_names(value)
                     .map_err(|e| damaged("clusters", key, e))?
@@ -214,16 +245,8 @@ pub trait Store: Send + Sync {
             } else if key == codec::META_FIELD_INDEXES {
                 loaded.field_indexes =
                     Some(codec::decode_names(value).map_err(|e| damaged("field indexes", key, e))?);
-            } else if key.starts_with(codec::OBJECT_PREFIX) {
-                let o = codec::decode_object(value).map_err(|e| damaged("object", key, e))?;
-                if codec::object_key(&o.key) != key {
-                    return Err(StoreError::Damaged(format!(
-                        "object record under {:?} is for {}",
-                        String::from_utf8_lossy(key),
-                        o.key
-                    )));
-                }
-                loaded.objects.push(o);
+            } else if let Some(id) = codec::parse_chunk_key(key) {
+                chunks.push((id, value.to_vec()));
             } else if key.starts_with(codec::EVENT_PREFIX) {
                 let e = codec::decode_event(value).map_err(|e| damaged("event", key, e))?;
                 if codec::event_key(e.revision) != key {
@@ -253,9 +276,9 @@ pub trait Store: Send + Sync {
             }
             Ok(())
         })?;
-        let empty = loaded.objects.is_empty()
-            && loaded.events.is_empty()
+        let empty = loaded.events.is_empty()
             && loaded.streams.is_empty()
+            && chunks.is_empty()
             && revision.is_none();
         match schema {
             Some(SCHEMA_VERSION) => {}
@@ -268,20 +291,109 @@ pub trait Store: Send + Sync {
             }
         }
         loaded.revision = Revision(revision.unwrap_or(0));
-        let newest = loaded
-            .objects
-            .iter()
-            .map(|o| o.revision)
-            .chain(loaded.events.iter().map(|e| e.revision))
-            .max()
-            .unwrap_or_default();
-        if newest > loaded.revision {
+        // The current snapshot's chunks, decoded two at a time; any others are leftovers.
+        let current = loaded.snapshot.map(|s| s.id);
+        let (mine, stale): (Vec<_>, Vec<_>) = chunks
+            .into_iter()
+            .partition(|((id, _), _)| Some(*id) == current);
+        if !stale.is_empty() {
+            self.write(
+                stale
+                    .iter()
+                    .map(|((id, i), _)| (codec::chunk_key(*id, *i), None))
+                    .collect(),
+            )?;
+        }
+        let base = match loaded.snapshot {
+            Some(meta) => {
+                if mine.len() != meta.chunks as usize
+                    || mine
+                        .iter()
+                        .enumerate()
+                        .any(|(n, ((_, i), _))| *i as usize != n)
+                {
+                    return Err(StoreError::Damaged(format!(
+                        "snapshot {} has {} of its {} chunks",
+                        meta.id,
+                        mine.len(),
+                        meta.chunks
+                    )));
+                }
+                let objects = decode_chunks(&mine)?;
+                if objects.len() as u64 != meta.objects
+                    || objects.windows(2).any(|w| w[0].key >= w[1].key)
+                {
+                    return Err(StoreError::Damaged(format!(
+                        "snapshot {} does not hold its {} objects in order",
+                        meta.id, meta.objects
+                    )));
+                }
+                objects
+            }
+            None => Vec::new(),
+        };
+        let from = loaded.snapshot.map_or(Revision(0), |s| s.revision);
+        let changes: Vec<&EventRecord> =
+            loaded.events.iter().filter(|e| e.revision > from).collect();
+        // The change log runs unbroken from the snapshot to the store's revision.
+        let mut expect = from.0 + 1;
+        for e in &changes {
+            if e.revision.0 != expect {
+                return Err(StoreError::Damaged(format!(
+                    "the change log after revision {from} is missing revision {expect}"
+                )));
+            }
+            expect += 1;
+        }
+        if expect - 1 != loaded.revision.0 {
             return Err(StoreError::Damaged(format!(
-                "a record has revision {newest}, after the store's revision {}",
+                "the change log ends at revision {}, the store is at {}",
+                expect - 1,
                 loaded.revision
             )));
         }
+        loaded.change_log_bytes = changes
+            .iter()
+            .map(|e| (e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len())) as u64)
+            .sum();
+        loaded.objects = replay(base, &changes);
         Ok(loaded)
+    }
+
+    /// Writes every object of a snapshot at `revision` in chunks, under a new id, each
+    /// chunk durable on its own; commit a [`Batch`] with `snapshot` set to make it
+    /// current. Until then (or after a crash) it is not read, and the next open
+    /// deletes it.
+    fn write_snapshot(
+        &self,
+        id: u64,
+        revision: Revision,
+        objects: &mut dyn Iterator<Item = ObjectRecord>,
+    ) -> Result<SnapshotMeta, StoreError> {
+        let mut meta = SnapshotMeta {
+            id,
+            revision,
+            chunks: 0,
+            objects: 0,
+        };
+        let mut chunk = codec::ChunkWriter::new();
+        for o in objects {
+            chunk.push(&o);
+            meta.objects += 1;
+            if chunk.len() >= CHUNK_BYTES {
+                let full = std::mem::replace(&mut chunk, codec::ChunkWriter::new());
+                self.write(vec![(codec::chunk_key(id, meta.chunks), Some(full.seal()))])?;
+                meta.chunks += 1;
+            }
+        }
+        if !chunk.is_empty() {
+            self.write(vec![(
+                codec::chunk_key(id, meta.chunks),
+                Some(chunk.seal()),
+            )])?;
+            meta.chunks += 1;
+        }
+        Ok(meta)
     }
 
     /// Writes one batch atomically and durably.
@@ -301,11 +413,16 @@ pub trait Store: Send + Sync {
 fn encode_batch(batch: &Batch) -> Writes {
     // Later writes to one key win; a map keeps exactly one write per key.
     let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
-    for key in &batch.deletes {
-        writes.insert(codec::object_key(key), None);
-    }
-    for o in &batch.upserts {
-        writes.insert(codec::object_key(&o.key), Some(codec::encode_object(o)));
+    if let Some((new, old)) = &batch.snapshot {
+        if let Some(old) = old {
+            for i in 0..old.chunks {
+                writes.insert(codec::chunk_key(old.id, i), None);
+            }
+        }
+        writes.insert(
+            codec::META_SNAPSHOT.to_vec(),
+            Some(codec::encode_snapshot(new)),
+        );
     }
     for r in batch.drop_events.clone() {
         writes.insert(codec::event_key(Revision(r)), None);
@@ -341,6 +458,68 @@ fn encode_batch(batch: &Batch) -> Writes {
         Some(codec::encode_u64(batch.revision.0)),
     );
     writes.into_iter().collect()
+}
+
+/// Decodes a snapshot's chunks, two threads at a time.
+fn decode_chunks(chunks: &[((u64, u32), Vec<u8>)]) -> Result<Vec<ObjectRecord>, StoreError> {
+    let decode = |part: &[((u64, u32), Vec<u8>)]| -> Result<Vec<Vec<ObjectRecord>>, StoreError> {
+        part.iter()
+            .map(|((id, i), bytes)| {
+                codec::decode_chunk(bytes)
+                    .map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))
+            })
+            .collect()
+    };
+    let (a, b) = chunks.split_at(chunks.len() / 2);
+    let (first, second) = std::thread::scope(|s| {
+        let other = s.spawn(|| decode(a));
+        let second = decode(b);
+        (other.join(), second)
+    });
+    let first =
+        first.map_err(|_| StoreError::Damaged("a snapshot chunk failed to decode".into()))??;
+    let second = second?;
+    Ok(first.into_iter().chain(second).flatten().collect())
+}
+
+/// The snapshot's objects with the change log applied, in key order.
+fn replay(base: Vec<ObjectRecord>, changes: &[&EventRecord]) -> Vec<ObjectRecord> {
+    if changes.is_empty() {
+        return base;
+    }
+    // The last change per key wins; merged with the snapshot in one ordered pass.
+    let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
+    for e in changes {
+        let state = match e.kind {
+            EventType::Deleted => None,
+            _ => Some(&e.object),
+        };
+        last.insert(&e.object.key, state);
+    }
+    let mut out = Vec::with_capacity(base.len() + last.len());
+    let mut changed = last.into_iter().peekable();
+    for o in base {
+        while let Some((k, state)) = changed.peek() {
+            if **k >= o.key {
+                break;
+            }
+            if let Some(s) = state {
+                out.push((*s).clone());
+            }
+            changed.next();
+        }
+        match changed.peek() {
+            Some((k, state)) if **k == o.key => {
+                if let Some(s) = state {
+                    out.push((*s).clone());
+                }
+                changed.next();
+            }
+            _ => out.push(o),
+        }
+    }
+    out.extend(changed.filter_map(|(_, s)| s.cloned()));
+    out
 }
 
 #[cfg(test)]

@@ -34,23 +34,18 @@ fn stream(cluster: &str, rv: &str) -> StreamRecord {
     }
 }
 
-/// Three objects, their events and a stream, at revision 3.
+/// Three objects created, with a stream, at revision 3.
 fn first_batch() -> Batch {
-    let objects: Vec<ObjectRecord> = (1..=3)
-        .map(|i| object("c1", "ns", &format!("p{i}"), i))
-        .collect();
     Batch {
         revision: Revision(3),
-        events: objects
-            .iter()
-            .map(|o| EventRecord {
-                revision: o.revision,
+        events: (1..=3)
+            .map(|i| EventRecord {
+                revision: Revision(i),
                 kind: EventType::Added,
-                object: o.clone(),
+                object: object("c1", "ns", &format!("p{i}"), i),
                 prev: None,
             })
             .collect(),
-        upserts: objects,
         streams: vec![stream("c1", "100")],
         clusters: Some(vec![ClusterName::from("c1")]),
         field_indexes: Some(vec!["spec.nodeName".into()]),
@@ -58,13 +53,12 @@ fn first_batch() -> Batch {
     }
 }
 
+/// p1 changed, p2 deleted, at revision 5.
 fn second_batch() -> Batch {
     let changed = object("c1", "ns", "p1", 4);
     let gone = object("c1", "ns", "p2", 5);
     Batch {
         revision: Revision(5),
-        upserts: vec![changed.clone()],
-        deletes: vec![gone.key.clone()],
         events: vec![
             EventRecord {
                 revision: Revision(4),
@@ -79,10 +73,26 @@ fn second_batch() -> Batch {
                 prev: None,
             },
         ],
-        drop_events: 1..3,
         streams: vec![stream("c1", "105")],
         ..Batch::default()
     }
+}
+
+/// A snapshot at revision 5 made current, keeping events 3 to 5 for resuming watches.
+fn snapshot_at_5(store: &dyn Store, old: Option<SnapshotMeta>) -> SnapshotMeta {
+    let objects = vec![object("c1", "ns", "p1", 4), object("c1", "ns", "p3", 3)];
+    let meta = store
+        .write_snapshot(7, Revision(5), &mut objects.into_iter())
+        .unwrap();
+    store
+        .commit(&Batch {
+            revision: Revision(5),
+            snapshot: Some((meta, old)),
+            drop_events: 1..3,
+            ..Batch::default()
+        })
+        .unwrap();
+    meta
 }
 
 fn check_after_both(loaded: &Loaded) {
@@ -94,10 +104,14 @@ fn check_after_both(loaded: &Loaded) {
         .collect();
     assert_eq!(names, [("p1", 4), ("p3", 3)]);
     assert_eq!(loaded.objects[0].labels, [("app".into(), "web".into())]);
-    let events: Vec<u64> = loaded.events.iter().map(|e| e.revision.0).collect();
-    assert_eq!(events, [3, 4, 5]);
+    assert_eq!(loaded.events.last().map(|e| e.revision), Some(Revision(5)));
+    let modified = loaded
+        .events
+        .iter()
+        .find(|e| e.revision == Revision(4))
+        .unwrap();
     assert_eq!(
-        loaded.events[1].prev.as_ref().map(|p| p.revision),
+        modified.prev.as_ref().map(|p| p.revision),
         Some(Revision(1))
     );
     assert_eq!(loaded.streams, [stream("c1", "105")]);
@@ -114,7 +128,68 @@ fn memory_store_round_trips_batches() {
     store.initialise().unwrap();
     store.commit(&first_batch()).unwrap();
     store.commit(&second_batch()).unwrap();
-    check_after_both(&store.load().unwrap());
+    // Objects rebuilt from the change log alone.
+    let loaded = store.load().unwrap();
+    check_after_both(&loaded);
+    assert_eq!(loaded.events.len(), 5);
+    // Then from a snapshot: the same objects, and only the kept events.
+    let meta = snapshot_at_5(&store, None);
+    let loaded = store.load().unwrap();
+    check_after_both(&loaded);
+    assert_eq!(loaded.snapshot, Some(meta));
+    let kept: Vec<u64> = loaded.events.iter().map(|e| e.revision.0).collect();
+    assert_eq!(kept, [3, 4, 5]);
+    // A newer snapshot replaces the old one's chunks; changes after it replay on top.
+    let third = Batch {
+        revision: Revision(6),
+        events: vec![EventRecord {
+            revision: Revision(6),
+            kind: EventType::Added,
+            object: object("c1", "ns", "p0", 6),
+            prev: None,
+        }],
+        ..Batch::default()
+    };
+    store.commit(&third).unwrap();
+    let loaded = store.load().unwrap();
+    let names: Vec<&str> = loaded.objects.iter().map(|o| &*o.key.name).collect();
+    assert_eq!(names, ["p0", "p1", "p3"]);
+}
+
+#[test]
+fn chunks_of_an_unfinished_snapshot_are_ignored_and_deleted() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    // A snapshot written but never made current (a crash before its commit).
+    store
+        .write_snapshot(
+            9,
+            Revision(3),
+            &mut vec![object("c1", "ns", "zz", 1)].into_iter(),
+        )
+        .unwrap();
+    let loaded = store.load().unwrap();
+    assert_eq!(loaded.objects.len(), 3);
+    assert!(store.keys().iter().all(|k| !k.starts_with(b"b:")));
+}
+
+#[test]
+fn a_gap_in_the_change_log_is_damage() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    store.commit(&second_batch()).unwrap();
+    store.overwrite_raw(&codec::event_key(Revision(2)), Vec::new());
+    assert!(store.load().unwrap_err().is_damage());
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    store
+        .write(vec![(codec::event_key(Revision(2)), None)])
+        .unwrap();
+    let err = store.load().unwrap_err();
+    assert!(err.to_string().contains("missing revision 2"), "{err}");
 }
 
 #[test]
@@ -170,9 +245,16 @@ fn a_record_under_another_key_is_damage() {
     let store = MemoryStore::new();
     store.initialise().unwrap();
     store.commit(&first_batch()).unwrap();
-    let p1 = codec::object_key(&object("c1", "ns", "p1", 1).key);
-    let p2 = codec::encode_object(&object("c1", "ns", "p2", 2));
-    store.overwrite_raw(&p1, p2);
+    let mut e2 = Vec::new();
+    store
+        .scan(&mut |k, v| {
+            if k == codec::event_key(Revision(2)) {
+                e2 = v.to_vec();
+            }
+            Ok(())
+        })
+        .unwrap();
+    store.overwrite_raw(&codec::event_key(Revision(1)), e2);
     let err = store.load().unwrap_err();
     assert!(err.to_string().contains("is for"), "{err}");
 }
@@ -196,6 +278,7 @@ fn sled_store_persists_across_reopen() {
         assert_eq!(opened.loaded.revision, Revision(0));
         opened.store.commit(&first_batch()).unwrap();
         opened.store.commit(&second_batch()).unwrap();
+        snapshot_at_5(&opened.store, None);
         assert!(opened.store.size_on_disk() > 0);
     }
     let opened = SledStore::open(dir.path()).unwrap();
@@ -254,6 +337,7 @@ fn reopen_damaged(damage: impl Fn(&Path)) -> Opened {
         let opened = SledStore::open(dir.path()).unwrap();
         opened.store.commit(&first_batch()).unwrap();
         opened.store.commit(&second_batch()).unwrap();
+        snapshot_at_5(&opened.store, None);
     }
     for entry in walk(&dir.path().join("db")) {
         damage(&entry);
@@ -321,6 +405,9 @@ fn truncated_files_are_moved_aside_or_survive_intact() {
             // a state some prefix of the batches produced.
             let revision = opened.loaded.revision.0;
             assert!([0, 3, 5].contains(&revision), "revision {revision}");
+            if revision == 5 {
+                check_after_both(&opened.loaded);
+            }
         }
     }
     opened.store.commit(&first_batch()).unwrap();
