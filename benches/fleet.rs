@@ -758,16 +758,22 @@ async fn persisted_ingest() {
     let rate = 50_000usize;
     let seconds = 20;
     let per_tick = rate / 100;
+    let burst = 200_000;
+    // Generated beforehand, so the figures are fleetscope's, not the generator's.
+    let mut changes = (0..rate * seconds + burst)
+        .map(|k| {
+            let i = k * 7919 % objects;
+            Change::Upsert(input_at(&names[i % 10], i / 10, objects + k))
+        })
+        .collect::<Vec<_>>()
+        .into_iter();
     let mut ticks = tokio::time::interval(Duration::from_millis(10));
     let mut samples = Vec::new();
     let t = Instant::now();
     let mut n = 0usize;
     for tick in 0..seconds * 100 {
         ticks.tick().await;
-        let events = index.apply((0..per_tick).map(|k| {
-            let i = (n + k) * 7919 % objects;
-            Change::Upsert(input_at(&names[i % 10], i / 10, objects + n + k))
-        }));
+        let events = index.apply(changes.by_ref().take(per_tick));
         n += per_tick;
         persister.record(&index, &events, []);
         if tick % 100 == 99 {
@@ -777,12 +783,8 @@ async fn persisted_ingest() {
     let paced = t.elapsed();
     let before = persister.stats();
     let t = Instant::now();
-    let burst = 200_000;
-    for chunk in (0..burst).collect::<Vec<_>>().chunks(2_000) {
-        let events = index.apply(chunk.iter().map(|&k| {
-            let i = (n + k) * 7919 % objects;
-            Change::Upsert(input_at(&names[i % 10], i / 10, objects + n + k))
-        }));
+    for _ in 0..burst / 2_000 {
+        let events = index.apply(changes.by_ref().take(2_000));
         persister.record(&index, &events, []);
     }
     let applied = t.elapsed();

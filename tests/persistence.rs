@@ -375,3 +375,50 @@ async fn clusters_gone_from_the_configuration_are_deleted_at_start_unless_kept()
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
+    use fleetscope_store::Store;
+    let h = Harness::start(1, 100).await;
+    let store = std::sync::Arc::new(fleetscope_store::MemoryStore::new());
+    store.initialise().unwrap();
+    // A full disk: every write fails.
+    store.fail_writes(true);
+    let sources = fleetscope::sources::resolve(std::slice::from_ref(&h.kubeconfig), &[]).unwrap();
+    let mut cfg = config();
+    cfg.persist.max_delay = std::time::Duration::from_millis(10);
+    let engine = fleetscope::engine::Engine::start_with_store(
+        sources,
+        cfg,
+        store.clone(),
+        fleetscope_store::Loaded::default(),
+    );
+    let held = |e: &fleetscope::engine::Engine| e.index.snapshot().len();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let stats = engine.store_stats().unwrap();
+        // The index fills and serves while the store refuses every write.
+        if held(&engine) > 0 && stats.last_error.is_some() && stats.pending > 0 {
+            assert!(stats.last_error.unwrap().contains("No space left"));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.load().unwrap().objects.len(), 0);
+    // Space again: what gathered is written, and the store holds what the index holds.
+    store.fail_writes(false);
+    loop {
+        let stats = engine.store_stats().unwrap();
+        if stats.last_error.is_none() && stats.pending == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    engine.shutdown(std::time::Duration::from_secs(10)).await;
+    let loaded = store.load().unwrap();
+    assert_eq!(loaded.objects.len(), held(&engine));
+    assert_eq!(loaded.revision, engine.index.snapshot().revision());
+    h.shutdown().await;
+}

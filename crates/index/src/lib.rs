@@ -179,9 +179,18 @@ impl Index {
             indexed_paths: Arc::new(config.field_indexes.clone()),
             ..State::default()
         };
-        for (input, revision) in restored.objects {
-            state.restore(Arc::new(Object::from_input(input, revision, &mut interner)));
-        }
+        let mut objects: Vec<Arc<Object>> = restored
+            .objects
+            .into_iter()
+            .map(|(input, revision)| Arc::new(Object::from_input(input, revision, &mut interner)))
+            .collect();
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        // The last of equal keys wins, as if applied in order.
+        objects.reverse();
+        objects.dedup_by(|a, b| a.key == b.key);
+        objects.reverse();
+        state.restore_all(&objects);
+        drop(objects);
         let newest_object = state.objects.iter().map(|e| e.0.revision).max();
         state.revision = restored.revision.max(newest_object.unwrap_or_default());
         let mut log = VecDeque::with_capacity(restored.events.len());

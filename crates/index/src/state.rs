@@ -107,6 +107,51 @@ impl Members {
     }
 }
 
+/// Adds an object to the label, owner and field indexes.
+fn index_secondary(
+    labels: &mut LabelIndex,
+    owners: &mut HashMap<Arc<str>, Members>,
+    fields: &mut FieldIndex,
+    o: &Object,
+    entry: &Entry,
+) {
+    let r = &o.key.resource;
+    for (k, v) in o.labels() {
+        labels
+            .entry((r.clone(), k.clone()))
+            .or_default()
+            .entry(v.clone())
+            .or_default()
+            .insert(entry.clone());
+    }
+    for uid in o.owners() {
+        owners.entry(uid.clone()).or_default().insert(entry.clone());
+    }
+    for (p, v) in o.fields() {
+        fields
+            .entry((r.clone(), p.clone(), v.clone()))
+            .or_default()
+            .insert(entry.clone());
+    }
+}
+
+fn same_place(a: &ObjectKey, b: &ObjectKey) -> bool {
+    a.resource == b.resource && a.cluster == b.cluster && a.namespace == b.namespace
+}
+
+fn add_count(counts: &mut Counts, key: &ObjectKey, n: usize) {
+    let ck = (
+        key.resource.clone(),
+        key.cluster.clone(),
+        key.namespace.clone(),
+    );
+    let total = counts.get(&ck).copied().unwrap_or(0) + n;
+    counts.insert(ck, total);
+}
+
+/// (resource, cluster, namespace) → object count.
+type Counts = OrdMap<(Arc<str>, ClusterName, Arc<str>), usize>;
+
 /// A consistent state of the whole index at one revision.
 #[derive(Clone, Default)]
 pub struct State {
@@ -120,7 +165,7 @@ pub struct State {
     pub(crate) fields: FieldIndex,
     /// (resource, cluster) → object count.
     /// (resource, cluster, namespace) → object count.
-    pub(crate) counts: OrdMap<(Arc<str>, ClusterName, Arc<str>), usize>,
+    pub(crate) counts: Counts,
     /// The JSON paths with a field index.
     pub(crate) indexed_paths: Arc<Vec<String>>,
 }
@@ -179,28 +224,14 @@ impl State {
     }
 
     fn index(&mut self, o: &Arc<Object>) {
-        let r = &o.key.resource;
         let entry = Entry(o.clone());
-        for (k, v) in o.labels() {
-            self.labels
-                .entry((r.clone(), k.clone()))
-                .or_default()
-                .entry(v.clone())
-                .or_default()
-                .insert(entry.clone());
-        }
-        for uid in o.owners() {
-            self.owners
-                .entry(uid.clone())
-                .or_default()
-                .insert(entry.clone());
-        }
-        for (p, v) in o.fields() {
-            self.fields
-                .entry((r.clone(), p.clone(), v.clone()))
-                .or_default()
-                .insert(entry.clone());
-        }
+        index_secondary(
+            &mut self.labels,
+            &mut self.owners,
+            &mut self.fields,
+            o,
+            &entry,
+        );
         self.objects.insert(entry);
     }
 
@@ -258,14 +289,41 @@ impl State {
         }
     }
 
-    /// Adds an object as persisted, with its own revision and no event.
-    pub(crate) fn restore(&mut self, object: Arc<Object>) {
-        if let Some(prev) = self.get(&object.key).cloned() {
-            self.unindex(&prev);
-        } else {
-            self.bump_count(&object.key, 1);
-        }
-        self.index(&object);
+    /// Adds persisted objects (distinct keys, in key order) to an empty state, with
+    /// their own revisions and no events: the primary set and counts on one thread,
+    /// the secondary indexes on another.
+    pub(crate) fn restore_all(&mut self, restored: &[Arc<Object>]) {
+        let State {
+            objects,
+            labels,
+            owners,
+            fields,
+            counts,
+            ..
+        } = self;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut run: Option<(&ObjectKey, usize)> = None;
+                for o in restored {
+                    objects.insert(Entry(o.clone()));
+                    match &mut run {
+                        Some((k, n)) if same_place(k, &o.key) => *n += 1,
+                        _ => {
+                            if let Some((k, n)) = run.take() {
+                                add_count(counts, k, n);
+                            }
+                            run = Some((&o.key, 1));
+                        }
+                    }
+                }
+                if let Some((k, n)) = run {
+                    add_count(counts, k, n);
+                }
+            });
+            for o in restored {
+                index_secondary(labels, owners, fields, o, &Entry(o.clone()));
+            }
+        });
     }
 
     /// Creates or replaces an object; `None` when the input is the state already held.

@@ -414,6 +414,101 @@ fn secondary_sets_grow_past_a_few_members_and_shrink_back() {
 }
 
 #[test]
+fn a_restored_index_answers_as_the_one_it_was_saved_from() {
+    let idx = index();
+    let cluster = |i: u64| if i.is_multiple_of(2) { "c1" } else { "c2" };
+    idx.apply((0..300u64).map(|i| {
+        let app = if i.is_multiple_of(5) { "web" } else { "db" };
+        Change::Upsert(input(
+            "pods",
+            cluster(i),
+            &format!("ns{}", i % 3),
+            &format!("p{i}"),
+            i,
+            &[("app", app)],
+        ))
+    }));
+    idx.apply((0..300u64).step_by(7).map(|i| {
+        Change::Delete(ObjectKey::new(
+            "pods",
+            &ClusterName::from(cluster(i)),
+            &format!("ns{}", i % 3),
+            &format!("p{i}"),
+        ))
+    }));
+    let saved = idx.snapshot();
+    let text = |pairs: &[(Arc<str>, Arc<str>)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    // Saved out of order: the restore sorts.
+    let mut objects: Vec<(ObjectInput, Revision)> = saved
+        .iter()
+        .map(|o| {
+            (
+                ObjectInput {
+                    key: o.key.clone(),
+                    json: o.json.to_string(),
+                    labels: text(o.labels()),
+                    owners: o.owners().iter().map(|u| u.to_string()).collect(),
+                    fields: text(o.fields()),
+                },
+                o.revision,
+            )
+        })
+        .collect();
+    objects.reverse();
+    let restored = Index::restore(
+        Config {
+            field_indexes: vec!["spec.nodeName".into()],
+            ..Config::default()
+        },
+        Restored {
+            revision: saved.revision(),
+            objects,
+            events: Vec::new(),
+        },
+    );
+    let now = restored.snapshot();
+    assert_eq!(now.revision(), saved.revision());
+    assert_eq!(now.len(), saved.len());
+    for q in [
+        Query::all("pods"),
+        Query {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Query::all("pods")
+        },
+        Query {
+            fields: "spec.nodeName=n1".parse().unwrap(),
+            ..Query::all("pods")
+        },
+        Query {
+            namespaces: vec!["ns2".into()],
+            ..Query::all("pods")
+        },
+    ] {
+        assert_eq!(
+            names(&now.page(&q, None, 1000).items),
+            names(&saved.page(&q, None, 1000).items)
+        );
+    }
+    let groups = [GroupBy::Cluster, GroupBy::Namespace];
+    assert_eq!(
+        now.count(&Query::all("pods"), &groups),
+        saved.count(&Query::all("pods"), &groups)
+    );
+    assert_eq!(
+        now.owned_by("owner-1").len(),
+        saved.owned_by("owner-1").len()
+    );
+    // And it continues from the saved revision.
+    let e = restored.apply([Change::Upsert(input("pods", "c1", "ns0", "new", 1, &[]))]);
+    assert_eq!(e[0].revision, saved.revision().next());
+}
+
+#[test]
 fn uid_and_resource_version_are_read_from_the_json() {
     let idx = index();
     let mut i = input("pods", "c1", "ns", "p", 7, &[]);

@@ -67,48 +67,39 @@ impl SledStore {
             }
         }
         let db_path = dir.join("db");
-        let mut moved_aside = None;
-        let (store, loaded) = match Self::open_db(&db_path) {
+        // Damage found by sled or by verification: the store is closed, moved aside,
+        // and an empty one opened in its place.
+        let (db, loaded, damage) = match Self::open_db(&db_path) {
             Ok(db) => {
-                let store = SledStore {
+                let probe = SledStore {
                     db,
                     dir: dir.to_path_buf(),
-                    _lock: lock,
+                    _lock: lock
+                        .try_clone()
+                        .map_err(io("cannot use lock file", &lock_path))?,
                 };
-                match store.load() {
-                    Ok(loaded) => (store, loaded),
-                    Err(e) if e.is_damage() => {
-                        let SledStore { db, _lock, .. } = store;
-                        drop(db);
-                        let aside = move_aside(&db_path, &e.to_string())?;
-                        moved_aside = Some((aside, e.to_string()));
-                        let db = Self::open_db(&db_path)?;
-                        (
-                            SledStore {
-                                db,
-                                dir: dir.to_path_buf(),
-                                _lock,
-                            },
-                            Loaded::default(),
-                        )
-                    }
+                match probe.load() {
+                    Ok(loaded) => (Some(probe.db), loaded, None),
+                    Err(e) if e.is_damage() => (None, Loaded::default(), Some(e)),
                     Err(e) => return Err(e),
                 }
             }
-            Err(e) if e.is_damage() => {
-                let aside = move_aside(&db_path, &e.to_string())?;
-                moved_aside = Some((aside, e.to_string()));
-                let db = Self::open_db(&db_path)?;
-                (
-                    SledStore {
-                        db,
-                        dir: dir.to_path_buf(),
-                        _lock: lock,
-                    },
-                    Loaded::default(),
-                )
-            }
+            Err(e) if e.is_damage() => (None, Loaded::default(), Some(e)),
             Err(e) => return Err(e),
+        };
+        let mut moved_aside = None;
+        let db = match (db, damage) {
+            (Some(db), _) => db,
+            (None, damage) => {
+                let why = damage.map(|e| e.to_string()).unwrap_or_default();
+                moved_aside = Some((move_aside(&db_path, &why)?, why));
+                Self::open_db(&db_path)?
+            }
+        };
+        let store = SledStore {
+            db,
+            dir: dir.to_path_buf(),
+            _lock: lock,
         };
         if loaded.revision.0 == 0 && loaded.objects.is_empty() {
             store.initialise()?;
