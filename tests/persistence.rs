@@ -398,8 +398,11 @@ async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
     loop {
         let stats = engine.store_stats().unwrap();
         // The index fills and serves while the store refuses every write.
-        if held(&engine) > 0 && stats.last_error.is_some() && stats.pending > 0 {
-            assert!(stats.last_error.unwrap().contains("No space left"));
+        if let Some(error) = &stats.last_error
+            && held(&engine) > 0
+            && stats.pending > 0
+        {
+            assert!(error.contains("No space left"), "{error}");
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
