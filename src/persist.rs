@@ -125,19 +125,26 @@ impl Pending {
     }
 }
 
-/// The persisted log's extent, revisions and sizes oldest first, and the snapshot.
+/// The persisted log's records (first and last revision, bytes; oldest first), and the snapshot.
 #[derive(Default, Clone)]
 struct OnDisk {
-    events: VecDeque<(u64, usize)>,
+    records: VecDeque<(u64, u64, usize)>,
+    events: usize,
     bytes: usize,
     snapshot: Option<SnapshotMeta>,
-    /// Bytes of the events after the snapshot: the change log a load replays.
+    /// Bytes of the records after the snapshot: the change log a load replays.
     change_log: usize,
 }
 
 impl OnDisk {
     fn snapshot_revision(&self) -> u64 {
         self.snapshot.map_or(0, |s| s.revision.0)
+    }
+
+    fn push(&mut self, first: u64, last: u64, bytes: usize) {
+        self.records.push_back((first, last, bytes));
+        self.events += (last - first + 1) as usize;
+        self.bytes += bytes;
     }
 }
 
@@ -226,8 +233,8 @@ pub fn restored(loaded: &mut Loaded) -> Restored {
 pub struct Continued {
     /// The held objects' JSON bytes.
     pub held_json: usize,
-    /// The persisted events: revision and size, oldest first.
-    pub logged: Vec<(Revision, usize)>,
+    /// The persisted event records: first and last revision and bytes, oldest first.
+    pub records: Vec<(u64, u64, usize)>,
     /// The current snapshot.
     pub snapshot: Option<SnapshotMeta>,
     /// Bytes of the change log after the snapshot.
@@ -241,16 +248,7 @@ impl Continued {
     pub fn of(loaded: &Loaded) -> Self {
         Self {
             held_json: loaded.objects.iter().map(|o| o.json.len()).sum(),
-            logged: loaded
-                .events
-                .iter()
-                .map(|e| {
-                    (
-                        e.revision,
-                        e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len()),
-                    )
-                })
-                .collect(),
+            records: loaded.event_records.clone(),
             snapshot: loaded.snapshot,
             change_log: loaded.change_log_bytes as usize,
             revision: loaded.revision,
@@ -261,12 +259,14 @@ impl Continued {
 impl Persister {
     /// A persister over `store`, continuing what it holds.
     pub fn new(store: Arc<dyn Store>, config: PersistConfig, from: Continued) -> Self {
-        let disk = OnDisk {
-            events: from.logged.iter().map(|(r, n)| (r.0, *n)).collect(),
-            bytes: from.logged.iter().map(|(_, n)| n).sum(),
+        let mut disk = OnDisk {
             snapshot: from.snapshot,
             change_log: from.change_log,
+            ..OnDisk::default()
         };
+        for (first, last, bytes) in from.records {
+            disk.push(first, last, bytes);
+        }
         Self {
             store: Mutex::new(Some(store)),
             config,
@@ -374,7 +374,7 @@ impl Persister {
     pub fn stats(&self) -> PersistStats {
         let mut s = lock(&self.stats).clone();
         s.pending = lock(&self.pending).changes();
-        s.logged_events = lock(&self.disk).events.len();
+        s.logged_events = lock(&self.disk).events;
         s
     }
 
@@ -509,38 +509,38 @@ impl Persister {
             snapshot_took = Some(started.elapsed());
         }
         // The log keeps every event after the snapshot (the change log), and before it
-        // the newest within the resume log's length and size.
+        // the newest within the resume log's length and size: whole records are
+        // dropped oldest first, then the oldest of the new events are not written.
         let budget = (*lock(&self.held_json)).max(0) as f64 * self.config.log_share;
-        let on_disk_from = disk.events.front().map(|(r, _)| *r);
-        let first_new = p.events.front().map(|e| e.revision.0);
-        for e in &p.events {
-            let size = event_size(e);
-            disk.events.push_back((e.revision.0, size));
-            disk.bytes += size;
-        }
         let cut = disk.snapshot_revision();
-        let mut dropped_upto = None;
-        while let Some(&(r, n)) = disk.events.front() {
-            let over = disk.events.len() > self.config.log_retention || disk.bytes as f64 > budget;
-            if r > cut || !over {
+        let retention = self.config.log_retention;
+        let new_bytes: usize = p.events.iter().map(|e| event_size(e)).sum();
+        let mut events = disk.events + p.events.len();
+        let mut bytes = disk.bytes + new_bytes;
+        let over = |events: usize, bytes: usize| events > retention || bytes as f64 > budget;
+        while let Some(&(first, last, n)) = disk.records.front() {
+            if last > cut || !over(events, bytes) {
                 break;
             }
-            disk.events.pop_front();
+            disk.records.pop_front();
+            disk.events -= (last - first + 1) as usize;
             disk.bytes -= n;
-            dropped_upto = Some(r);
+            events -= (last - first + 1) as usize;
+            bytes -= n;
+            batch.drop_events.push(first);
         }
-        if let (Some(from), Some(upto)) = (on_disk_from, dropped_upto) {
-            let end = (upto + 1).min(first_new.unwrap_or(u64::MAX));
-            if end > from {
-                batch.drop_events = from..end;
-            }
+        let mut skip = 0;
+        while skip < p.events.len() && p.events[skip].revision.0 <= cut && over(events, bytes) {
+            events -= 1;
+            bytes -= event_size(&p.events[skip]);
+            skip += 1;
         }
-        let oldest_kept = disk.events.front().map_or(u64::MAX, |(r, _)| *r);
-        batch.events = p
-            .events
-            .iter()
-            .filter(|e| e.revision.0 >= oldest_kept)
-            .map(|e| EventRecord {
+        // Runs of at most a chunk's size, each one record.
+        let mut run: Vec<EventRecord> = Vec::new();
+        let mut run_bytes = 0;
+        for e in p.events.iter().skip(skip) {
+            let size = event_size(e);
+            run.push(EventRecord {
                 revision: e.revision,
                 kind: e.kind,
                 object: to_record(&e.object),
@@ -548,15 +548,31 @@ impl Persister {
                     EventType::Modified => e.prev.as_deref().map(to_record),
                     _ => None,
                 },
-            })
-            .collect();
+            });
+            run_bytes += size;
+            if run_bytes >= fleetscope_store::CHUNK_BYTES {
+                let done = std::mem::take(&mut run);
+                disk.push(
+                    done[0].revision.0,
+                    done[done.len() - 1].revision.0,
+                    run_bytes,
+                );
+                batch.events.push(done);
+                run_bytes = 0;
+            }
+        }
+        if !run.is_empty() {
+            disk.push(run[0].revision.0, run[run.len() - 1].revision.0, run_bytes);
+            batch.events.push(run);
+        }
         disk.change_log = disk
-            .events
+            .records
             .iter()
-            .filter(|(r, _)| *r > cut)
-            .map(|(_, n)| n)
+            .filter(|(_, last, _)| *last > cut)
+            .map(|(_, _, n)| n)
             .sum();
+        let written = (p.events.len() - skip) as u64;
         store.commit(&batch).map_err(|e| e.to_string())?;
-        Ok((disk, batch.events.len() as u64, snapshot_took))
+        Ok((disk, written, snapshot_took))
     }
 }

@@ -56,6 +56,13 @@ pub(crate) fn event_key(revision: Revision) -> Vec<u8> {
     k
 }
 
+/// The first revision of an event record's key.
+pub(crate) fn parse_event_key(key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(EVENT_PREFIX)?;
+    let bytes: [u8; 8] = rest.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
+
 /// `s:` cluster NUL resource.
 pub(crate) fn stream_key(cluster: &ClusterName, resource: &str) -> Vec<u8> {
     let mut k = STREAM_PREFIX.to_vec();
@@ -311,38 +318,71 @@ fn kind_code(kind: EventType) -> u8 {
     }
 }
 
-pub(crate) fn encode_event(e: &EventRecord) -> Vec<u8> {
+impl Writer {
+    fn event(&mut self, e: &EventRecord) -> &mut Self {
+        self.u64(e.revision.0)
+            .u8(kind_code(e.kind))
+            .object(&e.object);
+        match &e.prev {
+            Some(p) => self.u8(1).object(p),
+            None => self.u8(0),
+        }
+    }
+}
+
+impl Reader<'_> {
+    fn event(&mut self) -> Result<EventRecord, DecodeError> {
+        let revision = Revision(self.u64()?);
+        let kind = match self.u8()? {
+            1 => EventType::Added,
+            2 => EventType::Modified,
+            3 => EventType::Deleted,
+            _ => return Err(DecodeError::Malformed("unknown event type")),
+        };
+        let object = self.object()?;
+        let prev = match self.u8()? {
+            0 => None,
+            1 => Some(self.object()?),
+            _ => return Err(DecodeError::Malformed("bad previous-state flag")),
+        };
+        Ok(EventRecord {
+            revision,
+            kind,
+            object,
+            prev,
+        })
+    }
+}
+
+/// Consecutive events in one record, keyed by the first one's revision.
+pub(crate) fn encode_events(events: &[EventRecord]) -> Vec<u8> {
     let mut w = Writer::new();
-    w.u64(e.revision.0).u8(kind_code(e.kind)).object(&e.object);
-    match &e.prev {
-        Some(p) => w.u8(1).object(p),
-        None => w.u8(0),
-    };
+    w.u32(events.len() as u32);
+    for e in events {
+        w.event(e);
+    }
     w.seal()
 }
 
-pub(crate) fn decode_event(record: &[u8]) -> Result<EventRecord, DecodeError> {
+pub(crate) fn decode_events(record: &[u8]) -> Result<Vec<EventRecord>, DecodeError> {
     let mut r = Reader::open(record)?;
-    let revision = Revision(r.u64()?);
-    let kind = match r.u8()? {
-        1 => EventType::Added,
-        2 => EventType::Modified,
-        3 => EventType::Deleted,
-        _ => return Err(DecodeError::Malformed("unknown event type")),
-    };
-    let object = r.object()?;
-    let prev = match r.u8()? {
-        0 => None,
-        1 => Some(r.object()?),
-        _ => return Err(DecodeError::Malformed("bad previous-state flag")),
-    };
+    let n = r.u32()? as usize;
+    // Each event takes at least 38 bytes: a larger count is damage.
+    if n == 0 || n > r.0.len() / 38 {
+        return Err(DecodeError::Malformed(
+            "event count does not fit the record",
+        ));
+    }
+    let mut out: Vec<EventRecord> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let e = r.event()?;
+        if out.last().is_some_and(|l| l.revision.next() != e.revision) {
+            return Err(DecodeError::Malformed("events out of sequence"));
+        }
+        out.push(e);
+    }
     r.end()?;
-    Ok(EventRecord {
-        revision,
-        kind,
-        object,
-        prev,
-    })
+    Ok(out)
 }
 
 pub(crate) fn encode_stream(s: &StreamRecord) -> Vec<u8> {

@@ -25,7 +25,6 @@ mod memory;
 mod sled_store;
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::path::PathBuf;
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
@@ -37,8 +36,8 @@ pub use sled_store::{Opened, SledStore};
 /// The layout version this build reads and writes.
 pub const SCHEMA_VERSION: u64 = 2;
 
-/// A snapshot chunk's target size.
-const CHUNK_BYTES: usize = 4 << 20;
+/// A snapshot chunk's target size; also a good size for a run of events.
+pub const CHUNK_BYTES: usize = 4 << 20;
 
 /// One object as stored: what the index needs to rebuild it without parsing the JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +104,8 @@ pub struct Loaded {
     pub snapshot: Option<SnapshotMeta>,
     /// Bytes of events after the snapshot (the change log).
     pub change_log_bytes: u64,
+    /// The event log's records: first and last revision and JSON bytes, oldest first.
+    pub event_records: Vec<(u64, u64, usize)>,
     /// The retained event log, in revision order.
     pub events: Vec<EventRecord>,
     /// Every stream that completed a list.
@@ -122,10 +123,11 @@ pub struct Batch {
     pub revision: Revision,
     /// A snapshot written by [`Store::write_snapshot`] to make current, with the one it replaces.
     pub snapshot: Option<(SnapshotMeta, Option<SnapshotMeta>)>,
-    /// Events to add to the log.
-    pub events: Vec<EventRecord>,
-    /// Revisions of logged events to drop (the log's trimmed head).
-    pub drop_events: Range<u64>,
+    /// Events to add to the log, in consecutive runs: each run is one record, keyed by
+    /// its first revision (the unit [`Batch::drop_events`] later removes).
+    pub events: Vec<Vec<EventRecord>>,
+    /// Event records to drop (the log's trimmed head), by their first revision.
+    pub drop_events: Vec<u64>,
     /// Streams' new resume points.
     pub streams: Vec<StreamRecord>,
     /// Streams gone (their resource type vanished), by (cluster, resource name).
@@ -222,6 +224,7 @@ pub trait Store: Send + Sync {
         let mut schema = None;
         let mut revision = None;
         let mut chunks: Vec<((u64, u32), Vec<u8>)> = Vec::new();
+        let mut event_records: Vec<(u64, Vec<u8>)> = Vec::new();
         let damaged = |what: &str, key: &[u8], e: DecodeError| {
             StoreError::Damaged(format!(
                 "{what} record {:?}: {e}",
@@ -247,16 +250,8 @@ pub trait Store: Send + Sync {
                     Some(codec::decode_names(value).map_err(|e| damaged("field indexes", key, e))?);
             } else if let Some(id) = codec::parse_chunk_key(key) {
                 chunks.push((id, value.to_vec()));
-            } else if key.starts_with(codec::EVENT_PREFIX) {
-                let e = codec::decode_event(value).map_err(|e| damaged("event", key, e))?;
-                if codec::event_key(e.revision) != key {
-                    return Err(StoreError::Damaged(format!(
-                        "event record under {:?} is for revision {}",
-                        String::from_utf8_lossy(key),
-                        e.revision
-                    )));
-                }
-                loaded.events.push(e);
+            } else if let Some(first) = codec::parse_event_key(key) {
+                event_records.push((first, value.to_vec()));
             } else if key.starts_with(codec::STREAM_PREFIX) {
                 let s = codec::decode_stream(value).map_err(|e| damaged("stream", key, e))?;
                 if codec::stream_key(&s.cluster, &s.resource.name()) != key {
@@ -276,7 +271,7 @@ pub trait Store: Send + Sync {
             }
             Ok(())
         })?;
-        let empty = loaded.events.is_empty()
+        let empty = event_records.is_empty()
             && loaded.streams.is_empty()
             && chunks.is_empty()
             && revision.is_none();
@@ -332,6 +327,9 @@ pub trait Store: Send + Sync {
             }
             None => Vec::new(),
         };
+        let (events, records) = decode_event_records(&event_records)?;
+        loaded.events = events;
+        loaded.event_records = records;
         let from = loaded.snapshot.map_or(Revision(0), |s| s.revision);
         let changes: Vec<&EventRecord> =
             loaded.events.iter().filter(|e| e.revision > from).collect();
@@ -424,11 +422,14 @@ fn encode_batch(batch: &Batch) -> Writes {
             Some(codec::encode_snapshot(new)),
         );
     }
-    for r in batch.drop_events.clone() {
-        writes.insert(codec::event_key(Revision(r)), None);
+    for r in &batch.drop_events {
+        writes.insert(codec::event_key(Revision(*r)), None);
     }
-    for e in &batch.events {
-        writes.insert(codec::event_key(e.revision), Some(codec::encode_event(e)));
+    for run in batch.events.iter().filter(|r| !r.is_empty()) {
+        writes.insert(
+            codec::event_key(run[0].revision),
+            Some(codec::encode_events(run)),
+        );
     }
     for (cluster, resource) in &batch.drop_streams {
         writes.insert(codec::stream_key(cluster, resource), None);
@@ -458,6 +459,51 @@ fn encode_batch(batch: &Batch) -> Writes {
         Some(codec::encode_u64(batch.revision.0)),
     );
     writes.into_iter().collect()
+}
+
+/// Decodes the event records, two threads at a time, checking each key against its record.
+type EventRecords = (Vec<EventRecord>, Vec<(u64, u64, usize)>);
+
+fn decode_event_records(records: &[(u64, Vec<u8>)]) -> Result<EventRecords, StoreError> {
+    let decode = |part: &[(u64, Vec<u8>)]| -> Result<Vec<Vec<EventRecord>>, StoreError> {
+        part.iter()
+            .map(|(first, bytes)| {
+                let events = codec::decode_events(bytes).map_err(|e| {
+                    StoreError::Damaged(format!("event record at revision {first}: {e}"))
+                })?;
+                if events[0].revision.0 != *first {
+                    return Err(StoreError::Damaged(format!(
+                        "event record under revision {first} is for revision {}",
+                        events[0].revision
+                    )));
+                }
+                Ok(events)
+            })
+            .collect()
+    };
+    let (a, b) = records.split_at(records.len() / 2);
+    let (first, second) = std::thread::scope(|s| {
+        let other = s.spawn(|| decode(a));
+        (other.join(), decode(b))
+    });
+    let first =
+        first.map_err(|_| StoreError::Damaged("an event record failed to decode".into()))??;
+    let runs: Vec<Vec<EventRecord>> = first.into_iter().chain(second?).collect();
+    let extents = runs
+        .iter()
+        .map(|run| {
+            let bytes = run
+                .iter()
+                .map(|e| e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len()))
+                .sum();
+            (run[0].revision.0, run[run.len() - 1].revision.0, bytes)
+        })
+        .collect();
+    let events: Vec<EventRecord> = runs.into_iter().flatten().collect();
+    if events.windows(2).any(|w| w[0].revision >= w[1].revision) {
+        return Err(StoreError::Damaged("event records overlap".into()));
+    }
+    Ok((events, extents))
 }
 
 /// Decodes a snapshot's chunks, two threads at a time.
