@@ -36,8 +36,13 @@ pub use sled_store::{Opened, SledStore};
 /// The layout version this build reads and writes.
 pub const SCHEMA_VERSION: u64 = 2;
 
-/// A snapshot chunk's target size; also a good size for a run of events.
-pub const CHUNK_BYTES: usize = 4 << 20;
+/// A snapshot chunk's target size; also the size of a run of events. sled keeps up to
+/// 16 records in a leaf and stores a leaf over 128 KiB as a separate blob file, which
+/// it is slow to reclaim: records stay small enough that leaves stay inline.
+pub const CHUNK_BYTES: usize = 6 << 10;
+
+/// How much of a snapshot goes to the storage engine in one write.
+const WRITE_BYTES: usize = 4 << 20;
 
 /// One object as stored: what the index needs to rebuild it without parsing the JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -374,22 +379,30 @@ pub trait Store: Send + Sync {
             chunks: 0,
             objects: 0,
         };
+        // Chunks are written a few megabytes at a time.
+        let mut writes: Writes = Vec::new();
+        let mut pending = 0;
         let mut chunk = codec::ChunkWriter::new();
         for o in objects {
             chunk.push(&o);
             meta.objects += 1;
             if chunk.len() >= CHUNK_BYTES {
-                let full = std::mem::replace(&mut chunk, codec::ChunkWriter::new());
-                self.write(vec![(codec::chunk_key(id, meta.chunks), Some(full.seal()))])?;
+                let full = std::mem::replace(&mut chunk, codec::ChunkWriter::new()).seal();
+                pending += full.len();
+                writes.push((codec::chunk_key(id, meta.chunks), Some(full)));
                 meta.chunks += 1;
+                if pending >= WRITE_BYTES {
+                    self.write(std::mem::take(&mut writes))?;
+                    pending = 0;
+                }
             }
         }
         if !chunk.is_empty() {
-            self.write(vec![(
-                codec::chunk_key(id, meta.chunks),
-                Some(chunk.seal()),
-            )])?;
+            writes.push((codec::chunk_key(id, meta.chunks), Some(chunk.seal())));
             meta.chunks += 1;
+        }
+        if !writes.is_empty() {
+            self.write(writes)?;
         }
         Ok(meta)
     }
