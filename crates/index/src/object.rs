@@ -15,6 +15,8 @@ use fleetscope_model::{Location, ObjectKey, Revision};
 pub(crate) struct Interner {
     strings: HashSet<Arc<str>>,
     locations: HashSet<Arc<Location>>,
+    /// The last location asked for and its shared copy: objects arrive in runs of one.
+    last_location: Option<(Arc<Location>, Arc<Location>)>,
     labels: HashSet<LabelSet>,
     terms: HashSet<Arc<Terms>>,
 }
@@ -37,6 +39,17 @@ impl Interner {
     }
 
     fn location(&mut self, location: &Arc<Location>) -> Arc<Location> {
+        if let Some((asked, shared)) = &self.last_location
+            && Arc::ptr_eq(asked, location)
+        {
+            return shared.clone();
+        }
+        let shared = self.location_slow(location);
+        self.last_location = Some((location.clone(), shared.clone()));
+        shared
+    }
+
+    fn location_slow(&mut self, location: &Arc<Location>) -> Arc<Location> {
         if let Some(shared) = self.locations.get(location) {
             return shared.clone();
         }

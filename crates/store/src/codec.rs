@@ -1,7 +1,7 @@
 //! Record encoding: length-prefixed fields behind a CRC-32 of the payload, so every
 //! record read back is either exactly what was written or detected as damaged.
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
+use fleetscope_model::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
 
 use crate::{EventRecord, ObjectRecord, SnapshotMeta, StreamRecord};
 
@@ -197,11 +197,38 @@ impl<'a> Reader<'a> {
     }
 
     fn object(&mut self) -> Result<ObjectRecord, DecodeError> {
+        self.object_near(&mut None)
+    }
+
+    /// An object, sharing `last`'s location when it is the same (a chunk holds
+    /// objects in key order, so neighbours mostly share one).
+    fn object_near(
+        &mut self,
+        last: &mut Option<std::sync::Arc<Location>>,
+    ) -> Result<ObjectRecord, DecodeError> {
         let resource = self.str()?;
-        let cluster = ClusterName::from(self.str()?);
+        let cluster = self.str()?;
         let namespace = self.str()?;
         let name = self.str()?;
-        let key = ObjectKey::new(resource, &cluster, namespace, name);
+        let location = match last {
+            Some(l)
+                if *l.resource == *resource
+                    && l.cluster.as_str() == cluster
+                    && *l.namespace == *namespace =>
+            {
+                l.clone()
+            }
+            _ => {
+                let fresh = std::sync::Arc::new(Location {
+                    resource: resource.into(),
+                    cluster: ClusterName::from(cluster),
+                    namespace: namespace.into(),
+                });
+                *last = Some(fresh.clone());
+                fresh
+            }
+        };
+        let key = ObjectKey::in_location(location, name.into());
         let revision = Revision(self.u64()?);
         let json = self.str()?.to_string();
         let labels = self.pairs()?;
@@ -270,8 +297,9 @@ pub(crate) fn decode_chunk(record: &[u8]) -> Result<Vec<ObjectRecord>, DecodeErr
         return Err(DecodeError::Malformed("count exceeds the chunk"));
     }
     let mut out = Vec::with_capacity(n);
+    let mut last = None;
     for _ in 0..n {
-        out.push(r.object()?);
+        out.push(r.object_near(&mut last)?);
     }
     r.end()?;
     Ok(out)

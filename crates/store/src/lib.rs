@@ -320,6 +320,8 @@ pub trait Store: Send + Sync {
                     )));
                 }
                 let objects = decode_chunks(&mine)?;
+                // The raw chunks are not needed past here: give their memory back first.
+                drop(mine);
                 if objects.len() as u64 != meta.objects
                     || objects.windows(2).any(|w| w[0].key >= w[1].key)
                 {
