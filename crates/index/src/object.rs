@@ -127,11 +127,35 @@ pub struct Object {
     terms: Arc<Terms>,
 }
 
-/// The few metadata values read back from the JSON rather than held twice.
-#[derive(serde::Deserialize, Default)]
-struct MetaOnly<'a> {
-    #[serde(default, borrow)]
-    metadata: MetaFields<'a>,
+/// Reads the top-level `metadata` and stops there: the rest of the object (usually
+/// most of it, as `metadata` comes early) is not scanned.
+struct MetaOnly<'a, 'b>(&'b mut Option<MetaFields<'a>>);
+
+impl<'de, 'b> serde::de::DeserializeSeed<'de> for MetaOnly<'de, 'b> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, 'b> serde::de::Visitor<'de> for MetaOnly<'de, 'b> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "metadata" {
+                *self.0 = Some(map.next_value()?);
+                return Ok(());
+            }
+            map.next_value::<serde::de::IgnoredAny>()?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -210,9 +234,13 @@ impl Object {
     }
 
     fn meta(&self) -> MetaFields<'_> {
-        serde_json::from_str::<MetaOnly<'_>>(&self.json)
-            .map(|m| m.metadata)
-            .unwrap_or_default()
+        use serde::de::DeserializeSeed;
+        let mut found = None;
+        // Stopping early leaves the document unfinished, which the deserializer reports
+        // as an error after the values were read: what was found is what counts.
+        let _ =
+            MetaOnly(&mut found).deserialize(&mut serde_json::Deserializer::from_str(&self.json));
+        found.unwrap_or_default()
     }
 
     /// metadata.uid, read from the JSON; empty when absent.

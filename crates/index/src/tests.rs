@@ -522,6 +522,17 @@ fn uid_and_resource_version_are_read_from_the_json() {
         o.uid_and_resource_version(),
         ("u-1".to_string(), "42".to_string())
     );
+    let mut late = input("pods", "c1", "ns", "r", 9, &[]);
+    late.json = r#"{"spec":{"metadata":{"uid":"inner"}},"metadata":{"resourceVersion":"9","uid":"u-9"},"status":{}}"#.into();
+    idx.apply([Change::Upsert(late)]);
+    let s = idx.snapshot();
+    let o = s
+        .get(&ObjectKey::new("pods", &ClusterName::from("c1"), "ns", "r"))
+        .unwrap();
+    assert_eq!(
+        o.uid_and_resource_version(),
+        ("u-9".to_string(), "9".to_string())
+    );
     let mut bare = input("pods", "c1", "ns", "q", 8, &[]);
     bare.json = r#"{"metadata":{"name":"q"}}"#.into();
     idx.apply([Change::Upsert(bare)]);
