@@ -452,6 +452,7 @@ impl Fleet for FleetService {
             statuses: self.status.subscribe(),
             shutdown: self.shutdown.clone(),
             tx,
+            index: self.index.clone(),
         };
         tokio::spawn(job.run(sub));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -570,9 +571,26 @@ struct WatchJob {
     statuses: broadcast::Receiver<crate::status::FreshnessChange>,
     shutdown: CancellationToken,
     tx: mpsc::Sender<Result<proto::WatchEvent, Status>>,
+    index: Arc<Index>,
 }
 
 impl WatchJob {
+    /// Sends what a change means to this subscriber; false once the client is gone.
+    async fn deliver(&self, e: &fleetscope_index::Event) -> bool {
+        match transition(&self.query, e) {
+            Some(t) => {
+                let ev = proto::WatchEvent {
+                    r#type: event_type(t) as i32,
+                    object: Some(object_proto(&e.object, self.projection)),
+                    revision: e.revision.0,
+                    cluster: None,
+                };
+                self.send(ev).await
+            }
+            None => true,
+        }
+    }
+
     async fn send(&self, e: proto::WatchEvent) -> bool {
         self.tx.send(Ok(e)).await.is_ok()
     }
@@ -614,16 +632,8 @@ impl WatchJob {
         }
         for e in &backlog {
             reached = e.revision;
-            if let Some(t) = transition(&self.query, e) {
-                let ev = proto::WatchEvent {
-                    r#type: event_type(t) as i32,
-                    object: Some(object_proto(&e.object, self.projection)),
-                    revision: e.revision.0,
-                    cluster: None,
-                };
-                if !self.send(ev).await {
-                    return;
-                }
+            if !self.deliver(e).await {
+                return;
             }
         }
         let mut ticks =
@@ -639,9 +649,20 @@ impl WatchJob {
                             continue;
                         }
                         reached = e.revision;
-                        if let Some(t) = transition(&self.query, &e) {
-                            let ev = proto::WatchEvent { r#type: event_type(t) as i32, object: Some(object_proto(&e.object, self.projection)), revision: e.revision.0, cluster: None };
-                            if !self.send(ev).await {
+                        if !self.deliver(&e).await {
+                            return;
+                        }
+                    }
+                    // One batch larger than the buffer (a first list, a re-list) is not
+                    // falling behind: catch up from the event log, if it still holds it.
+                    Err(broadcast::error::RecvError::Lagged(_))
+                        if self.index.oversized_since(reached)
+                            && let Ok(again) = self.index.subscribe(Some(reached)) =>
+                    {
+                        live = again.live;
+                        for e in &again.backlog {
+                            reached = e.revision;
+                            if !self.deliver(e).await {
                                 return;
                             }
                         }

@@ -530,6 +530,60 @@ async fn deletes_missed_while_a_watch_was_expired_reach_subscribers() {
 }
 
 #[tokio::test]
+async fn a_relist_larger_than_the_subscriber_buffer_reaches_a_live_subscriber_whole() {
+    let mut config = test_config(&["configmaps"]);
+    config.index.subscriber_buffer = 16;
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 100, 0.0),
+        config,
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let q = Query {
+        namespaces: vec!["team-0".into()],
+        ..query("configmaps")
+    };
+    let mut stream = c
+        .watch(WatchRequest {
+            query: Some(q),
+            since_revision: 0,
+            send_initial_events: false,
+            bookmark_interval: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Sixty objects created while the watch is cut and history expires: the re-list
+    // applies them as one batch, far larger than the subscriber's buffer of 16.
+    let cluster = h.cluster(0);
+    cluster.freeze_watches(true);
+    let created: BTreeSet<String> = (0..60).map(|i| format!("bulk-{i:02}")).collect();
+    for name in &created {
+        cluster
+            .store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                json!({"metadata": {"name": name}, "data": {"k": "v"}}),
+            )
+            .unwrap();
+    }
+    cluster.compact();
+    cluster.freeze_watches(false);
+    cluster.drop_watches();
+    let mut added = BTreeSet::new();
+    while added.len() < created.len() {
+        let e = next_change(&mut stream).await;
+        assert_eq!(e.r#type(), EventType::Added);
+        added.insert(e.object.unwrap().name);
+    }
+    assert_eq!(added, created);
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_cluster_going_offline_is_stale_then_catches_up() {
     let h = Harness::start(2, 200).await;
     h.synced().await;

@@ -135,6 +135,8 @@ pub struct Subscription {
 struct Published {
     state: Arc<State>,
     log: VecDeque<Arc<Event>>,
+    /// First revisions of recent batches larger than a subscriber's buffer.
+    oversized: VecDeque<Revision>,
 }
 
 /// The merged index. One writer (the ingest), many cheap readers.
@@ -163,6 +165,7 @@ impl Index {
             published: RwLock::new(Published {
                 state: Arc::new(state),
                 log: VecDeque::new(),
+                oversized: VecDeque::new(),
             }),
             events,
             pins: Mutex::new(HashMap::new()),
@@ -221,6 +224,7 @@ impl Index {
             published: RwLock::new(Published {
                 state: Arc::new(state),
                 log,
+                oversized: VecDeque::new(),
             }),
             events,
             pins: Mutex::new(HashMap::new()),
@@ -277,6 +281,12 @@ impl Index {
         drop(writer);
         let mut published = self.published.write().unwrap_or_else(|e| e.into_inner());
         published.state = snapshot;
+        if events.len() > self.config.subscriber_buffer {
+            published.oversized.push_back(events[0].revision);
+            if published.oversized.len() > 64 {
+                published.oversized.pop_front();
+            }
+        }
         for e in &events {
             published.log.push_back(e.clone());
             // Sent under the lock, so a subscriber registering under the read lock misses nothing.
@@ -340,6 +350,14 @@ impl Index {
             backlog,
             live,
         })
+    }
+
+    /// Whether a batch larger than a subscriber's buffer was published after `revision`:
+    /// a subscriber that lagged across it did not fall behind by its own slowness, and
+    /// may catch up from the event log instead of being ended.
+    pub fn oversized_since(&self, revision: Revision) -> bool {
+        let p = self.published.read().unwrap_or_else(|e| e.into_inner());
+        p.oversized.iter().any(|r| *r > revision)
     }
 
     /// How many subscribers are registered.
