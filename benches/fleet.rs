@@ -101,14 +101,45 @@ async fn pod_clusters(
     (servers, path, bytes)
 }
 
-/// One side of the sync comparison, in its own process so resident memory is its own.
-async fn sync_child(which: &str) {
-    let clusters = 4;
+/// CPU time this process has used (user + system), from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15, in clock ticks of 1/100 s.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| rest.get(i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+/// The simulated clusters of the sync comparison, in their own process: writes the
+/// kubeconfig into `dir`, prints `ready BYTES`, serves until stdin closes.
+async fn sim_child(dir: &str) {
     let pods = env_usize("FLEET_BENCH_PODS", 25_000);
-    let dir = tempfile::tempdir().unwrap();
-    let (_servers, path, list_bytes) = pod_clusters(clusters, pods, dir.path()).await;
-    let total = clusters * pods;
+    let (_servers, _path, list_bytes) = pod_clusters(4, pods, std::path::Path::new(dir)).await;
+    println!("ready {list_bytes}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    })
+    .await;
+}
+
+/// One side of the sync comparison, in its own process (the simulated clusters in
+/// another), so resident memory and CPU time are its own.
+async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
+    let pods = env_usize("FLEET_BENCH_PODS", 25_000);
+    let path = std::path::Path::new(dir).join("kubeconfig");
+    let total = 4 * pods;
     let before = rss();
+    let cpu_before = cpu_time();
     let start = Instant::now();
     let held: usize;
     match which {
@@ -139,18 +170,23 @@ async fn sync_child(which: &str) {
                 .iter()
                 .map(|o| o.json.len())
                 .sum();
-            report("fleetscope", held, list_bytes, elapsed, grown, Some(pruned));
+            let cpu = cpu_time() - cpu_before;
+            report(
+                "fleetscope",
+                held,
+                list_bytes,
+                elapsed,
+                cpu,
+                grown,
+                Some(pruned),
+            );
             engine.shutdown(Duration::from_secs(5)).await;
         }
         _ => {
             use k8s_openapi::api::core::v1::Pod;
             use kube::runtime::{WatchStreamExt, reflector, watcher};
             let mut stores = Vec::new();
-            for s in &_servers {
-                let source = fleetscope::sources::ClusterSource {
-                    name: s.cluster().name().into(),
-                    origin: fleetscope::sources::Origin::Kubeconfig(path.clone()),
-                };
+            for source in fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap() {
                 let client = fleetscope::sources::client(&source).await.unwrap();
                 let (reader, writer) = reflector::store::<Pod>();
                 let stream = reflector(
@@ -174,6 +210,7 @@ async fn sync_child(which: &str) {
                 held,
                 list_bytes,
                 elapsed,
+                cpu_time() - cpu_before,
                 rss().saturating_sub(before),
                 None,
             );
@@ -186,6 +223,7 @@ fn report(
     objects: usize,
     bytes: usize,
     elapsed: Duration,
+    cpu: Duration,
     grown: u64,
     pruned: Option<usize>,
 ) {
@@ -198,11 +236,13 @@ fn report(
         )
     });
     println!(
-        "  {name:<18} {objects} objects, {:.0} MB of LIST JSON in {:.2} s: {:.0} objects/s, {:.0} MB/s; resident +{:.0} MB ({:.0} B/object){pruned_note}",
+        "  {name:<18} {objects} objects, {:.0} MB of LIST JSON in {:.2} s: {:.0} objects/s, {:.0} MB/s; {:.2} CPU-s, {:.0} MB per CPU-second; resident +{:.0} MB ({:.0} B/object){pruned_note}",
         bytes as f64 / 1e6,
         s,
         objects as f64 / s,
         bytes as f64 / 1e6 / s,
+        cpu.as_secs_f64(),
+        bytes as f64 / 1e6 / cpu.as_secs_f64().max(0.01),
         grown as f64 / 1e6,
         grown as f64 / objects.max(1) as f64,
     );
@@ -210,16 +250,36 @@ fn report(
 
 fn sync() {
     println!(
-        "initial sync: 4 simulated clusters over HTTPS, pods only, side by side (each in its own process)"
+        "initial sync: 4 simulated clusters over HTTPS (in their own process), pods only, side by side (each in its own process)"
     );
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut sims = Command::new(&exe)
+        .arg("--sim-child")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sims.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let bytes = line.trim().strip_prefix("ready ").unwrap().to_string();
     for which in ["fleetscope", "reflector"] {
-        let status = Command::new(std::env::current_exe().unwrap())
+        let status = Command::new(&exe)
             .arg("--child")
             .arg(which)
+            .arg(dir.path())
+            .arg(&bytes)
             .status()
             .unwrap();
         assert!(status.success());
     }
+    drop(sims.stdin.take());
+    sims.wait().unwrap();
 }
 
 /// An engine with no sources, fed directly, and a server over it on loopback.
@@ -532,10 +592,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if args.first().map(String::as_str) == Some("--sim-child") {
+        rt.block_on(sim_child(&args[1]));
+        return;
+    }
     if args.first().map(String::as_str) == Some("--child") {
-        rt.block_on(sync_child(
-            args.get(1).map(String::as_str).unwrap_or("fleetscope"),
-        ));
+        rt.block_on(sync_child(&args[1], &args[2], args[3].parse().unwrap()));
         return;
     }
     if args.first().map(String::as_str) == Some("--persist-child") {
