@@ -244,8 +244,12 @@ impl Index {
         let mut events = Vec::new();
         for change in changes {
             match change {
-                Change::Upsert(input) => events.extend(state.upsert(input, interner)),
-                Change::Delete(key) => events.extend(state.delete(&key)),
+                Change::Upsert(mut input) => {
+                    // A shared location makes every key comparison on the way cheap.
+                    input.key = interner.key(&input.key);
+                    events.extend(state.upsert(input, interner));
+                }
+                Change::Delete(key) => events.extend(state.delete(&interner.key(&key))),
                 Change::Replace {
                     resource,
                     cluster,
@@ -258,8 +262,9 @@ impl Index {
                             events.extend(state.delete(&key));
                         }
                     }
-                    for input in objects {
+                    for mut input in objects {
                         if *input.key.resource == *resource && input.key.cluster == cluster {
+                            input.key = interner.key(&input.key);
                             events.extend(state.upsert(input, interner));
                         }
                     }

@@ -38,6 +38,11 @@ impl Interner {
         fresh
     }
 
+    /// The same key, in its shared location.
+    pub(crate) fn key(&mut self, key: &ObjectKey) -> ObjectKey {
+        ObjectKey::in_location(self.location(key.location()), key.name.clone())
+    }
+
     fn location(&mut self, location: &Arc<Location>) -> Arc<Location> {
         if let Some((asked, shared)) = &self.last_location
             && Arc::ptr_eq(asked, location)

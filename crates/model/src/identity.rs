@@ -85,8 +85,9 @@ impl fmt::Display for Revision {
 }
 
 /// Where objects live: a resource type in a cluster's namespace. Shared by every key
-/// in it, so a key costs one pointer and its name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// in it, so a key costs one pointer and its name. Ordered by resource, cluster,
+/// namespace; shared strings compare by pointer first.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Location {
     /// Canonical resource type name (`pods`, `deployments.apps`).
     pub resource: Arc<str>,
@@ -94,6 +95,29 @@ pub struct Location {
     pub cluster: ClusterName,
     /// The namespace; empty for cluster-scoped objects.
     pub namespace: Arc<str>,
+}
+
+/// Content order, with equal shared strings decided by pointer.
+fn cmp_shared(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+    if Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        a.cmp(b)
+    }
+}
+
+impl PartialOrd for Location {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Location {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        cmp_shared(&self.resource, &other.resource)
+            .then_with(|| cmp_shared(&self.cluster.0, &other.cluster.0))
+            .then_with(|| cmp_shared(&self.namespace, &other.namespace))
+    }
 }
 
 /// An object's identity. Ordered by resource type, cluster, namespace, name: the
