@@ -146,7 +146,7 @@ pub struct Engine {
     /// Cluster and stream health.
     pub status: StatusTable,
     /// Every resource type collected in some cluster.
-    pub types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    pub types: Types,
     persister: Option<Arc<Persister>>,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -154,6 +154,29 @@ pub struct Engine {
 
 /// Where a cluster's streams resume: resource name → (type, resourceVersion).
 type Resume = HashMap<String, (ResourceType, String)>;
+
+/// Every resource type collected in some cluster, by canonical name.
+pub type Types = Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>;
+
+/// Makes a type known to queries.
+fn collect_type(types: &Types, rt: &ResourceType) {
+    types
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(rt.name(), rt.clone());
+}
+
+/// A stream loaded from the store: answered for at once, restored until confirmed.
+fn restore_stream(
+    status: &StatusTable,
+    types: &Types,
+    cluster: &ClusterName,
+    rt: &ResourceType,
+    rv: &str,
+) {
+    status.stream_restored(cluster, rt, rv);
+    collect_type(types, rt);
+}
 
 impl Engine {
     /// Starts informers for every source and the ingest, in memory only.
@@ -232,14 +255,13 @@ impl Engine {
             engine.status.add_cluster(c, "", BTreeMap::new());
         }
         for s in kept_streams {
-            engine
-                .status
-                .stream_restored(&s.cluster, &s.resource, &s.resource_version);
-            engine
-                .types
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(s.resource.name(), s.resource);
+            restore_stream(
+                &engine.status,
+                &engine.types,
+                &s.cluster,
+                &s.resource,
+                &s.resource_version,
+            );
         }
         for c in kept {
             engine.status.update(&c, |s| {
@@ -258,7 +280,7 @@ impl Engine {
         mut resume: HashMap<ClusterName, Resume>,
     ) -> Self {
         let status = StatusTable::default();
-        let types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>> = Arc::default();
+        let types: Types = Arc::default();
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         // A batch is published at once; kept within half a subscriber buffer, a reader
@@ -297,11 +319,7 @@ impl Engine {
             status.add_cluster(&name, "", labels);
             let cluster_resume = resume.remove(&name).unwrap_or_default();
             for (rt, rv) in cluster_resume.values() {
-                status.stream_restored(&name, rt, rv);
-                types
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(rt.name(), rt.clone());
+                restore_stream(&status, &types, &name, rt, rv);
             }
             let span = tracing::info_span!("cluster", cluster = %source.name);
             tasks.spawn(
@@ -366,7 +384,7 @@ async fn run_cluster(
     mut resume: Resume,
     tx: mpsc::Sender<Update>,
     status: StatusTable,
-    types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    types: Types,
     tasks: TaskTracker,
     cancel: CancellationToken,
 ) {
@@ -446,7 +464,7 @@ async fn reconcile(
     streams: &mut HashMap<ResourceType, CancellationToken>,
     tx: &mpsc::Sender<Update>,
     status: &StatusTable,
-    types: &Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    types: &Types,
     tasks: &TaskTracker,
     cancel: &CancellationToken,
 ) {
@@ -456,10 +474,7 @@ async fn reconcile(
         if streams.contains_key(rt) {
             continue;
         }
-        types
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(rt.name(), rt.clone());
+        collect_type(types, rt);
         let token = cancel.child_token();
         streams.insert(rt.clone(), token.clone());
         status.update_stream(name, rt, |_| {});

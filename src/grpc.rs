@@ -49,7 +49,7 @@ impl Default for ServiceConfig {
 pub struct FleetService {
     index: Arc<Index>,
     status: StatusTable,
-    types: Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>,
+    types: crate::engine::Types,
     config: ServiceConfig,
     shutdown: CancellationToken,
 }

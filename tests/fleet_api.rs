@@ -38,8 +38,16 @@ async fn watch_all(
     c: &mut fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel>,
     resource: &str,
 ) -> Streaming<WatchEvent> {
+    watch_query(c, query(resource)).await
+}
+
+/// A watch of the objects a query selects, from now, without initial events.
+async fn watch_query(
+    c: &mut fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel>,
+    q: Query,
+) -> Streaming<WatchEvent> {
     c.watch(WatchRequest {
-        query: Some(query(resource)),
+        query: Some(q),
         ..Default::default()
     })
     .await
@@ -489,16 +497,7 @@ async fn deletes_missed_while_a_watch_was_expired_reach_subscribers() {
         namespaces: vec!["team-0".into()],
         ..query("configmaps")
     };
-    let mut stream = c
-        .watch(WatchRequest {
-            query: Some(q),
-            since_revision: 0,
-            send_initial_events: false,
-            bookmark_interval: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch_query(&mut c, q).await;
     let cluster = h.cluster(0);
     let victims: Vec<String> = cluster
         .store
@@ -545,16 +544,7 @@ async fn a_relist_larger_than_the_subscriber_buffer_reaches_a_live_subscriber_wh
         namespaces: vec!["team-0".into()],
         ..query("configmaps")
     };
-    let mut stream = c
-        .watch(WatchRequest {
-            query: Some(q),
-            since_revision: 0,
-            send_initial_events: false,
-            bookmark_interval: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch_query(&mut c, q).await;
     // Sixty objects created while the watch is cut and history expires: the re-list
     // applies them as one batch, far larger than the subscriber's buffer of 16.
     let cluster = h.cluster(0);

@@ -74,6 +74,13 @@ pub struct EventRecord {
     pub prev: Option<ObjectRecord>,
 }
 
+impl EventRecord {
+    /// The JSON it carries: the object's, and the previous state's when there is one.
+    pub fn json_bytes(&self) -> usize {
+        self.object.json.len() + self.prev.as_ref().map_or(0, |p| p.json.len())
+    }
+}
+
 /// Where one stream (a resource type in a cluster) can resume its watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamRecord {
@@ -141,19 +148,6 @@ pub struct Batch {
     pub clusters: Option<Vec<ClusterName>>,
     /// The configured field-index paths, when they changed.
     pub field_indexes: Option<Vec<String>>,
-}
-
-impl Batch {
-    /// True when the batch writes nothing.
-    pub fn is_empty(&self) -> bool {
-        self.snapshot.is_none()
-            && self.events.is_empty()
-            && self.drop_events.is_empty()
-            && self.streams.is_empty()
-            && self.drop_streams.is_empty()
-            && self.clusters.is_none()
-            && self.field_indexes.is_none()
-    }
 }
 
 /// What went wrong with a store.
@@ -357,10 +351,7 @@ pub trait Store: Send + Sync {
                 loaded.revision
             )));
         }
-        loaded.change_log_bytes = changes
-            .iter()
-            .map(|e| (e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len())) as u64)
-            .sum();
+        loaded.change_log_bytes = changes.iter().map(|e| e.json_bytes() as u64).sum();
         loaded.objects = replay(base, &changes);
         Ok(loaded)
     }
@@ -507,10 +498,7 @@ fn decode_event_records(records: &[(u64, Vec<u8>)]) -> Result<EventRecords, Stor
     let extents = runs
         .iter()
         .map(|run| {
-            let bytes = run
-                .iter()
-                .map(|e| e.object.json.len() + e.prev.as_ref().map_or(0, |p| p.json.len()))
-                .sum();
+            let bytes = run.iter().map(EventRecord::json_bytes).sum();
             (run[0].revision.0, run[run.len() - 1].revision.0, bytes)
         })
         .collect();
