@@ -2,11 +2,13 @@
 //! secondary indexes need, shared between objects that carry the same ones.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use fleetscope_model::selector::{Fields, Labels, json_path, scalar_text};
 use fleetscope_model::{Location, ObjectKey, Revision};
+
+/// A hash set with a fast keyed hash.
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 /// Shares what many objects repeat (resource names, namespaces, label keys and values,
 /// whole label/owner/field sets) so each is held once. Bounded: past its capacity, new

@@ -4,7 +4,12 @@
 use std::sync::Arc;
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
-use imbl::{HashMap, OrdMap, OrdSet};
+use imbl::{OrdMap, OrdSet};
+
+/// A persistent hash map with a fast keyed hash (label keys and values, owner uids and
+/// field values are short strings).
+type HashMap<K, V> =
+    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 use crate::object::{Entry, Interner, Object, ObjectInput};
 

@@ -4,10 +4,10 @@
 
 use fleetscope_model::ResourceType;
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 
 /// What to remove from every object before it is kept.
 #[derive(Debug, Clone)]
@@ -57,91 +57,481 @@ pub enum PruneError {
     NoName,
 }
 
-/// Prunes one object given as JSON text. Only `metadata` is decoded; every other
-/// top-level field is copied through as raw JSON text.
+/// Prunes one object given as JSON text.
 pub fn prune(raw: &str, rt: &ResourceType, pruning: &Pruning) -> Result<PrunedObject, PruneError> {
-    let fields: BTreeMap<Cow<'_, str>, &RawValue> =
-        serde_json::from_str(raw).map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    let meta_raw = fields
-        .get("metadata")
-        .ok_or_else(|| PruneError::NotAnObject("metadata is missing".into()))?;
-    let mut meta: Map<String, Value> = serde_json::from_str(meta_raw.get())
-        .map_err(|_| PruneError::NotAnObject("metadata is not an object".into()))?;
-    if pruning.managed_fields {
-        meta.remove("managedFields");
+    let pruner = Pruner::new(rt, pruning);
+    let mut scratch = Vec::with_capacity(raw.len());
+    let mut de = serde_json::Deserializer::from_str(raw);
+    ObjectSeed {
+        pruner: &pruner,
+        out: &mut scratch,
     }
-    if let Some(Value::Object(ann)) = meta.get_mut("annotations") {
-        for a in &pruning.annotations {
-            ann.remove(a);
-        }
-        if ann.is_empty() {
-            meta.remove("annotations");
-        }
+    .deserialize(&mut de)
+    .and_then(|o| de.end().map(|()| o))
+    .map_err(|e| PruneError::NotAnObject(e.to_string()))?
+}
+
+/// A list response's own metadata.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListMeta {
+    /// The list's resourceVersion: where a WATCH after it starts.
+    #[serde(rename = "resourceVersion", default)]
+    pub resource_version: String,
+    /// The token of the next page, if any.
+    #[serde(rename = "continue", default)]
+    pub continue_token: Option<String>,
+}
+
+/// Reads a LIST response page, pruning each item as it is read, in one pass over the
+/// text: nothing is decoded into a tree, and every value kept is copied through as
+/// the text it came as, in its order. `each` receives every item, or why it was not
+/// kept (one malformed item does not spoil the page). Fails only when the page itself
+/// is not a JSON object.
+pub fn prune_list(
+    text: &str,
+    rt: &ResourceType,
+    pruning: &Pruning,
+    each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
+) -> Result<ListMeta, serde_json::Error> {
+    let pruner = Pruner::new(rt, pruning);
+    let mut scratch = Vec::new();
+    let mut de = serde_json::Deserializer::from_str(text);
+    let meta = ListSeed {
+        pruner: &pruner,
+        out: &mut scratch,
+        each,
     }
-    let text = |m: &Map<String, Value>, k: &str| {
-        m.get(k)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
+    .deserialize(&mut de)?;
+    de.end()?;
+    Ok(meta)
+}
+
+/// What every object of one resource type is pruned with.
+struct Pruner<'p> {
+    pruning: &'p Pruning,
+    /// `{"apiVersion":…,"kind":…`: how every kept object begins.
+    prefix: Vec<u8>,
+}
+
+impl<'p> Pruner<'p> {
+    fn new(rt: &ResourceType, pruning: &'p Pruning) -> Self {
+        let mut prefix = b"{\"apiVersion\":".to_vec();
+        write_str(&mut prefix, &rt.api_version());
+        prefix.extend_from_slice(b",\"kind\":");
+        write_str(&mut prefix, &rt.kind);
+        Self { pruning, prefix }
+    }
+}
+
+/// A list page: `metadata` read, `items` pruned one by one, the rest skipped.
+struct ListSeed<'s, 'p> {
+    pruner: &'s Pruner<'p>,
+    out: &'s mut Vec<u8>,
+    each: &'s mut dyn FnMut(Result<PrunedObject, PruneError>),
+}
+
+impl<'de> DeserializeSeed<'de> for ListSeed<'_, '_> {
+    type Value = ListMeta;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<ListMeta, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListSeed<'_, '_> {
+    type Value = ListMeta;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list: a JSON object with metadata and items")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ListMeta, A::Error> {
+        let mut meta = ListMeta::default();
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            match key.0.as_ref() {
+                "metadata" => meta = map.next_value()?,
+                "items" => map.next_value_seed(ItemsSeed {
+                    pruner: self.pruner,
+                    out: &mut *self.out,
+                    each: &mut *self.each,
+                })?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(meta)
+    }
+}
+
+/// A list's `items`: each pruned and handed on as it is read.
+struct ItemsSeed<'s, 'p> {
+    pruner: &'s Pruner<'p>,
+    out: &'s mut Vec<u8>,
+    each: &'s mut dyn FnMut(Result<PrunedObject, PruneError>),
+}
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of objects")
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        // `"items": null` is an empty list.
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(item) = seq.next_element_seed(ObjectSeed {
+            pruner: self.pruner,
+            out: &mut *self.out,
+        })? {
+            (self.each)(item);
+        }
+        Ok(())
+    }
+}
+
+/// What a visitor answers for a JSON value that is not an object: the value is
+/// consumed, and the answer is an error for this value alone.
+macro_rules! not_an_object {
+    ($what:literal) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is a boolean").into(),
+            )))
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is a number").into(),
+            )))
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is a number").into(),
+            )))
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is a number").into(),
+            )))
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is a string").into(),
+            )))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is null").into(),
+            )))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Err(PruneError::NotAnObject(
+                concat!($what, " is an array").into(),
+            )))
+        }
     };
-    let name = text(&meta, "name");
-    if name.is_empty() {
-        return Err(PruneError::NoName);
+}
+
+/// One object, pruned as it is read. `out` is scratch space, reused from object to
+/// object; the kept JSON is copied out of it at its exact length.
+struct ObjectSeed<'s, 'p> {
+    pruner: &'s Pruner<'p>,
+    out: &'s mut Vec<u8>,
+}
+
+impl<'de> DeserializeSeed<'de> for ObjectSeed<'_, '_> {
+    type Value = Result<PrunedObject, PruneError>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
     }
-    let labels = meta
-        .get("labels")
-        .and_then(Value::as_object)
-        .map(|l| {
-            l.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                .collect()
-        })
-        .unwrap_or_default();
-    let owners = meta
-        .get("ownerReferences")
-        .and_then(Value::as_array)
-        .map(|refs| {
-            refs.iter()
-                .filter_map(|r| r.get("uid")?.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    // apiVersion and kind first, as Kubernetes writes them; list items lack them.
-    let mut json = Vec::with_capacity(raw.len());
-    json.extend_from_slice(b"{\"apiVersion\":");
-    serde_json::to_writer(&mut json, &rt.api_version())
-        .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    json.extend_from_slice(b",\"kind\":");
-    serde_json::to_writer(&mut json, &rt.kind)
-        .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    json.extend_from_slice(b",\"metadata\":");
-    serde_json::to_writer(&mut json, &meta).map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    for (key, value) in &fields {
-        if matches!(key.as_ref(), "apiVersion" | "kind" | "metadata") {
-            continue;
+}
+
+impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
+    type Value = Result<PrunedObject, PruneError>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+    not_an_object!("the object");
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let out = self.out;
+        out.clear();
+        out.extend_from_slice(&self.pruner.prefix);
+        let mut found = Found::default();
+        let mut metadata: Option<Result<(), PruneError>> = None;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            match key.0.as_ref() {
+                // Filled in from the resource type.
+                "apiVersion" | "kind" => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "metadata" if metadata.is_none() => {
+                    out.extend_from_slice(b",\"metadata\":");
+                    metadata = Some(map.next_value_seed(MetadataSeed {
+                        pruning: self.pruner.pruning,
+                        out: &mut *out,
+                        found: &mut found,
+                    })?);
+                }
+                _ => {
+                    let value = map.next_value::<&'de RawValue>()?;
+                    out.push(b',');
+                    write_str(out, &key.0);
+                    out.push(b':');
+                    out.extend_from_slice(value.get().as_bytes());
+                }
+            }
         }
-        json.push(b',');
-        serde_json::to_writer(&mut json, key.as_ref())
-            .map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-        json.push(b':');
-        json.extend_from_slice(value.get().as_bytes());
+        out.push(b'}');
+        let done = || {
+            metadata.ok_or_else(|| PruneError::NotAnObject("metadata is missing".into()))??;
+            if found.name.is_empty() {
+                return Err(PruneError::NoName);
+            }
+            let json = std::str::from_utf8(out)
+                .map_err(|e| PruneError::NotAnObject(e.to_string()))?
+                .to_owned();
+            Ok(PrunedObject {
+                namespace: found.namespace,
+                name: found.name,
+                uid: found.uid,
+                resource_version: found.resource_version,
+                json,
+                labels: found.labels,
+                owners: found.owners,
+            })
+        };
+        Ok(done())
     }
-    json.push(b'}');
-    let json = String::from_utf8(json).map_err(|e| PruneError::NotAnObject(e.to_string()))?;
-    Ok(PrunedObject {
-        namespace: text(&meta, "namespace"),
-        name,
-        uid: text(&meta, "uid"),
-        resource_version: text(&meta, "resourceVersion"),
-        json,
-        labels,
-        owners,
-    })
+}
+
+/// An object's `metadata`, written to `out` without the pruned members while the
+/// fields the index needs are read into `found`.
+struct MetadataSeed<'s> {
+    pruning: &'s Pruning,
+    out: &'s mut Vec<u8>,
+    found: &'s mut Found,
+}
+
+impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
+    type Value = Result<(), PruneError>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetadataSeed<'_> {
+    type Value = Result<(), PruneError>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("metadata, an object")
+    }
+    not_an_object!("metadata");
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let out = self.out;
+        out.push(b'{');
+        let mut first = true;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            let kept_annotations;
+            let value = match key.0.as_ref() {
+                "managedFields" if self.pruning.managed_fields => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                "annotations" => {
+                    let value = map.next_value::<&'de RawValue>()?;
+                    match prune_annotations(value, self.pruning) {
+                        Annotations::Unchanged => value,
+                        Annotations::Empty => continue,
+                        Annotations::Pruned(text) => {
+                            kept_annotations = text;
+                            &kept_annotations
+                        }
+                    }
+                }
+                field => {
+                    let value = map.next_value::<&'de RawValue>()?;
+                    self.found.read(field, value);
+                    value
+                }
+            };
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            write_str(out, &key.0);
+            out.push(b':');
+            out.extend_from_slice(value.get().as_bytes());
+        }
+        out.push(b'}');
+        Ok(Ok(()))
+    }
+}
+
+/// The metadata fields a kept object carries besides its JSON. A value of the wrong
+/// JSON type reads as absent (a label that is not a string is not indexed).
+#[derive(Default)]
+struct Found {
+    name: String,
+    namespace: String,
+    uid: String,
+    resource_version: String,
+    labels: Vec<(String, String)>,
+    owners: Vec<String>,
+}
+
+impl Found {
+    fn read(&mut self, field: &str, value: &RawValue) {
+        let text = |v: &RawValue| {
+            serde_json::from_str::<Text<'_>>(v.get()).map_or_else(|_| String::new(), |t| t.0.into())
+        };
+        match field {
+            "name" => self.name = text(value),
+            "namespace" => self.namespace = text(value),
+            "uid" => self.uid = text(value),
+            "resourceVersion" => self.resource_version = text(value),
+            "labels" => {
+                if let Ok(labels) = serde_json::from_str::<Members<'_>>(value.get()) {
+                    self.labels = labels
+                        .0
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            let v = serde_json::from_str::<Text<'_>>(v.get()).ok()?;
+                            Some((k.to_string(), v.0.into()))
+                        })
+                        .collect();
+                }
+            }
+            "ownerReferences" => {
+                if let Ok(refs) = serde_json::from_str::<Vec<&RawValue>>(value.get()) {
+                    self.owners = refs
+                        .iter()
+                        .filter_map(|r| {
+                            let owner = serde_json::from_str::<Owner<'_>>(r.get()).ok()?;
+                            Some(owner.uid?.0.into())
+                        })
+                        .collect();
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What pruning left of `metadata.annotations`.
+enum Annotations {
+    /// Nothing pruned (or not an object: kept as it came).
+    Unchanged,
+    /// None left after pruning (or none there): the field is left out.
+    Empty,
+    /// Some pruned: the rest, as JSON text.
+    Pruned(Box<RawValue>),
+}
+
+fn prune_annotations(value: &RawValue, pruning: &Pruning) -> Annotations {
+    let Ok(members) = serde_json::from_str::<Members<'_>>(value.get()) else {
+        return Annotations::Unchanged;
+    };
+    let pruned = |k: &str| pruning.annotations.iter().any(|a| a == k);
+    if members.0.is_empty() {
+        return Annotations::Empty;
+    }
+    if !members.0.iter().any(|(k, _)| pruned(k)) {
+        return Annotations::Unchanged;
+    }
+    let mut text = Vec::with_capacity(value.get().len());
+    text.push(b'{');
+    for (k, v) in members.0.iter().filter(|(k, _)| !pruned(k)) {
+        if text.len() > 1 {
+            text.push(b',');
+        }
+        write_str(&mut text, k);
+        text.push(b':');
+        text.extend_from_slice(v.get().as_bytes());
+    }
+    if text.len() == 1 {
+        return Annotations::Empty;
+    }
+    text.push(b'}');
+    String::from_utf8(text)
+        .ok()
+        .and_then(|t| RawValue::from_string(t).ok())
+        .map_or(Annotations::Unchanged, Annotations::Pruned)
+}
+
+/// Writes `s` as a JSON string.
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing a string to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+/// A JSON object's members in their order, each value as its raw text.
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    members.push((key.0, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// A JSON string, borrowed from the input unless it had escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+/// An owner reference; only its uid is read.
+#[derive(serde::Deserialize)]
+struct Owner<'a> {
+    #[serde(borrow)]
+    uid: Option<Text<'a>>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
 
     fn pods() -> ResourceType {
         ResourceType {
@@ -194,6 +584,170 @@ mod tests {
             r#"{"spec":{}}"#,
         ] {
             assert!(prune(raw, &pods(), &Pruning::default()).is_err(), "{raw}");
+        }
+    }
+
+    /// What pruning means, said on decoded trees: the object without managedFields
+    /// and the pruned annotations (and without annotations once none is left), with
+    /// apiVersion and kind of its type.
+    fn pruned_tree(raw: &Value, rt: &ResourceType, pruning: &Pruning) -> Value {
+        let mut v = raw.clone();
+        let meta = v["metadata"].as_object_mut().unwrap();
+        if pruning.managed_fields {
+            meta.remove("managedFields");
+        }
+        if let Some(Value::Object(ann)) = meta.get_mut("annotations") {
+            for a in &pruning.annotations {
+                ann.remove(a);
+            }
+            if ann.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+        v["apiVersion"] = rt.api_version().into();
+        v["kind"] = rt.kind.clone().into();
+        v
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9./-]{0,12}",
+            // Escapes, quotes, control characters and non-ASCII.
+            "[a-z\"\\\\\n\t\u{1}é☃]{0,6}",
+        ]
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            text().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(text(), inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn object() -> impl Strategy<Value = Value> {
+        let strings = || proptest::collection::btree_map(text(), text(), 0..4);
+        (
+            "[a-z][a-z0-9-]{0,10}",
+            proptest::option::of(text()),
+            proptest::option::of(strings()),
+            proptest::option::of(strings()),
+            any::<bool>(),
+            any::<bool>(),
+            proptest::option::of(proptest::collection::vec(text(), 0..3)),
+            proptest::collection::btree_map("[a-z]{1,8}", json_value(), 0..4),
+        )
+            .prop_map(
+                |(name, namespace, labels, annotations, last_applied, managed, owners, rest)| {
+                    let mut meta = serde_json::Map::new();
+                    meta.insert("name".into(), name.into());
+                    if let Some(ns) = namespace {
+                        meta.insert("namespace".into(), ns.into());
+                    }
+                    if let Some(l) = labels {
+                        meta.insert("labels".into(), serde_json::json!(l));
+                    }
+                    let mut ann = annotations.map(|a| serde_json::json!(a));
+                    if last_applied {
+                        ann.get_or_insert_with(|| serde_json::json!({}))
+                            ["kubectl.kubernetes.io/last-applied-configuration"] = "{\"a\":1}".into();
+                    }
+                    if let Some(a) = ann {
+                        meta.insert("annotations".into(), a);
+                    }
+                    if managed {
+                        meta.insert(
+                            "managedFields".into(),
+                            serde_json::json!([{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]),
+                        );
+                    }
+                    if let Some(o) = owners {
+                        let refs: Vec<Value> =
+                            o.iter().map(|u| serde_json::json!({"uid": u, "kind": "X"})).collect();
+                        meta.insert("ownerReferences".into(), refs.into());
+                    }
+                    let mut top: serde_json::Map<String, Value> = rest
+                        .into_iter()
+                        .filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
+                        .collect();
+                    top.insert("metadata".into(), Value::Object(meta));
+                    Value::Object(top)
+                },
+            )
+    }
+
+    #[test]
+    fn a_list_page_is_pruned_item_by_item_and_bad_items_are_skipped_alone() {
+        let good = r#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"5","managedFields":[{"m":1}]},"spec":{"x":[1,2]}}"#;
+        let page = format!(
+            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"9","continue":"tok"}},"items":[{good},7,"s",null,[1,{{"a":2}}],{{"metadata":"x"}},{{"metadata":{{}}}},{{"spec":{{}}}},{good}],"extra":{{"k":[]}}}}"#
+        );
+        let mut kept = Vec::new();
+        let mut skipped = Vec::new();
+        let meta = prune_list(&page, &pods(), &Pruning::default(), &mut |r| match r {
+            Ok(o) => kept.push(o),
+            Err(e) => skipped.push(e.to_string()),
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                meta.resource_version.as_str(),
+                meta.continue_token.as_deref()
+            ),
+            ("9", Some("tok"))
+        );
+        let one = prune(good, &pods(), &Pruning::default()).unwrap();
+        assert_eq!(kept, [one.clone(), one]);
+        assert_eq!(skipped.len(), 7, "{skipped:?}");
+        assert_eq!(
+            kept[0].json,
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","resourceVersion":"5"},"spec":{"x":[1,2]}}"#
+        );
+
+        let empty = r#"{"metadata":{"resourceVersion":"3"},"items":null}"#;
+        let meta = prune_list(empty, &pods(), &Pruning::default(), &mut |_| panic!()).unwrap();
+        assert_eq!(meta.resource_version, "3");
+        for broken in ["", "[]", "{\"items\":[{]}", "{\"items\":5}", "{} x"] {
+            assert!(
+                prune_list(broken, &pods(), &Pruning::default(), &mut |_| {}).is_err(),
+                "{broken}"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn pruning_raw_text_equals_pruning_the_decoded_tree(v in object(), pretty in any::<bool>()) {
+            let raw = if pretty {
+                serde_json::to_string_pretty(&v).unwrap()
+            } else {
+                serde_json::to_string(&v).unwrap()
+            };
+            let pruning = Pruning::default();
+            let p = prune(&raw, &pods(), &pruning).unwrap();
+            let got: Value = serde_json::from_str(&p.json).unwrap();
+            prop_assert_eq!(&got, &pruned_tree(&v, &pods(), &pruning));
+            let meta = &v["metadata"];
+            prop_assert_eq!(p.name.as_str(), meta["name"].as_str().unwrap());
+            prop_assert_eq!(p.namespace.as_str(), meta["namespace"].as_str().unwrap_or(""));
+            let labels: Vec<(String, String)> = meta["labels"]
+                .as_object()
+                .map(|l| l.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).collect())
+                .unwrap_or_default();
+            prop_assert_eq!(p.labels, labels);
+            let owners: Vec<String> = meta["ownerReferences"]
+                .as_array()
+                .map(|o| o.iter().map(|r| r["uid"].as_str().unwrap().to_string()).collect())
+                .unwrap_or_default();
+            prop_assert_eq!(p.owners, owners);
         }
     }
 }

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::prune::{PrunedObject, Pruning, prune};
+use crate::prune::{PrunedObject, Pruning, prune, prune_list};
 
 /// Which stream an update is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -178,21 +178,6 @@ impl Backoff {
 }
 
 #[derive(Deserialize)]
-struct RawListMeta {
-    #[serde(rename = "resourceVersion", default)]
-    resource_version: String,
-    #[serde(rename = "continue", default)]
-    continue_token: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawList<'a> {
-    metadata: RawListMeta,
-    #[serde(borrow, default)]
-    items: Vec<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
 struct RawEvent<'a> {
     #[serde(rename = "type")]
     kind: String,
@@ -249,6 +234,41 @@ fn classify(e: kube::Error) -> Stop {
         }
         other => Stop::Failed(other.to_string()),
     }
+}
+
+/// Sends `req` and reads the whole response body into `body` (cleared first; its
+/// capacity is kept). An error status becomes `kube::Error::Api` with the cluster's
+/// `Status`, or one built from the status code when the body is not a `Status`.
+async fn fetch(
+    client: &Client,
+    req: http::Request<Vec<u8>>,
+    body: &mut Vec<u8>,
+) -> Result<(), kube::Error> {
+    use http_body_util::BodyExt;
+    let res = client.send(req.map(kube::client::Body::from)).await?;
+    let status = res.status();
+    let length = res
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let mut stream = res.into_body();
+    body.clear();
+    // A length is a hint only: it never reserves more than a page could be.
+    body.reserve(length.unwrap_or(0).min(64 << 20));
+    while let Some(frame) = stream.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            body.extend_from_slice(&data);
+        }
+    }
+    if status.is_client_error() || status.is_server_error() {
+        let text = String::from_utf8_lossy(body);
+        let s = serde_json::from_str::<kube::core::Status>(&text).unwrap_or_else(|_| {
+            kube::core::Status::failure(text.trim(), "the response is not a Status")
+                .with_code(status.as_u16())
+        });
+        return Err(kube::Error::Api(s.boxed()));
+    }
+    Ok(())
 }
 
 struct Informer {
@@ -401,35 +421,38 @@ impl Informer {
     async fn list(&self) -> Result<(Vec<PrunedObject>, String), Stop> {
         let mut objects = Vec::new();
         let mut lp = self.list_params();
+        // One buffer for every page's body, reused: pages are large and alike.
+        let mut body = Vec::new();
         loop {
             let req = Request::new(&self.path)
                 .list(&lp)
                 .map_err(|e| Stop::Failed(e.to_string()))?;
-            let text = tokio::select! {
-                r = self.client.request_text(req) => r.map_err(classify),
+            let fetched = tokio::select! {
+                r = fetch(&self.client, req, &mut body) => r.map_err(classify),
                 _ = self.cancel.cancelled() => Err(Stop::Cancelled),
             };
-            let text = match text {
+            match fetched {
                 Err(Stop::Expired) if lp.continue_token.is_some() => {
                     objects.clear();
                     lp = self.list_params();
                     continue;
                 }
                 other => other?,
-            };
-            let page: RawList = serde_json::from_str(&text)
-                .map_err(|e| Stop::Failed(format!("list response is not a list: {e}")))?;
-            for item in page.items {
-                match prune(item.get(), &self.id.resource, &self.config.pruning) {
+            }
+            let text = std::str::from_utf8(&body)
+                .map_err(|e| Stop::Failed(format!("list response is not UTF-8: {e}")))?;
+            let meta = prune_list(text, &self.id.resource, &self.config.pruning, &mut |item| {
+                match item {
                     Ok(o) => objects.push(o),
                     Err(e) => {
                         tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object")
                     }
                 }
-            }
-            match page.metadata.continue_token.filter(|c| !c.is_empty()) {
+            })
+            .map_err(|e| Stop::Failed(format!("list response is not a list: {e}")))?;
+            match meta.continue_token.filter(|c| !c.is_empty()) {
                 Some(c) => lp = lp.continue_token(&c),
-                None => return Ok((objects, page.metadata.resource_version)),
+                None => return Ok((objects, meta.resource_version)),
             }
         }
     }
