@@ -234,6 +234,14 @@ struct PersistArgs {
     /// The persisted event log's size limit, as a share of the held objects' JSON size.
     #[arg(long, default_value_t = 0.5)]
     event_log_disk_share: f64,
+    /// Compact the store (copy its live records to a fresh file) once its size on disk
+    /// passes this share of the held objects' JSON size (and 1.5 × its size after the
+    /// last compaction).
+    #[arg(long, default_value_t = 1.5)]
+    compact_share: f64,
+    /// The size on disk, in MiB, below which the store is never compacted.
+    #[arg(long, default_value_t = 8)]
+    compact_min_mib: u64,
 }
 
 /// Exit status when the data directory is held by another running fleetscope.
@@ -441,9 +449,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         p.event_log_disk_share.is_finite() && p.event_log_disk_share >= 0.0,
         "--event-log-disk-share must be a number, 0 or more"
     );
+    anyhow::ensure!(
+        p.compact_share.is_finite() && p.compact_share >= 0.0,
+        "--compact-share must be a number, 0 or more"
+    );
     config.keep_removed_clusters = p.keep_removed_clusters;
     config.persist.max_delay = Duration::from_millis(p.flush_ms);
     config.persist.log_share = p.event_log_disk_share;
+    config.persist.compact_share = p.compact_share;
+    config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
     let store = if p.no_persist {
         tracing::info!("running in memory only (--no-persist)");
         None

@@ -9,6 +9,7 @@
 //! logged and retried; the index keeps serving and nothing gathered is lost.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,12 @@ pub struct PersistConfig {
     pub snapshot_share: f64,
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
+    /// The store is compacted (its live records copied to a fresh file) once its
+    /// size on disk passes this share of the held objects' JSON, `compact_min_bytes`,
+    /// and 1.5 × its size after the last compaction. Default 1.5.
+    pub compact_share: f64,
+    /// The size on disk below which the store is never compacted. Default 8 MiB.
+    pub compact_min_bytes: u64,
 }
 
 impl Default for PersistConfig {
@@ -47,6 +54,8 @@ impl Default for PersistConfig {
             log_share: 0.5,
             snapshot_share: 0.5,
             snapshot_min_bytes: 1 << 20,
+            compact_share: 1.5,
+            compact_min_bytes: 8 << 20,
         }
     }
 }
@@ -74,6 +83,10 @@ pub struct PersistStats {
     pub snapshots: u64,
     /// How long the last snapshot took to write.
     pub last_snapshot: Duration,
+    /// Compactions done, in all.
+    pub compactions: u64,
+    /// How long the last compaction took.
+    pub last_compaction: Duration,
 }
 
 /// What has gathered since the last write.
@@ -163,6 +176,8 @@ pub struct Persister {
     writing: tokio::sync::Mutex<()>,
     /// Signalled after each write, for an ingest waiting on a full backlog.
     written: Notify,
+    /// The store's size on disk after its last compaction (0 before the first).
+    compacted: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -280,6 +295,7 @@ impl Persister {
             stats: Mutex::new(PersistStats::default()),
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
+            compacted: AtomicU64::new(0),
         }
     }
 
@@ -438,6 +454,9 @@ impl Persister {
         let started = Instant::now();
         let (taken, result) = tokio::task::spawn_blocking(move || {
             let result = this.write(&taken);
+            if result.is_ok() {
+                this.compact_if_grown();
+            }
             (taken, result)
         })
         .await
@@ -475,6 +494,45 @@ impl Persister {
         };
         self.written.notify_waiters();
         outcome
+    }
+
+    /// Compacts the store when its file has grown past its limits (see
+    /// [`PersistConfig::compact_share`]). A failed compaction is logged and leaves the
+    /// store as it was; the next is tried once the file has grown by half again.
+    fn compact_if_grown(&self) {
+        let Some(store) = lock(&self.store).clone() else {
+            return;
+        };
+        let size = store.size_on_disk();
+        let held = *lock(&self.held_json) as f64;
+        let limit = (self.config.compact_share * held)
+            .max(self.config.compact_min_bytes as f64)
+            .max(1.5 * self.compacted.load(Ordering::Relaxed) as f64);
+        if (size as f64) <= limit {
+            return;
+        }
+        let started = Instant::now();
+        match store.compact() {
+            Ok(Some((before, after))) => {
+                let took = started.elapsed();
+                self.compacted.store(after, Ordering::Relaxed);
+                let mut s = lock(&self.stats);
+                s.compactions += 1;
+                s.last_compaction = took;
+                s.size_on_disk = after;
+                tracing::info!(
+                    before,
+                    after,
+                    took_ms = took.as_secs_f64() * 1e3,
+                    "store compacted"
+                );
+            }
+            Ok(None) => self.compacted.store(u64::MAX / 2, Ordering::Relaxed),
+            Err(e) => {
+                self.compacted.store(size, Ordering::Relaxed);
+                tracing::warn!(error = %e, size, "store compaction failed: the store goes on as it was");
+            }
+        }
     }
 
     /// Writes one gathered batch (and a snapshot, when one was captured); returns the

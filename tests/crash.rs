@@ -59,6 +59,8 @@ fn serve(
     Killed(
         Command::new(BIN)
             .args(["serve", "--resources", TYPES, "--flush-ms", "20"])
+            // Compact whenever the file has grown by half, so kills land in compactions too.
+            .args(["--compact-share", "0", "--compact-min-mib", "0"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -311,5 +313,11 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let compactions = logged.matches("store compacted").count();
+    let interrupted = logged.matches("removing an unfinished compaction").count()
+        + logged.matches("finishing a compaction's switch").count();
+    eprintln!("{compactions} compactions, {interrupted} interrupted by a kill");
+    assert!(compactions > 0, "the runs compacted the store");
     fleet.shutdown().await;
 }

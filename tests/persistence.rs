@@ -425,3 +425,63 @@ async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
     assert_eq!(loaded.revision, engine.index.snapshot().revision());
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
+    let data = tempfile::tempdir().unwrap();
+    let mut cfg = config();
+    // Compact whenever the file has grown by half since the last compaction.
+    cfg.persist.compact_share = 0.0;
+    cfg.persist.compact_min_bytes = 0;
+    cfg.persist.max_delay = std::time::Duration::from_millis(10);
+    let mut h =
+        Harness::start_persistent(FleetSpec::numbered(2, 100, 0.0), cfg.clone(), data.path()).await;
+    h.synced().await;
+    // Churn: configmaps created, changed and deleted until the store has compacted
+    // at least twice.
+    let store = &h.cluster(0).store;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut round = 0;
+    while h.engine.store_stats().unwrap().compactions < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            h.engine.store_stats()
+        );
+        let name = format!("churn-{round}");
+        let big = "x".repeat(4096);
+        store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                json!({"metadata": {"name": name}, "data": {"k": big}}),
+            )
+            .unwrap();
+        if round >= 5 {
+            store
+                .delete("configmaps", "team-0", &format!("churn-{}", round - 5))
+                .unwrap();
+        }
+        round += 1;
+        if round % 20 == 0 {
+            // Let the writer catch up between bursts.
+            converged(&h).await;
+        }
+    }
+    converged(&h).await;
+    let before: Vec<_> = futures::future::join_all(TYPES.map(|t| served(&h, t))).await;
+    h.stop_node().await;
+    assert!(!data.path().join("db.next").exists() && !data.path().join("db.old").exists());
+    for s in h.fleet.servers() {
+        s.cluster().reset_counters();
+    }
+    h.start_node(cfg, ServiceConfig::default(), Some(data.path()), &[])
+        .await;
+    for (t, (objects, _)) in TYPES.iter().zip(&before) {
+        assert_eq!(&served(&h, t).await.0, objects, "{t}");
+    }
+    h.synced().await;
+    assert_eq!(lists(&h), 0, "the compacted store resumes every watch");
+    converged(&h).await;
+    h.shutdown().await;
+}

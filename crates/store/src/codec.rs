@@ -1,5 +1,7 @@
 //! Record encoding: length-prefixed fields behind a CRC-32 of the payload, so every
-//! record read back is either exactly what was written or detected as damaged.
+//! record read back is either exactly what was written or detected as damaged. The
+//! large records (snapshot chunks and event runs) hold their payload LZ4-compressed,
+//! behind its plain length; the checksum covers the bytes as stored.
 
 use fleetscope_model::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
 
@@ -130,6 +132,42 @@ impl Writer {
         let crc = crc32fast::hash(&self.0[4..]);
         self.0[..4].copy_from_slice(&crc.to_le_bytes());
         self.0
+    }
+
+    /// Seals the payload compressed: checksum, plain length, LZ4 block.
+    pub(crate) fn seal_compressed(self) -> Vec<u8> {
+        let plain = &self.0[4..];
+        let compressed = lz4_flex::block::compress(plain);
+        let mut w = Writer(Vec::with_capacity(8 + compressed.len()));
+        w.0.extend_from_slice(&[0; 4]);
+        // A record's payload is far below 4 GiB (chunks and runs are kilobytes).
+        w.u32(u32::try_from(plain.len()).unwrap_or(u32::MAX));
+        w.0.extend_from_slice(&compressed);
+        w.seal()
+    }
+}
+
+/// No record's payload is larger: a plain length above it is damage.
+const MAX_PLAIN: usize = 256 << 20;
+
+/// Opens a record sealed by [`Writer::seal_compressed`]: the checksum checked, the
+/// payload decompressed.
+pub(crate) fn unseal_compressed(record: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let len = r.u32()? as usize;
+    let src = r.0;
+    // LZ4 expands at most 255-fold.
+    if len > MAX_PLAIN || len > src.len().saturating_mul(255).saturating_add(16) {
+        return Err(DecodeError::Malformed(
+            "plain length does not fit the record",
+        ));
+    }
+    let mut plain = vec![0; len];
+    match lz4_flex::block::decompress_into(src, &mut plain) {
+        Ok(n) if n == len => Ok(plain),
+        _ => Err(DecodeError::Malformed(
+            "compressed payload does not decompress",
+        )),
     }
 }
 
@@ -285,12 +323,13 @@ impl ChunkWriter {
 
     pub(crate) fn seal(mut self) -> Vec<u8> {
         self.w.0[4..8].copy_from_slice(&self.count.to_le_bytes());
-        self.w.seal()
+        self.w.seal_compressed()
     }
 }
 
 pub(crate) fn decode_chunk(record: &[u8]) -> Result<Vec<ObjectRecord>, DecodeError> {
-    let mut r = Reader::open(record)?;
+    let plain = unseal_compressed(record)?;
+    let mut r = Reader(&plain);
     let n = r.u32()? as usize;
     // Each object takes at least 28 bytes: a larger count is damage.
     if n > r.0.len() / 28 {
@@ -389,11 +428,12 @@ pub(crate) fn encode_events(events: &[EventRecord]) -> Vec<u8> {
     for e in events {
         w.event(e);
     }
-    w.seal()
+    w.seal_compressed()
 }
 
 pub(crate) fn decode_events(record: &[u8]) -> Result<Vec<EventRecord>, DecodeError> {
-    let mut r = Reader::open(record)?;
+    let plain = unseal_compressed(record)?;
+    let mut r = Reader(&plain);
     let n = r.u32()? as usize;
     // Each event takes at least 38 bytes: a larger count is damage.
     if n == 0 || n > r.0.len() / 38 {

@@ -1,15 +1,24 @@
 //! The store on disk, in sled: one tree, every batch one atomic sled batch, flushed
 //! before it counts as written. The data directory is locked while open.
+//!
+//! sled reclaims the space of removed and overwritten records lazily, so under churn
+//! its files grow well past what they hold. [`SledStore::compact`] copies the live
+//! records into a fresh database beside it (`db.next`), then switches: `db` is renamed
+//! `db.old`, `db.next` renamed `db`, `db.old` deleted. Opening finishes or undoes a
+//! switch a crash interrupted: a `db.next` beside a `db` is an unfinished copy and is
+//! deleted; a `db.next` without a `db` is a finished one and becomes `db`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{Loaded, Store, StoreError, Visit, Writes};
 
 /// A data directory opened by this process.
 pub struct SledStore {
-    db: sled::Db,
+    /// Replaced whole by a compaction; `None` only if reopening after one failed.
+    db: RwLock<Option<sled::Db>>,
     dir: PathBuf,
     // Held for as long as the store is open; released when the process ends, however it ends.
     _lock: File,
@@ -67,19 +76,20 @@ impl SledStore {
             }
         }
         let db_path = dir.join("db");
+        finish_switch(dir)?;
         // Damage found by sled or by verification: the store is closed, moved aside,
         // and an empty one opened in its place.
         let (db, loaded, damage) = match Self::open_db(&db_path) {
             Ok(db) => {
                 let probe = SledStore {
-                    db,
+                    db: RwLock::new(Some(db)),
                     dir: dir.to_path_buf(),
                     _lock: lock
                         .try_clone()
                         .map_err(io("cannot use lock file", &lock_path))?,
                 };
                 match probe.load() {
-                    Ok(loaded) => (Some(probe.db), loaded, None),
+                    Ok(loaded) => (probe.into_db(), loaded, None),
                     Err(e) if e.is_damage() => (None, Loaded::default(), Some(e)),
                     Err(e) => return Err(e),
                 }
@@ -97,7 +107,7 @@ impl SledStore {
             }
         };
         let store = SledStore {
-            db,
+            db: RwLock::new(Some(db)),
             dir: dir.to_path_buf(),
             _lock: lock,
         };
@@ -145,6 +155,104 @@ impl SledStore {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    fn into_db(self) -> Option<sled::Db> {
+        self.db.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the open database (a compaction waits until it returns).
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&sled::Db) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref() {
+            Some(db) => f(db),
+            None => Err(StoreError::Engine(
+                "the store could not be reopened after a compaction".into(),
+            )),
+        }
+    }
+
+    /// Rewrites the store into a fresh database holding only its live records, and
+    /// switches to it; returns the size on disk before and after. Writes wait while
+    /// it runs. On failure the store goes on as it was.
+    pub fn compact(&self) -> Result<(u64, u64), StoreError> {
+        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        let Some(db) = slot.as_ref() else {
+            return Err(StoreError::Engine(
+                "the store could not be reopened after a compaction".into(),
+            ));
+        };
+        let before = db.size_on_disk().unwrap_or(0);
+        let next = self.dir.join("db.next");
+        let old = self.dir.join("db.old");
+        let current = self.dir.join("db");
+        remove_dir(&next)?;
+        let fresh = Self::open_db(&next)?;
+        let mut batch = sled::Batch::default();
+        let mut batch_bytes = 0;
+        for item in db.iter() {
+            let (k, v) = item.map_err(engine)?;
+            batch_bytes += k.len() + v.len();
+            batch.insert(k, v);
+            if batch_bytes >= crate::WRITE_BYTES {
+                fresh
+                    .apply_batch(std::mem::take(&mut batch))
+                    .map_err(engine)?;
+                batch_bytes = 0;
+            }
+        }
+        fresh.apply_batch(batch).map_err(engine)?;
+        fresh.flush().map_err(engine)?;
+        drop(fresh);
+        // The copy is complete on disk: from here on, opening finds either `db`, or
+        // `db.next` alone, and both are whole. The current database is closed before
+        // its directory is renamed, so nothing of it is written under the new name.
+        db.flush().map_err(engine)?;
+        slot.take();
+        let switched = std::fs::rename(&current, &old)
+            .map_err(io("cannot switch to the compacted store", &current))
+            .and_then(|()| {
+                std::fs::rename(&next, &current)
+                    .map_err(io("cannot switch to the compacted store", &next))
+            });
+        if let Err(e) = switched {
+            // Back to the database as it was, wherever the switch stopped.
+            finish_switch(&self.dir)?;
+            *slot = Some(Self::open_db(&current)?);
+            return Err(e);
+        }
+        let db = slot.insert(Self::open_db(&current)?);
+        let after = db.size_on_disk().unwrap_or(0);
+        drop(slot);
+        remove_dir(&old)?;
+        Ok((before, after))
+    }
+}
+
+fn remove_dir(path: &Path) -> Result<(), StoreError> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("cannot remove", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Finishes or undoes a compaction's switch that a crash interrupted (see the
+/// module's documentation).
+fn finish_switch(dir: &Path) -> Result<(), StoreError> {
+    let current = dir.join("db");
+    let next = dir.join("db.next");
+    if next.exists() {
+        if current.exists() {
+            tracing::warn!(store = %next.display(), "removing an unfinished compaction");
+            remove_dir(&next)?;
+        } else {
+            tracing::warn!(store = %next.display(), "finishing a compaction's switch");
+            std::fs::rename(&next, &current).map_err(io("cannot finish a compaction", &next))?;
+        }
+    }
+    remove_dir(&dir.join("db.old"))
 }
 
 /// Renames a damaged store to `<name>.damaged-<unix seconds>` beside it.
@@ -174,11 +282,13 @@ fn engine(e: sled::Error) -> StoreError {
 
 impl Store for SledStore {
     fn scan(&self, visit: &mut Visit<'_>) -> Result<(), StoreError> {
-        for item in self.db.iter() {
-            let (k, v) = item.map_err(engine)?;
-            visit(&k, &v)?;
-        }
-        Ok(())
+        self.with_db(|db| {
+            for item in db.iter() {
+                let (k, v) = item.map_err(engine)?;
+                visit(&k, &v)?;
+            }
+            Ok(())
+        })
     }
 
     fn write(&self, writes: Writes) -> Result<(), StoreError> {
@@ -189,12 +299,19 @@ impl Store for SledStore {
                 None => batch.remove(k),
             }
         }
-        self.db.apply_batch(batch).map_err(engine)?;
-        self.db.flush().map_err(engine)?;
-        Ok(())
+        self.with_db(|db| {
+            db.apply_batch(batch).map_err(engine)?;
+            db.flush().map_err(engine)?;
+            Ok(())
+        })
     }
 
     fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.with_db(|db| Ok(db.size_on_disk().unwrap_or(0)))
+            .unwrap_or(0)
+    }
+
+    fn compact(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        SledStore::compact(self).map(Some)
     }
 }

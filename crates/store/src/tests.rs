@@ -491,3 +491,127 @@ proptest! {
         let _ = codec::decode_names(&bytes);
     }
 }
+
+/// A store whose snapshot was replaced `rounds` times, each time by objects of 2 KiB
+/// that barely compress: sled keeps the space of the replaced ones for a while.
+fn churned(store: &SledStore, rounds: u64) -> Vec<ObjectRecord> {
+    store.commit(&first_batch()).unwrap();
+    let mut old = None;
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut last = Vec::new();
+    for round in 0..rounds {
+        last = (0..300)
+            .map(|i| {
+                let mut o = object("c1", "ns", &format!("p{i:04}"), 3);
+                let noise: String = (0..256)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        format!("{seed:016x}").chars().nth(3).unwrap_or('0')
+                    })
+                    .collect::<String>()
+                    .repeat(8);
+                o.json = format!(r#"{{"round":{round},"noise":"{noise}"}}"#);
+                o
+            })
+            .collect();
+        let meta = store
+            .write_snapshot(round + 10, Revision(3), &mut last.clone().into_iter())
+            .unwrap();
+        store
+            .commit(&Batch {
+                revision: Revision(3),
+                snapshot: Some((meta, old)),
+                ..Batch::default()
+            })
+            .unwrap();
+        old = Some(meta);
+    }
+    last
+}
+
+#[test]
+fn compaction_reclaims_space_and_keeps_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = {
+        let opened = SledStore::open(dir.path()).unwrap();
+        let objects = churned(&opened.store, 30);
+        let (before, after) = opened.store.compact().unwrap();
+        assert!(
+            after * 2 < before,
+            "compaction left {after} bytes of {before}"
+        );
+        assert_eq!(opened.store.size_on_disk(), after);
+        // Reads and writes go on in the compacted store.
+        assert_eq!(opened.store.load().unwrap().objects, objects);
+        let added = object("c1", "ns", "p9999", 4);
+        opened
+            .store
+            .commit(&Batch {
+                revision: Revision(4),
+                events: vec![vec![EventRecord {
+                    revision: Revision(4),
+                    kind: EventType::Added,
+                    object: added.clone(),
+                    prev: None,
+                }]],
+                streams: vec![stream("c1", "104")],
+                ..Batch::default()
+            })
+            .unwrap();
+        [objects, vec![added]].concat()
+    };
+    assert!(!dir.path().join("db.next").exists());
+    assert!(!dir.path().join("db.old").exists());
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none(), "{:?}", opened.moved_aside);
+    assert_eq!(opened.loaded.objects, objects);
+    assert_eq!(opened.loaded.revision, Revision(4));
+    assert_eq!(opened.loaded.streams, [stream("c1", "104")]);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for file in walk(from) {
+        let target = to.join(file.strip_prefix(from).unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(&file, &target).unwrap();
+    }
+}
+
+#[test]
+fn a_compaction_interrupted_by_a_crash_is_undone_or_finished_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = {
+        let opened = SledStore::open(dir.path()).unwrap();
+        churned(&opened.store, 3)
+    };
+    let (db, next, old) = (
+        dir.path().join("db"),
+        dir.path().join("db.next"),
+        dir.path().join("db.old"),
+    );
+    // Crashed while copying: an unfinished db.next beside db.
+    std::fs::create_dir_all(&next).unwrap();
+    std::fs::write(next.join("conf"), b"half").unwrap();
+    {
+        let opened = SledStore::open(dir.path()).unwrap();
+        assert!(opened.moved_aside.is_none());
+        assert_eq!(opened.loaded.objects, objects);
+        assert!(!next.exists());
+    }
+    // Crashed between the renames: the finished copy as db.next, the old one as db.old.
+    copy_dir(&db, &next);
+    std::fs::rename(&db, &old).unwrap();
+    {
+        let opened = SledStore::open(dir.path()).unwrap();
+        assert!(opened.moved_aside.is_none());
+        assert_eq!(opened.loaded.objects, objects);
+        assert!(db.exists() && !next.exists() && !old.exists());
+    }
+    // Crashed after the switch, before db.old was removed.
+    copy_dir(&db, &old);
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert_eq!(opened.loaded.objects, objects);
+    assert!(!old.exists());
+}
