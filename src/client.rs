@@ -9,7 +9,8 @@ use tonic::transport::Channel;
 
 use crate::proto::fleet_client::FleetClient;
 use crate::proto::{
-    self, CountRequest, GetRequest, ListClustersRequest, ListRequest, Query, WatchRequest,
+    self, CountRequest, GetRequest, GetStoreRequest, ListClustersRequest, ListRequest, Query,
+    WatchRequest,
 };
 
 /// A failure of a client command.
@@ -329,6 +330,46 @@ pub async fn clusters(client: &mut FleetClient<Channel>) -> Result<(), ClientErr
         ],
         &rows,
     ));
+    Ok(())
+}
+
+/// `fleetscope store`: the persisted store's figures, one per line.
+pub async fn store(client: &mut FleetClient<Channel>) -> Result<(), ClientError> {
+    let r = client
+        .get_store(GetStoreRequest::default())
+        .await?
+        .into_inner();
+    if !r.persisted {
+        print("in memory only: nothing is persisted\n");
+        return Ok(());
+    }
+    let ms = |d: Option<prost_types::Duration>| {
+        d.map_or(0.0, |d| d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6)
+    };
+    let rows = [
+        (
+            "size on disk",
+            format!("{:.1} MB", r.size_on_disk_bytes as f64 / 1e6),
+        ),
+        ("pending changes", r.pending_changes.to_string()),
+        ("writes", r.flushes.to_string()),
+        ("last write", format!("{:.1} ms", ms(r.last_flush))),
+        ("longest write", format!("{:.1} ms", ms(r.max_flush))),
+        ("events written", r.events_written.to_string()),
+        ("events in the log", r.logged_events.to_string()),
+        ("snapshots", r.snapshots.to_string()),
+        ("compactions", r.compactions.to_string()),
+        (
+            "last compaction",
+            format!("{:.1} ms", ms(r.last_compaction)),
+        ),
+        ("last error", r.last_error),
+    ];
+    let mut out = String::new();
+    for (k, v) in rows {
+        let _ = writeln!(out, "{:<18} {v}", format!("{k}:"));
+    }
+    print(&out);
     Ok(())
 }
 

@@ -351,6 +351,11 @@ impl Engine {
         self.persister.as_ref().map(|p| p.stats())
     }
 
+    /// The persister, when running with a store.
+    pub(crate) fn persister(&self) -> Option<Arc<Persister>> {
+        self.persister.clone()
+    }
+
     /// Stops every task and waits for them, up to `grace`.
     pub async fn shutdown(&self, grace: Duration) {
         self.cancel.cancel();

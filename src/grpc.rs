@@ -50,6 +50,7 @@ pub struct FleetService {
     index: Arc<Index>,
     status: StatusTable,
     types: crate::engine::Types,
+    persister: Option<Arc<crate::persist::Persister>>,
     config: ServiceConfig,
     shutdown: CancellationToken,
 }
@@ -65,6 +66,7 @@ impl FleetService {
             index: engine.index.clone(),
             status: engine.status.clone(),
             types: engine.types.clone(),
+            persister: engine.persister(),
             config,
             shutdown,
         }
@@ -545,6 +547,31 @@ impl Fleet for FleetService {
             .collect();
         Ok(Response::new(proto::ListResourceTypesResponse {
             resource_types,
+        }))
+    }
+
+    async fn get_store(
+        &self,
+        _: Request<proto::GetStoreRequest>,
+    ) -> Result<Response<proto::GetStoreResponse>, Status> {
+        let Some(persister) = &self.persister else {
+            return Ok(Response::new(proto::GetStoreResponse::default()));
+        };
+        let s = persister.stats();
+        let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
+        Ok(Response::new(proto::GetStoreResponse {
+            persisted: true,
+            size_on_disk_bytes: s.size_on_disk,
+            pending_changes: s.pending as u64,
+            flushes: s.flushes,
+            last_flush: duration(s.last_flush),
+            max_flush: duration(s.max_flush),
+            events_written: s.events_written,
+            logged_events: s.logged_events as u64,
+            snapshots: s.snapshots,
+            compactions: s.compactions,
+            last_compaction: duration(s.last_compaction),
+            last_error: s.last_error.unwrap_or_default(),
         }))
     }
 }

@@ -56,6 +56,8 @@ enum Command {
     Watch(WatchArgs),
     /// Show the health of every cluster and stream.
     Clusters(ServerArg),
+    /// Show the persisted store: size on disk, writes and their latency, errors.
+    Store(ServerArg),
 }
 
 #[derive(Debug, Args)]
@@ -418,6 +420,10 @@ async fn run_cli() -> anyhow::Result<()> {
         Command::Clusters(args) => {
             let mut c = client::connect(&args.server).await?;
             Ok(client::clusters(&mut c).await?)
+        }
+        Command::Store(args) => {
+            let mut c = client::connect(&args.server).await?;
+            Ok(client::store(&mut c).await?)
         }
     }
 }

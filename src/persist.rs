@@ -283,7 +283,7 @@ impl Persister {
             disk.push(first, last, bytes);
         }
         Self {
-            store: Mutex::new(Some(store)),
+            store: Mutex::new(Some(store.clone())),
             config,
             pending: Mutex::new(Pending {
                 revision: from.revision,
@@ -292,7 +292,10 @@ impl Persister {
             wake: Notify::new(),
             held_json: Mutex::new(from.held_json as i64),
             disk: Mutex::new(disk),
-            stats: Mutex::new(PersistStats::default()),
+            stats: Mutex::new(PersistStats {
+                size_on_disk: store.size_on_disk(),
+                ..PersistStats::default()
+            }),
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
             compacted: AtomicU64::new(0),

@@ -273,6 +273,10 @@ async fn client_commands_print_kubectl_like_output() {
     .await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("did you mean pods"));
+
+    let out = run(vec!["store".into(), "--server".into(), server.clone()]).await;
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.trim(), "in memory only: nothing is persisted");
     h.shutdown().await;
 }
 
@@ -369,6 +373,19 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
         .total;
     assert_eq!(count, held);
     assert_eq!(cluster.requests_of(fleetscope_sim::Verb::List), 0);
+    // The store reports itself.
+    let out = Command::new(BIN)
+        .args(["store", "--server", &format!("http://{addr}")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let size: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("size on disk:"))
+        .and_then(|v| v.trim().strip_suffix(" MB")?.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(size > 0.0, "{text}");
+    assert!(text.contains("last error:"), "{text}");
     fleet.shutdown().await;
 }
 

@@ -469,6 +469,23 @@ async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
         }
     }
     converged(&h).await;
+    // The store reports its compactions and size over the API.
+    let store = h
+        .client()
+        .await
+        .get_store(proto::GetStoreRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(store.persisted && store.compactions >= 2, "{store:?}");
+    assert!(
+        store.size_on_disk_bytes > 0 && store.flushes > 0,
+        "{store:?}"
+    );
+    assert!(
+        store.last_error.is_empty() && store.last_flush.is_some(),
+        "{store:?}"
+    );
     let before: Vec<_> = futures::future::join_all(TYPES.map(|t| served(&h, t))).await;
     h.stop_node().await;
     assert!(!data.path().join("db.next").exists() && !data.path().join("db.old").exists());
