@@ -1,7 +1,7 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
 //! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|scale|fanout|persist`
-//! runs one. Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
+//! runs one (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
 
@@ -634,6 +634,9 @@ fn main() {
     if part == "churn" {
         rt.block_on(persist_churn_only());
     }
+    if part == "ingest" {
+        rt.block_on(persisted_ingest());
+    }
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {
@@ -880,7 +883,7 @@ async fn persisted_ingest() {
         before.max_flush.as_secs_f64() * 1e3
     );
     println!(
-        "  at full speed: {burst} changes applied in {:.2} s ({:.0}/s), on disk after {:.2} s ({:.0}/s persisted; {} events written, {} snapshots, the last taking {:.2} s)",
+        "  at full speed: {burst} changes applied in {:.2} s ({:.0}/s), on disk after {:.2} s ({:.0}/s persisted; {} events written; over the whole run {} snapshots, the last taking {:.2} s, {} compactions, the last taking {:.2} s)",
         applied.as_secs_f64(),
         burst as f64 / applied.as_secs_f64(),
         drained.as_secs_f64(),
@@ -888,6 +891,8 @@ async fn persisted_ingest() {
         after.events_written - before.events_written,
         after.snapshots,
         after.last_snapshot.as_secs_f64(),
+        after.compactions,
+        after.last_compaction.as_secs_f64(),
     );
 }
 

@@ -152,8 +152,8 @@ pub struct Engine {
     tasks: TaskTracker,
 }
 
-/// Where a cluster's streams resume: resource name → (type, resourceVersion).
-type Resume = HashMap<String, (ResourceType, String)>;
+/// Where a cluster's streams resume: resource name → (type, resourceVersion, selection).
+type Resume = HashMap<String, (ResourceType, String, String)>;
 
 /// Every resource type collected in some cluster, by canonical name.
 pub type Types = Arc<std::sync::RwLock<BTreeMap<String, ResourceType>>>;
@@ -244,10 +244,10 @@ impl Engine {
             if kept.contains(&s.cluster) {
                 kept_streams.push(s);
             } else if configured.contains(&s.cluster) {
-                resume
-                    .entry(s.cluster.clone())
-                    .or_default()
-                    .insert(s.resource.name(), (s.resource, s.resource_version));
+                resume.entry(s.cluster.clone()).or_default().insert(
+                    s.resource.name(),
+                    (s.resource, s.resource_version, s.selection),
+                );
             }
         }
         let engine = Self::start_inner(sources, config, index, Some(persister), resume);
@@ -318,7 +318,7 @@ impl Engine {
             let name = ClusterName::from(source.name.as_str());
             status.add_cluster(&name, "", labels);
             let cluster_resume = resume.remove(&name).unwrap_or_default();
-            for (rt, rv) in cluster_resume.values() {
+            for (rt, rv, _) in cluster_resume.values() {
                 restore_stream(&status, &types, &name, rt, rv);
             }
             let span = tracing::info_span!("cluster", cluster = %source.name);
@@ -483,13 +483,23 @@ async fn reconcile(
         let token = cancel.child_token();
         streams.insert(rt.clone(), token.clone());
         status.update_stream(name, rt, |_| {});
-        let id = Arc::new(StreamId::new(name.clone(), rt.clone()));
+        let stream = stream_config(config, rt, served);
+        let selection = stream.selection();
         let span = tracing::info_span!("informer", cluster = %name, resource = %rt.name());
-        // A stored stream of the same type resumes its watch; anything else lists.
+        // A stored stream of the same type and selection resumes its watch; anything
+        // else lists, and the list is diffed against the stored objects.
         let resume_from = resume
             .remove(&rt.name())
-            .filter(|(stored, _)| stored == rt)
-            .map(|(_, rv)| rv);
+            .filter(|(stored, _, _)| stored == rt)
+            .and_then(|(_, rv, stored)| {
+                if stored == selection {
+                    Some(rv)
+                } else {
+                    tracing::info!(cluster = %name, resource = %rt.name(), was = %stored, now = %selection, "the stream selects differently than when its objects were stored: listing again");
+                    None
+                }
+            });
+        let id = Arc::new(StreamId::new(name.clone(), rt.clone()).selecting(selection));
         if resume_from.is_some() {
             let (status, name, rt, wait, token) = (
                 status.clone(),
@@ -506,15 +516,8 @@ async fn reconcile(
             });
         }
         tasks.spawn(
-            stream::run(
-                client.clone(),
-                id,
-                stream_config(config, rt, served),
-                resume_from,
-                tx.clone(),
-                token,
-            )
-            .instrument(span),
+            stream::run(client.clone(), id, stream, resume_from, tx.clone(), token)
+                .instrument(span),
         );
     }
     let mut gone: Vec<ResourceType> = streams
@@ -523,7 +526,7 @@ async fn reconcile(
         .cloned()
         .collect();
     // Stored streams this cluster no longer serves (or that are no longer configured).
-    gone.extend(resume.drain().map(|(_, (rt, _))| rt));
+    gone.extend(resume.drain().map(|(_, (rt, _, _))| rt));
     for rt in gone {
         tracing::info!(cluster = %name, resource = %rt.name(), "resource type no longer served: dropping its objects");
         if let Some(token) = streams.remove(&rt) {
@@ -692,7 +695,7 @@ async fn ingest(
                         Progress::Listed(rv) | Progress::Event(rv) | Progress::Bookmark(rv)
                             if !rv.is_empty() =>
                         {
-                            Some(rv.clone())
+                            Some((rv.clone(), stream.selection.clone()))
                         }
                         Progress::Dropped => None,
                         _ => return None,

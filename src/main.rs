@@ -242,7 +242,7 @@ struct PersistArgs {
     #[arg(long, default_value_t = 1.5)]
     compact_share: f64,
     /// The size on disk, in MiB, below which the store is never compacted.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 4)]
     compact_min_mib: u64,
 }
 

@@ -33,7 +33,7 @@ pub struct PersistConfig {
     /// The resume log's size limit, as a share of the held objects' JSON. Default 0.5.
     pub log_share: f64,
     /// A new snapshot is written once the change log after the last one exceeds this
-    /// share of the held objects' JSON and `snapshot_min_bytes`. Default 0.5.
+    /// share of the held objects' JSON and `snapshot_min_bytes`. Default 1.
     pub snapshot_share: f64,
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
@@ -41,7 +41,7 @@ pub struct PersistConfig {
     /// size on disk passes this share of the held objects' JSON, `compact_min_bytes`,
     /// and 1.5 × its size after the last compaction. Default 1.5.
     pub compact_share: f64,
-    /// The size on disk below which the store is never compacted. Default 8 MiB.
+    /// The size on disk below which the store is never compacted. Default 4 MiB.
     pub compact_min_bytes: u64,
 }
 
@@ -52,10 +52,10 @@ impl Default for PersistConfig {
             max_changes: 20_000,
             log_retention: 100_000,
             log_share: 0.5,
-            snapshot_share: 0.5,
+            snapshot_share: 1.0,
             snapshot_min_bytes: 1 << 20,
             compact_share: 1.5,
-            compact_min_bytes: 8 << 20,
+            compact_min_bytes: 4 << 20,
         }
     }
 }
@@ -308,7 +308,7 @@ impl Persister {
         &self,
         index: &Index,
         events: &[Arc<Event>],
-        streams: impl IntoIterator<Item = (ClusterName, ResourceType, Option<String>)>,
+        streams: impl IntoIterator<Item = (ClusterName, ResourceType, Option<(String, Arc<str>)>)>,
     ) {
         let mut held = 0i64;
         let mut added = 0usize;
@@ -327,10 +327,11 @@ impl Persister {
         }
         for (cluster, resource, rv) in streams {
             let key = (cluster.clone(), resource.name());
-            let record = rv.map(|resource_version| StreamRecord {
+            let record = rv.map(|(resource_version, selection)| StreamRecord {
                 cluster,
                 resource,
                 resource_version,
+                selection: selection.to_string(),
             });
             p.streams.insert(key, record);
         }

@@ -99,7 +99,8 @@ async fn reflection_v1_lists_and_describes_the_fleet_service() {
             "Count",
             "Watch",
             "ListClusters",
-            "ListResourceTypes"
+            "ListResourceTypes",
+            "GetStore"
         ]
     );
     let watch = service.method.iter().find(|m| m.name() == "Watch").unwrap();

@@ -502,3 +502,49 @@ async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
     converged(&h).await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_stream_configured_to_select_differently_lists_again_and_drops_what_it_no_longer_selects()
+{
+    let data = tempfile::tempdir().unwrap();
+    let mut h =
+        Harness::start_persistent(FleetSpec::numbered(1, 150, 0.0), config(), data.path()).await;
+    h.synced().await;
+    let (_, revision) = served(&h, "configmaps").await;
+    let outside = truth(&h, "configmaps")
+        .into_iter()
+        .filter(|(_, ns, _, _)| ns != "team-0")
+        .count();
+    assert!(outside > 0);
+    h.stop_node().await;
+    for s in h.fleet.servers() {
+        s.cluster().reset_counters();
+    }
+
+    // The same types, configmaps now narrowed to one namespace.
+    let mut narrowed = config();
+    narrowed.scopes =
+        vec![fleetscope::engine::Scope::parse("configmaps:namespace=team-0").unwrap()];
+    h.start_node(narrowed, ServiceConfig::default(), Some(data.path()), &[])
+        .await;
+    // The narrowed stream lists (pods and deployments resume their watches); what
+    // it no longer selects reaches a resumed Watch as DELETEDs.
+    let mut stream = watch_from(&h, "configmaps", revision).await;
+    let mut deleted = 0;
+    while deleted < outside {
+        let e = next_change(&mut stream).await;
+        let kind = e.r#type();
+        let object = e.object.unwrap();
+        assert_eq!(kind, EventType::Deleted, "{}", object.name);
+        assert_ne!(object.namespace, "team-0");
+        deleted += 1;
+    }
+    h.synced().await;
+    let want: BTreeSet<_> = truth(&h, "configmaps")
+        .into_iter()
+        .filter(|(_, ns, _, _)| ns == "team-0")
+        .collect();
+    assert_eq!(served(&h, "configmaps").await.0, want);
+    assert_eq!(lists(&h), 1, "only the narrowed stream lists");
+    h.shutdown().await;
+}

@@ -29,6 +29,9 @@ pub struct StreamId {
     pub resource: ResourceType,
     /// The resource type's canonical name, computed once for every object's key.
     pub name: Arc<str>,
+    /// What the stream's configuration selects and keeps (see
+    /// [`StreamConfig::selection`]); empty when not given.
+    pub selection: Arc<str>,
 }
 
 impl StreamId {
@@ -39,7 +42,14 @@ impl StreamId {
             cluster,
             resource,
             name,
+            selection: Arc::from(""),
         }
+    }
+
+    /// The same stream, run with a configuration that selects `selection`.
+    pub fn selecting(mut self, selection: String) -> Self {
+        self.selection = Arc::from(selection);
+        self
     }
 }
 
@@ -127,6 +137,24 @@ pub struct StreamConfig {
     pub label_selector: Option<String>,
     /// Server-side field selector.
     pub field_selector: Option<String>,
+}
+
+impl StreamConfig {
+    /// Which objects the stream holds and what of them it keeps: namespace, label and
+    /// field selectors, and pruning, as one canonical text. A stored resourceVersion
+    /// resumes only a stream of the same selection; any other lists again.
+    pub fn selection(&self) -> String {
+        let mut annotations = self.pruning.annotations.clone();
+        annotations.sort();
+        format!(
+            "namespace={:?} labels={:?} fields={:?} prune-managed-fields={} prune-annotations={:?}",
+            self.namespace.as_deref().unwrap_or(""),
+            self.label_selector.as_deref().unwrap_or(""),
+            self.field_selector.as_deref().unwrap_or(""),
+            self.pruning.managed_fields,
+            annotations,
+        )
+    }
 }
 
 impl Default for StreamConfig {

@@ -461,7 +461,8 @@ pub(crate) fn encode_stream(s: &StreamRecord) -> Vec<u8> {
         .str(&s.resource.plural)
         .str(&s.resource.kind)
         .u8(u8::from(s.resource.namespaced))
-        .str(&s.resource_version);
+        .str(&s.resource_version)
+        .str(&s.selection);
     w.seal()
 }
 
@@ -476,11 +477,13 @@ pub(crate) fn decode_stream(record: &[u8]) -> Result<StreamRecord, DecodeError> 
         namespaced: r.u8()? != 0,
     };
     let resource_version = r.str()?.to_string();
+    let selection = r.str()?.to_string();
     r.end()?;
     Ok(StreamRecord {
         cluster,
         resource,
         resource_version,
+        selection,
     })
 }
 

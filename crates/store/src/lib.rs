@@ -91,6 +91,8 @@ pub struct StreamRecord {
     pub resource: ResourceType,
     /// The cluster resourceVersion the stored objects are current to.
     pub resource_version: String,
+    /// What the stream's configuration selected and kept when it stored them.
+    pub selection: String,
 }
 
 /// Which snapshot is current.

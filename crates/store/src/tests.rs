@@ -31,6 +31,7 @@ fn stream(cluster: &str, rv: &str) -> StreamRecord {
         cluster: ClusterName::from(cluster),
         resource: pods(),
         resource_version: rv.into(),
+        selection: "labels=\"app=web\"".into(),
     }
 }
 
