@@ -238,8 +238,8 @@ struct PersistArgs {
     event_log_disk_share: f64,
     /// Compact the store (copy its live records to a fresh file) once its size on disk
     /// passes this share of the held objects' JSON size (and 1.5 × its size after the
-    /// last compaction).
-    #[arg(long, default_value_t = 1.5)]
+    /// last compaction). The copy briefly takes its own space beside the store.
+    #[arg(long, default_value_t = 1.0)]
     compact_share: f64,
     /// The size on disk, in MiB, below which the store is never compacted.
     #[arg(long, default_value_t = 4)]

@@ -33,13 +33,13 @@ pub struct PersistConfig {
     /// The resume log's size limit, as a share of the held objects' JSON. Default 0.5.
     pub log_share: f64,
     /// A new snapshot is written once the change log after the last one exceeds this
-    /// share of the held objects' JSON and `snapshot_min_bytes`. Default 1.
+    /// share of the held objects' JSON and `snapshot_min_bytes`. Default 0.5.
     pub snapshot_share: f64,
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
     /// The store is compacted (its live records copied to a fresh file) once its
     /// size on disk passes this share of the held objects' JSON, `compact_min_bytes`,
-    /// and 1.5 × its size after the last compaction. Default 1.5.
+    /// and 1.5 × its size after the last compaction. Default 1.
     pub compact_share: f64,
     /// The size on disk below which the store is never compacted. Default 4 MiB.
     pub compact_min_bytes: u64,
@@ -52,9 +52,9 @@ impl Default for PersistConfig {
             max_changes: 20_000,
             log_retention: 100_000,
             log_share: 0.5,
-            snapshot_share: 1.0,
+            snapshot_share: 0.5,
             snapshot_min_bytes: 1 << 20,
-            compact_share: 1.5,
+            compact_share: 1.0,
             compact_min_bytes: 4 << 20,
         }
     }

@@ -15,6 +15,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{Loaded, Store, StoreError, Visit, Writes};
 
+/// How long opening waits for sled's own lock on its file (see [`SledStore::open_db`]).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A data directory opened by this process.
 pub struct SledStore {
     /// Replaced whole by a compaction; `None` only if reopening after one failed.
@@ -121,7 +124,27 @@ impl SledStore {
         })
     }
 
+    /// Opens the sled database at `path`. sled locks its file while a database is
+    /// open, and a database this process just closed (a probe, or the one a compaction
+    /// replaced) may hold that lock a little longer, while sled's background work
+    /// winds down: opening waits for it, up to [`LOCK_WAIT`], and is then an error —
+    /// never taken for damage.
     fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match Self::open_db_once(path) {
+                Err(StoreError::Engine(e))
+                    if e.contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_db_once(path: &Path) -> Result<sled::Db, StoreError> {
         // sled may panic on some damage rather than return an error: contain that here.
         let opened = std::panic::catch_unwind(|| {
             sled::Config::new()
@@ -143,6 +166,9 @@ impl SledStore {
                     path: path.to_path_buf(),
                     source: e,
                 }),
+                _ if e.to_string().contains("could not acquire lock") => {
+                    Err(StoreError::Engine(format!("{}: {e}", path.display())))
+                }
                 // Anything else sled reports while reading its own files is damage.
                 _ => Err(StoreError::Damaged(format!("sled cannot open it: {e}"))),
             },
@@ -160,17 +186,26 @@ impl SledStore {
         self.db.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the open database (a compaction waits until it returns).
+    /// Runs `f` on the open database (a compaction waits until it returns). A database
+    /// that could not be reopened after a compaction is opened again first.
     fn with_db<T>(
         &self,
         f: impl FnOnce(&sled::Db) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
-        match guard.as_ref() {
+        {
+            let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(db) = guard.as_ref() {
+                return f(db);
+            }
+        }
+        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            finish_switch(&self.dir)?;
+            *slot = Some(Self::open_db(&self.dir.join("db"))?);
+        }
+        match slot.as_ref() {
             Some(db) => f(db),
-            None => Err(StoreError::Engine(
-                "the store could not be reopened after a compaction".into(),
-            )),
+            None => Err(StoreError::Engine("the store is not open".into())),
         }
     }
 

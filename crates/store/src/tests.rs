@@ -616,3 +616,25 @@ fn a_compaction_interrupted_by_a_crash_is_undone_or_finished_at_open() {
     assert_eq!(opened.loaded.objects, objects);
     assert!(!old.exists());
 }
+
+#[test]
+fn opening_waits_for_a_database_this_process_still_holds_and_never_takes_it_for_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = {
+        let opened = SledStore::open(dir.path()).unwrap();
+        churned(&opened.store, 2)
+    };
+    // sled's own lock on its file, held as a database just closed may still hold it.
+    let holder = sled::open(dir.path().join("db")).unwrap();
+    let (started, running) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    let opener = std::thread::spawn(move || {
+        started.send(()).unwrap();
+        SledStore::open(&path)
+    });
+    running.recv().unwrap();
+    drop(holder);
+    let opened = opener.join().unwrap().unwrap();
+    assert!(opened.moved_aside.is_none());
+    assert_eq!(opened.loaded.objects, objects);
+}
