@@ -562,9 +562,9 @@ impl Persister {
         if let Some(state) = &p.snapshot {
             let started = Instant::now();
             let revision = state.revision();
-            let mut objects = state.iter().map(|o| to_record(o));
-            let meta = store
-                .write_snapshot(revision.0, revision, &mut objects)
+            // Encoded straight from the index's objects: nothing is copied first.
+            let objects = state.iter().map(|o| &**o);
+            let meta = fleetscope_store::write_snapshot(&*store, revision.0, revision, objects)
                 .map_err(|e| e.to_string())?;
             batch.snapshot = Some((meta, disk.snapshot));
             disk.snapshot = Some(meta);

@@ -173,6 +173,27 @@ struct MetaFields<'a> {
     resource_version: Option<Cow<'a, str>>,
 }
 
+impl fleetscope_model::StoredObject for Object {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+    fn json(&self) -> &str {
+        &self.json
+    }
+    fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.terms.labels.iter().map(|(k, v)| (&**k, &**v))
+    }
+    fn owners(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.terms.owners.iter().map(|u| &**u)
+    }
+    fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.terms.fields.iter().map(|(p, v)| (&**p, &**v))
+    }
+}
+
 impl Object {
     pub(crate) fn from_input(
         input: ObjectInput,

@@ -10,5 +10,22 @@
 mod identity;
 pub mod selector;
 
+/// An object's stored state, read in place: what the store writes of an object,
+/// whoever holds it (the index, or a record decoded from the store).
+pub trait StoredObject {
+    /// Identity.
+    fn key(&self) -> &ObjectKey;
+    /// The revision of the change that produced this state.
+    fn revision(&self) -> Revision;
+    /// The pruned object as JSON.
+    fn json(&self) -> &str;
+    /// metadata.labels, as (key, value).
+    fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)>;
+    /// The uids of metadata.ownerReferences.
+    fn owners(&self) -> impl ExactSizeIterator<Item = &str>;
+    /// Values of the configured field indexes, as (JSON path, value).
+    fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)>;
+}
+
 pub use identity::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

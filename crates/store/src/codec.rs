@@ -3,7 +3,9 @@
 //! large records (snapshot chunks and event runs) hold their payload LZ4-compressed,
 //! behind its plain length; the checksum covers the bytes as stored.
 
-use fleetscope_model::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
+use fleetscope_model::{
+    ClusterName, EventType, Location, ObjectKey, ResourceType, Revision, StoredObject,
+};
 
 use crate::{EventRecord, ObjectRecord, SnapshotMeta, StreamRecord};
 
@@ -105,7 +107,7 @@ impl Writer {
         self
     }
 
-    fn pairs(&mut self, pairs: &[(String, String)]) -> &mut Self {
+    fn pairs<'p>(&mut self, pairs: impl ExactSizeIterator<Item = (&'p str, &'p str)>) -> &mut Self {
         self.u32(pairs.len() as u32);
         for (k, v) in pairs {
             self.str(k).str(v);
@@ -113,19 +115,21 @@ impl Writer {
         self
     }
 
-    fn object(&mut self, o: &ObjectRecord) -> &mut Self {
-        self.str(&o.key.resource)
-            .str(o.key.cluster.as_str())
-            .str(&o.key.namespace)
-            .str(&o.key.name)
-            .u64(o.revision.0)
-            .str(&o.json)
-            .pairs(&o.labels);
-        self.u32(o.owners.len() as u32);
-        for uid in &o.owners {
+    fn object(&mut self, o: &impl StoredObject) -> &mut Self {
+        let key = o.key();
+        self.str(&key.resource)
+            .str(key.cluster.as_str())
+            .str(&key.namespace)
+            .str(&key.name)
+            .u64(o.revision().0)
+            .str(o.json())
+            .pairs(o.labels());
+        let owners = o.owners();
+        self.u32(owners.len() as u32);
+        for uid in owners {
             self.str(uid);
         }
-        self.pairs(&o.fields)
+        self.pairs(o.fields())
     }
 
     pub(crate) fn seal(mut self) -> Vec<u8> {
@@ -308,7 +312,7 @@ impl ChunkWriter {
         Self { w, count: 0 }
     }
 
-    pub(crate) fn push(&mut self, o: &ObjectRecord) {
+    pub(crate) fn push(&mut self, o: &impl StoredObject) {
         self.w.object(o);
         self.count += 1;
     }

@@ -9,7 +9,7 @@
 //! - [`MemoryStore`]: the same contract in memory, with a switch that makes writes fail.
 //! - [`Store::commit`]: one [`Batch`] applied atomically and durably: the events and
 //!   stream resourceVersions it carries are on disk together or not at all.
-//! - [`Store::write_snapshot`] then [`Store::commit`] with `snapshot` set: every object
+//! - [`write_snapshot`] then [`Store::commit`] with `snapshot` set: every object
 //!   at one revision, in chunks, made current atomically.
 //!
 //! Layout: the objects are a snapshot at some revision (large chunks, written once) plus
@@ -27,7 +27,7 @@ mod sled_store;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision, StoredObject};
 
 pub use codec::DecodeError;
 pub use memory::MemoryStore;
@@ -136,7 +136,7 @@ pub struct Loaded {
 pub struct Batch {
     /// The revision the store is at after this batch.
     pub revision: Revision,
-    /// A snapshot written by [`Store::write_snapshot`] to make current, with the one it replaces.
+    /// A snapshot written by [`write_snapshot`] to make current, with the one it replaces.
     pub snapshot: Option<(SnapshotMeta, Option<SnapshotMeta>)>,
     /// Events to add to the log, in consecutive runs: each run is one record, keyed by
     /// its first revision (the unit [`Batch::drop_events`] later removes).
@@ -365,50 +365,6 @@ pub trait Store: Send + Sync {
         Ok(loaded)
     }
 
-    /// Writes every object of a snapshot at `revision` in chunks, under a new id, each
-    /// chunk durable on its own; commit a [`Batch`] with `snapshot` set to make it
-    /// current. Until then (or after a crash) it is not read, and the next open
-    /// deletes it.
-    fn write_snapshot(
-        &self,
-        id: u64,
-        revision: Revision,
-        objects: &mut dyn Iterator<Item = ObjectRecord>,
-    ) -> Result<SnapshotMeta, StoreError> {
-        let mut meta = SnapshotMeta {
-            id,
-            revision,
-            chunks: 0,
-            objects: 0,
-        };
-        // Chunks are written a few megabytes at a time.
-        let mut writes: Writes = Vec::new();
-        let mut pending = 0;
-        let mut chunk = codec::ChunkWriter::new();
-        for o in objects {
-            chunk.push(&o);
-            meta.objects += 1;
-            if chunk.len() >= CHUNK_BYTES {
-                let full = std::mem::replace(&mut chunk, codec::ChunkWriter::new()).seal();
-                pending += full.len();
-                writes.push((codec::chunk_key(id, meta.chunks), Some(full)));
-                meta.chunks += 1;
-                if pending >= WRITE_BYTES {
-                    self.write(std::mem::take(&mut writes))?;
-                    pending = 0;
-                }
-            }
-        }
-        if !chunk.is_empty() {
-            writes.push((codec::chunk_key(id, meta.chunks), Some(chunk.seal())));
-            meta.chunks += 1;
-        }
-        if !writes.is_empty() {
-            self.write(writes)?;
-        }
-        Ok(meta)
-    }
-
     /// Writes one batch atomically and durably.
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
         self.write(encode_batch(batch))
@@ -582,3 +538,68 @@ fn replay(base: Vec<ObjectRecord>, changes: &[&EventRecord]) -> Vec<ObjectRecord
 
 #[cfg(test)]
 mod tests;
+
+/// Writes a snapshot of `objects` (in key order) under `id`, in chunks, each chunk
+/// durable on its own; commit a [`Batch`] with `snapshot` set to make it current.
+/// Until then (or after a crash) it is not read, and the next open deletes it. The
+/// objects are encoded in place, whoever holds them.
+pub fn write_snapshot<'a, O: StoredObject + 'a>(
+    store: &dyn Store,
+    id: u64,
+    revision: Revision,
+    objects: impl Iterator<Item = &'a O>,
+) -> Result<SnapshotMeta, StoreError> {
+    let mut meta = SnapshotMeta {
+        id,
+        revision,
+        chunks: 0,
+        objects: 0,
+    };
+    // Chunks are written a few megabytes at a time.
+    let mut writes: Writes = Vec::new();
+    let mut pending = 0;
+    let mut chunk = codec::ChunkWriter::new();
+    for o in objects {
+        chunk.push(o);
+        meta.objects += 1;
+        if chunk.len() >= CHUNK_BYTES {
+            let full = std::mem::replace(&mut chunk, codec::ChunkWriter::new()).seal();
+            pending += full.len();
+            writes.push((codec::chunk_key(id, meta.chunks), Some(full)));
+            meta.chunks += 1;
+            if pending >= WRITE_BYTES {
+                store.write(std::mem::take(&mut writes))?;
+                pending = 0;
+            }
+        }
+    }
+    if !chunk.is_empty() {
+        writes.push((codec::chunk_key(id, meta.chunks), Some(chunk.seal())));
+        meta.chunks += 1;
+    }
+    if !writes.is_empty() {
+        store.write(writes)?;
+    }
+    Ok(meta)
+}
+
+impl StoredObject for ObjectRecord {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+    fn json(&self) -> &str {
+        &self.json
+    }
+    fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+    fn owners(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.owners.iter().map(String::as_str)
+    }
+    fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.fields.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}

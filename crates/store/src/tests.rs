@@ -84,9 +84,7 @@ fn second_batch() -> Batch {
 /// A snapshot at revision 5 made current, dropping the record of events 1 to 3.
 fn snapshot_at_5(store: &dyn Store, old: Option<SnapshotMeta>) -> SnapshotMeta {
     let objects = vec![object("c1", "ns", "p1", 4), object("c1", "ns", "p3", 3)];
-    let meta = store
-        .write_snapshot(7, Revision(5), &mut objects.into_iter())
-        .unwrap();
+    let meta = write_snapshot(store, 7, Revision(5), objects.iter()).unwrap();
     store
         .commit(&Batch {
             revision: Revision(5),
@@ -165,13 +163,7 @@ fn chunks_of_an_unfinished_snapshot_are_ignored_and_deleted() {
     store.initialise().unwrap();
     store.commit(&first_batch()).unwrap();
     // A snapshot written but never made current (a crash before its commit).
-    store
-        .write_snapshot(
-            9,
-            Revision(3),
-            &mut vec![object("c1", "ns", "zz", 1)].into_iter(),
-        )
-        .unwrap();
+    write_snapshot(&store, 9, Revision(3), [object("c1", "ns", "zz", 1)].iter()).unwrap();
     let loaded = store.load().unwrap();
     assert_eq!(loaded.objects.len(), 3);
     assert!(store.keys().iter().all(|k| !k.starts_with(b"b:")));
@@ -517,9 +509,7 @@ fn churned(store: &SledStore, rounds: u64) -> Vec<ObjectRecord> {
                 o
             })
             .collect();
-        let meta = store
-            .write_snapshot(round + 10, Revision(3), &mut last.clone().into_iter())
-            .unwrap();
+        let meta = write_snapshot(store, round + 10, Revision(3), last.iter()).unwrap();
         store
             .commit(&Batch {
                 revision: Revision(3),
