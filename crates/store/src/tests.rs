@@ -83,7 +83,7 @@ fn second_batch() -> Batch {
 
 /// A snapshot at revision 5 made current, dropping the record of events 1 to 3.
 fn snapshot_at_5(store: &dyn Store, old: Option<SnapshotMeta>) -> SnapshotMeta {
-    let objects = vec![object("c1", "ns", "p1", 4), object("c1", "ns", "p3", 3)];
+    let objects = [object("c1", "ns", "p1", 4), object("c1", "ns", "p3", 3)];
     let meta = write_snapshot(store, 7, Revision(5), objects.iter()).unwrap();
     store
         .commit(&Batch {
