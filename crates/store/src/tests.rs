@@ -614,8 +614,18 @@ fn opening_waits_for_a_database_this_process_still_holds_and_never_takes_it_for_
         let opened = SledStore::open(dir.path()).unwrap();
         churned(&opened.store, 2)
     };
-    // sled's own lock on its file, held as a database just closed may still hold it.
-    let holder = sled::open(dir.path().join("db")).unwrap();
+    // sled's own lock on its file, held as a database just closed may still hold it
+    // (the store closed above may itself still hold it for a moment).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let holder = loop {
+        match sled::open(dir.path().join("db")) {
+            Ok(db) => break db,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "{e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    };
     let (started, running) = std::sync::mpsc::channel();
     let path = dir.path().to_path_buf();
     let opener = std::thread::spawn(move || {
