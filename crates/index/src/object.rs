@@ -195,6 +195,11 @@ impl fleetscope_model::StoredObject for Object {
 }
 
 impl Object {
+    /// Whether `other` carries the same label, owner and field values.
+    pub(crate) fn same_terms(&self, other: &Object) -> bool {
+        Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms
+    }
+
     pub(crate) fn from_input(
         input: ObjectInput,
         revision: Revision,

@@ -340,6 +340,9 @@ impl State {
         let revision = self.revision.next();
         let object = Arc::new(Object::from_input(input, revision, interner));
         match &prev {
+            // The same label, owner and field values (a status update, mostly): each
+            // secondary entry is replaced where it is, by `index` below.
+            Some(p) if p.same_terms(&object) => {}
             Some(p) => self.unindex(p),
             None => self.bump_count(&object.key, 1),
         }
