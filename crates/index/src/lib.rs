@@ -182,18 +182,20 @@ impl Index {
             indexed_paths: Arc::new(config.field_indexes.clone()),
             ..State::default()
         };
-        let mut objects: Vec<Arc<Object>> = restored
-            .objects
-            .into_iter()
-            .map(|(input, revision)| Arc::new(Object::from_input(input, revision, &mut interner)))
-            .collect();
-        objects.sort_by(|a, b| a.key.cmp(&b.key));
-        // The last of equal keys wins, as if applied in order.
-        objects.reverse();
-        objects.dedup_by(|a, b| a.key == b.key);
-        objects.reverse();
-        state.restore_all(&objects);
-        drop(objects);
+        let mut inputs = restored.objects;
+        // A store gives its objects in key order, each once; anything else is put so.
+        if !inputs.windows(2).all(|w| w[0].0.key < w[1].0.key) {
+            inputs.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+            // The last of equal keys wins, as if applied in order.
+            inputs.reverse();
+            inputs.dedup_by(|a, b| a.0.key == b.0.key);
+            inputs.reverse();
+        }
+        state.restore_all(
+            inputs.into_iter().map(|(input, revision)| {
+                Arc::new(Object::from_input(input, revision, &mut interner))
+            }),
+        );
         let newest_object = state.objects.iter().map(|e| e.0.revision).max();
         state.revision = restored.revision.max(newest_object.unwrap_or_default());
         let mut log = VecDeque::with_capacity(restored.events.len());

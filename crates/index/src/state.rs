@@ -295,9 +295,11 @@ impl State {
     }
 
     /// Adds persisted objects (distinct keys, in key order) to an empty state, with
-    /// their own revisions and no events: the primary set and counts on one thread,
-    /// the secondary indexes on another.
-    pub(crate) fn restore_all(&mut self, restored: &[Arc<Object>]) {
+    /// their own revisions and no events, as `restored` makes them: batch by batch,
+    /// the calling thread makes the objects, a second thread adds them to the primary
+    /// set and counts, a third to the secondary indexes.
+    pub(crate) fn restore_all(&mut self, restored: impl Iterator<Item = Arc<Object>>) {
+        const BATCH: usize = 4096;
         let State {
             objects,
             labels,
@@ -306,28 +308,53 @@ impl State {
             counts,
             ..
         } = self;
+        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Vec<Arc<Object>>>(4);
+        let (to_secondary, secondary) = std::sync::mpsc::sync_channel::<Vec<Arc<Object>>>(4);
         std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut run: Option<(&ObjectKey, usize)> = None;
-                for o in restored {
-                    objects.insert(Entry(o.clone()));
-                    match &mut run {
-                        Some((k, n)) if same_place(k, &o.key) => *n += 1,
-                        _ => {
-                            if let Some((k, n)) = run.take() {
-                                add_count(counts, k, n);
+            s.spawn(move || {
+                let mut run: Option<(Arc<Object>, usize)> = None;
+                for batch in primary {
+                    for o in &batch {
+                        objects.insert(Entry(o.clone()));
+                        match &mut run {
+                            Some((first, n)) if same_place(&first.key, &o.key) => *n += 1,
+                            _ => {
+                                if let Some((first, n)) = run.take() {
+                                    add_count(counts, &first.key, n);
+                                }
+                                run = Some((o.clone(), 1));
                             }
-                            run = Some((&o.key, 1));
                         }
                     }
+                    if to_secondary.send(batch).is_err() {
+                        return;
+                    }
                 }
-                if let Some((k, n)) = run {
-                    add_count(counts, k, n);
+                if let Some((first, n)) = run {
+                    add_count(counts, &first.key, n);
                 }
             });
+            s.spawn(move || {
+                for batch in secondary {
+                    for o in &batch {
+                        index_secondary(labels, owners, fields, o, &Entry(o.clone()));
+                    }
+                }
+            });
+            let mut batch = Vec::with_capacity(BATCH);
             for o in restored {
-                index_secondary(labels, owners, fields, o, &Entry(o.clone()));
+                batch.push(o);
+                if batch.len() == BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                    if to_primary.send(full).is_err() {
+                        return;
+                    }
+                }
             }
+            if !batch.is_empty() {
+                let _ = to_primary.send(batch);
+            }
+            drop(to_primary);
         });
     }
 

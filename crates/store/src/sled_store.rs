@@ -145,6 +145,7 @@ impl SledStore {
     }
 
     fn open_db_once(path: &Path) -> Result<sled::Db, StoreError> {
+        remove_unfinished_sled_snapshots(path)?;
         // sled may panic on some damage rather than return an error: contain that here.
         let opened = std::panic::catch_unwind(|| {
             sled::Config::new()
@@ -264,6 +265,27 @@ impl SledStore {
         remove_dir(&old)?;
         Ok((before, after))
     }
+}
+
+/// sled writes its own snapshot (of where its pages are) as `snap.<lsn>.generating`,
+/// then renames it; a process killed in between leaves the unfinished file, which
+/// sled 0.34 then reads as the newest snapshot and refuses as corrupt. It is removed
+/// before opening: sled then recovers from its previous snapshot and its log, and
+/// every record is verified after loading as always.
+fn remove_unfinished_sled_snapshots(path: &Path) -> Result<(), StoreError> {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            let file = entry.path();
+            tracing::warn!(file = %file.display(), "removing sled's unfinished snapshot, left by a process that was killed");
+            std::fs::remove_file(&file).map_err(io("cannot remove", &file))?;
+        }
+    }
+    Ok(())
 }
 
 fn remove_dir(path: &Path) -> Result<(), StoreError> {

@@ -638,3 +638,23 @@ fn opening_waits_for_a_database_this_process_still_holds_and_never_takes_it_for_
     assert!(opened.moved_aside.is_none());
     assert_eq!(opened.loaded.objects, objects);
 }
+
+#[test]
+fn an_unfinished_sled_snapshot_left_by_a_kill_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = {
+        let opened = SledStore::open(dir.path()).unwrap();
+        churned(&opened.store, 2)
+    };
+    // What a kill while sled writes its own snapshot leaves: a partial file.
+    std::fs::write(
+        dir.path()
+            .join("db")
+            .join("snap.FFFFFFFFFFFFFFFF.generating"),
+        b"partial",
+    )
+    .unwrap();
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none(), "{:?}", opened.moved_aside);
+    assert_eq!(opened.loaded.objects, objects);
+}
