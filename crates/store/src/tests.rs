@@ -562,6 +562,14 @@ fn compaction_reclaims_space_and_keeps_every_record() {
     assert_eq!(opened.loaded.streams, [stream("c1", "104")]);
 }
 
+/// A data directory holding a store churned `rounds` times, closed; and its objects.
+fn churned_and_closed(rounds: u64) -> (tempfile::TempDir, Vec<ObjectRecord>) {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = SledStore::open(dir.path()).unwrap();
+    let objects = churned(&opened.store, rounds);
+    (dir, objects)
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     for file in walk(from) {
         let target = to.join(file.strip_prefix(from).unwrap());
@@ -572,11 +580,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn a_compaction_interrupted_by_a_crash_is_undone_or_finished_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let objects = {
-        let opened = SledStore::open(dir.path()).unwrap();
-        churned(&opened.store, 3)
-    };
+    let (dir, objects) = churned_and_closed(3);
     let (db, next, old) = (
         dir.path().join("db"),
         dir.path().join("db.next"),
@@ -609,11 +613,7 @@ fn a_compaction_interrupted_by_a_crash_is_undone_or_finished_at_open() {
 
 #[test]
 fn opening_waits_for_a_database_this_process_still_holds_and_never_takes_it_for_damage() {
-    let dir = tempfile::tempdir().unwrap();
-    let objects = {
-        let opened = SledStore::open(dir.path()).unwrap();
-        churned(&opened.store, 2)
-    };
+    let (dir, objects) = churned_and_closed(2);
     // sled's own lock on its file, held as a database just closed may still hold it
     // (the store closed above may itself still hold it for a moment).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -641,11 +641,7 @@ fn opening_waits_for_a_database_this_process_still_holds_and_never_takes_it_for_
 
 #[test]
 fn an_unfinished_sled_snapshot_left_by_a_kill_is_not_damage() {
-    let dir = tempfile::tempdir().unwrap();
-    let objects = {
-        let opened = SledStore::open(dir.path()).unwrap();
-        churned(&opened.store, 2)
-    };
+    let (dir, objects) = churned_and_closed(2);
     // What a kill while sled writes its own snapshot leaves: a partial file.
     std::fs::write(
         dir.path()
