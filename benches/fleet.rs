@@ -150,26 +150,11 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
                 ..EngineConfig::default()
             };
             let engine = Engine::start(sources, config);
-            loop {
-                let synced =
-                    engine.status.clusters().iter().all(|c| {
-                        c.freshness(Some("pods")).0 == fleetscope::status::Freshness::Synced
-                    });
-                if synced && engine.index.snapshot().len() == total {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_synced(&engine, total).await;
             held = engine.index.snapshot().len();
             let elapsed = start.elapsed();
             let grown = rss().saturating_sub(before);
-            let snapshot = engine.index.snapshot();
-            let pruned: usize = snapshot
-                .page(&fleetscope_index::Query::all("pods"), None, usize::MAX)
-                .items
-                .iter()
-                .map(|o| o.json.len())
-                .sum();
+            let pruned = held_json(&engine.index);
             let cpu = cpu_time() - cpu_before;
             report(
                 "fleetscope",
@@ -657,10 +642,11 @@ fn dir_size(path: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Pruned JSON bytes held in the index.
-fn held_json(engine: &Engine) -> usize {
-    let s = engine.index.snapshot();
-    s.page(&fleetscope_index::Query::all("pods"), None, usize::MAX)
+/// Pruned JSON bytes of the pods held in the index.
+fn held_json(index: &fleetscope_index::Index) -> usize {
+    index
+        .snapshot()
+        .page(&fleetscope_index::Query::all("pods"), None, usize::MAX)
         .items
         .iter()
         .map(|o| o.json.len())
@@ -719,7 +705,7 @@ async fn persist() {
     let cold = t.elapsed();
     wait_written(&engine).await;
     let written = t.elapsed();
-    let json = held_json(&engine);
+    let json = held_json(&engine.index);
     engine.shutdown(Duration::from_secs(30)).await;
     drop(engine);
     let disk = dir_size(&data);
@@ -912,22 +898,13 @@ async fn churned_disk() {
     persister.record(&index, &events, []);
     let changes = env_usize("FLEET_BENCH_CHURN", 216_000);
     let mut ticks = tokio::time::interval(Duration::from_millis(10));
-    let held = |index: &fleetscope_index::Index| -> usize {
-        index
-            .snapshot()
-            .page(&fleetscope_index::Query::all("pods"), None, usize::MAX)
-            .items
-            .iter()
-            .map(|o| o.json.len())
-            .sum()
-    };
     // The ratio is sampled each second, not only at the end: the file grows between
     // compactions.
     let mut highest: f64 = 0.0;
     for (tick, chunk) in (0..changes).collect::<Vec<_>>().chunks(60).enumerate() {
         ticks.tick().await;
         if tick % 100 == 99 {
-            highest = highest.max(dir_size(dir.path()) as f64 / held(&index) as f64);
+            highest = highest.max(dir_size(dir.path()) as f64 / held_json(&index) as f64);
         }
         let events = index.apply(chunk.iter().map(|&k| {
             let i = k * 7919 % objects;
@@ -944,7 +921,7 @@ async fn churned_disk() {
     }
     cancel.cancel();
     writer.await.unwrap();
-    let json = held(&index);
+    let json = held_json(&index);
     let stats = persister.stats();
     let reported = store.size_on_disk();
     drop((persister, store));
