@@ -41,6 +41,29 @@ async fn watch_all(
     watch_query(c, query(resource)).await
 }
 
+/// One simulated cluster of 100 objects, configmaps collected, and every Watch
+/// subscriber buffering at most 16 events.
+async fn start_with_small_subscriber_buffers() -> Harness {
+    let mut config = test_config(&["configmaps"]);
+    config.index.subscriber_buffer = 16;
+    Harness::start_with(
+        FleetSpec::numbered(1, 100, 0.0),
+        config,
+        ServiceConfig::default(),
+    )
+    .await
+}
+
+/// Runs `change` while the cluster's watches are cut, then expires its history and
+/// drops the watches: only a re-list can tell what changed.
+fn while_history_expires(cluster: &fleetscope_sim::Cluster, change: impl FnOnce()) {
+    cluster.freeze_watches(true);
+    change();
+    cluster.compact();
+    cluster.freeze_watches(false);
+    cluster.drop_watches();
+}
+
 /// A watch of the objects a query selects, from now, without initial events.
 async fn watch_query(
     c: &mut fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel>,
@@ -510,14 +533,11 @@ async fn deletes_missed_while_a_watch_was_expired_reach_subscribers() {
         .take(2)
         .collect();
     assert_eq!(victims.len(), 2);
-    // The watch is cut, objects are deleted, history is compacted: only a re-list can tell.
-    cluster.freeze_watches(true);
-    for v in &victims {
-        cluster.store.delete("configmaps", "team-0", v).unwrap();
-    }
-    cluster.compact();
-    cluster.freeze_watches(false);
-    cluster.drop_watches();
+    while_history_expires(cluster, || {
+        for v in &victims {
+            cluster.store.delete("configmaps", "team-0", v).unwrap();
+        }
+    });
     let mut deleted = BTreeSet::new();
     while deleted.len() < 2 {
         let e = next_change(&mut stream).await;
@@ -530,14 +550,7 @@ async fn deletes_missed_while_a_watch_was_expired_reach_subscribers() {
 
 #[tokio::test]
 async fn a_relist_larger_than_the_subscriber_buffer_reaches_a_live_subscriber_whole() {
-    let mut config = test_config(&["configmaps"]);
-    config.index.subscriber_buffer = 16;
-    let h = Harness::start_with(
-        FleetSpec::numbered(1, 100, 0.0),
-        config,
-        ServiceConfig::default(),
-    )
-    .await;
+    let h = start_with_small_subscriber_buffers().await;
     h.synced().await;
     let mut c = h.client().await;
     let q = Query {
@@ -548,21 +561,19 @@ async fn a_relist_larger_than_the_subscriber_buffer_reaches_a_live_subscriber_wh
     // Sixty objects created while the watch is cut and history expires: the re-list
     // applies them as one batch, far larger than the subscriber's buffer of 16.
     let cluster = h.cluster(0);
-    cluster.freeze_watches(true);
     let created: BTreeSet<String> = (0..60).map(|i| format!("bulk-{i:02}")).collect();
-    for name in &created {
-        cluster
-            .store
-            .create(
-                "configmaps",
-                Some("team-0"),
-                json!({"metadata": {"name": name}, "data": {"k": "v"}}),
-            )
-            .unwrap();
-    }
-    cluster.compact();
-    cluster.freeze_watches(false);
-    cluster.drop_watches();
+    while_history_expires(cluster, || {
+        for name in &created {
+            cluster
+                .store
+                .create(
+                    "configmaps",
+                    Some("team-0"),
+                    json!({"metadata": {"name": name}, "data": {"k": "v"}}),
+                )
+                .unwrap();
+        }
+    });
     let mut added = BTreeSet::new();
     while added.len() < created.len() {
         let e = next_change(&mut stream).await;
@@ -668,14 +679,7 @@ async fn forbidden_type_is_status_while_others_sync() {
 
 #[tokio::test]
 async fn a_slow_subscriber_is_ended_without_slowing_a_fast_one() {
-    let mut config = test_config(&["configmaps"]);
-    config.index.subscriber_buffer = 16;
-    let h = Harness::start_with(
-        FleetSpec::numbered(1, 100, 0.0),
-        config,
-        ServiceConfig::default(),
-    )
-    .await;
+    let h = start_with_small_subscriber_buffers().await;
     h.synced().await;
     let mut c = h.client().await;
     let mut fast = watch_all(&mut c, "configmaps").await;
