@@ -60,7 +60,7 @@ pub enum PruneError {
 /// Prunes one object given as JSON text.
 pub fn prune(raw: &str, rt: &ResourceType, pruning: &Pruning) -> Result<PrunedObject, PruneError> {
     let pruner = Pruner::new(rt, pruning);
-    let mut scratch = Vec::with_capacity(raw.len());
+    let mut scratch = String::with_capacity(raw.len());
     let mut de = serde_json::Deserializer::from_str(raw);
     ObjectSeed {
         pruner: &pruner,
@@ -94,7 +94,7 @@ pub fn prune_list(
     each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
 ) -> Result<ListMeta, serde_json::Error> {
     let pruner = Pruner::new(rt, pruning);
-    let mut scratch = Vec::new();
+    let mut scratch = String::new();
     let mut de = serde_json::Deserializer::from_str(text);
     let meta = ListSeed {
         pruner: &pruner,
@@ -110,14 +110,14 @@ pub fn prune_list(
 struct Pruner<'p> {
     pruning: &'p Pruning,
     /// `{"apiVersion":…,"kind":…`: how every kept object begins.
-    prefix: Vec<u8>,
+    prefix: String,
 }
 
 impl<'p> Pruner<'p> {
     fn new(rt: &ResourceType, pruning: &'p Pruning) -> Self {
-        let mut prefix = b"{\"apiVersion\":".to_vec();
+        let mut prefix = String::from("{\"apiVersion\":");
         write_str(&mut prefix, &rt.api_version());
-        prefix.extend_from_slice(b",\"kind\":");
+        prefix.push_str(",\"kind\":");
         write_str(&mut prefix, &rt.kind);
         Self { pruning, prefix }
     }
@@ -126,7 +126,7 @@ impl<'p> Pruner<'p> {
 /// A list page: `metadata` read, `items` pruned one by one, the rest skipped.
 struct ListSeed<'s, 'p> {
     pruner: &'s Pruner<'p>,
-    out: &'s mut Vec<u8>,
+    out: &'s mut String,
     each: &'s mut dyn FnMut(Result<PrunedObject, PruneError>),
 }
 
@@ -164,7 +164,7 @@ impl<'de> Visitor<'de> for ListSeed<'_, '_> {
 /// A list's `items`: each pruned and handed on as it is read.
 struct ItemsSeed<'s, 'p> {
     pruner: &'s Pruner<'p>,
-    out: &'s mut Vec<u8>,
+    out: &'s mut String,
     each: &'s mut dyn FnMut(Result<PrunedObject, PruneError>),
 }
 
@@ -242,7 +242,7 @@ macro_rules! not_an_object {
 /// object; the kept JSON is copied out of it at its exact length.
 struct ObjectSeed<'s, 'p> {
     pruner: &'s Pruner<'p>,
-    out: &'s mut Vec<u8>,
+    out: &'s mut String,
 }
 
 impl<'de> DeserializeSeed<'de> for ObjectSeed<'_, '_> {
@@ -261,7 +261,7 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let out = self.out;
         out.clear();
-        out.extend_from_slice(&self.pruner.prefix);
+        out.push_str(&self.pruner.prefix);
         let mut found = Found::default();
         let mut metadata: Option<Result<(), PruneError>> = None;
         while let Some(key) = map.next_key::<Text<'de>>()? {
@@ -271,7 +271,7 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
                     map.next_value::<IgnoredAny>()?;
                 }
                 "metadata" if metadata.is_none() => {
-                    out.extend_from_slice(b",\"metadata\":");
+                    out.push_str(",\"metadata\":");
                     metadata = Some(map.next_value_seed(MetadataSeed {
                         pruning: self.pruner.pruning,
                         out: &mut *out,
@@ -280,22 +280,19 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
                 }
                 _ => {
                     let value = map.next_value::<&'de RawValue>()?;
-                    out.push(b',');
-                    write_str(out, &key.0);
-                    out.push(b':');
-                    out.extend_from_slice(value.get().as_bytes());
+                    out.push(',');
+                    write_member(out, &key.0, value.get());
                 }
             }
         }
-        out.push(b'}');
+        out.push('}');
         let done = || {
             metadata.ok_or_else(|| PruneError::NotAnObject("metadata is missing".into()))??;
             if found.name.is_empty() {
                 return Err(PruneError::NoName);
             }
-            let json = std::str::from_utf8(out)
-                .map_err(|e| PruneError::NotAnObject(e.to_string()))?
-                .to_owned();
+            // At its exact length: the scratch space keeps its capacity for the next.
+            let json = out.as_str().to_owned();
             Ok(PrunedObject {
                 namespace: found.namespace,
                 name: found.name,
@@ -314,7 +311,7 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
 /// fields the index needs are read into `found`.
 struct MetadataSeed<'s> {
     pruning: &'s Pruning,
-    out: &'s mut Vec<u8>,
+    out: &'s mut String,
     found: &'s mut Found,
 }
 
@@ -333,7 +330,7 @@ impl<'de> Visitor<'de> for MetadataSeed<'_> {
     not_an_object!("metadata");
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let out = self.out;
-        out.push(b'{');
+        out.push('{');
         let mut first = true;
         while let Some(key) = map.next_key::<Text<'de>>()? {
             let kept_annotations;
@@ -345,7 +342,7 @@ impl<'de> Visitor<'de> for MetadataSeed<'_> {
                 "annotations" => {
                     let value = map.next_value::<&'de RawValue>()?;
                     match prune_annotations(value, self.pruning) {
-                        Annotations::Unchanged => value,
+                        Annotations::Unchanged => value.get(),
                         Annotations::Empty => continue,
                         Annotations::Pruned(text) => {
                             kept_annotations = text;
@@ -356,18 +353,16 @@ impl<'de> Visitor<'de> for MetadataSeed<'_> {
                 field => {
                     let value = map.next_value::<&'de RawValue>()?;
                     self.found.read(field, value);
-                    value
+                    value.get()
                 }
             };
             if !first {
-                out.push(b',');
+                out.push(',');
             }
             first = false;
-            write_str(out, &key.0);
-            out.push(b':');
-            out.extend_from_slice(value.get().as_bytes());
+            write_member(out, &key.0, value);
         }
-        out.push(b'}');
+        out.push('}');
         Ok(Ok(()))
     }
 }
@@ -429,7 +424,7 @@ enum Annotations {
     /// None left after pruning (or none there): the field is left out.
     Empty,
     /// Some pruned: the rest, as JSON text.
-    Pruned(Box<RawValue>),
+    Pruned(String),
 }
 
 fn prune_annotations(value: &RawValue, pruning: &Pruning) -> Annotations {
@@ -443,35 +438,37 @@ fn prune_annotations(value: &RawValue, pruning: &Pruning) -> Annotations {
     if !members.0.iter().any(|(k, _)| pruned(k)) {
         return Annotations::Unchanged;
     }
-    let mut text = Vec::with_capacity(value.get().len());
-    text.push(b'{');
+    let mut text = String::with_capacity(value.get().len());
+    text.push('{');
     for (k, v) in members.0.iter().filter(|(k, _)| !pruned(k)) {
         if text.len() > 1 {
-            text.push(b',');
+            text.push(',');
         }
-        write_str(&mut text, k);
-        text.push(b':');
-        text.extend_from_slice(v.get().as_bytes());
+        write_member(&mut text, k, v.get());
     }
     if text.len() == 1 {
         return Annotations::Empty;
     }
-    text.push(b'}');
-    String::from_utf8(text)
-        .ok()
-        .and_then(|t| RawValue::from_string(t).ok())
-        .map_or(Annotations::Unchanged, Annotations::Pruned)
+    text.push('}');
+    Annotations::Pruned(text)
+}
+
+/// Writes one object member, `"key":value`, its value given as JSON text.
+fn write_member(out: &mut String, key: &str, value: &str) {
+    write_str(out, key);
+    out.push(':');
+    out.push_str(value);
 }
 
 /// Writes `s` as a JSON string.
-fn write_str(out: &mut Vec<u8>, s: &str) {
+fn write_str(out: &mut String, s: &str) {
     if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        // Writing a string to a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut *out, s);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else if let Ok(escaped) = serde_json::to_string(s) {
+        // Serialising a string cannot fail.
+        out.push_str(&escaped);
     }
 }
 
