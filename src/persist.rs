@@ -457,19 +457,17 @@ impl Persister {
         let this = self.clone();
         let started = Instant::now();
         let (taken, result) = tokio::task::spawn_blocking(move || {
-            let result = this.write(&taken);
-            if result.is_ok() {
-                this.compact_if_grown();
-            }
+            let result = this
+                .write(&taken)
+                .map(|written| (written, this.compact_if_grown()));
             (taken, result)
         })
         .await
         .unwrap_or_else(|e| (Pending::default(), Err(format!("store writer failed: {e}"))));
         let took = started.elapsed();
         let outcome = match result {
-            Ok((disk, events, snapshot_took)) => {
+            Ok(((disk, events, snapshot_took), size)) => {
                 *lock(&self.disk) = disk;
-                let size = lock(&self.store).as_ref().map_or(0, |s| s.size_on_disk());
                 let mut s = lock(&self.stats);
                 if s.last_error.take().is_some() {
                     tracing::info!("store writes succeed again");
@@ -501,11 +499,12 @@ impl Persister {
     }
 
     /// Compacts the store when its file has grown past its limits (see
-    /// [`PersistConfig::compact_share`]). A failed compaction is logged and leaves the
-    /// store as it was; the next is tried once the file has grown by half again.
-    fn compact_if_grown(&self) {
+    /// [`PersistConfig::compact_share`]), and returns its size on disk. A failed
+    /// compaction is logged and leaves the store as it was; the next is tried once the
+    /// file has grown by half again.
+    fn compact_if_grown(&self) -> u64 {
         let Some(store) = lock(&self.store).clone() else {
-            return;
+            return 0;
         };
         let size = store.size_on_disk();
         let held = *lock(&self.held_json) as f64;
@@ -513,7 +512,7 @@ impl Persister {
             .max(self.config.compact_min_bytes as f64)
             .max(1.5 * self.compacted.load(Ordering::Relaxed) as f64);
         if (size as f64) <= limit {
-            return;
+            return size;
         }
         let started = Instant::now();
         match store.compact() {
@@ -523,18 +522,20 @@ impl Persister {
                 let mut s = lock(&self.stats);
                 s.compactions += 1;
                 s.last_compaction = took;
-                s.size_on_disk = after;
                 tracing::info!(
                     before,
                     after,
                     took_ms = took.as_secs_f64() * 1e3,
                     "store compacted"
                 );
+                after
             }
-            Ok(None) => self.compacted.store(u64::MAX / 2, Ordering::Relaxed),
+            // Nothing to reclaim (a store in memory has no size on disk to pass a limit).
+            Ok(None) => size,
             Err(e) => {
                 self.compacted.store(size, Ordering::Relaxed);
                 tracing::warn!(error = %e, size, "store compaction failed: the store goes on as it was");
+                size
             }
         }
     }
