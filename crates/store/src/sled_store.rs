@@ -130,31 +130,34 @@ impl SledStore {
     /// winds down: opening waits for it, up to [`LOCK_WAIT`], and is then an error —
     /// never taken for damage.
     fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+        remove_unfinished_sled_snapshots(path)?;
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         loop {
-            match Self::open_db_once(path) {
-                Err(StoreError::Engine(e))
-                    if e.contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
+            // sled may panic on some damage rather than return an error: contain that here.
+            let opened = std::panic::catch_unwind(|| {
+                sled::Config::new()
+                    .path(path)
+                    .mode(sled::Mode::LowSpace)
+                    .cache_capacity(64 << 20)
+                    .flush_every_ms(None)
+                    .open()
+            });
+            match opened {
+                Ok(Err(sled::Error::Io(e)))
+                    if lock_held(&e) && std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                other => return other,
+                other => return Self::opened(path, other),
             }
         }
     }
 
-    fn open_db_once(path: &Path) -> Result<sled::Db, StoreError> {
-        remove_unfinished_sled_snapshots(path)?;
-        // sled may panic on some damage rather than return an error: contain that here.
-        let opened = std::panic::catch_unwind(|| {
-            sled::Config::new()
-                .path(path)
-                .mode(sled::Mode::LowSpace)
-                .cache_capacity(64 << 20)
-                .flush_every_ms(None)
-                .open()
-        });
+    /// What an attempt to open the database at `path` amounts to.
+    fn opened(
+        path: &Path,
+        opened: std::thread::Result<sled::Result<sled::Db>>,
+    ) -> Result<sled::Db, StoreError> {
         match opened {
             Ok(Ok(db)) => Ok(db),
             Ok(Err(sled::Error::Io(e))) => match e.kind() {
@@ -167,9 +170,7 @@ impl SledStore {
                     path: path.to_path_buf(),
                     source: e,
                 }),
-                _ if e.to_string().contains("could not acquire lock") => {
-                    Err(StoreError::Engine(format!("{}: {e}", path.display())))
-                }
+                _ if lock_held(&e) => Err(StoreError::Engine(format!("{}: {e}", path.display()))),
                 // Anything else sled reports while reading its own files is damage.
                 _ => Err(StoreError::Damaged(format!("sled cannot open it: {e}"))),
             },
@@ -187,8 +188,7 @@ impl SledStore {
         self.db.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the open database (a compaction waits until it returns). A database
-    /// that could not be reopened after a compaction is opened again first.
+    /// Runs `f` on the open database (a compaction waits until it returns).
     fn with_db<T>(
         &self,
         f: impl FnOnce(&sled::Db) -> Result<T, StoreError>,
@@ -200,14 +200,19 @@ impl SledStore {
             }
         }
         let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        f(self.reopened(&mut slot)?)
+    }
+
+    /// The database in `slot`; one a compaction could not reopen (its switch failed
+    /// half-way, or reopening failed) is first opened again, finishing or undoing the
+    /// switch.
+    fn reopened<'s>(&self, slot: &'s mut Option<sled::Db>) -> Result<&'s sled::Db, StoreError> {
         if slot.is_none() {
             finish_switch(&self.dir)?;
             *slot = Some(Self::open_db(&self.dir.join("db"))?);
         }
-        match slot.as_ref() {
-            Some(db) => f(db),
-            None => Err(StoreError::Engine("the store is not open".into())),
-        }
+        slot.as_ref()
+            .ok_or_else(|| StoreError::Engine("the store is not open".into()))
     }
 
     /// Rewrites the store into a fresh database holding only its live records, and
@@ -215,11 +220,7 @@ impl SledStore {
     /// it runs. On failure the store goes on as it was.
     pub fn compact(&self) -> Result<(u64, u64), StoreError> {
         let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
-        let Some(db) = slot.as_ref() else {
-            return Err(StoreError::Engine(
-                "the store could not be reopened after a compaction".into(),
-            ));
-        };
+        let db = self.reopened(&mut slot)?;
         let before = db.size_on_disk().unwrap_or(0);
         let next = self.dir.join("db.next");
         let old = self.dir.join("db.old");
@@ -247,18 +248,11 @@ impl SledStore {
         // its directory is renamed, so nothing of it is written under the new name.
         db.flush().map_err(engine)?;
         slot.take();
-        let switched = std::fs::rename(&current, &old)
-            .map_err(io("cannot switch to the compacted store", &current))
-            .and_then(|()| {
-                std::fs::rename(&next, &current)
-                    .map_err(io("cannot switch to the compacted store", &next))
-            });
-        if let Err(e) = switched {
-            // Back to the database as it was, wherever the switch stopped.
-            finish_switch(&self.dir)?;
-            *slot = Some(Self::open_db(&current)?);
-            return Err(e);
-        }
+        // Failing from here on, the slot stays empty and the next use reopens it.
+        std::fs::rename(&current, &old)
+            .map_err(io("cannot switch to the compacted store", &current))?;
+        std::fs::rename(&next, &current)
+            .map_err(io("cannot switch to the compacted store", &next))?;
         let db = slot.insert(Self::open_db(&current)?);
         let after = db.size_on_disk().unwrap_or(0);
         drop(slot);
@@ -286,6 +280,11 @@ fn remove_unfinished_sled_snapshots(path: &Path) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// Whether sled refused to open because its file lock is held.
+fn lock_held(e: &std::io::Error) -> bool {
+    e.to_string().contains("could not acquire lock")
 }
 
 fn remove_dir(path: &Path) -> Result<(), StoreError> {
