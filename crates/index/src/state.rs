@@ -6,6 +6,9 @@ use std::sync::Arc;
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
 use imbl::{OrdMap, OrdSet};
 
+/// A plain hash map, for gathering what a restore then makes persistent.
+type StdHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// A persistent hash map with a fast keyed hash (label keys and values, owner uids and
 /// field values are short strings).
 type HashMap<K, V> =
@@ -28,10 +31,14 @@ pub struct Event {
 
 /// Objects ordered by key; a set of entries is also a map from key to object.
 pub(crate) type KeySet = OrdSet<Entry>;
+/// (resource, label key).
+type LabelKey = (Arc<str>, Arc<str>);
+/// (resource, field path, value).
+type FieldKey = (Arc<str>, Arc<str>, Arc<str>);
 /// (resource, label key) → label value → objects.
-type LabelIndex = HashMap<(Arc<str>, Arc<str>), HashMap<Arc<str>, Members>>;
+type LabelIndex = HashMap<LabelKey, HashMap<Arc<str>, Members>>;
 /// (resource, field path, value) → objects.
-type FieldIndex = HashMap<(Arc<str>, Arc<str>, Arc<str>), Members>;
+type FieldIndex = HashMap<FieldKey, Members>;
 
 /// The objects one secondary-index value names. Most values name a few objects (an
 /// owner's pods, one pod IP), held as a small sorted vector; past [`Members::FEW`] they
@@ -66,6 +73,17 @@ impl Members {
             Members::Many(set) => {
                 set.insert(entry);
             }
+        }
+    }
+
+    /// Members from entries in key order (the same object twice in a row counts once).
+    fn from_sorted(mut entries: Vec<Entry>) -> Self {
+        entries.dedup_by(|a, b| a.0.key == b.0.key);
+        if entries.len() <= Self::FEW {
+            entries.shrink_to_fit();
+            Members::Few(entries)
+        } else {
+            Members::Many(entries.into_iter().collect())
         }
     }
 
@@ -296,10 +314,14 @@ impl State {
 
     /// Adds persisted objects (distinct keys, in key order) to an empty state, with
     /// their own revisions and no events, as `restored` makes them: batch by batch,
-    /// the calling thread makes the objects, a second thread adds them to the primary
-    /// set and counts, a third to the secondary indexes.
+    /// the calling thread makes the objects, and three more take each batch: one into
+    /// the primary set and counts, one gathering the label index, one the owner and
+    /// field indexes. Secondary entries are gathered in plain hash maps, each value's
+    /// members arriving in key order, and made persistent once at the end: a set
+    /// built from sorted members rather than a persistent map updated per object.
     pub(crate) fn restore_all(&mut self, restored: impl Iterator<Item = Arc<Object>>) {
         const BATCH: usize = 4096;
+        type Batch = Arc<Vec<Arc<Object>>>;
         let State {
             objects,
             labels,
@@ -308,13 +330,14 @@ impl State {
             counts,
             ..
         } = self;
-        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Vec<Arc<Object>>>(4);
-        let (to_secondary, secondary) = std::sync::mpsc::sync_channel::<Vec<Arc<Object>>>(4);
+        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Batch>(4);
+        let (to_labels, by_label) = std::sync::mpsc::sync_channel::<Batch>(4);
+        let (to_owners, by_owner) = std::sync::mpsc::sync_channel::<Batch>(4);
         std::thread::scope(|s| {
             s.spawn(move || {
                 let mut run: Option<(Arc<Object>, usize)> = None;
                 for batch in primary {
-                    for o in &batch {
+                    for o in batch.iter() {
                         objects.insert(Entry(o.clone()));
                         match &mut run {
                             Some((first, n)) if same_place(&first.key, &o.key) => *n += 1,
@@ -326,35 +349,88 @@ impl State {
                             }
                         }
                     }
-                    if to_secondary.send(batch).is_err() {
-                        return;
-                    }
                 }
                 if let Some((first, n)) = run {
                     add_count(counts, &first.key, n);
                 }
             });
             s.spawn(move || {
-                for batch in secondary {
-                    for o in &batch {
-                        index_secondary(labels, owners, fields, o, &Entry(o.clone()));
+                let mut gathered: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>> =
+                    StdHashMap::default();
+                for batch in by_label {
+                    for o in batch.iter() {
+                        let r = &o.key.resource;
+                        for (k, v) in o.labels() {
+                            gathered
+                                .entry((r.clone(), k.clone()))
+                                .or_default()
+                                .entry(v.clone())
+                                .or_default()
+                                .push(Entry(o.clone()));
+                        }
                     }
                 }
+                *labels = gathered
+                    .into_iter()
+                    .map(|(k, values)| {
+                        let values = values
+                            .into_iter()
+                            .map(|(v, members)| (v, Members::from_sorted(members)))
+                            .collect();
+                        (k, values)
+                    })
+                    .collect();
             });
+            s.spawn(move || {
+                let mut by_uid: StdHashMap<Arc<str>, Vec<Entry>> = StdHashMap::default();
+                let mut by_field: StdHashMap<FieldKey, Vec<Entry>> = StdHashMap::default();
+                for batch in by_owner {
+                    for o in batch.iter() {
+                        for uid in o.owners() {
+                            by_uid
+                                .entry(uid.clone())
+                                .or_default()
+                                .push(Entry(o.clone()));
+                        }
+                        let r = &o.key.resource;
+                        for (p, v) in o.fields() {
+                            by_field
+                                .entry((r.clone(), p.clone(), v.clone()))
+                                .or_default()
+                                .push(Entry(o.clone()));
+                        }
+                    }
+                }
+                *owners = by_uid
+                    .into_iter()
+                    .map(|(uid, members)| (uid, Members::from_sorted(members)))
+                    .collect();
+                *fields = by_field
+                    .into_iter()
+                    .map(|(k, members)| (k, Members::from_sorted(members)))
+                    .collect();
+            });
+            let send = |batch: Vec<Arc<Object>>| {
+                let batch = Arc::new(batch);
+                to_primary.send(batch.clone()).is_ok()
+                    && to_labels.send(batch.clone()).is_ok()
+                    && to_owners.send(batch).is_ok()
+            };
             let mut batch = Vec::with_capacity(BATCH);
             for o in restored {
                 batch.push(o);
-                if batch.len() == BATCH {
-                    let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-                    if to_primary.send(full).is_err() {
-                        return;
-                    }
+                // A worker gone (it panicked, which the scope then raises): stop making.
+                if batch.len() == BATCH
+                    && !send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                {
+                    break;
                 }
             }
             if !batch.is_empty() {
-                let _ = to_primary.send(batch);
+                send(batch);
             }
-            drop(to_primary);
+            // The workers end when their channels close.
+            drop((to_primary, to_labels, to_owners));
         });
     }
 
