@@ -586,7 +586,11 @@ fn main() {
         return;
     }
     if args.first().map(String::as_str) == Some("--persist-child") {
-        rt.block_on(persist());
+        match args.get(1).map(String::as_str) {
+            Some("ingest") => rt.block_on(persisted_ingest()),
+            Some("churn") => rt.block_on(churned_disk()),
+            _ => rt.block_on(persist()),
+        }
         return;
     }
     let part = args.first().cloned().unwrap_or_default();
@@ -603,12 +607,15 @@ fn main() {
     if part.is_empty() || part == "fanout" {
         rt.block_on(fanout());
     }
-    if part.is_empty() || part == "persist" || part == "restart" {
-        // In its own process, with the allocator setting the container image uses
-        // (freed memory returned to the system after 1 s rather than 10 ms).
+    // The persistence parts each run in a process of their own, with the allocator
+    // setting the container image uses (freed memory returned to the system after 1 s
+    // rather than 10 ms).
+    let persist_parts = ["restart", "ingest", "churn"]
+        .into_iter()
+        .filter(|p| part.is_empty() || part == "persist" || part == *p);
+    for p in persist_parts {
         let status = Command::new(std::env::current_exe().unwrap())
-            .arg("--persist-child")
-            .env("FLEET_BENCH_PART", &part)
+            .args(["--persist-child", p])
             .env(
                 "MIMALLOC_PURGE_DELAY",
                 std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| "1000".into()),
@@ -616,12 +623,6 @@ fn main() {
             .status()
             .unwrap();
         assert!(status.success());
-    }
-    if part == "churn" {
-        rt.block_on(persist_churn_only());
-    }
-    if part == "ingest" {
-        rt.block_on(persisted_ingest());
     }
 }
 
@@ -725,11 +726,6 @@ async fn persist() {
     for s in servers {
         s.shutdown().await;
     }
-
-    if std::env::var("FLEET_BENCH_PART").as_deref() != Ok("restart") {
-        persisted_ingest().await;
-        churned_disk().await;
-    }
 }
 
 /// One restart from the store in `data`: to the first answered List, then until every
@@ -792,10 +788,6 @@ async fn restart(
         cold.as_secs_f64() / answered.as_secs_f64()
     );
     engine.shutdown(Duration::from_secs(30)).await;
-}
-
-async fn persist_churn_only() {
-    churned_disk().await;
 }
 
 /// An index and a write-behind persister over a fresh store, fed directly.
