@@ -231,6 +231,8 @@ fn report(
         grown as f64 / 1e6,
         grown as f64 / objects.max(1) as f64,
     );
+    // For the parent's summary over runs.
+    println!("#figures {} {} {grown}", s, cpu.as_secs_f64());
 }
 
 fn sync() {
@@ -253,15 +255,58 @@ fn sync() {
     )
     .unwrap();
     let bytes = line.trim().strip_prefix("ready ").unwrap().to_string();
-    for which in ["fleetscope", "reflector"] {
-        let status = Command::new(&exe)
-            .arg("--child")
-            .arg(which)
-            .arg(dir.path())
-            .arg(&bytes)
-            .status()
-            .unwrap();
-        assert!(status.success());
+    // Runs alternate between the two, several each: a single run's CPU time varies
+    // with what the kernel has to do for its memory (zeroing, compacting huge pages).
+    let runs = env_usize("FLEET_BENCH_RUNS", 5);
+    let mut figures: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    for _ in 0..runs {
+        for which in ["fleetscope", "reflector"] {
+            let out = Command::new(&exe)
+                .arg("--child")
+                .arg(which)
+                .arg(dir.path())
+                .arg(&bytes)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                match line.strip_prefix("#figures ") {
+                    Some(f) => {
+                        let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
+                        figures.entry(which).or_default().push((f[0], f[1], f[2]));
+                    }
+                    None => println!("{line}"),
+                }
+            }
+        }
+    }
+    let mb = bytes.parse::<f64>().unwrap() / 1e6;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let mut grown = BTreeMap::new();
+    for (which, f) in &figures {
+        let (cpu, lo, hi) = median(f.iter().map(|x| x.1).collect());
+        let (elapsed, _, _) = median(f.iter().map(|x| x.0).collect());
+        let (g, _, _) = median(f.iter().map(|x| x.2).collect());
+        grown.insert(*which, g);
+        println!(
+            "  median of {runs} {which}: {:.2} s, {:.0} MB/s; {cpu:.2} CPU-s ({lo:.2}–{hi:.2}), {:.0} MB per CPU-second ({:.0}–{:.0}; goal ≥ 200 for fleetscope); resident +{:.0} MB",
+            elapsed,
+            mb / elapsed,
+            mb / cpu,
+            mb / hi,
+            mb / lo,
+            g / 1e6
+        );
+    }
+    if let (Some(f), Some(r)) = (grown.get("fleetscope"), grown.get("reflector")) {
+        println!(
+            "  fleetscope's resident growth ÷ the reflector's = {:.2} (goal ≤ 0.5)",
+            f / r
+        );
     }
     drop(sims.stdin.take());
     sims.wait().unwrap();
