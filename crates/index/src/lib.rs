@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
 use tokio::sync::broadcast;
 
+/// A hash set with a fast keyed hash.
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+
 pub use object::{Object, ObjectInput};
 pub use query::{Counts, GroupBy, Page, Query};
 pub use state::{Event, State};
@@ -184,13 +187,7 @@ impl Index {
         };
         let mut inputs = restored.objects;
         // A store gives its objects in key order, each once; anything else is put so.
-        if !inputs.windows(2).all(|w| w[0].0.key < w[1].0.key) {
-            inputs.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-            // The last of equal keys wins, as if applied in order.
-            inputs.reverse();
-            inputs.dedup_by(|a, b| a.0.key == b.0.key);
-            inputs.reverse();
-        }
+        in_key_order(&mut inputs, |(input, _)| &input.key);
         state.restore_all(
             inputs.into_iter().map(|(input, revision)| {
                 Arc::new(Object::from_input(input, revision, &mut interner))
@@ -257,18 +254,29 @@ impl Index {
                     cluster,
                     objects,
                 } => {
-                    let listed: std::collections::HashSet<&ObjectKey> =
-                        objects.iter().map(|o| &o.key).collect();
-                    for key in state.keys_of(&resource, &cluster) {
+                    let mut objects: Vec<ObjectInput> = objects
+                        .into_iter()
+                        .filter(|o| *o.key.resource == *resource && o.key.cluster == cluster)
+                        .map(|mut o| {
+                            o.key = interner.key(&o.key);
+                            o
+                        })
+                        .collect();
+                    let held = state.keys_of(&resource, &cluster);
+                    if held.is_empty() {
+                        // A first list: nothing to diff against, added at once.
+                        in_key_order(&mut objects, |o| &o.key);
+                        state.add_new(objects, interner, &mut events);
+                        continue;
+                    }
+                    let listed: HashSet<&ObjectKey> = objects.iter().map(|o| &o.key).collect();
+                    for key in held {
                         if !listed.contains(&key) {
                             events.extend(state.delete(&key));
                         }
                     }
-                    for mut input in objects {
-                        if *input.key.resource == *resource && input.key.cluster == cluster {
-                            input.key = interner.key(&input.key);
-                            events.extend(state.upsert(input, interner));
-                        }
+                    for input in objects {
+                        events.extend(state.upsert(input, interner));
                     }
                 }
                 Change::RemoveCluster(cluster) => {
@@ -415,3 +423,15 @@ pub fn transition(query: &Query, event: &Event) -> Option<EventType> {
 
 #[cfg(test)]
 mod tests;
+
+/// Puts items in key order, each key once: the last of equal keys wins, as if they
+/// were applied in order.
+fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
+    if items.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
+        return;
+    }
+    items.sort_by(|a, b| key(a).cmp(key(b)));
+    items.reverse();
+    items.dedup_by(|a, b| key(a) == key(b));
+    items.reverse();
+}

@@ -87,6 +87,17 @@ impl Members {
         }
     }
 
+    /// Adds entries in key order: to an empty value, as a whole.
+    fn extend_sorted(&mut self, entries: Vec<Entry>) {
+        if self.is_empty() {
+            *self = Self::from_sorted(entries);
+        } else {
+            for e in entries {
+                self.insert(e);
+            }
+        }
+    }
+
     fn remove(&mut self, key: &ObjectKey) {
         match self {
             Members::Few(v) => {
@@ -155,6 +166,95 @@ fn index_secondary(
             .entry((r.clone(), p.clone(), v.clone()))
             .or_default()
             .insert(entry.clone());
+    }
+}
+
+/// Secondary-index entries of many objects, gathered in plain hash maps (each value's
+/// members in key order, as the objects arrive), then added to the persistent indexes
+/// with one lookup per value rather than one per object.
+#[derive(Default)]
+struct Gathered {
+    labels: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>>,
+    owners: StdHashMap<Arc<str>, Vec<Entry>>,
+    fields: StdHashMap<FieldKey, Vec<Entry>>,
+}
+
+impl Gathered {
+    fn labels_of(&mut self, o: &Arc<Object>) {
+        let r = &o.key.resource;
+        for (k, v) in o.labels() {
+            self.labels
+                .entry((r.clone(), k.clone()))
+                .or_default()
+                .entry(v.clone())
+                .or_default()
+                .push(Entry(o.clone()));
+        }
+    }
+
+    fn owners_and_fields_of(&mut self, o: &Arc<Object>) {
+        for uid in o.owners() {
+            self.owners
+                .entry(uid.clone())
+                .or_default()
+                .push(Entry(o.clone()));
+        }
+        let r = &o.key.resource;
+        for (p, v) in o.fields() {
+            self.fields
+                .entry((r.clone(), p.clone(), v.clone()))
+                .or_default()
+                .push(Entry(o.clone()));
+        }
+    }
+
+    fn add_labels(
+        labels: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>>,
+        to: &mut LabelIndex,
+    ) {
+        for (k, values) in labels {
+            let held = to.entry(k).or_default();
+            for (v, members) in values {
+                held.entry(v).or_default().extend_sorted(members);
+            }
+        }
+    }
+
+    fn add_owners_and_fields(
+        owners: StdHashMap<Arc<str>, Vec<Entry>>,
+        fields: StdHashMap<FieldKey, Vec<Entry>>,
+        to_owners: &mut HashMap<Arc<str>, Members>,
+        to_fields: &mut FieldIndex,
+    ) {
+        for (uid, members) in owners {
+            to_owners.entry(uid).or_default().extend_sorted(members);
+        }
+        for (k, members) in fields {
+            to_fields.entry(k).or_default().extend_sorted(members);
+        }
+    }
+}
+
+/// Counts objects in runs of one place (resource, cluster, namespace), as objects in
+/// key order come, so the counts are updated once per run.
+#[derive(Default)]
+struct Runs(Option<(ObjectKey, usize)>);
+
+impl Runs {
+    fn add(&mut self, counts: &mut Counts, key: &ObjectKey) {
+        match &mut self.0 {
+            Some((first, n)) if same_place(first, key) => *n += 1,
+            _ => {
+                self.finish(counts);
+                self.0 = Some((key.clone(), 1));
+            }
+        }
+    }
+
+    fn finish(&mut self, counts: &mut Counts) {
+        if let Some((first, n)) = self.0.take() {
+            add_count(counts, &first, n);
+        }
     }
 }
 
@@ -335,80 +435,28 @@ impl State {
         let (to_owners, by_owner) = std::sync::mpsc::sync_channel::<Batch>(4);
         std::thread::scope(|s| {
             s.spawn(move || {
-                let mut run: Option<(Arc<Object>, usize)> = None;
+                let mut runs = Runs::default();
                 for batch in primary {
                     for o in batch.iter() {
                         objects.insert(Entry(o.clone()));
-                        match &mut run {
-                            Some((first, n)) if same_place(&first.key, &o.key) => *n += 1,
-                            _ => {
-                                if let Some((first, n)) = run.take() {
-                                    add_count(counts, &first.key, n);
-                                }
-                                run = Some((o.clone(), 1));
-                            }
-                        }
+                        runs.add(counts, &o.key);
                     }
                 }
-                if let Some((first, n)) = run {
-                    add_count(counts, &first.key, n);
-                }
+                runs.finish(counts);
             });
             s.spawn(move || {
-                let mut gathered: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>> =
-                    StdHashMap::default();
+                let mut gathered = Gathered::default();
                 for batch in by_label {
-                    for o in batch.iter() {
-                        let r = &o.key.resource;
-                        for (k, v) in o.labels() {
-                            gathered
-                                .entry((r.clone(), k.clone()))
-                                .or_default()
-                                .entry(v.clone())
-                                .or_default()
-                                .push(Entry(o.clone()));
-                        }
-                    }
+                    batch.iter().for_each(|o| gathered.labels_of(o));
                 }
-                *labels = gathered
-                    .into_iter()
-                    .map(|(k, values)| {
-                        let values = values
-                            .into_iter()
-                            .map(|(v, members)| (v, Members::from_sorted(members)))
-                            .collect();
-                        (k, values)
-                    })
-                    .collect();
+                Gathered::add_labels(gathered.labels, labels);
             });
             s.spawn(move || {
-                let mut by_uid: StdHashMap<Arc<str>, Vec<Entry>> = StdHashMap::default();
-                let mut by_field: StdHashMap<FieldKey, Vec<Entry>> = StdHashMap::default();
+                let mut gathered = Gathered::default();
                 for batch in by_owner {
-                    for o in batch.iter() {
-                        for uid in o.owners() {
-                            by_uid
-                                .entry(uid.clone())
-                                .or_default()
-                                .push(Entry(o.clone()));
-                        }
-                        let r = &o.key.resource;
-                        for (p, v) in o.fields() {
-                            by_field
-                                .entry((r.clone(), p.clone(), v.clone()))
-                                .or_default()
-                                .push(Entry(o.clone()));
-                        }
-                    }
+                    batch.iter().for_each(|o| gathered.owners_and_fields_of(o));
                 }
-                *owners = by_uid
-                    .into_iter()
-                    .map(|(uid, members)| (uid, Members::from_sorted(members)))
-                    .collect();
-                *fields = by_field
-                    .into_iter()
-                    .map(|(k, members)| (k, Members::from_sorted(members)))
-                    .collect();
+                Gathered::add_owners_and_fields(gathered.owners, gathered.fields, owners, fields);
             });
             let send = |batch: Vec<Arc<Object>>| {
                 let batch = Arc::new(batch);
@@ -432,6 +480,42 @@ impl State {
             // The workers end when their channels close.
             drop((to_primary, to_labels, to_owners));
         });
+    }
+
+    /// Adds objects none of which is held, in key order with distinct keys (a first
+    /// list): as `upsert` would, one event each, but with each object's count and
+    /// secondary entries gathered and added once per value.
+    pub(crate) fn add_new(
+        &mut self,
+        inputs: Vec<ObjectInput>,
+        interner: &mut Interner,
+        events: &mut Vec<Event>,
+    ) {
+        let mut gathered = Gathered::default();
+        let mut runs = Runs::default();
+        for input in inputs {
+            let revision = self.revision.next();
+            self.revision = revision;
+            let object = Arc::new(Object::from_input(input, revision, interner));
+            self.objects.insert(Entry(object.clone()));
+            runs.add(&mut self.counts, &object.key);
+            gathered.labels_of(&object);
+            gathered.owners_and_fields_of(&object);
+            events.push(Event {
+                revision,
+                kind: EventType::Added,
+                object,
+                prev: None,
+            });
+        }
+        runs.finish(&mut self.counts);
+        Gathered::add_labels(gathered.labels, &mut self.labels);
+        Gathered::add_owners_and_fields(
+            gathered.owners,
+            gathered.fields,
+            &mut self.owners,
+            &mut self.fields,
+        );
     }
 
     /// Creates or replaces an object; `None` when the input is the state already held.

@@ -676,13 +676,14 @@ proptest! {
                 Op::Relist { cluster, keep } => {
                     let c: ClusterName = format!("c{cluster}").into();
                     model.retain(|k, _| k.cluster != c);
-                    let mut objects: BTreeMap<ObjectKey, ObjectInput> = BTreeMap::new();
+                    // As listed: in any order, a key possibly twice (the last wins).
+                    let mut objects = Vec::new();
                     for (ns, name, rv, app) in keep {
                         let i = mk(cluster, ns, name, rv, app);
-                        objects.insert(i.key.clone(), i);
+                        model.insert(i.key.clone(), i.clone());
+                        objects.push(i);
                     }
-                    model.extend(objects.clone());
-                    Change::Replace { resource: "pods".into(), cluster: c, objects: objects.into_values().collect() }
+                    Change::Replace { resource: "pods".into(), cluster: c, objects }
                 }
                 Op::RemoveCluster { cluster } => {
                     let c: ClusterName = format!("c{cluster}").into();
