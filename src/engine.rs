@@ -595,20 +595,41 @@ fn field_values(json: &str, paths: &[String]) -> Vec<(String, String)> {
 
 /// An object's key, sharing the stream's resource name and cluster.
 fn stream_key(stream: &StreamId, o: &PrunedObject) -> ObjectKey {
-    ObjectKey::in_location(
-        Arc::new(Location {
-            resource: stream.name.clone(),
-            cluster: stream.cluster.clone(),
-            namespace: Arc::from(o.namespace.as_str()),
-        }),
-        Arc::from(o.name.as_str()),
-    )
+    StreamKeys::new(stream).key(o)
 }
 
-fn to_input(stream: &StreamId, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
+/// Keys of one stream's objects: consecutive objects of one namespace (as a list gives
+/// them) share one location, so the index finds its shared copy without a lookup.
+struct StreamKeys<'a> {
+    stream: &'a StreamId,
+    last: Option<Arc<Location>>,
+}
+
+impl<'a> StreamKeys<'a> {
+    fn new(stream: &'a StreamId) -> Self {
+        Self { stream, last: None }
+    }
+
+    fn key(&mut self, o: &PrunedObject) -> ObjectKey {
+        let location = match &self.last {
+            Some(l) if *l.namespace == *o.namespace => l.clone(),
+            _ => self
+                .last
+                .insert(Arc::new(Location {
+                    resource: self.stream.name.clone(),
+                    cluster: self.stream.cluster.clone(),
+                    namespace: Arc::from(o.namespace.as_str()),
+                }))
+                .clone(),
+        };
+        ObjectKey::in_location(location, Arc::from(o.name.as_str()))
+    }
+}
+
+fn to_input(key: ObjectKey, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
     let fields = field_values(&o.json, field_paths);
     ObjectInput {
-        key: stream_key(stream, &o),
+        key,
         json: o.json,
         labels: o.labels,
         owners: o.owners,
@@ -649,9 +670,10 @@ async fn ingest(
                     objects,
                     resource_version,
                 } => {
+                    let mut keys = StreamKeys::new(&stream);
                     let objects = objects
                         .into_iter()
-                        .map(|o| to_input(&stream, o, &field_paths))
+                        .map(|o| to_input(keys.key(&o), o, &field_paths))
                         .collect();
                     changes.push(Change::Replace {
                         resource: stream.name.to_string(),
@@ -666,7 +688,8 @@ async fn ingest(
                 }
                 Update::Applied { stream, object } => {
                     let rv = object.resource_version.clone();
-                    changes.push(Change::Upsert(to_input(&stream, object, &field_paths)));
+                    let key = stream_key(&stream, &object);
+                    changes.push(Change::Upsert(to_input(key, object, &field_paths)));
                     after.push((stream, Progress::Event(rv)));
                 }
                 Update::Deleted { stream, object } => {
