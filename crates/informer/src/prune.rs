@@ -381,9 +381,7 @@ struct Found {
 
 impl Found {
     fn read(&mut self, field: &str, value: &RawValue) {
-        let text = |v: &RawValue| {
-            serde_json::from_str::<Text<'_>>(v.get()).map_or_else(|_| String::new(), |t| t.0.into())
-        };
+        let text = |v: &RawValue| string_of(v.get()).map_or_else(String::new, Cow::into_owned);
         match field {
             "name" => self.name = text(value),
             "namespace" => self.namespace = text(value),
@@ -395,8 +393,7 @@ impl Found {
                         .0
                         .iter()
                         .filter_map(|(k, v)| {
-                            let v = serde_json::from_str::<Text<'_>>(v.get()).ok()?;
-                            Some((k.to_string(), v.0.into()))
+                            Some((k.to_string(), string_of(v.get())?.into_owned()))
                         })
                         .collect();
                 }
@@ -517,6 +514,15 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
+/// The text of a JSON string, given as the raw JSON the parser has already checked;
+/// `None` if it is not a string. Without escapes, it is what lies between the quotes.
+fn string_of(raw: &str) -> Option<Cow<'_, str>> {
+    match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        Some(text) if !text.contains('\\') => Some(Cow::Borrowed(text)),
+        _ => serde_json::from_str::<Text<'_>>(raw).ok().map(|t| t.0),
+    }
+}
+
 /// An owner reference; only its uid is read.
 #[derive(serde::Deserialize)]
 struct Owner<'a> {
@@ -537,6 +543,18 @@ mod tests {
             plural: "pods".into(),
             kind: "Pod".into(),
             namespaced: true,
+        }
+    }
+
+    #[test]
+    fn strings_are_read_from_raw_json_with_or_without_escapes() {
+        assert_eq!(string_of(r#""web-1""#).as_deref(), Some("web-1"));
+        assert_eq!(string_of(r#""""#).as_deref(), Some(""));
+        assert_eq!(string_of(r#""a\"b\\c""#).as_deref(), Some(r#"a"b\c"#));
+        assert_eq!(string_of(r#""\u00e9t\u00e9""#).as_deref(), Some("été"));
+        assert_eq!(string_of("été").as_deref(), None);
+        for not_a_string in ["1", "null", "true", "[\"a\"]", "{\"a\":\"b\"}"] {
+            assert_eq!(string_of(not_a_string), None, "{not_a_string}");
         }
     }
 
