@@ -399,13 +399,10 @@ impl Found {
                 }
             }
             "ownerReferences" => {
-                if let Ok(refs) = serde_json::from_str::<Vec<&RawValue>>(value.get()) {
+                if let Ok(refs) = serde_json::from_str::<Vec<OwnerUid<'_>>>(value.get()) {
                     self.owners = refs
-                        .iter()
-                        .filter_map(|r| {
-                            let owner = serde_json::from_str::<Owner<'_>>(r.get()).ok()?;
-                            Some(owner.uid?.0.into())
-                        })
+                        .into_iter()
+                        .filter_map(|r| Some(r.0?.into_owned()))
                         .collect();
                 }
             }
@@ -523,11 +520,54 @@ fn string_of(raw: &str) -> Option<Cow<'_, str>> {
     }
 }
 
-/// An owner reference; only its uid is read.
-#[derive(serde::Deserialize)]
-struct Owner<'a> {
-    #[serde(borrow)]
-    uid: Option<Text<'a>>,
+/// The uid of an owner reference; `None` for one without a string uid, or for any
+/// other JSON value (which spoils nothing else in the list).
+struct OwnerUid<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for OwnerUid<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = OwnerUid<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an owner reference")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut uid = None;
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    if key.0 == "uid" {
+                        uid = string_of(map.next_value::<&'de RawValue>()?.get());
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(OwnerUid(uid))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(OwnerUid(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(OwnerUid(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(OwnerUid(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(OwnerUid(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(OwnerUid(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(OwnerUid(None))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(OwnerUid(None))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
 }
 
 #[cfg(test)]
@@ -556,6 +596,18 @@ mod tests {
         for not_a_string in ["1", "null", "true", "[\"a\"]", "{\"a\":\"b\"}"] {
             assert_eq!(string_of(not_a_string), None, "{not_a_string}");
         }
+    }
+
+    #[test]
+    fn owner_uids_are_read_from_the_references_that_have_one() {
+        let raw = r#"{"metadata":{"name":"p","ownerReferences":[
+            {"kind":"ReplicaSet","uid":"rs-1","controller":true}, 5, "x", null, [1, {"uid":"no"}],
+            {"kind":"Job"}, {"uid":7}, {"uid":"a\"b", "name":"n"}]}}"#;
+        let p = prune(raw, &pods(), &Pruning::default()).unwrap();
+        assert_eq!(p.owners, ["rs-1", "a\"b"]);
+        // Kept as they came, all of them.
+        let v: Value = serde_json::from_str(&p.json).unwrap();
+        assert_eq!(v["metadata"]["ownerReferences"].as_array().unwrap().len(), 8);
     }
 
     #[test]
