@@ -44,10 +44,12 @@ fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples[((samples.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn pod(ns: &str, name: &str, i: usize) -> serde_json::Value {
+/// Pod `i` of cluster `cluster`: the same workloads in every cluster, with owner UIDs
+/// of the cluster's own, as Kubernetes makes them unique.
+fn pod(cluster: &str, ns: &str, name: &str, i: usize) -> serde_json::Value {
     json!({
         "metadata": {"name": name, "namespace": ns, "labels": {"app": format!("app-{}", i % 100), "tier": if i.is_multiple_of(2) { "web" } else { "db" }},
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("rs-{}", i / 3), "uid": format!("rs-uid-{}", i / 3), "controller": true}],
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("rs-{}", i / 3), "uid": format!("rs-uid-{cluster}-{}", i / 3), "controller": true}],
                      "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}, "f:podIP": {}}}}]},
         "spec": {"nodeName": format!("node-{}", i % 50), "containers": [{"name": "main", "image": format!("registry.example.com/app-{}:1.{}", i % 100, i % 7), "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}], "restartPolicy": "Always", "serviceAccountName": "default"},
         "status": {"phase": if i.is_multiple_of(20) { "Pending" } else { "Running" }, "podIP": format!("10.{}.{}.{}", i / 65536 % 256, i / 256 % 256, i % 256), "conditions": [{"type": "Ready", "status": "True"}]},
@@ -80,7 +82,12 @@ async fn pod_clusters(
                 .create(
                     "pods",
                     Some(&format!("ns-{}", i % 10)),
-                    pod(&format!("ns-{}", i % 10), &format!("pod-{i}"), i),
+                    pod(
+                        cluster.name(),
+                        &format!("ns-{}", i % 10),
+                        &format!("pod-{i}"),
+                        i,
+                    ),
                 )
                 .unwrap();
             bytes += o.body.len();
@@ -337,7 +344,7 @@ fn input(cluster: &ClusterName, i: usize) -> ObjectInput {
 fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectInput {
     let ns = format!("ns-{}", i % 20);
     let name = format!("pod-{i}");
-    let mut v = pod(&ns, &name, i);
+    let mut v = pod(cluster.as_str(), &ns, &name, i);
     let meta = v["metadata"].as_object_mut().unwrap();
     meta.remove("managedFields");
     meta.insert("uid".into(), json!(format!("uid-{cluster}-{i}")));
@@ -353,7 +360,7 @@ fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectInput {
                 if i.is_multiple_of(2) { "web" } else { "db" }.into(),
             ),
         ],
-        owners: vec![format!("rs-uid-{}", i / 3)],
+        owners: vec![format!("rs-uid-{cluster}-{}", i / 3)],
         fields: Vec::new(),
     }
 }

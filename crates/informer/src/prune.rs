@@ -607,7 +607,10 @@ mod tests {
         assert_eq!(p.owners, ["rs-1", "a\"b"]);
         // Kept as they came, all of them.
         let v: Value = serde_json::from_str(&p.json).unwrap();
-        assert_eq!(v["metadata"]["ownerReferences"].as_array().unwrap().len(), 8);
+        assert_eq!(
+            v["metadata"]["ownerReferences"].as_array().unwrap().len(),
+            8
+        );
     }
 
     #[test]
