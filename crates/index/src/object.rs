@@ -109,17 +109,39 @@ pub struct ObjectInput {
     pub fields: Vec<(String, String)>,
 }
 
-/// The values an object is found by in the secondary indexes. Objects of one workload
-/// usually carry the same ones, so they share one copy; label sets are shared further,
-/// across workloads.
+/// The label and field values an object is found by in the secondary indexes. Objects
+/// of one workload usually carry the same ones, so they share one copy; label sets are
+/// shared further, across workloads. Owner uids, unique to each workload and cluster,
+/// are held by the object itself, so they do not keep these from being shared.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Terms {
     /// metadata.labels, sorted by key.
     labels: LabelSet,
-    /// The uids of metadata.ownerReferences.
-    owners: Box<[Arc<str>]>,
     /// Values of the configured field indexes, as (JSON path, value).
     fields: Box<[(Arc<str>, Arc<str>)]>,
+}
+
+/// The uids of metadata.ownerReferences: most objects have one, held without a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Owners {
+    One(Arc<str>),
+    Some(Box<[Arc<str>]>),
+}
+
+impl Owners {
+    fn new(uids: Vec<Arc<str>>) -> Self {
+        match <[Arc<str>; 1]>::try_from(uids) {
+            Ok([uid]) => Owners::One(uid),
+            Err(uids) => Owners::Some(uids.into_boxed_slice()),
+        }
+    }
+
+    fn as_slice(&self) -> &[Arc<str>] {
+        match self {
+            Owners::One(uid) => std::slice::from_ref(uid),
+            Owners::Some(uids) => uids,
+        }
+    }
 }
 
 /// An object held by the index.
@@ -132,6 +154,7 @@ pub struct Object {
     /// The pruned object as JSON, with apiVersion and kind.
     pub json: Box<str>,
     terms: Arc<Terms>,
+    owners: Owners,
 }
 
 /// Reads the top-level `metadata` and stops there: the rest of the object (usually
@@ -187,7 +210,7 @@ impl fleetscope_model::StoredObject for Object {
         self.terms.labels.iter().map(|(k, v)| (&**k, &**v))
     }
     fn owners(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.terms.owners.iter().map(|u| &**u)
+        self.owners.as_slice().iter().map(|u| &**u)
     }
     fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.terms.fields.iter().map(|(p, v)| (&**p, &**v))
@@ -197,7 +220,8 @@ impl fleetscope_model::StoredObject for Object {
 impl Object {
     /// Whether `other` carries the same label, owner and field values.
     pub(crate) fn same_terms(&self, other: &Object) -> bool {
-        Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms
+        (Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms)
+            && self.owners == other.owners
     }
 
     pub(crate) fn from_input(
@@ -211,10 +235,9 @@ impl Object {
             .map(|(k, v)| (interner.get(&k), interner.get(&v)))
             .collect();
         labels.sort();
+        let owners = Owners::new(input.owners.iter().map(|u| interner.get(u)).collect());
         let terms = Terms {
             labels: interner.labels(labels),
-            // Owner uids are shared through the shared Terms, not the string table.
-            owners: input.owners.iter().map(|u| Arc::from(u.as_str())).collect(),
             fields: input
                 .fields
                 .iter()
@@ -233,6 +256,7 @@ impl Object {
                 Box::from(input.json.as_str())
             },
             terms: interner.terms(terms),
+            owners,
         }
     }
 
@@ -243,6 +267,7 @@ impl Object {
             revision,
             json: self.json.clone(),
             terms: self.terms.clone(),
+            owners: self.owners.clone(),
         }
     }
 
@@ -258,7 +283,7 @@ impl Object {
 
     /// The uids of metadata.ownerReferences.
     pub fn owners(&self) -> &[Arc<str>] {
-        &self.terms.owners
+        self.owners.as_slice()
     }
 
     /// Values of the configured field indexes, as (JSON path, value).
