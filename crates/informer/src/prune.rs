@@ -196,44 +196,37 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
 }
 
 /// What a visitor answers for a JSON value that is not an object: the value is
-/// consumed, and the answer is an error for this value alone.
+/// consumed, and the answer is `$answer` of what the value is (`"a number"`) — for a
+/// field named `$what`, an error for this value alone.
 macro_rules! not_an_object {
     ($what:literal) => {
+        not_an_object!(|is: &str| Err(PruneError::NotAnObject(format!(
+            concat!($what, " is {}"),
+            is
+        ))));
+    };
+    ($answer:expr) => {
         fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is a boolean").into(),
-            )))
+            Ok(($answer)("a boolean"))
         }
         fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is a number").into(),
-            )))
+            Ok(($answer)("a number"))
         }
         fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is a number").into(),
-            )))
+            Ok(($answer)("a number"))
         }
         fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is a number").into(),
-            )))
+            Ok(($answer)("a number"))
         }
         fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is a string").into(),
-            )))
+            Ok(($answer)("a string"))
         }
         fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is null").into(),
-            )))
+            Ok(($answer)("null"))
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(Err(PruneError::NotAnObject(
-                concat!($what, " is an array").into(),
-            )))
+            Ok(($answer)("an array"))
         }
     };
 }
@@ -543,28 +536,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for OwnerUid<'a> {
                 }
                 Ok(OwnerUid(uid))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(OwnerUid(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(OwnerUid(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(OwnerUid(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(OwnerUid(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(OwnerUid(None))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(OwnerUid(None))
-            }
-            fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                Ok(OwnerUid(None))
-            }
+            not_an_object!(|_: &str| OwnerUid(None));
         }
         d.deserialize_any(Visit)
     }
@@ -595,6 +567,29 @@ mod tests {
         assert_eq!(string_of("été").as_deref(), None);
         for not_a_string in ["1", "null", "true", "[\"a\"]", "{\"a\":\"b\"}"] {
             assert_eq!(string_of(not_a_string), None, "{not_a_string}");
+        }
+    }
+
+    #[test]
+    fn a_value_that_is_not_an_object_is_named_in_the_error() {
+        let err = |raw: &str| {
+            prune(raw, &pods(), &Pruning::default())
+                .err()
+                .map(|e| e.to_string())
+        };
+        for (raw, what) in [
+            ("5", "the object is a number"),
+            ("[1, {}]", "the object is an array"),
+            ("null", "the object is null"),
+            (r#"{"metadata": true}"#, "metadata is a boolean"),
+            (r#"{"metadata": "x"}"#, "metadata is a string"),
+            (r#"{"metadata": 1.5}"#, "metadata is a number"),
+        ] {
+            assert_eq!(
+                err(raw),
+                Some(format!("not a JSON object: {what}")),
+                "{raw}"
+            );
         }
     }
 
