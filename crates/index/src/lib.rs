@@ -421,9 +421,6 @@ pub fn transition(query: &Query, event: &Event) -> Option<EventType> {
     }
 }
 
-#[cfg(test)]
-mod tests;
-
 /// Puts items in key order, each key once: the last of equal keys wins, as if they
 /// were applied in order.
 fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
@@ -435,3 +432,6 @@ fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
     items.dedup_by(|a, b| key(a) == key(b));
     items.reverse();
 }
+
+#[cfg(test)]
+mod tests;

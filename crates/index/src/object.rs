@@ -11,7 +11,7 @@ use fleetscope_model::{Location, ObjectKey, Revision};
 type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 /// Shares what many objects repeat (resource names, namespaces, label keys and values,
-/// whole label/owner/field sets) so each is held once. Bounded: past its capacity, new
+/// owner uids, whole label and field sets) so each is held once. Bounded: past its capacity, new
 /// values are still used, only not shared.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
@@ -125,21 +125,22 @@ pub(crate) struct Terms {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Owners {
     One(Arc<str>),
-    Some(Box<[Arc<str>]>),
+    /// None, or more than one.
+    Other(Box<[Arc<str>]>),
 }
 
 impl Owners {
     fn new(uids: Vec<Arc<str>>) -> Self {
         match <[Arc<str>; 1]>::try_from(uids) {
             Ok([uid]) => Owners::One(uid),
-            Err(uids) => Owners::Some(uids.into_boxed_slice()),
+            Err(uids) => Owners::Other(uids.into_boxed_slice()),
         }
     }
 
     fn as_slice(&self) -> &[Arc<str>] {
         match self {
             Owners::One(uid) => std::slice::from_ref(uid),
-            Owners::Some(uids) => uids,
+            Owners::Other(uids) => uids,
         }
     }
 }
