@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 /// A hash set with a fast keyed hash.
 type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
-pub use object::{Object, ObjectInput};
+pub use object::{Object, ObjectInput, ObjectRef};
 pub use query::{Counts, GroupBy, Page, Query};
 pub use state::{Event, State};
 
@@ -188,11 +188,9 @@ impl Index {
         let mut inputs = restored.objects;
         // A store gives its objects in key order, each once; anything else is put so.
         in_key_order(&mut inputs, |(input, _)| &input.key);
-        state.restore_all(
-            inputs.into_iter().map(|(input, revision)| {
-                Arc::new(Object::from_input(input, revision, &mut interner))
-            }),
-        );
+        state.restore_all(inputs.into_iter().map(|(input, revision)| {
+            ObjectRef::new(Object::from_input(input, revision, &mut interner))
+        }));
         let newest_object = state.objects.iter().map(|e| e.0.revision).max();
         state.revision = restored.revision.max(newest_object.unwrap_or_default());
         let mut log = VecDeque::with_capacity(restored.events.len());
@@ -203,10 +201,10 @@ impl Index {
                 .filter(|o| o.revision == e.object.1)
                 .cloned();
             let object = held.unwrap_or_else(|| {
-                Arc::new(Object::from_input(e.object.0, e.object.1, &mut interner))
+                ObjectRef::new(Object::from_input(e.object.0, e.object.1, &mut interner))
             });
             let prev = e.prev.map(|(input, revision)| {
-                Arc::new(Object::from_input(input, revision, &mut interner))
+                ObjectRef::new(Object::from_input(input, revision, &mut interner))
             });
             log.push_back(Arc::new(Event {
                 revision: e.revision,

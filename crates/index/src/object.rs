@@ -111,39 +111,22 @@ pub struct ObjectInput {
 
 /// The label and field values an object is found by in the secondary indexes. Objects
 /// of one workload usually carry the same ones, so they share one copy; label sets are
-/// shared further, across workloads. Owner uids, unique to each workload and cluster,
-/// are held by the object itself, so they do not keep these from being shared.
+/// shared further, across workloads. The uid of a sole owner, unique to each workload
+/// and cluster, is held by the object itself, so it does not keep these from being
+/// shared.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Terms {
     /// metadata.labels, sorted by key.
     labels: LabelSet,
     /// Values of the configured field indexes, as (JSON path, value).
     fields: Box<[(Arc<str>, Arc<str>)]>,
+    /// The owner uids of an object with several owners; empty otherwise.
+    owners: Box<[Arc<str>]>,
 }
 
-/// The uids of metadata.ownerReferences: most objects have one, held without a list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Owners {
-    One(Arc<str>),
-    /// None, or more than one.
-    Other(Box<[Arc<str>]>),
-}
-
-impl Owners {
-    fn new(uids: Vec<Arc<str>>) -> Self {
-        match <[Arc<str>; 1]>::try_from(uids) {
-            Ok([uid]) => Owners::One(uid),
-            Err(uids) => Owners::Other(uids.into_boxed_slice()),
-        }
-    }
-
-    fn as_slice(&self) -> &[Arc<str>] {
-        match self {
-            Owners::One(uid) => std::slice::from_ref(uid),
-            Owners::Other(uids) => uids,
-        }
-    }
-}
+/// An object held by the index, shared by the index's sets, snapshots and events: an
+/// `Arc` without weak references, a word smaller per object.
+pub type ObjectRef = triomphe::Arc<Object>;
 
 /// An object held by the index.
 #[derive(Debug, PartialEq, Eq)]
@@ -155,7 +138,8 @@ pub struct Object {
     /// The pruned object as JSON, with apiVersion and kind.
     pub json: Box<str>,
     terms: Arc<Terms>,
-    owners: Owners,
+    /// The uid of the object's owner, when it has exactly one (most have).
+    owner: Option<Arc<str>>,
 }
 
 /// Reads the top-level `metadata` and stops there: the rest of the object (usually
@@ -211,7 +195,7 @@ impl fleetscope_model::StoredObject for Object {
         self.terms.labels.iter().map(|(k, v)| (&**k, &**v))
     }
     fn owners(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.owners.as_slice().iter().map(|u| &**u)
+        self.owners().iter().map(|u| &**u)
     }
     fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.terms.fields.iter().map(|(p, v)| (&**p, &**v))
@@ -222,7 +206,7 @@ impl Object {
     /// Whether `other` carries the same label, owner and field values.
     pub(crate) fn same_terms(&self, other: &Object) -> bool {
         (Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms)
-            && self.owners == other.owners
+            && self.owner == other.owner
     }
 
     pub(crate) fn from_input(
@@ -236,7 +220,11 @@ impl Object {
             .map(|(k, v)| (interner.get(&k), interner.get(&v)))
             .collect();
         labels.sort();
-        let owners = Owners::new(input.owners.iter().map(|u| interner.get(u)).collect());
+        let mut owners: Vec<Arc<str>> = input.owners.iter().map(|u| interner.get(u)).collect();
+        let owner = match owners.len() {
+            1 => owners.pop(),
+            _ => None,
+        };
         let terms = Terms {
             labels: interner.labels(labels),
             fields: input
@@ -244,8 +232,12 @@ impl Object {
                 .iter()
                 .map(|(p, v)| (interner.get(p), Arc::from(v.as_str())))
                 .collect(),
+            owners: owners.into_boxed_slice(),
         };
-        let key = ObjectKey::in_location(interner.location(input.key.location()), input.key.name);
+        // The name in an allocation of its own made now, among the index's, rather than
+        // wherever its producer made it, among what it has since freed.
+        let name: Arc<str> = Arc::from(&*input.key.name);
+        let key = ObjectKey::in_location(interner.location(input.key.location()), name);
         Self {
             key,
             revision,
@@ -257,7 +249,7 @@ impl Object {
                 Box::from(input.json.as_str())
             },
             terms: interner.terms(terms),
-            owners,
+            owner,
         }
     }
 
@@ -268,7 +260,7 @@ impl Object {
             revision,
             json: self.json.clone(),
             terms: self.terms.clone(),
-            owners: self.owners.clone(),
+            owner: self.owner.clone(),
         }
     }
 
@@ -284,7 +276,10 @@ impl Object {
 
     /// The uids of metadata.ownerReferences.
     pub fn owners(&self) -> &[Arc<str>] {
-        self.owners.as_slice()
+        match &self.owner {
+            Some(uid) => std::slice::from_ref(uid),
+            None => &self.terms.owners,
+        }
     }
 
     /// Values of the configured field indexes, as (JSON path, value).
@@ -377,7 +372,7 @@ impl Fields for FieldView<'_> {
 /// An object as a member of the index's ordered sets: ordered and found by its key, so
 /// a set of entries is also a map from key to object.
 #[derive(Debug, Clone)]
-pub(crate) struct Entry(pub Arc<Object>);
+pub(crate) struct Entry(pub ObjectRef);
 
 impl PartialEq for Entry {
     fn eq(&self, other: &Self) -> bool {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
 use fleetscope_model::{ClusterName, FieldSelector, LabelSelector, ObjectKey};
 
-use crate::object::{FieldView, Object};
+use crate::object::{FieldView, Object, ObjectRef};
 use crate::state::{KeySet, Members, State};
 
 /// Which objects of one resource type to read.
@@ -58,7 +58,7 @@ impl Query {
 #[derive(Debug, Clone)]
 pub struct Page {
     /// The matching objects, in key order.
-    pub items: Vec<Arc<Object>>,
+    pub items: Vec<ObjectRef>,
     /// The last key of this page, to continue after; `None` when nothing follows.
     pub next: Option<ObjectKey>,
     /// How many matching objects follow this page.
@@ -217,11 +217,11 @@ impl State {
         &'a self,
         q: &'a Query,
         after: Option<&'a ObjectKey>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Object>> + Send + 'a> {
+    ) -> Box<dyn Iterator<Item = &'a ObjectRef> + Send + 'a> {
         if let Some(set) = self.indexed_candidates(q) {
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
             // The set may be a union built here; the objects it names live in `self`.
-            let candidates: Vec<&'a Arc<Object>> = set
+            let candidates: Vec<&'a ObjectRef> = set
                 .range::<_, ObjectKey>((lower, Bound::Unbounded))
                 .filter(|e| q.matches(&e.0))
                 .filter_map(|e| self.get(&e.0.key))
@@ -262,7 +262,7 @@ impl State {
             // Every key in the set matches: page and remainder come from the set alone.
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
             let mut keys = set.range::<_, ObjectKey>((lower, Bound::Unbounded));
-            let items: Vec<Arc<Object>> = keys
+            let items: Vec<ObjectRef> = keys
                 .by_ref()
                 .take(limit.max(1))
                 .map(|e| e.0.clone())
@@ -280,7 +280,7 @@ impl State {
             };
         }
         let mut iter = self.matching(q, after);
-        let items: Vec<Arc<Object>> = iter.by_ref().take(limit.max(1)).cloned().collect();
+        let items: Vec<ObjectRef> = iter.by_ref().take(limit.max(1)).cloned().collect();
         let remaining = iter.count() as u64;
         let next = if remaining > 0 {
             items.last().map(|o| o.key.clone())

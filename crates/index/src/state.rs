@@ -14,7 +14,7 @@ type StdHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSt
 type HashMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
-use crate::object::{Entry, Interner, Object, ObjectInput};
+use crate::object::{Entry, Interner, Object, ObjectInput, ObjectRef};
 
 /// One applied change, with the state before it, so filters can see transitions.
 #[derive(Debug)]
@@ -24,9 +24,9 @@ pub struct Event {
     /// What happened to the object.
     pub kind: EventType,
     /// The object after the change; for a delete, its last state.
-    pub object: Arc<Object>,
+    pub object: ObjectRef,
     /// The object before the change; `None` for a create.
-    pub prev: Option<Arc<Object>>,
+    pub prev: Option<ObjectRef>,
 }
 
 /// Objects ordered by key; a set of entries is also a map from key to object.
@@ -39,6 +39,55 @@ type FieldKey = (Arc<str>, Arc<str>, Arc<str>);
 type LabelIndex = HashMap<LabelKey, HashMap<Arc<str>, Members>>;
 /// (resource, field path, value) → objects.
 type FieldIndex = HashMap<FieldKey, Members>;
+
+/// Adds distinct items in order so that the leaves they fill end up full. The set's
+/// B-tree splits a full leaf in half, so items appended one after another would leave
+/// every leaf they pass through half empty. Every other item goes in first, leaving
+/// leaves half full of those, each spanning twice as many places; the rest then fill
+/// the places each leaf already spans, and no leaf splits again.
+fn insert_in_order<A: Ord + Clone>(set: &mut OrdSet<A>, items: impl Iterator<Item = A> + Clone) {
+    for a in items.clone().step_by(2) {
+        set.insert(a);
+    }
+    for a in items.skip(1).step_by(2) {
+        set.insert(a);
+    }
+}
+
+/// Objects by the uids of their owners: one entry per (owner uid, object), ordered by
+/// uid, then key, so an owner's objects are one range. Most owners have a few objects
+/// and there are about a third as many owners as objects (a replica set's pods), so a
+/// pair in an ordered set costs far less than a map from each uid to its own set.
+pub(crate) type OwnerIndex = OrdSet<Owned>;
+
+/// One (owner uid, object) pair of the [`OwnerIndex`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Owned {
+    uid: Arc<str>,
+    entry: Entry,
+}
+
+/// Finds [`Owned`] pairs: those of an owner (`Owner`), or one of them (`Pair`).
+enum OwnedBy<'a> {
+    /// Before or after every pair of the uid.
+    Owner(&'a str, std::cmp::Ordering),
+    Pair(&'a str, &'a ObjectKey),
+}
+
+impl equivalent::Equivalent<Owned> for OwnedBy<'_> {
+    fn equivalent(&self, o: &Owned) -> bool {
+        equivalent::Comparable::compare(self, o).is_eq()
+    }
+}
+
+impl equivalent::Comparable<Owned> for OwnedBy<'_> {
+    fn compare(&self, o: &Owned) -> std::cmp::Ordering {
+        match *self {
+            OwnedBy::Owner(uid, side) => uid.cmp(&o.uid).then(side),
+            OwnedBy::Pair(uid, key) => uid.cmp(&o.uid).then_with(|| key.cmp(&o.entry.0.key)),
+        }
+    }
+}
 
 /// The objects one secondary-index value names. Most values name a few objects (an
 /// owner's pods, one pod IP), held as a small sorted vector; past [`Members::FEW`] they
@@ -83,17 +132,21 @@ impl Members {
             entries.shrink_to_fit();
             Members::Few(entries)
         } else {
-            Members::Many(entries.into_iter().collect())
+            let mut set = KeySet::new();
+            insert_in_order(&mut set, entries.into_iter());
+            Members::Many(set)
         }
     }
 
     /// Adds entries in key order: to an empty value, as a whole.
     fn extend_sorted(&mut self, entries: Vec<Entry>) {
-        if self.is_empty() {
-            *self = Self::from_sorted(entries);
-        } else {
-            for e in entries {
-                self.insert(e);
+        match self {
+            _ if self.is_empty() => *self = Self::from_sorted(entries),
+            Members::Many(set) => insert_in_order(set, entries.into_iter()),
+            Members::Few(_) => {
+                for e in entries {
+                    self.insert(e);
+                }
             }
         }
     }
@@ -132,19 +185,12 @@ impl Members {
             Members::Many(set) => set.clone(),
         }
     }
-
-    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = &Entry> + '_> {
-        match self {
-            Members::Few(v) => Box::new(v.iter()),
-            Members::Many(set) => Box::new(set.iter()),
-        }
-    }
 }
 
 /// Adds an object to the label, owner and field indexes.
 fn index_secondary(
     labels: &mut LabelIndex,
-    owners: &mut HashMap<Arc<str>, Members>,
+    owners: &mut OwnerIndex,
     fields: &mut FieldIndex,
     o: &Object,
     entry: &Entry,
@@ -159,7 +205,10 @@ fn index_secondary(
             .insert(entry.clone());
     }
     for uid in o.owners() {
-        owners.entry(uid.clone()).or_default().insert(entry.clone());
+        owners.insert(Owned {
+            uid: uid.clone(),
+            entry: entry.clone(),
+        });
     }
     for (p, v) in o.fields() {
         fields
@@ -175,12 +224,12 @@ fn index_secondary(
 #[derive(Default)]
 struct Gathered {
     labels: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>>,
-    owners: StdHashMap<Arc<str>, Vec<Entry>>,
+    owners: Vec<Owned>,
     fields: StdHashMap<FieldKey, Vec<Entry>>,
 }
 
 impl Gathered {
-    fn labels_of(&mut self, o: &Arc<Object>) {
+    fn labels_of(&mut self, o: &ObjectRef) {
         let r = &o.key.resource;
         for (k, v) in o.labels() {
             self.labels
@@ -192,12 +241,12 @@ impl Gathered {
         }
     }
 
-    fn owners_and_fields_of(&mut self, o: &Arc<Object>) {
+    fn owners_and_fields_of(&mut self, o: &ObjectRef) {
         for uid in o.owners() {
-            self.owners
-                .entry(uid.clone())
-                .or_default()
-                .push(Entry(o.clone()));
+            self.owners.push(Owned {
+                uid: uid.clone(),
+                entry: Entry(o.clone()),
+            });
         }
         let r = &o.key.resource;
         for (p, v) in o.fields() {
@@ -221,14 +270,15 @@ impl Gathered {
     }
 
     fn add_owners_and_fields(
-        owners: StdHashMap<Arc<str>, Vec<Entry>>,
+        mut owners: Vec<Owned>,
         fields: StdHashMap<FieldKey, Vec<Entry>>,
-        to_owners: &mut HashMap<Arc<str>, Members>,
+        to_owners: &mut OwnerIndex,
         to_fields: &mut FieldIndex,
     ) {
-        for (uid, members) in owners {
-            to_owners.entry(uid).or_default().extend_sorted(members);
-        }
+        // Gathered in key order: a stable sort by uid puts the pairs in the index's order.
+        owners.sort_by(|a, b| a.uid.cmp(&b.uid));
+        owners.dedup();
+        insert_in_order(to_owners, owners.into_iter());
         for (k, members) in fields {
             to_fields.entry(k).or_default().extend_sorted(members);
         }
@@ -282,8 +332,8 @@ pub struct State {
     pub(crate) objects: KeySet,
     /// (resource, label key) → label value → objects.
     pub(crate) labels: LabelIndex,
-    /// owner uid → objects.
-    pub(crate) owners: HashMap<Arc<str>, Members>,
+    /// (owner uid, object).
+    pub(crate) owners: OwnerIndex,
     /// (resource, field path, value) → objects.
     pub(crate) fields: FieldIndex,
     /// (resource, cluster) → object count.
@@ -310,12 +360,12 @@ impl State {
     }
 
     /// One object.
-    pub fn get(&self, key: &ObjectKey) -> Option<&Arc<Object>> {
+    pub fn get(&self, key: &ObjectKey) -> Option<&ObjectRef> {
         self.objects.get(key).map(|e| &e.0)
     }
 
     /// Every object, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Object>> {
+    pub fn iter(&self) -> impl Iterator<Item = &ObjectRef> {
         self.objects.iter().map(|e| &e.0)
     }
 
@@ -339,14 +389,17 @@ impl State {
     }
 
     /// The objects owned by an owner uid.
-    pub fn owned_by(&self, uid: &str) -> Vec<&Arc<Object>> {
-        self.owners
-            .get(uid)
-            .map(|entries| entries.iter().map(|e| &e.0).collect())
-            .unwrap_or_default()
+    pub fn owned_by(&self, uid: &str) -> Vec<&ObjectRef> {
+        use std::cmp::Ordering::{Greater, Less};
+        use std::ops::Bound::Included;
+        let range = (
+            Included(OwnedBy::Owner(uid, Less)),
+            Included(OwnedBy::Owner(uid, Greater)),
+        );
+        self.owners.range(range).map(|o| &o.entry.0).collect()
     }
 
-    fn index(&mut self, o: &Arc<Object>) {
+    fn index(&mut self, o: &ObjectRef) {
         let entry = Entry(o.clone());
         index_secondary(
             &mut self.labels,
@@ -375,12 +428,7 @@ impl State {
             }
         }
         for uid in o.owners() {
-            if let Some(set) = self.owners.get_mut(uid) {
-                set.remove(&o.key);
-                if set.is_empty() {
-                    self.owners.remove(uid);
-                }
-            }
+            self.owners.remove(&OwnedBy::Pair(uid, &o.key));
         }
         for (p, v) in o.fields() {
             let fk = (r.clone(), p.clone(), v.clone());
@@ -419,9 +467,9 @@ impl State {
     /// field indexes. Secondary entries are gathered in plain hash maps, each value's
     /// members arriving in key order, and made persistent once at the end: a set
     /// built from sorted members rather than a persistent map updated per object.
-    pub(crate) fn restore_all(&mut self, restored: impl Iterator<Item = Arc<Object>>) {
+    pub(crate) fn restore_all(&mut self, restored: impl Iterator<Item = ObjectRef>) {
         const BATCH: usize = 4096;
-        type Batch = Arc<Vec<Arc<Object>>>;
+        type Batch = Arc<Vec<ObjectRef>>;
         let State {
             objects,
             labels,
@@ -437,10 +485,8 @@ impl State {
             s.spawn(move || {
                 let mut runs = Runs::default();
                 for batch in primary {
-                    for o in batch.iter() {
-                        objects.insert(Entry(o.clone()));
-                        runs.add(counts, &o.key);
-                    }
+                    insert_in_order(objects, batch.iter().map(|o| Entry(o.clone())));
+                    batch.iter().for_each(|o| runs.add(counts, &o.key));
                 }
                 runs.finish(counts);
             });
@@ -458,7 +504,7 @@ impl State {
                 }
                 Gathered::add_owners_and_fields(gathered.owners, gathered.fields, owners, fields);
             });
-            let send = |batch: Vec<Arc<Object>>| {
+            let send = |batch: Vec<ObjectRef>| {
                 let batch = Arc::new(batch);
                 to_primary.send(batch.clone()).is_ok()
                     && to_labels.send(batch.clone()).is_ok()
@@ -493,11 +539,11 @@ impl State {
     ) {
         let mut gathered = Gathered::default();
         let mut runs = Runs::default();
+        let first = events.len();
         for input in inputs {
             let revision = self.revision.next();
             self.revision = revision;
-            let object = Arc::new(Object::from_input(input, revision, interner));
-            self.objects.insert(Entry(object.clone()));
+            let object = ObjectRef::new(Object::from_input(input, revision, interner));
             runs.add(&mut self.counts, &object.key);
             gathered.labels_of(&object);
             gathered.owners_and_fields_of(&object);
@@ -508,6 +554,10 @@ impl State {
                 prev: None,
             });
         }
+        insert_in_order(
+            &mut self.objects,
+            events[first..].iter().map(|e| Entry(e.object.clone())),
+        );
         runs.finish(&mut self.counts);
         Gathered::add_labels(gathered.labels, &mut self.labels);
         Gathered::add_owners_and_fields(
@@ -525,7 +575,7 @@ impl State {
             return None;
         }
         let revision = self.revision.next();
-        let object = Arc::new(Object::from_input(input, revision, interner));
+        let object = ObjectRef::new(Object::from_input(input, revision, interner));
         match &prev {
             // The same label, owner and field values (a status update, mostly): each
             // secondary entry is replaced where it is, by `index` below.
@@ -556,7 +606,7 @@ impl State {
         let revision = self.revision.next();
         self.revision = revision;
         // The delete carries the object's last state, stamped with the delete's revision.
-        let last = Arc::new(prev.restamped(revision));
+        let last = ObjectRef::new(prev.restamped(revision));
         Some(Event {
             revision,
             kind: EventType::Deleted,
