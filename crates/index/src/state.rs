@@ -540,6 +540,7 @@ impl State {
         let mut gathered = Gathered::default();
         let mut runs = Runs::default();
         let first = events.len();
+        events.reserve(inputs.len());
         for input in inputs {
             let revision = self.revision.next();
             self.revision = revision;

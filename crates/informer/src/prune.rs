@@ -80,6 +80,10 @@ pub struct ListMeta {
     /// The token of the next page, if any.
     #[serde(rename = "continue", default)]
     pub continue_token: Option<String>,
+    /// How many objects the pages after this one hold (an estimate, when the API
+    /// server gives it).
+    #[serde(rename = "remainingItemCount", default)]
+    pub remaining_item_count: Option<u64>,
 }
 
 /// Reads a LIST response page, pruning each item as it is read, in one pass over the
@@ -753,7 +757,7 @@ mod tests {
     fn a_list_page_is_pruned_item_by_item_and_bad_items_are_skipped_alone() {
         let good = r#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"5","managedFields":[{"m":1}]},"spec":{"x":[1,2]}}"#;
         let page = format!(
-            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"9","continue":"tok"}},"items":[{good},7,"s",null,[1,{{"a":2}}],{{"metadata":"x"}},{{"metadata":{{}}}},{{"spec":{{}}}},{good}],"extra":{{"k":[]}}}}"#
+            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"9","continue":"tok","remainingItemCount":40}},"items":[{good},7,"s",null,[1,{{"a":2}}],{{"metadata":"x"}},{{"metadata":{{}}}},{{"spec":{{}}}},{good}],"extra":{{"k":[]}}}}"#
         );
         let mut kept = Vec::new();
         let mut skipped = Vec::new();
@@ -765,9 +769,10 @@ mod tests {
         assert_eq!(
             (
                 meta.resource_version.as_str(),
-                meta.continue_token.as_deref()
+                meta.continue_token.as_deref(),
+                meta.remaining_item_count
             ),
-            ("9", Some("tok"))
+            ("9", Some("tok"), Some(40))
         );
         let one = prune(good, &pods(), &Pruning::default()).unwrap();
         assert_eq!(kept, [one.clone(), one]);

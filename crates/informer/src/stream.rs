@@ -478,6 +478,10 @@ impl Informer {
                 }
             })
             .map_err(|e| Stop::Failed(format!("list response is not a list: {e}")))?;
+            // Room for the rest at once, rather than growing by doubling (the list is
+            // held whole until it is applied; a bound, as the count comes from outside).
+            let remaining = meta.remaining_item_count.unwrap_or(0).min(1 << 20);
+            objects.reserve(usize::try_from(remaining).unwrap_or(0));
             match meta.continue_token.filter(|c| !c.is_empty()) {
                 Some(c) => lp = lp.continue_token(&c),
                 None => return Ok((objects, meta.resource_version)),
