@@ -39,6 +39,16 @@ fn rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// A child process with the allocator setting the container image and manifest use:
+/// freed memory returned to the system after 1 s rather than 10 ms (unless the
+/// environment already chooses).
+fn as_deployed(command: &mut Command) -> &mut Command {
+    command.env(
+        "MIMALLOC_PURGE_DELAY",
+        std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| "1000".into()),
+    )
+}
+
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
     samples[((samples.len() as f64 - 1.0) * p).round() as usize]
@@ -244,7 +254,7 @@ fn report(
 
 fn sync() {
     println!(
-        "initial sync: 4 simulated clusters over HTTPS (in their own process), pods only, side by side (each in its own process)"
+        "initial sync: 4 simulated clusters over HTTPS (in their own process), pods only, side by side (each in its own process, with the allocator setting deployed)"
     );
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
@@ -268,7 +278,7 @@ fn sync() {
     let mut figures: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for _ in 0..runs {
         for which in ["fleetscope", "reflector"] {
-            let out = Command::new(&exe)
+            let out = as_deployed(&mut Command::new(&exe))
                 .arg("--child")
                 .arg(which)
                 .arg(dir.path())
@@ -709,19 +719,13 @@ fn main() {
     if part.is_empty() || part == "fanout" {
         rt.block_on(fanout());
     }
-    // The persistence parts each run in a process of their own, with the allocator
-    // setting the container image uses (freed memory returned to the system after 1 s
-    // rather than 10 ms).
+    // The persistence parts each run in a process of their own, as deployed.
     let persist_parts = ["restart", "ingest", "churn"]
         .into_iter()
         .filter(|p| part.is_empty() || part == "persist" || part == *p);
     for p in persist_parts {
-        let status = Command::new(std::env::current_exe().unwrap())
+        let status = as_deployed(&mut Command::new(std::env::current_exe().unwrap()))
             .args(["--persist-child", p])
-            .env(
-                "MIMALLOC_PURGE_DELAY",
-                std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| "1000".into()),
-            )
             .status()
             .unwrap();
         assert!(status.success());
