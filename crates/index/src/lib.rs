@@ -12,6 +12,7 @@
 //! - [`Index::pin`] / [`Index::pinned`]: snapshots kept for paging until their TTL.
 
 mod object;
+mod owners;
 mod query;
 mod state;
 

@@ -282,6 +282,11 @@ impl Object {
         }
     }
 
+    /// The uid of the object's owner, when it has exactly one.
+    pub(crate) fn sole_owner(&self) -> Option<&Arc<str>> {
+        self.owner.as_ref()
+    }
+
     /// Values of the configured field indexes, as (JSON path, value).
     pub fn fields(&self) -> &[(Arc<str>, Arc<str>)] {
         &self.terms.fields

@@ -15,6 +15,7 @@ type HashMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
 use crate::object::{Entry, Interner, Object, ObjectInput, ObjectRef};
+use crate::owners::{GatheredOwners, OwnerIndex};
 
 /// One applied change, with the state before it, so filters can see transitions.
 #[derive(Debug)]
@@ -45,47 +46,15 @@ type FieldIndex = HashMap<FieldKey, Members>;
 /// every leaf they pass through half empty. Every other item goes in first, leaving
 /// leaves half full of those, each spanning twice as many places; the rest then fill
 /// the places each leaf already spans, and no leaf splits again.
-fn insert_in_order<A: Ord + Clone>(set: &mut OrdSet<A>, items: impl Iterator<Item = A> + Clone) {
+pub(crate) fn insert_in_order<A: Ord + Clone>(
+    set: &mut OrdSet<A>,
+    items: impl Iterator<Item = A> + Clone,
+) {
     for a in items.clone().step_by(2) {
         set.insert(a);
     }
     for a in items.skip(1).step_by(2) {
         set.insert(a);
-    }
-}
-
-/// Objects by the uids of their owners: one entry per (owner uid, object), ordered by
-/// uid, then key, so an owner's objects are one range. Most owners have a few objects
-/// and there are about a third as many owners as objects (a replica set's pods), so a
-/// pair in an ordered set costs far less than a map from each uid to its own set.
-pub(crate) type OwnerIndex = OrdSet<Owned>;
-
-/// One (owner uid, object) pair of the [`OwnerIndex`].
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Owned {
-    uid: Arc<str>,
-    entry: Entry,
-}
-
-/// Finds [`Owned`] pairs: those of an owner (`Owner`), or one of them (`Pair`).
-enum OwnedBy<'a> {
-    /// Before or after every pair of the uid.
-    Owner(&'a str, std::cmp::Ordering),
-    Pair(&'a str, &'a ObjectKey),
-}
-
-impl equivalent::Equivalent<Owned> for OwnedBy<'_> {
-    fn equivalent(&self, o: &Owned) -> bool {
-        equivalent::Comparable::compare(self, o).is_eq()
-    }
-}
-
-impl equivalent::Comparable<Owned> for OwnedBy<'_> {
-    fn compare(&self, o: &Owned) -> std::cmp::Ordering {
-        match *self {
-            OwnedBy::Owner(uid, side) => uid.cmp(&o.uid).then(side),
-            OwnedBy::Pair(uid, key) => uid.cmp(&o.uid).then_with(|| key.cmp(&o.entry.0.key)),
-        }
     }
 }
 
@@ -204,12 +173,7 @@ fn index_secondary(
             .or_default()
             .insert(entry.clone());
     }
-    for uid in o.owners() {
-        owners.insert(Owned {
-            uid: uid.clone(),
-            entry: entry.clone(),
-        });
-    }
+    owners.insert(o, entry);
     for (p, v) in o.fields() {
         fields
             .entry((r.clone(), p.clone(), v.clone()))
@@ -224,7 +188,7 @@ fn index_secondary(
 #[derive(Default)]
 struct Gathered {
     labels: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>>,
-    owners: Vec<Owned>,
+    owners: GatheredOwners,
     fields: StdHashMap<FieldKey, Vec<Entry>>,
 }
 
@@ -242,12 +206,7 @@ impl Gathered {
     }
 
     fn owners_and_fields_of(&mut self, o: &ObjectRef) {
-        for uid in o.owners() {
-            self.owners.push(Owned {
-                uid: uid.clone(),
-                entry: Entry(o.clone()),
-            });
-        }
+        self.owners.add(o);
         let r = &o.key.resource;
         for (p, v) in o.fields() {
             self.fields
@@ -270,15 +229,12 @@ impl Gathered {
     }
 
     fn add_owners_and_fields(
-        mut owners: Vec<Owned>,
+        owners: GatheredOwners,
         fields: StdHashMap<FieldKey, Vec<Entry>>,
         to_owners: &mut OwnerIndex,
         to_fields: &mut FieldIndex,
     ) {
-        // Gathered in key order: a stable sort by uid puts the pairs in the index's order.
-        owners.sort_by(|a, b| a.uid.cmp(&b.uid));
-        owners.dedup();
-        insert_in_order(to_owners, owners.into_iter());
+        owners.add_to(to_owners);
         for (k, members) in fields {
             to_fields.entry(k).or_default().extend_sorted(members);
         }
@@ -390,13 +346,7 @@ impl State {
 
     /// The objects owned by an owner uid.
     pub fn owned_by(&self, uid: &str) -> Vec<&ObjectRef> {
-        use std::cmp::Ordering::{Greater, Less};
-        use std::ops::Bound::Included;
-        let range = (
-            Included(OwnedBy::Owner(uid, Less)),
-            Included(OwnedBy::Owner(uid, Greater)),
-        );
-        self.owners.range(range).map(|o| &o.entry.0).collect()
+        self.owners.owned_by(uid)
     }
 
     fn index(&mut self, o: &ObjectRef) {
@@ -427,9 +377,7 @@ impl State {
                 }
             }
         }
-        for uid in o.owners() {
-            self.owners.remove(&OwnedBy::Pair(uid, &o.key));
-        }
+        self.owners.remove(o);
         for (p, v) in o.fields() {
             let fk = (r.clone(), p.clone(), v.clone());
             if let Some(set) = self.fields.get_mut(&fk) {
