@@ -136,9 +136,9 @@ fn cpu_time() -> Duration {
 
 /// The simulated clusters of the sync comparison, in their own process: writes the
 /// kubeconfig into `dir`, prints `ready BYTES`, serves until stdin closes.
-async fn sim_child(dir: &str) {
-    let pods = env_usize("FLEET_BENCH_PODS", 25_000);
-    let (_servers, _path, list_bytes) = pod_clusters(4, pods, std::path::Path::new(dir)).await;
+async fn sim_child(dir: &str, clusters: usize, pods: usize) {
+    let (_servers, _path, list_bytes) =
+        pod_clusters(clusters, pods, std::path::Path::new(dir)).await;
     println!("ready {list_bytes}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -147,6 +147,32 @@ async fn sim_child(dir: &str) {
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
     })
     .await;
+}
+
+/// Simulated clusters (`clusters` × `pods` pods, kubeconfig in `dir`) in a process of
+/// their own, running until its stdin closes; with the LIST bytes of their pods.
+fn spawn_sims(
+    dir: &std::path::Path,
+    clusters: usize,
+    pods: usize,
+) -> (std::process::Child, String) {
+    let mut sims = Command::new(std::env::current_exe().unwrap())
+        .arg("--sim-child")
+        .arg(dir)
+        .arg(clusters.to_string())
+        .arg(pods.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sims.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let bytes = line.trim().strip_prefix("ready ").unwrap().to_string();
+    (sims, bytes)
 }
 
 /// One side of the sync comparison, in its own process (the simulated clusters in
@@ -258,20 +284,8 @@ fn sync() {
     );
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
-    let mut sims = Command::new(&exe)
-        .arg("--sim-child")
-        .arg(dir.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(sims.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let bytes = line.trim().strip_prefix("ready ").unwrap().to_string();
+    let pods = env_usize("FLEET_BENCH_PODS", 25_000);
+    let (mut sims, bytes) = spawn_sims(dir.path(), 4, pods);
     // Runs alternate between the two, several each: a single run's CPU time varies
     // with what the kernel has to do for its memory (zeroing, compacting huge pages).
     let runs = env_usize("FLEET_BENCH_RUNS", 5);
@@ -690,18 +704,29 @@ fn main() {
         .build()
         .unwrap();
     if args.first().map(String::as_str) == Some("--sim-child") {
-        rt.block_on(sim_child(&args[1]));
+        let pods = env_usize("FLEET_BENCH_PODS", 25_000);
+        let count = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().unwrap());
+        rt.block_on(sim_child(&args[1], count(2, 4), count(3, pods)));
         return;
     }
     if args.first().map(String::as_str) == Some("--child") {
         rt.block_on(sync_child(&args[1], &args[2], args[3].parse().unwrap()));
         return;
     }
+    if args.first().map(String::as_str) == Some("--restart-child") {
+        let n = |i: usize| args[i].parse::<usize>().unwrap();
+        rt.block_on(restart_child(
+            &args[1],
+            n(2),
+            n(3),
+            args[4].parse().unwrap(),
+        ));
+        return;
+    }
     if args.first().map(String::as_str) == Some("--persist-child") {
         match args.get(1).map(String::as_str) {
             Some("ingest") => rt.block_on(persisted_ingest()),
-            Some("churn") => rt.block_on(churned_disk()),
-            _ => rt.block_on(persist()),
+            _ => rt.block_on(churned_disk()),
         }
         return;
     }
@@ -724,6 +749,10 @@ fn main() {
         .into_iter()
         .filter(|p| part.is_empty() || part == "persist" || part == *p);
     for p in persist_parts {
+        if p == "restart" {
+            persist();
+            continue;
+        }
         let status = as_deployed(&mut Command::new(std::env::current_exe().unwrap()))
             .args(["--persist-child", p])
             .status()
@@ -785,80 +814,97 @@ async fn wait_written(engine: &Engine) {
     }
 }
 
-async fn persist() {
+/// The restart part: the simulated clusters in a process of their own, and the cold
+/// start and then each restart in a process of its own, as a restart is.
+fn persist() {
     let clusters = 10;
     let total = env_usize("FLEET_BENCH_STORED", 1_000_000);
     let per = total / clusters;
     println!(
-        "persist: {clusters} simulated clusters × {per} pods over HTTPS; a cold start into an empty store, then a restart from it"
+        "persist: {clusters} simulated clusters × {per} pods over HTTPS; a cold start into an empty store, then restarts from it, each in a process of its own"
     );
     let dir = tempfile::tempdir().unwrap();
-    let (servers, path, _) = pod_clusters(clusters, per, dir.path()).await;
-    let sources = fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap();
-    let data = dir.path().join("data");
+    let (mut sims, _) = spawn_sims(dir.path(), clusters, per);
+    let mut cold = String::from("0");
+    for n in 0..=env_usize("FLEET_BENCH_RESTARTS", 3) {
+        let out = as_deployed(&mut Command::new(std::env::current_exe().unwrap()))
+            .arg("--restart-child")
+            .arg(dir.path())
+            .args([n.to_string(), total.to_string(), cold.clone()])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            match line.strip_prefix("#cold ") {
+                Some(c) => cold = c.to_string(),
+                None => println!("{line}"),
+            }
+        }
+    }
+    drop(sims.stdin.take());
+    sims.wait().unwrap();
+}
+
+/// LIST requests the simulated clusters have served, read from their `/metrics`.
+async fn sim_lists(sources: &[fleetscope_informer::ClusterSource]) -> u64 {
+    let mut lists = 0;
+    for source in sources {
+        let config = fleetscope_informer::source::config(source).await.unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let metrics = http::Request::get("/metrics").body(Vec::new()).unwrap();
+        let text = client.request_text(metrics).await.unwrap();
+        lists += text
+            .lines()
+            .filter(|l| l.starts_with("sim_requests_total{verb=\"LIST\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    lists
+}
+
+/// The cold start (`n` = 0: LIST everything into an empty store) or restart `n` from
+/// the store in `dir`: to the first answered List, then until every watch has resumed.
+async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
+    let dir = std::path::Path::new(dir);
+    let sources =
+        fleetscope::sources::resolve(std::slice::from_ref(&dir.join("kubeconfig")), &[]).unwrap();
+    let data = dir.join("data");
     let config = EngineConfig {
         resources: vec!["pods".into()],
         ..EngineConfig::default()
     };
-
+    let lists_before = sim_lists(&sources).await;
     let t = Instant::now();
     let opened = fleetscope_store::SledStore::open(&data).unwrap();
-    let engine = Engine::start_with_store(
-        sources.clone(),
-        config.clone(),
-        Arc::new(opened.store),
-        opened.loaded,
-    );
-    wait_synced(&engine, total).await;
-    let cold = t.elapsed();
-    wait_written(&engine).await;
-    let written = t.elapsed();
-    let json = held_json(&engine.index);
-    engine.shutdown(Duration::from_secs(30)).await;
-    drop(engine);
-    let disk = dir_size(&data);
-    println!(
-        "  cold start (LIST every cluster): {total} objects synced in {:.2} s, all on disk after {:.2} s; disk {:.0} MB ÷ pruned JSON {:.0} MB = {:.2}",
-        cold.as_secs_f64(),
-        written.as_secs_f64(),
-        disk as f64 / 1e6,
-        json as f64 / 1e6,
-        disk as f64 / json as f64
-    );
-    let restarts = env_usize("FLEET_BENCH_RESTARTS", 3);
-    for n in 1..=restarts {
-        restart(&servers, &sources, &config, &data, total, cold, n).await;
-    }
-    for s in servers {
-        s.shutdown().await;
-    }
-}
-
-/// One restart from the store in `data`: to the first answered List, then until every
-/// watch has resumed.
-async fn restart(
-    servers: &[SimServer],
-    sources: &[fleetscope_informer::ClusterSource],
-    config: &EngineConfig,
-    data: &std::path::Path,
-    total: usize,
-    cold: Duration,
-    n: usize,
-) {
-    for s in servers {
-        s.cluster().reset_counters();
-    }
-
-    let t = Instant::now();
-    let opened = fleetscope_store::SledStore::open(data).unwrap();
     let loaded_at = t.elapsed();
     let engine = Engine::start_with_store(
-        sources.to_vec(),
-        config.clone(),
+        sources.clone(),
+        config,
         Arc::new(opened.store),
         opened.loaded,
     );
     let restored_at = t.elapsed();
+    if n == 0 {
+        wait_synced(&engine, total).await;
+        let cold = t.elapsed();
+        wait_written(&engine).await;
+        let written = t.elapsed();
+        let json = held_json(&engine.index);
+        engine.shutdown(Duration::from_secs(30)).await;
+        let disk = dir_size(&data);
+        let lists = sim_lists(&sources).await - lists_before;
+        println!(
+            "  cold start ({lists} LIST requests): {total} objects synced in {:.2} s, all on disk after {:.2} s; disk {:.0} MB ÷ pruned JSON {:.0} MB = {:.2}",
+            cold.as_secs_f64(),
+            written.as_secs_f64(),
+            disk as f64 / 1e6,
+            json as f64 / 1e6,
+            disk as f64 / json as f64
+        );
+        println!("#cold {}", cold.as_secs_f64());
+        return;
+    }
     let url = serve_index(&engine).await;
     let mut c = FleetClient::connect(url)
         .await
@@ -880,10 +926,7 @@ async fn restart(
     assert_eq!(first.items.len(), 500);
     wait_synced(&engine, total).await;
     let synced = t.elapsed();
-    let lists: u64 = servers
-        .iter()
-        .map(|s| s.cluster().requests_of(fleetscope_sim::Verb::List))
-        .sum();
+    let lists = sim_lists(&sources).await - lists_before;
     println!(
         "  restart {n}: store opened and verified in {:.2} s, index rebuilt at {:.2} s ({:.0} objects/s), first List answered at {:.2} s (goal ≤ 4 s), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}",
         loaded_at.as_secs_f64(),
@@ -891,7 +934,7 @@ async fn restart(
         total as f64 / restored_at.as_secs_f64(),
         answered.as_secs_f64(),
         synced.as_secs_f64(),
-        cold.as_secs_f64() / answered.as_secs_f64()
+        cold / answered.as_secs_f64()
     );
     engine.shutdown(Duration::from_secs(30)).await;
 }
