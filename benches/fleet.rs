@@ -686,10 +686,17 @@ async fn fanout() {
     println!(
         "watch fan-out: {subscribers} subscribers with mixed filters over loopback gRPC, {rate} events/s for 10 s"
     );
-    let base = fanout_round(subscribers, false, rate, 10).await;
-    let with = fanout_round(subscribers, true, rate, 10).await;
+    // Rounds alternate, several each (FLEET_BENCH_FANOUT_RUNS, 3 by default): a
+    // millisecond p99 on two cores moves from round to round by more than the goal.
+    let runs = env_usize("FLEET_BENCH_FANOUT_RUNS", 3);
+    let (mut base, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        base.push(fanout_round(subscribers, false, rate, 10).await);
+        with.push(fanout_round(subscribers, true, rate, 10).await);
+    }
+    let (base, with) = (percentile(&mut base, 0.5), percentile(&mut with, 0.5));
     println!(
-        "  p99 moved {:+.0}% with a subscriber that never reads (goal ≤ 10%; goal p99 ≤ 50 ms)",
+        "  median p99 of {runs} rounds each: {base:?}, with a subscriber that never reads {with:?}: moved {:+.0}% (goal ≤ 10%; goal p99 ≤ 50 ms)",
         (with.as_secs_f64() / base.as_secs_f64() - 1.0) * 100.0
     );
 }
