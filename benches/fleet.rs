@@ -39,6 +39,25 @@ fn rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Runs this bench as a child process, as deployed, with `args`: prints what it prints,
+/// except the lines that start with `marker`, whose rest it returns.
+fn run_child(args: &[&str], marker: &str) -> Vec<String> {
+    let out = as_deployed(&mut Command::new(std::env::current_exe().unwrap()))
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?}: {}", out.status);
+    let mut marked = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        match line.strip_prefix(marker) {
+            Some(rest) => marked.push(rest.to_string()),
+            None => println!("{line}"),
+        }
+    }
+    marked
+}
+
 /// A child process with the allocator setting the container image and manifest use:
 /// freed memory returned to the system after 1 s rather than 10 ms (unless the
 /// environment already chooses).
@@ -283,7 +302,6 @@ fn sync() {
         "initial sync: 4 simulated clusters over HTTPS (in their own process), pods only, side by side (each in its own process, with the allocator setting deployed)"
     );
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let pods = env_usize("FLEET_BENCH_PODS", 25_000);
     let (mut sims, bytes) = spawn_sims(dir.path(), 4, pods);
     // Runs alternate between the two, several each: a single run's CPU time varies
@@ -292,23 +310,10 @@ fn sync() {
     let mut figures: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for _ in 0..runs {
         for which in ["fleetscope", "reflector"] {
-            let out = as_deployed(&mut Command::new(&exe))
-                .arg("--child")
-                .arg(which)
-                .arg(dir.path())
-                .arg(&bytes)
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .unwrap();
-            assert!(out.status.success());
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                match line.strip_prefix("#figures ") {
-                    Some(f) => {
-                        let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
-                        figures.entry(which).or_default().push((f[0], f[1], f[2]));
-                    }
-                    None => println!("{line}"),
-                }
+            let dir = dir.path().to_string_lossy();
+            for f in run_child(&["--child", which, &dir, &bytes], "#figures ") {
+                let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
+                figures.entry(which).or_default().push((f[0], f[1], f[2]));
             }
         }
     }
@@ -834,19 +839,16 @@ fn persist() {
     let (mut sims, _) = spawn_sims(dir.path(), clusters, per);
     let mut cold = String::from("0");
     for n in 0..=env_usize("FLEET_BENCH_RESTARTS", 3) {
-        let out = as_deployed(&mut Command::new(std::env::current_exe().unwrap()))
-            .arg("--restart-child")
-            .arg(dir.path())
-            .args([n.to_string(), total.to_string(), cold.clone()])
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            match line.strip_prefix("#cold ") {
-                Some(c) => cold = c.to_string(),
-                None => println!("{line}"),
-            }
+        let dir = dir.path().to_string_lossy();
+        let args = [
+            "--restart-child",
+            &dir,
+            &n.to_string(),
+            &total.to_string(),
+            &cold,
+        ];
+        if let Some(c) = run_child(&args, "#cold ").pop() {
+            cold = c;
         }
     }
     drop(sims.stdin.take());

@@ -101,18 +101,32 @@ impl Comparable<Sole> for OwnedBy<'_> {
     }
 }
 
+/// The owner-index entries of an object: one for a sole owner, else one pair per owner.
+fn entries(o: &Object, entry: &Entry, mut sole: impl FnMut(Sole), mut pair: impl FnMut(Owned)) {
+    if o.sole_owner().is_some() {
+        return sole(Sole(entry.clone()));
+    }
+    for uid in o.owners() {
+        pair(Owned {
+            uid: uid.clone(),
+            entry: entry.clone(),
+        });
+    }
+}
+
 impl OwnerIndex {
     pub(crate) fn insert(&mut self, o: &Object, entry: &Entry) {
-        if o.sole_owner().is_some() {
-            self.sole.insert(Sole(entry.clone()));
-            return;
-        }
-        for uid in o.owners() {
-            self.several.insert(Owned {
-                uid: uid.clone(),
-                entry: entry.clone(),
-            });
-        }
+        let OwnerIndex { sole, several } = self;
+        entries(
+            o,
+            entry,
+            |s| {
+                sole.insert(s);
+            },
+            |p| {
+                several.insert(p);
+            },
+        );
     }
 
     pub(crate) fn remove(&mut self, o: &Object) {
@@ -146,22 +160,14 @@ impl OwnerIndex {
 /// added at the end, each kind in the index's order.
 #[derive(Default)]
 pub(crate) struct GatheredOwners {
-    sole: Vec<Entry>,
+    sole: Vec<Sole>,
     several: Vec<Owned>,
 }
 
 impl GatheredOwners {
     pub(crate) fn add(&mut self, o: &ObjectRef) {
-        if o.sole_owner().is_some() {
-            self.sole.push(Entry(o.clone()));
-            return;
-        }
-        for uid in o.owners() {
-            self.several.push(Owned {
-                uid: uid.clone(),
-                entry: Entry(o.clone()),
-            });
-        }
+        let GatheredOwners { sole, several } = self;
+        entries(o, &Entry(o.clone()), |s| sole.push(s), |p| several.push(p));
     }
 
     pub(crate) fn add_to(self, index: &mut OwnerIndex) {
@@ -170,8 +176,8 @@ impl GatheredOwners {
             mut several,
         } = self;
         // Gathered in key order: a stable sort by uid puts them in the index's order.
-        sole.sort_by(|a, b| a.0.sole_owner().cmp(&b.0.sole_owner()));
-        insert_in_order(&mut index.sole, sole.into_iter().map(Sole));
+        sole.sort_by(|a, b| a.uid().cmp(b.uid()));
+        insert_in_order(&mut index.sole, sole.into_iter());
         several.sort_by(|a, b| a.uid.cmp(&b.uid));
         several.dedup();
         insert_in_order(&mut index.several, several.into_iter());
