@@ -9,8 +9,8 @@ use imbl::{OrdMap, OrdSet};
 /// A plain hash map, for gathering what a restore then makes persistent.
 type StdHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// A persistent hash map with a fast keyed hash (label keys and values, owner uids and
-/// field values are short strings).
+/// A persistent hash map with a fast keyed hash (label keys and values and field values
+/// are short strings).
 type HashMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
@@ -58,8 +58,8 @@ pub(crate) fn insert_in_order<A: Ord + Clone>(
     }
 }
 
-/// The objects one secondary-index value names. Most values name a few objects (an
-/// owner's pods, one pod IP), held as a small sorted vector; past [`Members::FEW`] they
+/// The objects one label or field value names. Many values name a few objects (one pod
+/// IP, a rare label), held as a small sorted vector; past [`Members::FEW`] they
 /// move to a persistent set.
 #[derive(Clone, Debug)]
 pub(crate) enum Members {
@@ -182,9 +182,10 @@ fn index_secondary(
     }
 }
 
-/// Secondary-index entries of many objects, gathered in plain hash maps (each value's
-/// members in key order, as the objects arrive), then added to the persistent indexes
-/// with one lookup per value rather than one per object.
+/// Secondary-index entries of many objects, gathered in plain hash maps and vectors
+/// (each value's members in key order, as the objects arrive), then added to the
+/// persistent indexes with one lookup per value rather than one per object, each set
+/// filled in order.
 #[derive(Default)]
 struct Gathered {
     labels: StdHashMap<LabelKey, StdHashMap<Arc<str>, Vec<Entry>>>,
@@ -288,7 +289,7 @@ pub struct State {
     pub(crate) objects: KeySet,
     /// (resource, label key) → label value → objects.
     pub(crate) labels: LabelIndex,
-    /// (owner uid, object).
+    /// Objects by owner uid.
     pub(crate) owners: OwnerIndex,
     /// (resource, field path, value) → objects.
     pub(crate) fields: FieldIndex,
@@ -412,9 +413,9 @@ impl State {
     /// their own revisions and no events, as `restored` makes them: batch by batch,
     /// the calling thread makes the objects, and three more take each batch: one into
     /// the primary set and counts, one gathering the label index, one the owner and
-    /// field indexes. Secondary entries are gathered in plain hash maps, each value's
-    /// members arriving in key order, and made persistent once at the end: a set
-    /// built from sorted members rather than a persistent map updated per object.
+    /// field indexes. Secondary entries are gathered as they come, each value's members
+    /// in key order, and made persistent once at the end: a set built from sorted
+    /// members rather than a persistent map updated per object.
     pub(crate) fn restore_all(&mut self, restored: impl Iterator<Item = ObjectRef>) {
         const BATCH: usize = 4096;
         type Batch = Arc<Vec<ObjectRef>>;
