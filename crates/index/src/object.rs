@@ -7,12 +7,11 @@ use std::sync::Arc;
 use fleetscope_model::selector::{Fields, Labels, json_path, scalar_text};
 use fleetscope_model::{Location, ObjectKey, Revision};
 
-/// A hash set with a fast keyed hash.
-type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+use crate::HashSet;
 
 /// Shares what many objects repeat (resource names, namespaces, label keys and values,
-/// owner uids, whole label and field sets) so each is held once. Bounded: past its capacity, new
-/// values are still used, only not shared.
+/// owner uids, whole label and field sets) so each is held once. Bounded: past its
+/// capacity, new values are still used, only not shared.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
     strings: HashSet<Arc<str>>,
