@@ -11,7 +11,7 @@ use fleetscope_informer::discovery::{self, Served};
 use fleetscope_informer::source::{self, ClusterSource};
 use fleetscope_informer::stream::{self, Backoff, StreamConfig, StreamId, Update};
 use fleetscope_model::selector::{json_path, scalar_text};
-use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType};
+use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType, Revision};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -148,6 +148,8 @@ pub struct Engine {
     /// Every resource type collected in some cluster.
     pub types: Types,
     persister: Option<Arc<Persister>>,
+    /// Set when the index was restored from a store holding data.
+    restored: Arc<std::sync::atomic::AtomicBool>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -179,10 +181,16 @@ fn restore_stream(
 }
 
 impl Engine {
-    /// Starts informers for every source and the ingest, in memory only.
+    /// Starts informers for every source and the ingest, in memory only. Revisions
+    /// begin above anything an earlier run issued ([`Revision::fresh_start`]), so a
+    /// client's revision from before is refused, never taken for another change.
     pub fn start(sources: Vec<ClusterSource>, config: EngineConfig) -> Self {
-        let index = Arc::new(Index::new(config.index.clone()));
-        Self::start_inner(sources, config, index, None, HashMap::new())
+        let index = Arc::new(Index::starting_after(
+            config.index.clone(),
+            Revision::fresh_start(),
+        ));
+        let status = StatusTable::default();
+        Self::start_inner(sources, config, index, status, None, HashMap::new())
     }
 
     /// Starts from what a store holds: the index is rebuilt at once, each stored stream
@@ -201,22 +209,38 @@ impl Engine {
             .map(|s| ClusterName::from(s.name.as_str()))
             .collect();
         reindex_fields(&mut loaded, &config.index.field_indexes);
-        let continued = persist::Continued::of(&loaded);
+        let mut continued = persist::Continued::of(&loaded);
         let streams = std::mem::take(&mut loaded.streams);
         let objects = loaded.objects.len();
-        let index = Arc::new(Index::restore(
-            config.index.clone(),
-            persist::restored(&mut loaded),
-        ));
+        // A store with nothing in it (new, or one moved aside as damaged) continues
+        // nothing: its revisions begin above anything an earlier run issued, and the
+        // first write keeps that start on disk.
+        let fresh = loaded.revision == Revision(0) && objects == 0 && streams.is_empty();
+        let index = Arc::new(if fresh {
+            continued.revision = Revision::fresh_start();
+            Index::starting_after(config.index.clone(), continued.revision)
+        } else {
+            Index::restore(config.index.clone(), persist::restored(&mut loaded))
+        });
         let revision = index.snapshot().revision();
         tracing::info!(objects, streams = streams.len(), %revision, took = ?started.elapsed(), "restored the index from the store");
         let mut persist_config = config.persist.clone();
         persist_config.log_retention = config.index.log_retention;
-        let persister = Arc::new(Persister::new(store, persist_config, continued));
+        let status = StatusTable::default();
+        let persister = Arc::new(Persister::new(
+            store,
+            persist_config,
+            continued,
+            index.clone(),
+            status.clone(),
+        ));
         persister.record_config(
             configured.iter().cloned().collect(),
             config.index.field_indexes.clone(),
         );
+        if fresh {
+            persister.write_snapshot_of(index.snapshot());
+        }
         let mut held: std::collections::BTreeSet<ClusterName> = index
             .snapshot()
             .counts()
@@ -231,12 +255,12 @@ impl Engine {
                 continue;
             }
             tracing::info!(cluster = %gone, "cluster no longer configured: deleting its stored objects");
-            let events = index.apply([Change::RemoveCluster(gone.clone())]);
+            let staged = index.stage([Change::RemoveCluster(gone.clone())]);
             let dropped = streams
                 .iter()
                 .filter(|s| &s.cluster == gone)
                 .map(|s| (s.cluster.clone(), s.resource.clone(), None));
-            persister.record(&index, &events, dropped);
+            persister.record(staged, dropped, ProgressLog::default());
         }
         let mut resume: HashMap<ClusterName, Resume> = HashMap::new();
         let mut kept_streams = Vec::new();
@@ -250,9 +274,14 @@ impl Engine {
                 );
             }
         }
-        let engine = Self::start_inner(sources, config, index, Some(persister), resume);
+        let restored = !fresh;
+        let engine = Self::start_inner(sources, config, index, status, Some(persister), resume);
+        engine
+            .restored
+            .store(restored, std::sync::atomic::Ordering::Relaxed);
         for c in &kept {
             engine.status.add_cluster(c, "", BTreeMap::new());
+            engine.status.update(c, |s| s.discovered = true);
         }
         for s in kept_streams {
             restore_stream(
@@ -276,10 +305,10 @@ impl Engine {
         sources: Vec<ClusterSource>,
         config: EngineConfig,
         index: Arc<Index>,
+        status: StatusTable,
         persister: Option<Arc<Persister>>,
         mut resume: HashMap<ClusterName, Resume>,
     ) -> Self {
-        let status = StatusTable::default();
         let types: Types = Arc::default();
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -341,9 +370,29 @@ impl Engine {
             status,
             types,
             persister,
+            restored: Arc::default(),
             cancel,
             tasks,
         }
+    }
+
+    /// Resolves once [`Engine::is_ready`] holds.
+    pub async fn wait_ready(&self) {
+        while !self.is_ready() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether the engine can answer for its fleet: its index was restored from a
+    /// store, or every cluster has been discovered once (or has failed: an
+    /// unreachable cluster is reported, not waited for).
+    pub fn is_ready(&self) -> bool {
+        self.restored.load(std::sync::atomic::Ordering::Relaxed)
+            || self
+                .status
+                .clusters()
+                .iter()
+                .all(|c| c.discovered || c.error.is_some())
     }
 
     /// Persistence figures, when running with a store.
@@ -352,7 +401,7 @@ impl Engine {
     }
 
     /// The persister, when running with a store.
-    pub(crate) fn persister(&self) -> Option<Arc<Persister>> {
+    pub fn persister(&self) -> Option<Arc<Persister>> {
         self.persister.clone()
     }
 
@@ -440,6 +489,7 @@ async fn run_cluster(
                     &cancel,
                 )
                 .await;
+                status.update(&name, |c| c.discovered = true);
                 config.rediscovery
             }
             Err(e) => {
@@ -707,28 +757,77 @@ async fn ingest(
                 } => after.push((stream, Progress::State(state, error))),
             }
         }
-        let events = index.apply(changes);
-        if let Some(p) = &persister {
-            // The events and the resume points they imply go to the store together.
-            p.record(
-                &index,
-                &events,
-                after.iter().filter_map(|(stream, progress)| {
-                    let rv = match progress {
-                        Progress::Listed(rv) | Progress::Event(rv) | Progress::Bookmark(rv)
-                            if !rv.is_empty() =>
-                        {
-                            Some((rv.clone(), stream.selection.clone()))
-                        }
-                        Progress::Dropped => None,
-                        _ => return None,
-                    };
-                    Some((stream.cluster.clone(), stream.resource.clone(), rv))
-                }),
-            );
-            p.backpressure().await;
-        }
+        // The resume points the batch implies, written with its events.
+        let resume_points: Vec<_> = after
+            .iter()
+            .filter_map(|(stream, progress)| {
+                let rv = match progress {
+                    Progress::Listed(rv) | Progress::Event(rv) | Progress::Bookmark(rv)
+                        if !rv.is_empty() =>
+                    {
+                        Some((rv.clone(), stream.selection.clone()))
+                    }
+                    Progress::Dropped => None,
+                    _ => return None,
+                };
+                Some((stream.cluster.clone(), stream.resource.clone(), rv))
+            })
+            .collect();
+        let mut log = ProgressLog::default();
         for (stream, progress) in after {
+            log.push(stream, progress);
+        }
+        match &persister {
+            // Visible once durable: the persister publishes the batch and its progress.
+            Some(p) => {
+                p.record(index.stage(changes), resume_points, log);
+                p.backpressure().await;
+            }
+            None => {
+                index.apply(changes);
+                log.apply(&status);
+            }
+        }
+    }
+}
+
+/// Stream progress in the order it happened, waiting to be reported with the batch
+/// it belongs to. Consecutive events and bookmarks of one stream fold into one entry,
+/// so a backlog that waits on a slow store stays small.
+#[derive(Default)]
+pub struct ProgressLog {
+    entries: Vec<(Arc<StreamId>, Progress)>,
+    /// Each stream's last entry.
+    last: HashMap<(ClusterName, Arc<str>), usize>,
+}
+
+impl ProgressLog {
+    fn push(&mut self, stream: Arc<StreamId>, progress: Progress) {
+        let key = (stream.cluster.clone(), stream.name.clone());
+        if let Some(&i) = self.last.get(&key)
+            && let Some(folded) = self.entries[i].1.fold(&progress)
+        {
+            self.entries[i].1 = folded;
+            return;
+        }
+        self.last.insert(key, self.entries.len());
+        self.entries.push((stream, progress));
+    }
+
+    /// Appends later progress.
+    pub(crate) fn append(&mut self, later: ProgressLog) {
+        for (stream, progress) in later.entries {
+            self.push(stream, progress);
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Reports the progress to the status table, in order.
+    pub(crate) fn apply(self, status: &StatusTable) {
+        for (stream, progress) in self.entries {
             let (cluster, rt) = (&stream.cluster, &stream.resource);
             match progress {
                 Progress::Dropped => {}
@@ -741,7 +840,7 @@ async fn ingest(
     }
 }
 
-/// What an update says about its stream, recorded once its batch is applied.
+/// What an update says about its stream, recorded once its batch is visible.
 enum Progress {
     /// The stream's type is gone: its objects were dropped.
     Dropped,
@@ -749,6 +848,19 @@ enum Progress {
     Event(String),
     Bookmark(String),
     State(fleetscope_informer::StreamState, Option<String>),
+}
+
+impl Progress {
+    /// One entry for this and `later`, when both are events or bookmarks: the later
+    /// resourceVersion, an event if either was.
+    fn fold(&self, later: &Progress) -> Option<Progress> {
+        match (self, later) {
+            (Progress::Event(_), Progress::Event(rv) | Progress::Bookmark(rv))
+            | (Progress::Bookmark(_), Progress::Event(rv)) => Some(Progress::Event(rv.clone())),
+            (Progress::Bookmark(_), Progress::Bookmark(rv)) => Some(Progress::Bookmark(rv.clone())),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

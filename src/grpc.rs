@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use fleetscope_index::{GroupBy, Index, IndexError, Object, State, transition};
+use fleetscope_index::{FeedError, GroupBy, Index, IndexError, Object, State, transition};
 use fleetscope_informer::discovery::{self, Served};
 use fleetscope_model::{
     ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey, ResourceType, Revision,
@@ -44,9 +44,17 @@ impl Default for ServiceConfig {
     }
 }
 
-/// The Fleet service.
+/// The Fleet service. It can serve before the engine exists (while a store loads):
+/// until then every call is `UNAVAILABLE`, which clients retry.
 #[derive(Clone)]
 pub struct FleetService {
+    serving: Arc<OnceLock<Serving>>,
+    config: ServiceConfig,
+    shutdown: CancellationToken,
+}
+
+/// What the service answers from: the running engine's parts.
+struct Serving {
     index: Arc<Index>,
     status: StatusTable,
     types: crate::engine::Types,
@@ -62,21 +70,46 @@ impl FleetService {
         config: ServiceConfig,
         shutdown: CancellationToken,
     ) -> Self {
+        let service = Self::starting(config, shutdown);
+        service.serve_engine(engine);
+        service
+    }
+
+    /// A service with no engine yet: every call answers `UNAVAILABLE` until
+    /// [`FleetService::serve_engine`].
+    pub fn starting(config: ServiceConfig, shutdown: CancellationToken) -> Self {
         Self {
-            index: engine.index.clone(),
-            status: engine.status.clone(),
-            types: engine.types.clone(),
-            persister: engine.persister(),
+            serving: Arc::default(),
             config,
             shutdown,
         }
     }
 
-    /// How many clusters are configured.
-    pub fn cluster_count(&self) -> usize {
-        self.status.clusters().len()
+    /// Starts answering from `engine` (once; later calls change nothing).
+    pub fn serve_engine(&self, engine: &crate::engine::Engine) {
+        let _ = self.serving.set(Serving {
+            index: engine.index.clone(),
+            status: engine.status.clone(),
+            types: engine.types.clone(),
+            persister: engine.persister(),
+            config: self.config.clone(),
+            shutdown: self.shutdown.clone(),
+        });
     }
 
+    /// How many clusters are configured (none while starting).
+    pub fn cluster_count(&self) -> usize {
+        self.serving.get().map_or(0, |s| s.status.clusters().len())
+    }
+
+    fn serving(&self) -> Result<&Serving, Status> {
+        self.serving.get().ok_or_else(|| {
+            Status::unavailable("fleetscope is starting: its store is being loaded; retry shortly")
+        })
+    }
+}
+
+impl Serving {
     fn resolve_resource(&self, name: &str) -> Result<ResourceType, Status> {
         if name.trim().is_empty() {
             return Err(Status::invalid_argument(
@@ -94,6 +127,20 @@ impl FleetService {
         let resolved = discovery::resolve(&[name.to_string()], &served);
         if let Some(rt) = resolved.resources.into_iter().next() {
             return Ok(rt);
+        }
+        // Not known yet is not unknown: a cluster still being discovered may serve it.
+        let discovering: Vec<String> = self
+            .status
+            .clusters()
+            .into_iter()
+            .filter(|c| !c.discovered && c.error.is_none())
+            .map(|c| c.name.to_string())
+            .collect();
+        if !discovering.is_empty() {
+            return Err(Status::unavailable(format!(
+                "resource type {name:?} is not known yet: fleetscope is still discovering cluster(s) {}; retry shortly",
+                discovering.join(", ")
+            )));
         }
         let mut close: Vec<(usize, String)> = types
             .keys()
@@ -311,17 +358,18 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
+        let serving = self.serving()?;
         let r = request.into_inner();
-        let rt = self.resolve_resource(&r.resource)?;
+        let rt = serving.resolve_resource(&r.resource)?;
         let cluster = ClusterName::from(r.cluster.as_str());
-        let status = self
+        let status = serving
             .status
             .cluster(&cluster)
             .ok_or_else(|| Status::not_found(format!("no cluster named {:?}", r.cluster)))?;
         if r.name.is_empty() {
             return Err(Status::invalid_argument("name is required"));
         }
-        let snapshot = self.index.snapshot();
+        let snapshot = serving.index.snapshot();
         let key = ObjectKey::new(&rt.name(), &cluster, &r.namespace, &r.name);
         let projection = r.projection();
         let object = snapshot.get(&key).ok_or_else(|| {
@@ -348,28 +396,29 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
+        let serving = self.serving()?;
         let r = request.into_inner();
         let (query, snapshot, after): (proto::Query, Arc<State>, Option<ObjectKey>) = if r
             .page_token
             .is_empty()
         {
-            (r.query.unwrap_or_default(), self.index.snapshot(), None)
+            (r.query.unwrap_or_default(), serving.index.snapshot(), None)
         } else {
             let (revision, query, after) = decode_token(&r.page_token)?;
-            let snapshot = self.index.pinned(revision).ok_or_else(|| {
+            let snapshot = serving.index.pinned(revision).ok_or_else(|| {
                 Status::out_of_range(format!("the page token expired: its snapshot at revision {revision} is no longer held; start the list again"))
             })?;
             (query, snapshot, Some(after))
         };
-        let built = self.build(&query)?;
+        let built = serving.build(&query)?;
         let limit = match r.limit {
-            0 => self.config.default_limit,
-            n => n.min(self.config.max_limit),
+            0 => serving.config.default_limit,
+            n => n.min(serving.config.max_limit),
         } as usize;
         let page = snapshot.page(&built.query, after.as_ref(), limit);
         let next_page_token = match &page.next {
             Some(last) => {
-                self.index.pin(snapshot.clone());
+                serving.index.pin(snapshot.clone());
                 encode_token(snapshot.revision(), &query, last)
             }
             None => String::new(),
@@ -392,6 +441,7 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::CountRequest>,
     ) -> Result<Response<proto::CountResponse>, Status> {
+        let serving = self.serving()?;
         let r = request.into_inner();
         let group_by = r
             .group_by
@@ -404,8 +454,8 @@ impl Fleet for FleetService {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let built = self.build(&r.query.unwrap_or_default())?;
-        let snapshot = self.index.snapshot();
+        let built = serving.build(&r.query.unwrap_or_default())?;
+        let snapshot = serving.index.snapshot();
         let counts = snapshot.count(&built.query, &group_by);
         Ok(Response::new(proto::CountResponse {
             groups: counts
@@ -426,24 +476,26 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let serving = self.serving()?;
         let r = request.into_inner();
-        let built = self.build(&r.query.unwrap_or_default())?;
+        let built = serving.build(&r.query.unwrap_or_default())?;
         let since = match (r.send_initial_events, r.since_revision) {
             (true, _) | (false, 0) => None,
             (false, n) => Some(Revision(n)),
         };
-        let sub = self.index.subscribe(since).map_err(index_error)?;
+        let sub = serving.index.subscribe(since).map_err(index_error)?;
         let interval = r
             .bookmark_interval
             .and_then(|d| Duration::try_from(d).ok())
             .filter(|d| !d.is_zero())
-            .unwrap_or(self.config.bookmark_interval)
+            .unwrap_or(serving.config.bookmark_interval)
             .max(Duration::from_millis(10));
         let clusters: Vec<String> = match &built.query.clusters {
             Some(cs) => cs.iter().map(ToString::to_string).collect(),
             None => Vec::new(),
         };
-        // A short hand-off: the subscriber's real bound is the index's subscriber buffer.
+        // A short hand-off: the subscriber's real bound is the index's subscriber buffer
+        // and event log, which it pulls from.
         let (tx, rx) = mpsc::channel(8);
         let job = WatchJob {
             query: built.query,
@@ -451,10 +503,9 @@ impl Fleet for FleetService {
             clusters,
             initial: r.send_initial_events,
             interval,
-            statuses: self.status.subscribe(),
-            shutdown: self.shutdown.clone(),
+            statuses: serving.status.subscribe(),
+            shutdown: serving.shutdown.clone(),
             tx,
-            index: self.index.clone(),
         };
         tokio::spawn(job.run(sub));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -464,12 +515,13 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::ListClustersRequest>,
     ) -> Result<Response<proto::ListClustersResponse>, Status> {
+        let serving = self.serving()?;
         let r = request.into_inner();
-        let selected = self.select_clusters(&proto::Query {
+        let selected = serving.select_clusters(&proto::Query {
             clusters: r.clusters,
             ..Default::default()
         })?;
-        let snapshot = self.index.snapshot();
+        let snapshot = serving.index.snapshot();
         let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
         for (resource, cluster, n) in snapshot.counts() {
             counts.insert((cluster.to_string(), resource.to_string()), n as u64);
@@ -520,8 +572,13 @@ impl Fleet for FleetService {
         &self,
         _: Request<proto::ListResourceTypesRequest>,
     ) -> Result<Response<proto::ListResourceTypesResponse>, Status> {
-        let snapshot = self.index.snapshot();
-        let types = self.types.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let serving = self.serving()?;
+        let snapshot = serving.index.snapshot();
+        let types = serving
+            .types
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let resource_types = types
             .values()
             .map(|rt| {
@@ -554,7 +611,8 @@ impl Fleet for FleetService {
         &self,
         _: Request<proto::GetStoreRequest>,
     ) -> Result<Response<proto::GetStoreResponse>, Status> {
-        let Some(persister) = &self.persister else {
+        let serving = self.serving()?;
+        let Some(persister) = &serving.persister else {
             return Ok(Response::new(proto::GetStoreResponse::default()));
         };
         let s = persister.stats();
@@ -598,7 +656,6 @@ struct WatchJob {
     statuses: broadcast::Receiver<crate::status::FreshnessChange>,
     shutdown: CancellationToken,
     tx: mpsc::Sender<Result<proto::WatchEvent, Status>>,
-    index: Arc<Index>,
 }
 
 impl WatchJob {
@@ -632,12 +689,7 @@ impl WatchJob {
     }
 
     async fn run(mut self, sub: fleetscope_index::Subscription) {
-        let fleetscope_index::Subscription {
-            snapshot,
-            backlog,
-            mut live,
-        } = sub;
-        let mut reached = snapshot.revision();
+        let fleetscope_index::Subscription { snapshot, mut feed } = sub;
         if self.initial {
             for o in snapshot.matching(&self.query, None) {
                 let e = proto::WatchEvent {
@@ -651,18 +703,16 @@ impl WatchJob {
                 }
             }
             if !self
-                .send(Self::marker(proto::EventType::InitialEventsEnd, reached))
+                .send(Self::marker(
+                    proto::EventType::InitialEventsEnd,
+                    snapshot.revision(),
+                ))
                 .await
             {
                 return;
             }
         }
-        for e in &backlog {
-            reached = e.revision;
-            if !self.deliver(e).await {
-                return;
-            }
-        }
+        drop(snapshot);
         let mut ticks =
             tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -670,38 +720,23 @@ impl WatchJob {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = self.tx.closed() => return,
-                r = live.recv() => match r {
-                    Ok(e) => {
-                        if e.revision <= reached {
-                            continue;
-                        }
-                        reached = e.revision;
-                        if !self.deliver(&e).await {
-                            return;
-                        }
-                    }
-                    // One batch larger than the buffer (a first list, a re-list) is not
-                    // falling behind: catch up from the event log, if it still holds it.
-                    Err(broadcast::error::RecvError::Lagged(_))
-                        if self.index.oversized_since(reached)
-                            && let Ok(again) = self.index.subscribe(Some(reached)) =>
-                    {
-                        live = again.live;
-                        for e in &again.backlog {
-                            reached = e.revision;
+                r = feed.next() => match r {
+                    Ok(events) => {
+                        for e in &events {
                             if !self.deliver(e).await {
                                 return;
                             }
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        let msg = format!(
-                            "the subscriber fell {missed} events behind and was ended; last delivered revision {reached}: resume with since_revision={reached}"
-                        );
-                        let _ = self.tx.send(Err(Status::resource_exhausted(msg))).await;
+                    Err(e @ FeedError::Behind { .. }) => {
+                        let _ = self.tx.send(Err(Status::resource_exhausted(e.to_string()))).await;
                         return;
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    Err(e @ FeedError::Expired { .. }) => {
+                        let _ = self.tx.send(Err(Status::out_of_range(e.to_string()))).await;
+                        return;
+                    }
+                    Err(FeedError::Closed) => return,
                 },
                 c = self.statuses.recv() => {
                     if let Ok(c) = c
@@ -713,14 +748,14 @@ impl WatchJob {
                             stale_since: c.stale_since.map(timestamp),
                             message: c.message,
                         };
-                        let ev = proto::WatchEvent { r#type: proto::EventType::ClusterStatus as i32, object: None, revision: reached.0, cluster: Some(cluster) };
+                        let ev = proto::WatchEvent { r#type: proto::EventType::ClusterStatus as i32, object: None, revision: feed.reached().0, cluster: Some(cluster) };
                         if !self.send(ev).await {
                             return;
                         }
                     }
                 }
                 _ = ticks.tick() => {
-                    if !self.send(Self::marker(proto::EventType::Bookmark, reached)).await {
+                    if !self.send(Self::marker(proto::EventType::Bookmark, feed.reached())).await {
                         return;
                     }
                 }

@@ -209,6 +209,11 @@ struct EngineArgs {
     /// Events kept for resuming watches.
     #[arg(long, default_value_t = 100_000)]
     event_log: usize,
+    /// The most the kept events may hold, in MiB of JSON (an object and, for a
+    /// modification, its previous state), in memory; also what the store may gather
+    /// unwritten before the ingest waits for it.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    event_log_mib: u64,
     /// Events a Watch subscriber may fall behind before it is ended.
     #[arg(long, default_value_t = 10_000)]
     subscriber_buffer: usize,
@@ -230,9 +235,11 @@ struct PersistArgs {
     /// Keep the stored objects of clusters no longer configured, instead of deleting them at start.
     #[arg(long)]
     keep_removed_clusters: bool,
-    /// The longest a change waits before it is written, in milliseconds.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    flush_ms: u64,
+    /// No longer used: each store write starts as soon as the previous one ends, and
+    /// a change is visible once its write is durable. Accepted so that existing
+    /// command lines keep working.
+    #[arg(long, hide = true)]
+    flush_ms: Option<u64>,
     /// The persisted event log's size limit, as a share of the held objects' JSON size.
     #[arg(long, default_value_t = 0.5)]
     event_log_disk_share: f64,
@@ -244,6 +251,19 @@ struct PersistArgs {
     /// The size on disk, in MiB, below which the store is never compacted.
     #[arg(long, default_value_t = 4)]
     compact_min_mib: u64,
+}
+
+/// MiB as bytes.
+fn mib(n: u64) -> usize {
+    usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+}
+
+/// Persistence defaults, with the unwritten backlog bounded like the event log.
+fn persist_config(event_log_mib: u64) -> fleetscope::persist::PersistConfig {
+    fleetscope::persist::PersistConfig {
+        max_pending_bytes: mib(event_log_mib),
+        ..Default::default()
+    }
 }
 
 /// Exit status when the data directory is held by another running fleetscope.
@@ -293,7 +313,9 @@ impl EngineArgs {
                 .iter()
                 .map(|s| Scope::parse(s).map_err(|e| anyhow::anyhow!("--scope {e}")))
                 .collect::<anyhow::Result<_>>()?,
+            persist: persist_config(self.event_log_mib),
             index: fleetscope_index::Config {
+                log_bytes: mib(self.event_log_mib),
                 log_retention: self.event_log.max(1),
                 subscriber_buffer: self.subscriber_buffer.max(1),
                 field_indexes: self.field_indexes.clone(),
@@ -460,54 +482,99 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "--compact-share must be a number, 0 or more"
     );
     config.keep_removed_clusters = p.keep_removed_clusters;
-    config.persist.max_delay = Duration::from_millis(p.flush_ms);
+    if p.flush_ms.is_some() {
+        tracing::warn!(
+            "--flush-ms no longer applies: each store write starts as soon as the previous one ends"
+        );
+    }
     config.persist.log_share = p.event_log_disk_share;
     config.persist.compact_share = p.compact_share;
     config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
-    let store = if p.no_persist {
-        tracing::info!("running in memory only (--no-persist)");
-        None
-    } else {
-        let dir = match &p.data_dir {
-            Some(d) => d.clone(),
-            None => dirs::data_dir()
+    let no_persist = p.no_persist;
+    let data_dir = match &p.data_dir {
+        _ if no_persist => None,
+        Some(d) => Some(d.clone()),
+        None => Some(
+            dirs::data_dir()
                 .context(
                     "no user data directory on this platform: give --data-dir or --no-persist",
                 )?
                 .join("fleetscope"),
-        };
-        let opened = fleetscope_store::SledStore::open(&dir)
-            .with_context(|| format!("opening the data directory {}", dir.display()))?;
-        tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
-        Some(opened)
+        ),
     };
     let listener = server::bind(args.listen).await?;
-    let engine = match store {
-        Some(opened) => Engine::start_with_store(
-            clusters,
-            config,
-            std::sync::Arc::new(opened.store),
-            opened.loaded,
-        ),
-        None => Engine::start(clusters, config),
+    // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
+    let start = move || match data_dir {
+        None => {
+            tracing::info!("running in memory only (--no-persist)");
+            Ok(Engine::start(clusters, config))
+        }
+        Some(dir) => {
+            let opened = fleetscope_store::SledStore::open(&dir)
+                .with_context(|| format!("opening the data directory {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
+            Ok(Engine::start_with_store(
+                clusters,
+                config,
+                std::sync::Arc::new(opened.store),
+                opened.loaded,
+            ))
+        }
     };
-    run(listener, engine, args.engine.service()).await
+    run(listener, start, args.engine.service()).await
 }
 
-/// Starts the engine and serves until Ctrl-C or SIGTERM, then stops both.
+/// Serves at once, starts the engine with `start` (off the async workers: it may load
+/// a store), answers from it once started, and runs until Ctrl-C or SIGTERM; then
+/// stops the server (ending open streams) and the engine (writing what is pending).
 async fn run(
     listener: tokio::net::TcpListener,
-    engine: Engine,
+    start: impl FnOnce() -> anyhow::Result<Engine> + Send + 'static,
     service: ServiceConfig,
 ) -> anyhow::Result<()> {
-    let service = FleetService::new(&engine, service, engine.cancelled());
-    let cancel = engine.cancelled();
-    let served = server::serve(listener, service, async move {
-        server::shutdown_signal().await;
-        // Ends open Watch streams so the server can finish.
-        cancel.cancel();
-    })
-    .await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let service = FleetService::starting(service, stop.clone());
+    let (started_tx, mut started) = tokio::sync::watch::channel(None::<std::sync::Arc<Engine>>);
+    let ready = async move {
+        let Ok(engine) = started.wait_for(Option::is_some).await.map(|e| e.clone()) else {
+            return std::future::pending().await;
+        };
+        if let Some(engine) = engine {
+            engine.wait_ready().await;
+        }
+    };
+    let server = tokio::spawn(server::serve(listener, service.clone(), ready, {
+        let stop = stop.clone();
+        async move { stop.cancelled().await }
+    }));
+    let signal = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            server::shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    let starting = tokio::task::spawn_blocking(start);
+    let engine = tokio::select! {
+        e = starting => e.context("starting the engine")?,
+        _ = stop.cancelled() => {
+            server.await.context("the server task")??;
+            return Ok(());
+        }
+    };
+    let engine = match engine {
+        Ok(engine) => std::sync::Arc::new(engine),
+        Err(e) => {
+            stop.cancel();
+            let _ = server.await;
+            signal.abort();
+            return Err(e);
+        }
+    };
+    service.serve_engine(&engine);
+    let _ = started_tx.send(Some(engine.clone()));
+    stop.cancelled().await;
+    let served = server.await.context("the server task")?;
     engine.shutdown(Duration::from_secs(10)).await;
     served?;
     Ok(())
@@ -591,8 +658,12 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         churn = args.fleet.churn,
     );
     // The demo's clusters are new each run, so it keeps its state in memory.
-    let engine = Engine::start(clusters, config);
-    let result = run(listener, engine, args.engine.service()).await;
+    let result = run(
+        listener,
+        move || Ok(Engine::start(clusters, config)),
+        args.engine.service(),
+    )
+    .await;
     fleet.shutdown().await;
     let _ = std::fs::remove_file(&kubeconfig);
     result

@@ -1,19 +1,23 @@
-//! Write-behind persistence. The ingest records each applied batch here; a writer task
-//! commits what has gathered at most every `max_delay` (or sooner when it grows past
-//! `max_changes`) as one atomic store batch: the events (the change log) and the
+//! Persistence and publication. The ingest stages each batch in the index and records
+//! it here; nothing of it is visible yet. A writer task commits what has gathered as
+//! one atomic store batch (group commit: the next write starts as soon as the previous
+//! one ends, holding everything staged meanwhile): the events (the change log) and the
 //! streams' resourceVersions together, so a stream's resourceVersion on disk never runs
-//! ahead of the objects the store rebuilds. When the change log grows past a share of
+//! ahead of the objects the store rebuilds. Only once a write is durable are its
+//! batches published (to readers, subscribers and the status table), so no revision is
+//! ever seen that a crash could give to another change. When the change log grows past a share of
 //! the objects' size, the index's state at that revision is written as a new snapshot
 //! and the log before it is trimmed to what resuming watches needs, so the store's size
 //! follows the objects held, not the changes seen. A failing store (a full disk) is
-//! logged and retried; the index keeps serving and nothing gathered is lost.
+//! logged and retried; what is already durable keeps being served, and nothing
+//! gathered is lost (a backlog past the log's bounds is replaced by a snapshot).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleetscope_index::{Event, Index, Object, ObjectInput, Restored, RestoredEvent, State};
+use fleetscope_index::{Event, Index, Object, ObjectInput, Restored, RestoredEvent, Staged, State};
 use fleetscope_model::{ClusterName, EventType, ResourceType, Revision};
 use fleetscope_store::{
     Batch, EventRecord, Loaded, ObjectRecord, SnapshotMeta, Store, StreamRecord,
@@ -21,13 +25,17 @@ use fleetscope_store::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::ProgressLog;
+use crate::status::StatusTable;
+
 /// Persistence settings.
 #[derive(Debug, Clone)]
 pub struct PersistConfig {
-    /// The longest a change waits before it is written. Default 100 ms.
-    pub max_delay: Duration,
-    /// Gathered changes that trigger a write before `max_delay`. Default 20,000.
+    /// Gathered changes past which the ingest waits for the store (× 4). Default 20,000.
     pub max_changes: usize,
+    /// Gathered JSON bytes past which the ingest waits for the store, and past which a
+    /// failing store's backlog is replaced by a snapshot. Default 256 MiB.
+    pub max_pending_bytes: usize,
     /// Events kept on disk for resuming watches across restarts (the in-memory log's length).
     pub log_retention: usize,
     /// The resume log's size limit, as a share of the held objects' JSON. Default 0.5.
@@ -48,8 +56,8 @@ pub struct PersistConfig {
 impl Default for PersistConfig {
     fn default() -> Self {
         Self {
-            max_delay: Duration::from_millis(100),
             max_changes: 20_000,
+            max_pending_bytes: 256 << 20,
             log_retention: 100_000,
             log_share: 0.5,
             snapshot_share: 0.5,
@@ -102,6 +110,10 @@ struct Pending {
     revision: Revision,
     /// Bytes of the gathered events.
     bytes: usize,
+    /// The newest staged state, published with the events once they are durable.
+    state: Option<Arc<State>>,
+    /// Stream progress, applied to the status table once durable.
+    after: ProgressLog,
 }
 
 impl Pending {
@@ -111,6 +123,8 @@ impl Pending {
             && self.clusters.is_none()
             && self.field_indexes.is_none()
             && self.snapshot.is_none()
+            && self.state.is_none()
+            && self.after.is_empty()
     }
 
     fn changes(&self) -> usize {
@@ -133,6 +147,10 @@ impl Pending {
         if self.snapshot.is_some() {
             older.snapshot = self.snapshot.take();
         }
+        if self.state.is_some() {
+            older.state = self.state.take();
+        }
+        older.after.append(std::mem::take(&mut self.after));
         older.revision = older.revision.max(self.revision);
         *self = older;
     }
@@ -178,6 +196,9 @@ pub struct Persister {
     written: Notify,
     /// The store's size on disk after its last compaction (0 before the first).
     compacted: AtomicU64,
+    /// Where durable batches are published.
+    index: Arc<Index>,
+    status: StatusTable,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -214,14 +235,6 @@ fn to_input(o: ObjectRecord) -> (ObjectInput, Revision) {
         },
         o.revision,
     )
-}
-
-fn event_size(e: &Event) -> usize {
-    e.object.json.len()
-        + match e.kind {
-            EventType::Modified => e.prev.as_ref().map_or(0, |p| p.json.len()),
-            _ => 0,
-        }
 }
 
 /// What the index is rebuilt from.
@@ -272,8 +285,15 @@ impl Continued {
 }
 
 impl Persister {
-    /// A persister over `store`, continuing what it holds.
-    pub fn new(store: Arc<dyn Store>, config: PersistConfig, from: Continued) -> Self {
+    /// A persister over `store`, continuing what it holds, publishing what it makes
+    /// durable to `index` and `status`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: PersistConfig,
+        from: Continued,
+        index: Arc<Index>,
+        status: StatusTable,
+    ) -> Self {
         let mut disk = OnDisk {
             snapshot: from.snapshot,
             change_log: from.change_log,
@@ -299,21 +319,24 @@ impl Persister {
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
             compacted: AtomicU64::new(0),
+            index,
+            status,
         }
     }
 
-    /// Records one batch just applied to `index` (nothing else applied since): its
-    /// events and the streams' new resume points.
+    /// Records one staged batch (staged after every batch recorded before it): its
+    /// events, the streams' new resume points, and the stream progress to report once
+    /// it is durable. Nothing of it is visible until then.
     pub fn record(
         &self,
-        index: &Index,
-        events: &[Arc<Event>],
+        staged: Staged,
         streams: impl IntoIterator<Item = (ClusterName, ResourceType, Option<(String, Arc<str>)>)>,
+        after: ProgressLog,
     ) {
         let mut held = 0i64;
         let mut added = 0usize;
         let mut p = lock(&self.pending);
-        for e in events {
+        for e in &staged.events {
             match e.kind {
                 EventType::Deleted => held -= e.object.json.len() as i64,
                 _ => {
@@ -321,10 +344,14 @@ impl Persister {
                         - e.prev.as_ref().map_or(0, |p| p.json.len() as i64);
                 }
             }
-            added += event_size(e);
-            p.events.push_back(e.clone());
+            added += e.json_bytes();
             p.revision = p.revision.max(e.revision);
         }
+        p.events.extend(staged.events);
+        if staged.state.is_some() {
+            p.state = staged.state;
+        }
+        p.after.append(after);
         for (cluster, resource, rv) in streams {
             let key = (cluster.clone(), resource.name());
             let record = rv.map(|(resource_version, selection)| StreamRecord {
@@ -345,42 +372,65 @@ impl Persister {
         // retained log: the snapshot then stands in for the changes.
         p.bytes += added;
         let change_log = lock(&self.disk).change_log + p.bytes;
+        let over_log =
+            p.events.len() > self.config.log_retention || p.bytes > self.config.max_pending_bytes;
         let due = change_log as f64
             > (held_json * self.config.snapshot_share).max(self.config.snapshot_min_bytes as f64)
-            || p.events.len() > self.config.log_retention;
+            || over_log;
         if due
             && p.snapshot
                 .as_ref()
                 .is_none_or(|s| s.revision() < p.revision)
+            && let Some(state) = p.state.clone()
+            && state.revision() == p.revision
         {
-            let state = index.snapshot();
-            if state.revision() == p.revision {
-                p.snapshot = Some(state);
-                let excess = p.events.len().saturating_sub(self.config.log_retention);
-                let dropped: usize = p.events.drain(..excess).map(|e| event_size(&e)).sum();
-                p.bytes -= dropped;
+            p.snapshot = Some(state);
+            // The oldest gathered events are then not needed to rebuild the objects;
+            // past the log's bounds they are dropped unwritten (and so unpublished: a
+            // gap that subscribers behind it learn of).
+            while p.events.len() > self.config.log_retention
+                || (p.bytes > self.config.max_pending_bytes && p.events.len() > 1)
+            {
+                match p.events.pop_front() {
+                    Some(e) => p.bytes -= e.json_bytes(),
+                    None => break,
+                }
             }
         }
-        let wake = p.changes() >= self.config.max_changes;
         drop(p);
-        if wake {
-            self.wake.notify_one();
-        }
+        self.wake.notify_one();
     }
 
-    /// Waits while the backlog is over `max_changes` × 4 and the store is writing, so an
-    /// ingest far ahead of the disk slows to its pace (and batches stay bounded). A
-    /// failing store does not hold the ingest: its backlog is bounded by snapshots.
+    /// Waits while the backlog is over `max_changes` × 4 (or `max_pending_bytes`) and
+    /// the store is writing, so an ingest far ahead of the disk slows to its pace (and
+    /// batches stay bounded). A failing store does not hold the ingest: its backlog is
+    /// bounded by snapshots.
     pub async fn backpressure(&self) {
         loop {
             let notified = self.written.notified();
-            let over = lock(&self.pending).changes() > self.config.max_changes * 4;
+            let over = {
+                let p = lock(&self.pending);
+                p.changes() > self.config.max_changes * 4 || p.bytes > self.config.max_pending_bytes
+            };
             if !over || lock(&self.stats).last_error.is_some() {
                 return;
             }
             self.wake.notify_one();
             notified.await;
         }
+    }
+
+    /// Writes `state` (the index's published state) as the store's snapshot with the
+    /// next write. A store that starts empty above revision 0 is given its starting
+    /// point this way: the events after it then follow a snapshot, as a load expects.
+    pub fn write_snapshot_of(&self, state: Arc<State>) {
+        lock(&self.pending).snapshot = Some(state);
+        self.wake.notify_one();
+    }
+
+    /// The newest revision recorded (staged), durable or not.
+    pub fn recorded(&self) -> Revision {
+        lock(&self.pending).revision
     }
 
     /// Records the configured clusters and field-index paths.
@@ -398,14 +448,17 @@ impl Persister {
         s
     }
 
-    /// Writes gathered changes every `max_delay` until cancelled.
+    /// Writes what gathers, one write after another, until cancelled: a write starts
+    /// as soon as the previous one ends, with everything staged meanwhile.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut last_report = Instant::now();
         loop {
-            tokio::select! {
-                _ = tokio::time::sleep(self.config.max_delay) => {}
-                _ = self.wake.notified() => {}
-                _ = cancel.cancelled() => break,
+            if lock(&self.pending).is_empty() {
+                // `record` leaves a permit when nobody waits: no wake-up is lost.
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = cancel.cancelled() => break,
+                }
             }
             if self.flush().await.is_err() {
                 // Logged by flush; wait before retrying so a full disk is not hammered.
@@ -467,6 +520,8 @@ impl Persister {
         let took = started.elapsed();
         let outcome = match result {
             Ok(((disk, events, snapshot_took), size)) => {
+                // Durable: now, and only now, visible.
+                self.publish(taken);
                 *lock(&self.disk) = disk;
                 let mut s = lock(&self.stats);
                 if s.last_error.take().is_some() {
@@ -498,6 +553,22 @@ impl Persister {
         outcome
     }
 
+    /// Makes a durable batch visible: the index's state and events, then the streams'
+    /// progress (so a stream never reads as synced before its objects are served).
+    fn publish(&self, written: Pending) {
+        let Pending {
+            events,
+            state,
+            after,
+            ..
+        } = written;
+        self.index.publish(Staged {
+            state,
+            events: events.into(),
+        });
+        after.apply(&self.status);
+    }
+
     /// Compacts the store when its file has grown past its limits (see
     /// [`PersistConfig::compact_share`]), and returns its size on disk. A failed
     /// compaction is logged and leaves the store as it was; the next is tried once the
@@ -515,6 +586,7 @@ impl Persister {
             return size;
         }
         let started = Instant::now();
+        tracing::debug!(size, "compacting the store");
         match store.compact() {
             Ok(Some((before, after))) => {
                 let took = started.elapsed();
@@ -563,6 +635,7 @@ impl Persister {
         if let Some(state) = &p.snapshot {
             let started = Instant::now();
             let revision = state.revision();
+            tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
             // Encoded straight from the index's objects: nothing is copied first.
             let objects = state.iter().map(|o| &**o);
             let meta = fleetscope_store::write_snapshot(&*store, revision.0, revision, objects)
@@ -570,6 +643,7 @@ impl Persister {
             batch.snapshot = Some((meta, disk.snapshot));
             disk.snapshot = Some(meta);
             snapshot_took = Some(started.elapsed());
+            tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
         }
         // The log keeps every event after the snapshot (the change log), and before it
         // the newest within the resume log's length and size: whole records are
@@ -577,7 +651,7 @@ impl Persister {
         let budget = (*lock(&self.held_json)).max(0) as f64 * self.config.log_share;
         let cut = disk.snapshot_revision();
         let retention = self.config.log_retention;
-        let new_bytes: usize = p.events.iter().map(|e| event_size(e)).sum();
+        let new_bytes: usize = p.events.iter().map(|e| e.json_bytes()).sum();
         let mut events = disk.events + p.events.len();
         let mut bytes = disk.bytes + new_bytes;
         let over = |events: usize, bytes: usize| events > retention || bytes as f64 > budget;
@@ -595,14 +669,14 @@ impl Persister {
         let mut skip = 0;
         while skip < p.events.len() && p.events[skip].revision.0 <= cut && over(events, bytes) {
             events -= 1;
-            bytes -= event_size(&p.events[skip]);
+            bytes -= p.events[skip].json_bytes();
             skip += 1;
         }
         // Runs of at most a chunk's size, each one record.
         let mut run: Vec<EventRecord> = Vec::new();
         let mut run_bytes = 0;
         for e in p.events.iter().skip(skip) {
-            let size = event_size(e);
+            let size = e.json_bytes();
             run.push(EventRecord {
                 revision: e.revision,
                 kind: e.kind,
@@ -637,5 +711,188 @@ impl Persister {
         let written = (p.events.len() - skip) as u64;
         store.commit(&batch).map_err(|e| e.to_string())?;
         Ok((disk, written, snapshot_took))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use fleetscope_index::Change;
+    use fleetscope_model::ObjectKey;
+    use fleetscope_store::MemoryStore;
+
+    use super::*;
+
+    fn pod(name: &str, rv: u64) -> Change {
+        Change::Upsert(ObjectInput {
+            key: ObjectKey::new("pods", &ClusterName::from("c1"), "ns", name),
+            json: format!(
+                r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#
+            ),
+            labels: Vec::new(),
+            owners: Vec::new(),
+            fields: Vec::new(),
+        })
+    }
+
+    /// An index and a persister over a store in memory, as a fresh start makes them.
+    fn persisted() -> (Arc<Index>, Arc<Persister>, Arc<MemoryStore>) {
+        let store = Arc::new(MemoryStore::new());
+        store.initialise().unwrap();
+        let base = Revision(1_000);
+        let index = Arc::new(Index::starting_after(
+            fleetscope_index::Config::default(),
+            base,
+        ));
+        let persister = Arc::new(Persister::new(
+            store.clone(),
+            PersistConfig::default(),
+            Continued {
+                held_json: 0,
+                records: Vec::new(),
+                snapshot: None,
+                change_log: 0,
+                revision: base,
+            },
+            index.clone(),
+            StatusTable::default(),
+        ));
+        persister.write_snapshot_of(index.snapshot());
+        (index, persister, store)
+    }
+
+    fn names(index: &Index) -> Vec<String> {
+        index
+            .snapshot()
+            .iter()
+            .map(|o| o.key.name.to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_invisible_until_its_write_is_confirmed() {
+        let (index, persister, store) = persisted();
+        let mut feed = index.subscribe(None).unwrap().feed;
+        persister.record(
+            index.stage([pod("a", 1)]),
+            [],
+            crate::engine::ProgressLog::default(),
+        );
+        assert!(names(&index).is_empty(), "readers see nothing unwritten");
+        assert!(feed.try_next().unwrap().is_empty(), "nor do subscribers");
+        assert_eq!(index.snapshot().revision(), Revision(1_000));
+        persister.flush().await.unwrap();
+        assert_eq!(names(&index), ["a"]);
+        let delivered: Vec<u64> = feed
+            .try_next()
+            .unwrap()
+            .iter()
+            .map(|e| e.revision.0)
+            .collect();
+        assert_eq!(delivered, [1_001]);
+        // What was published is what the store holds: a restart continues from it.
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.revision, Revision(1_001));
+        assert_eq!(loaded.objects.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_keeps_its_batch_invisible_and_is_retried() {
+        let (index, persister, store) = persisted();
+        persister.flush().await.unwrap();
+        let mut feed = index.subscribe(None).unwrap().feed;
+        store.fail_writes(true);
+        persister.record(
+            index.stage([pod("a", 1)]),
+            [],
+            crate::engine::ProgressLog::default(),
+        );
+        assert!(persister.flush().await.is_err());
+        assert!(names(&index).is_empty(), "a failed write shows nothing");
+        assert!(feed.try_next().unwrap().is_empty());
+        // More changes gather behind it; the retry writes them all, in order.
+        persister.record(
+            index.stage([pod("b", 2)]),
+            [],
+            crate::engine::ProgressLog::default(),
+        );
+        assert!(persister.flush().await.is_err());
+        store.fail_writes(false);
+        persister.flush().await.unwrap();
+        assert_eq!(names(&index), ["a", "b"]);
+        let delivered: Vec<u64> = feed
+            .try_next()
+            .unwrap()
+            .iter()
+            .map(|e| e.revision.0)
+            .collect();
+        assert_eq!(delivered, [1_001, 1_002]);
+        assert_eq!(store.load().unwrap().objects.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn reads_of_what_is_durable_go_on_while_writes_fail() {
+        let (index, persister, store) = persisted();
+        let cancel = CancellationToken::new();
+        let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+        persister.record(
+            index.stage([pod("a", 1)]),
+            [],
+            crate::engine::ProgressLog::default(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while names(&index).is_empty() {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        store.fail_writes(true);
+        persister.record(
+            index.stage([pod("b", 2)]),
+            [],
+            crate::engine::ProgressLog::default(),
+        );
+        while persister.stats().last_error.is_none() {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The writer keeps failing; readers are answered from what is durable.
+        for _ in 0..100 {
+            assert_eq!(names(&index), ["a"]);
+            assert_eq!(index.snapshot().revision(), Revision(1_001));
+        }
+        store.fail_writes(false);
+        while names(&index).len() < 2 {
+            assert!(Instant::now() < deadline, "the retry publishes");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cancel.cancel();
+        writer.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_starts_as_soon_as_there_is_something_to_write() {
+        let (index, persister, _store) = persisted();
+        let cancel = CancellationToken::new();
+        let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+        let started = tokio::time::Instant::now();
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            persister.record(
+                index.stage([pod(name, i as u64)]),
+                [],
+                crate::engine::ProgressLog::default(),
+            );
+            while names(&index).len() <= i {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        // No timer stands between a change and its write: paused time barely moves.
+        assert!(
+            started.elapsed() < Duration::from_millis(50),
+            "{:?}",
+            started.elapsed()
+        );
+        cancel.cancel();
+        writer.await.unwrap();
     }
 }

@@ -38,13 +38,27 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and ends open streams.
+/// gRPC health reports `NOT_SERVING` (for the server and for the Fleet service) until
+/// `ready` resolves, then `SERVING`.
 pub async fn serve(
     listener: TcpListener,
     service: FleetService,
+    ready: impl Future<Output = ()> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<FleetServer<FleetService>>().await;
+    health.set_not_serving::<FleetServer<FleetService>>().await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let readiness = tokio::spawn(async move {
+        ready.await;
+        health.set_serving::<FleetServer<FleetService>>().await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        tracing::info!("ready: health checks report SERVING");
+    });
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -70,6 +84,7 @@ pub async fn serve(
         .add_service(FleetServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
+    readiness.abort();
     tracing::info!("server stopped");
     Ok(())
 }

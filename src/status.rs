@@ -91,6 +91,9 @@ pub struct ClusterStatus {
     pub streams: BTreeMap<String, (ResourceType, StreamStatus)>,
     /// Configured names this cluster does not serve, with why.
     pub missing: Vec<(String, String)>,
+    /// Whether its discovery has completed once since start (until then, a type
+    /// unknown to queries may still be one it serves).
+    pub discovered: bool,
 }
 
 impl ClusterStatus {
@@ -189,6 +192,7 @@ impl StatusTable {
             error_since: None,
             streams: BTreeMap::new(),
             missing: Vec::new(),
+            discovered: false,
         };
         self.write().insert(name.clone(), status);
     }

@@ -10,9 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use common::PATIENCE;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleetscope");
 
@@ -72,18 +70,14 @@ async fn demo_starts_clusters_and_a_healthy_server() {
         .next()
         .unwrap()
         .trim_end_matches(['(', ' ']);
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let reply = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "fleetscope.v1.Fleet".into(),
-        })
-        .await
-        .unwrap();
-    assert_eq!(reply.into_inner().status(), ServingStatus::Serving);
+    // NOT_SERVING until every simulated cluster has been discovered, then SERVING.
+    let before = common::wait_serving(&format!("http://{addr}")).await;
+    assert!(
+        before
+            .iter()
+            .all(|s| *s == ServingStatus::NotServing as i32),
+        "{before:?}"
+    );
 }
 
 #[tokio::test]
@@ -329,6 +323,23 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
             }
         }
     };
+    // It holds the cluster's objects before it is stopped.
+    loop {
+        let clusters = client
+            .list_clusters(fleetscope::proto::ListClustersRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .clusters;
+        if clusters
+            .iter()
+            .all(|c| c.freshness() == fleetscope::proto::Freshness::Synced)
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never synced");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let pid = child.id().to_string();
     assert!(
         Command::new("kill")
@@ -355,6 +366,8 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
     cluster.reset_counters();
     let (child, addr) = spawn_serve(&kc, &data);
     let _running = Running(child);
+    // Ready as soon as the store is loaded.
+    common::wait_serving(&format!("http://{addr}")).await;
     let mut client =
         fleetscope::proto::fleet_client::FleetClient::connect(format!("http://{addr}"))
             .await

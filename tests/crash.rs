@@ -9,68 +9,40 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::PATIENCE;
+use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{ListRequest, Query};
 use fleetscope_sim::store::ReadAt;
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fleetscope");
 const RESTARTS: usize = 50;
 const TYPES: &str = "configmaps,pods";
 
 /// (namespace, name, resourceVersion).
 type Versioned = (String, String, String);
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(
-    kubeconfig: &std::path::Path,
-    data: &std::path::Path,
-    port: u16,
-    log: &std::path::Path,
-) -> Killed {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Killed(
-        Command::new(BIN)
-            .args(["serve", "--resources", TYPES, "--flush-ms", "20"])
+fn serve(kubeconfig: &std::path::Path, data: &std::path::Path, log: &std::path::Path) -> Server {
+    let data = data.to_str().unwrap();
+    Server::start(
+        kubeconfig,
+        &[
+            "--resources",
+            TYPES,
             // Compact whenever the file has grown by half, so kills land in compactions too.
-            .args(["--compact-share", "0", "--compact-min-mib", "0"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--data-dir")
-            .arg(data)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
+            "--compact-share",
+            "0",
+            "--compact-min-mib",
+            "0",
+            "--data-dir",
+            data,
+        ],
+        log,
     )
 }
 
@@ -259,22 +231,16 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
         if round > 0 {
             checked += check_store(&data, &fleet);
         }
-        let port = free_port();
-        let mut child = serve(&kubeconfig, &data, port, &log);
+        let mut server = serve(&kubeconfig, &data, &log);
         // Serves: after the first round, at once from the store.
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            if let Some(pods) = listed(port, "pods").await
+            if let Some(pods) = listed(server.port, "pods").await
                 && (round == 0 || !pods.is_empty())
             {
                 break;
             }
-            if let Ok(Some(status)) = child.0.try_wait() {
-                panic!(
-                    "round {round}: serve exited with {status}: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
+            server.assert_running(&log);
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "round {round}: never served"
@@ -283,8 +249,7 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
         }
         // The kill lands somewhere in the next 0–400 ms of ingest and writes.
         tokio::time::sleep(Duration::from_millis(next() % 400)).await;
-        child.0.kill().unwrap();
-        child.0.wait().unwrap();
+        server.kill();
     }
     checked += check_store(&data, &fleet);
     assert!(
@@ -297,8 +262,8 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
     for w in writers {
         w.await.unwrap();
     }
-    let port = free_port();
-    let _last = serve(&kubeconfig, &data, port, &log);
+    let last = serve(&kubeconfig, &data, &log);
+    let port = last.port;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     for resource in ["configmaps", "pods"] {
         let want = truth(&fleet, resource);

@@ -15,6 +15,7 @@ use tonic_health::pb::health_client::HealthClient;
 #[tokio::test]
 async fn health_reports_serving_for_the_server_and_the_fleet_service() {
     let h = Harness::start(2, 50).await;
+    common::wait_serving(&h.url()).await;
     let mut health = HealthClient::new(h.channel().await);
     for service in ["", "fleetscope.v1.Fleet"] {
         let r = health
@@ -148,4 +149,160 @@ async fn reflection_v1alpha_serves_older_grpcurl() {
         "{r:?}"
     );
     h.shutdown().await;
+}
+
+/// Health of the server and of the Fleet service, in that order.
+async fn health(url: &str) -> [ServingStatus; 2] {
+    let channel = tonic::transport::Channel::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let mut out = [ServingStatus::Unknown; 2];
+    for (i, service) in ["", "fleetscope.v1.Fleet"].into_iter().enumerate() {
+        out[i] = client
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+    }
+    out
+}
+
+fn count_request(resource: &str) -> fleetscope::proto::CountRequest {
+    fleetscope::proto::CountRequest {
+        query: Some(fleetscope::proto::Query {
+            resource: resource.into(),
+            ..Default::default()
+        }),
+        group_by: vec![],
+    }
+}
+
+#[tokio::test]
+async fn while_the_store_loads_every_call_is_unavailable_and_health_is_not_serving() {
+    use fleetscope::grpc::{FleetService, ServiceConfig};
+    let listener = fleetscope::server::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let service = FleetService::starting(ServiceConfig::default(), stop.clone());
+    let (ready, readied) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(fleetscope::server::serve(
+        listener,
+        service.clone(),
+        async move {
+            let _ = readied.await;
+        },
+        {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        },
+    ));
+    assert_eq!(health(&url).await, [ServingStatus::NotServing; 2]);
+    let mut client = fleetscope::proto::fleet_client::FleetClient::connect(url.clone())
+        .await
+        .unwrap();
+    let e = client.count(count_request("configmaps")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("starting"), "{e}");
+    let e = client
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    // Started: answers, and health follows readiness.
+    let engine =
+        fleetscope::engine::Engine::start(Vec::new(), common::test_config(&["configmaps"]));
+    service.serve_engine(&engine);
+    assert!(
+        client
+            .list_clusters(fleetscope::proto::ListClustersRequest::default())
+            .await
+            .is_ok()
+    );
+    ready.send(()).unwrap();
+    common::wait_serving(&url).await;
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_type_not_yet_known_while_a_cluster_is_being_discovered_is_unavailable_not_not_found() {
+    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sims = dir.path().join("sims");
+    fleet.write_kubeconfig(&sims).unwrap();
+    // An API server that accepts connections and never answers: discovery waits.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stuck = dir.path().join("stuck");
+    std::fs::write(
+        &stuck,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: stuck\n  cluster:\n    server: https://{}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: stuck\n  context:\n    cluster: stuck\n    user: u\ncurrent-context: stuck\n",
+            silent.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let sources = fleetscope::sources::resolve(&[sims, stuck], &[]).unwrap();
+    let config = common::test_config(&["configmaps", "widgets.example.com"]);
+    let engine = std::sync::Arc::new(fleetscope::engine::Engine::start(sources, config));
+    let listener = fleetscope::server::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let service = fleetscope::grpc::FleetService::new(
+        &engine,
+        fleetscope::grpc::ServiceConfig::default(),
+        engine.cancelled(),
+    );
+    let ready = {
+        let engine = engine.clone();
+        async move { engine.wait_ready().await }
+    };
+    let cancel = engine.cancelled();
+    let server = tokio::spawn(fleetscope::server::serve(
+        listener,
+        service,
+        ready,
+        async move { cancel.cancelled().await },
+    ));
+    let mut client = fleetscope::proto::fleet_client::FleetClient::connect(url.clone())
+        .await
+        .unwrap();
+    // sim-1 is discovered: its configmaps are answered (partially: stuck is pending).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while client.count(count_request("configmaps")).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A type sim-1 does not serve may still be served by the cluster being discovered.
+    let e = client
+        .count(count_request("widgets.example.com"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(e.message().contains("stuck"), "{e}");
+    assert_eq!(health(&url).await, [ServingStatus::NotServing; 2]);
+    // The stuck cluster fails (its connections are closed): it is reported, not waited
+    // for; the server is ready, and the type is now known not to be collected.
+    drop(silent);
+    common::wait_serving(&url).await;
+    let e = client
+        .count(count_request("widgets.example.com"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+    engine.cancelled().cancel();
+    server.await.unwrap().unwrap();
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+    fleet.shutdown().await;
 }

@@ -377,7 +377,7 @@ async fn clusters_gone_from_the_configuration_are_deleted_at_start_unless_kept()
 }
 
 #[tokio::test]
-async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
+async fn a_store_that_cannot_write_shows_nothing_unwritten_and_catches_up() {
     use fleetscope_store::Store;
     let h = Harness::start(1, 100).await;
     let store = std::sync::Arc::new(fleetscope_store::MemoryStore::new());
@@ -385,11 +385,9 @@ async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
     // A full disk: every write fails.
     store.fail_writes(true);
     let sources = fleetscope::sources::resolve(std::slice::from_ref(&h.kubeconfig), &[]).unwrap();
-    let mut cfg = config();
-    cfg.persist.max_delay = std::time::Duration::from_millis(10);
     let engine = fleetscope::engine::Engine::start_with_store(
         sources,
-        cfg,
+        config(),
         store.clone(),
         fleetscope_store::Loaded::default(),
     );
@@ -397,9 +395,9 @@ async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let stats = engine.store_stats().unwrap();
-        // The index fills and serves while the store refuses every write.
+        // The cluster's objects are gathered while the store refuses every write, and
+        // none of them is visible: nothing is served before it is durable.
         if let Some(error) = &stats.last_error
-            && held(&engine) > 0
             && stats.pending > 0
         {
             assert!(error.contains("No space left"), "{error}");
@@ -409,16 +407,24 @@ async fn a_store_that_cannot_write_keeps_everything_in_memory_and_catches_up() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(store.load().unwrap().objects.len(), 0);
-    // Space again: what gathered is written, and the store holds what the index holds.
+    assert_eq!(held(&engine), 0, "nothing unwritten is visible");
+    let empty = engine.index.snapshot().revision();
+    assert!(
+        engine.persister().unwrap().recorded() > empty,
+        "changes are staged beyond what is published"
+    );
+    // Space again: what gathered is written, then visible, and the store holds what
+    // the index holds.
     store.fail_writes(false);
     loop {
         let stats = engine.store_stats().unwrap();
-        if stats.last_error.is_none() && stats.pending == 0 {
+        if stats.last_error.is_none() && stats.pending == 0 && held(&engine) > 0 {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    assert!(engine.index.snapshot().revision() > empty);
     engine.shutdown(std::time::Duration::from_secs(10)).await;
     let loaded = store.load().unwrap();
     assert_eq!(loaded.objects.len(), held(&engine));
@@ -433,7 +439,6 @@ async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
     // Compact whenever the file has grown by half since the last compaction.
     cfg.persist.compact_share = 0.0;
     cfg.persist.compact_min_bytes = 0;
-    cfg.persist.max_delay = std::time::Duration::from_millis(10);
     let mut h =
         Harness::start_persistent(FleetSpec::numbered(2, 100, 0.0), cfg.clone(), data.path()).await;
     h.synced().await;

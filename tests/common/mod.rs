@@ -2,6 +2,8 @@
 //! and server over them, and a real gRPC client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod process;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -246,9 +248,47 @@ async fn launch(
     let (stop, stopped) = oneshot::channel::<()>();
     let service = FleetService::new(&engine, service, engine.cancelled());
     let cancel = engine.cancelled();
-    let task = tokio::spawn(server::serve(listener, service, async move {
+    let ready = {
+        let engine = engine.clone();
+        async move { engine.wait_ready().await }
+    };
+    let task = tokio::spawn(server::serve(listener, service, ready, async move {
         let _ = stopped.await;
         cancel.cancel();
     }));
     (engine, addr, stop, task)
+}
+
+/// Polls gRPC health (the Fleet service) at `url` until it reports SERVING; returns
+/// every status seen before, in order. Connection failures are retried: the server
+/// may still be binding.
+pub async fn wait_serving(url: &str) -> Vec<i32> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
+        if let Ok(channel) = Channel::from_shared(url.to_string())
+            .unwrap()
+            .connect()
+            .await
+            && let Ok(reply) = HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: "fleetscope.v1.Fleet".into(),
+                })
+                .await
+        {
+            let status = reply.into_inner().status;
+            if status == ServingStatus::Serving as i32 {
+                return seen;
+            }
+            seen.push(status);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} never reported SERVING: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -5,12 +5,16 @@
 //! Entry points:
 //! - [`Index::new`] with a [`Config`]; [`Index::apply`] takes one batch of [`Change`]s
 //!   from the ingest and publishes it atomically: readers see all of it or none.
+//!   [`Index::stage`] and [`Index::publish`] split the two, for an owner that makes a
+//!   batch visible only once it is durable.
 //! - [`Index::snapshot`]: a consistent [`State`] at one revision, free to take and to
 //!   hold; [`State::page`] and [`State::count`] answer a [`Query`].
-//! - [`Index::subscribe`]: the events after a revision, then live ones;
+//! - [`Index::subscribe`]: a [`Feed`] of the events after a revision, then live ones,
+//!   pulled from the log (bounded in events and bytes);
 //!   [`transition`] turns an event into what a filtered subscriber sees.
 //! - [`Index::pin`] / [`Index::pinned`]: snapshots kept for paging until their TTL.
 
+mod feed;
 mod object;
 mod owners;
 mod query;
@@ -21,11 +25,12 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 
 /// A hash set with a fast keyed hash.
 type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
+pub use feed::{Feed, FeedError, Staged};
 pub use object::{Object, ObjectInput, ObjectRef};
 pub use query::{Counts, GroupBy, Page, Query};
 pub use state::{Event, State};
@@ -35,6 +40,9 @@ pub use state::{Event, State};
 pub struct Config {
     /// How many events the log keeps for resuming watches. Default 100,000.
     pub log_retention: usize,
+    /// The most JSON bytes the log's events may hold (an object and, for a
+    /// modification, its previous state). Default 256 MiB.
+    pub log_bytes: usize,
     /// How many events a subscriber may fall behind before it is ended. Default 10,000.
     pub subscriber_buffer: usize,
     /// JSON paths with a field index (like client-go's `AddIndexers`), e.g. `spec.nodeName`.
@@ -47,6 +55,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             log_retention: 100_000,
+            log_bytes: 256 << 20,
             subscriber_buffer: 10_000,
             field_indexes: Vec::new(),
             page_ttl: Duration::from_secs(300),
@@ -125,30 +134,23 @@ pub enum IndexError {
     },
 }
 
-/// A registered subscriber: the state it starts from, the retained events it missed,
-/// then live events.
+/// A registered subscriber: the state it starts from and its feed of the events after
+/// its position (the retained ones it missed, then live ones).
 pub struct Subscription {
-    /// The state at the moment of subscribing.
+    /// The published state at the moment of subscribing.
     pub snapshot: Arc<State>,
-    /// Retained events after the requested revision, in order.
-    pub backlog: Vec<Arc<Event>>,
-    /// Live events after `snapshot`; a receiver that lags past the buffer gets `Lagged`.
-    pub live: broadcast::Receiver<Arc<Event>>,
+    /// The events after the requested revision (or after `snapshot`).
+    pub feed: Feed,
 }
 
-struct Published {
-    state: Arc<State>,
-    log: VecDeque<Arc<Event>>,
-    /// First revisions of recent batches larger than a subscriber's buffer.
-    oversized: VecDeque<Revision>,
-}
-
-/// The merged index. One writer (the ingest), many cheap readers.
+/// The merged index. One writer (the ingest), many cheap readers. A batch is applied
+/// ([`Index::stage`]) and made visible ([`Index::publish`]) in two steps, so that a
+/// persisted index shows nothing before it is durable; [`Index::apply`] does both.
 pub struct Index {
     config: Config,
     writer: Mutex<(State, object::Interner)>,
-    published: RwLock<Published>,
-    events: broadcast::Sender<Arc<Event>>,
+    published: feed::Shared,
+    head: watch::Sender<Revision>,
     pins: Mutex<HashMap<Revision, (Arc<State>, Instant)>>,
 }
 
@@ -159,19 +161,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Index {
     /// An empty index at revision 0.
     pub fn new(config: Config) -> Self {
+        Self::starting_after(config, Revision(0))
+    }
+
+    /// An empty index whose first change gets the revision after `revision`.
+    pub fn starting_after(config: Config, revision: Revision) -> Self {
         let state = State {
             indexed_paths: Arc::new(config.field_indexes.clone()),
+            revision,
             ..State::default()
         };
-        let (events, _) = broadcast::channel(config.subscriber_buffer.max(1));
+        Self::over(config, state, object::Interner::default(), VecDeque::new())
+    }
+
+    fn over(
+        config: Config,
+        state: State,
+        interner: object::Interner,
+        log: VecDeque<Arc<Event>>,
+    ) -> Self {
+        let (head, _) = watch::channel(state.revision());
+        let mut published = feed::Published::new(state.clone());
+        for e in log {
+            published.push(e);
+        }
+        published.trim(&config);
         Self {
-            writer: Mutex::new((state.clone(), object::Interner::default())),
-            published: RwLock::new(Published {
-                state: Arc::new(state),
-                log: VecDeque::new(),
-                oversized: VecDeque::new(),
-            }),
-            events,
+            writer: Mutex::new((state, interner)),
+            published: Arc::new(RwLock::new(published)),
+            head,
             pins: Mutex::new(HashMap::new()),
             config,
         }
@@ -214,20 +232,7 @@ impl Index {
                 prev,
             }));
         }
-        let excess = log.len().saturating_sub(config.log_retention);
-        log.drain(..excess);
-        let (events, _) = broadcast::channel(config.subscriber_buffer.max(1));
-        Self {
-            writer: Mutex::new((state.clone(), interner)),
-            published: RwLock::new(Published {
-                state: Arc::new(state),
-                log,
-                oversized: VecDeque::new(),
-            }),
-            events,
-            pins: Mutex::new(HashMap::new()),
-            config,
-        }
+        Self::over(config, state, interner, log)
     }
 
     /// The settings.
@@ -235,8 +240,18 @@ impl Index {
         &self.config
     }
 
-    /// Applies one batch and publishes it atomically; returns the events it produced.
+    /// Applies one batch and publishes it at once; returns the events it produced.
     pub fn apply(&self, changes: impl IntoIterator<Item = Change>) -> Vec<Arc<Event>> {
+        let staged = self.stage(changes);
+        let events = staged.events.clone();
+        self.publish(staged);
+        events
+    }
+
+    /// Applies one batch without making it visible: readers and subscribers see it
+    /// once it is passed to [`Index::publish`]. Staged batches are published in the
+    /// order they were staged.
+    pub fn stage(&self, changes: impl IntoIterator<Item = Change>) -> Staged {
         let mut writer = lock(&self.writer);
         let (state, interner) = &mut *writer;
         let mut events = Vec::new();
@@ -289,55 +304,77 @@ impl Index {
         }
         let events: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
         if events.is_empty() {
-            return events;
+            return Staged::default();
         }
-        let snapshot = Arc::new(state.clone());
-        drop(writer);
-        let mut published = self.published.write().unwrap_or_else(|e| e.into_inner());
-        published.state = snapshot;
-        if events.len() > self.config.subscriber_buffer {
-            published.oversized.push_back(events[0].revision);
-            if published.oversized.len() > 64 {
-                published.oversized.pop_front();
-            }
+        Staged {
+            state: Some(Arc::new(state.clone())),
+            events,
         }
-        for e in &events {
-            published.log.push_back(e.clone());
-            // Sent under the lock, so a subscriber registering under the read lock misses nothing.
-            let _ = self.events.send(e.clone());
-        }
-        let excess = published
-            .log
-            .len()
-            .saturating_sub(self.config.log_retention);
-        published.log.drain(..excess);
-        events
     }
 
-    /// The current state: consistent, at one revision, free to hold.
+    /// Makes staged batches visible: the state they reach, and their events to
+    /// subscribers and the log. Events missing between what was published and these
+    /// (dropped unpublished, as a failing store's backlog is) are a gap no watch can
+    /// resume across: the log restarts after it, and subscribers behind it are ended.
+    pub fn publish(&self, staged: Staged) {
+        let Staged {
+            state: Some(state),
+            events,
+        } = staged
+        else {
+            return;
+        };
+        let revision = state.revision();
+        let mut p = feed::write(&self.published);
+        if revision <= p.state.revision() {
+            return;
+        }
+        let continues = events
+            .first()
+            .is_some_and(|e| e.revision.0 == p.state.revision().0 + 1);
+        if !continues {
+            p.log.clear();
+            p.log_bytes = 0;
+        }
+        p.state = state;
+        if events.len() > self.config.subscriber_buffer
+            && let Some(first) = events.first()
+        {
+            p.oversized.push_back(first.revision);
+            if p.oversized.len() > 64 {
+                p.oversized.pop_front();
+            }
+        }
+        for e in events {
+            p.push(e);
+        }
+        p.trim(&self.config);
+        drop(p);
+        self.head.send_replace(revision);
+    }
+
+    /// The published state: consistent, at one revision, free to hold.
     pub fn snapshot(&self) -> Arc<State> {
-        self.published
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .state
-            .clone()
+        feed::read(&self.published).state.clone()
     }
 
     /// The oldest revision a watch can resume from.
     pub fn oldest_resumable(&self) -> Revision {
-        let p = self.published.read().unwrap_or_else(|e| e.into_inner());
-        p.log
-            .front()
-            .map_or(p.state.revision(), |e| Revision(e.revision.0 - 1))
+        feed::read(&self.published).oldest_resumable()
+    }
+
+    /// The events and their JSON bytes the log holds.
+    pub fn log_size(&self) -> (usize, usize) {
+        let p = feed::read(&self.published);
+        (p.log.len(), p.log_bytes)
     }
 
     /// Registers a subscriber from now (`None`) or after a revision.
     pub fn subscribe(&self, since: Option<Revision>) -> Result<Subscription, IndexError> {
-        let p = self.published.read().unwrap_or_else(|e| e.into_inner());
-        let live = self.events.subscribe();
+        let p = feed::read(&self.published);
         let current = p.state.revision();
-        let backlog = match since {
-            None => Vec::new(),
+        let position = match since {
+            None => current,
             Some(r) if r > current => {
                 return Err(IndexError::Future {
                     requested: r,
@@ -345,38 +382,33 @@ impl Index {
                 });
             }
             Some(r) => {
-                let oldest = p
-                    .log
-                    .front()
-                    .map_or(current, |e| Revision(e.revision.0 - 1));
+                let oldest = p.oldest_resumable();
                 if r < oldest {
                     return Err(IndexError::Expired {
                         requested: r,
                         oldest,
                     });
                 }
-                let skip = p.log.partition_point(|e| e.revision <= r);
-                p.log.iter().skip(skip).cloned().collect()
+                r
             }
         };
+        // Made under the read lock: any publication after this sees the receiver.
+        let head = self.head.subscribe();
         Ok(Subscription {
             snapshot: p.state.clone(),
-            backlog,
-            live,
+            feed: Feed {
+                published: self.published.clone(),
+                head,
+                reached: position,
+                buffer: self.config.subscriber_buffer,
+                caught_up: position >= current,
+            },
         })
-    }
-
-    /// Whether a batch larger than a subscriber's buffer was published after `revision`:
-    /// a subscriber that lagged across it did not fall behind by its own slowness, and
-    /// may catch up from the event log instead of being ended.
-    pub fn oversized_since(&self, revision: Revision) -> bool {
-        let p = self.published.read().unwrap_or_else(|e| e.into_inner());
-        p.oversized.iter().any(|r| *r > revision)
     }
 
     /// How many subscribers are registered.
     pub fn subscriber_count(&self) -> usize {
-        self.events.receiver_count()
+        self.head.receiver_count()
     }
 
     /// Keeps a snapshot for paging until `page_ttl` after its last use.

@@ -30,6 +30,18 @@ pub struct Event {
     pub prev: Option<ObjectRef>,
 }
 
+impl Event {
+    /// The JSON bytes the event holds: the object's, and the previous state's for a
+    /// modification (a delete's previous state is its object).
+    pub fn json_bytes(&self) -> usize {
+        self.object.json.len()
+            + match self.kind {
+                EventType::Modified => self.prev.as_ref().map_or(0, |p| p.json.len()),
+                _ => 0,
+            }
+    }
+}
+
 /// Objects ordered by key; a set of entries is also a map from key to object.
 pub(crate) type KeySet = OrdSet<Entry>;
 /// (resource, label key).

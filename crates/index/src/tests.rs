@@ -326,9 +326,14 @@ fn subscriptions_resume_from_the_log_and_expire_past_retention() {
             &[],
         ))]);
     }
-    let sub = idx.subscribe(Some(Revision(7))).unwrap();
+    let mut sub = idx.subscribe(Some(Revision(7))).unwrap();
     assert_eq!(
-        sub.backlog.iter().map(|e| e.revision.0).collect::<Vec<_>>(),
+        sub.feed
+            .try_next()
+            .unwrap()
+            .iter()
+            .map(|e| e.revision.0)
+            .collect::<Vec<_>>(),
         [8, 9, 10]
     );
     assert_eq!(idx.oldest_resumable(), Revision(5));
@@ -352,8 +357,8 @@ async fn live_events_reach_subscribers_and_laggards_are_told() {
         subscriber_buffer: 4,
         ..Config::default()
     });
-    let mut fast = idx.subscribe(None).unwrap().live;
-    let mut slow = idx.subscribe(None).unwrap().live;
+    let mut fast = idx.subscribe(None).unwrap().feed;
+    let mut slow = idx.subscribe(None).unwrap().feed;
     for i in 0..10 {
         idx.apply([Change::Upsert(input(
             "pods",
@@ -363,19 +368,108 @@ async fn live_events_reach_subscribers_and_laggards_are_told() {
             1,
             &[],
         ))]);
+        let got = fast.next().await.unwrap();
         assert_eq!(
-            fast.recv().await.unwrap().revision,
-            Revision(i + 1),
+            got.iter().map(|e| e.revision).collect::<Vec<_>>(),
+            [Revision(i + 1)],
             "a fast subscriber keeps up"
         );
     }
-    assert!(
-        matches!(
-            slow.recv().await,
-            Err(broadcast::error::RecvError::Lagged(_))
-        ),
+    assert_eq!(
+        slow.next().await.err(),
+        Some(FeedError::Behind {
+            reached: Revision(0),
+            missed: 10
+        }),
         "a slow one learns it fell behind"
     );
+}
+
+#[test]
+fn a_staged_batch_is_invisible_until_published() {
+    let idx = index();
+    idx.apply([Change::Upsert(input("pods", "c1", "ns", "a", 1, &[]))]);
+    let mut feed = idx.subscribe(None).unwrap().feed;
+    let staged = idx.stage([Change::Upsert(input("pods", "c1", "ns", "b", 1, &[]))]);
+    assert_eq!(staged.revision(), Some(Revision(2)));
+    assert_eq!(
+        idx.snapshot().revision(),
+        Revision(1),
+        "readers see the published state"
+    );
+    assert_eq!(idx.snapshot().len(), 1);
+    assert!(
+        feed.try_next().unwrap().is_empty(),
+        "subscribers see nothing staged"
+    );
+    assert!(matches!(
+        idx.subscribe(Some(Revision(2))),
+        Err(IndexError::Future { .. })
+    ));
+    // The next batch builds on the staged one; both are published in order.
+    let mut staged = staged;
+    staged.then(idx.stage([Change::Delete(ObjectKey::new(
+        "pods",
+        &"c1".into(),
+        "ns",
+        "a",
+    ))]));
+    idx.publish(staged);
+    assert_eq!(idx.snapshot().revision(), Revision(3));
+    assert_eq!(
+        names(&idx.snapshot().page(&Query::all("pods"), None, 10).items),
+        ["c1/pods/ns/b"]
+    );
+    let got: Vec<_> = feed
+        .try_next()
+        .unwrap()
+        .iter()
+        .map(|e| (e.revision.0, e.kind))
+        .collect();
+    assert_eq!(got, [(2, EventType::Added), (3, EventType::Deleted)]);
+}
+
+#[test]
+fn a_gap_in_what_is_published_ends_subscribers_behind_it() {
+    let idx = index();
+    idx.apply([Change::Upsert(input("pods", "c1", "ns", "a", 1, &[]))]);
+    let mut behind = idx.subscribe(None).unwrap().feed;
+    // Staged, then dropped without being published (a failing store's dropped backlog).
+    drop(idx.stage([Change::Upsert(input("pods", "c1", "ns", "b", 1, &[]))]));
+    idx.publish(idx.stage([Change::Upsert(input("pods", "c1", "ns", "c", 1, &[]))]));
+    assert_eq!(idx.oldest_resumable(), Revision(2));
+    assert_eq!(
+        behind.try_next().err(),
+        Some(FeedError::Expired {
+            reached: Revision(1),
+            oldest: Revision(2)
+        })
+    );
+    assert!(matches!(
+        idx.subscribe(Some(Revision(1))),
+        Err(IndexError::Expired { .. })
+    ));
+}
+
+#[test]
+fn the_log_is_bounded_in_bytes() {
+    let idx = Index::new(Config {
+        log_bytes: 10_000,
+        ..Config::default()
+    });
+    let mut big = input("configmaps", "c1", "ns", "big", 1, &[]);
+    for i in 0..50 {
+        big.json = format!("{{\"i\":{i},\"pad\":\"{}\"}}", "x".repeat(2_000));
+        idx.apply([Change::Upsert(big.clone())]);
+    }
+    let (events, bytes) = idx.log_size();
+    assert!(bytes <= 10_000, "log holds {bytes} bytes");
+    assert!(events >= 2, "the newest events are kept: {events}");
+    assert_eq!(idx.oldest_resumable(), Revision(50 - events as u64));
+    assert!(matches!(
+        idx.subscribe(Some(Revision(10))),
+        Err(IndexError::Expired { .. })
+    ));
 }
 
 #[test]
@@ -670,8 +764,7 @@ proptest! {
         let mut model: BTreeMap<ObjectKey, ObjectInput> = BTreeMap::new();
         let mut replayed: BTreeMap<ObjectKey, ObjectRef> = BTreeMap::new();
         let mut last = Revision(0);
-        let sub = idx.subscribe(None).unwrap();
-        let mut live = sub.live;
+        let mut feed = idx.subscribe(None).unwrap().feed;
         for op in ops {
             let change = match op {
                 Op::Upsert { cluster, ns, name, rv, app } => {
@@ -702,16 +795,22 @@ proptest! {
                     Change::RemoveCluster(c)
                 }
             };
-            for e in idx.apply([change]) {
+            let events = idx.apply([change]);
+            for e in &events {
                 prop_assert_eq!(e.revision, last.next(), "revisions are dense and increasing");
                 last = e.revision;
                 match e.kind {
                     EventType::Deleted => { replayed.remove(&e.object.key); }
                     _ => { replayed.insert(e.object.key.clone(), e.object.clone()); }
                 }
-                let got = live.try_recv().unwrap();
-                prop_assert_eq!(got.revision, e.revision);
             }
+            let mut fed = Vec::new();
+            loop {
+                let got = feed.try_next().unwrap();
+                if got.is_empty() { break; }
+                fed.extend(got.iter().map(|e| e.revision));
+            }
+            prop_assert_eq!(fed, events.iter().map(|e| e.revision).collect::<Vec<_>>(), "the feed hands over every event in order");
         }
         let s = idx.snapshot();
         let selectors = ["", "app=web", "app!=web", "app in (db,cache)"];

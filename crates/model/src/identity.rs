@@ -76,6 +76,18 @@ impl Revision {
     pub fn next(self) -> Self {
         Revision(self.0 + 1)
     }
+
+    /// Where a start that does not continue a store begins: the wall clock in
+    /// nanoseconds since the Unix epoch. Every earlier run began at an earlier clock
+    /// reading and issued one revision per change since, far fewer than a billion a
+    /// second, so this is above anything it could have issued, and a revision from it
+    /// is refused (older than the log) rather than taken to mean another change.
+    pub fn fresh_start() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Revision(u64::try_from(nanos).unwrap_or(u64::MAX / 2))
+    }
 }
 
 impl fmt::Display for Revision {

@@ -300,6 +300,10 @@ pub trait Store: Send + Sync {
             .into_iter()
             .partition(|((id, _), _)| Some(*id) == current);
         if !stale.is_empty() {
+            tracing::warn!(
+                chunks = stale.len(),
+                "removing the chunks of a snapshot whose writing was interrupted"
+            );
             self.write(
                 stale
                     .iter()

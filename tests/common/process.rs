@@ -1,0 +1,81 @@
+//! `fleetscope serve` as a process of its own, for tests where crashes matter: killed
+//! with SIGKILL, restarted over the same data directory.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// The fleetscope binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_fleetscope");
+
+/// A running `fleetscope serve`, killed (SIGKILL) when dropped.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Server {
+    /// `fleetscope serve` over `kubeconfig` on a free loopback port, with `args`
+    /// added, logging to `log` (appended).
+    pub fn start(kubeconfig: &Path, args: &[&str], log: &Path) -> Self {
+        let port = free_port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file opens");
+        let child = Command::new(BIN)
+            .arg("serve")
+            .args(args)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("RUST_LOG", "info,fleetscope::persist=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("fleetscope serve starts");
+        Self { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Panics with the log if the process has exited.
+    pub fn assert_running(&mut self, log: &Path) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "serve exited with {status}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+    }
+
+    /// The resident memory of the process, in bytes (Linux).
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}

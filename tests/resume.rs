@@ -1,0 +1,629 @@
+//! A revision means one change forever, as a subscriber sees it. `fleetscope serve`
+//! runs as a process over simulated clusters that keep changing; a subscriber keeps the
+//! state it rebuilds from its Watch events and resumes from the last revision it
+//! received after every restart:
+//! - killed with SIGKILL thirty times (compactions and snapshots included), every
+//!   resume is accepted and the rebuilt state ends equal to the clusters', with
+//!   revisions strictly increasing throughout;
+//! - restarted without continuing its store (`--no-persist`, or a store moved aside
+//!   as damaged), the resume is OUT_OF_RANGE (never NOT_FOUND, never other events) and
+//!   a re-list plus a Watch from the list's revision converges;
+//! - repeated updates of one multi-megabyte object keep the server's memory within
+//!   the event log's byte bound.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::PATIENCE;
+use common::process::Server;
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{EventType, GetRequest, ListRequest, Query, WatchEvent, WatchRequest};
+use fleetscope_sim::store::ReadAt;
+use fleetscope_sim::{FleetSpec, SimFleet};
+use serde_json::json;
+use tonic::{Code, Status, Streaming};
+
+const KILLS: usize = 30;
+
+/// (cluster, namespace, name).
+type Key = (String, String, String);
+
+/// What a subscriber knows: the objects it rebuilt (→ resourceVersion) and the last
+/// revision it was given.
+#[derive(Default)]
+struct Subscriber {
+    state: BTreeMap<Key, String>,
+    last: Option<u64>,
+    /// Still receiving initial events (which carry each object's own revision).
+    initial: bool,
+    events: usize,
+}
+
+impl Subscriber {
+    fn apply(&mut self, e: &WatchEvent) {
+        let kind = e.r#type();
+        match kind {
+            EventType::Added | EventType::Modified | EventType::Deleted => {
+                let o = e.object.as_ref().expect("a change carries its object");
+                let key = (o.cluster.clone(), o.namespace.clone(), o.name.clone());
+                if !self.initial {
+                    let last = self.last.expect("a position before changes");
+                    assert!(
+                        e.revision > last,
+                        "revisions strictly increase: {} after {last}",
+                        e.revision
+                    );
+                    self.last = Some(e.revision);
+                }
+                if kind == EventType::Deleted {
+                    self.state.remove(&key);
+                } else {
+                    self.state.insert(key, o.resource_version.clone());
+                }
+                self.events += 1;
+            }
+            EventType::InitialEventsEnd => {
+                self.initial = false;
+                self.last = Some(e.revision);
+            }
+            EventType::Bookmark => {
+                if let Some(last) = self.last {
+                    assert!(e.revision >= last, "a bookmark never goes back");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Opens its Watch on `url`: from its last revision, or with initial events.
+    /// Starting, discovering or unreachable servers are retried; any other refusal
+    /// is returned.
+    async fn watch(&mut self, url: &str) -> Result<Streaming<WatchEvent>, Status> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let attempt = async {
+                let mut client = FleetClient::connect(url.to_string())
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                client
+                    .watch(WatchRequest {
+                        query: Some(query()),
+                        since_revision: self.last.unwrap_or(0),
+                        send_initial_events: self.last.is_none(),
+                        ..Default::default()
+                    })
+                    .await
+            };
+            match attempt.await {
+                Ok(stream) => {
+                    self.initial = self.last.is_none();
+                    return Ok(stream.into_inner());
+                }
+                Err(s) if s.code() == Code::Unavailable => {
+                    assert!(tokio::time::Instant::now() < deadline, "never served: {s}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(s) => return Err(s),
+            }
+        }
+    }
+
+    /// Reads events until `until`; then (the server killed) what it had already sent.
+    async fn read_until(
+        &mut self,
+        stream: &mut Streaming<WatchEvent>,
+        until: tokio::time::Instant,
+    ) {
+        loop {
+            tokio::select! {
+                m = stream.message() => match m {
+                    Ok(Some(e)) => self.apply(&e),
+                    Ok(None) => panic!("the server ended the watch"),
+                    Err(s) => panic!("the watch failed: {s}"),
+                },
+                _ = tokio::time::sleep_until(until) => return,
+            }
+        }
+    }
+
+    /// Takes what the killed server had sent before it died.
+    async fn drain(&mut self, stream: &mut Streaming<WatchEvent>) {
+        while let Ok(Ok(Some(e))) = tokio::time::timeout(PATIENCE, stream.message()).await {
+            self.apply(&e);
+        }
+    }
+
+    /// Reads until its state equals the clusters'.
+    async fn converge(&mut self, stream: &mut Streaming<WatchEvent>, fleet: &SimFleet) {
+        let want = truth(fleet);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.state != want {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, stream.message()).await {
+                Ok(Ok(Some(e))) => self.apply(&e),
+                other => panic!(
+                    "never converged ({other:?}): {} objects held, {} in the clusters; differing: {:?}",
+                    self.state.len(),
+                    want.len(),
+                    diff(&self.state, &want)
+                ),
+            }
+        }
+    }
+}
+
+fn diff(a: &BTreeMap<Key, String>, b: &BTreeMap<Key, String>) -> Vec<String> {
+    let mut out: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, v)| format!("held {k:?}@{v} (cluster: {:?})", b.get(k)))
+        .chain(
+            b.iter()
+                .filter(|(k, _)| !a.contains_key(*k))
+                .map(|(k, v)| format!("missing {k:?}@{v}")),
+        )
+        .collect();
+    out.truncate(10);
+    out
+}
+
+fn query() -> Query {
+    Query {
+        resource: "configmaps".into(),
+        ..Default::default()
+    }
+}
+
+/// The clusters' configmaps at their latest resourceVersion.
+fn truth(fleet: &SimFleet) -> BTreeMap<Key, String> {
+    let mut out = BTreeMap::new();
+    for s in fleet.servers() {
+        let snap = s
+            .cluster()
+            .store
+            .snapshot("configmaps", ReadAt::Latest)
+            .unwrap();
+        for o in snap.objects.values() {
+            out.insert(
+                (
+                    s.cluster().name().to_string(),
+                    o.namespace.clone(),
+                    o.name.clone(),
+                ),
+                o.rv.to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// Configmaps created, changed and deleted in every cluster until stopped, each with
+/// `bytes` of data (large enough that the store snapshots and compacts often).
+struct Churn {
+    stop: Arc<AtomicBool>,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Churn {
+    fn start(fleet: &SimFleet, bytes: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers = fleet
+            .servers()
+            .iter()
+            .map(|s| {
+                let cluster = s.cluster().clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    // Data that does not compress away, so snapshots take real writing.
+                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ bytes as u64;
+                    let mut pad = move || {
+                        let mut out = String::with_capacity(bytes);
+                        while out.len() < bytes {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            out.push_str(&format!("{seed:016x}"));
+                        }
+                        out
+                    };
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let name = format!("churn-{}", i % 100);
+                        let data = json!({"i": i.to_string(), "pad": pad()});
+                        let store = &cluster.store;
+                        match store.get("configmaps", "team-0", &name) {
+                            None => {
+                                let _ = store.create(
+                                    "configmaps",
+                                    Some("team-0"),
+                                    json!({"metadata": {"name": name}, "data": data}),
+                                );
+                            }
+                            Some(_) if i.is_multiple_of(4) => {
+                                let _ = store.delete("configmaps", "team-0", &name);
+                            }
+                            Some(o) => {
+                                let mut v = o.value();
+                                v["data"] = data;
+                                let _ = store.update("configmaps", "team-0", &name, v);
+                            }
+                        }
+                        i += 1;
+                        // About 250 changes a second per cluster.
+                        tokio::time::sleep(Duration::from_millis(4)).await;
+                    }
+                })
+            })
+            .collect();
+        Self { stop, writers }
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for w in self.writers {
+            w.await.unwrap();
+        }
+    }
+}
+
+struct Setup {
+    fleet: SimFleet,
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn start() -> Self {
+        let fleet = SimFleet::start(&FleetSpec::numbered(2, 100, 0.0))
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        fleet
+            .write_kubeconfig(&dir.path().join("kubeconfig"))
+            .unwrap();
+        Self { fleet, dir }
+    }
+
+    fn kubeconfig(&self) -> std::path::PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self) -> std::path::PathBuf {
+        self.dir.path().join("serve.log")
+    }
+
+    fn serve(&self, args: &[&str]) -> Server {
+        let mut all = vec!["--resources", "configmaps"];
+        all.extend_from_slice(args);
+        Server::start(&self.kubeconfig(), &all, &self.log())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_clusters() {
+    let setup = Setup::start().await;
+    let churn = Churn::start(&setup.fleet, 3_000);
+    let data = setup.data();
+    let data = data.to_str().unwrap();
+    // Compactions at every opportunity; a resume log long enough for any resume.
+    let args = [
+        "--data-dir",
+        data,
+        "--compact-share",
+        "0",
+        "--compact-min-mib",
+        "0",
+        "--event-log-disk-share",
+        "100",
+        // The subscriber here is a debug build reading a restart's whole backlog:
+        // it is not to be ended for slowness.
+        "--subscriber-buffer",
+        "1000000",
+    ];
+    let started = std::time::Instant::now();
+    let mut sub = Subscriber::default();
+    // A fixed seed: the kill moments vary across rounds and repeat across runs.
+    let mut seed: u64 = 0x5eed_1ea5_c0de_0001;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // Each third round is killed as a snapshot is being written, each third as the
+    // store is being compacted, the rest at a random moment.
+    let writes = [
+        ("writing a snapshot", "snapshot written"),
+        ("compacting the store", "store compacted"),
+    ];
+    let mut mid_write = [0usize; 2];
+    for round in 0..KILLS {
+        let from = log_len(&setup.log());
+        let mut server = setup.serve(&args);
+        let mut stream = match sub.watch(&server.url()).await {
+            Ok(s) => s,
+            Err(s) => panic!(
+                "round {round}: the resume from revision {:?} was refused: {s}",
+                sub.last
+            ),
+        };
+        server.assert_running(&setup.log());
+        // Changes flow again (a restart first replays what the clusters did meanwhile),
+        // then the kill lands at a random moment.
+        let before = sub.events;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while sub.events == before && tokio::time::Instant::now() < deadline {
+            let until = tokio::time::Instant::now() + Duration::from_millis(5);
+            sub.read_until(&mut stream, until).await;
+        }
+        let until = tokio::time::Instant::now() + Duration::from_millis(next() % 300);
+        sub.read_until(&mut stream, until).await;
+        let during = match round % 3 {
+            1 => Some(0),
+            2 => Some(1),
+            _ => None,
+        };
+        if let Some(w) = during {
+            let (start, _) = writes[w];
+            let seen = log_len(&setup.log());
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+            // Reading on, so the server is never held up by its subscriber.
+            while !log_since(&setup.log(), seen).contains(start)
+                && tokio::time::Instant::now() < deadline
+            {
+                let until = tokio::time::Instant::now() + Duration::from_millis(1);
+                sub.read_until(&mut stream, until).await;
+            }
+        }
+        server.kill();
+        sub.drain(&mut stream).await;
+        eprintln!(
+            "round {round} ended at {:.1} s, {} events so far",
+            started.elapsed().as_secs_f64(),
+            sub.events
+        );
+        if let Some(w) = during {
+            // What the killed process logged last about that write: begun, not ended.
+            let (start, end) = writes[w];
+            let run = log_since(&setup.log(), from);
+            if let Some(at) = run.rfind(start)
+                && !run[at..].contains(end)
+            {
+                mid_write[w] += 1;
+            }
+        }
+    }
+    churn.stop().await;
+    let server = setup.serve(&args);
+    let mut stream = sub.watch(&server.url()).await.expect("the last resume");
+    sub.converge(&mut stream, &setup.fleet).await;
+    let logged = std::fs::read_to_string(setup.log()).unwrap();
+    let snapshots = logged.matches("snapshot written").count();
+    let compactions = logged.matches("store compacted").count();
+    let unfinished = logged
+        .matches("snapshot whose writing was interrupted")
+        .count();
+    let unfinished_compactions = logged.matches("removing an unfinished compaction").count()
+        + logged.matches("finishing a compaction's switch").count();
+    eprintln!(
+        "{} events over {KILLS} kills; {snapshots} snapshots and {compactions} compactions written; killed while writing a snapshot {} times, while compacting {} times; found at the next start: {unfinished} unfinished snapshots, {unfinished_compactions} unfinished compactions",
+        sub.events, mid_write[0], mid_write[1]
+    );
+    assert!(
+        mid_write[0] > 0,
+        "a kill landed while a snapshot was being written"
+    );
+    assert!(
+        mid_write[1] > 0,
+        "a kill landed while the store was being compacted"
+    );
+    setup.fleet.shutdown().await;
+}
+
+fn log_len(log: &Path) -> usize {
+    std::fs::metadata(log).map_or(0, |m| m.len() as usize)
+}
+
+/// What the log gained after `from` bytes.
+fn log_since(log: &Path, from: usize) -> String {
+    let all = std::fs::read(log).unwrap_or_default();
+    String::from_utf8_lossy(all.get(from..).unwrap_or_default()).into_owned()
+}
+
+/// Lists every configmap with paging, retrying while the server starts; returns the
+/// objects and the list's revision.
+async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    'again: loop {
+        let mut client = FleetClient::connect(url.to_string()).await.unwrap();
+        let (mut out, mut token, mut revision) = (BTreeMap::new(), String::new(), 0);
+        loop {
+            let page = match client
+                .list(ListRequest {
+                    query: Some(query()),
+                    limit: 50,
+                    page_token: token,
+                })
+                .await
+            {
+                Ok(p) => p.into_inner(),
+                Err(s) if s.code() == Code::Unavailable => {
+                    assert!(tokio::time::Instant::now() < deadline, "never listed: {s}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue 'again;
+                }
+                Err(s) => panic!("list refused: {s}"),
+            };
+            revision = page.revision.max(revision);
+            for o in page.items {
+                out.insert((o.cluster, o.namespace, o.name), o.resource_version);
+            }
+            if page.next_page_token.is_empty() {
+                return (out, revision);
+            }
+            token = page.next_page_token;
+        }
+    }
+}
+
+/// A subscriber of a server that is restarted without its store (`damage` prepares
+/// the restart: moves or spoils the store): its resume is OUT_OF_RANGE, and a list
+/// plus a watch from the list's revision converges, with every new revision above
+/// every old one.
+async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl Fn(&Path)) {
+    let setup = Setup::start().await;
+    let churn = Churn::start(&setup.fleet, 200);
+    let mut sub = Subscriber::default();
+    let mut server = setup.serve(args);
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    // Some changes after the initial state.
+    while sub.last.is_none() || sub.events < 400 {
+        let until = tokio::time::Instant::now() + Duration::from_millis(50);
+        sub.read_until(&mut stream, until).await;
+    }
+    server.kill();
+    sub.drain(&mut stream).await;
+    let old = sub.last.unwrap();
+    damage(&setup.data());
+    let server = setup.serve(args);
+    // Retryable while starting; then the old revision is refused, never NOT_FOUND and
+    // never answered with the new run's events.
+    let refused = sub
+        .watch(&server.url())
+        .await
+        .expect_err("an old revision cannot be resumed from a store not continued");
+    assert_eq!(refused.code(), Code::OutOfRange, "{refused}");
+    assert!(refused.message().contains("list again"), "{refused}");
+    churn.stop().await;
+    let (listed, revision) = list_all(&server.url()).await;
+    assert!(
+        revision > old,
+        "the new run's revisions ({revision}) are above the old ({old})"
+    );
+    let mut sub = Subscriber {
+        state: listed,
+        last: Some(revision),
+        ..Default::default()
+    };
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    sub.converge(&mut stream, &setup.fleet).await;
+    assert!(sub.last.unwrap() > old);
+    setup.fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_in_memory_an_old_revision_is_out_of_range_and_a_relist_converges() {
+    a_restart_that_does_not_continue_the_store(&["--no-persist"], |_| {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_damaged_store_is_moved_aside_an_old_revision_is_out_of_range_and_a_relist_converges()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap().to_string();
+    a_restart_that_does_not_continue_the_store(&["--data-dir", &data], |_| {
+        // A record no build can read: the store is moved aside at the next start.
+        use fleetscope_store::Store;
+        let opened = fleetscope_store::SledStore::open(Path::new(&data)).unwrap();
+        assert!(opened.moved_aside.is_none());
+        opened
+            .store
+            .write(vec![(b"m:schema".to_vec(), Some(b"spoiled".to_vec()))])
+            .unwrap();
+    })
+    .await;
+    let aside = std::fs::read_dir(dir.path().join("data"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("db.damaged-"));
+    assert!(aside, "the damaged store was moved aside");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_updates_of_a_multi_megabyte_object_keep_memory_within_the_event_log_bound() {
+    const BOUND_MIB: u64 = 32;
+    const SIZE: usize = 2 << 20;
+    const UPDATES: usize = 100;
+    let setup = Setup::start().await;
+    let server = setup.serve(&["--no-persist", "--event-log-mib", &BOUND_MIB.to_string()]);
+    let store = &setup.fleet.servers()[0].cluster().store;
+    let big = |i: usize| json!({"metadata": {"name": "big"}, "data": {"v": format!("{i:08}{}", "y".repeat(SIZE))}});
+    store.create("configmaps", Some("team-0"), big(0)).unwrap();
+    // A subscriber reads every change, as the one that met this did.
+    let mut sub = Subscriber::default();
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(e)) = stream.message().await {
+            sub.apply(&e);
+        }
+    });
+    let client = FleetClient::connect(server.url()).await.unwrap();
+    let held = |rv: String| {
+        let mut client = client.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                let got = client
+                    .get(GetRequest {
+                        cluster: "sim-1".into(),
+                        resource: "configmaps".into(),
+                        namespace: "team-0".into(),
+                        name: "big".into(),
+                        ..Default::default()
+                    })
+                    .await;
+                if let Ok(r) = got
+                    && r.into_inner().object.unwrap().resource_version == rv
+                {
+                    return;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "never held {rv}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let rv = store
+        .get("configmaps", "team-0", "big")
+        .unwrap()
+        .rv
+        .to_string();
+    held(rv).await;
+    let before = server.resident_bytes().unwrap();
+    let mut last = String::new();
+    for i in 1..=UPDATES {
+        let o = store.update("configmaps", "team-0", "big", big(i)).unwrap();
+        last = o.rv.to_string();
+        // Paced by what the server has taken, so the figure is what it keeps.
+        if i % 10 == 0 {
+            held(last.clone()).await;
+        }
+    }
+    held(last).await;
+    let after = server.resident_bytes().unwrap();
+    let grown = after.saturating_sub(before);
+    // Unbounded, the log alone would hold every version twice (object and previous
+    // state): about 400 MB.
+    let allowed = (BOUND_MIB << 20) + (64 << 20);
+    eprintln!(
+        "resident {:.0} MB before, {:.0} MB after {UPDATES} updates of a {} MB object; grown {:.0} MB (allowed {:.0})",
+        before as f64 / 1e6,
+        after as f64 / 1e6,
+        SIZE >> 20,
+        grown as f64 / 1e6,
+        allowed as f64 / 1e6
+    );
+    assert!(grown < allowed, "resident memory grew by {grown} bytes");
+    reader.abort();
+    setup.fleet.shutdown().await;
+}
