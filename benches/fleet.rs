@@ -206,13 +206,20 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
     let start = Instant::now();
     let held: usize;
     match which {
-        "fleetscope" => {
+        "fleetscope" | "fleetscope-persisted" => {
             let sources = fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap();
             let config = EngineConfig {
                 resources: vec!["pods".into()],
                 ..EngineConfig::default()
             };
-            let engine = Engine::start(sources, config);
+            // With a store, objects are served (and counted synced) once durable.
+            let data = tempfile::tempdir().unwrap();
+            let engine = if which == "fleetscope" {
+                Engine::start(sources, config)
+            } else {
+                let opened = fleetscope_store::SledStore::open(data.path()).unwrap();
+                Engine::start_with_store(sources, config, Arc::new(opened.store), opened.loaded)
+            };
             wait_synced(&engine, total).await;
             held = engine.index.snapshot().len();
             let elapsed = start.elapsed();
@@ -220,7 +227,11 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
             let pruned = held_json(&engine.index);
             let cpu = cpu_time() - cpu_before;
             report(
-                "fleetscope",
+                if which == "fleetscope" {
+                    "fleetscope"
+                } else {
+                    "fleetscope, stored"
+                },
                 held,
                 list_bytes,
                 elapsed,
@@ -310,7 +321,7 @@ fn sync() {
     let runs = env_usize("FLEET_BENCH_RUNS", 5);
     let mut figures: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for _ in 0..runs {
-        for which in ["fleetscope", "reflector"] {
+        for which in ["fleetscope", "fleetscope-persisted", "reflector"] {
             let dir = dir.path().to_string_lossy();
             for f in run_child(&["--child", which, &dir, &bytes], "#figures ") {
                 let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
@@ -336,7 +347,7 @@ fn sync() {
             mb / cpu,
             mb / hi,
             mb / lo,
-            if *which == "fleetscope" {
+            if which.starts_with("fleetscope") {
                 " (goal ≥ 200)"
             } else {
                 ""
@@ -704,6 +715,17 @@ async fn fanout_round(
         percentile(&mut l, 0.5),
         p99
     );
+    if let Some(s) = engine.store_stats() {
+        println!(
+            "    store: {} writes, longest {:.1} ms; {} snapshots (last {:.1} ms); {} compactions (last {:.1} ms)",
+            s.flushes,
+            s.max_flush.as_secs_f64() * 1e3,
+            s.snapshots,
+            s.last_snapshot.as_secs_f64() * 1e3,
+            s.compactions,
+            s.last_compaction.as_secs_f64() * 1e3
+        );
+    }
     engine.shutdown(Duration::from_secs(5)).await;
     p99
 }
@@ -844,14 +866,10 @@ async fn wait_synced(engine: &Engine, total: usize) {
     }
 }
 
+/// Waits until everything staged is durable and published.
 async fn wait_written(engine: &Engine) {
-    loop {
-        let s = engine.store_stats().unwrap();
-        if s.pending == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let persister = engine.persister().unwrap();
+    published(&engine.index, &persister).await;
 }
 
 /// The restart part: the simulated clusters in a process of their own, and the cold

@@ -107,6 +107,9 @@ struct Pending {
     field_indexes: Option<Vec<String>>,
     /// The index's state to write as the next snapshot, captured at a recorded revision.
     snapshot: Option<Arc<State>>,
+    /// The snapshot must be written with this batch, not beside it: gathered events
+    /// were dropped for it, or the store has none yet to follow.
+    snapshot_inline: bool,
     revision: Revision,
     /// Bytes of the gathered events.
     bytes: usize,
@@ -147,6 +150,7 @@ impl Pending {
         if self.snapshot.is_some() {
             older.snapshot = self.snapshot.take();
         }
+        older.snapshot_inline |= self.snapshot_inline;
         if self.state.is_some() {
             older.state = self.state.take();
         }
@@ -199,6 +203,12 @@ pub struct Persister {
     /// Where durable batches are published.
     index: Arc<Index>,
     status: StatusTable,
+    /// A snapshot being written beside the batches, and one written and waiting to
+    /// be made current by the next batch (with how long its writing took).
+    snapshotting: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    snapshot_ready: Mutex<Option<(SnapshotMeta, Duration)>>,
+    /// A compaction (or the size check before one) running beside the writes.
+    compacting: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,6 +331,9 @@ impl Persister {
             compacted: AtomicU64::new(0),
             index,
             status,
+            snapshotting: Mutex::new(None),
+            snapshot_ready: Mutex::new(None),
+            compacting: Mutex::new(None),
         }
     }
 
@@ -392,7 +405,11 @@ impl Persister {
                 || (p.bytes > self.config.max_pending_bytes && p.events.len() > 1)
             {
                 match p.events.pop_front() {
-                    Some(e) => p.bytes -= e.json_bytes(),
+                    Some(e) => {
+                        p.bytes -= e.json_bytes();
+                        // The log on disk then continues only after the snapshot.
+                        p.snapshot_inline = true;
+                    }
                     None => break,
                 }
             }
@@ -424,7 +441,10 @@ impl Persister {
     /// next write. A store that starts empty above revision 0 is given its starting
     /// point this way: the events after it then follow a snapshot, as a load expects.
     pub fn write_snapshot_of(&self, state: Arc<State>) {
-        lock(&self.pending).snapshot = Some(state);
+        let mut p = lock(&self.pending);
+        p.snapshot = Some(state);
+        p.snapshot_inline = true;
+        drop(p);
         self.wake.notify_one();
     }
 
@@ -486,6 +506,16 @@ impl Persister {
     /// Writes what has gathered, then lets the store go (closing it once nothing else holds it).
     pub async fn close(self: &Arc<Self>) -> Result<(), ()> {
         let flushed = self.flush().await;
+        // A snapshot being written holds the store: it finishes first (its chunks are
+        // removed at the next start, as an interrupted snapshot's are).
+        let writing = lock(&self.snapshotting).take();
+        if let Some(task) = writing {
+            let _ = task.await;
+        }
+        let compacting = lock(&self.compacting).take();
+        if let Some(task) = compacting {
+            let _ = task.await;
+        }
         lock(&self.store).take();
         flushed
     }
@@ -493,7 +523,7 @@ impl Persister {
     /// Writes everything gathered so far.
     pub async fn flush(self: &Arc<Self>) -> Result<(), ()> {
         let _writing = self.writing.lock().await;
-        let taken = {
+        let mut taken = {
             let mut p = lock(&self.pending);
             if p.is_empty() {
                 return Ok(());
@@ -507,19 +537,34 @@ impl Persister {
                 },
             )
         };
+        // A snapshot that can follow the log is written beside the batches, so that a
+        // batch's publication never waits for one; the next batch makes it current.
+        if taken.snapshot.is_some() && !taken.snapshot_inline {
+            if lock(&self.disk).snapshot.is_some() {
+                if let Some(state) = taken.snapshot.take() {
+                    self.start_snapshot(state);
+                }
+            } else {
+                taken.snapshot_inline = true;
+            }
+        }
+        let ready = lock(&self.snapshot_ready).take();
         let this = self.clone();
         let started = Instant::now();
         let (taken, result) = tokio::task::spawn_blocking(move || {
-            let result = this
-                .write(&taken)
-                .map(|written| (written, this.compact_if_grown()));
+            let result = this.write(&taken, ready);
             (taken, result)
         })
         .await
-        .unwrap_or_else(|e| (Pending::default(), Err(format!("store writer failed: {e}"))));
+        .unwrap_or_else(|e| {
+            (
+                Pending::default(),
+                Err((format!("store writer failed: {e}"), None)),
+            )
+        });
         let took = started.elapsed();
         let outcome = match result {
-            Ok(((disk, events, snapshot_took), size)) => {
+            Ok((disk, events, snapshot_took)) => {
                 // Durable: now, and only now, visible.
                 self.publish(taken);
                 *lock(&self.disk) = disk;
@@ -535,10 +580,12 @@ impl Persister {
                 }
                 s.last_flush = took;
                 s.max_flush = s.max_flush.max(took);
-                s.size_on_disk = size;
                 Ok(())
             }
-            Err(e) => {
+            Err((e, ready)) => {
+                if ready.is_some() {
+                    *lock(&self.snapshot_ready) = ready;
+                }
                 let mut s = lock(&self.stats);
                 if s.last_error.as_deref() != Some(e.as_str()) {
                     tracing::error!(error = %e, "store write failed: changes are kept in memory and retried");
@@ -550,7 +597,58 @@ impl Persister {
             }
         };
         self.written.notify_waiters();
+        if outcome.is_ok() {
+            self.start_compaction();
+        }
         outcome
+    }
+
+    /// Checks the store's size, and compacts it in the background when it has grown
+    /// past its limits: writes go on meanwhile (one at a time, as ever).
+    fn start_compaction(self: &Arc<Self>) {
+        let mut compacting = lock(&self.compacting);
+        if compacting.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let this = self.clone();
+        *compacting = Some(tokio::task::spawn_blocking(move || {
+            let size = this.compact_if_grown();
+            lock(&this.stats).size_on_disk = size;
+        }));
+    }
+
+    /// Writes `state` as a snapshot's chunks in the background (one at a time; a
+    /// later due snapshot is captured again once this one is current).
+    fn start_snapshot(self: &Arc<Self>, state: Arc<State>) {
+        let mut writing = lock(&self.snapshotting);
+        if writing.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Some(store) = lock(&self.store).clone() else {
+            return;
+        };
+        let this = self.clone();
+        *writing = Some(tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let revision = state.revision();
+            tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
+            // Encoded straight from the index's objects: nothing is copied first.
+            match fleetscope_store::write_snapshot(
+                &*store,
+                revision.0,
+                revision,
+                state.iter().map(|o| &**o),
+            ) {
+                Ok(meta) => {
+                    tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
+                    *lock(&this.snapshot_ready) = Some((meta, started.elapsed()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");
+                }
+            }
+            this.wake.notify_one();
+        }));
     }
 
     /// Makes a durable batch visible: the index's state and events, then the streams'
@@ -570,7 +668,8 @@ impl Persister {
     }
 
     /// Compacts the store when its file has grown past its limits (see
-    /// [`PersistConfig::compact_share`]), and returns its size on disk. A failed
+    /// [`PersistConfig::compact_share`]), and returns its size on disk. Runs beside
+    /// the writes, which wait only for the switch to the compacted copy. A failed
     /// compaction is logged and leaves the store as it was; the next is tried once the
     /// file has grown by half again.
     fn compact_if_grown(&self) -> u64 {
@@ -614,10 +713,28 @@ impl Persister {
 
     /// Writes one gathered batch (and a snapshot, when one was captured); returns the
     /// store's new extent, the events written and how long a snapshot took.
-    fn write(&self, p: &Pending) -> Result<(OnDisk, u64, Option<Duration>), String> {
-        let store = lock(&self.store)
-            .clone()
-            .ok_or_else(|| "the store is closed".to_string())?;
+    #[allow(clippy::type_complexity)]
+    fn write(
+        &self,
+        p: &Pending,
+        ready: Option<(SnapshotMeta, Duration)>,
+    ) -> Result<(OnDisk, u64, Option<Duration>), (String, Option<(SnapshotMeta, Duration)>)> {
+        let Some(store) = lock(&self.store).clone() else {
+            return Err(("the store is closed".to_string(), ready));
+        };
+        match self.write_to(&*store, p, ready) {
+            Ok(done) => Ok(done),
+            Err((e, ready)) => Err((e, ready)),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn write_to(
+        &self,
+        store: &dyn Store,
+        p: &Pending,
+        ready: Option<(SnapshotMeta, Duration)>,
+    ) -> Result<(OnDisk, u64, Option<Duration>), (String, Option<(SnapshotMeta, Duration)>)> {
         let mut disk = lock(&self.disk).clone();
         let mut batch = Batch {
             revision: p.revision,
@@ -632,18 +749,28 @@ impl Persister {
             }
         }
         let mut snapshot_took = None;
-        if let Some(state) = &p.snapshot {
+        if let Some(state) = p.snapshot.as_ref().filter(|_| p.snapshot_inline) {
             let started = Instant::now();
             let revision = state.revision();
             tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
             // Encoded straight from the index's objects: nothing is copied first.
             let objects = state.iter().map(|o| &**o);
-            let meta = fleetscope_store::write_snapshot(&*store, revision.0, revision, objects)
-                .map_err(|e| e.to_string())?;
+            let meta = fleetscope_store::write_snapshot(store, revision.0, revision, objects)
+                .map_err(|e| (e.to_string(), ready))?;
             batch.snapshot = Some((meta, disk.snapshot));
             disk.snapshot = Some(meta);
             snapshot_took = Some(started.elapsed());
             tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
+        } else if let Some((meta, took)) = ready {
+            // Written beside earlier batches: current from this one on, unless a newer
+            // one already is (its chunks are then removed).
+            if meta.revision.0 > disk.snapshot_revision() {
+                batch.snapshot = Some((meta, disk.snapshot));
+                disk.snapshot = Some(meta);
+                snapshot_took = Some(took);
+            } else {
+                batch.discard_snapshots.push(meta);
+            }
         }
         // The log keeps every event after the snapshot (the change log), and before it
         // the newest within the resume log's length and size: whole records are
@@ -709,7 +836,15 @@ impl Persister {
             .map(|(_, _, n)| n)
             .sum();
         let written = (p.events.len() - skip) as u64;
-        store.commit(&batch).map_err(|e| e.to_string())?;
+        if let Err(e) = store.commit(&batch) {
+            // A snapshot made current by this batch is offered again with the next.
+            let ready = batch
+                .snapshot
+                .filter(|_| !p.snapshot_inline)
+                .zip(snapshot_took)
+                .map(|((meta, _), took)| (meta, took));
+            return Err((e.to_string(), ready));
+        }
         Ok((disk, written, snapshot_took))
     }
 }

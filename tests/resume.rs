@@ -347,9 +347,13 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
         ("compacting the store", "store compacted"),
     ];
     let mut mid_write = [0usize; 2];
+    let mut token: Option<String> = None;
     for round in 0..KILLS {
         let from = log_len(&setup.log());
         let mut server = setup.serve(&args);
+        if let Some(token) = token.take() {
+            assert_token_refused(&server.url(), &token).await;
+        }
         let mut stream = match sub.watch(&server.url()).await {
             Ok(s) => s,
             Err(s) => panic!(
@@ -384,6 +388,9 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
                 let until = tokio::time::Instant::now() + Duration::from_millis(1);
                 sub.read_until(&mut stream, until).await;
             }
+        }
+        if round == KILLS / 2 {
+            token = Some(page_token(&server.url()).await);
         }
         server.kill();
         sub.drain(&mut stream).await;
@@ -440,6 +447,52 @@ fn log_since(log: &Path, from: usize) -> String {
     String::from_utf8_lossy(all.get(from..).unwrap_or_default()).into_owned()
 }
 
+/// A first page's token (of a list that has more pages).
+async fn page_token(url: &str) -> String {
+    let mut client = FleetClient::connect(url.to_string()).await.unwrap();
+    let page = client
+        .list(ListRequest {
+            query: Some(query()),
+            limit: 2,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!page.next_page_token.is_empty());
+    page.next_page_token
+}
+
+/// A token from before a restart is refused (the snapshot it pages is not held),
+/// once the server answers at all.
+async fn assert_token_refused(url: &str, token: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut client = match FleetClient::connect(url.to_string()).await {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let e = client
+            .list(ListRequest {
+                query: None,
+                limit: 2,
+                page_token: token.to_string(),
+            })
+            .await
+            .expect_err("a page token from before the restart pages nothing");
+        if e.code() == Code::Unavailable {
+            assert!(tokio::time::Instant::now() < deadline, "never served: {e}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        assert_eq!(e.code(), Code::OutOfRange, "{e}");
+        return;
+    }
+}
+
 /// Lists every configmap with paging, retrying while the server starts; returns the
 /// objects and the list's revision.
 async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
@@ -491,11 +544,13 @@ async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl 
         let until = tokio::time::Instant::now() + Duration::from_millis(50);
         sub.read_until(&mut stream, until).await;
     }
+    let token = page_token(&server.url()).await;
     server.kill();
     sub.drain(&mut stream).await;
     let old = sub.last.unwrap();
     damage(&setup.data());
     let server = setup.serve(args);
+    assert_token_refused(&server.url(), &token).await;
     // Retryable while starting; then the old revision is refused, never NOT_FOUND and
     // never answered with the new run's events.
     let refused = sub

@@ -138,6 +138,9 @@ pub struct Batch {
     pub revision: Revision,
     /// A snapshot written by [`write_snapshot`] to make current, with the one it replaces.
     pub snapshot: Option<(SnapshotMeta, Option<SnapshotMeta>)>,
+    /// Snapshots written by [`write_snapshot`] that are not to become current (a newer
+    /// one already is): their chunks are removed.
+    pub discard_snapshots: Vec<SnapshotMeta>,
     /// Events to add to the log, in consecutive runs: each run is one record, keyed by
     /// its first revision (the unit [`Batch::drop_events`] later removes).
     pub events: Vec<Vec<EventRecord>>,
@@ -396,6 +399,11 @@ fn encode_batch(batch: &Batch) -> Writes {
             codec::META_SNAPSHOT.to_vec(),
             Some(codec::encode_snapshot(new)),
         );
+    }
+    for discarded in &batch.discard_snapshots {
+        for i in 0..discarded.chunks {
+            writes.insert(codec::chunk_key(discarded.id, i), None);
+        }
     }
     for r in &batch.drop_events {
         writes.insert(codec::event_key(Revision(*r)), None);

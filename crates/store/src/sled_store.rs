@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{Loaded, Store, StoreError, Visit, Writes};
@@ -22,6 +22,10 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 pub struct SledStore {
     /// Replaced whole by a compaction; `None` only if reopening after one failed.
     db: RwLock<Option<sled::Db>>,
+    /// While a compaction copies the store, every write made meanwhile, in the order
+    /// applied, to replay onto the copy before switching to it. Held across each
+    /// write, so the order here is the order of the database.
+    journal: Mutex<Option<Vec<Writes>>>,
     dir: PathBuf,
     // Held for as long as the store is open; released when the process ends, however it ends.
     _lock: File,
@@ -86,6 +90,7 @@ impl SledStore {
             Ok(db) => {
                 let probe = SledStore {
                     db: RwLock::new(Some(db)),
+                    journal: Mutex::new(None),
                     dir: dir.to_path_buf(),
                     _lock: lock
                         .try_clone()
@@ -111,6 +116,7 @@ impl SledStore {
         };
         let store = SledStore {
             db: RwLock::new(Some(db)),
+            journal: Mutex::new(None),
             dir: dir.to_path_buf(),
             _lock: lock,
         };
@@ -216,33 +222,69 @@ impl SledStore {
     }
 
     /// Rewrites the store into a fresh database holding only its live records, and
-    /// switches to it; returns the size on disk before and after. Writes wait while
-    /// it runs. On failure the store goes on as it was.
+    /// switches to it; returns the size on disk before and after. Writes go on while
+    /// the records are copied (each is journaled and replayed onto the copy), and wait
+    /// only for the switch. On failure the store goes on as it was.
     pub fn compact(&self) -> Result<(u64, u64), StoreError> {
+        let next = self.dir.join("db.next");
+        remove_dir(&next)?;
+        let fresh = Self::open_db(&next)?;
+        // From here on, every write is also journaled; every earlier one is whole in
+        // the database the copy reads.
+        *self.journal() = Some(Vec::new());
+        let copied = self.copy_into(&fresh);
+        let switched = copied.and_then(|before| self.switch(fresh, before));
+        self.journal().take();
+        if switched.is_err() {
+            let _ = remove_dir(&next);
+        }
+        switched
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Option<Vec<Writes>>> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copies every record into `fresh`, beside writes; returns the size on disk.
+    fn copy_into(&self, fresh: &sled::Db) -> Result<u64, StoreError> {
+        self.with_db(|db| {
+            let before = db.size_on_disk().unwrap_or(0);
+            let mut batch = sled::Batch::default();
+            let mut batch_bytes = 0;
+            for item in db.iter() {
+                let (k, v) = item.map_err(engine)?;
+                batch_bytes += k.len() + v.len();
+                batch.insert(k, v);
+                if batch_bytes >= crate::WRITE_BYTES {
+                    fresh
+                        .apply_batch(std::mem::take(&mut batch))
+                        .map_err(engine)?;
+                    batch_bytes = 0;
+                }
+            }
+            fresh.apply_batch(batch).map_err(engine)?;
+            // Flushed before writes are held: the switch flushes only what it replays.
+            fresh.flush().map_err(engine)?;
+            Ok(before)
+        })
+    }
+
+    /// With writes held: replays what was written during the copy onto it, and
+    /// switches to it.
+    fn switch(&self, fresh: sled::Db, before: u64) -> Result<(u64, u64), StoreError> {
+        let started = std::time::Instant::now();
         let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        let held = std::time::Instant::now();
         let db = self.reopened(&mut slot)?;
-        let before = db.size_on_disk().unwrap_or(0);
+        let journal = self.journal().take().unwrap_or_default();
+        for writes in journal {
+            fresh.apply_batch(sled_batch(writes)).map_err(engine)?;
+        }
+        fresh.flush().map_err(engine)?;
+        drop(fresh);
         let next = self.dir.join("db.next");
         let old = self.dir.join("db.old");
         let current = self.dir.join("db");
-        remove_dir(&next)?;
-        let fresh = Self::open_db(&next)?;
-        let mut batch = sled::Batch::default();
-        let mut batch_bytes = 0;
-        for item in db.iter() {
-            let (k, v) = item.map_err(engine)?;
-            batch_bytes += k.len() + v.len();
-            batch.insert(k, v);
-            if batch_bytes >= crate::WRITE_BYTES {
-                fresh
-                    .apply_batch(std::mem::take(&mut batch))
-                    .map_err(engine)?;
-                batch_bytes = 0;
-            }
-        }
-        fresh.apply_batch(batch).map_err(engine)?;
-        fresh.flush().map_err(engine)?;
-        drop(fresh);
         // The copy is complete on disk: from here on, opening finds either `db`, or
         // `db.next` alone, and both are whole. The current database is closed before
         // its directory is renamed, so nothing of it is written under the new name.
@@ -256,9 +298,25 @@ impl SledStore {
         let db = slot.insert(Self::open_db(&current)?);
         let after = db.size_on_disk().unwrap_or(0);
         drop(slot);
+        tracing::debug!(
+            waited = ?held.duration_since(started),
+            writes_held = ?held.elapsed(),
+            "switched to the compacted store"
+        );
         remove_dir(&old)?;
         Ok((before, after))
     }
+}
+
+fn sled_batch(writes: Writes) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (k, v) in writes {
+        match v {
+            Some(v) => batch.insert(k, v),
+            None => batch.remove(k),
+        }
+    }
+    batch
 }
 
 /// sled writes its own snapshot (of where its pages are) as `snap.<lsn>.generating`,
@@ -348,15 +406,17 @@ impl Store for SledStore {
     }
 
     fn write(&self, writes: Writes) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for (k, v) in writes {
-            match v {
-                Some(v) => batch.insert(k, v),
-                None => batch.remove(k),
-            }
-        }
         self.with_db(|db| {
-            db.apply_batch(batch).map_err(engine)?;
+            // Held across the write: a compaction's journal is in the database's order.
+            let mut journal = self.journal();
+            match journal.as_mut() {
+                Some(j) => {
+                    db.apply_batch(sled_batch(writes.clone())).map_err(engine)?;
+                    j.push(writes);
+                }
+                None => db.apply_batch(sled_batch(writes)).map_err(engine)?,
+            }
+            drop(journal);
             db.flush().map_err(engine)?;
             Ok(())
         })

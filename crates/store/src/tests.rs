@@ -562,6 +562,55 @@ fn compaction_reclaims_space_and_keeps_every_record() {
     assert_eq!(opened.loaded.streams, [stream("c1", "104")]);
 }
 
+#[test]
+fn writes_made_while_a_compaction_copies_the_store_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = SledStore::open(dir.path()).unwrap();
+    let store = std::sync::Arc::new(opened.store);
+    let mut objects = churned(&store, 10);
+    // Compactions one after another, while the main thread keeps committing.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let compactor = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            for _ in 0..5 {
+                store.compact().unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let mut revision = 3;
+    while !done.load(std::sync::atomic::Ordering::SeqCst) || revision < 40 {
+        revision += 1;
+        let added = object("c1", "ns", &format!("q{revision:05}"), revision);
+        store
+            .commit(&Batch {
+                revision: Revision(revision),
+                events: vec![vec![EventRecord {
+                    revision: Revision(revision),
+                    kind: EventType::Added,
+                    object: added.clone(),
+                    prev: None,
+                }]],
+                streams: vec![stream("c1", &revision.to_string())],
+                ..Batch::default()
+            })
+            .unwrap();
+        objects.push(added);
+    }
+    compactor.join().unwrap();
+    let check = |loaded: Loaded| {
+        assert_eq!(loaded.objects, objects);
+        assert_eq!(loaded.revision, Revision(revision));
+        assert_eq!(loaded.streams, [stream("c1", &revision.to_string())]);
+    };
+    check(store.load().unwrap());
+    drop(store);
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none(), "{:?}", opened.moved_aside);
+    check(opened.loaded);
+}
+
 /// A data directory holding a store churned `rounds` times, closed; and its objects.
 fn churned_and_closed(rounds: u64) -> (tempfile::TempDir, Vec<ObjectRecord>) {
     let dir = tempfile::tempdir().unwrap();
