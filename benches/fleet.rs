@@ -319,13 +319,23 @@ fn sync() {
     // Runs alternate between the two, several each: a single run's CPU time varies
     // with what the kernel has to do for its memory (zeroing, compacting huge pages).
     let runs = env_usize("FLEET_BENCH_RUNS", 5);
-    let mut figures: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    // FLEET_BENCH_SYNC chooses the contenders (comma-separated), to compare like with like.
+    let contenders: Vec<String> = std::env::var("FLEET_BENCH_SYNC")
+        .unwrap_or_else(|_| "fleetscope,fleetscope-persisted,reflector".into())
+        .split(',')
+        .map(|c| c.trim().to_string())
+        .collect();
+    let mut figures: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     for _ in 0..runs {
-        for which in ["fleetscope", "fleetscope-persisted", "reflector"] {
+        for which in &contenders {
+            let which = which.as_str();
             let dir = dir.path().to_string_lossy();
             for f in run_child(&["--child", which, &dir, &bytes], "#figures ") {
                 let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
-                figures.entry(which).or_default().push((f[0], f[1], f[2]));
+                figures
+                    .entry(which.to_string())
+                    .or_default()
+                    .push((f[0], f[1], f[2]));
             }
         }
     }
@@ -339,7 +349,7 @@ fn sync() {
         let (cpu, lo, hi) = median(f.iter().map(|x| x.1).collect());
         let (elapsed, _, _) = median(f.iter().map(|x| x.0).collect());
         let (g, _, _) = median(f.iter().map(|x| x.2).collect());
-        grown.insert(*which, g);
+        grown.insert(which.as_str(), g);
         println!(
             "  median of {runs} {which}: {:.2} s, {:.0} MB/s; {cpu:.2} CPU-s ({lo:.2}–{hi:.2}), {:.0} MB per CPU-second ({:.0}–{:.0}){}; resident +{:.0} MB",
             elapsed,

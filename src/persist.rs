@@ -209,6 +209,9 @@ pub struct Persister {
     snapshot_ready: Mutex<Option<(SnapshotMeta, Duration)>>,
     /// A compaction (or the size check before one) running beside the writes.
     compacting: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Bytes of change log that the snapshot being written (or written and not yet
+    /// current) covers: not counted towards the next one.
+    covered: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -334,6 +337,7 @@ impl Persister {
             snapshotting: Mutex::new(None),
             snapshot_ready: Mutex::new(None),
             compacting: Mutex::new(None),
+            covered: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -384,7 +388,9 @@ impl Persister {
         // share of the objects, or when a backlog the store cannot take grows past the
         // retained log: the snapshot then stands in for the changes.
         p.bytes += added;
-        let change_log = lock(&self.disk).change_log + p.bytes;
+        // A snapshot being written already covers the log up to its revision.
+        let change_log = (lock(&self.disk).change_log + p.bytes)
+            .saturating_sub(self.covered.load(Ordering::Relaxed));
         let over_log =
             p.events.len() > self.config.log_retention || p.bytes > self.config.max_pending_bytes;
         let due = change_log as f64
@@ -473,8 +479,9 @@ impl Persister {
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut last_report = Instant::now();
         loop {
-            if lock(&self.pending).is_empty() {
-                // `record` leaves a permit when nobody waits: no wake-up is lost.
+            if lock(&self.pending).is_empty() && lock(&self.snapshot_ready).is_none() {
+                // `record` (and a finished snapshot) leaves a permit when nobody
+                // waits: no wake-up is lost.
                 tokio::select! {
                     _ = self.wake.notified() => {}
                     _ = cancel.cancelled() => break,
@@ -505,12 +512,12 @@ impl Persister {
 
     /// Writes what has gathered, then lets the store go (closing it once nothing else holds it).
     pub async fn close(self: &Arc<Self>) -> Result<(), ()> {
-        let flushed = self.flush().await;
-        // A snapshot being written holds the store: it finishes first (its chunks are
-        // removed at the next start, as an interrupted snapshot's are).
+        let mut flushed = self.flush().await;
+        // A snapshot being written holds the store: it finishes, and is made current.
         let writing = lock(&self.snapshotting).take();
         if let Some(task) = writing {
             let _ = task.await;
+            flushed = flushed.and(self.flush().await);
         }
         let compacting = lock(&self.compacting).take();
         if let Some(task) = compacting {
@@ -525,7 +532,7 @@ impl Persister {
         let _writing = self.writing.lock().await;
         let mut taken = {
             let mut p = lock(&self.pending);
-            if p.is_empty() {
+            if p.is_empty() && lock(&self.snapshot_ready).is_none() {
                 return Ok(());
             }
             let revision = p.revision;
@@ -542,7 +549,8 @@ impl Persister {
         if taken.snapshot.is_some() && !taken.snapshot_inline {
             if lock(&self.disk).snapshot.is_some() {
                 if let Some(state) = taken.snapshot.take() {
-                    self.start_snapshot(state);
+                    let covers = lock(&self.disk).change_log + taken.bytes;
+                    self.start_snapshot(state, covers);
                 }
             } else {
                 taken.snapshot_inline = true;
@@ -567,6 +575,10 @@ impl Persister {
             Ok((disk, events, snapshot_took)) => {
                 // Durable: now, and only now, visible.
                 self.publish(taken);
+                if snapshot_took.is_some() {
+                    // The new snapshot is current: the change log is counted after it.
+                    self.covered.store(0, Ordering::Relaxed);
+                }
                 *lock(&self.disk) = disk;
                 let mut s = lock(&self.stats);
                 if s.last_error.take().is_some() {
@@ -619,14 +631,17 @@ impl Persister {
 
     /// Writes `state` as a snapshot's chunks in the background (one at a time; a
     /// later due snapshot is captured again once this one is current).
-    fn start_snapshot(self: &Arc<Self>, state: Arc<State>) {
+    fn start_snapshot(self: &Arc<Self>, state: Arc<State>, covers: usize) {
         let mut writing = lock(&self.snapshotting);
-        if writing.as_ref().is_some_and(|t| !t.is_finished()) {
+        if writing.as_ref().is_some_and(|t| !t.is_finished())
+            || lock(&self.snapshot_ready).is_some()
+        {
             return;
         }
         let Some(store) = lock(&self.store).clone() else {
             return;
         };
+        self.covered.store(covers, Ordering::Relaxed);
         let this = self.clone();
         *writing = Some(tokio::task::spawn_blocking(move || {
             let started = Instant::now();
@@ -644,6 +659,7 @@ impl Persister {
                     *lock(&this.snapshot_ready) = Some((meta, started.elapsed()));
                 }
                 Err(e) => {
+                    this.covered.store(0, Ordering::Relaxed);
                     tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");
                 }
             }
@@ -770,6 +786,7 @@ impl Persister {
                 snapshot_took = Some(took);
             } else {
                 batch.discard_snapshots.push(meta);
+                self.covered.store(0, Ordering::Relaxed);
             }
         }
         // The log keeps every event after the snapshot (the change log), and before it
@@ -873,6 +890,10 @@ mod tests {
 
     /// An index and a persister over a store in memory, as a fresh start makes them.
     fn persisted() -> (Arc<Index>, Arc<Persister>, Arc<MemoryStore>) {
+        persisted_with(PersistConfig::default())
+    }
+
+    fn persisted_with(config: PersistConfig) -> (Arc<Index>, Arc<Persister>, Arc<MemoryStore>) {
         let store = Arc::new(MemoryStore::new());
         store.initialise().unwrap();
         let base = Revision(1_000);
@@ -882,7 +903,7 @@ mod tests {
         ));
         let persister = Arc::new(Persister::new(
             store.clone(),
-            PersistConfig::default(),
+            config,
             Continued {
                 held_json: 0,
                 records: Vec::new(),
@@ -897,6 +918,24 @@ mod tests {
         (index, persister, store)
     }
 
+    /// Stages one change and records it, as the ingest does.
+    fn record(index: &Index, persister: &Persister, change: Change) {
+        persister.record(
+            index.stage([change]),
+            [],
+            crate::engine::ProgressLog::default(),
+        );
+    }
+
+    /// The revisions a subscriber has been handed since it last asked.
+    fn delivered(feed: &mut fleetscope_index::Feed) -> Vec<u64> {
+        feed.try_next()
+            .unwrap()
+            .iter()
+            .map(|e| e.revision.0)
+            .collect()
+    }
+
     fn names(index: &Index) -> Vec<String> {
         index
             .snapshot()
@@ -909,23 +948,13 @@ mod tests {
     async fn a_batch_is_invisible_until_its_write_is_confirmed() {
         let (index, persister, store) = persisted();
         let mut feed = index.subscribe(None).unwrap().feed;
-        persister.record(
-            index.stage([pod("a", 1)]),
-            [],
-            crate::engine::ProgressLog::default(),
-        );
+        record(&index, &persister, pod("a", 1));
         assert!(names(&index).is_empty(), "readers see nothing unwritten");
         assert!(feed.try_next().unwrap().is_empty(), "nor do subscribers");
         assert_eq!(index.snapshot().revision(), Revision(1_000));
         persister.flush().await.unwrap();
         assert_eq!(names(&index), ["a"]);
-        let delivered: Vec<u64> = feed
-            .try_next()
-            .unwrap()
-            .iter()
-            .map(|e| e.revision.0)
-            .collect();
-        assert_eq!(delivered, [1_001]);
+        assert_eq!(delivered(&mut feed), [1_001]);
         // What was published is what the store holds: a restart continues from it.
         let loaded = store.load().unwrap();
         assert_eq!(loaded.revision, Revision(1_001));
@@ -938,31 +967,17 @@ mod tests {
         persister.flush().await.unwrap();
         let mut feed = index.subscribe(None).unwrap().feed;
         store.fail_writes(true);
-        persister.record(
-            index.stage([pod("a", 1)]),
-            [],
-            crate::engine::ProgressLog::default(),
-        );
+        record(&index, &persister, pod("a", 1));
         assert!(persister.flush().await.is_err());
         assert!(names(&index).is_empty(), "a failed write shows nothing");
         assert!(feed.try_next().unwrap().is_empty());
         // More changes gather behind it; the retry writes them all, in order.
-        persister.record(
-            index.stage([pod("b", 2)]),
-            [],
-            crate::engine::ProgressLog::default(),
-        );
+        record(&index, &persister, pod("b", 2));
         assert!(persister.flush().await.is_err());
         store.fail_writes(false);
         persister.flush().await.unwrap();
         assert_eq!(names(&index), ["a", "b"]);
-        let delivered: Vec<u64> = feed
-            .try_next()
-            .unwrap()
-            .iter()
-            .map(|e| e.revision.0)
-            .collect();
-        assert_eq!(delivered, [1_001, 1_002]);
+        assert_eq!(delivered(&mut feed), [1_001, 1_002]);
         assert_eq!(store.load().unwrap().objects.len(), 2);
     }
 
@@ -971,22 +986,14 @@ mod tests {
         let (index, persister, store) = persisted();
         let cancel = CancellationToken::new();
         let writer = tokio::spawn(persister.clone().run(cancel.clone()));
-        persister.record(
-            index.stage([pod("a", 1)]),
-            [],
-            crate::engine::ProgressLog::default(),
-        );
+        record(&index, &persister, pod("a", 1));
         let deadline = Instant::now() + Duration::from_secs(60);
         while names(&index).is_empty() {
             assert!(Instant::now() < deadline);
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         store.fail_writes(true);
-        persister.record(
-            index.stage([pod("b", 2)]),
-            [],
-            crate::engine::ProgressLog::default(),
-        );
+        record(&index, &persister, pod("b", 2));
         while persister.stats().last_error.is_none() {
             assert!(Instant::now() < deadline);
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -1005,6 +1012,46 @@ mod tests {
         writer.await.unwrap();
     }
 
+    #[tokio::test]
+    async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_index() {
+        // A snapshot is due after every change.
+        let (index, persister, store) = persisted_with(PersistConfig {
+            snapshot_share: 0.0,
+            snapshot_min_bytes: 0,
+            ..PersistConfig::default()
+        });
+        let cancel = CancellationToken::new();
+        let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut i = 0;
+        // Changes keep coming until snapshots taken beside them (after the first, which
+        // a fresh store writes with its first batch) are current.
+        while persister.stats().snapshots < 3 {
+            assert!(Instant::now() < deadline, "no snapshot became current");
+            i += 1;
+            record(&index, &persister, pod(&format!("p{i}"), i));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        cancel.cancel();
+        writer.await.unwrap();
+        persister.close().await.unwrap();
+        let loaded = store.load().unwrap();
+        let held: Vec<String> = loaded
+            .objects
+            .iter()
+            .map(|o| o.key.name.to_string())
+            .collect();
+        let mut expected = names(&index);
+        expected.sort();
+        let mut held = held;
+        held.sort();
+        assert_eq!(
+            held, expected,
+            "the store loads as the index it was written from"
+        );
+        assert_eq!(loaded.revision, index.snapshot().revision());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_write_starts_as_soon_as_there_is_something_to_write() {
         let (index, persister, _store) = persisted();
@@ -1012,11 +1059,7 @@ mod tests {
         let writer = tokio::spawn(persister.clone().run(cancel.clone()));
         let started = tokio::time::Instant::now();
         for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
-            persister.record(
-                index.stage([pod(name, i as u64)]),
-                [],
-                crate::engine::ProgressLog::default(),
-            );
+            record(&index, &persister, pod(name, i as u64));
             while names(&index).len() <= i {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }

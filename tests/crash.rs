@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::Server;
+use common::{PATIENCE, truth};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{ListRequest, Query};
 use fleetscope_sim::store::ReadAt;
@@ -74,29 +74,6 @@ async fn listed(port: u16, resource: &str) -> Option<BTreeMap<(String, String, S
         }
         token = page.next_page_token;
     }
-}
-
-/// The clusters' objects of a type at their latest resourceVersion.
-fn truth(fleet: &SimFleet, resource: &str) -> BTreeMap<(String, String, String), String> {
-    let mut out = BTreeMap::new();
-    for s in fleet.servers() {
-        let snap = s
-            .cluster()
-            .store
-            .snapshot(resource, ReadAt::Latest)
-            .unwrap();
-        for o in snap.objects.values() {
-            out.insert(
-                (
-                    s.cluster().name().to_string(),
-                    o.namespace.clone(),
-                    o.name.clone(),
-                ),
-                o.rv.to_string(),
-            );
-        }
-    }
-    out
 }
 
 /// Opens the store as the killed process left it and checks each stream's objects

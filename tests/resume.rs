@@ -25,7 +25,6 @@ use common::PATIENCE;
 use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{EventType, GetRequest, ListRequest, Query, WatchEvent, WatchRequest};
-use fleetscope_sim::store::ReadAt;
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::json;
 use tonic::{Code, Status, Streaming};
@@ -142,7 +141,7 @@ impl Subscriber {
 
     /// Reads until its state equals the clusters'.
     async fn converge(&mut self, stream: &mut Streaming<WatchEvent>, fleet: &SimFleet) {
-        let want = truth(fleet);
+        let want = common::truth(fleet, "configmaps");
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while self.state != want {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -179,29 +178,6 @@ fn query() -> Query {
         resource: "configmaps".into(),
         ..Default::default()
     }
-}
-
-/// The clusters' configmaps at their latest resourceVersion.
-fn truth(fleet: &SimFleet) -> BTreeMap<Key, String> {
-    let mut out = BTreeMap::new();
-    for s in fleet.servers() {
-        let snap = s
-            .cluster()
-            .store
-            .snapshot("configmaps", ReadAt::Latest)
-            .unwrap();
-        for o in snap.objects.values() {
-            out.insert(
-                (
-                    s.cluster().name().to_string(),
-                    o.namespace.clone(),
-                    o.name.clone(),
-                ),
-                o.rv.to_string(),
-            );
-        }
-    }
-    out
 }
 
 /// Configmaps created, changed and deleted in every cluster until stopped, each with

@@ -292,3 +292,30 @@ pub async fn wait_serving(url: &str) -> Vec<i32> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The simulated clusters' objects of a type at their latest resourceVersion:
+/// (cluster, namespace, name) → resourceVersion.
+pub fn truth(
+    fleet: &SimFleet,
+    resource: &str,
+) -> std::collections::BTreeMap<(String, String, String), String> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in fleet.servers() {
+        let snap = s
+            .cluster()
+            .store
+            .snapshot(resource, fleetscope_sim::store::ReadAt::Latest)
+            .unwrap();
+        for o in snap.objects.values() {
+            out.insert(
+                (
+                    s.cluster().name().to_string(),
+                    o.namespace.clone(),
+                    o.name.clone(),
+                ),
+                o.rv.to_string(),
+            );
+        }
+    }
+    out
+}
