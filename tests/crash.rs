@@ -9,17 +9,14 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::process::Server;
-use common::{PATIENCE, truth};
+use common::{Churn, ChurnSpec, PATIENCE, truth};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{ListRequest, Query};
 use fleetscope_sim::store::ReadAt;
 use fleetscope_sim::{FleetSpec, SimFleet};
-use serde_json::json;
 
 const RESTARTS: usize = 50;
 const TYPES: &str = "configmaps,pods";
@@ -157,43 +154,16 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
     let data = dir.path().join("data");
     let log = dir.path().join("serve.log");
 
-    // Write load: configmaps created, changed and deleted in every cluster, until stopped.
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = fleet
-        .servers()
-        .iter()
-        .map(|s| {
-            let cluster = s.cluster().clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let name = format!("load-{}", i % 150);
-                    let store = &cluster.store;
-                    match store.get("configmaps", "team-0", &name) {
-                        None => {
-                            let _ = store.create(
-                                "configmaps",
-                                Some("team-0"),
-                                json!({"metadata": {"name": name}, "data": {"i": i.to_string()}}),
-                            );
-                        }
-                        Some(_) if i.is_multiple_of(3) => {
-                            let _ = store.delete("configmaps", "team-0", &name);
-                        }
-                        Some(o) => {
-                            let mut v = o.value();
-                            v["data"] = json!({"i": i.to_string()});
-                            let _ = store.update("configmaps", "team-0", &name, v);
-                        }
-                    }
-                    i += 1;
-                    // Paces the load at about 500 changes/s per cluster.
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            })
-        })
-        .collect();
+    // Write load: about 500 changes a second per cluster.
+    let churn = Churn::start(
+        &fleet,
+        &ChurnSpec {
+            names: 150,
+            bytes: 0,
+            delete_every: 3,
+            pause: Duration::from_millis(2),
+        },
+    );
 
     // A fixed seed: the kill moments vary across iterations and repeat across runs.
     let mut seed: u64 = 0x5eed_f1ee_75c0_9e01;
@@ -235,10 +205,7 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
     );
 
     // With the load stopped, one more start converges to the clusters.
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.await.unwrap();
-    }
+    churn.stop().await;
     let last = serve(&kubeconfig, &data, &log);
     let port = last.port;
     let deadline = tokio::time::Instant::now() + PATIENCE;

@@ -17,12 +17,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::Server;
+use common::{Churn, ChurnSpec, PATIENCE};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{EventType, GetRequest, ListRequest, Query, WatchEvent, WatchRequest};
 use fleetscope_sim::{FleetSpec, SimFleet};
@@ -180,72 +178,14 @@ fn query() -> Query {
     }
 }
 
-/// Configmaps created, changed and deleted in every cluster until stopped, each with
-/// `bytes` of data (large enough that the store snapshots and compacts often).
-struct Churn {
-    stop: Arc<AtomicBool>,
-    writers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Churn {
-    fn start(fleet: &SimFleet, bytes: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let writers = fleet
-            .servers()
-            .iter()
-            .map(|s| {
-                let cluster = s.cluster().clone();
-                let stop = stop.clone();
-                tokio::spawn(async move {
-                    // Data that does not compress away, so snapshots take real writing.
-                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ bytes as u64;
-                    let mut pad = move || {
-                        let mut out = String::with_capacity(bytes);
-                        while out.len() < bytes {
-                            seed ^= seed << 13;
-                            seed ^= seed >> 7;
-                            seed ^= seed << 17;
-                            out.push_str(&format!("{seed:016x}"));
-                        }
-                        out
-                    };
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        let name = format!("churn-{}", i % 100);
-                        let data = json!({"i": i.to_string(), "pad": pad()});
-                        let store = &cluster.store;
-                        match store.get("configmaps", "team-0", &name) {
-                            None => {
-                                let _ = store.create(
-                                    "configmaps",
-                                    Some("team-0"),
-                                    json!({"metadata": {"name": name}, "data": data}),
-                                );
-                            }
-                            Some(_) if i.is_multiple_of(4) => {
-                                let _ = store.delete("configmaps", "team-0", &name);
-                            }
-                            Some(o) => {
-                                let mut v = o.value();
-                                v["data"] = data;
-                                let _ = store.update("configmaps", "team-0", &name, v);
-                            }
-                        }
-                        i += 1;
-                        // About 250 changes a second per cluster.
-                        tokio::time::sleep(Duration::from_millis(4)).await;
-                    }
-                })
-            })
-            .collect();
-        Self { stop, writers }
-    }
-
-    async fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for w in self.writers {
-            w.await.unwrap();
-        }
+/// About 250 changes a second per cluster over 100 configmaps, each with `bytes` of data
+/// (large enough that the store snapshots and compacts often).
+fn churn(bytes: usize) -> ChurnSpec {
+    ChurnSpec {
+        names: 100,
+        bytes,
+        delete_every: 4,
+        pause: Duration::from_millis(4),
     }
 }
 
@@ -288,7 +228,7 @@ impl Setup {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_clusters() {
     let setup = Setup::start().await;
-    let churn = Churn::start(&setup.fleet, 3_000);
+    let churn = Churn::start(&setup.fleet, &churn(3_000));
     let data = setup.data();
     let data = data.to_str().unwrap();
     // Compactions at every opportunity; a resume log long enough for any resume.
@@ -511,7 +451,7 @@ async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
 /// every old one.
 async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl Fn(&Path)) {
     let setup = Setup::start().await;
-    let churn = Churn::start(&setup.fleet, 200);
+    let churn = Churn::start(&setup.fleet, &churn(200));
     let mut sub = Subscriber::default();
     let mut server = setup.serve(args);
     let mut stream = sub.watch(&server.url()).await.unwrap();

@@ -319,3 +319,87 @@ pub fn truth(
     }
     out
 }
+
+/// What a [`Churn`] does in each cluster.
+pub struct ChurnSpec {
+    /// How many configmaps (`churn-0` …) it cycles through, in namespace team-0.
+    pub names: u64,
+    /// Bytes of incompressible data in each (0: none).
+    pub bytes: usize,
+    /// Every this-many-th change to an existing configmap deletes it.
+    pub delete_every: u64,
+    /// The pause between changes.
+    pub pause: Duration,
+}
+
+/// Configmaps created, changed and deleted in every simulated cluster until stopped.
+pub struct Churn {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writers: Vec<JoinHandle<()>>,
+}
+
+impl Churn {
+    pub fn start(fleet: &SimFleet, spec: &ChurnSpec) -> Self {
+        use serde_json::json;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers = fleet
+            .servers()
+            .iter()
+            .map(|s| {
+                let cluster = s.cluster().clone();
+                let stop = stop.clone();
+                let (names, bytes, delete_every, pause) =
+                    (spec.names, spec.bytes, spec.delete_every, spec.pause);
+                tokio::spawn(async move {
+                    // Data that does not compress away, so snapshots take real writing.
+                    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ bytes as u64;
+                    let mut pad = move || {
+                        let mut out = String::with_capacity(bytes);
+                        while out.len() < bytes {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            out.push_str(&format!("{seed:016x}"));
+                        }
+                        out
+                    };
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let name = format!("churn-{}", i % names);
+                        let data = json!({"i": i.to_string(), "pad": pad()});
+                        let store = &cluster.store;
+                        match store.get("configmaps", "team-0", &name) {
+                            None => {
+                                let _ = store.create(
+                                    "configmaps",
+                                    Some("team-0"),
+                                    json!({"metadata": {"name": name}, "data": data}),
+                                );
+                            }
+                            Some(_) if i.is_multiple_of(delete_every) => {
+                                let _ = store.delete("configmaps", "team-0", &name);
+                            }
+                            Some(o) => {
+                                let mut v = o.value();
+                                v["data"] = data;
+                                let _ = store.update("configmaps", "team-0", &name, v);
+                            }
+                        }
+                        i += 1;
+                        tokio::time::sleep(pause).await;
+                    }
+                })
+            })
+            .collect();
+        Self { stop, writers }
+    }
+
+    /// Stops every writer and waits for them.
+    pub async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in self.writers {
+            w.await.unwrap();
+        }
+    }
+}
