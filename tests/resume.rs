@@ -264,7 +264,24 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
     ];
     let mut mid_write = [0usize; 2];
     let mut token: Option<String> = None;
-    for round in 0..KILLS {
+    // At least KILLS rounds, and on until kills have landed in both kinds of write
+    // (a compaction is not always begun within the wait for one).
+    let mut round = 0;
+    // Interrupted writes, as the next start finds them: snapshot chunks to remove,
+    // compactions to undo or finish.
+    let interrupted = |log: &str| {
+        [
+            log.matches("snapshot whose writing was interrupted")
+                .count(),
+            log.matches("removing an unfinished compaction").count()
+                + log.matches("finishing a compaction's switch").count(),
+        ]
+    };
+    let landed = |mid_write: &[usize; 2]| {
+        let found = interrupted(&std::fs::read_to_string(setup.log()).unwrap_or_default());
+        [mid_write[0] + found[0], mid_write[1] + found[1]]
+    };
+    while round < KILLS || (landed(&mid_write).contains(&0) && round < 3 * KILLS) {
         let from = log_len(&setup.log());
         let mut server = setup.serve(&args);
         if let Some(token) = token.take() {
@@ -296,7 +313,7 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
         if let Some(w) = during {
             let (start, _) = writes[w];
             let seen = log_len(&setup.log());
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             // Reading on, so the server is never held up by its subscriber.
             while !log_since(&setup.log(), seen).contains(start)
                 && tokio::time::Instant::now() < deadline
@@ -325,6 +342,7 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
                 mid_write[w] += 1;
             }
         }
+        round += 1;
     }
     churn.stop().await;
     let server = setup.serve(&args);
@@ -333,21 +351,18 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
     let logged = std::fs::read_to_string(setup.log()).unwrap();
     let snapshots = logged.matches("snapshot written").count();
     let compactions = logged.matches("store compacted").count();
-    let unfinished = logged
-        .matches("snapshot whose writing was interrupted")
-        .count();
-    let unfinished_compactions = logged.matches("removing an unfinished compaction").count()
-        + logged.matches("finishing a compaction's switch").count();
+    let [unfinished, unfinished_compactions] = interrupted(&logged);
     eprintln!(
-        "{} events over {KILLS} kills; {snapshots} snapshots and {compactions} compactions written; killed while writing a snapshot {} times, while compacting {} times; found at the next start: {unfinished} unfinished snapshots, {unfinished_compactions} unfinished compactions",
+        "{} events over {round} kills; {snapshots} snapshots and {compactions} compactions written; killed while writing a snapshot {} times, while compacting {} times; found at the next start: {unfinished} unfinished snapshots, {unfinished_compactions} unfinished compactions",
         sub.events, mid_write[0], mid_write[1]
     );
+    let landed = landed(&mid_write);
     assert!(
-        mid_write[0] > 0,
+        landed[0] > 0,
         "a kill landed while a snapshot was being written"
     );
     assert!(
-        mid_write[1] > 0,
+        landed[1] > 0,
         "a kill landed while the store was being compacted"
     );
     setup.fleet.shutdown().await;
