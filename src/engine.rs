@@ -10,7 +10,7 @@ use fleetscope_informer::PrunedObject;
 use fleetscope_informer::discovery::{self, Served};
 use fleetscope_informer::source::{self, ClusterSource};
 use fleetscope_informer::stream::{self, Backoff, StreamConfig, StreamId, Update};
-use fleetscope_model::selector::{json_path, scalar_text};
+use fleetscope_model::selector::field_in_json;
 use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType, Revision};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -630,17 +630,12 @@ fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[String]) {
     }
 }
 
+/// The configured field-index values of an object, read at any nesting depth.
 fn field_values(json: &str, paths: &[String]) -> Vec<(String, String)> {
-    if paths.is_empty() {
-        return Vec::new();
-    }
-    match serde_json::from_str::<serde_json::Value>(json) {
-        Ok(v) => paths
-            .iter()
-            .filter_map(|p| Some((p.clone(), scalar_text(json_path(&v, p)?)?.into_owned())))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    paths
+        .iter()
+        .filter_map(|p| Some((p.clone(), field_in_json(json, p)?)))
+        .collect()
 }
 
 /// An object's key, sharing the stream's resource name and cluster.

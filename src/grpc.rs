@@ -273,10 +273,7 @@ fn cluster_freshness(c: &ClusterStatus, resource: Option<&str>) -> proto::Cluste
 /// An object for the wire, as JSON text with its identity beside it.
 fn object_proto(o: &Object, projection: proto::Projection) -> proto::Object {
     let json = match projection {
-        proto::Projection::Metadata => match o.value() {
-            Some(v) => serde_json::json!({"apiVersion": v["apiVersion"], "kind": v["kind"], "metadata": v["metadata"]}).to_string(),
-            None => o.json.to_string(),
-        },
+        proto::Projection::Metadata => o.metadata_json(),
         _ => o.json.to_string(),
     };
     let (uid, resource_version) = o.uid_and_resource_version();

@@ -942,3 +942,86 @@ async fn scopes_narrow_a_type_to_a_namespace_and_selectors_server_side() {
         .await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_object_nested_two_hundred_levels_deep_is_matched_and_projected_correctly() {
+    let h = Harness::start(1, 20).await;
+    h.synced().await;
+    let mut inner = json!({"leaf": "bottom"});
+    for _ in 0..200 {
+        inner = json!({"a": inner});
+    }
+    let store = &h.cluster(0).store;
+    let created = store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            json!({"metadata": {"name": "deep"}, "data": {"nested": inner.to_string()}, "spec": inner}),
+        )
+        .unwrap();
+    let uid = created.uid.clone();
+    let mut c = h.client().await;
+    let list = |selector: String, projection: proto::Projection| {
+        let mut c = c.clone();
+        async move {
+            c.list(ListRequest {
+                query: Some(Query {
+                    field_selector: selector,
+                    projection: projection as i32,
+                    ..query("configmaps")
+                }),
+                limit: 1000,
+                page_token: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .items
+        }
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let found = loop {
+        let found = list(format!("metadata.uid={uid}"), proto::Projection::Full).await;
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never matched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].name, "deep");
+    // `!=` does not match it, and a path at the bottom of the nesting is read.
+    let others = list(format!("metadata.uid!={uid}"), proto::Projection::Full).await;
+    assert!(others.iter().all(|o| o.name != "deep"));
+    assert!(!others.is_empty());
+    let bottom = format!("spec.{}leaf=bottom", "a.".repeat(200));
+    let found = list(bottom, proto::Projection::Full).await;
+    assert_eq!(
+        found.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(),
+        ["deep"]
+    );
+    // The metadata projection carries the metadata alone.
+    let meta = list(format!("metadata.uid={uid}"), proto::Projection::Metadata).await;
+    let v: serde_json::Value = serde_json::from_str(&meta[0].json).unwrap();
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    assert_eq!(v["kind"], "ConfigMap");
+    assert!(v.get("spec").is_none() && v.get("data").is_none(), "{v}");
+    // Counting by a deep field reads it too.
+    let counts = c
+        .count(CountRequest {
+            query: Some(query("configmaps")),
+            group_by: vec![format!("field:spec.{}leaf", "a.".repeat(200))],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        counts
+            .groups
+            .iter()
+            .any(|g| g.key == ["bottom"] && g.count == 1),
+        "{:?}",
+        counts.groups
+    );
+    h.shutdown().await;
+}

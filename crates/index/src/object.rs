@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use fleetscope_model::selector::{Fields, Labels, json_path, scalar_text};
+use fleetscope_model::selector::{Fields, Labels, field_in_json, metadata_json};
 use fleetscope_model::{Location, ObjectKey, Revision};
 
 use crate::HashSet;
@@ -320,18 +320,15 @@ impl Object {
         )
     }
 
-    /// The object decoded; `None` if the stored JSON does not parse (never expected).
-    pub fn value(&self) -> Option<serde_json::Value> {
-        serde_json::from_str(&self.json).ok()
+    /// `apiVersion`, `kind` and `metadata` alone, as JSON (for the metadata projection);
+    /// read at any nesting depth of the rest of the object.
+    pub fn metadata_json(&self) -> String {
+        metadata_json(&self.json).unwrap_or_else(|| self.json.to_string())
     }
 
     /// The value of a field path: from the key or a field index when possible, else
-    /// from the JSON (parsed into `parsed` once and reused).
-    pub fn field_value<'a>(
-        &'a self,
-        path: &str,
-        parsed: &'a mut Option<Option<serde_json::Value>>,
-    ) -> Option<Cow<'a, str>> {
+    /// read from the JSON, at any nesting depth.
+    pub fn field_value(&self, path: &str) -> Option<Cow<'_, str>> {
         match path {
             "metadata.name" => return Some(Cow::Borrowed(&self.key.name)),
             "metadata.namespace" => return Some(Cow::Borrowed(&self.key.namespace)),
@@ -340,11 +337,7 @@ impl Object {
         if let Some((_, v)) = self.terms.fields.iter().find(|(p, _)| **p == *path) {
             return Some(Cow::Borrowed(v));
         }
-        parsed
-            .get_or_insert_with(|| self.value())
-            .as_ref()
-            .and_then(|v| json_path(v, path))
-            .and_then(scalar_text)
+        field_in_json(&self.json, path).map(Cow::Owned)
     }
 }
 
@@ -358,18 +351,9 @@ impl Labels for Object {
     }
 }
 
-/// An object with its lazily parsed JSON, for field selectors over any path.
-pub(crate) struct FieldView<'a> {
-    pub object: &'a Object,
-    pub parsed: std::cell::RefCell<Option<Option<serde_json::Value>>>,
-}
-
-impl Fields for FieldView<'_> {
+impl Fields for Object {
     fn field(&self, path: &str) -> Option<Cow<'_, str>> {
-        let mut parsed = self.parsed.borrow_mut();
-        self.object
-            .field_value(path, &mut parsed)
-            .map(|c| Cow::Owned(c.into_owned()))
+        self.field_value(path)
     }
 }
 

@@ -1,7 +1,6 @@
 //! Queries over a [`State`]: which objects match, in primary-key order, using the
 //! most selective secondary index and filtering the rest.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
 use fleetscope_model::{ClusterName, FieldSelector, LabelSelector, ObjectKey};
 
-use crate::object::{FieldView, Object, ObjectRef};
+use crate::object::{Object, ObjectRef};
 use crate::state::{KeySet, Members, State};
 
 /// Which objects of one resource type to read.
@@ -46,11 +45,7 @@ impl Query {
             && (self.namespaces.is_empty()
                 || self.namespaces.iter().any(|n| **n == *o.key.namespace))
             && self.labels.matches(o)
-            && (self.fields.is_empty()
-                || self.fields.matches(&FieldView {
-                    object: o,
-                    parsed: RefCell::new(None),
-                }))
+            && (self.fields.is_empty() || self.fields.matches(o))
     }
 }
 
@@ -312,7 +307,6 @@ impl State {
             if group_by.is_empty() {
                 continue;
             }
-            let mut parsed = None;
             key.clear();
             for g in group_by {
                 key.push(match g {
@@ -320,9 +314,7 @@ impl State {
                     GroupBy::Namespace => std::borrow::Cow::Borrowed(&*o.key.namespace),
                     GroupBy::Label(k) => std::borrow::Cow::Borrowed(o.label(k).unwrap_or("")),
                     GroupBy::Field(p) => std::borrow::Cow::Owned(
-                        o.field_value(p, &mut parsed)
-                            .map(|c| c.into_owned())
-                            .unwrap_or_default(),
+                        o.field_value(p).map(|c| c.into_owned()).unwrap_or_default(),
                     ),
                 });
             }

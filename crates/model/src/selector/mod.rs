@@ -1,9 +1,11 @@
 //! Label and field selectors in Kubernetes syntax: parsing with positioned errors, and matching.
 
 mod field;
+mod json;
 mod label;
 
 pub use field::{FieldOp, FieldRequirement, FieldSelector, Fields, json_path, scalar_text};
+pub use json::{field_in_json, metadata_json};
 pub use label::{LabelSelector, Labels, Requirement};
 
 /// Writes requirements comma-separated, as Kubernetes renders a selector.
