@@ -148,8 +148,8 @@ pub struct Engine {
     /// Every resource type collected in some cluster.
     pub types: Types,
     persister: Option<Arc<Persister>>,
-    /// Set when the index was restored from a store holding data.
-    restored: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the index was restored from a store holding data.
+    restored: bool,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -274,11 +274,8 @@ impl Engine {
                 );
             }
         }
-        let restored = !fresh;
-        let engine = Self::start_inner(sources, config, index, status, Some(persister), resume);
-        engine
-            .restored
-            .store(restored, std::sync::atomic::Ordering::Relaxed);
+        let mut engine = Self::start_inner(sources, config, index, status, Some(persister), resume);
+        engine.restored = !fresh;
         for c in &kept {
             engine.status.add_cluster(c, "", BTreeMap::new());
             engine.status.update(c, |s| s.discovered = true);
@@ -370,7 +367,7 @@ impl Engine {
             status,
             types,
             persister,
-            restored: Arc::default(),
+            restored: false,
             cancel,
             tasks,
         }
@@ -387,12 +384,7 @@ impl Engine {
     /// store, or every cluster has been discovered once (or has failed: an
     /// unreachable cluster is reported, not waited for).
     pub fn is_ready(&self) -> bool {
-        self.restored.load(std::sync::atomic::Ordering::Relaxed)
-            || self
-                .status
-                .clusters()
-                .iter()
-                .all(|c| c.discovered || c.error.is_some())
+        self.restored || !self.status.clusters().iter().any(|c| c.discovering())
     }
 
     /// Persistence figures, when running with a store.

@@ -59,8 +59,6 @@ struct Serving {
     status: StatusTable,
     types: crate::engine::Types,
     persister: Option<Arc<crate::persist::Persister>>,
-    config: ServiceConfig,
-    shutdown: CancellationToken,
 }
 
 impl FleetService {
@@ -92,8 +90,6 @@ impl FleetService {
             status: engine.status.clone(),
             types: engine.types.clone(),
             persister: engine.persister(),
-            config: self.config.clone(),
-            shutdown: self.shutdown.clone(),
         });
     }
 
@@ -133,7 +129,7 @@ impl Serving {
             .status
             .clusters()
             .into_iter()
-            .filter(|c| !c.discovered && c.error.is_none())
+            .filter(|c| c.discovering())
             .map(|c| c.name.to_string())
             .collect();
         if !discovering.is_empty() {
@@ -409,8 +405,8 @@ impl Fleet for FleetService {
         };
         let built = serving.build(&query)?;
         let limit = match r.limit {
-            0 => serving.config.default_limit,
-            n => n.min(serving.config.max_limit),
+            0 => self.config.default_limit,
+            n => n.min(self.config.max_limit),
         } as usize;
         let page = snapshot.page(&built.query, after.as_ref(), limit);
         let next_page_token = match &page.next {
@@ -485,7 +481,7 @@ impl Fleet for FleetService {
             .bookmark_interval
             .and_then(|d| Duration::try_from(d).ok())
             .filter(|d| !d.is_zero())
-            .unwrap_or(serving.config.bookmark_interval)
+            .unwrap_or(self.config.bookmark_interval)
             .max(Duration::from_millis(10));
         let clusters: Vec<String> = match &built.query.clusters {
             Some(cs) => cs.iter().map(ToString::to_string).collect(),
@@ -501,7 +497,7 @@ impl Fleet for FleetService {
             initial: r.send_initial_events,
             interval,
             statuses: serving.status.subscribe(),
-            shutdown: serving.shutdown.clone(),
+            shutdown: self.shutdown.clone(),
             tx,
         };
         tokio::spawn(job.run(sub));

@@ -534,13 +534,12 @@ async fn run(
 ) -> anyhow::Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let service = FleetService::starting(service, stop.clone());
-    let (started_tx, mut started) = tokio::sync::watch::channel(None::<std::sync::Arc<Engine>>);
+    let (started_tx, started) = tokio::sync::oneshot::channel::<std::sync::Arc<Engine>>();
     let ready = async move {
-        let Ok(engine) = started.wait_for(Option::is_some).await.map(|e| e.clone()) else {
-            return std::future::pending().await;
-        };
-        if let Some(engine) = engine {
-            engine.wait_ready().await;
+        match started.await {
+            Ok(engine) => engine.wait_ready().await,
+            // Never started: never ready.
+            Err(_) => std::future::pending().await,
         }
     };
     let server = tokio::spawn(server::serve(listener, service.clone(), ready, {
@@ -572,7 +571,7 @@ async fn run(
         }
     };
     service.serve_engine(&engine);
-    let _ = started_tx.send(Some(engine.clone()));
+    let _ = started_tx.send(engine.clone());
     stop.cancelled().await;
     let served = server.await.context("the server task")?;
     engine.shutdown(Duration::from_secs(10)).await;

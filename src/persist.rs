@@ -28,6 +28,14 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::ProgressLog;
 use crate::status::StatusTable;
 
+/// A snapshot written beside the batches and not yet current, with how long writing
+/// it took.
+type ReadySnapshot = (SnapshotMeta, Duration);
+
+/// A write that failed: why, and the snapshot it was to make current (offered again
+/// with the next write).
+type WriteFailed = (String, Option<ReadySnapshot>);
+
 /// Persistence settings.
 #[derive(Debug, Clone)]
 pub struct PersistConfig {
@@ -206,7 +214,7 @@ pub struct Persister {
     /// A snapshot being written beside the batches, and one written and waiting to
     /// be made current by the next batch (with how long its writing took).
     snapshotting: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    snapshot_ready: Mutex<Option<(SnapshotMeta, Duration)>>,
+    snapshot_ready: Mutex<Option<ReadySnapshot>>,
     /// A compaction (or the size check before one) running beside the writes.
     compacting: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Bytes of change log that the snapshot being written (or written and not yet
@@ -547,10 +555,13 @@ impl Persister {
         // A snapshot that can follow the log is written beside the batches, so that a
         // batch's publication never waits for one; the next batch makes it current.
         if taken.snapshot.is_some() && !taken.snapshot_inline {
-            if lock(&self.disk).snapshot.is_some() {
+            let (has_snapshot, change_log) = {
+                let disk = lock(&self.disk);
+                (disk.snapshot.is_some(), disk.change_log)
+            };
+            if has_snapshot {
                 if let Some(state) = taken.snapshot.take() {
-                    let covers = lock(&self.disk).change_log + taken.bytes;
-                    self.start_snapshot(state, covers);
+                    self.start_snapshot(state, change_log + taken.bytes);
                 }
             } else {
                 taken.snapshot_inline = true;
@@ -644,20 +655,8 @@ impl Persister {
         self.covered.store(covers, Ordering::Relaxed);
         let this = self.clone();
         *writing = Some(tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let revision = state.revision();
-            tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
-            // Encoded straight from the index's objects: nothing is copied first.
-            match fleetscope_store::write_snapshot(
-                &*store,
-                revision.0,
-                revision,
-                state.iter().map(|o| &**o),
-            ) {
-                Ok(meta) => {
-                    tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
-                    *lock(&this.snapshot_ready) = Some((meta, started.elapsed()));
-                }
+            match write_snapshot(&*store, &state) {
+                Ok(ready) => *lock(&this.snapshot_ready) = Some(ready),
                 Err(e) => {
                     this.covered.store(0, Ordering::Relaxed);
                     tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");
@@ -729,28 +728,14 @@ impl Persister {
 
     /// Writes one gathered batch (and a snapshot, when one was captured); returns the
     /// store's new extent, the events written and how long a snapshot took.
-    #[allow(clippy::type_complexity)]
     fn write(
         &self,
         p: &Pending,
-        ready: Option<(SnapshotMeta, Duration)>,
-    ) -> Result<(OnDisk, u64, Option<Duration>), (String, Option<(SnapshotMeta, Duration)>)> {
+        ready: Option<ReadySnapshot>,
+    ) -> Result<(OnDisk, u64, Option<Duration>), WriteFailed> {
         let Some(store) = lock(&self.store).clone() else {
             return Err(("the store is closed".to_string(), ready));
         };
-        match self.write_to(&*store, p, ready) {
-            Ok(done) => Ok(done),
-            Err((e, ready)) => Err((e, ready)),
-        }
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn write_to(
-        &self,
-        store: &dyn Store,
-        p: &Pending,
-        ready: Option<(SnapshotMeta, Duration)>,
-    ) -> Result<(OnDisk, u64, Option<Duration>), (String, Option<(SnapshotMeta, Duration)>)> {
         let mut disk = lock(&self.disk).clone();
         let mut batch = Batch {
             revision: p.revision,
@@ -766,17 +751,11 @@ impl Persister {
         }
         let mut snapshot_took = None;
         if let Some(state) = p.snapshot.as_ref().filter(|_| p.snapshot_inline) {
-            let started = Instant::now();
-            let revision = state.revision();
-            tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
-            // Encoded straight from the index's objects: nothing is copied first.
-            let objects = state.iter().map(|o| &**o);
-            let meta = fleetscope_store::write_snapshot(store, revision.0, revision, objects)
-                .map_err(|e| (e.to_string(), ready))?;
+            let (meta, took) =
+                write_snapshot(&*store, state).map_err(|e| (e.to_string(), ready))?;
             batch.snapshot = Some((meta, disk.snapshot));
             disk.snapshot = Some(meta);
-            snapshot_took = Some(started.elapsed());
-            tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
+            snapshot_took = Some(took);
         } else if let Some((meta, took)) = ready {
             // Written beside earlier batches: current from this one on, unless a newer
             // one already is (its chunks are then removed).
@@ -864,6 +843,22 @@ impl Persister {
         }
         Ok((disk, written, snapshot_took))
     }
+}
+
+/// Writes the chunks of a snapshot of `state` (not yet current); returns its meta and
+/// how long writing took.
+fn write_snapshot(
+    store: &dyn Store,
+    state: &State,
+) -> Result<ReadySnapshot, fleetscope_store::StoreError> {
+    let started = Instant::now();
+    let revision = state.revision();
+    tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
+    // Encoded straight from the index's objects: nothing is copied first.
+    let meta =
+        fleetscope_store::write_snapshot(store, revision.0, revision, state.iter().map(|o| &**o))?;
+    tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
+    Ok((meta, started.elapsed()))
 }
 
 #[cfg(test)]

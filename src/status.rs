@@ -97,6 +97,12 @@ pub struct ClusterStatus {
 }
 
 impl ClusterStatus {
+    /// Whether its first discovery is still to come: not yet done, and not failed (an
+    /// unreachable cluster is reported, not waited for).
+    pub fn discovering(&self) -> bool {
+        !self.discovered && self.error.is_none()
+    }
+
     /// Freshness for one resource type (or the whole cluster with `None`), with the time it went stale and why.
     pub fn freshness(&self, resource: Option<&str>) -> (Freshness, Option<SystemTime>, String) {
         let streams: Vec<&StreamStatus> = match resource {
