@@ -246,7 +246,15 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
             use kube::runtime::{WatchStreamExt, reflector, watcher};
             let mut stores = Vec::new();
             for source in fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap() {
-                let client = fleetscope::sources::client(&source).await.unwrap();
+                let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
+                let options = kube::config::KubeConfigOptions {
+                    context: Some(source.name.clone()),
+                    ..Default::default()
+                };
+                let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .unwrap();
+                let client = kube::Client::try_from(config).unwrap();
                 let (reader, writer) = reflector::store::<Pod>();
                 let stream = reflector(
                     writer,
@@ -434,16 +442,13 @@ async fn scale() {
         "scale: {total} pods in {clusters} clusters, fed to the index, queried over loopback gRPC"
     );
     let engine = Engine::start(Vec::new(), EngineConfig::default());
-    engine
-        .types
-        .write()
-        .unwrap()
-        .insert("pods".into(), pods_type());
     let names: Vec<ClusterName> = (0..clusters)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
     for n in &names {
         engine.status.add_cluster(n, "bench", BTreeMap::new());
+        // The type is known once a cluster collects it.
+        engine.status.update_stream(n, &pods_type(), |_| {});
     }
     // As the informers feed it: each cluster's pods as one list (a first sync), or,
     // with FLEET_BENCH_SCALE_FEED=events, one watch event per pod, the clusters'
@@ -609,14 +614,14 @@ async fn fanout_round(
     } else {
         Engine::start(Vec::new(), config)
     });
-    engine
-        .types
-        .write()
-        .unwrap()
-        .insert("pods".into(), pods_type());
     let names: Vec<ClusterName> = (0..10)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
+    for n in &names {
+        engine.status.add_cluster(n, "bench", BTreeMap::new());
+        // The type is known once a cluster collects it.
+        engine.status.update_stream(n, &pods_type(), |_| {});
+    }
     let url = serve_index(&engine).await;
     let applied: Arc<std::sync::Mutex<BTreeMap<u64, Instant>>> = Arc::default();
     let latencies: Arc<std::sync::Mutex<Vec<Duration>>> = Arc::default();
@@ -915,10 +920,10 @@ fn persist() {
 async fn sim_lists(sources: &[fleetscope_informer::ClusterSource]) -> u64 {
     let mut lists = 0;
     for source in sources {
-        let config = fleetscope_informer::source::config(source).await.unwrap();
-        let client = kube::Client::try_from(config).unwrap();
-        let metrics = http::Request::get("/metrics").body(Vec::new()).unwrap();
-        let text = client.request_text(metrics).await.unwrap();
+        let text =
+            fleetscope_informer::source::get_text(source, "/metrics", Duration::from_secs(30))
+                .await
+                .unwrap();
         lists += text
             .lines()
             .filter(|l| l.starts_with("sim_requests_total{verb=\"LIST\""))

@@ -5,14 +5,15 @@
 //! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
 //! - [`proto`]: the generated API types.
 
-pub mod client;
-pub mod engine;
+pub mod cli;
+pub mod config;
 pub mod grpc;
-pub mod persist;
 pub mod proto;
 pub mod server;
-pub mod status;
 pub mod telemetry;
+
+pub use fleetscope_engine as engine;
+pub use fleetscope_engine::{persist, status};
 
 pub use fleetscope_informer::source as sources;
 

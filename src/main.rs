@@ -5,11 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleetscope::client;
-use fleetscope::engine::{Engine, EngineConfig, Scope};
+use fleetscope::cli;
+use fleetscope::config::kubeconfig::KubeconfigSources;
+use fleetscope::engine::{ClusterLabels, Engine, EngineConfig, Scope, SourceSet, Stored};
 use fleetscope::grpc::{FleetService, ServiceConfig};
 use fleetscope::telemetry::{self, LogFormat};
 use fleetscope::{server, sources};
@@ -123,7 +124,7 @@ struct GetArgs {
     name: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
-    output: client::Output,
+    output: cli::Output,
 }
 
 #[derive(Debug, Args)]
@@ -147,7 +148,7 @@ struct WatchArgs {
     initial: bool,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
-    output: client::Output,
+    output: cli::Output,
 }
 
 #[derive(Debug, Args)]
@@ -220,6 +221,10 @@ struct EngineArgs {
     /// Seconds between Watch bookmarks.
     #[arg(long, default_value_t = 30)]
     bookmark_seconds: u64,
+    /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
+    /// with the processes it started, and its cluster reported as failing.
+    #[arg(long, default_value = "30s", value_parser = fleetscope::config::parse_duration)]
+    exec_timeout: Duration,
 }
 
 /// Where and how `serve` keeps its state across restarts.
@@ -232,7 +237,8 @@ struct PersistArgs {
     /// Run in memory only: nothing is written, every start lists every cluster.
     #[arg(long, env = "FLEETSCOPE_NO_PERSIST", conflicts_with = "data_dir")]
     no_persist: bool,
-    /// Keep the stored objects of clusters no longer configured, instead of deleting them at start.
+    /// Keep the objects of clusters no longer configured (at start, and when a context
+    /// leaves a kubeconfig while running), instead of deleting them.
     #[arg(long)]
     keep_removed_clusters: bool,
     /// No longer used: each store write starts as soon as the previous one ends, and
@@ -270,8 +276,8 @@ fn persist_config(event_log_mib: u64) -> fleetscope::persist::PersistConfig {
 const EXIT_DATA_DIR_LOCKED: u8 = 3;
 
 impl EngineArgs {
-    fn config(&self, sources: &[sources::ClusterSource]) -> anyhow::Result<EngineConfig> {
-        let mut cluster_labels: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+    fn config(&self) -> anyhow::Result<EngineConfig> {
+        let mut cluster_labels = Vec::new();
         for spec in &self.cluster_labels {
             let (pattern, labels) = spec.split_once(':').with_context(|| {
                 format!("--cluster-label {spec:?}: expected GLOB:key=value[,key=value]")
@@ -285,12 +291,10 @@ impl EngineArgs {
                 })?;
                 parsed.insert(k.trim().to_string(), v.trim().to_string());
             }
-            for s in sources.iter().filter(|s| pattern.matches(&s.name)) {
-                cluster_labels
-                    .entry(s.name.clone())
-                    .or_default()
-                    .extend(parsed.clone());
-            }
+            cluster_labels.push(ClusterLabels {
+                pattern,
+                labels: parsed,
+            });
         }
         anyhow::ensure!(
             self.resources.iter().any(|r| !r.trim().is_empty()),
@@ -311,8 +315,9 @@ impl EngineArgs {
             scopes: self
                 .scopes
                 .iter()
-                .map(|s| Scope::parse(s).map_err(|e| anyhow::anyhow!("--scope {e}")))
+                .map(|s| Scope::parse(s).with_context(|| format!("--scope {s:?}")))
                 .collect::<anyhow::Result<_>>()?,
+            exec_timeout: self.exec_timeout,
             persist: persist_config(self.event_log_mib),
             index: fleetscope_index::Config {
                 log_bytes: mib(self.event_log_mib),
@@ -421,16 +426,16 @@ async fn run_cli() -> anyhow::Result<()> {
         Command::Demo(args) => demo(args).await,
         Command::Sim(args) => sim(args).await,
         Command::Get(args) => {
-            let mut c = client::connect(&args.query.server.server).await?;
-            Ok(client::get(&mut c, args.query.query(), args.name, args.output).await?)
+            let mut c = cli::connect(&args.query.server.server).await?;
+            Ok(cli::get(&mut c, args.query.query(), args.name, args.output).await?)
         }
         Command::Count(args) => {
-            let mut c = client::connect(&args.query.server.server).await?;
-            Ok(client::count(&mut c, args.query.query(), args.group_by).await?)
+            let mut c = cli::connect(&args.query.server.server).await?;
+            Ok(cli::count(&mut c, args.query.query(), args.group_by).await?)
         }
         Command::Watch(args) => {
-            let mut c = client::connect(&args.query.server.server).await?;
-            Ok(client::watch(
+            let mut c = cli::connect(&args.query.server.server).await?;
+            Ok(cli::watch(
                 &mut c,
                 args.query.query(),
                 args.since,
@@ -440,38 +445,37 @@ async fn run_cli() -> anyhow::Result<()> {
             .await?)
         }
         Command::Clusters(args) => {
-            let mut c = client::connect(&args.server).await?;
-            Ok(client::clusters(&mut c).await?)
+            let mut c = cli::connect(&args.server).await?;
+            Ok(cli::clusters(&mut c).await?)
         }
         Command::Store(args) => {
-            let mut c = client::connect(&args.server).await?;
-            Ok(client::store(&mut c).await?)
+            let mut c = cli::connect(&args.server).await?;
+            Ok(cli::store(&mut c).await?)
         }
     }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut clusters = if args.in_cluster
-        && args.kubeconfigs.is_empty()
-        && std::env::var_os("KUBECONFIG").is_none()
-    {
-        Vec::new()
-    } else {
-        let paths = sources::kubeconfig_paths(&args.kubeconfigs)?;
-        sources::resolve(&paths, &args.contexts)?
+    // SIGHUP reloads the cluster sources; it never ends the process, from here on.
+    let hangups = server::hangups()?;
+    let only_in_cluster =
+        args.in_cluster && args.kubeconfigs.is_empty() && std::env::var_os("KUBECONFIG").is_none();
+    let sources = KubeconfigSources {
+        paths: if only_in_cluster {
+            Vec::new()
+        } else {
+            sources::kubeconfig_paths(&args.kubeconfigs)?
+        },
+        contexts: args.contexts.clone(),
+        in_cluster: args.in_cluster.then(|| args.in_cluster_name.clone()),
     };
-    if args.in_cluster {
-        anyhow::ensure!(
-            !clusters.iter().any(|c| c.name == args.in_cluster_name),
-            "--in-cluster-name {:?} is also a kubeconfig context: choose another name",
-            args.in_cluster_name
-        );
-        clusters.push(sources::ClusterSource::in_cluster(&args.in_cluster_name));
-    }
+    // A bad kubeconfig at start is an error before any port is bound.
+    let clusters = sources.load()?;
     for c in &clusters {
         tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
     }
-    let mut config = args.engine.config(&clusters)?;
+    let (desired_tx, desired) = tokio::sync::watch::channel(SourceSet::of(clusters));
+    let mut config = args.engine.config()?;
     let p = &args.persist;
     anyhow::ensure!(
         p.event_log_disk_share.is_finite() && p.event_log_disk_share >= 0.0,
@@ -507,21 +511,30 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let start = move || match data_dir {
         None => {
             tracing::info!("running in memory only (--no-persist)");
-            Ok(Engine::start(clusters, config))
+            Ok(Engine::start_live(desired, config, None))
         }
         Some(dir) => {
             let opened = fleetscope_store::SledStore::open(&dir)
                 .with_context(|| format!("opening the data directory {}", dir.display()))?;
             tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
-            Ok(Engine::start_with_store(
-                clusters,
-                config,
-                std::sync::Arc::new(opened.store),
-                opened.loaded,
-            ))
+            let stored = Stored {
+                store: std::sync::Arc::new(opened.store),
+                loaded: opened.loaded,
+            };
+            Ok(Engine::start_live(desired, config, Some(stored)))
         }
     };
-    run(listener, start, args.engine.service()).await
+    let reload = tokio_util::sync::CancellationToken::new();
+    let reloader = tokio::spawn(fleetscope::config::kubeconfig::reload_on_change(
+        sources,
+        desired_tx,
+        hangups,
+        reload.clone(),
+    ));
+    let result = run(listener, start, args.engine.service()).await;
+    reload.cancel();
+    let _ = reloader.await;
+    result
 }
 
 /// Serves at once, starts the engine with `start` (off the async workers: it may load
@@ -573,11 +586,31 @@ async fn run(
     service.serve_engine(&engine);
     let _ = started_tx.send(engine.clone());
     stop.cancelled().await;
-    let served = server.await.context("the server task")?;
-    engine.shutdown(Duration::from_secs(10)).await;
+    // Whatever a cluster, a client or a credential plugin is doing, the process ends
+    // within the grace period (and a little for the final store write's own bound).
+    std::thread::spawn(|| {
+        std::thread::sleep(SHUTDOWN_GRACE + Duration::from_secs(5));
+        tracing::error!(grace = ?SHUTDOWN_GRACE, "shutdown did not finish within the grace period: exiting now");
+        std::process::exit(1);
+    });
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    let served = match tokio::time::timeout_at(deadline, server).await {
+        Ok(served) => served.context("the server task")?,
+        Err(_) => {
+            tracing::warn!("open calls did not end within the grace period");
+            Ok(())
+        }
+    };
+    engine
+        .shutdown(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await;
     served?;
     Ok(())
 }
+
+/// How long a shutdown may take: ending open calls, stopping the clusters' tasks and
+/// writing what is pending.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 async fn start_fleet(args: &FleetArgs) -> anyhow::Result<SimFleet> {
     let spec = args.spec()?;
@@ -628,7 +661,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));
     let first = write_kubeconfig(&fleet, &kubeconfig)?;
     let clusters = sources::resolve(std::slice::from_ref(&kubeconfig), &[])?;
-    let config = args.engine.config(&clusters)?;
+    let config = args.engine.config()?;
     let addr = listener
         .local_addr()
         .context("reading the listen address")?;

@@ -18,11 +18,15 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchPar
 use kube::discovery::Discovery;
 
 async fn client_for(kubeconfig: &std::path::Path, context: &str) -> Client {
-    let source = fleetscope::sources::ClusterSource {
-        name: context.into(),
-        origin: fleetscope::sources::Origin::Kubeconfig(kubeconfig.to_path_buf()),
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let options = kube::config::KubeConfigOptions {
+        context: Some(context.into()),
+        ..Default::default()
     };
-    fleetscope::sources::client(&source).await.unwrap()
+    let config = kube::Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
 }
 
 async fn fleet() -> (SimFleet, tempfile::TempDir, std::path::PathBuf) {

@@ -14,7 +14,7 @@ pub struct Served {
 }
 
 /// Every preferred-version type a cluster serves.
-pub async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error> {
+pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error> {
     let discovery = Discovery::new(client.clone()).run().await?;
     let mut out = Vec::new();
     for group in discovery.groups() {

@@ -1,21 +1,28 @@
 //! fleetscope's informers: one per (cluster, resource type), each a LIST then a WATCH
 //! that resumes from its last resourceVersion, re-lists on 410 and backs off on
-//! failure. They produce [`Update`]s only; what to do with them is the ingest's.
+//! failure, run by one loop per cluster that connects, discovers and follows its
+//! source's settings. They produce [`Update`]s only; what to do with them is the
+//! ingest's. This is the only crate that sees kube's types; none crosses its API.
 //!
 //! Entry points:
 //! - [`source::kubeconfig_paths`] and [`source::resolve`]: kubeconfig files and
-//!   context patterns → [`source::ClusterSource`]s; [`source::client`] builds a kube
-//!   client for one, with every auth method kube supports.
-//! - [`discovery::discover`] and [`discovery::resolve`]: kubectl-style resource names
-//!   → the types a cluster serves.
-//! - [`stream::run`]: one informer, until cancelled.
+//!   context patterns → [`source::ClusterSource`]s.
+//! - [`cluster::run`]: one cluster (client, discovery, its streams) until it leaves
+//!   the fleet or the engine stops, reporting through [`cluster::Report`].
+//! - [`discovery::resolve`]: kubectl-style resource names → the types a cluster serves.
 //! - [`prune::prune`]: an object as fleetscope keeps it.
+//! - [`exec`]: exec credential plugins, run with a timeout and reported without
+//!   their output; [`cause::describe`]: why a request to an API server failed.
 
+pub mod cause;
+pub mod cluster;
 pub mod discovery;
+pub mod exec;
 pub mod prune;
 pub mod source;
 pub mod stream;
 
+pub use cluster::{ClusterConfig, Report, Resume, ResumePoint, Scope, ScopeError};
 pub use prune::{PrunedObject, Pruning};
 pub use source::{ClusterSource, Origin, SourceError};
 pub use stream::{StreamConfig, StreamId, StreamState, Update};

@@ -25,13 +25,41 @@ pub enum SourceError {
     /// The kubeconfigs hold no context at all.
     #[error("the kubeconfig(s) {0} define no contexts")]
     NoContexts(String),
-    /// A context's credentials or server could not be turned into a client.
-    #[error("cluster {cluster}: {message}")]
+    /// A context's settings could not be turned into a client configuration.
+    #[error("cluster {cluster}: its kubeconfig context cannot be used")]
+    Config {
+        /// The context.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The in-cluster service account could not be read.
+    #[error("cluster {cluster}: the in-cluster configuration cannot be used")]
+    InCluster {
+        /// The source's name.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: kube::config::InClusterError,
+    },
+    /// The context's exec credential plugin gave no credential.
+    #[error("cluster {cluster}")]
+    Exec {
+        /// The context.
+        cluster: String,
+        /// Why (naming the plugin, never carrying its output).
+        #[source]
+        source: crate::exec::ExecError,
+    },
+    /// A client could not be built from the context's settings.
+    #[error("cluster {cluster}: cannot build a client")]
     Client {
         /// The context.
         cluster: String,
         /// Why.
-        message: String,
+        #[source]
+        source: kube::Error,
     },
     /// A `--context` pattern is not a valid glob.
     #[error("--context {pattern:?} is not a valid glob: {message}")]
@@ -58,6 +86,10 @@ pub struct ClusterSource {
     pub name: String,
     /// Where its connection settings come from.
     pub origin: Origin,
+    /// A digest of its settings as read (the context, its cluster and its user): two
+    /// reads of a file differ for this source exactly when its server, TLS settings or
+    /// credentials changed.
+    pub digest: u64,
 }
 
 /// Where a cluster's connection settings come from.
@@ -84,6 +116,24 @@ impl ClusterSource {
         Self {
             name: name.to_string(),
             origin: Origin::InCluster,
+            digest: 0,
+        }
+    }
+
+    /// A context of the kubeconfig at `path`, whose settings are not compared.
+    pub fn context(name: &str, path: &Path) -> Self {
+        Self {
+            name: name.to_string(),
+            origin: Origin::Kubeconfig(path.to_path_buf()),
+            digest: 0,
+        }
+    }
+
+    /// Where it comes from, for a person: `kubeconfig FILE, context NAME`.
+    pub fn describe(&self) -> String {
+        match &self.origin {
+            Origin::Kubeconfig(p) => format!("kubeconfig {}, context {}", p.display(), self.name),
+            Origin::InCluster => self.origin.to_string(),
         }
     }
 }
@@ -139,23 +189,62 @@ fn read(path: &Path) -> Result<Kubeconfig, SourceError> {
     })
 }
 
-/// A kube client for one source, with kube's own config loading, so every auth method
-/// it supports works (tokens, client certificates, exec plugins, auth providers, proxies).
-pub async fn client(source: &ClusterSource) -> Result<kube::Client, SourceError> {
-    let config = config(source).await?;
-    kube::Client::try_from(config).map_err(|e| SourceError::Client {
+/// A client for one source, ready to use.
+pub(crate) struct Connection {
+    /// The client, with every auth method kube supports (tokens, token files, client
+    /// certificates, auth providers, proxies); exec plugins are run by fleetscope.
+    pub client: kube::Client,
+    /// The API server's address.
+    pub server: String,
+    /// When its credential expires, if an exec plugin said so.
+    pub expires: Option<std::time::SystemTime>,
+}
+
+/// Connects to one source: reads its settings, runs its exec credential plugin (if
+/// any) within `exec_timeout`, and builds the client. Nothing here blocks a thread.
+pub(crate) async fn connect(
+    source: &ClusterSource,
+    exec_timeout: std::time::Duration,
+) -> Result<Connection, SourceError> {
+    let mut config = config(source).await?;
+    let server = config.cluster_url.to_string();
+    let mut expires = None;
+    if let Some(exec) = config.auth_info.exec.take() {
+        let credential = crate::exec::credential(&exec, exec_timeout)
+            .await
+            .map_err(|source_| SourceError::Exec {
+                cluster: source.name.clone(),
+                source: source_,
+            })?;
+        expires = credential.expires;
+        if let Some(token) = credential.token {
+            config.auth_info.token = Some(token.into());
+        }
+        if let Some((cert, key)) = credential.client_cert {
+            use base64::Engine as _;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            config.auth_info.client_certificate_data = Some(b64.encode(cert));
+            config.auth_info.client_key_data = Some(b64.encode(key).into());
+        }
+    }
+    let client = kube::Client::try_from(config).map_err(|e| SourceError::Client {
         cluster: source.name.clone(),
-        message: e.to_string(),
+        source: e,
+    })?;
+    Ok(Connection {
+        client,
+        server,
+        expires,
     })
 }
 
 /// The kube client configuration of one source (its server URL, credentials, TLS).
-pub async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
+async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
     let path = match &source.origin {
         Origin::InCluster => {
-            return kube::Config::incluster().map_err(|e| SourceError::Client {
+            return kube::Config::incluster().map_err(|e| SourceError::InCluster {
                 cluster: source.name.clone(),
-                message: format!("in-cluster configuration: {e}"),
+                source: e,
             });
         }
         Origin::Kubeconfig(path) => path,
@@ -167,10 +256,54 @@ pub async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError>
     };
     kube::Config::from_custom_kubeconfig(kc, &options)
         .await
+        .map_err(|e| SourceError::Config {
+            cluster: source.name.clone(),
+            source: e,
+        })
+}
+
+/// A GET of `path` on the source's API server, as text (for diagnostics, and for
+/// reading a simulated cluster's `/metrics`).
+pub async fn get_text(
+    source: &ClusterSource,
+    path: &str,
+    exec_timeout: std::time::Duration,
+) -> Result<String, SourceError> {
+    let conn = connect(source, exec_timeout).await?;
+    let request = http::Request::get(path)
+        .body(Vec::new())
         .map_err(|e| SourceError::Client {
             cluster: source.name.clone(),
-            message: e.to_string(),
+            source: kube::Error::HttpError(e),
+        })?;
+    conn.client
+        .request_text(request)
+        .await
+        .map_err(|e| SourceError::Client {
+            cluster: source.name.clone(),
+            source: e,
         })
+}
+
+/// A digest of one context's settings: the context, its cluster and its user.
+fn digest(kc: &Kubeconfig, context: &kube::config::NamedContext) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    fn text<T: serde::Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap_or_default()
+    }
+    text(context).hash(&mut h);
+    if let Some(ctx) = &context.context {
+        if let Some(c) = kc.clusters.iter().find(|c| c.name == ctx.cluster) {
+            text(c).hash(&mut h);
+        }
+        if let Some(user) = &ctx.user
+            && let Some(u) = kc.auth_infos.iter().find(|u| u.name == *user)
+        {
+            text(u).hash(&mut h);
+        }
+    }
+    h.finish()
 }
 
 /// Reads every kubeconfig and returns the contexts chosen by `patterns` (all when empty).
@@ -178,11 +311,13 @@ pub async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError>
 pub fn resolve(paths: &[PathBuf], patterns: &[String]) -> Result<Vec<ClusterSource>, SourceError> {
     let mut all: Vec<ClusterSource> = Vec::new();
     for path in paths {
-        for ctx in read(path)?.contexts {
+        let kc = read(path)?;
+        for ctx in &kc.contexts {
             if !all.iter().any(|c| c.name == ctx.name) {
                 all.push(ClusterSource {
-                    name: ctx.name,
+                    name: ctx.name.clone(),
                     origin: Origin::Kubeconfig(path.clone()),
+                    digest: digest(&kc, ctx),
                 });
             }
         }

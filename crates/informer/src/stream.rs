@@ -103,6 +103,12 @@ pub enum Update {
         /// The resourceVersion.
         resource_version: String,
     },
+    /// The cluster left the fleet; all its streams have stopped and sent everything
+    /// they had.
+    ClusterGone {
+        /// The cluster.
+        cluster: ClusterName,
+    },
     /// The stream's state changed.
     State {
         /// The stream.
@@ -260,7 +266,7 @@ fn classify(e: kube::Error) -> Stop {
         {
             Stop::Expired
         }
-        other => Stop::Failed(other.to_string()),
+        other => Stop::Failed(crate::source::chain(&other)),
     }
 }
 
@@ -310,14 +316,18 @@ struct Informer {
 
 /// Runs one informer until cancelled. With `resume_from`, it watches from that
 /// resourceVersion without listing first; a 410 then leads to a re-list.
-pub async fn run(
+///
+/// Returns where a successor resumes: the resourceVersion of the last update it
+/// handed to `tx` (`None` when nothing was listed), so a stream restarted with new
+/// credentials continues exactly after what the ingest has.
+pub(crate) async fn run(
     client: Client,
     id: Arc<StreamId>,
     config: StreamConfig,
     resume_from: Option<String>,
     tx: mpsc::Sender<Update>,
     cancel: CancellationToken,
-) {
+) -> Option<String> {
     let rt = &id.resource;
     let ar = ApiResource {
         group: rt.group.clone(),
@@ -340,7 +350,7 @@ pub async fn run(
         cancel,
         path,
     };
-    informer.run(resume_from).await;
+    informer.run(resume_from).await
 }
 
 impl Informer {
@@ -367,18 +377,18 @@ impl Informer {
         }
     }
 
-    async fn run(&self, resume_from: Option<String>) {
+    async fn run(&self, resume_from: Option<String>) -> Option<String> {
         let mut backoff = Backoff::new(self.config.backoff_start, self.config.backoff_cap);
         let mut rv = resume_from;
         let mut last_state = None;
         loop {
             if self.cancel.is_cancelled() {
-                return;
+                return rv;
             }
             let stop = match rv.clone() {
                 None => {
                     if !self.state(StreamState::Listing, None).await {
-                        return;
+                        return None;
                     }
                     match self.list().await {
                         Ok((objects, list_rv)) => {
@@ -388,7 +398,7 @@ impl Informer {
                                 resource_version: list_rv.clone(),
                             };
                             if !self.send(update).await {
-                                return;
+                                return None;
                             }
                             rv = Some(list_rv);
                             continue;
@@ -399,7 +409,7 @@ impl Informer {
                 Some(from) => {
                     if last_state != Some(StreamState::Watching) {
                         if !self.state(StreamState::Watching, None).await {
-                            return;
+                            return rv;
                         }
                         last_state = Some(StreamState::Watching);
                     }
@@ -414,7 +424,7 @@ impl Informer {
                 }
             };
             let (state, error, wait) = match stop {
-                Stop::Cancelled => return,
+                Stop::Cancelled => return rv,
                 Stop::Reconnect => continue,
                 Stop::Expired => {
                     tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
@@ -428,7 +438,7 @@ impl Informer {
             tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %error, retry_in = ?wait, "stream failed");
             last_state = Some(state);
             if !self.state(state, Some(error)).await || !self.sleep(wait).await {
-                return;
+                return rv;
             }
         }
     }
@@ -544,12 +554,14 @@ impl Informer {
                     continue;
                 }
             };
+            // Where to resume moves only once the update is handed over.
+            let mut next_seen = None;
             let update = match event.kind.as_str() {
                 "ADDED" | "MODIFIED" | "DELETED" => {
                     match prune(event.object.get(), &self.id.resource, &self.config.pruning) {
                         Ok(object) => {
                             if !object.resource_version.is_empty() {
-                                seen = object.resource_version.clone();
+                                next_seen = Some(object.resource_version.clone());
                             }
                             if event.kind == "DELETED" {
                                 Update::Deleted {
@@ -571,7 +583,7 @@ impl Informer {
                 }
                 "BOOKMARK" => match serde_json::from_str::<RawBookmark>(event.object.get()) {
                     Ok(b) if !b.metadata.resource_version.is_empty() => {
-                        seen = b.metadata.resource_version.clone();
+                        next_seen = Some(b.metadata.resource_version.clone());
                         Update::Progress {
                             stream: self.id.clone(),
                             resource_version: b.metadata.resource_version,
@@ -605,9 +617,16 @@ impl Informer {
             if !self.send(update).await {
                 return (Stop::Cancelled, seen);
             }
+            if let Some(rv) = next_seen {
+                seen = rv;
+            }
         }
     }
 }
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod sim_tests;
 
 #[cfg(test)]
 mod tests {

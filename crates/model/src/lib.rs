@@ -3,10 +3,12 @@
 //! Entry points:
 //! - [`ClusterName`], [`ResourceType`], [`ObjectKey`], [`Revision`], [`EventType`]:
 //!   identity and ordering shared by every layer.
+//! - [`ClusterFilter`]: which clusters a query draws on, evaluated against the live fleet.
 //! - [`selector::LabelSelector`] and [`selector::FieldSelector`]: Kubernetes selector
 //!   syntax, parsed with errors that name the position, and matched against labels
 //!   ([`selector::Labels`]) or fields ([`selector::Fields`]).
 
+mod clusters;
 mod identity;
 pub mod selector;
 
@@ -27,5 +29,6 @@ pub trait StoredObject {
     fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)>;
 }
 
+pub use clusters::{ClusterFilter, ClusterFilterError};
 pub use identity::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

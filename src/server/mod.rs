@@ -111,3 +111,20 @@ pub async fn shutdown_signal() {
     }
     tracing::info!("shutdown requested");
 }
+
+/// SIGHUP, as a stream of reload requests: once this returns, SIGHUP no longer ends
+/// the process (its default), whatever the process is doing.
+pub fn hangups() -> std::io::Result<tokio::sync::mpsc::Receiver<()>> {
+    let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        while signal.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the cluster sources");
+            // A reload already pending covers this one.
+            if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = tx.try_send(()) {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}

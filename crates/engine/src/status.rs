@@ -59,6 +59,16 @@ impl StreamStatus {
         }
     }
 
+    /// How far behind the cluster the stream may be: zero while its watch is open and
+    /// current (a quiet, healthy stream is not behind), else the time since it was
+    /// last known current; `None` if it never was.
+    pub fn sync_lag(&self) -> Option<std::time::Duration> {
+        if self.freshness() == Freshness::Synced {
+            return Some(std::time::Duration::ZERO);
+        }
+        self.current_at.map(|t| t.elapsed())
+    }
+
     /// The stream's freshness.
     pub fn freshness(&self) -> Freshness {
         match self.state {
@@ -91,20 +101,31 @@ pub struct ClusterStatus {
     pub streams: BTreeMap<String, (ResourceType, StreamStatus)>,
     /// Configured names this cluster does not serve, with why.
     pub missing: Vec<(String, String)>,
+    /// Set when the cluster left the fleet and its objects were kept: why.
+    pub kept: Option<String>,
+    /// Told to leave the fleet; its objects go (or are kept) once its streams stop.
+    pub leaving: bool,
     /// Whether its discovery has completed once since start (until then, a type
     /// unknown to queries may still be one it serves).
     pub discovered: bool,
+    /// Where its settings come from, for a person (`kubeconfig FILE, context NAME`).
+    pub source: String,
+    /// When its settings were last (re)loaded.
+    pub loaded_at: SystemTime,
 }
 
 impl ClusterStatus {
     /// Whether its first discovery is still to come: not yet done, and not failed (an
     /// unreachable cluster is reported, not waited for).
     pub fn discovering(&self) -> bool {
-        !self.discovered && self.error.is_none()
+        !self.discovered && self.error.is_none() && self.kept.is_none()
     }
 
     /// Freshness for one resource type (or the whole cluster with `None`), with the time it went stale and why.
     pub fn freshness(&self, resource: Option<&str>) -> (Freshness, Option<SystemTime>, String) {
+        if let Some(why) = &self.kept {
+            return (Freshness::Stale, self.error_since, why.clone());
+        }
         let streams: Vec<&StreamStatus> = match resource {
             Some(r) => self.streams.get(r).map(|(_, s)| s).into_iter().collect(),
             None => self.streams.values().map(|(_, s)| s).collect(),
@@ -117,6 +138,13 @@ impl ClusterStatus {
                 Freshness::Error
             };
             return (f, self.error_since, e.clone());
+        }
+        if streams.is_empty() && !self.discovered {
+            return (
+                Freshness::Syncing,
+                None,
+                "connecting to the cluster and discovering its resource types".into(),
+            );
         }
         if streams.is_empty() {
             let why = match resource {
@@ -170,10 +198,22 @@ pub struct FreshnessChange {
     pub message: String,
 }
 
+/// How the cluster sources last loaded (kubeconfig files, and later the
+/// configuration file).
+#[derive(Debug, Clone, Default)]
+pub struct SourcesStatus {
+    /// When the sources in force were loaded.
+    pub loaded_at: Option<SystemTime>,
+    /// Why the last attempt to reload failed, if it did (the sources loaded before
+    /// stay in force), and when.
+    pub error: Option<(String, SystemTime)>,
+}
+
 /// Every cluster's status. Cheap to clone.
 #[derive(Clone)]
 pub struct StatusTable {
     inner: Arc<RwLock<BTreeMap<ClusterName, ClusterStatus>>>,
+    sources: Arc<RwLock<SourcesStatus>>,
     changes: broadcast::Sender<FreshnessChange>,
 }
 
@@ -181,26 +221,99 @@ impl Default for StatusTable {
     fn default() -> Self {
         Self {
             inner: Arc::default(),
+            sources: Arc::default(),
             changes: broadcast::channel(1024).0,
         }
     }
 }
 
 impl StatusTable {
-    /// Registers a cluster.
-    pub fn add_cluster(&self, name: &ClusterName, server: &str, labels: BTreeMap<String, String>) {
+    /// Registers a cluster (anew, if it was held: a cluster added again starts over).
+    pub fn add_cluster(&self, name: &ClusterName, source: &str, labels: BTreeMap<String, String>) {
         let status = ClusterStatus {
             name: name.clone(),
             labels,
-            server: server.to_string(),
+            server: String::new(),
             version: String::new(),
             error: None,
             error_since: None,
             streams: BTreeMap::new(),
             missing: Vec::new(),
+            kept: None,
+            leaving: false,
             discovered: false,
+            source: source.to_string(),
+            loaded_at: SystemTime::now(),
         };
         self.write().insert(name.clone(), status);
+        let _ = self.changes.send(FreshnessChange {
+            cluster: name.clone(),
+            freshness: Freshness::Syncing,
+            stale_since: None,
+            message: "added to the fleet".into(),
+        });
+    }
+
+    /// A cluster left the fleet: forgotten, or (`kept`) held as it was with its
+    /// objects, reported stale.
+    /// A cluster added again since it was told to leave is not touched.
+    pub fn cluster_gone(&self, name: &ClusterName, kept: bool) {
+        let leaving = self.cluster(name).is_some_and(|c| c.leaving);
+        if !leaving {
+            return;
+        }
+        if kept {
+            self.update(name, |c| {
+                c.kept = Some("no longer configured; its objects are kept as they were".into());
+                c.error_since = Some(SystemTime::now());
+                c.streams
+                    .values_mut()
+                    .for_each(|(_, s)| s.state = StreamState::Pending);
+            });
+            return;
+        }
+        if self.write().remove(name).is_some() {
+            let _ = self.changes.send(FreshnessChange {
+                cluster: name.clone(),
+                freshness: Freshness::Error,
+                stale_since: None,
+                message: "removed from the fleet".into(),
+            });
+        }
+    }
+
+    /// How the cluster sources last loaded.
+    pub fn sources(&self) -> SourcesStatus {
+        self.sources
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records a load of the cluster sources: in force (`error` is `None`) or refused.
+    pub fn sources_loaded(&self, loaded_at: SystemTime, error: Option<String>) {
+        let mut s = self.sources.write().unwrap_or_else(|e| e.into_inner());
+        match error {
+            None => {
+                s.loaded_at = Some(loaded_at);
+                s.error = None;
+            }
+            Some(e) => s.error = Some((e, loaded_at)),
+        }
+    }
+
+    /// Every resource type collected (or restored) in some cluster, by canonical name.
+    pub fn types(&self) -> BTreeMap<String, ResourceType> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .flat_map(|c| {
+                c.streams
+                    .iter()
+                    .map(|(name, (rt, _))| (name.clone(), rt.clone()))
+            })
+            .collect()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ClusterName, ClusterStatus>> {

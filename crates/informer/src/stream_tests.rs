@@ -1,14 +1,12 @@
 //! Informers against a simulated cluster over HTTPS: list, watch, reconnect, re-list,
 //! resume without a list, and access errors as state.
 
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetscope_informer::discovery;
-use fleetscope_informer::source::{self, ClusterSource};
-use fleetscope_informer::stream::{self, StreamConfig, StreamId, StreamState, Update};
+use crate::discovery;
+use crate::source::{self, ClusterSource};
+use crate::stream::{self, StreamConfig, StreamId, StreamState, Update};
 use fleetscope_model::ClusterName;
 use fleetscope_sim::{Cluster, ClusterConfig, SimServer, Verb};
 use serde_json::json;
@@ -65,7 +63,10 @@ async fn start_after(
     resume: Option<String>,
     before: impl FnOnce(),
 ) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
-    let client = source::client(&s.source).await.unwrap();
+    let client = source::connect(&s.source, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .client;
     let served = discovery::discover(&client).await.unwrap();
     let rt = discovery::resolve(&[resource.into()], &served)
         .resources
@@ -275,7 +276,10 @@ async fn start_with(
     resource: &str,
     config: StreamConfig,
 ) -> (mpsc::Receiver<Update>, CancellationToken) {
-    let client = source::client(&s.source).await.unwrap();
+    let client = source::connect(&s.source, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .client;
     let served = discovery::discover(&client).await.unwrap();
     let rt = discovery::resolve(&[resource.into()], &served)
         .resources

@@ -4,24 +4,31 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use base64::Engine as _;
-use fleetscope_index::{FeedError, GroupBy, Index, IndexError, Object, State, transition};
+use fleetscope_index::{GroupBy, Index, IndexError, State};
 use fleetscope_informer::discovery::{self, Served};
 use fleetscope_model::{
-    ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey, ResourceType, Revision,
+    ClusterFilter, ClusterFilterError, ClusterName, FieldSelector, LabelSelector, ObjectKey,
+    ResourceType, Revision,
 };
 use futures::Stream;
-use prost::Message as _;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+mod convert;
+mod token;
+mod watch;
+
+use convert::{cluster_freshness, object_proto, stream_state, timestamp};
+use token::{decode_token, encode_token};
+use watch::WatchJob;
+
 use crate::proto;
 use crate::proto::fleet_server::Fleet;
-use crate::status::{ClusterStatus, Freshness, StatusTable};
+use crate::status::{ClusterStatus, StatusTable};
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -57,7 +64,6 @@ pub struct FleetService {
 struct Serving {
     index: Arc<Index>,
     status: StatusTable,
-    types: crate::engine::Types,
     persister: Option<Arc<crate::persist::Persister>>,
 }
 
@@ -88,7 +94,6 @@ impl FleetService {
         let _ = self.serving.set(Serving {
             index: engine.index.clone(),
             status: engine.status.clone(),
-            types: engine.types.clone(),
             persister: engine.persister(),
         });
     }
@@ -112,7 +117,7 @@ impl Serving {
                 "query.resource is required, e.g. \"pods\" or \"deployments.apps\"",
             ));
         }
-        let types = self.types.read().unwrap_or_else(|e| e.into_inner());
+        let types = self.status.types();
         let served: Vec<Served> = types
             .values()
             .map(|rt| Served {
@@ -171,32 +176,31 @@ impl Serving {
     }
 
     /// The clusters a query draws on: names or globs, narrowed by the cluster label selector.
-    fn select_clusters(&self, q: &proto::Query) -> Result<Vec<ClusterStatus>, Status> {
-        let patterns = q
-            .clusters
-            .iter()
-            .map(|p| {
-                glob::Pattern::new(p).map_err(|e| {
-                    Status::invalid_argument(format!(
-                        "query.clusters: {p:?} is not a valid name or glob: {e}"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let selector = LabelSelector::parse(&q.cluster_selector)
-            .map_err(|e| Status::invalid_argument(format!("query.cluster_selector: {e}")))?;
-        Ok(self
+    fn select_clusters(
+        &self,
+        q: &proto::Query,
+    ) -> Result<(ClusterFilter, Vec<ClusterStatus>), Status> {
+        let filter =
+            ClusterFilter::parse(&q.clusters, &q.cluster_selector).map_err(|e| match e {
+                ClusterFilterError::Pattern { .. } => {
+                    Status::invalid_argument(format!("query.clusters: {e}"))
+                }
+                ClusterFilterError::Selector(e) => {
+                    Status::invalid_argument(format!("query.cluster_selector: {e}"))
+                }
+            })?;
+        let clusters = self
             .status
             .clusters()
             .into_iter()
-            .filter(|c| patterns.is_empty() || patterns.iter().any(|p| p.matches(c.name.as_str())))
-            .filter(|c| selector.matches(&c.labels))
-            .collect())
+            .filter(|c| filter.matches(&c.name, &c.labels))
+            .collect();
+        Ok((filter, clusters))
     }
 
     fn build(&self, q: &proto::Query) -> Result<Built, Status> {
         let rt = self.resolve_resource(&q.resource)?;
-        let clusters = self.select_clusters(q)?;
+        let (filter, clusters) = self.select_clusters(q)?;
         let labels = LabelSelector::parse(&q.label_selector)
             .map_err(|e| Status::invalid_argument(format!("query.label_selector: {e}")))?;
         let fields = FieldSelector::parse(&q.field_selector)
@@ -228,6 +232,7 @@ impl Serving {
         let projection = q.projection();
         Ok(Built {
             query,
+            filter,
             freshness,
             partial,
             projection,
@@ -237,97 +242,11 @@ impl Serving {
 
 struct Built {
     query: fleetscope_index::Query,
+    /// The cluster filter, for queries that follow the fleet as it changes.
+    filter: ClusterFilter,
     freshness: Vec<proto::ClusterFreshness>,
     partial: bool,
     projection: proto::Projection,
-}
-
-fn timestamp(t: SystemTime) -> prost_types::Timestamp {
-    prost_types::Timestamp::from(t)
-}
-
-fn freshness_proto(f: Freshness) -> proto::Freshness {
-    match f {
-        Freshness::Synced => proto::Freshness::Synced,
-        Freshness::Syncing => proto::Freshness::Syncing,
-        Freshness::Restored => proto::Freshness::Restored,
-        Freshness::Stale => proto::Freshness::Stale,
-        Freshness::Error => proto::Freshness::Error,
-    }
-}
-
-fn cluster_freshness(c: &ClusterStatus, resource: Option<&str>) -> proto::ClusterFreshness {
-    let (f, since, message) = c.freshness(resource);
-    proto::ClusterFreshness {
-        cluster: c.name.to_string(),
-        freshness: freshness_proto(f) as i32,
-        stale_since: since.map(timestamp),
-        message,
-    }
-}
-
-/// An object for the wire, as JSON text with its identity beside it.
-fn object_proto(o: &Object, projection: proto::Projection) -> proto::Object {
-    let json = match projection {
-        proto::Projection::Metadata => o.metadata_json(),
-        _ => o.json.to_string(),
-    };
-    let (uid, resource_version) = o.uid_and_resource_version();
-    proto::Object {
-        cluster: o.key.cluster.to_string(),
-        resource: o.key.resource.to_string(),
-        namespace: o.key.namespace.to_string(),
-        name: o.key.name.to_string(),
-        uid,
-        resource_version,
-        revision: o.revision.0,
-        json,
-    }
-}
-
-/// What a page token carries: the snapshot's revision, the query, and where to continue.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct PageToken {
-    /// Snapshot revision.
-    r: u64,
-    /// The query, protobuf-encoded, base64.
-    q: String,
-    /// The last key returned: resource, cluster, namespace, name.
-    a: [String; 4],
-}
-
-fn encode_token(revision: Revision, query: &proto::Query, after: &ObjectKey) -> String {
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let token = PageToken {
-        r: revision.0,
-        q: b64.encode(query.encode_to_vec()),
-        a: [
-            after.resource.to_string(),
-            after.cluster.to_string(),
-            after.namespace.to_string(),
-            after.name.to_string(),
-        ],
-    };
-    b64.encode(serde_json::to_vec(&token).unwrap_or_default())
-}
-
-fn decode_token(token: &str) -> Result<(Revision, proto::Query, ObjectKey), Status> {
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let bad = || {
-        Status::invalid_argument(
-            "page_token is not a token this server issued: pass back next_page_token unchanged, or start the list without one",
-        )
-    };
-    let raw = b64.decode(token).map_err(|_| bad())?;
-    let t: PageToken = serde_json::from_slice(&raw).map_err(|_| bad())?;
-    let query =
-        proto::Query::decode(b64.decode(&t.q).map_err(|_| bad())?.as_slice()).map_err(|_| bad())?;
-    let [r, c, n, m] = t.a;
-    Ok((
-        Revision(t.r),
-        query,
-        ObjectKey::new(&r, &ClusterName::from(c), &n, &m),
-    ))
 }
 
 fn index_error(e: IndexError) -> Status {
@@ -336,14 +255,6 @@ fn index_error(e: IndexError) -> Status {
 
 /// The stream type of `Watch`.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
-
-fn event_type(t: EventType) -> proto::EventType {
-    match t {
-        EventType::Added => proto::EventType::Added,
-        EventType::Modified => proto::EventType::Modified,
-        EventType::Deleted => proto::EventType::Deleted,
-    }
-}
 
 #[tonic::async_trait]
 impl Fleet for FleetService {
@@ -483,18 +394,27 @@ impl Fleet for FleetService {
             .filter(|d| !d.is_zero())
             .unwrap_or(self.config.bookmark_interval)
             .max(Duration::from_millis(10));
-        let clusters: Vec<String> = match &built.query.clusters {
-            Some(cs) => cs.iter().map(ToString::to_string).collect(),
-            None => Vec::new(),
-        };
+        // The cluster filter is evaluated per event against the live fleet, so a
+        // matching cluster added later is followed too; the index query reads all.
+        let initial = r.send_initial_events.then(|| built.query.clone());
+        let mut query = built.query;
+        query.clusters = None;
+        let labels = serving
+            .status
+            .clusters()
+            .into_iter()
+            .map(|c| (c.name, c.labels))
+            .collect();
         // A short hand-off: the subscriber's real bound is the index's subscriber buffer
         // and event log, which it pulls from.
         let (tx, rx) = mpsc::channel(8);
         let job = WatchJob {
-            query: built.query,
+            query,
             projection: built.projection,
-            clusters,
-            initial: r.send_initial_events,
+            filter: built.filter,
+            labels,
+            status: serving.status.clone(),
+            initial,
             interval,
             statuses: serving.status.subscribe(),
             shutdown: self.shutdown.clone(),
@@ -510,7 +430,7 @@ impl Fleet for FleetService {
     ) -> Result<Response<proto::ListClustersResponse>, Status> {
         let serving = self.serving()?;
         let r = request.into_inner();
-        let selected = serving.select_clusters(&proto::Query {
+        let (_, selected) = serving.select_clusters(&proto::Query {
             clusters: r.clusters,
             ..Default::default()
         })?;
@@ -545,8 +465,8 @@ impl Fleet for FleetService {
                             last_event_time: s.last_event.map(timestamp),
                             last_error: s.last_error.clone().unwrap_or_default(),
                             sync_lag: s
-                                .current_at
-                                .and_then(|t| prost_types::Duration::try_from(t.elapsed()).ok()),
+                                .sync_lag()
+                                .and_then(|d| prost_types::Duration::try_from(d).ok()),
                         })
                         .chain(c.missing.iter().map(|(spec, why)| proto::ResourceStream {
                             resource: spec.clone(),
@@ -555,10 +475,22 @@ impl Fleet for FleetService {
                             ..Default::default()
                         }))
                         .collect(),
+                    source: c.source.clone(),
+                    source_loaded_time: Some(timestamp(c.loaded_at)),
                 }
             })
             .collect();
-        Ok(Response::new(proto::ListClustersResponse { clusters }))
+        let sources = serving.status.sources();
+        Ok(Response::new(proto::ListClustersResponse {
+            clusters,
+            sources_loaded_time: sources.loaded_at.map(timestamp),
+            sources_error: sources
+                .error
+                .as_ref()
+                .map(|(e, _)| e.clone())
+                .unwrap_or_default(),
+            sources_error_time: sources.error.map(|(_, at)| timestamp(at)),
+        }))
     }
 
     async fn list_resource_types(
@@ -567,11 +499,7 @@ impl Fleet for FleetService {
     ) -> Result<Response<proto::ListResourceTypesResponse>, Status> {
         let serving = self.serving()?;
         let snapshot = serving.index.snapshot();
-        let types = serving
-            .types
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let types = serving.status.types();
         let resource_types = types
             .values()
             .map(|rt| {
@@ -624,135 +552,5 @@ impl Fleet for FleetService {
             last_compaction: duration(s.last_compaction),
             last_error: s.last_error.unwrap_or_default(),
         }))
-    }
-}
-
-fn stream_state(s: fleetscope_informer::StreamState) -> proto::StreamState {
-    use fleetscope_informer::StreamState as S;
-    match s {
-        S::Pending => proto::StreamState::Pending,
-        S::Listing => proto::StreamState::Listing,
-        S::Watching => proto::StreamState::Watching,
-        S::Failed => proto::StreamState::Failed,
-        S::Forbidden => proto::StreamState::Forbidden,
-        S::NotFound => proto::StreamState::NotFound,
-    }
-}
-
-/// One Watch subscriber's producer.
-struct WatchJob {
-    query: fleetscope_index::Query,
-    projection: proto::Projection,
-    clusters: Vec<String>,
-    initial: bool,
-    interval: Duration,
-    statuses: broadcast::Receiver<crate::status::FreshnessChange>,
-    shutdown: CancellationToken,
-    tx: mpsc::Sender<Result<proto::WatchEvent, Status>>,
-}
-
-impl WatchJob {
-    /// Sends what a change means to this subscriber; false once the client is gone.
-    async fn deliver(&self, e: &fleetscope_index::Event) -> bool {
-        match transition(&self.query, e) {
-            Some(t) => {
-                let ev = proto::WatchEvent {
-                    r#type: event_type(t) as i32,
-                    object: Some(object_proto(&e.object, self.projection)),
-                    revision: e.revision.0,
-                    cluster: None,
-                };
-                self.send(ev).await
-            }
-            None => true,
-        }
-    }
-
-    async fn send(&self, e: proto::WatchEvent) -> bool {
-        self.tx.send(Ok(e)).await.is_ok()
-    }
-
-    fn marker(t: proto::EventType, revision: Revision) -> proto::WatchEvent {
-        proto::WatchEvent {
-            r#type: t as i32,
-            object: None,
-            revision: revision.0,
-            cluster: None,
-        }
-    }
-
-    async fn run(mut self, sub: fleetscope_index::Subscription) {
-        let fleetscope_index::Subscription { snapshot, mut feed } = sub;
-        if self.initial {
-            for o in snapshot.matching(&self.query, None) {
-                let e = proto::WatchEvent {
-                    r#type: proto::EventType::Added as i32,
-                    object: Some(object_proto(o, self.projection)),
-                    revision: o.revision.0,
-                    cluster: None,
-                };
-                if !self.send(e).await {
-                    return;
-                }
-            }
-            if !self
-                .send(Self::marker(
-                    proto::EventType::InitialEventsEnd,
-                    snapshot.revision(),
-                ))
-                .await
-            {
-                return;
-            }
-        }
-        drop(snapshot);
-        let mut ticks =
-            tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = self.tx.closed() => return,
-                r = feed.next() => match r {
-                    Ok(events) => {
-                        for e in &events {
-                            if !self.deliver(e).await {
-                                return;
-                            }
-                        }
-                    }
-                    Err(e @ FeedError::Behind { .. }) => {
-                        let _ = self.tx.send(Err(Status::resource_exhausted(e.to_string()))).await;
-                        return;
-                    }
-                    Err(e @ FeedError::Expired { .. }) => {
-                        let _ = self.tx.send(Err(Status::out_of_range(e.to_string()))).await;
-                        return;
-                    }
-                    Err(FeedError::Closed) => return,
-                },
-                c = self.statuses.recv() => {
-                    if let Ok(c) = c
-                        && (self.clusters.is_empty() || self.clusters.iter().any(|n| *n == c.cluster.as_str()))
-                    {
-                        let cluster = proto::ClusterFreshness {
-                            cluster: c.cluster.to_string(),
-                            freshness: freshness_proto(c.freshness) as i32,
-                            stale_since: c.stale_since.map(timestamp),
-                            message: c.message,
-                        };
-                        let ev = proto::WatchEvent { r#type: proto::EventType::ClusterStatus as i32, object: None, revision: feed.reached().0, cluster: Some(cluster) };
-                        if !self.send(ev).await {
-                            return;
-                        }
-                    }
-                }
-                _ = ticks.tick() => {
-                    if !self.send(Self::marker(proto::EventType::Bookmark, feed.reached())).await {
-                        return;
-                    }
-                }
-            }
-        }
     }
 }

@@ -25,7 +25,7 @@ use fleetscope_store::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::ProgressLog;
+use crate::ProgressLog;
 use crate::status::StatusTable;
 
 /// A snapshot written beside the batches and not yet current, with how long writing
@@ -915,11 +915,7 @@ mod tests {
 
     /// Stages one change and records it, as the ingest does.
     fn record(index: &Index, persister: &Persister, change: Change) {
-        persister.record(
-            index.stage([change]),
-            [],
-            crate::engine::ProgressLog::default(),
-        );
+        persister.record(index.stage([change]), [], crate::ProgressLog::default());
     }
 
     /// The revisions a subscriber has been handed since it last asked.

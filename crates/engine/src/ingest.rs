@@ -1,0 +1,324 @@
+//! The one ordered writer: informers' updates → batches of index changes, made
+//! visible in memory at once or, with a store, once durable; and the stream progress
+//! each batch implies, reported to the status table when the batch is visible.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use fleetscope_index::{Change, Index, ObjectInput};
+use fleetscope_informer::PrunedObject;
+use fleetscope_informer::stream::{StreamId, Update};
+use fleetscope_model::selector::field_in_json;
+use fleetscope_model::{ClusterName, Location, ObjectKey};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::persist::Persister;
+use crate::status::StatusTable;
+
+/// Stored objects carry the field-index values of the configuration that stored them;
+/// when the configured paths differ, the values are read again from each object's JSON.
+pub(crate) fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[String]) {
+    if loaded.field_indexes.as_deref() == Some(paths) {
+        return;
+    }
+    let records = loaded.objects.iter_mut().chain(
+        loaded
+            .events
+            .iter_mut()
+            .flat_map(|e| std::iter::once(&mut e.object).chain(e.prev.as_mut())),
+    );
+    let mut redone = 0usize;
+    for o in records {
+        o.fields = field_values(&o.json, paths);
+        redone += 1;
+    }
+    if redone > 0 {
+        tracing::info!(
+            objects = redone,
+            "field indexes changed since the store was written: values read again"
+        );
+    }
+}
+
+/// The configured field-index values of an object, read at any nesting depth.
+fn field_values(json: &str, paths: &[String]) -> Vec<(String, String)> {
+    paths
+        .iter()
+        .filter_map(|p| Some((p.clone(), field_in_json(json, p)?)))
+        .collect()
+}
+
+/// An object's key, sharing the stream's resource name and cluster.
+fn stream_key(stream: &StreamId, o: &PrunedObject) -> ObjectKey {
+    StreamKeys::new(stream).key(o)
+}
+
+/// Keys of one stream's objects: consecutive objects of one namespace (as a list gives
+/// them) share one location, so the index finds its shared copy without a lookup.
+struct StreamKeys<'a> {
+    stream: &'a StreamId,
+    last: Option<Arc<Location>>,
+}
+
+impl<'a> StreamKeys<'a> {
+    fn new(stream: &'a StreamId) -> Self {
+        Self { stream, last: None }
+    }
+
+    fn key(&mut self, o: &PrunedObject) -> ObjectKey {
+        let location = match &self.last {
+            Some(l) if *l.namespace == *o.namespace => l.clone(),
+            _ => self
+                .last
+                .insert(Arc::new(Location {
+                    resource: self.stream.name.clone(),
+                    cluster: self.stream.cluster.clone(),
+                    namespace: Arc::from(o.namespace.as_str()),
+                }))
+                .clone(),
+        };
+        ObjectKey::in_location(location, Arc::from(o.name.as_str()))
+    }
+}
+
+fn to_input(key: ObjectKey, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
+    let fields = field_values(&o.json, field_paths);
+    ObjectInput {
+        key,
+        json: o.json,
+        labels: o.labels,
+        owners: o.owners,
+        fields,
+    }
+}
+
+/// The one ordered writer: drains what is waiting, applies it as one batch, then
+/// records stream progress, so status never runs ahead of the index.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn ingest(
+    index: Arc<Index>,
+    status: StatusTable,
+    persister: Option<Arc<Persister>>,
+    mut rx: mpsc::Receiver<Update>,
+    field_paths: Vec<String>,
+    batch: usize,
+    keep_removed: bool,
+    cancel: CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            u = rx.recv() => match u { Some(u) => u, None => return },
+            _ = cancel.cancelled() => return,
+        };
+        let mut updates = vec![first];
+        while updates.len() < batch {
+            match rx.try_recv() {
+                Ok(u) => updates.push(u),
+                Err(_) => break,
+            }
+        }
+        let mut changes = Vec::with_capacity(updates.len());
+        // Status is recorded after the batch is applied, so it never runs ahead of the index.
+        let mut after: Vec<(Arc<StreamId>, Progress)> = Vec::with_capacity(updates.len());
+        let mut gone: Vec<ClusterName> = Vec::new();
+        // Resume points of streams that end with their cluster.
+        let mut dropped = Vec::new();
+        for u in updates {
+            match u {
+                Update::ClusterGone { cluster } => {
+                    if keep_removed {
+                        tracing::info!(%cluster, "cluster no longer configured: keeping its objects");
+                    } else {
+                        tracing::info!(%cluster, "cluster no longer configured: deleting its objects");
+                        changes.push(Change::RemoveCluster(cluster.clone()));
+                        if let Some(c) = status.cluster(&cluster) {
+                            dropped.extend(
+                                c.streams
+                                    .values()
+                                    .map(|(rt, _)| (cluster.clone(), rt.clone(), None)),
+                            );
+                        }
+                    }
+                    gone.push(cluster);
+                }
+                Update::Listed {
+                    stream,
+                    objects,
+                    resource_version,
+                } => {
+                    let mut keys = StreamKeys::new(&stream);
+                    let objects = objects
+                        .into_iter()
+                        .map(|o| to_input(keys.key(&o), o, &field_paths))
+                        .collect();
+                    changes.push(Change::Replace {
+                        resource: stream.name.to_string(),
+                        cluster: stream.cluster.clone(),
+                        objects,
+                    });
+                    if resource_version.is_empty() {
+                        after.push((stream, Progress::Dropped));
+                    } else {
+                        after.push((stream, Progress::Listed(resource_version)));
+                    }
+                }
+                Update::Applied { stream, object } => {
+                    let rv = object.resource_version.clone();
+                    let key = stream_key(&stream, &object);
+                    changes.push(Change::Upsert(to_input(key, object, &field_paths)));
+                    after.push((stream, Progress::Event(rv)));
+                }
+                Update::Deleted { stream, object } => {
+                    changes.push(Change::Delete(stream_key(&stream, &object)));
+                    after.push((stream, Progress::Event(object.resource_version)));
+                }
+                Update::Progress {
+                    stream,
+                    resource_version,
+                } => after.push((stream, Progress::Bookmark(resource_version))),
+                Update::State {
+                    stream,
+                    state,
+                    error,
+                } => after.push((stream, Progress::State(state, error))),
+            }
+        }
+        // The resume points the batch implies, written with its events.
+        let resume_points: Vec<_> = after
+            .iter()
+            .filter_map(|(stream, progress)| {
+                let rv = match progress {
+                    Progress::Listed(rv) | Progress::Event(rv) | Progress::Bookmark(rv)
+                        if !rv.is_empty() =>
+                    {
+                        Some((rv.clone(), stream.selection.clone()))
+                    }
+                    Progress::Dropped => None,
+                    _ => return None,
+                };
+                Some((stream.cluster.clone(), stream.resource.clone(), rv))
+            })
+            .chain(dropped)
+            .collect();
+        let mut log = ProgressLog::default();
+        for (stream, progress) in after {
+            log.push(stream, progress);
+        }
+        for cluster in gone {
+            log.gone(cluster, keep_removed);
+        }
+        match &persister {
+            // Visible once durable: the persister publishes the batch and its progress.
+            Some(p) => {
+                p.record(index.stage(changes), resume_points, log);
+                p.backpressure().await;
+            }
+            None => {
+                index.apply(changes);
+                log.apply(&status);
+            }
+        }
+    }
+}
+
+/// Stream progress in the order it happened, waiting to be reported with the batch
+/// it belongs to. Consecutive events and bookmarks of one stream fold into one entry,
+/// so a backlog that waits on a slow store stays small.
+#[derive(Default)]
+pub struct ProgressLog {
+    entries: Vec<Entry>,
+    /// Each stream's last entry.
+    last: HashMap<(ClusterName, Arc<str>), usize>,
+}
+
+/// One entry of a [`ProgressLog`].
+enum Entry {
+    Stream(Arc<StreamId>, Progress),
+    /// The cluster left the fleet; its objects were kept or deleted.
+    ClusterGone(ClusterName, bool),
+}
+
+impl ProgressLog {
+    /// Records a stream's progress.
+    pub fn push(&mut self, stream: Arc<StreamId>, progress: Progress) {
+        let key = (stream.cluster.clone(), stream.name.clone());
+        if let Some(&i) = self.last.get(&key)
+            && let Entry::Stream(_, earlier) = &mut self.entries[i]
+            && let Some(folded) = earlier.fold(&progress)
+        {
+            *earlier = folded;
+            return;
+        }
+        self.last.insert(key, self.entries.len());
+        self.entries.push(Entry::Stream(stream, progress));
+    }
+
+    /// Records that a cluster left the fleet.
+    fn gone(&mut self, cluster: ClusterName, kept: bool) {
+        self.last.retain(|(c, _), _| *c != cluster);
+        self.entries.push(Entry::ClusterGone(cluster, kept));
+    }
+
+    /// Appends later progress.
+    pub(crate) fn append(&mut self, later: ProgressLog) {
+        for entry in later.entries {
+            match entry {
+                Entry::Stream(stream, progress) => self.push(stream, progress),
+                Entry::ClusterGone(cluster, kept) => self.gone(cluster, kept),
+            }
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Reports the progress to the status table, in order.
+    pub(crate) fn apply(self, status: &StatusTable) {
+        for entry in self.entries {
+            let (stream, progress) = match entry {
+                Entry::Stream(stream, progress) => (stream, progress),
+                Entry::ClusterGone(cluster, kept) => {
+                    status.cluster_gone(&cluster, kept);
+                    continue;
+                }
+            };
+            let (cluster, rt) = (&stream.cluster, &stream.resource);
+            match progress {
+                Progress::Dropped => {}
+                Progress::Listed(rv) => status.stream_listed(cluster, rt, &rv),
+                Progress::Event(rv) => status.stream_progress(cluster, rt, &rv, true),
+                Progress::Bookmark(rv) => status.stream_progress(cluster, rt, &rv, false),
+                Progress::State(state, error) => status.stream_state(cluster, rt, state, error),
+            }
+        }
+    }
+}
+
+/// What an update says about its stream, recorded once its batch is visible.
+pub enum Progress {
+    /// The stream's type is gone: its objects were dropped.
+    Dropped,
+    /// A complete list at this resourceVersion.
+    Listed(String),
+    /// An event at this resourceVersion.
+    Event(String),
+    /// A bookmark at this resourceVersion.
+    Bookmark(String),
+    /// A new state, and why when it is not healthy.
+    State(fleetscope_informer::StreamState, Option<String>),
+}
+
+impl Progress {
+    /// One entry for this and `later`, when both are events or bookmarks: the later
+    /// resourceVersion, an event if either was.
+    fn fold(&self, later: &Progress) -> Option<Progress> {
+        match (self, later) {
+            (Progress::Event(_), Progress::Event(rv) | Progress::Bookmark(rv))
+            | (Progress::Bookmark(_), Progress::Event(rv)) => Some(Progress::Event(rv.clone())),
+            (Progress::Bookmark(_), Progress::Bookmark(rv)) => Some(Progress::Bookmark(rv.clone())),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! fleetscope's engine: cluster sources → informers → one ordered, batched ingest →
+//! the index (visible once durable, with a store), with cluster and stream health
+//! beside it, and the reconciler that keeps the running clusters equal to a live set
+//! of desired ones.
+//!
+//! Entry points:
+//! - [`Engine::start`] (a fixed set of clusters, in memory), [`Engine::start_live`]
+//!   (a `watch` of the desired [`SourceSet`], optionally over a store);
+//! - [`status::StatusTable`]: the one owner of what is collected from each cluster and
+//!   how current it is;
+//! - [`persist::Persister`]: write-behind persistence, publication after durability.
+
+mod ingest;
+pub mod persist;
+mod reconcile;
+pub mod status;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetscope_index::{Change, Index};
+use fleetscope_informer::cluster::{ClusterConfig, Resume, ResumePoint};
+use fleetscope_informer::{ClusterSource, StreamConfig, Update};
+use fleetscope_model::{ClusterName, Revision};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+pub use fleetscope_informer::{Scope, ScopeError};
+pub use ingest::{Progress, ProgressLog};
+pub use reconcile::{ClusterLabels, SourceSet, labels_for};
+
+use crate::persist::{PersistConfig, Persister};
+use crate::status::StatusTable;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Resource types to collect, kubectl-style; `*` for every watchable type.
+    pub resources: Vec<String>,
+    /// Labels for clusters, by name glob, for cluster selectors.
+    pub cluster_labels: Vec<ClusterLabels>,
+    /// Informer settings.
+    pub stream: StreamConfig,
+    /// Per resource type (named kubectl-style): namespace scope and server-side selectors.
+    pub scopes: Vec<Scope>,
+    /// How often each cluster's discovery is refreshed (new CRDs, vanished types). Default 60 s.
+    pub rediscovery: Duration,
+    /// The longest an exec credential plugin may run before it is killed. Default 30 s.
+    pub exec_timeout: Duration,
+    /// Index settings.
+    pub index: fleetscope_index::Config,
+    /// Most updates applied in one batch. Default 4,096.
+    pub batch: usize,
+    /// Write-behind persistence settings (used when started with a store).
+    pub persist: PersistConfig,
+    /// How long a resumed watch must stay open without a 410 before restored objects
+    /// count as current, when no event or bookmark confirms it sooner. Default 2 s.
+    pub restore_confirm: Duration,
+    /// Keep the objects of clusters no longer configured, at start and when one is
+    /// removed while running (default: delete them).
+    pub keep_removed_clusters: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            resources: vec![
+                "pods".into(),
+                "configmaps".into(),
+                "deployments.apps".into(),
+            ],
+            cluster_labels: Vec::new(),
+            stream: StreamConfig::default(),
+            scopes: Vec::new(),
+            rediscovery: Duration::from_secs(60),
+            exec_timeout: Duration::from_secs(30),
+            index: fleetscope_index::Config::default(),
+            batch: 4096,
+            persist: PersistConfig::default(),
+            restore_confirm: Duration::from_secs(2),
+            keep_removed_clusters: false,
+        }
+    }
+}
+
+impl EngineConfig {
+    fn cluster_config(&self) -> ClusterConfig {
+        ClusterConfig {
+            resources: self.resources.clone(),
+            scopes: self.scopes.clone(),
+            stream: self.stream.clone(),
+            rediscovery: self.rediscovery,
+            exec_timeout: self.exec_timeout,
+        }
+    }
+}
+
+/// A store to start from: the store and what it held when opened.
+pub struct Stored {
+    /// The store, written behind the index.
+    pub store: Arc<dyn fleetscope_store::Store>,
+    /// What it held.
+    pub loaded: fleetscope_store::Loaded,
+}
+
+/// The running engine: the index, the status table, and the tasks feeding them.
+pub struct Engine {
+    /// The merged index.
+    pub index: Arc<Index>,
+    /// Cluster and stream health, and what is collected where.
+    pub status: StatusTable,
+    persister: Option<Arc<Persister>>,
+    /// Whether the index was restored from a store holding data.
+    restored: bool,
+    /// The desired set, when the engine was started with a fixed one.
+    fixed: Option<watch::Sender<SourceSet>>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Engine {
+    /// Starts informers for a fixed set of sources and the ingest, in memory only.
+    /// Revisions begin above anything an earlier run issued ([`Revision::fresh_start`]),
+    /// so a client's revision from before is refused, never taken for another change.
+    pub fn start(sources: Vec<ClusterSource>, config: EngineConfig) -> Self {
+        let (tx, rx) = watch::channel(SourceSet::of(sources));
+        let mut engine = Self::start_live(rx, config, None);
+        engine.fixed = Some(tx);
+        engine
+    }
+
+    /// Starts from a fixed set of sources and what a store holds (see [`Engine::start_live`]).
+    pub fn start_with_store(
+        sources: Vec<ClusterSource>,
+        config: EngineConfig,
+        store: Arc<dyn fleetscope_store::Store>,
+        loaded: fleetscope_store::Loaded,
+    ) -> Self {
+        let (tx, rx) = watch::channel(SourceSet::of(sources));
+        let mut engine = Self::start_live(rx, config, Some(Stored { store, loaded }));
+        engine.fixed = Some(tx);
+        engine
+    }
+
+    /// Starts the engine over a live set of desired clusters: each change of `desired`
+    /// is reconciled (clusters added, removed, or reconnected with new settings) while
+    /// the others run undisturbed.
+    ///
+    /// With a store, the index is rebuilt from it at once, each stored stream resumes
+    /// its watch from its stored resourceVersion without listing, and every change is
+    /// written behind to the store. Stored clusters not in the first desired set lose
+    /// their objects (as deletes) unless `keep_removed_clusters`.
+    pub fn start_live(
+        desired: watch::Receiver<SourceSet>,
+        config: EngineConfig,
+        store: Option<Stored>,
+    ) -> Self {
+        let status = StatusTable::default();
+        let (index, persister, stored, restored) = match store {
+            None => (
+                Arc::new(Index::starting_after(
+                    config.index.clone(),
+                    Revision::fresh_start(),
+                )),
+                None,
+                HashMap::new(),
+                false,
+            ),
+            Some(Stored { store, loaded }) => {
+                let configured: BTreeSet<ClusterName> = desired
+                    .borrow()
+                    .clusters
+                    .iter()
+                    .map(|s| ClusterName::from(s.name.as_str()))
+                    .collect();
+                open_store(&config, &status, configured, store, loaded)
+            }
+        };
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        // A batch is published at once; kept within half a subscriber buffer, a reader
+        // that keeps up is never overrun by one batch.
+        let batch = config
+            .batch
+            .clamp(1, (config.index.subscriber_buffer / 2).max(1));
+        let (tx, rx) = mpsc::channel::<Update>(batch.max(16) * 4);
+        if let Some(p) = &persister {
+            tasks.spawn(
+                p.clone()
+                    .run(cancel.clone())
+                    .instrument(tracing::info_span!("store")),
+            );
+        }
+        tasks.spawn(
+            ingest::ingest(
+                index.clone(),
+                status.clone(),
+                persister.clone(),
+                rx,
+                config.index.field_indexes.clone(),
+                batch,
+                config.keep_removed_clusters,
+                cancel.clone(),
+            )
+            .instrument(tracing::info_span!("ingest")),
+        );
+        let mut members = reconcile::Members {
+            config: Arc::new(config.cluster_config()),
+            labels: config.cluster_labels.clone(),
+            restore_confirm: config.restore_confirm,
+            status: status.clone(),
+            tx,
+            tasks: tasks.clone(),
+            cancel: cancel.clone(),
+            stored,
+            registered: Default::default(),
+        };
+        // The first set is in the status table before this returns: reported, and
+        // waited for by readiness.
+        for source in &desired.borrow().clusters {
+            members.register(source);
+        }
+        tasks.spawn(reconcile::run(members, desired).instrument(tracing::info_span!("reconciler")));
+        Self {
+            index,
+            status,
+            persister,
+            restored,
+            fixed: None,
+            cancel,
+            tasks,
+        }
+    }
+
+    /// Replaces the desired set of an engine started with a fixed one (for tests and
+    /// embedders; an engine started live follows its own `watch`).
+    pub fn set_sources(&self, sources: SourceSet) {
+        if let Some(tx) = &self.fixed {
+            tx.send_replace(sources);
+        }
+    }
+
+    /// Resolves once [`Engine::is_ready`] holds.
+    pub async fn wait_ready(&self) {
+        while !self.is_ready() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether the engine can answer for its fleet: its index was restored from a
+    /// store, or every cluster has been discovered once (or has failed: an
+    /// unreachable cluster is reported, not waited for).
+    pub fn is_ready(&self) -> bool {
+        self.restored || !self.status.clusters().iter().any(|c| c.discovering())
+    }
+
+    /// Persistence figures, when running with a store.
+    pub fn store_stats(&self) -> Option<persist::PersistStats> {
+        self.persister.as_ref().map(|p| p.stats())
+    }
+
+    /// The persister, when running with a store.
+    pub fn persister(&self) -> Option<Arc<Persister>> {
+        self.persister.clone()
+    }
+
+    /// Stops every task and waits for them, up to `grace`; then writes what the
+    /// ingest applied, within what is left of `grace`.
+    pub async fn shutdown(&self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        self.cancel.cancel();
+        self.tasks.close();
+        if tokio::time::timeout_at(deadline, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(?grace, "engine tasks did not stop within the grace period");
+        }
+        // Everything the ingest applied is written before the process ends.
+        if let Some(p) = &self.persister {
+            match tokio::time::timeout_at(deadline, p.close()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => tracing::error!(
+                    "the final store write failed: the next start resumes from the last write"
+                ),
+                Err(_) => tracing::error!(
+                    ?grace,
+                    "the final store write did not finish within the grace period: the next start resumes from the last write"
+                ),
+            }
+        }
+    }
+
+    /// A token cancelled when the engine stops.
+    pub fn cancelled(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+/// Opens the engine's state from a store: the index, the persister, where stored
+/// streams resume (by configured cluster), and whether anything was restored.
+/// Stored clusters not `configured` are deleted, or kept as reported stale.
+fn open_store(
+    config: &EngineConfig,
+    status: &StatusTable,
+    configured: BTreeSet<ClusterName>,
+    store: Arc<dyn fleetscope_store::Store>,
+    mut loaded: fleetscope_store::Loaded,
+) -> (
+    Arc<Index>,
+    Option<Arc<Persister>>,
+    HashMap<ClusterName, Resume>,
+    bool,
+) {
+    let started = std::time::Instant::now();
+    ingest::reindex_fields(&mut loaded, &config.index.field_indexes);
+    let mut continued = persist::Continued::of(&loaded);
+    let streams = std::mem::take(&mut loaded.streams);
+    let objects = loaded.objects.len();
+    // A store with nothing in it (new, or one moved aside as damaged) continues
+    // nothing: its revisions begin above anything an earlier run issued, and the
+    // first write keeps that start on disk.
+    let fresh = loaded.revision == Revision(0) && objects == 0 && streams.is_empty();
+    let index = Arc::new(if fresh {
+        continued.revision = Revision::fresh_start();
+        Index::starting_after(config.index.clone(), continued.revision)
+    } else {
+        Index::restore(config.index.clone(), persist::restored(&mut loaded))
+    });
+    let revision = index.snapshot().revision();
+    tracing::info!(objects, streams = streams.len(), %revision, took = ?started.elapsed(), "restored the index from the store");
+    let mut persist_config = config.persist.clone();
+    persist_config.log_retention = config.index.log_retention;
+    let persister = Arc::new(Persister::new(
+        store,
+        persist_config,
+        continued,
+        index.clone(),
+        status.clone(),
+    ));
+    persister.record_config(
+        configured.iter().cloned().collect(),
+        config.index.field_indexes.clone(),
+    );
+    if fresh {
+        persister.write_snapshot_of(index.snapshot());
+    }
+    let mut held: BTreeSet<ClusterName> = index
+        .snapshot()
+        .counts()
+        .map(|(_, c, _)| c.clone())
+        .collect();
+    held.extend(streams.iter().map(|s| s.cluster.clone()));
+    let mut kept = Vec::new();
+    for gone in held.difference(&configured) {
+        if config.keep_removed_clusters {
+            tracing::info!(cluster = %gone, "cluster no longer configured: keeping its stored objects");
+            kept.push(gone.clone());
+            continue;
+        }
+        tracing::info!(cluster = %gone, "cluster no longer configured: deleting its stored objects");
+        let staged = index.stage([Change::RemoveCluster(gone.clone())]);
+        let dropped = streams
+            .iter()
+            .filter(|s| &s.cluster == gone)
+            .map(|s| (s.cluster.clone(), s.resource.clone(), None));
+        persister.record(staged, dropped, ProgressLog::default());
+    }
+    let mut resume: HashMap<ClusterName, Resume> = HashMap::new();
+    for c in &kept {
+        status.add_cluster(
+            c,
+            "no longer configured",
+            labels_for(&config.cluster_labels, c.as_str()),
+        );
+        status.update(c, |s| s.leaving = true);
+    }
+    for s in streams {
+        if kept.contains(&s.cluster) {
+            status.stream_restored(&s.cluster, &s.resource, &s.resource_version);
+        } else if configured.contains(&s.cluster) {
+            resume.entry(s.cluster.clone()).or_default().insert(
+                s.resource.name(),
+                ResumePoint {
+                    resource: s.resource,
+                    resource_version: s.resource_version,
+                    selection: s.selection,
+                },
+            );
+        }
+    }
+    for c in &kept {
+        status.cluster_gone(c, true);
+    }
+    (index, Some(persister), resume, !fresh)
+}

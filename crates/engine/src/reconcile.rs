@@ -1,0 +1,273 @@
+//! The cluster reconciler: the desired set of cluster sources is an input (a
+//! `tokio::sync::watch`), and each change to it is made true. A new cluster starts its
+//! loop (resuming stored streams); a removed one stops it, and the loop's last word,
+//! after every update of its streams, removes (or keeps) its objects in order; a
+//! changed one is handed its new settings and reconnects without dropping anything.
+//! Clusters the change does not name are not touched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fleetscope_informer::cluster::{self, ClusterConfig, Report, Resume};
+use fleetscope_informer::{ClusterSource, Update};
+use fleetscope_model::{ClusterName, ResourceType};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::status::StatusTable;
+
+/// The clusters the engine should run, as last loaded by a producer (the kubeconfig
+/// reloader, a configuration file, a shard assignment).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SourceSet {
+    /// The clusters, each once by name.
+    pub clusters: Vec<ClusterSource>,
+    /// When this set was loaded.
+    pub loaded_at: Option<SystemTime>,
+    /// Set when the producer's last attempt to load failed (the clusters above are
+    /// the last good ones, still in force): why, and when.
+    pub error: Option<(String, SystemTime)>,
+}
+
+impl SourceSet {
+    /// A set loaded now, without error.
+    pub fn of(clusters: Vec<ClusterSource>) -> Self {
+        Self {
+            clusters,
+            loaded_at: Some(SystemTime::now()),
+            error: None,
+        }
+    }
+}
+
+/// Labels for clusters whose names match a glob.
+#[derive(Debug, Clone)]
+pub struct ClusterLabels {
+    /// Which clusters.
+    pub pattern: glob::Pattern,
+    /// Their labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The labels of one cluster: those of every rule matching its name, later rules winning.
+pub fn labels_for(rules: &[ClusterLabels], name: &str) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    for r in rules.iter().filter(|r| r.pattern.matches(name)) {
+        labels.extend(r.labels.clone());
+    }
+    labels
+}
+
+/// What the reconciler needs to start a cluster.
+pub(crate) struct Members {
+    pub config: Arc<ClusterConfig>,
+    pub labels: Vec<ClusterLabels>,
+    pub restore_confirm: Duration,
+    pub status: StatusTable,
+    pub tx: mpsc::Sender<Update>,
+    pub tasks: TaskTracker,
+    pub cancel: CancellationToken,
+    /// Where stored streams resume, by cluster: taken by the cluster's first start.
+    pub stored: HashMap<ClusterName, Resume>,
+    /// Clusters already in the status table, registered before the reconciler ran.
+    pub registered: std::collections::HashSet<ClusterName>,
+}
+
+/// A running cluster.
+struct Member {
+    source: watch::Sender<ClusterSource>,
+    done: JoinHandle<()>,
+}
+
+/// Reconciles the desired set until the engine stops.
+pub(crate) async fn run(mut members: Members, mut desired: watch::Receiver<SourceSet>) {
+    let mut running: HashMap<ClusterName, Member> = HashMap::new();
+    // Loops told to stop, until they have said their last word.
+    let mut leaving: HashMap<ClusterName, JoinHandle<()>> = HashMap::new();
+    loop {
+        let set = desired.borrow_and_update().clone();
+        if let Some(at) = set.loaded_at {
+            members.status.sources_loaded(at, None);
+        }
+        if let Some((why, at)) = &set.error {
+            members.status.sources_loaded(*at, Some(why.clone()));
+        }
+        let wanted: HashMap<ClusterName, &ClusterSource> = set
+            .clusters
+            .iter()
+            .map(|s| (ClusterName::from(s.name.as_str()), s))
+            .collect();
+        let removed: Vec<ClusterName> = running
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in removed {
+            if let Some(m) = running.remove(&name) {
+                tracing::info!(cluster = %name, "cluster removed from the fleet: stopping its streams");
+                members.status.update(&name, |c| c.leaving = true);
+                // Dropping the sender tells its loop to stop and say so.
+                drop(m.source);
+                leaving.insert(name, m.done);
+            }
+        }
+        for source in &set.clusters {
+            let name = ClusterName::from(source.name.as_str());
+            match running.get(&name) {
+                Some(m) => {
+                    let changed = m.source.send_if_modified(|current| {
+                        if current == source {
+                            return false;
+                        }
+                        *current = source.clone();
+                        true
+                    });
+                    if changed {
+                        tracing::info!(cluster = %name, source = %source.describe(), "cluster settings changed: reconnecting it");
+                        members.status.update(&name, |c| {
+                            c.source = source.describe();
+                            c.loaded_at = SystemTime::now();
+                        });
+                    }
+                }
+                None => {
+                    if let Some(old) = leaving.remove(&name) {
+                        // Its objects go (or stay) before the cluster comes back.
+                        let _ = old.await;
+                    }
+                    let member = members.start(source.clone());
+                    running.insert(name, member);
+                }
+            }
+        }
+        leaving.retain(|_, h| !h.is_finished());
+        tokio::select! {
+            changed = desired.changed() => {
+                if changed.is_err() {
+                    // No producer any more: the fleet stays as it is.
+                    members.cancel.cancelled().await;
+                    return;
+                }
+            }
+            _ = members.cancel.cancelled() => return,
+        }
+    }
+}
+
+impl Members {
+    /// Puts a cluster in the status table, with the streams it resumes as restored,
+    /// so it is reported (and waited for by readiness) from now on.
+    pub(crate) fn register(&mut self, source: &ClusterSource) {
+        let name = ClusterName::from(source.name.as_str());
+        self.status.add_cluster(
+            &name,
+            &source.describe(),
+            labels_for(&self.labels, name.as_str()),
+        );
+        if let Some(resume) = self.stored.get(&name) {
+            for point in resume.values() {
+                self.status
+                    .stream_restored(&name, &point.resource, &point.resource_version);
+            }
+        }
+        self.registered.insert(name);
+    }
+
+    fn start(&mut self, source: ClusterSource) -> Member {
+        let name = ClusterName::from(source.name.as_str());
+        tracing::info!(cluster = %name, source = %source.describe(), "cluster joins the fleet");
+        if !self.registered.remove(&name) {
+            self.register(&source);
+            self.registered.remove(&name);
+        }
+        let resume = self.stored.remove(&name).unwrap_or_default();
+        let (tx, rx) = watch::channel(source);
+        let report = Arc::new(Reporter {
+            status: self.status.clone(),
+            tasks: self.tasks.clone(),
+            restore_confirm: self.restore_confirm,
+            cancel: self.cancel.clone(),
+        });
+        let span = tracing::info_span!("cluster", cluster = %name);
+        let done = self.tasks.spawn(
+            cluster::run(
+                rx,
+                self.config.clone(),
+                resume,
+                self.tx.clone(),
+                report,
+                self.tasks.clone(),
+                self.cancel.child_token(),
+            )
+            .instrument(span),
+        );
+        Member { source: tx, done }
+    }
+}
+
+/// A cluster loop's reports, into the status table.
+struct Reporter {
+    status: StatusTable,
+    tasks: TaskTracker,
+    restore_confirm: Duration,
+    cancel: CancellationToken,
+}
+
+impl Report for Reporter {
+    fn connected(&self, cluster: &ClusterName, server: &str) {
+        self.status
+            .update(cluster, |c| c.server = server.to_string());
+    }
+
+    fn discovered(
+        &self,
+        cluster: &ClusterName,
+        version: Option<&str>,
+        missing: &[(String, String)],
+    ) {
+        self.status.update(cluster, |c| {
+            if let Some(v) = version {
+                c.version = v.to_string();
+            }
+            c.missing = missing.to_vec();
+            c.error = None;
+            c.error_since = None;
+            c.discovered = true;
+        });
+    }
+
+    fn failed(&self, cluster: &ClusterName, error: &str) {
+        self.status.update(cluster, |c| {
+            c.error = Some(error.to_string());
+            c.error_since.get_or_insert_with(SystemTime::now);
+        });
+    }
+
+    fn stream_started(&self, cluster: &ClusterName, resource: &ResourceType, resumed: bool) {
+        self.status.update_stream(cluster, resource, |_| {});
+        if resumed {
+            // A resumed watch that stays open without a 410 confirms what was restored.
+            let (status, cluster, rt, wait, cancel) = (
+                self.status.clone(),
+                cluster.clone(),
+                resource.clone(),
+                self.restore_confirm,
+                self.cancel.clone(),
+            );
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => status.confirm_restored(&cluster, &rt),
+                    _ = cancel.cancelled() => {}
+                }
+            });
+        }
+    }
+
+    fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType) {
+        self.status.remove_stream(cluster, &resource.name());
+    }
+}

@@ -1,0 +1,525 @@
+//! One cluster: its client, its discovery, and one stream per collected type, kept in
+//! step with what the cluster serves and with its source's settings.
+//!
+//! [`run`] follows a `watch` of the cluster's [`ClusterSource`]: new settings (a
+//! changed server or credential) reconnect the cluster and resume every stream from
+//! the resourceVersion it had reached, without a LIST; the sender dropped means the
+//! cluster left the fleet, and its streams stop before [`Update::ClusterGone`] is sent.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fleetscope_model::{ClusterName, ResourceType};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::discovery::{self, Served};
+use crate::source::{self, ClusterSource};
+use crate::stream::{self, Backoff, StreamConfig, StreamId, Update};
+
+/// What of one resource type to collect, narrower than the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// The resource type, kubectl-style.
+    pub resource: String,
+    /// Only this namespace.
+    pub namespace: Option<String>,
+    /// Server-side label selector.
+    pub labels: Option<String>,
+    /// Server-side field selector.
+    pub fields: Option<String>,
+}
+
+/// A `--scope` that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ScopeError {
+    /// Not `RESOURCE:OPTIONS`.
+    #[error("{0:?}: expected RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR")]
+    Shape(String),
+    /// No resource type before the colon.
+    #[error("{0:?}: the resource type is missing")]
+    NoResource(String),
+    /// An option is not `key=value`.
+    #[error("{text:?}: {part:?} is not key=value")]
+    NotKeyValue {
+        /// The scope.
+        text: String,
+        /// The option.
+        part: String,
+    },
+    /// An unknown option.
+    #[error("{text:?}: unknown option {option:?} (namespace, labels, fields)")]
+    UnknownOption {
+        /// The scope.
+        text: String,
+        /// The option.
+        option: String,
+    },
+    /// A selector that does not parse.
+    #[error("{text:?}")]
+    Selector {
+        /// The scope.
+        text: String,
+        /// Why.
+        #[source]
+        source: fleetscope_model::SelectorError,
+    },
+}
+
+impl Scope {
+    /// Parses `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR` (each part optional),
+    /// checking the selectors' syntax.
+    pub fn parse(text: &str) -> Result<Self, ScopeError> {
+        let (resource, options) = text
+            .split_once(':')
+            .ok_or_else(|| ScopeError::Shape(text.to_string()))?;
+        let mut scope = Scope {
+            resource: resource.trim().to_string(),
+            ..Scope::default()
+        };
+        if scope.resource.is_empty() {
+            return Err(ScopeError::NoResource(text.to_string()));
+        }
+        let selector = |source| ScopeError::Selector {
+            text: text.to_string(),
+            source,
+        };
+        for part in options.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| ScopeError::NotKeyValue {
+                    text: text.to_string(),
+                    part: part.to_string(),
+                })?;
+            let value = value.trim().to_string();
+            match key.trim() {
+                "namespace" => scope.namespace = Some(value),
+                "labels" => {
+                    fleetscope_model::LabelSelector::parse(&value).map_err(selector)?;
+                    scope.labels = Some(value);
+                }
+                "fields" => {
+                    fleetscope_model::FieldSelector::parse(&value).map_err(selector)?;
+                    scope.fields = Some(value);
+                }
+                other => {
+                    return Err(ScopeError::UnknownOption {
+                        text: text.to_string(),
+                        option: other.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(scope)
+    }
+}
+
+/// What every cluster collects, and how.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Resource types to collect, kubectl-style; `*` for every watchable type.
+    pub resources: Vec<String>,
+    /// Per resource type: namespace scope and server-side selectors.
+    pub scopes: Vec<Scope>,
+    /// Informer settings.
+    pub stream: StreamConfig,
+    /// How often discovery is refreshed (new CRDs, vanished types).
+    pub rediscovery: Duration,
+    /// The longest an exec credential plugin may run.
+    pub exec_timeout: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            resources: vec!["pods".into()],
+            scopes: Vec::new(),
+            stream: StreamConfig::default(),
+            rediscovery: Duration::from_secs(60),
+            exec_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where a stream resumes: its type, the resourceVersion reached and the selection
+/// it was collected with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The type.
+    pub resource: ResourceType,
+    /// The resourceVersion reached.
+    pub resource_version: String,
+    /// What the stream selected (see [`StreamConfig::selection`]).
+    pub selection: String,
+}
+
+/// A cluster's resume points, by resource type name.
+pub type Resume = HashMap<String, ResumePoint>;
+
+/// What a cluster's loop reports besides its streams' updates. Called from the loop's
+/// task, in order; implementations must not block.
+pub trait Report: Send + Sync + 'static {
+    /// A client was built for `server`; discovery comes next.
+    fn connected(&self, cluster: &ClusterName, server: &str);
+    /// Discovery succeeded: the cluster's version, and the configured names it does
+    /// not serve with why.
+    fn discovered(
+        &self,
+        cluster: &ClusterName,
+        version: Option<&str>,
+        missing: &[(String, String)],
+    );
+    /// Connecting or discovery failed (retried with backoff); `error` is for a person.
+    fn failed(&self, cluster: &ClusterName, error: &str);
+    /// A stream started; `resumed` when it watches from a stored resourceVersion.
+    fn stream_started(&self, cluster: &ClusterName, resource: &ResourceType, resumed: bool);
+    /// A stream stopped for good: its type is no longer served or collected.
+    fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType);
+}
+
+/// The stream settings for one type: the base, narrowed by the first scope naming it.
+fn stream_config(config: &ClusterConfig, rt: &ResourceType, served: &[Served]) -> StreamConfig {
+    let mut stream = config.stream.clone();
+    let scope = config.scopes.iter().find(|s| {
+        discovery::resolve(std::slice::from_ref(&s.resource), served)
+            .resources
+            .first()
+            == Some(rt)
+    });
+    if let Some(s) = scope {
+        stream.namespace = s.namespace.clone();
+        stream.label_selector = s.labels.clone();
+        stream.field_selector = s.fields.clone();
+    }
+    stream
+}
+
+/// One running stream.
+struct Running {
+    token: CancellationToken,
+    handle: JoinHandle<Option<String>>,
+    selection: String,
+}
+
+/// Why the loop left a connection.
+enum Leave {
+    /// The engine stops: streams end, nothing more is said.
+    Shutdown,
+    /// The source's settings changed, or its credential is about to expire.
+    Reconnect,
+    /// The cluster left the fleet.
+    Removed,
+}
+
+/// The loop of one cluster.
+struct Cluster {
+    name: ClusterName,
+    config: Arc<ClusterConfig>,
+    tx: mpsc::Sender<Update>,
+    report: Arc<dyn Report>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+    streams: HashMap<ResourceType, Running>,
+    resume: Resume,
+}
+
+/// Runs one cluster until `cancel` (shutdown) or until `source`'s sender is dropped
+/// (the cluster left the fleet: its streams stop, then [`Update::ClusterGone`]).
+/// Streams are spawned on `tasks`. `resume` holds where stored streams resume.
+pub async fn run(
+    mut source: watch::Receiver<ClusterSource>,
+    config: Arc<ClusterConfig>,
+    resume: Resume,
+    tx: mpsc::Sender<Update>,
+    report: Arc<dyn Report>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+) {
+    let current = source.borrow_and_update().clone();
+    let mut cluster = Cluster {
+        name: ClusterName::from(current.name.as_str()),
+        config,
+        tx,
+        report,
+        tasks,
+        cancel,
+        streams: HashMap::new(),
+        resume,
+    };
+    let mut backoff = Backoff::new(
+        cluster.config.stream.backoff_start,
+        cluster.config.stream.backoff_cap,
+    );
+    loop {
+        let current = source.borrow_and_update().clone();
+        let leave = match cluster.connect(&current, &mut source).await {
+            Ok(Ok(conn)) => {
+                backoff.reset();
+                cluster.serve(conn, &mut source).await
+            }
+            Ok(Err(e)) => {
+                let why = source::chain(&e);
+                tracing::error!(error = %why, "cannot connect to the cluster");
+                cluster.report.failed(&cluster.name, &why);
+                match cluster.wait(backoff.next_delay(), None, &mut source).await {
+                    // Waited out: connect again.
+                    None => continue,
+                    Some(leave) => leave,
+                }
+            }
+            Err(leave) => leave,
+        };
+        match leave {
+            Leave::Shutdown => return,
+            Leave::Reconnect => {
+                tracing::info!(
+                    "the cluster's settings changed: reconnecting, resuming every stream"
+                );
+                cluster.stop_streams().await;
+            }
+            Leave::Removed => {
+                cluster.stop_streams().await;
+                let _ = cluster
+                    .tx
+                    .send(Update::ClusterGone {
+                        cluster: cluster.name.clone(),
+                    })
+                    .await;
+                return;
+            }
+        }
+    }
+}
+
+impl Cluster {
+    /// Connects, unless the source changes or the engine stops first.
+    async fn connect(
+        &self,
+        current: &ClusterSource,
+        source: &mut watch::Receiver<ClusterSource>,
+    ) -> Result<Result<source::Connection, source::SourceError>, Leave> {
+        let timeout = self.config.exec_timeout;
+        tokio::select! {
+            c = source::connect(current, timeout) => Ok(c),
+            _ = self.cancel.cancelled() => Err(Leave::Shutdown),
+            changed = source.changed() => Err(match changed {
+                Ok(()) => Leave::Reconnect,
+                Err(_) => Leave::Removed,
+            }),
+        }
+    }
+
+    /// Discovers and runs streams over one connection until the loop must leave it.
+    async fn serve(
+        &mut self,
+        conn: source::Connection,
+        source: &mut watch::Receiver<ClusterSource>,
+    ) -> Leave {
+        self.report.connected(&self.name, &conn.server);
+        // Renew an expiring credential a minute ahead (at least 10 s from now).
+        let renew = conn.expires.map(|at| {
+            let left = at
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+                .saturating_sub(Duration::from_secs(60));
+            tokio::time::Instant::now() + left.max(Duration::from_secs(10))
+        });
+        let mut backoff = Backoff::new(
+            self.config.stream.backoff_start,
+            self.config.stream.backoff_cap,
+        );
+        loop {
+            let discovered = tokio::select! {
+                d = discovery::discover(&conn.client) => d,
+                _ = self.cancel.cancelled() => return Leave::Shutdown,
+            };
+            let wait = match discovered {
+                Ok(served) => {
+                    backoff.reset();
+                    let version = tokio::select! {
+                        v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
+                        _ = self.cancel.cancelled() => return Leave::Shutdown,
+                    };
+                    let resolved = discovery::resolve(&self.config.resources, &served);
+                    // Streams are known before the cluster counts as discovered, so a
+                    // query never finds a discovered cluster without its types.
+                    self.reconcile(&conn.client, &served, &resolved.resources)
+                        .await;
+                    self.report
+                        .discovered(&self.name, version.as_deref(), &resolved.missing);
+                    self.config.rediscovery
+                }
+                Err(e) => {
+                    let why = format!(
+                        "discovery failed: {}",
+                        crate::cause::describe(&e, &conn.server)
+                    );
+                    tracing::warn!(error = %why, "discovery failed");
+                    self.report.failed(&self.name, &why);
+                    backoff.next_delay()
+                }
+            };
+            if let Some(leave) = self.wait(wait, renew, source).await {
+                return leave;
+            }
+        }
+    }
+
+    /// Waits `wait` (then `None`), or less if the source changes, the credential is
+    /// due for renewal or the engine stops.
+    async fn wait(
+        &self,
+        wait: Duration,
+        renew: Option<tokio::time::Instant>,
+        source: &mut watch::Receiver<ClusterSource>,
+    ) -> Option<Leave> {
+        let renewal = async {
+            match renew {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => None,
+            _ = renewal => {
+                tracing::info!("the exec credential is about to expire: renewing it");
+                Some(Leave::Reconnect)
+            }
+            _ = self.cancel.cancelled() => Some(Leave::Shutdown),
+            changed = source.changed() => Some(match changed {
+                Ok(()) => Leave::Reconnect,
+                Err(_) => Leave::Removed,
+            }),
+        }
+    }
+
+    /// Starts streams for newly served types and stops those whose type vanished.
+    async fn reconcile(
+        &mut self,
+        client: &kube::Client,
+        served: &[Served],
+        wanted: &[ResourceType],
+    ) {
+        for rt in wanted {
+            if self.streams.contains_key(rt) {
+                continue;
+            }
+            let stream = stream_config(&self.config, rt, served);
+            let selection = stream.selection();
+            // A stored stream of the same type and selection resumes its watch;
+            // anything else lists, and the list is diffed against what is held.
+            let resume_from = self
+                .resume
+                .remove(&rt.name())
+                .filter(|p| p.resource == *rt)
+                .and_then(|p| {
+                    if p.selection == selection {
+                        Some(p.resource_version)
+                    } else {
+                        tracing::info!(resource = %rt.name(), was = %p.selection, now = %selection, "the stream selects differently than when its objects were stored: listing again");
+                        None
+                    }
+                });
+            self.report
+                .stream_started(&self.name, rt, resume_from.is_some());
+            let token = self.cancel.child_token();
+            let id =
+                Arc::new(StreamId::new(self.name.clone(), rt.clone()).selecting(selection.clone()));
+            let span = tracing::info_span!("informer", cluster = %self.name, resource = %rt.name());
+            let handle = self.tasks.spawn(
+                stream::run(
+                    client.clone(),
+                    id,
+                    stream,
+                    resume_from,
+                    self.tx.clone(),
+                    token.clone(),
+                )
+                .instrument(span),
+            );
+            self.streams.insert(
+                rt.clone(),
+                Running {
+                    token,
+                    handle,
+                    selection,
+                },
+            );
+        }
+        let mut gone: Vec<ResourceType> = self
+            .streams
+            .keys()
+            .filter(|rt| !wanted.contains(rt))
+            .cloned()
+            .collect();
+        // Stored streams this cluster no longer serves (or that are no longer collected).
+        gone.extend(self.resume.drain().map(|(_, p)| p.resource));
+        for rt in gone {
+            tracing::info!(resource = %rt.name(), "resource type no longer served: dropping its objects");
+            if let Some(running) = self.streams.remove(&rt) {
+                running.token.cancel();
+                let _ = running.handle.await;
+            }
+            self.report.stream_stopped(&self.name, &rt);
+            let id = Arc::new(StreamId::new(self.name.clone(), rt));
+            let _ = self
+                .tx
+                .send(Update::Listed {
+                    stream: id,
+                    objects: Vec::new(),
+                    resource_version: String::new(),
+                })
+                .await;
+        }
+    }
+
+    /// Stops every stream and keeps where each reached, so the next connection
+    /// resumes them.
+    async fn stop_streams(&mut self) {
+        for running in self.streams.values() {
+            running.token.cancel();
+        }
+        for (rt, running) in self.streams.drain() {
+            if let Ok(Some(rv)) = running.handle.await {
+                self.resume.insert(
+                    rt.name(),
+                    ResumePoint {
+                        resource: rt,
+                        resource_version: rv,
+                        selection: running.selection,
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_parse_and_reject_bad_selectors() {
+        let s = Scope::parse(
+            "pods:namespace=team-0;labels=app in (web,api);fields=status.phase=Running",
+        )
+        .unwrap();
+        assert_eq!(s.resource, "pods");
+        assert_eq!(s.namespace.as_deref(), Some("team-0"));
+        assert_eq!(s.labels.as_deref(), Some("app in (web,api)"));
+        assert_eq!(s.fields.as_deref(), Some("status.phase=Running"));
+        assert!(Scope::parse("pods").is_err());
+        assert!(Scope::parse(":namespace=x").is_err());
+        let e = Scope::parse("pods:labels=app in web").unwrap_err();
+        assert!(
+            source::chain(&e).contains("position"),
+            "{}",
+            source::chain(&e)
+        );
+        assert!(Scope::parse("pods:colour=blue").is_err());
+    }
+}

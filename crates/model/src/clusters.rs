@@ -1,0 +1,80 @@
+//! Which clusters a query draws on: names or globs, narrowed by a selector over the
+//! clusters' labels. A filter is a predicate, not a list, so it is evaluated against
+//! the live fleet: a matching cluster added later is drawn on too.
+
+use std::collections::BTreeMap;
+
+use crate::{ClusterName, LabelSelector, SelectorError};
+
+/// A cluster filter that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterFilterError {
+    /// A name or glob is not a valid glob.
+    #[error("{pattern:?} is not a valid name or glob: {message}")]
+    Pattern {
+        /// The pattern.
+        pattern: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The label selector does not parse.
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+}
+
+/// Names or globs (any matching; none means every cluster), and a label selector.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterFilter {
+    patterns: Vec<glob::Pattern>,
+    selector: LabelSelector,
+}
+
+impl ClusterFilter {
+    /// Parses names or globs and a cluster label selector (empty: no narrowing).
+    pub fn parse(patterns: &[String], selector: &str) -> Result<Self, ClusterFilterError> {
+        let patterns = patterns
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                glob::Pattern::new(p).map_err(|e| ClusterFilterError::Pattern {
+                    pattern: p.clone(),
+                    message: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            patterns,
+            selector: LabelSelector::parse(selector)?,
+        })
+    }
+
+    /// Whether it selects every cluster.
+    pub fn is_everything(&self) -> bool {
+        self.patterns.is_empty() && self.selector.is_empty()
+    }
+
+    /// Whether a cluster of this name and these labels is selected.
+    pub fn matches(&self, name: &ClusterName, labels: &BTreeMap<String, String>) -> bool {
+        (self.patterns.is_empty() || self.patterns.iter().any(|p| p.matches(name.as_str())))
+            && self.selector.matches(labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_globs_and_labels_select_clusters() {
+        let f = ClusterFilter::parse(&["prod-*".into(), "dev".into()], "region=eu").unwrap();
+        let eu: BTreeMap<String, String> = [("region".to_string(), "eu".to_string())].into();
+        assert!(f.matches(&ClusterName::from("prod-1"), &eu));
+        assert!(f.matches(&ClusterName::from("dev"), &eu));
+        assert!(!f.matches(&ClusterName::from("prod-1"), &BTreeMap::new()));
+        assert!(!f.matches(&ClusterName::from("staging"), &eu));
+        assert!(ClusterFilter::parse(&[], "").unwrap().is_everything());
+        let e = ClusterFilter::parse(&["prod-[".into()], "").unwrap_err();
+        assert!(e.to_string().contains("prod-["), "{e}");
+        assert!(ClusterFilter::parse(&[], "region in eu").is_err());
+    }
+}
