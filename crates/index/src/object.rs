@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use fleetscope_model::selector::{Fields, Labels, field_in_json, metadata_json};
 use fleetscope_model::{Location, ObjectKey, Revision};
+use imbl::OrdSet;
 
 use crate::HashSet;
 
@@ -385,5 +386,22 @@ impl Ord for Entry {
 impl std::borrow::Borrow<ObjectKey> for Entry {
     fn borrow(&self) -> &ObjectKey {
         &self.0.key
+    }
+}
+
+/// Adds distinct items in order so that the leaves they fill end up full. The set's
+/// B-tree splits a full leaf in half, so items appended one after another would leave
+/// every leaf they pass through half empty. Every other item goes in first, leaving
+/// leaves half full of those, each spanning twice as many places; the rest then fill
+/// the places each leaf already spans, and no leaf splits again.
+pub(crate) fn insert_in_order<A: Ord + Clone>(
+    set: &mut OrdSet<A>,
+    items: impl Iterator<Item = A> + Clone,
+) {
+    for a in items.clone().step_by(2) {
+        set.insert(a);
+    }
+    for a in items.skip(1).step_by(2) {
+        set.insert(a);
     }
 }

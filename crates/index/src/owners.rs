@@ -7,8 +7,7 @@ use equivalent::{Comparable, Equivalent};
 use fleetscope_model::ObjectKey;
 use imbl::OrdSet;
 
-use crate::object::{Entry, Object, ObjectRef};
-use crate::state::insert_in_order;
+use crate::object::{Entry, Object, ObjectRef, insert_in_order};
 
 /// Objects by the uids of their owners, ordered by uid, then key, so an owner's objects
 /// are a range. There are about a third as many owners as objects (a replica set's

@@ -14,7 +14,7 @@ type StdHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSt
 type HashMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
-use crate::object::{Entry, Interner, Object, ObjectInput, ObjectRef};
+use crate::object::{Entry, Interner, Object, ObjectInput, ObjectRef, insert_in_order};
 use crate::owners::{GatheredOwners, OwnerIndex};
 
 /// One applied change, with the state before it, so filters can see transitions.
@@ -52,23 +52,6 @@ type FieldKey = (Arc<str>, Arc<str>, Arc<str>);
 type LabelIndex = HashMap<LabelKey, HashMap<Arc<str>, Members>>;
 /// (resource, field path, value) → objects.
 type FieldIndex = HashMap<FieldKey, Members>;
-
-/// Adds distinct items in order so that the leaves they fill end up full. The set's
-/// B-tree splits a full leaf in half, so items appended one after another would leave
-/// every leaf they pass through half empty. Every other item goes in first, leaving
-/// leaves half full of those, each spanning twice as many places; the rest then fill
-/// the places each leaf already spans, and no leaf splits again.
-pub(crate) fn insert_in_order<A: Ord + Clone>(
-    set: &mut OrdSet<A>,
-    items: impl Iterator<Item = A> + Clone,
-) {
-    for a in items.clone().step_by(2) {
-        set.insert(a);
-    }
-    for a in items.skip(1).step_by(2) {
-        set.insert(a);
-    }
-}
 
 /// The objects one label or field value names. Many values name a few objects (one pod
 /// IP, a rare label), held as a small sorted vector; past [`Members::FEW`] they

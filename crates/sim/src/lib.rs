@@ -12,6 +12,7 @@
 mod cluster;
 mod fleet;
 mod http;
+mod request;
 pub mod resource;
 mod server;
 pub mod status;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::http::partial_metadata;
+use crate::request::partial_metadata;
 use crate::resource::ResourceDef;
 use crate::store::StoredObject;
 

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cluster::{Cluster, WatchControl};
-use crate::http::{Body, Query, Repr, Target, parse_rv_unchecked, partial_metadata};
+use crate::request::{Body, Query, Repr, Target, parse_rv_unchecked, partial_metadata};
 use crate::resource::ResourceDef;
 use crate::status::ApiError;
 use crate::store::{Change, ChangeKind, StoredObject, Subscription, WatchFrom};
