@@ -106,15 +106,7 @@ async fn sim_writes_a_kubeconfig_that_reaches_every_cluster() {
         ["alpha", "beta"]
     );
     for name in ["alpha", "beta"] {
-        let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-        let options = kube::config::KubeConfigOptions {
-            context: Some(name.into()),
-            ..Default::default()
-        };
-        let config = kube::Config::from_custom_kubeconfig(kc, &options)
-            .await
-            .unwrap();
-        let client = kube::Client::try_from(config).unwrap();
+        let client = common::kube_client(&path, name).await;
         let version = client.apiserver_version().await.unwrap();
         assert_eq!(version.major, "1");
     }

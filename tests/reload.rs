@@ -130,6 +130,24 @@ impl Setup {
     }
 }
 
+/// The configmaps fleetscope holds for one cluster.
+async fn count_in(c: &mut FleetClient<Channel>, cluster: &str) -> usize {
+    let total = c
+        .count(proto::CountRequest {
+            query: Some(proto::Query {
+                resource: "configmaps".into(),
+                clusters: vec![cluster.into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .total;
+    usize::try_from(total).unwrap()
+}
+
 /// The configmaps a cluster holds, as the simulated cluster has them.
 fn configmaps(fleet: &SimFleet, i: usize) -> usize {
     fleet.servers()[i].cluster().store.count("configmaps")
@@ -260,20 +278,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
     .await
     .unwrap_or_else(|_| panic!("the Watch saw {deleted} of {want} DELETED"));
     wait_for(&mut c, "sim-3 gone", |r| synced(r, &["sim-1", "sim-2"])).await;
-    let total = c
-        .count(proto::CountRequest {
-            query: Some(proto::Query {
-                resource: "configmaps".into(),
-                clusters: vec!["sim-3".into()],
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .total;
-    assert_eq!(total, 0);
+    assert_eq!(count_in(&mut c, "sim-3").await, 0);
 
     // A file that does not parse: reported, and the last good set stays.
     replace(&s.kubeconfig, "clusters: [this is not: a kubeconfig");
@@ -372,18 +377,5 @@ async fn a_removed_context_keeps_its_objects_with_keep_removed_clusters() {
     })
     .await;
     assert_eq!(r.clusters.len(), 2);
-    let total = c
-        .count(proto::CountRequest {
-            query: Some(proto::Query {
-                resource: "configmaps".into(),
-                clusters: vec!["sim-2".into()],
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .total;
-    assert_eq!(total as usize, configmaps(&s.fleet, 1));
+    assert_eq!(count_in(&mut c, "sim-2").await, configmaps(&s.fleet, 1));
 }

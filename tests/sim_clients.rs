@@ -18,15 +18,7 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchPar
 use kube::discovery::Discovery;
 
 async fn client_for(kubeconfig: &std::path::Path, context: &str) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let options = kube::config::KubeConfigOptions {
-        context: Some(context.into()),
-        ..Default::default()
-    };
-    let config = kube::Config::from_custom_kubeconfig(kc, &options)
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+    common::kube_client(kubeconfig, context).await
 }
 
 async fn fleet() -> (SimFleet, tempfile::TempDir, std::path::PathBuf) {

@@ -413,6 +413,7 @@ impl Fleet for FleetService {
             projection: built.projection,
             filter: built.filter,
             labels,
+            selected: Default::default(),
             status: serving.status.clone(),
             initial,
             interval,

@@ -22,6 +22,9 @@ pub(crate) struct WatchJob {
     /// Labels of the clusters seen, kept after a cluster leaves (its DELETEDs are
     /// matched with the labels it had).
     pub(crate) labels: BTreeMap<ClusterName, BTreeMap<String, String>>,
+    /// Whether the filter selects each cluster seen, decided once per cluster (its
+    /// labels do not change while it is in the fleet; a status change decides again).
+    pub(crate) selected: std::collections::HashMap<ClusterName, bool>,
     pub(crate) status: StatusTable,
     /// The query for the initial state (drawing on the clusters selected at start).
     pub(crate) initial: Option<fleetscope_index::Query>,
@@ -37,6 +40,9 @@ impl WatchJob {
         if self.filter.is_everything() {
             return true;
         }
+        if let Some(&yes) = self.selected.get(cluster) {
+            return yes;
+        }
         if !self.labels.contains_key(cluster)
             && let Some(c) = self.status.cluster(cluster)
         {
@@ -44,7 +50,9 @@ impl WatchJob {
         }
         let none = BTreeMap::new();
         let labels = self.labels.get(cluster).unwrap_or(&none);
-        self.filter.matches(cluster, labels)
+        let yes = self.filter.matches(cluster, labels);
+        self.selected.insert(cluster.clone(), yes);
+        yes
     }
 
     /// Sends what a change means to this subscriber; false once the client is gone.
@@ -130,6 +138,13 @@ impl WatchJob {
                     Err(FeedError::Closed) => return,
                 },
                 c = self.statuses.recv() => {
+                    if let Ok(c) = &c {
+                        // A cluster added (again) may have other labels: decide anew.
+                        if let Some(now) = self.status.cluster(&c.cluster) {
+                            self.labels.insert(now.name, now.labels);
+                        }
+                        self.selected.remove(&c.cluster);
+                    }
                     if let Ok(c) = c
                         && self.selects(&c.cluster)
                     {

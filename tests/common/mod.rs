@@ -403,3 +403,17 @@ impl Churn {
         }
     }
 }
+
+/// A kube-rs client for one context of a kubeconfig, as kube itself loads it (for
+/// tests that talk to the simulated clusters directly).
+pub async fn kube_client(kubeconfig: &std::path::Path, context: &str) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let options = kube::config::KubeConfigOptions {
+        context: Some(context.into()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}

@@ -92,7 +92,11 @@ fn recognise(e: &(dyn Error + 'static), server: &str) -> Option<String> {
         if text.contains("dns error") || text.contains("failed to lookup address") {
             return Some(format!("the name of {server} does not resolve"));
         }
-        if plain && (text.contains("invalid HTTP") || text.contains("parse")) {
+        if plain
+            && (text.contains("invalid HTTP")
+                || text.contains("parse")
+                || text.contains("connection closed before message completed"))
+        {
             return Some(format!(
                 "{server} did not answer in HTTP: it may serve HTTPS (use https:// in the kubeconfig)"
             ));

@@ -215,6 +215,17 @@ enum Leave {
     Removed,
 }
 
+impl Leave {
+    /// What a change of the source's `watch` means: new settings, or (its sender
+    /// dropped) the cluster left the fleet.
+    fn on_change(changed: Result<(), watch::error::RecvError>) -> Self {
+        match changed {
+            Ok(()) => Leave::Reconnect,
+            Err(_) => Leave::Removed,
+        }
+    }
+}
+
 /// The loop of one cluster.
 struct Cluster {
     name: ClusterName,
@@ -306,10 +317,7 @@ impl Cluster {
         tokio::select! {
             c = source::connect(current, timeout) => Ok(c),
             _ = self.cancel.cancelled() => Err(Leave::Shutdown),
-            changed = source.changed() => Err(match changed {
-                Ok(()) => Leave::Reconnect,
-                Err(_) => Leave::Removed,
-            }),
+            changed = source.changed() => Err(Leave::on_change(changed)),
         }
     }
 
@@ -390,10 +398,7 @@ impl Cluster {
                 Some(Leave::Reconnect)
             }
             _ = self.cancel.cancelled() => Some(Leave::Shutdown),
-            changed = source.changed() => Some(match changed {
-                Ok(()) => Leave::Reconnect,
-                Err(_) => Leave::Removed,
-            }),
+            changed = source.changed() => Some(Leave::on_change(changed)),
         }
     }
 
