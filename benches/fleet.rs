@@ -384,10 +384,10 @@ fn sync() {
 }
 
 /// An engine with no sources, fed directly, and a server over it on loopback.
-async fn serve_index(engine: &Engine) -> String {
+async fn serve_index(engine: &Arc<Engine>) -> String {
     let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let service = FleetService::new(engine, ServiceConfig::default(), engine.cancelled());
+    let service = FleetService::new(engine.clone(), ServiceConfig::default(), engine.cancelled());
     let cancel = engine.cancelled();
     tokio::spawn(server::serve(listener, service, async {}, async move {
         cancel.cancelled().await
@@ -441,7 +441,7 @@ async fn scale() {
     println!(
         "scale: {total} pods in {clusters} clusters, fed to the index, queried over loopback gRPC"
     );
-    let engine = Engine::start(Vec::new(), EngineConfig::default());
+    let engine = Arc::new(Engine::start(Vec::new(), EngineConfig::default()));
     let names: Vec<ClusterName> = (0..clusters)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
@@ -948,12 +948,12 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     let t = Instant::now();
     let opened = fleetscope_store::SledStore::open(&data).unwrap();
     let loaded_at = t.elapsed();
-    let engine = Engine::start_with_store(
+    let engine = Arc::new(Engine::start_with_store(
         sources.clone(),
         config,
         Arc::new(opened.store),
         opened.loaded,
-    );
+    ));
     let restored_at = t.elapsed();
     if n == 0 {
         wait_synced(&engine, total).await;

@@ -14,6 +14,7 @@ use fleetscope::engine::{ClusterLabels, Engine, EngineConfig, Scope, SourceSet, 
 use fleetscope::grpc::{FleetService, ServiceConfig};
 use fleetscope::telemetry::{self, LogFormat};
 use fleetscope::{server, sources};
+use fleetscope_model::fleet::Deferred;
 use fleetscope_sim::{FleetSpec, SimFleet};
 
 /// Prints to stdout, ignoring a closed stdout: a banner must never take the server down.
@@ -309,6 +310,7 @@ impl EngineArgs {
                 pruning: fleetscope_informer::Pruning {
                     managed_fields: !self.keep_managed_fields,
                     annotations: self.prune_annotations.clone(),
+                    ..Default::default()
                 },
                 ..Default::default()
             },
@@ -546,7 +548,8 @@ async fn run(
     service: ServiceConfig,
 ) -> anyhow::Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
-    let service = FleetService::starting(service, stop.clone());
+    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
+    let service = FleetService::new(fleet.clone(), service, stop.clone());
     let (started_tx, started) = tokio::sync::oneshot::channel::<std::sync::Arc<Engine>>();
     let ready = async move {
         match started.await {
@@ -583,7 +586,7 @@ async fn run(
             return Err(e);
         }
     };
-    service.serve_engine(&engine);
+    fleet.set(engine.clone());
     let _ = started_tx.send(engine.clone());
     stop.cancelled().await;
     // Whatever a cluster, a client or a credential plugin is doing, the process ends

@@ -191,7 +191,10 @@ async fn while_the_store_loads_every_call_is_unavailable_and_health_is_not_servi
         .unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
-    let service = FleetService::starting(ServiceConfig::default(), stop.clone());
+    let fleet = std::sync::Arc::new(fleetscope_model::fleet::Deferred::<
+        fleetscope::engine::Engine,
+    >::default());
+    let service = FleetService::new(fleet.clone(), ServiceConfig::default(), stop.clone());
     let (ready, readied) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(fleetscope::server::serve(
         listener,
@@ -217,9 +220,11 @@ async fn while_the_store_loads_every_call_is_unavailable_and_health_is_not_servi
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
     // Started: answers, and health follows readiness.
-    let engine =
-        fleetscope::engine::Engine::start(Vec::new(), common::test_config(&["configmaps"]));
-    service.serve_engine(&engine);
+    let engine = std::sync::Arc::new(fleetscope::engine::Engine::start(
+        Vec::new(),
+        common::test_config(&["configmaps"]),
+    ));
+    fleet.set(engine.clone());
     assert!(
         client
             .list_clusters(fleetscope::proto::ListClustersRequest::default())
@@ -260,7 +265,7 @@ async fn a_type_not_yet_known_while_a_cluster_is_being_discovered_is_unavailable
         .unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let service = fleetscope::grpc::FleetService::new(
-        &engine,
+        engine.clone(),
         fleetscope::grpc::ServiceConfig::default(),
         engine.cancelled(),
     );

@@ -1,34 +1,27 @@
-//! The `fleetscope.v1.Fleet` service over the engine: proto ↔ domain conversions and
-//! the mapping of every domain error to a status code a person can act on.
+//! The `fleetscope.v1.Fleet` service, generic over the [`Fleet`] seam: it converts
+//! requests and answers, encodes page tokens, adds bookmarks to Watch streams and maps
+//! the fleet's errors to status codes. Nothing else: what an answer holds is decided
+//! below the seam.
 
-use std::collections::BTreeMap;
-use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use fleetscope_index::{GroupBy, Index, IndexError, State};
-use fleetscope_informer::discovery::{self, Served};
-use fleetscope_model::{
-    ClusterFilter, ClusterFilterError, ClusterName, FieldSelector, LabelSelector, ObjectKey,
-    ResourceType, Revision,
-};
-use futures::Stream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use fleetscope_model::fleet::{CountRequest, GetRequest, ListRequest, WatchRequest};
+use fleetscope_model::{Fleet, GroupBy, Revision};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 mod convert;
+mod status;
 mod token;
 mod watch;
 
-use convert::{cluster_freshness, object_proto, stream_state, timestamp};
+use status::status;
 use token::{decode_token, encode_token};
-use watch::WatchJob;
+pub use watch::WatchStream;
 
 use crate::proto;
-use crate::proto::fleet_server::Fleet;
-use crate::status::{ClusterStatus, StatusTable};
+use crate::proto::fleet_server;
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -51,248 +44,57 @@ impl Default for ServiceConfig {
     }
 }
 
-/// The Fleet service. It can serve before the engine exists (while a store loads):
-/// until then every call is `UNAVAILABLE`, which clients retry.
-#[derive(Clone)]
-pub struct FleetService {
-    serving: Arc<OnceLock<Serving>>,
+/// The Fleet service over a fleet; Watch streams end when `shutdown` is cancelled.
+pub struct FleetService<F> {
+    fleet: Arc<F>,
     config: ServiceConfig,
     shutdown: CancellationToken,
 }
 
-/// What the service answers from: the running engine's parts.
-struct Serving {
-    index: Arc<Index>,
-    status: StatusTable,
-    persister: Option<Arc<crate::persist::Persister>>,
+impl<F> Clone for FleetService<F> {
+    fn clone(&self) -> Self {
+        Self {
+            fleet: self.fleet.clone(),
+            config: self.config.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
 }
 
-impl FleetService {
-    /// A service over a running engine; streams end when `shutdown` is cancelled.
-    pub fn new(
-        engine: &crate::engine::Engine,
-        config: ServiceConfig,
-        shutdown: CancellationToken,
-    ) -> Self {
-        let service = Self::starting(config, shutdown);
-        service.serve_engine(engine);
-        service
-    }
-
-    /// A service with no engine yet: every call answers `UNAVAILABLE` until
-    /// [`FleetService::serve_engine`].
-    pub fn starting(config: ServiceConfig, shutdown: CancellationToken) -> Self {
+impl<F: Fleet> FleetService<F> {
+    /// A service answering from `fleet`.
+    pub fn new(fleet: Arc<F>, config: ServiceConfig, shutdown: CancellationToken) -> Self {
         Self {
-            serving: Arc::default(),
+            fleet,
             config,
             shutdown,
         }
     }
-
-    /// Starts answering from `engine` (once; later calls change nothing).
-    pub fn serve_engine(&self, engine: &crate::engine::Engine) {
-        let _ = self.serving.set(Serving {
-            index: engine.index.clone(),
-            status: engine.status.clone(),
-            persister: engine.persister(),
-        });
-    }
-
-    /// How many clusters are configured (none while starting).
-    pub fn cluster_count(&self) -> usize {
-        self.serving.get().map_or(0, |s| s.status.clusters().len())
-    }
-
-    fn serving(&self) -> Result<&Serving, Status> {
-        self.serving.get().ok_or_else(|| {
-            Status::unavailable("fleetscope is starting: its store is being loaded; retry shortly")
-        })
-    }
 }
-
-impl Serving {
-    fn resolve_resource(&self, name: &str) -> Result<ResourceType, Status> {
-        if name.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "query.resource is required, e.g. \"pods\" or \"deployments.apps\"",
-            ));
-        }
-        let types = self.status.types();
-        let served: Vec<Served> = types
-            .values()
-            .map(|rt| Served {
-                resource: rt.clone(),
-                watchable: true,
-            })
-            .collect();
-        let resolved = discovery::resolve(&[name.to_string()], &served);
-        if let Some(rt) = resolved.resources.into_iter().next() {
-            return Ok(rt);
-        }
-        // Not known yet is not unknown: a cluster still being discovered may serve it.
-        let discovering: Vec<String> = self
-            .status
-            .clusters()
-            .into_iter()
-            .filter(|c| c.discovering())
-            .map(|c| c.name.to_string())
-            .collect();
-        if !discovering.is_empty() {
-            return Err(Status::unavailable(format!(
-                "resource type {name:?} is not known yet: fleetscope is still discovering cluster(s) {}; retry shortly",
-                discovering.join(", ")
-            )));
-        }
-        let mut close: Vec<(usize, String)> = types
-            .keys()
-            .map(|k| {
-                (
-                    strsim::levenshtein(&name.to_ascii_lowercase(), k),
-                    k.clone(),
-                )
-            })
-            .filter(|(d, k)| *d <= 3 || k.starts_with(&name.to_ascii_lowercase()))
-            .collect();
-        close.sort();
-        let hint = if close.is_empty() {
-            format!(
-                "collected types: {}",
-                types.keys().cloned().collect::<Vec<_>>().join(", ")
-            )
-        } else {
-            format!(
-                "did you mean {}?",
-                close
-                    .iter()
-                    .map(|(_, k)| k.as_str())
-                    .take(3)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        Err(Status::not_found(format!(
-            "resource type {name:?} is not collected from any cluster; {hint}"
-        )))
-    }
-
-    /// The clusters a query draws on: names or globs, narrowed by the cluster label selector.
-    fn select_clusters(
-        &self,
-        q: &proto::Query,
-    ) -> Result<(ClusterFilter, Vec<ClusterStatus>), Status> {
-        let filter =
-            ClusterFilter::parse(&q.clusters, &q.cluster_selector).map_err(|e| match e {
-                ClusterFilterError::Pattern { .. } => {
-                    Status::invalid_argument(format!("query.clusters: {e}"))
-                }
-                ClusterFilterError::Selector(e) => {
-                    Status::invalid_argument(format!("query.cluster_selector: {e}"))
-                }
-            })?;
-        let clusters = self
-            .status
-            .clusters()
-            .into_iter()
-            .filter(|c| filter.matches(&c.name, &c.labels))
-            .collect();
-        Ok((filter, clusters))
-    }
-
-    fn build(&self, q: &proto::Query) -> Result<Built, Status> {
-        let rt = self.resolve_resource(&q.resource)?;
-        let (filter, clusters) = self.select_clusters(q)?;
-        let labels = LabelSelector::parse(&q.label_selector)
-            .map_err(|e| Status::invalid_argument(format!("query.label_selector: {e}")))?;
-        let fields = FieldSelector::parse(&q.field_selector)
-            .map_err(|e| Status::invalid_argument(format!("query.field_selector: {e}")))?;
-        let names: Vec<ClusterName> = clusters.iter().map(|c| c.name.clone()).collect();
-        let query = fleetscope_index::Query {
-            resource: rt.name(),
-            clusters: if q.clusters.is_empty() && q.cluster_selector.is_empty() {
-                None
-            } else {
-                Some(names)
-            },
-            namespaces: q
-                .namespaces
-                .iter()
-                .filter(|n| !n.is_empty())
-                .cloned()
-                .collect(),
-            labels,
-            fields,
-        };
-        let freshness: Vec<proto::ClusterFreshness> = clusters
-            .iter()
-            .map(|c| cluster_freshness(c, Some(&rt.name())))
-            .collect();
-        let partial = freshness
-            .iter()
-            .any(|f| f.freshness() != proto::Freshness::Synced);
-        let projection = q.projection();
-        Ok(Built {
-            query,
-            filter,
-            freshness,
-            partial,
-            projection,
-        })
-    }
-}
-
-struct Built {
-    query: fleetscope_index::Query,
-    /// The cluster filter, for queries that follow the fleet as it changes.
-    filter: ClusterFilter,
-    freshness: Vec<proto::ClusterFreshness>,
-    partial: bool,
-    projection: proto::Projection,
-}
-
-fn index_error(e: IndexError) -> Status {
-    Status::out_of_range(e.to_string())
-}
-
-/// The stream type of `Watch`.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl Fleet for FleetService {
+impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
     async fn get(
         &self,
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
-        let serving = self.serving()?;
         let r = request.into_inner();
-        let rt = serving.resolve_resource(&r.resource)?;
-        let cluster = ClusterName::from(r.cluster.as_str());
-        let status = serving
-            .status
-            .cluster(&cluster)
-            .ok_or_else(|| Status::not_found(format!("no cluster named {:?}", r.cluster)))?;
-        if r.name.is_empty() {
-            return Err(Status::invalid_argument("name is required"));
-        }
-        let snapshot = serving.index.snapshot();
-        let key = ObjectKey::new(&rt.name(), &cluster, &r.namespace, &r.name);
-        let projection = r.projection();
-        let object = snapshot.get(&key).ok_or_else(|| {
-            let place = if r.namespace.is_empty() {
-                String::new()
-            } else {
-                format!(" in namespace {:?}", r.namespace)
-            };
-            Status::not_found(format!(
-                "{} {:?} not found{place} of cluster {:?}",
-                rt.name(),
-                r.name,
-                r.cluster
-            ))
-        })?;
+        let projection = convert::projection(r.projection());
+        let answer = self
+            .fleet
+            .get(GetRequest {
+                resource: r.resource,
+                cluster: r.cluster,
+                namespace: r.namespace,
+                name: r.name,
+                projection,
+            })
+            .await
+            .map_err(status)?;
         Ok(Response::new(proto::GetResponse {
-            object: Some(object_proto(object, projection)),
-            cluster: Some(cluster_freshness(&status, Some(&rt.name()))),
-            revision: snapshot.revision().0,
+            object: Some(convert::object(answer.object)),
+            cluster: Some(convert::cluster_freshness(answer.cluster)),
+            revision: answer.revision.0,
         }))
     }
 
@@ -300,44 +102,44 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
-        let serving = self.serving()?;
         let r = request.into_inner();
-        let (query, snapshot, after): (proto::Query, Arc<State>, Option<ObjectKey>) = if r
-            .page_token
-            .is_empty()
-        {
-            (r.query.unwrap_or_default(), serving.index.snapshot(), None)
+        // A continued list carries its query and snapshot in the token.
+        let (query, after) = if r.page_token.is_empty() {
+            (r.query.unwrap_or_default(), None)
         } else {
             let (revision, query, after) = decode_token(&r.page_token)?;
-            let snapshot = serving.index.pinned(revision).ok_or_else(|| {
-                Status::out_of_range(format!("the page token expired: its snapshot at revision {revision} is no longer held; start the list again"))
-            })?;
-            (query, snapshot, Some(after))
+            (query, Some((revision, after)))
         };
-        let built = serving.build(&query)?;
         let limit = match r.limit {
             0 => self.config.default_limit,
             n => n.min(self.config.max_limit),
         } as usize;
-        let page = snapshot.page(&built.query, after.as_ref(), limit);
-        let next_page_token = match &page.next {
-            Some(last) => {
-                serving.index.pin(snapshot.clone());
-                encode_token(snapshot.revision(), &query, last)
-            }
-            None => String::new(),
-        };
+        let answer = self
+            .fleet
+            .list(ListRequest {
+                query: convert::query(&query).map_err(status)?,
+                projection: convert::projection(query.projection()),
+                limit,
+                after,
+            })
+            .await
+            .map_err(status)?;
+        let next_page_token = answer
+            .next
+            .as_ref()
+            .map(|last| encode_token(answer.revision, &query, last))
+            .unwrap_or_default();
         Ok(Response::new(proto::ListResponse {
-            items: page
-                .items
-                .iter()
-                .map(|o| object_proto(o, built.projection))
-                .collect(),
+            items: answer.items.into_iter().map(convert::object).collect(),
             next_page_token,
-            revision: snapshot.revision().0,
-            clusters: built.freshness,
-            partial: built.partial,
-            remaining_item_count: page.remaining,
+            revision: answer.revision.0,
+            clusters: answer
+                .clusters
+                .into_iter()
+                .map(convert::cluster_freshness)
+                .collect(),
+            partial: answer.partial,
+            remaining_item_count: answer.remaining,
         }))
     }
 
@@ -345,7 +147,6 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::CountRequest>,
     ) -> Result<Response<proto::CountResponse>, Status> {
-        let serving = self.serving()?;
         let r = request.into_inner();
         let group_by = r
             .group_by
@@ -358,19 +159,28 @@ impl Fleet for FleetService {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let built = serving.build(&r.query.unwrap_or_default())?;
-        let snapshot = serving.index.snapshot();
-        let counts = snapshot.count(&built.query, &group_by);
+        let answer = self
+            .fleet
+            .count(CountRequest {
+                query: convert::query(&r.query.unwrap_or_default()).map_err(status)?,
+                group_by,
+            })
+            .await
+            .map_err(status)?;
         Ok(Response::new(proto::CountResponse {
-            groups: counts
+            groups: answer
                 .groups
                 .into_iter()
                 .map(|(key, count)| proto::CountGroup { key, count })
                 .collect(),
-            total: counts.total,
-            revision: snapshot.revision().0,
-            clusters: built.freshness,
-            partial: built.partial,
+            total: answer.total,
+            revision: answer.revision.0,
+            clusters: answer
+                .clusters
+                .into_iter()
+                .map(convert::cluster_freshness)
+                .collect(),
+            partial: answer.partial,
         }))
     }
 
@@ -380,117 +190,47 @@ impl Fleet for FleetService {
         &self,
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let serving = self.serving()?;
         let r = request.into_inner();
-        let built = serving.build(&r.query.unwrap_or_default())?;
-        let since = match (r.send_initial_events, r.since_revision) {
-            (true, _) | (false, 0) => None,
-            (false, n) => Some(Revision(n)),
-        };
-        let sub = serving.index.subscribe(since).map_err(index_error)?;
+        let query = r.query.unwrap_or_default();
         let interval = r
             .bookmark_interval
             .and_then(|d| Duration::try_from(d).ok())
             .filter(|d| !d.is_zero())
             .unwrap_or(self.config.bookmark_interval)
             .max(Duration::from_millis(10));
-        // The cluster filter is evaluated per event against the live fleet, so a
-        // matching cluster added later is followed too; the index query reads all.
-        let initial = r.send_initial_events.then(|| built.query.clone());
-        let mut query = built.query;
-        query.clusters = None;
-        let labels = serving
-            .status
-            .clusters()
-            .into_iter()
-            .map(|c| (c.name, c.labels))
-            .collect();
-        // A short hand-off: the subscriber's real bound is the index's subscriber buffer
-        // and event log, which it pulls from.
-        let (tx, rx) = mpsc::channel(8);
-        let job = WatchJob {
-            query,
-            projection: built.projection,
-            filter: built.filter,
-            labels,
-            selected: Default::default(),
-            status: serving.status.clone(),
-            initial,
+        let watch = self
+            .fleet
+            .watch(WatchRequest {
+                query: convert::query(&query).map_err(status)?,
+                projection: convert::projection(query.projection()),
+                since: (r.since_revision > 0).then_some(Revision(r.since_revision)),
+                initial: r.send_initial_events,
+            })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(watch::stream(
+            watch,
             interval,
-            statuses: serving.status.subscribe(),
-            shutdown: self.shutdown.clone(),
-            tx,
-        };
-        tokio::spawn(job.run(sub));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            self.shutdown.clone(),
+        )))
     }
 
     async fn list_clusters(
         &self,
         request: Request<proto::ListClustersRequest>,
     ) -> Result<Response<proto::ListClustersResponse>, Status> {
-        let serving = self.serving()?;
         let r = request.into_inner();
-        let (_, selected) = serving.select_clusters(&proto::Query {
-            clusters: r.clusters,
-            ..Default::default()
-        })?;
-        let snapshot = serving.index.snapshot();
-        let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
-        for (resource, cluster, n) in snapshot.counts() {
-            counts.insert((cluster.to_string(), resource.to_string()), n as u64);
-        }
-        let clusters = selected
-            .iter()
-            .map(|c| {
-                let whole = cluster_freshness(c, None);
-                proto::Cluster {
-                    name: c.name.to_string(),
-                    labels: c.labels.clone().into_iter().collect(),
-                    server: c.server.clone(),
-                    freshness: whole.freshness,
-                    stale_since: whole.stale_since,
-                    last_error: c.error.clone().unwrap_or_else(|| whole.message.clone()),
-                    kubernetes_version: c.version.clone(),
-                    streams: c
-                        .streams
-                        .iter()
-                        .map(|(name, (_, s))| proto::ResourceStream {
-                            resource: name.clone(),
-                            state: stream_state(s.state) as i32,
-                            object_count: counts
-                                .get(&(c.name.to_string(), name.clone()))
-                                .copied()
-                                .unwrap_or(0),
-                            resource_version: s.resource_version.clone(),
-                            last_event_time: s.last_event.map(timestamp),
-                            last_error: s.last_error.clone().unwrap_or_default(),
-                            sync_lag: s
-                                .sync_lag()
-                                .and_then(|d| prost_types::Duration::try_from(d).ok()),
-                        })
-                        .chain(c.missing.iter().map(|(spec, why)| proto::ResourceStream {
-                            resource: spec.clone(),
-                            state: proto::StreamState::NotFound as i32,
-                            last_error: why.clone(),
-                            ..Default::default()
-                        }))
-                        .collect(),
-                    source: c.source.clone(),
-                    source_loaded_time: Some(timestamp(c.loaded_at)),
-                }
-            })
-            .collect();
-        let sources = serving.status.sources();
+        let filter = convert::cluster_filter(&r.clusters, "").map_err(status)?;
+        let answer = self.fleet.clusters(filter).await.map_err(status)?;
         Ok(Response::new(proto::ListClustersResponse {
-            clusters,
-            sources_loaded_time: sources.loaded_at.map(timestamp),
-            sources_error: sources
-                .error
+            clusters: answer.clusters.into_iter().map(convert::cluster).collect(),
+            sources_loaded_time: answer.sources_loaded.map(convert::timestamp),
+            sources_error: answer
+                .sources_error
                 .as_ref()
                 .map(|(e, _)| e.clone())
                 .unwrap_or_default(),
-            sources_error_time: sources.error.map(|(_, at)| timestamp(at)),
+            sources_error_time: answer.sources_error.map(|(_, at)| convert::timestamp(at)),
         }))
     }
 
@@ -498,28 +238,25 @@ impl Fleet for FleetService {
         &self,
         _: Request<proto::ListResourceTypesRequest>,
     ) -> Result<Response<proto::ListResourceTypesResponse>, Status> {
-        let serving = self.serving()?;
-        let snapshot = serving.index.snapshot();
-        let types = serving.status.types();
+        let types = self.fleet.resource_types().await.map_err(status)?;
         let resource_types = types
-            .values()
-            .map(|rt| {
-                let name = rt.name();
-                let clusters: Vec<proto::ClusterCount> = snapshot
-                    .counts()
-                    .filter(|(r, _, _)| *r == name)
-                    .map(|(_, c, n)| proto::ClusterCount {
-                        cluster: c.to_string(),
-                        count: n as u64,
+            .into_iter()
+            .map(|t| {
+                let clusters: Vec<proto::ClusterCount> = t
+                    .clusters
+                    .into_iter()
+                    .map(|(cluster, count)| proto::ClusterCount {
+                        cluster: cluster.to_string(),
+                        count,
                     })
                     .collect();
                 proto::ResourceType {
                     total: clusters.iter().map(|c| c.count).sum(),
-                    name,
-                    group: rt.group.clone(),
-                    version: rt.version.clone(),
-                    kind: rt.kind.clone(),
-                    namespaced: rt.namespaced,
+                    name: t.resource.name(),
+                    group: t.resource.group,
+                    version: t.resource.version,
+                    kind: t.resource.kind,
+                    namespaced: t.resource.namespaced,
                     clusters,
                 }
             })
@@ -533,24 +270,21 @@ impl Fleet for FleetService {
         &self,
         _: Request<proto::GetStoreRequest>,
     ) -> Result<Response<proto::GetStoreResponse>, Status> {
-        let serving = self.serving()?;
-        let Some(persister) = &serving.persister else {
+        let Some(s) = self.fleet.store().await.map_err(status)? else {
             return Ok(Response::new(proto::GetStoreResponse::default()));
         };
-        let s = persister.stats();
-        let duration = |d: Duration| prost_types::Duration::try_from(d).ok();
         Ok(Response::new(proto::GetStoreResponse {
             persisted: true,
             size_on_disk_bytes: s.size_on_disk,
             pending_changes: s.pending as u64,
             flushes: s.flushes,
-            last_flush: duration(s.last_flush),
-            max_flush: duration(s.max_flush),
+            last_flush: convert::duration(s.last_flush),
+            max_flush: convert::duration(s.max_flush),
             events_written: s.events_written,
             logged_events: s.logged_events as u64,
             snapshots: s.snapshots,
             compactions: s.compactions,
-            last_compaction: duration(s.last_compaction),
+            last_compaction: convert::duration(s.last_compaction),
             last_error: s.last_error.unwrap_or_default(),
         }))
     }

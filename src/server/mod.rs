@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
+use fleetscope_model::Fleet;
+
 use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::fleet_server::FleetServer;
@@ -40,20 +42,22 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 /// Serves until `shutdown` resolves, then stops accepting and ends open streams.
 /// gRPC health reports `NOT_SERVING` (for the server and for the Fleet service) until
 /// `ready` resolves, then `SERVING`.
-pub async fn serve(
+pub async fn serve<F: Fleet>(
     listener: TcpListener,
-    service: FleetService,
+    service: FleetService<F>,
     ready: impl Future<Output = ()> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_not_serving::<FleetServer<FleetService>>().await;
+    health
+        .set_not_serving::<FleetServer<FleetService<F>>>()
+        .await;
     health
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
     let readiness = tokio::spawn(async move {
         ready.await;
-        health.set_serving::<FleetServer<FleetService>>().await;
+        health.set_serving::<FleetServer<FleetService<F>>>().await;
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
@@ -72,11 +76,7 @@ pub async fn serve(
         .unwrap_or_default();
     // Small replies must not wait for the peer's delayed ACK (Nagle): no delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tracing::info!(
-        %addr,
-        clusters = service.cluster_count(),
-        "serving fleetscope.v1.Fleet"
-    );
+    tracing::info!(%addr, "serving fleetscope.v1.Fleet");
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)

@@ -246,7 +246,7 @@ async fn launch(
     };
     let engine = std::sync::Arc::new(engine);
     let (stop, stopped) = oneshot::channel::<()>();
-    let service = FleetService::new(&engine, service, engine.cancelled());
+    let service = FleetService::new(engine.clone(), service, engine.cancelled());
     let cancel = engine.cancelled();
     let ready = {
         let engine = engine.clone();

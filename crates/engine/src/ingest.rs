@@ -82,14 +82,14 @@ impl<'a> StreamKeys<'a> {
     }
 }
 
-fn to_input(key: ObjectKey, o: PrunedObject, field_paths: &[String]) -> ObjectInput {
-    let fields = field_values(&o.json, field_paths);
+/// An object as the index takes it: everything it needs was read in the prune pass.
+fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectInput {
     ObjectInput {
         key,
         json: o.json,
         labels: o.labels,
         owners: o.owners,
-        fields,
+        fields: o.fields,
     }
 }
 
@@ -101,7 +101,6 @@ pub(crate) async fn ingest(
     status: StatusTable,
     persister: Option<Arc<Persister>>,
     mut rx: mpsc::Receiver<Update>,
-    field_paths: Vec<String>,
     batch: usize,
     keep_removed: bool,
     cancel: CancellationToken,
@@ -150,7 +149,7 @@ pub(crate) async fn ingest(
                     let mut keys = StreamKeys::new(&stream);
                     let objects = objects
                         .into_iter()
-                        .map(|o| to_input(keys.key(&o), o, &field_paths))
+                        .map(|o| to_input(keys.key(&o), o))
                         .collect();
                     changes.push(Change::Replace {
                         resource: stream.name.to_string(),
@@ -166,7 +165,7 @@ pub(crate) async fn ingest(
                 Update::Applied { stream, object } => {
                     let rv = object.resource_version.clone();
                     let key = stream_key(&stream, &object);
-                    changes.push(Change::Upsert(to_input(key, object, &field_paths)));
+                    changes.push(Change::Upsert(to_input(key, object)));
                     after.push((stream, Progress::Event(rv)));
                 }
                 Update::Deleted { stream, object } => {

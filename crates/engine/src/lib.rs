@@ -10,10 +10,12 @@
 //!   how current it is;
 //! - [`persist::Persister`]: write-behind persistence, publication after durability.
 
+mod fleet;
 mod ingest;
 pub mod persist;
 mod reconcile;
 pub mod status;
+mod subscriber;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -88,10 +90,13 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     fn cluster_config(&self) -> ClusterConfig {
+        let mut stream = self.stream.clone();
+        // Field-index values are read as objects are pruned, by each stream.
+        stream.pruning.field_indexes = self.index.field_indexes.clone();
         ClusterConfig {
             resources: self.resources.clone(),
             scopes: self.scopes.clone(),
-            stream: self.stream.clone(),
+            stream,
             rediscovery: self.rediscovery,
             exec_timeout: self.exec_timeout,
         }
@@ -200,7 +205,6 @@ impl Engine {
                 status.clone(),
                 persister.clone(),
                 rx,
-                config.index.field_indexes.clone(),
                 batch,
                 config.keep_removed_clusters,
                 cancel.clone(),

@@ -77,33 +77,7 @@ impl Default for PersistConfig {
 }
 
 /// Figures about the store, for operators.
-#[derive(Debug, Clone, Default)]
-pub struct PersistStats {
-    /// Batches written.
-    pub flushes: u64,
-    /// How long the last write took.
-    pub last_flush: Duration,
-    /// The longest write so far.
-    pub max_flush: Duration,
-    /// Bytes the store takes on disk, as of the last write.
-    pub size_on_disk: u64,
-    /// Changes gathered and not yet written.
-    pub pending: usize,
-    /// The last write error, if the last write failed.
-    pub last_error: Option<String>,
-    /// Events held in the persisted log.
-    pub logged_events: usize,
-    /// Events written, in all.
-    pub events_written: u64,
-    /// Snapshots written, in all.
-    pub snapshots: u64,
-    /// How long the last snapshot took to write.
-    pub last_snapshot: Duration,
-    /// Compactions done, in all.
-    pub compactions: u64,
-    /// How long the last compaction took.
-    pub last_compaction: Duration,
-}
+pub type PersistStats = fleetscope_model::fleet::StoreStats;
 
 /// What has gathered since the last write.
 #[derive(Default)]

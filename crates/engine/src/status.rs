@@ -8,21 +8,7 @@ use fleetscope_informer::StreamState;
 use fleetscope_model::{ClusterName, ResourceType};
 use tokio::sync::broadcast;
 
-/// How current fleetscope's copy of a cluster (or of one of its streams) is. Ordered
-/// from best to worst, so the worst of several is their maximum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Freshness {
-    /// Listed and watching.
-    Synced,
-    /// Loaded from the store at start; its watch has not yet caught up.
-    Restored,
-    /// Still in its initial list.
-    Syncing,
-    /// Could not be reached since `stale_since`; objects are as they were then.
-    Stale,
-    /// Refused or misconfigured; retrying has not cured it.
-    Error,
-}
+pub use fleetscope_model::fleet::Freshness;
 
 /// One stream's status.
 #[derive(Debug, Clone)]

@@ -31,8 +31,9 @@ use tokio::sync::watch;
 type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 pub use feed::{Feed, FeedError, Staged};
+pub use fleetscope_model::GroupBy;
 pub use object::{Object, ObjectInput, ObjectRef};
-pub use query::{Counts, GroupBy, Page, Query};
+pub use query::{Counts, Page, Query};
 pub use state::{Event, State};
 
 /// Index settings.
@@ -225,12 +226,7 @@ impl Index {
             let prev = e.prev.map(|(input, revision)| {
                 ObjectRef::new(Object::from_input(input, revision, &mut interner))
             });
-            log.push_back(Arc::new(Event {
-                revision: e.revision,
-                kind: e.kind,
-                object,
-                prev,
-            }));
+            log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
         }
         Self::over(config, state, interner, log)
     }

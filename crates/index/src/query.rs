@@ -6,7 +6,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
-use fleetscope_model::{ClusterName, FieldSelector, LabelSelector, ObjectKey};
+use fleetscope_model::{ClusterName, FieldSelector, GroupBy, LabelSelector, ObjectKey};
 
 use crate::object::{Object, ObjectRef};
 use crate::state::{KeySet, Members, State};
@@ -58,34 +58,6 @@ pub struct Page {
     pub next: Option<ObjectKey>,
     /// How many matching objects follow this page.
     pub remaining: u64,
-}
-
-/// How to group a count.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GroupBy {
-    /// By cluster.
-    Cluster,
-    /// By namespace.
-    Namespace,
-    /// By the value of a label (empty when absent).
-    Label(String),
-    /// By the value of a field path (empty when absent).
-    Field(String),
-}
-
-impl GroupBy {
-    /// Parses `cluster`, `namespace`, `label:KEY` or `field:PATH`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "cluster" => Some(GroupBy::Cluster),
-            "namespace" => Some(GroupBy::Namespace),
-            _ => match s.split_once(':') {
-                Some(("label", k)) if !k.is_empty() => Some(GroupBy::Label(k.to_string())),
-                Some(("field", p)) if !p.is_empty() => Some(GroupBy::Field(p.to_string())),
-                _ => None,
-            },
-        }
-    }
 }
 
 /// Counts, grouped.

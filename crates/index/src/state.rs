@@ -28,9 +28,38 @@ pub struct Event {
     pub object: ObjectRef,
     /// The object before the change; `None` for a create.
     pub prev: Option<ObjectRef>,
+    /// The object's uid and resourceVersion, read from its JSON once, by the first
+    /// subscriber that sends the event: every other subscriber shares them.
+    meta: std::sync::OnceLock<(Arc<str>, Arc<str>)>,
 }
 
 impl Event {
+    /// A change of `object` at `revision`.
+    pub fn new(
+        revision: Revision,
+        kind: EventType,
+        object: ObjectRef,
+        prev: Option<ObjectRef>,
+    ) -> Self {
+        Self {
+            revision,
+            kind,
+            object,
+            prev,
+            meta: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The object's metadata.uid and metadata.resourceVersion (empty when absent),
+    /// read once per event.
+    pub fn uid_and_resource_version(&self) -> (&str, &str) {
+        let (uid, rv) = self.meta.get_or_init(|| {
+            let (uid, rv) = self.object.uid_and_resource_version();
+            (Arc::from(uid), Arc::from(rv))
+        });
+        (uid, rv)
+    }
+
     /// The JSON bytes the event holds: the object's, and the previous state's for a
     /// modification (a delete's previous state is its object).
     pub fn json_bytes(&self) -> usize {
@@ -492,12 +521,7 @@ impl State {
             runs.add(&mut self.counts, &object.key);
             gathered.labels_of(&object);
             gathered.owners_and_fields_of(&object);
-            events.push(Event {
-                revision,
-                kind: EventType::Added,
-                object,
-                prev: None,
-            });
+            events.push(Event::new(revision, EventType::Added, object, None));
         }
         insert_in_order(
             &mut self.objects,
@@ -535,12 +559,7 @@ impl State {
         } else {
             EventType::Added
         };
-        Some(Event {
-            revision,
-            kind,
-            object,
-            prev,
-        })
+        Some(Event::new(revision, kind, object, prev))
     }
 
     /// Deletes an object; `None` when it is not held.
@@ -552,12 +571,7 @@ impl State {
         self.revision = revision;
         // The delete carries the object's last state, stamped with the delete's revision.
         let last = ObjectRef::new(prev.restamped(revision));
-        Some(Event {
-            revision,
-            kind: EventType::Deleted,
-            object: last,
-            prev: Some(prev),
-        })
+        Some(Event::new(revision, EventType::Deleted, last, Some(prev)))
     }
 
     /// The keys held for one (resource, cluster).

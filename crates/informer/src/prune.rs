@@ -3,6 +3,7 @@
 //! object alone.
 
 use fleetscope_model::ResourceType;
+use fleetscope_model::selector::field_in_json;
 use std::borrow::Cow;
 
 use serde::Deserialize;
@@ -16,6 +17,9 @@ pub struct Pruning {
     pub managed_fields: bool,
     /// Annotations to drop (default: `kubectl.kubernetes.io/last-applied-configuration`).
     pub annotations: Vec<String>,
+    /// JSON paths whose values are read from each kept object in the same pass, for
+    /// the index's field indexes (none by default). They do not change what is kept.
+    pub field_indexes: Vec<String>,
 }
 
 impl Default for Pruning {
@@ -23,6 +27,7 @@ impl Default for Pruning {
         Self {
             managed_fields: true,
             annotations: vec!["kubectl.kubernetes.io/last-applied-configuration".into()],
+            field_indexes: Vec::new(),
         }
     }
 }
@@ -44,6 +49,8 @@ pub struct PrunedObject {
     pub labels: Vec<(String, String)>,
     /// The uids of metadata.ownerReferences.
     pub owners: Vec<String>,
+    /// The values of [`Pruning::field_indexes`] the object has, as (JSON path, value).
+    pub fields: Vec<(String, String)>,
 }
 
 /// Why an object from a cluster was not kept.
@@ -290,6 +297,13 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
             }
             // At its exact length: the scratch space keeps its capacity for the next.
             let json = out.as_str().to_owned();
+            let fields = self
+                .pruner
+                .pruning
+                .field_indexes
+                .iter()
+                .filter_map(|p| Some((p.clone(), field_in_json(&json, p)?)))
+                .collect();
             Ok(PrunedObject {
                 namespace: found.namespace,
                 name: found.name,
@@ -298,6 +312,7 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
                 json,
                 labels: found.labels,
                 owners: found.owners,
+                fields,
             })
         };
         Ok(done())

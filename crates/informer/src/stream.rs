@@ -53,22 +53,7 @@ impl StreamId {
     }
 }
 
-/// What a stream is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamState {
-    /// Waiting to start, or backing off.
-    Pending,
-    /// Listing.
-    Listing,
-    /// Listed and watching.
-    Watching,
-    /// Failed; retrying with backoff.
-    Failed,
-    /// 401 or 403; retrying slowly.
-    Forbidden,
-    /// The cluster does not serve the type (404).
-    NotFound,
-}
+pub use fleetscope_model::fleet::StreamState;
 
 /// What an informer tells the ingest.
 #[derive(Debug, Clone)]

@@ -3,12 +3,15 @@
 //! Entry points:
 //! - [`ClusterName`], [`ResourceType`], [`ObjectKey`], [`Revision`], [`EventType`]:
 //!   identity and ordering shared by every layer.
+//! - [`Fleet`]: the seam every front end talks through, with its request and answer
+//!   types and [`FleetError`].
 //! - [`ClusterFilter`]: which clusters a query draws on, evaluated against the live fleet.
 //! - [`selector::LabelSelector`] and [`selector::FieldSelector`]: Kubernetes selector
 //!   syntax, parsed with errors that name the position, and matched against labels
 //!   ([`selector::Labels`]) or fields ([`selector::Fields`]).
 
 mod clusters;
+pub mod fleet;
 mod identity;
 pub mod selector;
 
@@ -30,5 +33,6 @@ pub trait StoredObject {
 }
 
 pub use clusters::{ClusterFilter, ClusterFilterError};
+pub use fleet::{Fleet, FleetError, GroupBy};
 pub use identity::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

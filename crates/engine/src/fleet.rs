@@ -1,0 +1,344 @@
+//! The engine behind the Fleet seam: resource names resolved against what is
+//! collected, cluster filters evaluated against the live fleet, every answer read
+//! from one snapshot and stating the freshness of the clusters it drew on.
+
+use std::collections::BTreeMap;
+
+use fleetscope_index::{Object, State};
+use fleetscope_informer::discovery::{self, Served};
+use fleetscope_model::fleet::{
+    ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, FleetObject,
+    GetAnswer, GetRequest, ListAnswer, ListRequest, Projection, Query, ResourceTypeInfo,
+    StoreStats, StreamInfo, StreamState, Watch, WatchRequest,
+};
+use fleetscope_model::{ClusterFilter, ClusterName, Fleet, FleetError, ObjectKey, ResourceType};
+
+use crate::Engine;
+use crate::status::{ClusterStatus, Freshness};
+
+/// An object as the seam returns it; `meta` is its uid and resourceVersion when
+/// already read (a Watch event carries them), else they are read from its JSON.
+pub(crate) fn fleet_object(
+    o: &Object,
+    projection: Projection,
+    meta: Option<(&str, &str)>,
+) -> FleetObject {
+    let json = match projection {
+        Projection::Metadata => o.metadata_json(),
+        Projection::Full => o.json.to_string(),
+    };
+    let (uid, resource_version) = match meta {
+        Some((uid, rv)) => (uid.to_string(), rv.to_string()),
+        None => o.uid_and_resource_version(),
+    };
+    FleetObject {
+        key: o.key.clone(),
+        revision: o.revision,
+        uid,
+        resource_version,
+        json,
+    }
+}
+
+/// A cluster's freshness for one type (or as a whole), as answers state it.
+pub(crate) fn cluster_freshness(c: &ClusterStatus, resource: Option<&str>) -> ClusterFreshness {
+    let (freshness, stale_since, message) = c.freshness(resource);
+    ClusterFreshness {
+        cluster: c.name.clone(),
+        freshness,
+        stale_since,
+        message,
+    }
+}
+
+/// A query made concrete against the engine's current state.
+pub(crate) struct Built {
+    /// The index query; `clusters` lists the clusters the filter selects now.
+    pub query: fleetscope_index::Query,
+    /// The clusters' freshness for the type.
+    pub freshness: Vec<ClusterFreshness>,
+    /// Whether some selected cluster is not synced.
+    pub partial: bool,
+}
+
+impl Engine {
+    /// Resolves a kubectl-style name against the types collected somewhere. A type not
+    /// known while clusters are still being discovered is `Unavailable`, not `NotFound`.
+    pub(crate) fn resolve_resource(&self, name: &str) -> Result<ResourceType, FleetError> {
+        if name.trim().is_empty() {
+            return Err(FleetError::InvalidArgument(
+                "query.resource is required, e.g. \"pods\" or \"deployments.apps\"".into(),
+            ));
+        }
+        let types = self.status.types();
+        let served: Vec<Served> = types
+            .values()
+            .map(|rt| Served {
+                resource: rt.clone(),
+                watchable: true,
+            })
+            .collect();
+        let resolved = discovery::resolve(&[name.to_string()], &served);
+        if let Some(rt) = resolved.resources.into_iter().next() {
+            return Ok(rt);
+        }
+        // Not known yet is not unknown: a cluster still being discovered may serve it.
+        let discovering: Vec<String> = self
+            .status
+            .clusters()
+            .into_iter()
+            .filter(|c| c.discovering())
+            .map(|c| c.name.to_string())
+            .collect();
+        if !discovering.is_empty() {
+            return Err(FleetError::Unavailable(format!(
+                "resource type {name:?} is not known yet: fleetscope is still discovering cluster(s) {}; retry shortly",
+                discovering.join(", ")
+            )));
+        }
+        let lower = name.to_ascii_lowercase();
+        let mut close: Vec<(usize, &String)> = types
+            .keys()
+            .map(|k| (strsim::levenshtein(&lower, k), k))
+            .filter(|(d, k)| *d <= 3 || k.starts_with(&lower))
+            .collect();
+        close.sort();
+        let hint = if close.is_empty() {
+            format!(
+                "collected types: {}",
+                types.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        } else {
+            format!(
+                "did you mean {}?",
+                close
+                    .iter()
+                    .map(|(_, k)| k.as_str())
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        Err(FleetError::NotFound(format!(
+            "resource type {name:?} is not collected from any cluster; {hint}"
+        )))
+    }
+
+    /// The clusters a filter selects now.
+    fn selected(&self, filter: &ClusterFilter) -> Vec<ClusterStatus> {
+        self.status
+            .clusters()
+            .into_iter()
+            .filter(|c| filter.matches(&c.name, &c.labels))
+            .collect()
+    }
+
+    /// Resolves a query against the collected types and the live fleet.
+    pub(crate) fn build(&self, q: &Query) -> Result<(ResourceType, Built), FleetError> {
+        let rt = self.resolve_resource(&q.resource)?;
+        let clusters = self.selected(&q.clusters);
+        let query = fleetscope_index::Query {
+            resource: rt.name(),
+            clusters: if q.clusters.is_everything() {
+                None
+            } else {
+                Some(clusters.iter().map(|c| c.name.clone()).collect())
+            },
+            namespaces: q
+                .namespaces
+                .iter()
+                .filter(|n| !n.is_empty())
+                .cloned()
+                .collect(),
+            labels: q.labels.clone(),
+            fields: q.fields.clone(),
+        };
+        let freshness: Vec<ClusterFreshness> = clusters
+            .iter()
+            .map(|c| cluster_freshness(c, Some(&rt.name())))
+            .collect();
+        let partial = freshness.iter().any(|f| f.freshness != Freshness::Synced);
+        Ok((
+            rt,
+            Built {
+                query,
+                freshness,
+                partial,
+            },
+        ))
+    }
+
+    /// The snapshot a list page reads: the current one, or the one a page continues.
+    fn snapshot_for(
+        &self,
+        after: &Option<(fleetscope_model::Revision, ObjectKey)>,
+    ) -> Result<std::sync::Arc<State>, FleetError> {
+        match after {
+            None => Ok(self.index.snapshot()),
+            Some((revision, _)) => self.index.pinned(*revision).ok_or_else(|| {
+                FleetError::OutOfRange(format!(
+                    "the page token expired: its snapshot at revision {revision} is no longer held; start the list again"
+                ))
+            }),
+        }
+    }
+}
+
+impl Fleet for Engine {
+    async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
+        let rt = self.resolve_resource(&r.resource)?;
+        let cluster = ClusterName::from(r.cluster.as_str());
+        let status = self
+            .status
+            .cluster(&cluster)
+            .ok_or_else(|| FleetError::NotFound(format!("no cluster named {:?}", r.cluster)))?;
+        if r.name.is_empty() {
+            return Err(FleetError::InvalidArgument("name is required".into()));
+        }
+        let snapshot = self.index.snapshot();
+        let key = ObjectKey::new(&rt.name(), &cluster, &r.namespace, &r.name);
+        let object = snapshot.get(&key).ok_or_else(|| {
+            let place = if r.namespace.is_empty() {
+                String::new()
+            } else {
+                format!(" in namespace {:?}", r.namespace)
+            };
+            FleetError::NotFound(format!(
+                "{} {:?} not found{place} of cluster {:?}",
+                rt.name(),
+                r.name,
+                r.cluster
+            ))
+        })?;
+        Ok(GetAnswer {
+            object: fleet_object(object, r.projection, None),
+            cluster: cluster_freshness(&status, Some(&rt.name())),
+            revision: snapshot.revision(),
+        })
+    }
+
+    async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
+        let snapshot = self.snapshot_for(&r.after)?;
+        let (_, built) = self.build(&r.query)?;
+        let after = r.after.as_ref().map(|(_, key)| key);
+        let page = snapshot.page(&built.query, after, r.limit.max(1));
+        if page.next.is_some() {
+            // The next page reads this snapshot too, for as long as tokens live.
+            self.index.pin(snapshot.clone());
+        }
+        Ok(ListAnswer {
+            items: page
+                .items
+                .iter()
+                .map(|o| fleet_object(o, r.projection, None))
+                .collect(),
+            next: page.next,
+            revision: snapshot.revision(),
+            remaining: page.remaining,
+            clusters: built.freshness,
+            partial: built.partial,
+        })
+    }
+
+    async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
+        let (_, built) = self.build(&r.query)?;
+        let snapshot = self.index.snapshot();
+        let counts = snapshot.count(&built.query, &r.group_by);
+        Ok(CountAnswer {
+            groups: counts.groups,
+            total: counts.total,
+            revision: snapshot.revision(),
+            clusters: built.freshness,
+            partial: built.partial,
+        })
+    }
+
+    async fn watch(&self, r: WatchRequest) -> Result<Watch, FleetError> {
+        crate::subscriber::start(self, r)
+    }
+
+    async fn clusters(&self, filter: ClusterFilter) -> Result<ClustersAnswer, FleetError> {
+        let snapshot = self.index.snapshot();
+        let mut counts: BTreeMap<(ClusterName, String), u64> = BTreeMap::new();
+        for (resource, cluster, n) in snapshot.counts() {
+            counts.insert((cluster.clone(), resource.to_string()), n as u64);
+        }
+        let clusters = self
+            .selected(&filter)
+            .into_iter()
+            .map(|c| cluster_info(c, &counts))
+            .collect();
+        let sources = self.status.sources();
+        Ok(ClustersAnswer {
+            clusters,
+            sources_loaded: sources.loaded_at,
+            sources_error: sources.error,
+        })
+    }
+
+    async fn resource_types(&self) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+        let snapshot = self.index.snapshot();
+        Ok(self
+            .status
+            .types()
+            .into_values()
+            .map(|rt| {
+                let name = rt.name();
+                let clusters = snapshot
+                    .counts()
+                    .filter(|(r, _, _)| **r == *name)
+                    .map(|(_, c, n)| (c.clone(), n as u64))
+                    .collect();
+                ResourceTypeInfo {
+                    resource: rt,
+                    clusters,
+                }
+            })
+            .collect())
+    }
+
+    async fn store(&self) -> Result<Option<StoreStats>, FleetError> {
+        Ok(self.store_stats())
+    }
+}
+
+/// One cluster's status as the seam reports it.
+fn cluster_info(c: ClusterStatus, counts: &BTreeMap<(ClusterName, String), u64>) -> ClusterInfo {
+    let whole = cluster_freshness(&c, None);
+    let streams = c
+        .streams
+        .iter()
+        .map(|(name, (_, s))| StreamInfo {
+            resource: name.clone(),
+            state: s.state,
+            object_count: counts
+                .get(&(c.name.clone(), name.clone()))
+                .copied()
+                .unwrap_or(0),
+            resource_version: s.resource_version.clone(),
+            last_event: s.last_event,
+            last_error: s.last_error.clone().unwrap_or_default(),
+            sync_lag: s.sync_lag(),
+        })
+        .chain(c.missing.iter().map(|(spec, why)| StreamInfo {
+            resource: spec.clone(),
+            state: StreamState::NotFound,
+            object_count: 0,
+            resource_version: String::new(),
+            last_event: None,
+            last_error: why.clone(),
+            sync_lag: None,
+        }))
+        .collect();
+    ClusterInfo {
+        last_error: c.error.clone().unwrap_or_else(|| whole.message.clone()),
+        freshness: whole,
+        name: c.name,
+        labels: c.labels,
+        server: c.server,
+        kubernetes_version: c.version,
+        streams,
+        source: c.source,
+        source_loaded: c.loaded_at,
+    }
+}

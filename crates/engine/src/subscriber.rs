@@ -1,0 +1,509 @@
+//! Watch semantics, below the seam: the initial objects (if asked) then every change
+//! after the start, in revision order, from the event log and then live; the filter
+//! applied to transitions (an object leaving it is `Deleted`, one entering it
+//! `Added`); the cluster filter evaluated against the live fleet, so a cluster added
+//! later is followed; cluster freshness changes as events; a subscriber that falls
+//! behind ended with a resumable error, one whose start has left the log refused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fleetscope_index::{Event, FeedError, Subscription, transition};
+use fleetscope_model::fleet::{Projection, Watch, WatchEvent, WatchRequest};
+use fleetscope_model::{ClusterFilter, ClusterName, EventType, FleetError, Revision};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::Engine;
+use crate::fleet::fleet_object;
+use crate::status::{FreshnessChange, StatusTable};
+
+/// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
+/// spawns its producer.
+pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetError> {
+    let (_, built) = engine.build(&r.query)?;
+    let since = if r.initial { None } else { r.since };
+    let subscription = engine
+        .index
+        .subscribe(since)
+        .map_err(|e| FleetError::OutOfRange(e.to_string()))?;
+    // The cluster filter is evaluated per event against the live fleet, so a
+    // matching cluster added later is followed too; the index query reads all.
+    let initial = r.initial.then(|| built.query.clone());
+    let mut query = built.query;
+    query.clusters = None;
+    // A short hand-off: the subscriber's real bound is the index's subscriber buffer
+    // and event log, which it pulls from.
+    let (tx, rx) = mpsc::channel(8);
+    let reached = Arc::new(AtomicU64::new(0));
+    let producer = Producer {
+        reached: reached.clone(),
+        query,
+        projection: r.projection,
+        filter: r.query.clusters,
+        labels: engine
+            .status
+            .clusters()
+            .into_iter()
+            .map(|c| (c.name, c.labels))
+            .collect(),
+        selected: HashMap::new(),
+        status: engine.status.clone(),
+        initial,
+        statuses: engine.status.subscribe(),
+        cancel: engine.cancelled(),
+        tx,
+    };
+    tokio::spawn(producer.run(subscription));
+    let mut rx = rx;
+    Ok(Watch::new(
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx)),
+        reached,
+    ))
+}
+
+/// What a producer hands over.
+type Delivery = Result<WatchEvent, FleetError>;
+
+/// One subscriber's producer.
+struct Producer {
+    query: fleetscope_index::Query,
+    projection: Projection,
+    filter: ClusterFilter,
+    /// Labels of the clusters seen, kept after a cluster leaves (its DELETEDs are
+    /// matched with the labels it had).
+    labels: BTreeMap<ClusterName, BTreeMap<String, String>>,
+    /// Whether the filter selects each cluster seen, decided once per cluster (its
+    /// labels do not change while it is in the fleet; a status change decides again).
+    selected: HashMap<ClusterName, bool>,
+    status: StatusTable,
+    /// The query for the initial state (drawing on the clusters selected at start).
+    initial: Option<fleetscope_index::Query>,
+    statuses: broadcast::Receiver<FreshnessChange>,
+    cancel: CancellationToken,
+    tx: mpsc::Sender<Delivery>,
+    /// Where it has read to, stored after everything up to it was handed over.
+    reached: Arc<AtomicU64>,
+}
+
+impl Producer {
+    /// Whether the filter selects a cluster, by the labels it has (or had).
+    fn selects(&mut self, cluster: &ClusterName) -> bool {
+        if self.filter.is_everything() {
+            return true;
+        }
+        if let Some(&yes) = self.selected.get(cluster) {
+            return yes;
+        }
+        if !self.labels.contains_key(cluster)
+            && let Some(c) = self.status.cluster(cluster)
+        {
+            self.labels.insert(c.name, c.labels);
+        }
+        let none = BTreeMap::new();
+        let labels = self.labels.get(cluster).unwrap_or(&none);
+        let yes = self.filter.matches(cluster, labels);
+        self.selected.insert(cluster.clone(), yes);
+        yes
+    }
+
+    /// What a change means to this subscriber, if anything.
+    fn event(&mut self, e: &Event) -> Option<WatchEvent> {
+        if !self.selects(&e.object.key.cluster) {
+            return None;
+        }
+        let kind = transition(&self.query, e)?;
+        Some(WatchEvent::Object {
+            kind,
+            object: fleet_object(
+                &e.object,
+                self.projection,
+                Some(e.uid_and_resource_version()),
+            ),
+            revision: e.revision,
+        })
+    }
+
+    /// Hands one event over; false once the subscriber is gone.
+    async fn send(&self, event: WatchEvent) -> bool {
+        self.tx.send(Ok(event)).await.is_ok()
+    }
+
+    /// Records that everything up to `revision` has been handed over.
+    fn reach(&self, revision: Revision) {
+        self.reached.store(revision.0, Ordering::Release);
+    }
+
+    async fn end(&self, error: FleetError) {
+        let _ = self.tx.send(Err(error)).await;
+    }
+
+    async fn run(mut self, subscription: Subscription) {
+        let Subscription { snapshot, mut feed } = subscription;
+        if let Some(initial) = self.initial.take() {
+            for o in snapshot.matching(&initial, None) {
+                let e = WatchEvent::Object {
+                    kind: EventType::Added,
+                    object: fleet_object(o, self.projection, None),
+                    revision: o.revision,
+                };
+                if !self.send(e).await {
+                    return;
+                }
+            }
+            let at = snapshot.revision();
+            if !self.send(WatchEvent::InitialEventsEnd(at)).await {
+                return;
+            }
+            self.reach(at);
+        } else {
+            self.reach(feed.reached());
+        }
+        drop(snapshot);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = self.tx.closed() => return,
+                r = feed.next() => match r {
+                    Ok(events) => {
+                        for e in &events {
+                            if let Some(ev) = self.event(e)
+                                && !self.send(ev).await
+                            {
+                                return;
+                            }
+                        }
+                        // The position moves past changes that did not match too.
+                        self.reach(feed.reached());
+                    }
+                    Err(e @ FeedError::Behind { .. }) => {
+                        return self.end(FleetError::ResourceExhausted(e.to_string())).await;
+                    }
+                    Err(e @ FeedError::Expired { .. }) => {
+                        return self.end(FleetError::OutOfRange(e.to_string())).await;
+                    }
+                    Err(FeedError::Closed) => return,
+                },
+                c = self.statuses.recv() => {
+                    let Ok(c) = c else { continue };
+                    // A cluster added (again) may have other labels: decide anew.
+                    if let Some(now) = self.status.cluster(&c.cluster) {
+                        self.labels.insert(now.name, now.labels);
+                    }
+                    self.selected.remove(&c.cluster);
+                    if self.selects(&c.cluster) {
+                        let cluster = fleetscope_model::fleet::ClusterFreshness {
+                            cluster: c.cluster,
+                            freshness: c.freshness,
+                            stale_since: c.stale_since,
+                            message: c.message,
+                        };
+                        let ev = WatchEvent::ClusterStatus { cluster, revision: feed.reached() };
+                        if !self.send(ev).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Watch semantics through the seam, without a transport: an engine with no
+    //! clusters of its own, fed changes directly, watched through [`Fleet::watch`].
+
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use fleetscope_index::{Change, ObjectInput};
+    use fleetscope_model::fleet::{Query, WatchEvent, WatchRequest};
+    use fleetscope_model::{
+        ClusterFilter, ClusterName, EventType, Fleet, FleetError, LabelSelector, ObjectKey,
+        ResourceType, Revision,
+    };
+    use futures::StreamExt;
+
+    use crate::{Engine, EngineConfig};
+
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    fn pods() -> ResourceType {
+        ResourceType {
+            group: String::new(),
+            version: "v1".into(),
+            plural: "pods".into(),
+            kind: "Pod".into(),
+            namespaced: true,
+        }
+    }
+
+    fn engine(buffer: usize) -> Engine {
+        let mut config = EngineConfig::default();
+        config.index.subscriber_buffer = buffer;
+        Engine::start(Vec::new(), config)
+    }
+
+    /// A cluster that collects pods, as its discovery would register it.
+    fn join(e: &Engine, cluster: &str, labels: &[(&str, &str)]) {
+        let name = ClusterName::from(cluster);
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        e.status.add_cluster(&name, "test", labels);
+        e.status.update_stream(&name, &pods(), |_| {});
+    }
+
+    fn pod(cluster: &str, name: &str, app: &str) -> Change {
+        let json = format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"7","labels":{{"app":"{app}"}}}}}}"#
+        );
+        Change::Upsert(ObjectInput {
+            key: ObjectKey::new("pods", &ClusterName::from(cluster), "ns", name),
+            json,
+            labels: vec![("app".into(), app.into())],
+            owners: Vec::new(),
+            fields: Vec::new(),
+        })
+    }
+
+    fn query(clusters: &[&str], labels: &str) -> Query {
+        Query {
+            resource: "pods".into(),
+            clusters: ClusterFilter::parse(
+                &clusters.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+                "",
+            )
+            .unwrap(),
+            labels: LabelSelector::parse(labels).unwrap(),
+            ..Query::default()
+        }
+    }
+
+    async fn next(w: &mut fleetscope_model::fleet::Watch) -> WatchEvent {
+        tokio::time::timeout(PATIENCE, w.next())
+            .await
+            .expect("an event in time")
+            .expect("the watch goes on")
+            .expect("no error")
+    }
+
+    /// The next object event (skipping cluster status events): kind, cluster/name, revision.
+    async fn next_object(w: &mut fleetscope_model::fleet::Watch) -> (EventType, String, Revision) {
+        loop {
+            if let WatchEvent::Object {
+                kind,
+                object,
+                revision,
+            } = next(w).await
+            {
+                assert_eq!(object.uid, format!("uid-{}", object.key.name));
+                assert_eq!(object.resource_version, "7");
+                return (
+                    kind,
+                    format!("{}/{}", object.key.cluster, object.key.name),
+                    revision,
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn backlog_then_live_in_revision_order() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        let start = e.index.snapshot().revision();
+        e.index
+            .apply([pod("a", "p1", "web"), pod("a", "p2", "web")]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&[], ""),
+                since: Some(start),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        e.index.apply([pod("a", "p3", "web")]);
+        let mut last = start;
+        for name in ["a/p1", "a/p2", "a/p3"] {
+            let (kind, got, revision) = next_object(&mut w).await;
+            assert_eq!((kind, got.as_str()), (EventType::Added, name));
+            assert!(revision > last, "revisions increase");
+            last = revision;
+        }
+    }
+
+    #[tokio::test]
+    async fn initial_objects_then_the_end_marker_then_changes() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        e.index.apply([pod("a", "p1", "web"), pod("a", "p2", "db")]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&[], "app=web"),
+                initial: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(next_object(&mut w).await.1, "a/p1");
+        let at = e.index.snapshot().revision();
+        match next(&mut w).await {
+            WatchEvent::InitialEventsEnd(r) => assert_eq!(r, at),
+            other => panic!("expected the end of the initial objects, got {other:?}"),
+        }
+        e.index.apply([pod("a", "p3", "web")]);
+        assert_eq!(next_object(&mut w).await.1, "a/p3");
+    }
+
+    #[tokio::test]
+    async fn filters_apply_to_transitions() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&[], "app=web"),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        e.index.apply([pod("a", "p1", "web")]);
+        assert_eq!(next_object(&mut w).await.0, EventType::Added);
+        e.index.apply([pod("a", "p1", "db")]);
+        assert_eq!(next_object(&mut w).await.0, EventType::Deleted);
+        e.index.apply([pod("a", "p2", "db")]);
+        e.index.apply([pod("a", "p1", "web")]);
+        let (kind, name, _) = next_object(&mut w).await;
+        assert_eq!((kind, name.as_str()), (EventType::Added, "a/p1"));
+    }
+
+    #[tokio::test]
+    async fn a_cluster_added_later_is_followed_by_a_matching_glob() {
+        let e = engine(1000);
+        join(&e, "prod-1", &[]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&["prod-*"], ""),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        join(&e, "prod-2", &[]);
+        join(&e, "dev", &[]);
+        e.index
+            .apply([pod("dev", "d1", "web"), pod("prod-2", "p1", "web")]);
+        // The new cluster's status and its object, in either order; nothing of "dev".
+        let (mut saw_status, mut saw_object) = (false, false);
+        while !(saw_status && saw_object) {
+            match next(&mut w).await {
+                WatchEvent::ClusterStatus { cluster, .. } => {
+                    assert_ne!(cluster.cluster.as_str(), "dev");
+                    saw_status |= cluster.cluster.as_str() == "prod-2";
+                }
+                WatchEvent::Object { object, kind, .. } => {
+                    assert_eq!(kind, EventType::Added);
+                    assert_eq!(object.key.cluster.as_str(), "prod-2");
+                    saw_object = true;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // A cluster removed: its objects' deletes still reach the watch.
+        e.index
+            .apply([Change::RemoveCluster(ClusterName::from("prod-2"))]);
+        let (kind, name, _) = next_object(&mut w).await;
+        assert_eq!((kind, name.as_str()), (EventType::Deleted, "prod-2/p1"));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_batch_does_not_end_a_subscriber_but_falling_behind_does() {
+        let e = engine(4);
+        join(&e, "a", &[]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&[], ""),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // One batch of 20, more than the buffer of 4: delivered whole.
+        e.index
+            .apply((0..20).map(|i| pod("a", &format!("big-{i}"), "web")));
+        for _ in 0..20 {
+            next_object(&mut w).await;
+        }
+        // Then, not reading, it falls behind change after change: ended, resumably.
+        for i in 0..200 {
+            e.index.apply([pod("a", &format!("small-{i}"), "web")]);
+        }
+        let ended = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match w.next().await {
+                    Some(Err(e)) => return e,
+                    Some(Ok(_)) => {}
+                    None => panic!("ended without an error"),
+                }
+            }
+        })
+        .await
+        .expect("ended in time");
+        assert!(matches!(ended, FleetError::ResourceExhausted(_)), "{ended}");
+        assert!(ended.to_string().contains("since_revision="), "{ended}");
+    }
+
+    #[tokio::test]
+    async fn a_start_older_than_the_log_is_out_of_range() {
+        let mut config = EngineConfig::default();
+        config.index.log_retention = 2;
+        let e = Engine::start(Vec::new(), config);
+        join(&e, "a", &[]);
+        let start = e.index.snapshot().revision();
+        for i in 0..10 {
+            e.index.apply([pod("a", &format!("p{i}"), "web")]);
+        }
+        let refused = e
+            .watch(WatchRequest {
+                query: query(&[], ""),
+                since: Some(start),
+                ..Default::default()
+            })
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(refused, FleetError::OutOfRange(_)), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_bookmark_never_runs_ahead_of_an_event_still_to_be_yielded() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&[], ""),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        e.index.apply([pod("a", "p1", "web")]);
+        let published = e.index.snapshot().revision();
+        // Wait until the producer has handed the event over and moved on.
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            match w.bookmark(&mut cx) {
+                // The event is still to come: no bookmark may claim its revision.
+                None => break,
+                Some(r) => assert!(r < published, "bookmark {r} ahead of an undelivered event"),
+            }
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (_, name, revision) = next_object(&mut w).await;
+        assert_eq!((name.as_str(), revision), ("a/p1", published));
+        assert_eq!(w.bookmark(&mut cx), Some(published));
+    }
+}

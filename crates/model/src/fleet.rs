@@ -1,0 +1,511 @@
+//! The Fleet seam: what every front end (the gRPC service, the CLI, authorization,
+//! a router over upstream instances) asks of a fleet, in domain types, and the one
+//! error type its answers carry. The engine implements [`Fleet`]; the gRPC service is
+//! generic over it and only converts, adds bookmarks and maps errors.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures::Stream;
+
+use crate::{
+    ClusterFilter, ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey, ResourceType,
+    Revision,
+};
+
+/// Why a fleet could not answer. Each variant says what a caller can do about it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FleetError {
+    /// Not yet: starting, loading the store, discovering clusters. Retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request is wrong; the message names the field and, for selectors, the position.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such cluster, resource type or object.
+    #[error("{0}")]
+    NotFound(String),
+    /// A revision or page token older than what is held: list again.
+    #[error("{0}")]
+    OutOfRange(String),
+    /// A Watch fell too far behind and was ended; it may resume from its last revision.
+    #[error("{0}")]
+    ResourceExhausted(String),
+}
+
+/// How objects are returned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Projection {
+    /// The whole pruned object.
+    #[default]
+    Full,
+    /// `apiVersion`, `kind` and `metadata` only.
+    Metadata,
+}
+
+/// Which objects of one resource type a request reads.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// The resource type, kubectl-style (`pods`, `deployments.apps`, `apps/v1/Deployment`).
+    pub resource: String,
+    /// Which clusters, evaluated against the live fleet.
+    pub clusters: ClusterFilter,
+    /// Namespaces; empty for all (and cluster-scoped objects).
+    pub namespaces: Vec<String>,
+    /// Label selector.
+    pub labels: LabelSelector,
+    /// Field selector.
+    pub fields: FieldSelector,
+}
+
+/// One object as a fleet returns it: JSON text with its identity beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetObject {
+    /// Cluster, resource type, namespace, name.
+    pub key: ObjectKey,
+    /// The revision of the change that produced this state.
+    pub revision: Revision,
+    /// metadata.uid.
+    pub uid: String,
+    /// metadata.resourceVersion in its cluster.
+    pub resource_version: String,
+    /// The object (or its metadata, by projection) as JSON.
+    pub json: String,
+}
+
+/// How current fleetscope's copy of a cluster (or of one of its streams) is. Ordered
+/// from best to worst, so the worst of several is their maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Freshness {
+    /// Listed and watching.
+    Synced,
+    /// Loaded from the store at start; its watch has not yet caught up.
+    Restored,
+    /// Still in its initial list.
+    Syncing,
+    /// Could not be reached since `stale_since`; objects are as they were then.
+    Stale,
+    /// Refused or misconfigured; retrying has not cured it.
+    Error,
+}
+
+/// How current a cluster's copy is, for one resource type or the whole cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterFreshness {
+    /// The cluster.
+    pub cluster: ClusterName,
+    /// How current.
+    pub freshness: Freshness,
+    /// When it stopped being current.
+    pub stale_since: Option<SystemTime>,
+    /// Why, for a person; empty when synced.
+    pub message: String,
+}
+
+/// Get one object.
+#[derive(Debug, Clone, Default)]
+pub struct GetRequest {
+    /// The resource type, kubectl-style.
+    pub resource: String,
+    /// The cluster.
+    pub cluster: String,
+    /// The namespace; empty for cluster-scoped objects.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// How to return it.
+    pub projection: Projection,
+}
+
+/// One object, and how current its cluster is.
+#[derive(Debug, Clone)]
+pub struct GetAnswer {
+    /// The object.
+    pub object: FleetObject,
+    /// Its cluster's freshness for the type.
+    pub cluster: ClusterFreshness,
+    /// The revision of the snapshot read.
+    pub revision: Revision,
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    /// What to list.
+    pub query: Query,
+    /// How to return objects.
+    pub projection: Projection,
+    /// The most objects in the page (at least 1).
+    pub limit: usize,
+    /// Continue a list: the snapshot's revision and the last key returned.
+    pub after: Option<(Revision, ObjectKey)>,
+}
+
+/// A page of objects from one snapshot.
+#[derive(Debug, Clone)]
+pub struct ListAnswer {
+    /// The objects, in key order.
+    pub items: Vec<FleetObject>,
+    /// The last key, when more follow: with `revision`, where the next page continues.
+    pub next: Option<ObjectKey>,
+    /// The snapshot's revision.
+    pub revision: Revision,
+    /// How many matching objects follow this page.
+    pub remaining: u64,
+    /// The freshness of every cluster drawn on.
+    pub clusters: Vec<ClusterFreshness>,
+    /// Whether some cluster drawn on is not synced.
+    pub partial: bool,
+}
+
+/// How to group a count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupBy {
+    /// By cluster.
+    Cluster,
+    /// By namespace.
+    Namespace,
+    /// By the value of a label (empty when absent).
+    Label(String),
+    /// By the value of a field path (empty when absent).
+    Field(String),
+}
+
+impl GroupBy {
+    /// Parses `cluster`, `namespace`, `label:KEY` or `field:PATH`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "cluster" => Some(GroupBy::Cluster),
+            "namespace" => Some(GroupBy::Namespace),
+            _ => match s.split_once(':') {
+                Some(("label", k)) if !k.is_empty() => Some(GroupBy::Label(k.to_string())),
+                Some(("field", p)) if !p.is_empty() => Some(GroupBy::Field(p.to_string())),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Count objects, grouped.
+#[derive(Debug, Clone, Default)]
+pub struct CountRequest {
+    /// What to count.
+    pub query: Query,
+    /// How to group (nested, in order); empty for a total only.
+    pub group_by: Vec<GroupBy>,
+}
+
+/// Counts from one snapshot.
+#[derive(Debug, Clone)]
+pub struct CountAnswer {
+    /// Group key (one value per GroupBy) → count, ordered by key.
+    pub groups: BTreeMap<Vec<String>, u64>,
+    /// How many objects match in all.
+    pub total: u64,
+    /// The snapshot's revision.
+    pub revision: Revision,
+    /// The freshness of every cluster drawn on.
+    pub clusters: Vec<ClusterFreshness>,
+    /// Whether some cluster drawn on is not synced.
+    pub partial: bool,
+}
+
+/// Stream changes.
+#[derive(Debug, Clone, Default)]
+pub struct WatchRequest {
+    /// Which objects.
+    pub query: Query,
+    /// How to return objects.
+    pub projection: Projection,
+    /// Deliver every change after this revision (from the event log), then live.
+    pub since: Option<Revision>,
+    /// First the matching objects as `Added`, then [`WatchEvent::InitialEventsEnd`].
+    pub initial: bool,
+}
+
+/// What a Watch delivers.
+#[derive(Debug, Clone)]
+pub enum WatchEvent {
+    /// A change, as the subscriber's filter sees it (an object leaving the filter is
+    /// `Deleted`, one entering it `Added`).
+    Object {
+        /// What happened.
+        kind: EventType,
+        /// The object (its last state for `Deleted`).
+        object: FleetObject,
+        /// The change's revision.
+        revision: Revision,
+    },
+    /// The initial objects have all been sent; the snapshot's revision.
+    InitialEventsEnd(Revision),
+    /// A cluster drawn on changed freshness (or joined or left the fleet).
+    ClusterStatus {
+        /// Its new freshness.
+        cluster: ClusterFreshness,
+        /// The revision the subscriber has reached.
+        revision: Revision,
+    },
+}
+
+/// A running Watch: a stream of events, and how far its producer has read (for
+/// bookmarks), never ahead of what the stream has yielded.
+pub struct Watch {
+    events: Pin<Box<dyn Stream<Item = Result<WatchEvent, FleetError>> + Send>>,
+    /// The producer's position; 0 until it has one (while initial objects are sent).
+    /// The producer stores it after handing over every event up to it.
+    reached: Arc<AtomicU64>,
+    /// An event taken while checking for a bookmark, yielded next.
+    stashed: Option<Result<WatchEvent, FleetError>>,
+}
+
+impl Watch {
+    /// A watch over `events`, whose producer stores its position in `reached` after
+    /// handing over every event up to it.
+    pub fn new(
+        events: impl Stream<Item = Result<WatchEvent, FleetError>> + Send + 'static,
+        reached: Arc<AtomicU64>,
+    ) -> Self {
+        Self {
+            events: Box::pin(events),
+            reached,
+            stashed: None,
+        }
+    }
+
+    /// The revision a bookmark may carry now: every change up to it has been yielded
+    /// (or did not match). `None` when an event is still to be yielded first (the
+    /// next `poll_next` returns it) or the watch has no position yet.
+    pub fn bookmark(&mut self, cx: &mut Context<'_>) -> Option<Revision> {
+        if self.stashed.is_some() {
+            return None;
+        }
+        // Read before looking at the stream: everything up to this position was handed
+        // over before it was stored, so an empty stream now means all of it was yielded.
+        let reached = self.reached.load(Ordering::Acquire);
+        match self.events.as_mut().poll_next(cx) {
+            Poll::Ready(Some(item)) => {
+                self.stashed = Some(item);
+                None
+            }
+            Poll::Ready(None) | Poll::Pending => (reached > 0).then_some(Revision(reached)),
+        }
+    }
+}
+
+impl Stream for Watch {
+    type Item = Result<WatchEvent, FleetError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(item) = self.stashed.take() {
+            return Poll::Ready(Some(item));
+        }
+        self.events.as_mut().poll_next(cx)
+    }
+}
+
+/// What a stream is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamState {
+    /// Waiting to start, or backing off.
+    Pending,
+    /// Listing.
+    Listing,
+    /// Listed and watching.
+    Watching,
+    /// Failed; retrying with backoff.
+    Failed,
+    /// 401 or 403; retrying slowly.
+    Forbidden,
+    /// The cluster does not serve the type (404).
+    NotFound,
+}
+
+/// One (cluster, resource type) stream.
+#[derive(Debug, Clone)]
+pub struct StreamInfo {
+    /// The resource type's canonical name (or, for a configured name the cluster
+    /// does not serve, that name).
+    pub resource: String,
+    /// What it is doing.
+    pub state: StreamState,
+    /// Objects held.
+    pub object_count: u64,
+    /// The last resourceVersion seen.
+    pub resource_version: String,
+    /// When the last event arrived.
+    pub last_event: Option<SystemTime>,
+    /// The last error, for a person; empty if none.
+    pub last_error: String,
+    /// How far behind its cluster it may be (see the proto's `sync_lag`).
+    pub sync_lag: Option<Duration>,
+}
+
+/// One cluster's status.
+#[derive(Debug, Clone)]
+pub struct ClusterInfo {
+    /// Its name.
+    pub name: ClusterName,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its API server.
+    pub server: String,
+    /// How current the whole cluster is.
+    pub freshness: ClusterFreshness,
+    /// The last error talking to it, or why it is not synced.
+    pub last_error: String,
+    /// Its Kubernetes version.
+    pub kubernetes_version: String,
+    /// Its streams.
+    pub streams: Vec<StreamInfo>,
+    /// Where its settings come from.
+    pub source: String,
+    /// When its settings were last (re)loaded.
+    pub source_loaded: SystemTime,
+}
+
+/// Every cluster's status, and how the cluster sources last loaded.
+#[derive(Debug, Clone, Default)]
+pub struct ClustersAnswer {
+    /// The clusters, by name.
+    pub clusters: Vec<ClusterInfo>,
+    /// When the sources in force were loaded.
+    pub sources_loaded: Option<SystemTime>,
+    /// Why the last reload failed, and when (the sources before stay in force).
+    pub sources_error: Option<(String, SystemTime)>,
+}
+
+/// One collected resource type, with its object counts per cluster.
+#[derive(Debug, Clone)]
+pub struct ResourceTypeInfo {
+    /// The type.
+    pub resource: ResourceType,
+    /// Objects held per cluster.
+    pub clusters: Vec<(ClusterName, u64)>,
+}
+
+/// Figures about the store, for operators.
+#[derive(Debug, Clone, Default)]
+pub struct StoreStats {
+    /// Batches written.
+    pub flushes: u64,
+    /// How long the last write took.
+    pub last_flush: Duration,
+    /// The longest write so far.
+    pub max_flush: Duration,
+    /// Bytes the store takes on disk, as of the last write.
+    pub size_on_disk: u64,
+    /// Changes gathered and not yet written.
+    pub pending: usize,
+    /// The last write error, if the last write failed.
+    pub last_error: Option<String>,
+    /// Events held in the persisted log.
+    pub logged_events: usize,
+    /// Events written, in all.
+    pub events_written: u64,
+    /// Snapshots written, in all.
+    pub snapshots: u64,
+    /// How long the last snapshot took to write.
+    pub last_snapshot: Duration,
+    /// Compactions done, in all.
+    pub compactions: u64,
+    /// How long the last compaction took.
+    pub last_compaction: Duration,
+}
+
+/// What every front end asks of a fleet. Implemented by the engine; a front end is
+/// generic over it, so authorization or a router can stand in between.
+pub trait Fleet: Send + Sync + 'static {
+    /// One object.
+    fn get(
+        &self,
+        request: GetRequest,
+    ) -> impl Future<Output = Result<GetAnswer, FleetError>> + Send;
+    /// One page of a list, from one snapshot (continued pages walk the same one).
+    fn list(
+        &self,
+        request: ListRequest,
+    ) -> impl Future<Output = Result<ListAnswer, FleetError>> + Send;
+    /// Counts, grouped.
+    fn count(
+        &self,
+        request: CountRequest,
+    ) -> impl Future<Output = Result<CountAnswer, FleetError>> + Send;
+    /// Changes: backlog, then live; the cluster filter followed as the fleet changes.
+    fn watch(
+        &self,
+        request: WatchRequest,
+    ) -> impl Future<Output = Result<Watch, FleetError>> + Send;
+    /// The clusters the filter selects, with their streams.
+    fn clusters(
+        &self,
+        filter: ClusterFilter,
+    ) -> impl Future<Output = Result<ClustersAnswer, FleetError>> + Send;
+    /// Every collected resource type.
+    fn resource_types(
+        &self,
+    ) -> impl Future<Output = Result<Vec<ResourceTypeInfo>, FleetError>> + Send;
+    /// Store figures; `None` when running in memory.
+    fn store(&self) -> impl Future<Output = Result<Option<StoreStats>, FleetError>> + Send;
+}
+
+/// A fleet that is not there yet (a store still loading): every call is
+/// [`FleetError::Unavailable`] until [`Deferred::set`].
+pub struct Deferred<F> {
+    inner: std::sync::OnceLock<Arc<F>>,
+}
+
+impl<F> Default for Deferred<F> {
+    fn default() -> Self {
+        Self {
+            inner: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl<F: Fleet> Deferred<F> {
+    /// Answers from `fleet` from now on (once; later calls change nothing).
+    pub fn set(&self, fleet: Arc<F>) {
+        let _ = self.inner.set(fleet);
+    }
+
+    /// The fleet, once set.
+    pub fn get(&self) -> Option<&Arc<F>> {
+        self.inner.get()
+    }
+
+    fn ready(&self) -> Result<&F, FleetError> {
+        self.inner.get().map(|f| f.as_ref()).ok_or_else(|| {
+            FleetError::Unavailable(
+                "fleetscope is starting: its store is being loaded; retry shortly".into(),
+            )
+        })
+    }
+}
+
+impl<F: Fleet> Fleet for Deferred<F> {
+    async fn get(&self, request: GetRequest) -> Result<GetAnswer, FleetError> {
+        self.ready()?.get(request).await
+    }
+    async fn list(&self, request: ListRequest) -> Result<ListAnswer, FleetError> {
+        self.ready()?.list(request).await
+    }
+    async fn count(&self, request: CountRequest) -> Result<CountAnswer, FleetError> {
+        self.ready()?.count(request).await
+    }
+    async fn watch(&self, request: WatchRequest) -> Result<Watch, FleetError> {
+        self.ready()?.watch(request).await
+    }
+    async fn clusters(&self, filter: ClusterFilter) -> Result<ClustersAnswer, FleetError> {
+        self.ready()?.clusters(filter).await
+    }
+    async fn resource_types(&self) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+        self.ready()?.resource_types().await
+    }
+    async fn store(&self) -> Result<Option<StoreStats>, FleetError> {
+        self.ready()?.store().await
+    }
+}
