@@ -1,6 +1,10 @@
 //! The `fleetscope get | count | watch | clusters` commands: a gRPC client with
 //! kubectl-like output.
 
+// clap turns doc comments into help text: the flag structs are documented by `--help`.
+#[allow(missing_docs)]
+pub mod args;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
 

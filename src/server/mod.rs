@@ -1,6 +1,8 @@
 //! The gRPC server: the Fleet service, standard health checking and server reflection
 //! (v1 and v1alpha, so grpcurl of any age can `list` and `describe`).
 
+pub mod run;
+
 use std::future::Future;
 use std::net::SocketAddr;
 

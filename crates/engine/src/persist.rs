@@ -76,6 +76,11 @@ impl Default for PersistConfig {
     }
 }
 
+/// A store write that failed; what it held is kept in memory and written again.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("store write failed: {0}")]
+pub struct FlushError(pub String);
+
 /// Figures about the store, for operators.
 pub type PersistStats = fleetscope_model::fleet::StoreStats;
 
@@ -493,7 +498,7 @@ impl Persister {
     }
 
     /// Writes what has gathered, then lets the store go (closing it once nothing else holds it).
-    pub async fn close(self: &Arc<Self>) -> Result<(), ()> {
+    pub async fn close(self: &Arc<Self>) -> Result<(), FlushError> {
         let mut flushed = self.flush().await;
         // A snapshot being written holds the store: it finishes, and is made current.
         let writing = lock(&self.snapshotting).take();
@@ -510,7 +515,7 @@ impl Persister {
     }
 
     /// Writes everything gathered so far.
-    pub async fn flush(self: &Arc<Self>) -> Result<(), ()> {
+    pub async fn flush(self: &Arc<Self>) -> Result<(), FlushError> {
         let _writing = self.writing.lock().await;
         let mut taken = {
             let mut p = lock(&self.pending);
@@ -587,10 +592,10 @@ impl Persister {
                 if s.last_error.as_deref() != Some(e.as_str()) {
                     tracing::error!(error = %e, "store write failed: changes are kept in memory and retried");
                 }
-                s.last_error = Some(e);
+                s.last_error = Some(e.clone());
                 drop(s);
                 lock(&self.pending).restore_under(taken);
-                Err(())
+                Err(FlushError(e))
             }
         };
         self.written.notify_waiters();

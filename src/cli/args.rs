@@ -1,0 +1,421 @@
+//! The command line: every subcommand's flags (clap, with `env =` where a deployment
+//! sets them), checked into the settings the engine, the service and the simulator take.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fleetscope_sim::FleetSpec;
+
+use crate::engine::{ClusterLabels, EngineConfig, Scope, ScopeError};
+use crate::grpc::ServiceConfig;
+use crate::telemetry::LogFormat;
+
+/// A flag whose value cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// A value that does not make sense, named with its flag.
+    #[error("{0}")]
+    Invalid(String),
+    /// A `--scope` that does not parse.
+    #[error("--scope {scope:?}")]
+    Scope {
+        /// The flag's value.
+        scope: String,
+        /// Why.
+        #[source]
+        source: ScopeError,
+    },
+}
+
+fn ensure(holds: bool, message: &str) -> Result<(), ArgsError> {
+    if holds {
+        Ok(())
+    } else {
+        Err(ArgsError::Invalid(message.to_string()))
+    }
+}
+
+/// MiB as bytes.
+pub fn mib(n: u64) -> usize {
+    usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+}
+
+/// Persistence defaults, with the unwritten backlog bounded like the event log.
+pub fn persist_config(event_log_mib: u64) -> crate::persist::PersistConfig {
+    crate::persist::PersistConfig {
+        max_pending_bytes: mib(event_log_mib),
+        ..Default::default()
+    }
+}
+
+/// One gRPC view over many Kubernetes clusters.
+#[derive(Debug, Parser)]
+#[command(name = "fleetscope", version, about)]
+pub struct Cli {
+    /// Log line format.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETSCOPE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the Fleet API over the contexts of one or more kubeconfigs.
+    Serve(ServeArgs),
+    /// Run simulated clusters with a workload and the server over them: no Kubernetes needed.
+    Demo(DemoArgs),
+    /// Run simulated Kubernetes clusters on loopback and write a kubeconfig for them.
+    Sim(SimArgs),
+    /// List objects across the fleet, or get one by name.
+    Get(GetArgs),
+    /// Count objects across the fleet, grouped.
+    Count(CountArgs),
+    /// Stream changes across the fleet.
+    Watch(WatchArgs),
+    /// Show the health of every cluster and stream.
+    Clusters(ServerArg),
+    /// Show the persisted store: size on disk, writes and their latency, errors.
+    Store(ServerArg),
+}
+
+#[derive(Debug, Args)]
+pub struct ServerArg {
+    /// The fleetscope server.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub server: String,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// The resource type, kubectl-style: pods, deployments.apps, apps/v1/deployments, Deployment.
+    pub resource: String,
+    /// Namespaces; repeatable. Default: all.
+    #[arg(short = 'n', long = "namespace")]
+    pub namespaces: Vec<String>,
+    /// Label selector, Kubernetes syntax.
+    #[arg(short = 'l', long = "selector", default_value = "")]
+    pub labels: String,
+    /// Field selector over any JSON path, Kubernetes syntax.
+    #[arg(long = "field-selector", default_value = "")]
+    pub fields: String,
+    /// Clusters by name or glob; repeatable. Default: all.
+    #[arg(long = "cluster")]
+    pub clusters: Vec<String>,
+    /// Label selector over cluster labels.
+    #[arg(long = "cluster-selector", default_value = "")]
+    pub cluster_selector: String,
+    /// Only apiVersion, kind and metadata.
+    #[arg(long)]
+    pub metadata_only: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+impl QueryArgs {
+    pub fn query(&self) -> crate::proto::Query {
+        crate::proto::Query {
+            clusters: self.clusters.clone(),
+            cluster_selector: self.cluster_selector.clone(),
+            resource: self.resource.clone(),
+            namespaces: self.namespaces.clone(),
+            label_selector: self.labels.clone(),
+            field_selector: self.fields.clone(),
+            projection: if self.metadata_only {
+                crate::proto::Projection::Metadata as i32
+            } else {
+                0
+            },
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// An object's name (with one --cluster, and -n for namespaced types).
+    pub name: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: crate::cli::Output,
+}
+
+#[derive(Debug, Args)]
+pub struct CountArgs {
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// Group by cluster, namespace, label:KEY or field:PATH; comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub group_by: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// Deliver every change after this revision.
+    #[arg(long, default_value_t = 0)]
+    pub since: u64,
+    /// First send the current objects as ADDED.
+    #[arg(long)]
+    pub initial: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: crate::cli::Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A kubeconfig file; repeat for several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
+    #[arg(long = "kubeconfig", value_name = "FILE")]
+    pub kubeconfigs: Vec<PathBuf>,
+    /// Contexts to watch, by name or glob (`prod-*`); repeat for several. Default: every context.
+    #[arg(long = "context", value_name = "PATTERN")]
+    pub contexts: Vec<String>,
+    /// The gRPC listen address.
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Also watch the cluster fleetscope runs in, through its service account.
+    #[arg(long, env = "FLEETSCOPE_IN_CLUSTER")]
+    pub in_cluster: bool,
+    /// The name of the in-cluster source.
+    #[arg(long, default_value = "in-cluster")]
+    pub in_cluster_name: String,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub persist: PersistArgs,
+}
+
+/// What to collect and how: shared by `serve` and `demo`.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// Resource types to collect, kubectl-style (`pods`, `deployments.apps`, `apps/v1/deployments`), comma-separated; `*` for every watchable type.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_RESOURCES",
+        value_delimiter = ',',
+        default_value = "pods,configmaps,services,nodes,namespaces,deployments.apps,replicasets.apps"
+    )]
+    pub resources: Vec<String>,
+    /// Labels for clusters, for cluster selectors: `GLOB:key=value,key=value`; repeatable.
+    #[arg(long = "cluster-label", value_name = "GLOB:LABELS")]
+    pub cluster_labels: Vec<String>,
+    /// Narrow one type: `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR` (parts optional); repeatable.
+    #[arg(long = "scope", value_name = "RESOURCE:OPTIONS")]
+    pub scopes: Vec<String>,
+    /// Keep metadata.managedFields (pruned by default).
+    #[arg(long)]
+    pub keep_managed_fields: bool,
+    /// Annotations to prune from every object; repeatable. Default: kubectl's last-applied-configuration.
+    #[arg(
+        long = "prune-annotation",
+        value_name = "KEY",
+        default_value = "kubectl.kubernetes.io/last-applied-configuration"
+    )]
+    pub prune_annotations: Vec<String>,
+    /// A JSON path to index for field selectors and counts (e.g. `spec.nodeName`); repeatable.
+    #[arg(long = "field-index", value_name = "PATH")]
+    pub field_indexes: Vec<String>,
+    /// LIST page size towards the clusters.
+    #[arg(long, default_value_t = 500)]
+    pub page_size: u32,
+    /// Events kept for resuming watches.
+    #[arg(long, default_value_t = 100_000)]
+    pub event_log: usize,
+    /// The most the kept events may hold, in MiB of JSON (an object and, for a
+    /// modification, its previous state), in memory; also what the store may gather
+    /// unwritten before the ingest waits for it.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub event_log_mib: u64,
+    /// Events a Watch subscriber may fall behind before it is ended.
+    #[arg(long, default_value_t = 10_000)]
+    pub subscriber_buffer: usize,
+    /// Seconds between Watch bookmarks.
+    #[arg(long, default_value_t = 30)]
+    pub bookmark_seconds: u64,
+    /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
+    /// with the processes it started, and its cluster reported as failing.
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub exec_timeout: Duration,
+}
+
+/// Where and how `serve` keeps its state across restarts.
+#[derive(Debug, Args)]
+pub struct PersistArgs {
+    /// The data directory. Default: the platform's user data directory + /fleetscope
+    /// (~/.local/share/fleetscope on Linux).
+    #[arg(long, env = "FLEETSCOPE_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Run in memory only: nothing is written, every start lists every cluster.
+    #[arg(long, env = "FLEETSCOPE_NO_PERSIST", conflicts_with = "data_dir")]
+    pub no_persist: bool,
+    /// Keep the objects of clusters no longer configured (at start, and when a context
+    /// leaves a kubeconfig while running), instead of deleting them.
+    #[arg(long)]
+    pub keep_removed_clusters: bool,
+    /// No longer used: each store write starts as soon as the previous one ends, and
+    /// a change is visible once its write is durable. Accepted so that existing
+    /// command lines keep working.
+    #[arg(long, hide = true)]
+    pub flush_ms: Option<u64>,
+    /// The persisted event log's size limit, as a share of the held objects' JSON size.
+    #[arg(long, default_value_t = 0.5)]
+    pub event_log_disk_share: f64,
+    /// Compact the store (copy its live records to a fresh file) once its size on disk
+    /// passes this share of the held objects' JSON size (and 1.5 × its size after the
+    /// last compaction). The copy briefly takes its own space beside the store.
+    #[arg(long, default_value_t = 1.0)]
+    pub compact_share: f64,
+    /// The size on disk, in MiB, below which the store is never compacted.
+    #[arg(long, default_value_t = 4)]
+    pub compact_min_mib: u64,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> Result<EngineConfig, ArgsError> {
+        let mut cluster_labels = Vec::new();
+        for spec in &self.cluster_labels {
+            let (pattern, labels) = spec.split_once(':').ok_or_else(|| {
+                ArgsError::Invalid(format!(
+                    "--cluster-label {spec:?}: expected GLOB:key=value[,key=value]"
+                ))
+            })?;
+            let pattern = glob::Pattern::new(pattern).map_err(|e| {
+                ArgsError::Invalid(format!(
+                    "--cluster-label {spec:?}: {pattern:?} is not a glob: {e}"
+                ))
+            })?;
+            let mut parsed = BTreeMap::new();
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once('=').ok_or_else(|| {
+                    ArgsError::Invalid(format!(
+                        "--cluster-label {spec:?}: {pair:?} is not key=value"
+                    ))
+                })?;
+                parsed.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            cluster_labels.push(ClusterLabels {
+                pattern,
+                labels: parsed,
+            });
+        }
+        ensure(
+            self.resources.iter().any(|r| !r.trim().is_empty()),
+            "--resources names no resource type",
+        )?;
+        ensure(self.page_size > 0, "--page-size must be at least 1")?;
+        Ok(EngineConfig {
+            resources: self.resources.clone(),
+            cluster_labels,
+            stream: fleetscope_informer::StreamConfig {
+                page_size: self.page_size,
+                pruning: fleetscope_informer::Pruning {
+                    managed_fields: !self.keep_managed_fields,
+                    annotations: self.prune_annotations.clone(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            scopes: self
+                .scopes
+                .iter()
+                .map(|s| {
+                    Scope::parse(s).map_err(|source| ArgsError::Scope {
+                        scope: s.clone(),
+                        source,
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            exec_timeout: self.exec_timeout,
+            persist: persist_config(self.event_log_mib),
+            index: fleetscope_index::Config {
+                log_bytes: mib(self.event_log_mib),
+                log_retention: self.event_log.max(1),
+                subscriber_buffer: self.subscriber_buffer.max(1),
+                field_indexes: self.field_indexes.clone(),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    pub fn service(&self) -> ServiceConfig {
+        ServiceConfig {
+            bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// How many clusters.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub clusters: u16,
+    /// Cluster names, comma-separated (overrides --clusters); default sim-1 … sim-N.
+    #[arg(long, value_delimiter = ',')]
+    pub names: Vec<String>,
+    /// About how many objects per cluster.
+    #[arg(long, default_value_t = 2000)]
+    pub objects: usize,
+    /// Changes per second per cluster.
+    #[arg(long, default_value_t = 20.0)]
+    pub churn: f64,
+}
+
+impl FleetArgs {
+    pub fn spec(&self) -> Result<FleetSpec, ArgsError> {
+        ensure(
+            self.churn.is_finite() && self.churn >= 0.0,
+            "--churn must be a number of changes per second, 0 or more",
+        )?;
+        let mut spec = FleetSpec::numbered(self.clusters.into(), self.objects, self.churn);
+        if !self.names.is_empty() {
+            for n in &self.names {
+                ensure(
+                    !n.is_empty()
+                        && n.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'),
+                    "--names: {n:?} is not a usable context name (letters, digits, '-', '_', '.')",
+                )?;
+            }
+            spec.names = self.names.clone();
+        }
+        Ok(spec)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The gRPC listen address.
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Where to write the kubeconfig with one context per cluster.
+    #[arg(long, default_value = "sim.kubeconfig")]
+    pub kubeconfig_out: PathBuf,
+}

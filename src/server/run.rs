@@ -1,0 +1,334 @@
+//! Running the server: `serve` (kubeconfig clusters, reloaded as they change),
+//! `demo` (simulated clusters and the server over them) and `sim` (the simulator
+//! alone). The server answers at once, starts the engine beside it, and on SIGTERM
+//! stops within its grace period.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fleetscope_model::fleet::Deferred;
+use fleetscope_sim::SimFleet;
+
+use crate::cli::args::{ArgsError, DemoArgs, FleetArgs, ServeArgs, SimArgs};
+use crate::config::kubeconfig::{KubeconfigSources, LoadError};
+use crate::engine::{Engine, SourceSet, Stored};
+use crate::grpc::{FleetService, ServiceConfig};
+use crate::server::{self, ServerError};
+use crate::sources::{self, SourceError};
+
+/// Prints to stdout, ignoring a closed stdout: a banner must never take the server down.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Why a command could not start or ended in failure.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A flag's value cannot be used.
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    /// The kubeconfigs or context patterns cannot be used.
+    #[error(transparent)]
+    Sources(#[from] LoadError),
+    /// A kubeconfig cannot be used.
+    #[error(transparent)]
+    Kubeconfig(#[from] SourceError),
+    /// No data directory was given and the platform has none.
+    #[error("no user data directory on this platform: give --data-dir or --no-persist")]
+    NoDataDir,
+    /// The data directory's store could not be opened.
+    #[error("opening the data directory {}", dir.display())]
+    Store {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: fleetscope_store::StoreError,
+    },
+    /// The server failed.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// A task of the server ended abnormally.
+    #[error("a server task failed")]
+    Task(#[from] tokio::task::JoinError),
+    /// SIGHUP could not be taken over.
+    #[error("listening for SIGHUP")]
+    Signal(#[source] std::io::Error),
+    /// The listen address could not be read back.
+    #[error("reading the listen address")]
+    Listen(#[source] std::io::Error),
+    /// The simulated clusters could not start.
+    #[error("starting simulated clusters")]
+    Sim(#[source] std::io::Error),
+    /// A file could not be written.
+    #[error("writing {}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn ensure(holds: bool, message: &str) -> Result<(), RunError> {
+    if holds {
+        Ok(())
+    } else {
+        Err(ArgsError::Invalid(message.to_string()).into())
+    }
+}
+
+/// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
+/// until SIGTERM.
+pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
+    // SIGHUP reloads the cluster sources; it never ends the process, from here on.
+    let hangups = server::hangups().map_err(RunError::Signal)?;
+    let only_in_cluster =
+        args.in_cluster && args.kubeconfigs.is_empty() && std::env::var_os("KUBECONFIG").is_none();
+    let sources = KubeconfigSources {
+        paths: if only_in_cluster {
+            Vec::new()
+        } else {
+            sources::kubeconfig_paths(&args.kubeconfigs)?
+        },
+        contexts: args.contexts.clone(),
+        in_cluster: args.in_cluster.then(|| args.in_cluster_name.clone()),
+    };
+    // A bad kubeconfig at start is an error before any port is bound.
+    let clusters = sources.load()?;
+    for c in &clusters {
+        tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
+    }
+    let (desired_tx, desired) = tokio::sync::watch::channel(SourceSet::of(clusters));
+    let mut config = args.engine.config()?;
+    let p = &args.persist;
+    ensure(
+        p.event_log_disk_share.is_finite() && p.event_log_disk_share >= 0.0,
+        "--event-log-disk-share must be a number, 0 or more",
+    )?;
+    ensure(
+        p.compact_share.is_finite() && p.compact_share >= 0.0,
+        "--compact-share must be a number, 0 or more",
+    )?;
+    config.keep_removed_clusters = p.keep_removed_clusters;
+    if p.flush_ms.is_some() {
+        tracing::warn!(
+            "--flush-ms no longer applies: each store write starts as soon as the previous one ends"
+        );
+    }
+    config.persist.log_share = p.event_log_disk_share;
+    config.persist.compact_share = p.compact_share;
+    config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
+    let no_persist = p.no_persist;
+    let data_dir = match &p.data_dir {
+        _ if no_persist => None,
+        Some(d) => Some(d.clone()),
+        None => Some(
+            dirs::data_dir()
+                .ok_or(RunError::NoDataDir)?
+                .join("fleetscope"),
+        ),
+    };
+    let listener = server::bind(args.listen).await?;
+    // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
+    let start = move || match data_dir {
+        None => {
+            tracing::info!("running in memory only (--no-persist)");
+            Ok(Engine::start_live(desired, config, None))
+        }
+        Some(dir) => {
+            let opened =
+                fleetscope_store::SledStore::open(&dir).map_err(|source| RunError::Store {
+                    dir: dir.clone(),
+                    source,
+                })?;
+            tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
+            let stored = Stored {
+                store: std::sync::Arc::new(opened.store),
+                loaded: opened.loaded,
+            };
+            Ok(Engine::start_live(desired, config, Some(stored)))
+        }
+    };
+    let reload = tokio_util::sync::CancellationToken::new();
+    let reloader = tokio::spawn(crate::config::kubeconfig::reload_on_change(
+        sources,
+        desired_tx,
+        hangups,
+        reload.clone(),
+    ));
+    let result = run(listener, start, args.engine.service()).await;
+    reload.cancel();
+    let _ = reloader.await;
+    result
+}
+
+/// Serves at once, starts the engine with `start` (off the async workers: it may load
+/// a store), answers from it once started, and runs until Ctrl-C or SIGTERM; then
+/// stops the server (ending open streams) and the engine (writing what is pending).
+async fn run(
+    listener: tokio::net::TcpListener,
+    start: impl FnOnce() -> Result<Engine, RunError> + Send + 'static,
+    service: ServiceConfig,
+) -> Result<(), RunError> {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
+    let service = FleetService::new(fleet.clone(), service, stop.clone());
+    let (started_tx, started) = tokio::sync::oneshot::channel::<std::sync::Arc<Engine>>();
+    let ready = async move {
+        match started.await {
+            Ok(engine) => engine.wait_ready().await,
+            // Never started: never ready.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    let server = tokio::spawn(server::serve(listener, service.clone(), ready, {
+        let stop = stop.clone();
+        async move { stop.cancelled().await }
+    }));
+    let signal = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            server::shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    let starting = tokio::task::spawn_blocking(start);
+    let engine = tokio::select! {
+        e = starting => e?,
+        _ = stop.cancelled() => {
+            server.await??;
+            return Ok(());
+        }
+    };
+    let engine = match engine {
+        Ok(engine) => std::sync::Arc::new(engine),
+        Err(e) => {
+            stop.cancel();
+            let _ = server.await;
+            signal.abort();
+            return Err(e);
+        }
+    };
+    fleet.set(engine.clone());
+    let _ = started_tx.send(engine.clone());
+    stop.cancelled().await;
+    // Whatever a cluster, a client or a credential plugin is doing, the process ends
+    // within the grace period (and a little for the final store write's own bound).
+    std::thread::spawn(|| {
+        std::thread::sleep(SHUTDOWN_GRACE + Duration::from_secs(5));
+        tracing::error!(grace = ?SHUTDOWN_GRACE, "shutdown did not finish within the grace period: exiting now");
+        std::process::exit(1);
+    });
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+    let served = match tokio::time::timeout_at(deadline, server).await {
+        Ok(served) => served?,
+        Err(_) => {
+            tracing::warn!("open calls did not end within the grace period");
+            Ok(())
+        }
+    };
+    engine
+        .shutdown(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await;
+    served?;
+    Ok(())
+}
+
+/// How long a shutdown may take: ending open calls, stopping the clusters' tasks and
+/// writing what is pending.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+async fn start_fleet(args: &FleetArgs) -> Result<SimFleet, RunError> {
+    let spec = args.spec()?;
+    let fleet = SimFleet::start(&spec).await.map_err(RunError::Sim)?;
+    for s in fleet.servers() {
+        tracing::info!(cluster = s.cluster().name(), url = %s.url(), "simulated cluster");
+    }
+    Ok(fleet)
+}
+
+/// Writes the fleet's kubeconfig; returns its first context, for the printed examples.
+fn write_kubeconfig(fleet: &SimFleet, path: &std::path::Path) -> Result<String, RunError> {
+    fleet
+        .write_kubeconfig(path)
+        .map_err(|source| RunError::Write {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(fleet
+        .contexts()
+        .first()
+        .map(|c| c.name.clone())
+        .unwrap_or_default())
+}
+
+/// `fleetscope sim`: simulated clusters and a kubeconfig for them, until Ctrl-C.
+pub async fn sim(args: SimArgs) -> Result<(), RunError> {
+    let fleet = start_fleet(&args.fleet).await?;
+    let first = write_kubeconfig(&fleet, &args.kubeconfig_out)?;
+    let kc = args.kubeconfig_out.display();
+    say!(
+        "{} simulated clusters are running; kubeconfig: {kc}\n",
+        fleet.servers().len()
+    );
+    for s in fleet.servers() {
+        say!("  {:<12} {}", s.cluster().name(), s.url());
+    }
+    say!(
+        "\nTry:\n  kubectl --kubeconfig {kc} --context {first} get pods -A\n  kubectl --kubeconfig {kc} --context {first} get --raw '/api/v1/configmaps?watch=1'\n\nCtrl-C stops them."
+    );
+    server::shutdown_signal().await;
+    fleet.shutdown().await;
+    Ok(())
+}
+
+/// `fleetscope demo`: simulated clusters and the server over them, in memory.
+pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
+    let listener = server::bind(args.listen).await?;
+    let fleet = start_fleet(&args.fleet).await?;
+    let kubeconfig =
+        std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));
+    let first = write_kubeconfig(&fleet, &kubeconfig)?;
+    let clusters = sources::resolve(std::slice::from_ref(&kubeconfig), &[])?;
+    let config = args.engine.config()?;
+    let addr = listener.local_addr().map_err(RunError::Listen)?;
+    let kc = kubeconfig.display();
+    say!(
+        "fleetscope demo\n\n\
+         {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\
+         gRPC server on {addr} (health, reflection and the fleetscope.v1.Fleet contract).\n\n\
+         Try:\n  \
+         grpcurl -plaintext {addr} list\n  \
+         grpcurl -plaintext {addr} describe fleetscope.v1.Fleet\n  \
+         grpcurl -plaintext {addr} fleetscope.v1.Fleet/ListClusters\n  \
+         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\",\"label_selector\":\"app=web\"}},\"limit\":3}}' {addr} fleetscope.v1.Fleet/List\n  \
+         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\"}},\"group_by\":[\"cluster\",\"field:status.phase\"]}}' {addr} fleetscope.v1.Fleet/Count\n  \
+         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"configmaps\"}}}}' {addr} fleetscope.v1.Fleet/Watch\n  \
+         grpcurl -plaintext {addr} grpc.health.v1.Health/Check\n\n\
+         or with the fleetscope CLI:\n  \
+         fleetscope clusters --server http://{addr}\n  \
+         fleetscope get pods -l app=web --cluster 'sim-*' --server http://{addr}\n  \
+         fleetscope count pods --group-by cluster,field:status.phase --server http://{addr}\n  \
+         fleetscope watch configmaps -n team-0 --server http://{addr}\n  \
+         kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
+         Ctrl-C stops it.",
+        n = fleet.servers().len(),
+        objects = args.fleet.objects,
+        churn = args.fleet.churn,
+    );
+    // The demo's clusters are new each run, so it keeps its state in memory.
+    let result = run(
+        listener,
+        move || Ok(Engine::start(clusters, config)),
+        args.engine.service(),
+    )
+    .await;
+    fleet.shutdown().await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    result
+}
