@@ -75,6 +75,11 @@ pub(crate) fn cluster_freshness(c: ClusterFreshness) -> proto::ClusterFreshness 
     }
 }
 
+/// The freshness of every cluster an answer drew on.
+pub(crate) fn clusters_freshness(clusters: Vec<ClusterFreshness>) -> Vec<proto::ClusterFreshness> {
+    clusters.into_iter().map(cluster_freshness).collect()
+}
+
 /// An object for the wire, as JSON text with its identity beside it.
 pub(crate) fn object(o: FleetObject) -> proto::Object {
     proto::Object {

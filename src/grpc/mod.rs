@@ -133,11 +133,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             items: answer.items.into_iter().map(convert::object).collect(),
             next_page_token,
             revision: answer.revision.0,
-            clusters: answer
-                .clusters
-                .into_iter()
-                .map(convert::cluster_freshness)
-                .collect(),
+            clusters: convert::clusters_freshness(answer.clusters),
             partial: answer.partial,
             remaining_item_count: answer.remaining,
         }))
@@ -175,11 +171,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 .collect(),
             total: answer.total,
             revision: answer.revision.0,
-            clusters: answer
-                .clusters
-                .into_iter()
-                .map(convert::cluster_freshness)
-                .collect(),
+            clusters: convert::clusters_freshness(answer.clusters),
             partial: answer.partial,
         }))
     }

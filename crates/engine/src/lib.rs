@@ -226,6 +226,9 @@ impl Engine {
         // waited for by readiness.
         for source in &desired.borrow().clusters {
             members.register(source);
+            members
+                .registered
+                .insert(ClusterName::from(source.name.as_str()));
         }
         tasks.spawn(reconcile::run(members, desired).instrument(tracing::info_span!("reconciler")));
         Self {

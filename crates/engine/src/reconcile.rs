@@ -174,7 +174,6 @@ impl Members {
                     .stream_restored(&name, &point.resource, &point.resource_version);
             }
         }
-        self.registered.insert(name);
     }
 
     fn start(&mut self, source: ClusterSource) -> Member {
@@ -182,7 +181,6 @@ impl Members {
         tracing::info!(cluster = %name, source = %source.describe(), "cluster joins the fleet");
         if !self.registered.remove(&name) {
             self.register(&source);
-            self.registered.remove(&name);
         }
         let resume = self.stored.remove(&name).unwrap_or_default();
         let (tx, rx) = watch::channel(source);

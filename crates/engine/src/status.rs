@@ -8,7 +8,7 @@ use fleetscope_informer::StreamState;
 use fleetscope_model::{ClusterName, ResourceType};
 use tokio::sync::broadcast;
 
-pub use fleetscope_model::fleet::Freshness;
+pub use fleetscope_model::fleet::{ClusterFreshness, Freshness};
 
 /// One stream's status.
 #[derive(Debug, Clone)]
@@ -171,19 +171,6 @@ impl ClusterStatus {
     }
 }
 
-/// A change of a cluster's freshness, for watchers.
-#[derive(Debug, Clone)]
-pub struct FreshnessChange {
-    /// The cluster.
-    pub cluster: ClusterName,
-    /// Its new freshness.
-    pub freshness: Freshness,
-    /// When it went stale.
-    pub stale_since: Option<SystemTime>,
-    /// Why.
-    pub message: String,
-}
-
 /// How the cluster sources last loaded (kubeconfig files, and later the
 /// configuration file).
 #[derive(Debug, Clone, Default)]
@@ -200,7 +187,7 @@ pub struct SourcesStatus {
 pub struct StatusTable {
     inner: Arc<RwLock<BTreeMap<ClusterName, ClusterStatus>>>,
     sources: Arc<RwLock<SourcesStatus>>,
-    changes: broadcast::Sender<FreshnessChange>,
+    changes: broadcast::Sender<ClusterFreshness>,
 }
 
 impl Default for StatusTable {
@@ -232,7 +219,7 @@ impl StatusTable {
             loaded_at: SystemTime::now(),
         };
         self.write().insert(name.clone(), status);
-        let _ = self.changes.send(FreshnessChange {
+        let _ = self.changes.send(ClusterFreshness {
             cluster: name.clone(),
             freshness: Freshness::Syncing,
             stale_since: None,
@@ -259,7 +246,7 @@ impl StatusTable {
             return;
         }
         if self.write().remove(name).is_some() {
-            let _ = self.changes.send(FreshnessChange {
+            let _ = self.changes.send(ClusterFreshness {
                 cluster: name.clone(),
                 freshness: Freshness::Error,
                 stale_since: None,
@@ -325,8 +312,17 @@ impl StatusTable {
             .cloned()
     }
 
+    /// A cluster's labels.
+    pub fn labels(&self, name: &ClusterName) -> Option<BTreeMap<String, String>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .map(|c| c.labels.clone())
+    }
+
     /// Freshness changes, as they happen.
-    pub fn subscribe(&self) -> broadcast::Receiver<FreshnessChange> {
+    pub fn subscribe(&self) -> broadcast::Receiver<ClusterFreshness> {
         self.changes.subscribe()
     }
 
@@ -341,7 +337,7 @@ impl StatusTable {
         let (after, stale_since, message) = status.freshness(None);
         if before != after {
             tracing::info!(cluster = %name, ?before, ?after, "cluster freshness changed");
-            let _ = self.changes.send(FreshnessChange {
+            let _ = self.changes.send(ClusterFreshness {
                 cluster: name.clone(),
                 freshness: after,
                 stale_since,

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
 use crate::fleet::fleet_object;
-use crate::status::{FreshnessChange, StatusTable};
+use crate::status::{ClusterFreshness, StatusTable};
 
 /// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
 /// spawns its producer.
@@ -80,7 +80,7 @@ struct Producer {
     status: StatusTable,
     /// The query for the initial state (drawing on the clusters selected at start).
     initial: Option<fleetscope_index::Query>,
-    statuses: broadcast::Receiver<FreshnessChange>,
+    statuses: broadcast::Receiver<ClusterFreshness>,
     cancel: CancellationToken,
     tx: mpsc::Sender<Delivery>,
     /// Where it has read to, stored after everything up to it was handed over.
@@ -97,9 +97,9 @@ impl Producer {
             return yes;
         }
         if !self.labels.contains_key(cluster)
-            && let Some(c) = self.status.cluster(cluster)
+            && let Some(labels) = self.status.labels(cluster)
         {
-            self.labels.insert(c.name, c.labels);
+            self.labels.insert(cluster.clone(), labels);
         }
         let none = BTreeMap::new();
         let labels = self.labels.get(cluster).unwrap_or(&none);
@@ -188,18 +188,12 @@ impl Producer {
                 c = self.statuses.recv() => {
                     let Ok(c) = c else { continue };
                     // A cluster added (again) may have other labels: decide anew.
-                    if let Some(now) = self.status.cluster(&c.cluster) {
-                        self.labels.insert(now.name, now.labels);
+                    if let Some(labels) = self.status.labels(&c.cluster) {
+                        self.labels.insert(c.cluster.clone(), labels);
                     }
                     self.selected.remove(&c.cluster);
                     if self.selects(&c.cluster) {
-                        let cluster = fleetscope_model::fleet::ClusterFreshness {
-                            cluster: c.cluster,
-                            freshness: c.freshness,
-                            stale_since: c.stale_since,
-                            message: c.message,
-                        };
-                        let ev = WatchEvent::ClusterStatus { cluster, revision: feed.reached() };
+                        let ev = WatchEvent::ClusterStatus { cluster: c, revision: feed.reached() };
                         if !self.send(ev).await {
                             return;
                         }
@@ -283,6 +277,16 @@ mod tests {
         }
     }
 
+    /// A live watch (no initial objects, from now) of `query`.
+    async fn live(e: &Engine, query: Query) -> fleetscope_model::fleet::Watch {
+        e.watch(WatchRequest {
+            query,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+    }
+
     async fn next(w: &mut fleetscope_model::fleet::Watch) -> WatchEvent {
         tokio::time::timeout(PATIENCE, w.next())
             .await
@@ -363,13 +367,7 @@ mod tests {
     async fn filters_apply_to_transitions() {
         let e = engine(1000);
         join(&e, "a", &[]);
-        let mut w = e
-            .watch(WatchRequest {
-                query: query(&[], "app=web"),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let mut w = live(&e, query(&[], "app=web")).await;
         e.index.apply([pod("a", "p1", "web")]);
         assert_eq!(next_object(&mut w).await.0, EventType::Added);
         e.index.apply([pod("a", "p1", "db")]);
@@ -384,13 +382,7 @@ mod tests {
     async fn a_cluster_added_later_is_followed_by_a_matching_glob() {
         let e = engine(1000);
         join(&e, "prod-1", &[]);
-        let mut w = e
-            .watch(WatchRequest {
-                query: query(&["prod-*"], ""),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let mut w = live(&e, query(&["prod-*"], "")).await;
         join(&e, "prod-2", &[]);
         join(&e, "dev", &[]);
         e.index
@@ -422,13 +414,7 @@ mod tests {
     async fn an_oversized_batch_does_not_end_a_subscriber_but_falling_behind_does() {
         let e = engine(4);
         join(&e, "a", &[]);
-        let mut w = e
-            .watch(WatchRequest {
-                query: query(&[], ""),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let mut w = live(&e, query(&[], "")).await;
         // One batch of 20, more than the buffer of 4: delivered whole.
         e.index
             .apply((0..20).map(|i| pod("a", &format!("big-{i}"), "web")));
@@ -480,13 +466,7 @@ mod tests {
     async fn a_bookmark_never_runs_ahead_of_an_event_still_to_be_yielded() {
         let e = engine(1000);
         join(&e, "a", &[]);
-        let mut w = e
-            .watch(WatchRequest {
-                query: query(&[], ""),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let mut w = live(&e, query(&[], "")).await;
         e.index.apply([pod("a", "p1", "web")]);
         let published = e.index.snapshot().revision();
         // Wait until the producer has handed the event over and moved on.
