@@ -776,6 +776,13 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    // RUST_LOG shows the engine's own account (why a stream listed, for one).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

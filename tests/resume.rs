@@ -20,163 +20,15 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::process::Server;
+use common::subscriber::{Key, Subscriber, configmaps};
 use common::{Churn, ChurnSpec, PATIENCE};
 use fleetscope::proto::fleet_client::FleetClient;
-use fleetscope::proto::{EventType, GetRequest, ListRequest, Query, WatchEvent, WatchRequest};
+use fleetscope::proto::{GetRequest, ListRequest};
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::json;
-use tonic::{Code, Status, Streaming};
+use tonic::Code;
 
 const KILLS: usize = 30;
-
-/// (cluster, namespace, name).
-type Key = (String, String, String);
-
-/// What a subscriber knows: the objects it rebuilt (→ resourceVersion) and the last
-/// revision it was given.
-#[derive(Default)]
-struct Subscriber {
-    state: BTreeMap<Key, String>,
-    last: Option<u64>,
-    /// Still receiving initial events (which carry each object's own revision).
-    initial: bool,
-    events: usize,
-}
-
-impl Subscriber {
-    fn apply(&mut self, e: &WatchEvent) {
-        let kind = e.r#type();
-        match kind {
-            EventType::Added | EventType::Modified | EventType::Deleted => {
-                let o = e.object.as_ref().expect("a change carries its object");
-                let key = (o.cluster.clone(), o.namespace.clone(), o.name.clone());
-                if !self.initial {
-                    let last = self.last.expect("a position before changes");
-                    assert!(
-                        e.revision > last,
-                        "revisions strictly increase: {} after {last}",
-                        e.revision
-                    );
-                    self.last = Some(e.revision);
-                }
-                if kind == EventType::Deleted {
-                    self.state.remove(&key);
-                } else {
-                    self.state.insert(key, o.resource_version.clone());
-                }
-                self.events += 1;
-            }
-            EventType::InitialEventsEnd => {
-                self.initial = false;
-                self.last = Some(e.revision);
-            }
-            EventType::Bookmark => {
-                if let Some(last) = self.last {
-                    assert!(e.revision >= last, "a bookmark never goes back");
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Opens its Watch on `url`: from its last revision, or with initial events.
-    /// Starting, discovering or unreachable servers are retried; any other refusal
-    /// is returned.
-    async fn watch(&mut self, url: &str) -> Result<Streaming<WatchEvent>, Status> {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let attempt = async {
-                let mut client = FleetClient::connect(url.to_string())
-                    .await
-                    .map_err(|e| Status::unavailable(e.to_string()))?;
-                client
-                    .watch(WatchRequest {
-                        query: Some(query()),
-                        since_revision: self.last.unwrap_or(0),
-                        send_initial_events: self.last.is_none(),
-                        ..Default::default()
-                    })
-                    .await
-            };
-            match attempt.await {
-                Ok(stream) => {
-                    self.initial = self.last.is_none();
-                    return Ok(stream.into_inner());
-                }
-                Err(s) if s.code() == Code::Unavailable => {
-                    assert!(tokio::time::Instant::now() < deadline, "never served: {s}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err(s) => return Err(s),
-            }
-        }
-    }
-
-    /// Reads events until `until`; then (the server killed) what it had already sent.
-    async fn read_until(
-        &mut self,
-        stream: &mut Streaming<WatchEvent>,
-        until: tokio::time::Instant,
-    ) {
-        loop {
-            tokio::select! {
-                m = stream.message() => match m {
-                    Ok(Some(e)) => self.apply(&e),
-                    Ok(None) => panic!("the server ended the watch"),
-                    Err(s) => panic!("the watch failed: {s}"),
-                },
-                _ = tokio::time::sleep_until(until) => return,
-            }
-        }
-    }
-
-    /// Takes what the killed server had sent before it died.
-    async fn drain(&mut self, stream: &mut Streaming<WatchEvent>) {
-        while let Ok(Ok(Some(e))) = tokio::time::timeout(PATIENCE, stream.message()).await {
-            self.apply(&e);
-        }
-    }
-
-    /// Reads until its state equals the clusters'.
-    async fn converge(&mut self, stream: &mut Streaming<WatchEvent>, fleet: &SimFleet) {
-        let want = common::truth(fleet, "configmaps");
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while self.state != want {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(left, stream.message()).await {
-                Ok(Ok(Some(e))) => self.apply(&e),
-                other => panic!(
-                    "never converged ({other:?}): {} objects held, {} in the clusters; differing: {:?}",
-                    self.state.len(),
-                    want.len(),
-                    diff(&self.state, &want)
-                ),
-            }
-        }
-    }
-}
-
-fn diff(a: &BTreeMap<Key, String>, b: &BTreeMap<Key, String>) -> Vec<String> {
-    let mut out: Vec<String> = a
-        .iter()
-        .filter(|(k, v)| b.get(*k) != Some(v))
-        .map(|(k, v)| format!("held {k:?}@{v} (cluster: {:?})", b.get(k)))
-        .chain(
-            b.iter()
-                .filter(|(k, _)| !a.contains_key(*k))
-                .map(|(k, v)| format!("missing {k:?}@{v}")),
-        )
-        .collect();
-    out.truncate(10);
-    out
-}
-
-fn query() -> Query {
-    Query {
-        resource: "configmaps".into(),
-        ..Default::default()
-    }
-}
 
 /// About 250 changes a second per cluster over 100 configmaps, each with `bytes` of data
 /// (large enough that the store snapshots and compacts often).
@@ -347,7 +199,8 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
     churn.stop().await;
     let server = setup.serve(&args);
     let mut stream = sub.watch(&server.url()).await.expect("the last resume");
-    sub.converge(&mut stream, &setup.fleet).await;
+    sub.converge(&mut stream, &common::truth(&setup.fleet, "configmaps"))
+        .await;
     let logged = std::fs::read_to_string(setup.log()).unwrap();
     let snapshots = logged.matches("snapshot written").count();
     let compactions = logged.matches("store compacted").count();
@@ -383,7 +236,7 @@ async fn page_token(url: &str) -> String {
     let mut client = FleetClient::connect(url.to_string()).await.unwrap();
     let page = client
         .list(ListRequest {
-            query: Some(query()),
+            query: Some(configmaps()),
             limit: 2,
             page_token: String::new(),
         })
@@ -434,7 +287,7 @@ async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
         loop {
             let page = match client
                 .list(ListRequest {
-                    query: Some(query()),
+                    query: Some(configmaps()),
                     limit: 50,
                     page_token: token,
                 })
@@ -502,7 +355,8 @@ async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl 
         ..Default::default()
     };
     let mut stream = sub.watch(&server.url()).await.unwrap();
-    sub.converge(&mut stream, &setup.fleet).await;
+    sub.converge(&mut stream, &common::truth(&setup.fleet, "configmaps"))
+        .await;
     assert!(sub.last.unwrap() > old);
     setup.fleet.shutdown().await;
 }

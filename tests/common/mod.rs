@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod process;
+pub mod subscriber;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
