@@ -203,6 +203,32 @@ async fn a_restart_serves_at_once_and_resumes_every_watch_without_listing() {
     h.shutdown().await;
 }
 
+/// Stopping is never taken for a cluster leaving the fleet: over repeated clean
+/// restarts of four clusters (each engine stop drops every cluster's source as it
+/// cancels), every restart keeps every cluster's objects and resumes without a LIST.
+#[tokio::test]
+async fn repeated_clean_restarts_keep_every_cluster_and_never_list() {
+    let data = tempfile::tempdir().unwrap();
+    let mut h =
+        Harness::start_persistent(FleetSpec::numbered(4, 20, 0.0), config(), data.path()).await;
+    h.synced().await;
+    let before: Vec<_> = futures::future::join_all(TYPES.map(|t| served(&h, t))).await;
+    for round in 0..8 {
+        h.stop_node().await;
+        for s in h.fleet.servers() {
+            s.cluster().reset_counters();
+        }
+        h.start_node(config(), ServiceConfig::default(), Some(data.path()), &[])
+            .await;
+        for (t, (objects, _)) in TYPES.iter().zip(&before) {
+            assert_eq!(&served(&h, t).await.0, objects, "round {round}: {t}");
+        }
+        h.synced().await;
+        assert_eq!(lists(&h), 0, "round {round}: a clean restart listed");
+    }
+    h.shutdown().await;
+}
+
 /// Changes made while fleetscope is down: two creates, one update, two deletes.
 fn change_while_down(h: &Harness) -> Vec<(EventType, String)> {
     let store = &h.cluster(0).store;

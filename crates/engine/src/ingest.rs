@@ -126,6 +126,11 @@ pub(crate) async fn ingest(
         for u in updates {
             match u {
                 Update::ClusterGone { cluster } => {
+                    if cancel.is_cancelled() {
+                        // Stopping is not leaving: what is stored stays for the next start.
+                        tracing::debug!(%cluster, "cluster loop ended by the engine stopping");
+                        continue;
+                    }
                     if keep_removed {
                         tracing::info!(%cluster, "cluster no longer configured: keeping its objects");
                     } else {
@@ -318,6 +323,49 @@ impl Progress {
             | (Progress::Bookmark(_), Progress::Event(rv)) => Some(Progress::Event(rv.clone())),
             (Progress::Bookmark(_), Progress::Bookmark(rv)) => Some(Progress::Bookmark(rv.clone())),
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster loop that ends as the engine stops may say its cluster is gone (it
+    /// sees its source dropped): the ingest, stopping, deletes nothing for it.
+    #[tokio::test]
+    async fn a_cluster_gone_while_stopping_deletes_nothing() {
+        for round in 0..20 {
+            let index = Arc::new(Index::new(Default::default()));
+            let cluster = ClusterName::from("c1");
+            let staged = index.stage([Change::Upsert(ObjectInput {
+                key: ObjectKey::new("configmaps", &cluster, "ns", "cm"),
+                json: r#"{"metadata":{"name":"cm","namespace":"ns"}}"#.into(),
+                labels: Vec::new(),
+                owners: Vec::new(),
+                fields: Vec::new(),
+            })]);
+            index.publish(staged);
+            let (tx, rx) = mpsc::channel(4);
+            tx.send(Update::ClusterGone {
+                cluster: cluster.clone(),
+            })
+            .await
+            .unwrap();
+            // Stopping, with the update already waiting: either may be taken first.
+            let cancel = CancellationToken::new();
+            cancel.cancel();
+            ingest(
+                index.clone(),
+                StatusTable::default(),
+                None,
+                rx,
+                16,
+                false,
+                cancel,
+            )
+            .await;
+            assert_eq!(index.snapshot().len(), 1, "round {round}");
         }
     }
 }

@@ -284,6 +284,13 @@ pub async fn run(
             }
             Err(leave) => leave,
         };
+        // A stopping engine cancels and then drops every source: a loop that sees the
+        // drop first is stopping too, and must not report its cluster as gone (that
+        // would delete its stored objects and resume points).
+        let leave = match leave {
+            Leave::Removed if cluster.cancel.is_cancelled() => Leave::Shutdown,
+            other => other,
+        };
         match leave {
             Leave::Shutdown => return,
             Leave::Reconnect => {

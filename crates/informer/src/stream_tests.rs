@@ -402,3 +402,73 @@ async fn malformed_objects_are_skipped_and_the_rest_kept() {
     );
     cancel.cancel();
 }
+
+/// A [`crate::cluster::Report`] that ignores everything.
+struct Quiet;
+
+impl crate::cluster::Report for Quiet {
+    fn connected(&self, _: &ClusterName, _: &str) {}
+    fn discovered(&self, _: &ClusterName, _: Option<&str>, _: &[(String, String)]) {}
+    fn failed(&self, _: &ClusterName, _: &str) {}
+    fn stream_started(&self, _: &ClusterName, _: &fleetscope_model::ResourceType, _: bool) {}
+    fn stream_stopped(&self, _: &ClusterName, _: &fleetscope_model::ResourceType) {}
+}
+
+/// Runs a cluster's loop until its stream watches; then `end` stops it (dropping the
+/// source's sender, cancelling, or both) and the loop's last updates are returned.
+async fn cluster_loop_ended_by(s: &Setup, cancel_too: bool) -> Vec<Update> {
+    let (source_tx, source_rx) = tokio::sync::watch::channel(s.source.clone());
+    let (tx, mut rx) = mpsc::channel(1024);
+    let cancel = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let config = Arc::new(crate::cluster::ClusterConfig {
+        resources: vec!["configmaps".into()],
+        ..Default::default()
+    });
+    let run = tokio::spawn(crate::cluster::run(
+        source_rx,
+        config,
+        Default::default(),
+        tx,
+        Arc::new(Quiet),
+        tasks.clone(),
+        cancel.clone(),
+    ));
+    wait_state(&mut rx, StreamState::Watching).await;
+    // As the engine stops: it cancels, and its reconciler then drops every source.
+    if cancel_too {
+        cancel.cancel();
+    }
+    drop(source_tx);
+    tokio::time::timeout(PATIENCE, run)
+        .await
+        .expect("the loop ends")
+        .unwrap();
+    tasks.close();
+    tasks.wait().await;
+    let mut last = Vec::new();
+    while let Ok(u) = rx.try_recv() {
+        last.push(u);
+    }
+    last
+}
+
+#[tokio::test]
+async fn a_stopping_engine_is_never_taken_for_a_cluster_leaving() {
+    let s = setup().await;
+    let gone = |updates: &[Update]| {
+        updates
+            .iter()
+            .any(|u| matches!(u, Update::ClusterGone { .. }))
+    };
+    // The source's sender dropped alone: the cluster left the fleet.
+    assert!(gone(&cluster_loop_ended_by(&s, false).await));
+    // Cancelled and dropped together (the loop sees both at once, in either order):
+    // a shutdown, whose stored objects and resume points must survive it.
+    for round in 0..20 {
+        assert!(
+            !gone(&cluster_loop_ended_by(&s, true).await),
+            "round {round}: a shutdown said the cluster left"
+        );
+    }
+}
