@@ -426,13 +426,7 @@ fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectInput {
 }
 
 fn pods_type() -> ResourceType {
-    ResourceType {
-        group: String::new(),
-        version: "v1".into(),
-        plural: "pods".into(),
-        kind: "Pod".into(),
-        namespaced: true,
-    }
+    ResourceType::new("", "v1", "pods", "Pod", true)
 }
 
 async fn scale() {

@@ -120,26 +120,14 @@ exit 7"#,
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert!(
-        failed.last_error.contains("fail-plugin"),
-        "{}",
-        failed.last_error
-    );
-    assert!(
-        failed.last_error.contains("exit status 7"),
-        "{}",
-        failed.last_error
-    );
-    assert!(
-        hung.last_error.contains("hang-plugin"),
-        "{}",
-        hung.last_error
-    );
-    assert!(
-        hung.last_error.contains("did not finish"),
-        "{}",
-        hung.last_error
-    );
+    for (error, says) in [
+        (&failed.last_error, "fail-plugin"),
+        (&failed.last_error, "exit status 7"),
+        (&hung.last_error, "hang-plugin"),
+        (&hung.last_error, "did not finish"),
+    ] {
+        assert!(error.contains(says), "{error}");
+    }
     let mut c = FleetClient::connect(url.clone()).await.unwrap();
     let listed = c
         .list(proto::ListRequest {

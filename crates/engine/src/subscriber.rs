@@ -225,13 +225,7 @@ mod tests {
     const PATIENCE: Duration = Duration::from_secs(30);
 
     fn pods() -> ResourceType {
-        ResourceType {
-            group: String::new(),
-            version: "v1".into(),
-            plural: "pods".into(),
-            kind: "Pod".into(),
-            namespaced: true,
-        }
+        ResourceType::new("", "v1", "pods", "Pod", true)
     }
 
     fn engine(buffer: usize) -> Engine {

@@ -568,13 +568,7 @@ mod tests {
     use serde_json::Value;
 
     fn pods() -> ResourceType {
-        ResourceType {
-            group: String::new(),
-            version: "v1".into(),
-            plural: "pods".into(),
-            kind: "Pod".into(),
-            namespaced: true,
-        }
+        ResourceType::new("", "v1", "pods", "Pod", true)
     }
 
     #[test]

@@ -121,6 +121,14 @@ async fn next_data(rx: &mut mpsc::Receiver<Update>) -> Update {
     }
 }
 
+/// Creates a configmap in namespace `a` and waits for the stream to hand it over.
+async fn create_and_see(c: &Cluster, rx: &mut mpsc::Receiver<Update>, name: &str) {
+    c.store
+        .create("configmaps", Some("a"), json!({"metadata": {"name": name}}))
+        .unwrap();
+    assert!(matches!(next_data(rx).await, Update::Applied { object, .. } if object.name == name));
+}
+
 async fn wait_state(rx: &mut mpsc::Receiver<Update>, want: StreamState) -> Option<String> {
     loop {
         if let Update::State { state, error, .. } = next(rx).await
@@ -188,16 +196,7 @@ async fn dropped_watches_resume_without_a_list_and_410_relists() {
     let watches = c.requests(Verb::Watch, "configmaps");
     c.drop_watches();
     wait_until(|| c.requests(Verb::Watch, "configmaps") > watches).await;
-    c.store
-        .create(
-            "configmaps",
-            Some("a"),
-            json!({"metadata": {"name": "during-drop"}}),
-        )
-        .unwrap();
-    assert!(
-        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "during-drop")
-    );
+    create_and_see(&c, &mut rx, "during-drop").await;
     assert_eq!(
         c.requests(Verb::List, "configmaps"),
         lists,
@@ -308,16 +307,7 @@ async fn a_silent_watch_is_detected_and_replaced() {
     let watches = c.requests(Verb::Watch, "configmaps");
     wait_until(|| c.requests(Verb::Watch, "configmaps") > watches).await;
     c.freeze_watches(false);
-    c.store
-        .create(
-            "configmaps",
-            Some("a"),
-            json!({"metadata": {"name": "after-stall"}}),
-        )
-        .unwrap();
-    assert!(
-        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after-stall")
-    );
+    create_and_see(&c, &mut rx, "after-stall").await;
     // A watch request that is accepted and never answered is abandoned too.
     c.stall_next_watches(1);
     c.drop_watches();
@@ -347,16 +337,7 @@ async fn error_storms_back_off_without_a_relist_storm() {
     c.fail_requests(429, fleetscope_sim::FailFor::Requests(6));
     c.drop_watches();
     wait_state(&mut rx, StreamState::Failed).await;
-    c.store
-        .create(
-            "configmaps",
-            Some("a"),
-            json!({"metadata": {"name": "after-storm"}}),
-        )
-        .unwrap();
-    assert!(
-        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after-storm")
-    );
+    create_and_see(&c, &mut rx, "after-storm").await;
     assert_eq!(
         c.requests(Verb::List, "configmaps"),
         lists,
@@ -390,16 +371,7 @@ async fn malformed_objects_are_skipped_and_the_rest_kept() {
     c.store
         .insert_raw("configmaps", "a", "broken-too", r#"{"metadata":{}}"#)
         .unwrap();
-    c.store
-        .create(
-            "configmaps",
-            Some("a"),
-            json!({"metadata": {"name": "fine"}}),
-        )
-        .unwrap();
-    assert!(
-        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "fine")
-    );
+    create_and_see(&c, &mut rx, "fine").await;
     cancel.cancel();
 }
 

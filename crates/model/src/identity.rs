@@ -48,6 +48,17 @@ pub struct ResourceType {
 }
 
 impl ResourceType {
+    /// A type from its parts: `ResourceType::new("apps", "v1", "deployments", "Deployment", true)`.
+    pub fn new(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
+        Self {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            kind: kind.into(),
+            namespaced,
+        }
+    }
+
     /// The canonical name: `pods`, `deployments.apps`.
     pub fn name(&self) -> String {
         if self.group.is_empty() {

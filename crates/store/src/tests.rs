@@ -17,13 +17,7 @@ fn object(cluster: &str, ns: &str, name: &str, revision: u64) -> ObjectRecord {
 }
 
 fn pods() -> ResourceType {
-    ResourceType {
-        group: String::new(),
-        version: "v1".into(),
-        plural: "pods".into(),
-        kind: "Pod".into(),
-        namespaced: true,
-    }
+    ResourceType::new("", "v1", "pods", "Pod", true)
 }
 
 fn stream(cluster: &str, rv: &str) -> StreamRecord {
