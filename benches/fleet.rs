@@ -385,7 +385,7 @@ fn sync() {
 
 /// An engine with no sources, fed directly, and a server over it on loopback.
 async fn serve_index(engine: &Arc<Engine>) -> String {
-    let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let listener = server::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = FleetService::new(engine.clone(), ServiceConfig::default(), engine.cancelled());
     let cancel = engine.cancelled();

@@ -48,7 +48,8 @@ async fn demo_starts_clusters_and_a_healthy_server() {
         .args([
             "demo",
             "--listen",
-            "127.0.0.1:0",
+            // A name, as people write it.
+            "localhost:0",
             "--clusters",
             "2",
             "--objects",
@@ -176,6 +177,26 @@ fn serve_refuses_bad_kubeconfigs_and_patterns_by_name() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+    // Impossible resource type names, refused at start.
+    for (name, says) in [("%%%", "'%' is not allowed"), ("a/b/c/d", "4 parts")] {
+        serve_fails_with(
+            &["--kubeconfig", good.to_str().unwrap(), "--resources", name],
+            says,
+        );
+    }
+    // A taken port: said once, with the operating system's reason once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = Command::new(BIN)
+        .args(["serve", "--no-persist", "--kubeconfig"])
+        .arg(&good)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot listen on 127.0.0.1:"), "{stderr}");
+    assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Connection failures name their cause: a server whose certificate the kubeconfig's
-//! authority did not sign, plain `http://` against an HTTPS server, and a port where
-//! nothing listens — reported per cluster while the healthy one serves.
+//! authority did not sign, plain `http://` against an HTTPS server, a port where
+//! nothing listens, and credentials the cluster refuses (401) — reported per cluster while the healthy one serves.
 
 #![allow(clippy::unwrap_used)]
 
@@ -28,9 +28,13 @@ async fn tls_and_connection_failures_name_their_cause() {
     let mut refused = a.clone();
     refused.name = "refused".into();
     refused.server = format!("https://127.0.0.1:{}", common::process::free_port());
+    let mut bad_token = a.clone();
+    bad_token.name = "bad-token".into();
+    bad_token.token = "not-a-token-the-cluster-knows".into();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
-    fleetscope_sim::write_kubeconfig(&path, &[a.clone(), wrong_ca, plain, refused]).unwrap();
+    fleetscope_sim::write_kubeconfig(&path, &[a.clone(), wrong_ca, plain, refused, bad_token])
+        .unwrap();
     let sources = fleetscope::sources::resolve(&[path], &[]).unwrap();
     let mut config = test_config(&["configmaps"]);
     config.stream.backoff_cap = Duration::from_millis(200);
@@ -42,6 +46,10 @@ async fn tls_and_connection_failures_name_their_cause() {
         ),
         ("plain", "it may serve HTTPS"),
         ("refused", "refused: nothing listens there"),
+        (
+            "bad-token",
+            "the cluster does not accept the kubeconfig's credentials (401 Unauthorized)",
+        ),
     ];
     let deadline = tokio::time::Instant::now() + PATIENCE;
     for (name, cause) in expect {
@@ -52,6 +60,7 @@ async fn tls_and_connection_failures_name_their_cause() {
                 .and_then(|c| c.error)
                 .unwrap_or_default();
             if error.contains(cause) {
+                assert!(!error.contains("Status {"), "{name}: a debug dump: {error}");
                 break;
             }
             assert!(

@@ -361,6 +361,82 @@ async fn get_count_and_bad_requests() {
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Code::InvalidArgument);
+    // A query names one type: a pattern or an impossible name is refused, not
+    // answered with some type.
+    for (resource, says) in [
+        ("*", "not a pattern"),
+        ("%%%", "not allowed"),
+        ("a/b/c/d", "4 parts"),
+    ] {
+        let bad = c
+            .count(CountRequest {
+                query: Some(query(resource)),
+                group_by: Vec::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument, "{resource}: {bad}");
+        assert!(bad.message().contains(says), "{resource}: {bad}");
+    }
+    for selector in ["status..phase=Running", ".status=x", "status.=x"] {
+        let bad = c
+            .count(CountRequest {
+                query: Some(Query {
+                    field_selector: selector.into(),
+                    ..query("pods")
+                }),
+                group_by: Vec::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument, "{selector}: {bad}");
+    }
+    h.shutdown().await;
+}
+
+/// Pages are cut by bytes as well as by count: 300 configmaps of 20 KB each (6 MB)
+/// are listed, with the server's default limit, by a client that accepts gRPC's
+/// default 4 MiB messages, in more than one page and whole.
+#[tokio::test]
+async fn list_pages_stay_under_the_default_grpc_message_size() {
+    let h = Harness::start(1, 0).await;
+    h.synced().await;
+    let store = &h.cluster(0).store;
+    let big = "x".repeat(20_000);
+    for i in 0..300 {
+        store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                json!({"metadata": {"name": format!("big-{i:03}")}, "data": {"blob": big}}),
+            )
+            .unwrap();
+    }
+    h.wait_count(query("configmaps"), store.count("configmaps") as u64)
+        .await;
+    // A default client: at most 4 MiB per message.
+    let mut c = h.client().await;
+    let (mut names, mut pages, mut token) = (BTreeSet::new(), 0, String::new());
+    loop {
+        let page = c
+            .list(ListRequest {
+                query: Some(query("configmaps")),
+                limit: 0,
+                page_token: token,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("page {pages}: {e}"))
+            .into_inner();
+        assert!(!page.items.is_empty());
+        pages += 1;
+        names.extend(page.items.into_iter().map(|o| o.name));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(pages >= 2, "{pages} pages");
+    assert_eq!(names.len(), store.count("configmaps"));
     h.shutdown().await;
 }
 
@@ -759,6 +835,45 @@ async fn list_clusters_and_resource_types_report_every_stream() {
             deploy.clusters.len()
         ),
         ("Deployment", "apps", 2)
+    );
+    h.shutdown().await;
+}
+
+/// A configured name the cluster does not serve is a NOT_FOUND stream row saying why,
+/// and the cluster, synced for what it serves, says it too rather than reading clean.
+#[tokio::test]
+async fn a_configured_type_no_cluster_serves_is_said_not_silent() {
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 20, 0.0),
+        test_config(&["configmaps", "widgets.example.com"]),
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    let mut c = h.client().await;
+    let cluster = c
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .clusters
+        .remove(0);
+    assert_eq!(cluster.freshness(), proto::Freshness::Synced);
+    assert!(
+        cluster
+            .last_error
+            .contains("configured but not collected: widgets.example.com (the cluster serves no such resource type)"),
+        "{cluster:#?}"
+    );
+    let row = cluster
+        .streams
+        .iter()
+        .find(|s| s.resource == "widgets.example.com")
+        .unwrap();
+    assert_eq!(row.state(), proto::StreamState::NotFound);
+    assert!(
+        row.last_error.contains("serves no such resource type"),
+        "{row:?}"
     );
     h.shutdown().await;
 }

@@ -186,9 +186,7 @@ fn count_request(resource: &str) -> fleetscope::proto::CountRequest {
 #[tokio::test]
 async fn while_the_store_loads_every_call_is_unavailable_and_health_is_not_serving() {
     use fleetscope::grpc::{FleetService, ServiceConfig};
-    let listener = fleetscope::server::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let listener = fleetscope::server::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(fleetscope_model::fleet::Deferred::<
@@ -260,9 +258,7 @@ async fn a_type_not_yet_known_while_a_cluster_is_being_discovered_is_unavailable
     let sources = fleetscope::sources::resolve(&[sims, stuck], &[]).unwrap();
     let config = common::test_config(&["configmaps", "widgets.example.com"]);
     let engine = std::sync::Arc::new(fleetscope::engine::Engine::start(sources, config));
-    let listener = fleetscope::server::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let listener = fleetscope::server::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let service = fleetscope::grpc::FleetService::new(
         engine.clone(),

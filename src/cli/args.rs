@@ -2,7 +2,6 @@
 //! sets them), checked into the settings the engine, the service and the simulator take.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -28,6 +27,29 @@ pub enum ArgsError {
         #[source]
         source: ScopeError,
     },
+}
+
+/// A `host:port` address: an IP address or a name (`localhost:50051`, `[::1]:50051`).
+pub fn host_port(s: &str) -> Result<String, String> {
+    let expected =
+        || format!("{s:?} is not HOST:PORT (e.g. 127.0.0.1:50051, localhost:50051, [::1]:50051)");
+    let (host, port) = s.rsplit_once(':').ok_or_else(expected)?;
+    port.parse::<u16>().map_err(|_| expected())?;
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    let valid = match bare {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        }
+    };
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err(expected())
+    }
 }
 
 fn ensure(holds: bool, message: &str) -> Result<(), ArgsError> {
@@ -187,8 +209,8 @@ pub struct ServeArgs {
     #[arg(long = "context", value_name = "PATTERN")]
     pub contexts: Vec<String>,
     /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    pub listen: String,
     /// Also watch the cluster fleetscope runs in, through its service account.
     #[arg(long, env = "FLEETSCOPE_IN_CLUSTER")]
     pub in_cluster: bool,
@@ -318,6 +340,12 @@ impl EngineArgs {
             self.resources.iter().any(|r| !r.trim().is_empty()),
             "--resources names no resource type",
         )?;
+        for r in self.resources.iter().map(|r| r.trim()) {
+            if !r.is_empty() && r != "*" {
+                fleetscope_model::check_resource_name(r)
+                    .map_err(|e| ArgsError::Invalid(format!("--resources: {e}")))?;
+            }
+        }
         ensure(self.page_size > 0, "--page-size must be at least 1")?;
         Ok(EngineConfig {
             resources: self.resources.clone(),
@@ -403,8 +431,8 @@ impl FleetArgs {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    pub listen: String,
     #[command(flatten)]
     pub fleet: FleetArgs,
     #[command(flatten)]
@@ -418,4 +446,34 @@ pub struct SimArgs {
     /// Where to write the kubeconfig with one context per cluster.
     #[arg(long, default_value = "sim.kubeconfig")]
     pub kubeconfig_out: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_are_host_and_port() {
+        for ok in [
+            "127.0.0.1:50051",
+            "localhost:50051",
+            "[::1]:0",
+            "0.0.0.0:8080",
+            "fleet-0.fleet:1",
+        ] {
+            assert_eq!(host_port(ok).as_deref(), Ok(ok), "{ok}");
+        }
+        for bad in [
+            "50051",
+            "localhost",
+            "localhost:http",
+            ":50051",
+            "[::1:80",
+            "a b:1",
+            "host:70000",
+        ] {
+            let e = host_port(bad).unwrap_err();
+            assert!(e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
 }

@@ -40,8 +40,19 @@ impl From<tonic::Status> for ClientError {
     }
 }
 
-/// Connects to a server (`http://host:port`).
+/// The URL of a server given as `http://host:port`, or as `host:port` the way grpcurl
+/// takes it (plaintext).
+pub fn server_url(server: &str) -> String {
+    if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    }
+}
+
+/// Connects to a server (`http://host:port`, or `host:port`).
 pub async fn connect(server: &str) -> Result<FleetClient<Channel>, ClientError> {
+    let server = &server_url(server);
     let endpoint = Channel::from_shared(server.to_string()).map_err(|_| {
         ClientError::from(tonic::Status::invalid_argument(format!(
             "{server:?} is not a URL"
@@ -380,6 +391,13 @@ pub async fn store(client: &mut FleetClient<Channel>) -> Result<(), ClientError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_is_a_url_or_host_and_port() {
+        assert_eq!(server_url("localhost:50051"), "http://localhost:50051");
+        assert_eq!(server_url("http://10.0.0.1:1"), "http://10.0.0.1:1");
+        assert_eq!(server_url("https://fleet:443"), "https://fleet:443");
+    }
 
     #[test]
     fn tables_align_like_kubectl() {

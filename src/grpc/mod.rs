@@ -32,6 +32,9 @@ pub struct ServiceConfig {
     pub max_limit: u32,
     /// Bookmark interval when a Watch gives none. Default 30 s.
     pub bookmark_interval: Duration,
+    /// The most bytes of objects in one List page. Default 3 MiB, so a page stays
+    /// under the 4 MiB message size gRPC clients accept by default.
+    pub max_page_bytes: usize,
 }
 
 impl Default for ServiceConfig {
@@ -40,6 +43,7 @@ impl Default for ServiceConfig {
             default_limit: 500,
             max_limit: 10_000,
             bookmark_interval: Duration::from_secs(30),
+            max_page_bytes: 3 << 20,
         }
     }
 }
@@ -120,6 +124,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 query: convert::query(&query).map_err(status)?,
                 projection: convert::projection(query.projection()),
                 limit,
+                max_bytes: self.config.max_page_bytes,
                 after,
             })
             .await

@@ -4,7 +4,6 @@
 pub mod run;
 
 use std::future::Future;
-use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
@@ -18,27 +17,31 @@ use crate::proto::fleet_server::FleetServer;
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    // Each cause is shown once: in the message when it is not chained as a source.
+    #[error("cannot listen on {addr}: {cause}")]
     Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
+        /// The address, as given.
+        addr: String,
+        /// Why (not chained: the message carries it).
+        cause: std::io::Error,
     },
     /// The reflection service could not be built from the descriptor sets.
-    #[error("building server reflection: {0}")]
+    #[error("building server reflection")]
     Reflection(#[from] tonic_reflection::server::Error),
     /// The transport failed while serving.
-    #[error("serving gRPC: {0}")]
+    #[error("serving gRPC")]
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Binds the listen address; done before anything else starts, so a taken port fails fast.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+/// Binds the listen address (`host:port`, a name such as `localhost` resolved); done
+/// before anything else starts, so a taken port fails fast.
+pub async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServerError::Bind { addr, source })
+        .map_err(|cause| ServerError::Bind {
+            addr: addr.to_string(),
+            cause,
+        })
 }
 
 /// Serves until `shutdown` resolves, then stops accepting and ends open streams.

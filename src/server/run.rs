@@ -133,7 +133,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
                 .join("fleetscope"),
         ),
     };
-    let listener = server::bind(args.listen).await?;
+    let listener = server::bind(&args.listen).await?;
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
     let start = move || match data_dir {
         None => {
@@ -289,7 +289,7 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
 
 /// `fleetscope demo`: simulated clusters and the server over them, in memory.
 pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
-    let listener = server::bind(args.listen).await?;
+    let listener = server::bind(&args.listen).await?;
     let fleet = start_fleet(&args.fleet).await?;
     let kubeconfig =
         std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));

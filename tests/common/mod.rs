@@ -231,7 +231,7 @@ async fn launch(
 ) {
     let contexts: Vec<String> = contexts.iter().map(|s| s.to_string()).collect();
     let resolved = sources::resolve(&[kubeconfig.to_path_buf()], &contexts).unwrap();
-    let listener = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let listener = server::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let engine = match data_dir {
         Some(d) => {

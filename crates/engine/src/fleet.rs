@@ -70,6 +70,8 @@ impl Engine {
                 "query.resource is required, e.g. \"pods\" or \"deployments.apps\"".into(),
             ));
         }
+        fleetscope_model::check_resource_name(name.trim())
+            .map_err(|e| FleetError::InvalidArgument(format!("query.resource: {e}")))?;
         let types = self.status.types();
         let served: Vec<Served> = types
             .values()
@@ -221,7 +223,7 @@ impl Fleet for Engine {
         let snapshot = self.snapshot_for(&r.after)?;
         let (_, built) = self.build(&r.query)?;
         let after = r.after.as_ref().map(|(_, key)| key);
-        let page = snapshot.page(&built.query, after, r.limit.max(1));
+        let page = snapshot.page_within(&built.query, after, r.limit.max(1), r.max_bytes);
         if page.next.is_some() {
             // The next page reads this snapshot too, for as long as tokens live.
             self.index.pin(snapshot.clone());

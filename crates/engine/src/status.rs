@@ -159,6 +159,19 @@ impl ClusterStatus {
             .unwrap_or_default();
         let since = streams.iter().filter_map(|s| s.stale_since).min();
         match worst {
+            Freshness::Synced if resource.is_none() && !self.missing.is_empty() => {
+                // Synced for what it serves; a configured name it does not serve is said.
+                let names: Vec<String> = self
+                    .missing
+                    .iter()
+                    .map(|(name, why)| format!("{name} ({why})"))
+                    .collect();
+                (
+                    Freshness::Synced,
+                    None,
+                    format!("configured but not collected: {}", names.join(", ")),
+                )
+            }
             Freshness::Synced => (Freshness::Synced, None, String::new()),
             Freshness::Syncing => (Freshness::Syncing, None, "initial list in progress".into()),
             Freshness::Restored => (

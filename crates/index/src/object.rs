@@ -203,6 +203,17 @@ impl fleetscope_model::StoredObject for Object {
 }
 
 impl Object {
+    /// About how many bytes the object takes in an answer: its JSON, its key's parts,
+    /// and room for its uid, resourceVersion, revision and framing. Pages are cut by it.
+    pub fn wire_size(&self) -> usize {
+        self.json.len()
+            + self.key.resource.len()
+            + self.key.cluster.as_str().len()
+            + self.key.namespace.len()
+            + self.key.name.len()
+            + 96
+    }
+
     /// Whether `other` carries the same label, owner and field values.
     pub(crate) fn same_terms(&self, other: &Object) -> bool {
         (Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms)

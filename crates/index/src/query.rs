@@ -223,42 +223,28 @@ impl State {
 
     /// One page of at most `limit` matching objects after `after`.
     pub fn page(&self, q: &Query, after: Option<&ObjectKey>, limit: usize) -> Page {
+        self.page_within(q, after, limit, usize::MAX)
+    }
+
+    /// A page of at most `limit` objects whose sizes (see [`Object::wire_size`]) add up
+    /// to at most `max_bytes`; at least one object, however large, so paging always
+    /// moves on.
+    pub fn page_within(
+        &self,
+        q: &Query,
+        after: Option<&ObjectKey>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Page {
         if self.index_answers_exactly(q)
             && let Some(set) = self.indexed_candidates(q)
         {
             // Every key in the set matches: page and remainder come from the set alone.
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
-            let mut keys = set.range::<_, ObjectKey>((lower, Bound::Unbounded));
-            let items: Vec<ObjectRef> = keys
-                .by_ref()
-                .take(limit.max(1))
-                .map(|e| e.0.clone())
-                .collect();
-            let remaining = keys.count() as u64;
-            let next = if remaining > 0 {
-                items.last().map(|o| o.key.clone())
-            } else {
-                None
-            };
-            return Page {
-                items,
-                next,
-                remaining,
-            };
+            let keys = set.range::<_, ObjectKey>((lower, Bound::Unbounded));
+            return cut(keys.map(|e| &e.0), limit, max_bytes);
         }
-        let mut iter = self.matching(q, after);
-        let items: Vec<ObjectRef> = iter.by_ref().take(limit.max(1)).cloned().collect();
-        let remaining = iter.count() as u64;
-        let next = if remaining > 0 {
-            items.last().map(|o| o.key.clone())
-        } else {
-            None
-        };
-        Page {
-            items,
-            next,
-            remaining,
-        }
+        cut(self.matching(q, after), limit, max_bytes)
     }
 
     /// Counts the matching objects, grouped.
@@ -330,5 +316,33 @@ impl State {
             *counts.groups.entry(key).or_default() += n as u64;
         }
         counts
+    }
+}
+
+/// Takes a page from `matching`, then counts what follows it.
+fn cut<'a>(matching: impl Iterator<Item = &'a ObjectRef>, limit: usize, max_bytes: usize) -> Page {
+    let mut matching = matching.peekable();
+    let mut items: Vec<ObjectRef> = Vec::new();
+    let mut bytes = 0usize;
+    while items.len() < limit.max(1) {
+        let Some(o) = matching.peek() else { break };
+        let size = o.wire_size();
+        if !items.is_empty() && bytes.saturating_add(size) > max_bytes {
+            break;
+        }
+        bytes = bytes.saturating_add(size);
+        items.push((*o).clone());
+        matching.next();
+    }
+    let remaining = matching.count() as u64;
+    let next = if remaining > 0 {
+        items.last().map(|o| o.key.clone())
+    } else {
+        None
+    };
+    Page {
+        items,
+        next,
+        remaining,
     }
 }

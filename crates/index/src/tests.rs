@@ -276,6 +276,49 @@ fn pages_walk_one_snapshot_with_remaining_counts() {
 }
 
 #[test]
+fn pages_are_cut_by_bytes_and_always_move_on() {
+    let idx = index();
+    idx.apply((0..25).map(|i| {
+        Change::Upsert(input(
+            "pods",
+            "a",
+            "ns",
+            &format!("p{i:02}"),
+            i,
+            &[("app", "web")],
+        ))
+    }));
+    let s = idx.snapshot();
+    let largest = s.iter().map(|o| o.wire_size()).max().unwrap();
+    for q in [
+        Query::all("pods"),
+        Query {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Query::all("pods")
+        },
+    ] {
+        // Room for three objects, then for less than one.
+        for (max_bytes, most) in [(3 * largest, 3), (1, 1)] {
+            let (mut after, mut seen) = (None, Vec::new());
+            loop {
+                let page = s.page_within(&q, after.as_ref(), 10, max_bytes);
+                assert!(!page.items.is_empty() && page.items.len() <= most);
+                let bytes: usize = page.items.iter().map(|o| o.wire_size()).sum();
+                assert!(page.items.len() == 1 || bytes <= max_bytes);
+                assert_eq!(page.remaining as usize, 25 - seen.len() - page.items.len());
+                seen.extend(names(&page.items));
+                match page.next {
+                    Some(k) => after = Some(k),
+                    None => break,
+                }
+            }
+            assert_eq!(seen.len(), 25, "{max_bytes}");
+            assert!(seen.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+}
+
+#[test]
 fn counts_group_by_cluster_namespace_label_and_field() {
     let idx = index();
     idx.apply([

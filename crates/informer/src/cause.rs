@@ -8,10 +8,36 @@ use std::error::Error;
 /// A one-line description of `e`, a failed request to `server`: the recognised cause
 /// first, then the whole chain of causes.
 pub fn describe(e: &(dyn Error + 'static), server: &str) -> String {
+    // The API server answered: its Status says why, in a sentence (kube's own text
+    // for it is a debug dump).
+    if let Some(kube::Error::Api(s)) = causes(e)
+        .into_iter()
+        .find_map(|c| c.downcast_ref::<kube::Error>())
+    {
+        return api_status(s);
+    }
     let chain = crate::source::chain(e);
     match recognise(e, server) {
         Some(cause) => format!("{cause} ({chain})"),
         None => chain,
+    }
+}
+
+/// A refusal from an API server, as a person reads it: what the code means, then
+/// the server's own message when it adds anything.
+pub fn api_status(s: &kube::core::Status) -> String {
+    let meaning = match s.code {
+        401 => "the cluster does not accept the kubeconfig's credentials (401 Unauthorized): the token may have expired or been revoked, or the client certificate is not trusted".to_string(),
+        403 => "the credentials are not allowed this (403 Forbidden)".to_string(),
+        404 => "the cluster does not have it (404 Not Found)".to_string(),
+        code if s.reason.is_empty() => format!("the cluster answered {code}"),
+        code => format!("the cluster answered {code} {}", s.reason),
+    };
+    let message = s.message.trim();
+    if message.is_empty() || message.eq_ignore_ascii_case(&s.reason) {
+        meaning
+    } else {
+        format!("{meaning}: {message}")
     }
 }
 
@@ -117,6 +143,40 @@ mod tests {
         assert!(
             text.starts_with("connection to https://127.0.0.1:1 refused"),
             "{text}"
+        );
+    }
+
+    fn status(code: u16, reason: &str, message: &str) -> kube::Error {
+        let mut s = kube::core::Status::failure(message, reason);
+        s.code = code;
+        kube::Error::Api(Box::new(s))
+    }
+
+    #[test]
+    fn refusals_read_as_sentences_not_debug_dumps() {
+        let e = status(401, "Unauthorized", "Unauthorized");
+        let text = describe(&e, "https://x:6443");
+        assert!(
+            text.starts_with(
+                "the cluster does not accept the kubeconfig's credentials (401 Unauthorized)"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Status {") && !text.contains("ApiError"),
+            "{text}"
+        );
+        let e = status(
+            403,
+            "Forbidden",
+            "pods is forbidden: User \"x\" cannot list resource \"pods\"",
+        );
+        let text = describe(&e, "https://x:6443");
+        assert!(text.contains("403 Forbidden): pods is forbidden"), "{text}");
+        let e = status(500, "InternalError", "etcd is down");
+        assert_eq!(
+            describe(&e, "https://x:6443"),
+            "the cluster answered 500 InternalError: etcd is down"
         );
     }
 

@@ -347,6 +347,8 @@ impl Cluster {
             self.config.stream.backoff_start,
             self.config.stream.backoff_cap,
         );
+        // What was last said about configured names the cluster does not serve.
+        let mut missing_said: Vec<(String, String)> = Vec::new();
         loop {
             let discovered = tokio::select! {
                 d = discovery::discover(&conn.client) => d,
@@ -360,6 +362,12 @@ impl Cluster {
                         _ = self.cancel.cancelled() => return Leave::Shutdown,
                     };
                     let resolved = discovery::resolve(&self.config.resources, &served);
+                    if resolved.missing != missing_said {
+                        for (name, why) in &resolved.missing {
+                            tracing::warn!(resource = %name, "configured resource type not collected: {why}");
+                        }
+                        missing_said.clone_from(&resolved.missing);
+                    }
                     // Streams are known before the cluster counts as discovered, so a
                     // query never finds a discovered cluster without its types.
                     self.reconcile(&conn.client, &served, &resolved.resources)

@@ -243,7 +243,9 @@ enum Stop {
 fn classify(e: kube::Error) -> Stop {
     match e {
         kube::Error::Api(s) if s.code == 410 => Stop::Expired,
-        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Stop::Forbidden(s.message.clone()),
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => {
+            Stop::Forbidden(crate::cause::api_status(&s))
+        }
         kube::Error::Api(s) if s.code == 404 => Stop::NotFound(s.message.clone()),
         // "Too large resource version": the cluster's history was reset; start over.
         kube::Error::Api(s)
@@ -584,7 +586,11 @@ impl Informer {
                         });
                     return match status.code {
                         410 => (Stop::Expired, seen),
-                        401 | 403 => (Stop::Forbidden(status.message), seen),
+                        401 | 403 => {
+                            let mut s = kube::core::Status::failure(&status.message, "");
+                            s.code = status.code;
+                            (Stop::Forbidden(crate::cause::api_status(&s)), seen)
+                        }
                         _ => (
                             Stop::Failed(format!(
                                 "watch error {}: {}",

@@ -141,6 +141,9 @@ pub struct ListRequest {
     pub projection: Projection,
     /// The most objects in the page (at least 1).
     pub limit: usize,
+    /// The most bytes of objects in the page (by [`FleetObject`] size: JSON and key);
+    /// a page holds at least one object however large, so paging always moves on.
+    pub max_bytes: usize,
     /// Continue a list: the snapshot's revision and the last key returned.
     pub after: Option<(Revision, ObjectKey)>,
 }

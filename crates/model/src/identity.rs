@@ -32,6 +32,66 @@ impl fmt::Display for ClusterName {
     }
 }
 
+/// A resource type name that cannot name any type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{name:?} is not a resource type name: {why}; expected NAME, NAME.GROUP, VERSION/NAME or GROUP/VERSION/NAME (e.g. pods, deployments.apps, apps/v1/deployments)"
+)]
+pub struct ResourceNameError {
+    /// The name as given.
+    pub name: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+/// Checks that `name` can name a resource type, as kubectl takes one: a plural, kind
+/// or short name, optionally `.GROUP`, or `VERSION/NAME`, or `GROUP/VERSION/NAME`.
+/// Each part is made of letters, digits, `-` and `.`, beginning and ending with a
+/// letter or digit (as Kubernetes names resources, groups and versions). `*` is not a
+/// name; where "every type" is meant, callers accept it before asking.
+pub fn check_resource_name(name: &str) -> Result<(), ResourceNameError> {
+    let fail = |why: String| {
+        Err(ResourceNameError {
+            name: name.to_string(),
+            why,
+        })
+    };
+    if name.is_empty() {
+        return fail("it is empty".into());
+    }
+    if name.contains(['*', '?', '[']) {
+        return fail("a query names one type, not a pattern".into());
+    }
+    let parts: Vec<&str> = name.split('/').collect();
+    if parts.len() > 3 {
+        return fail(format!("it has {} parts separated by '/'", parts.len()));
+    }
+    for part in parts {
+        if part.is_empty() {
+            return fail("it has an empty part".into());
+        }
+        if part.len() > 253 {
+            return fail("a part is longer than 253 characters".into());
+        }
+        if let Some(c) = part
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '.'))
+        {
+            return fail(format!("{c:?} is not allowed"));
+        }
+        let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        if !edge(part.chars().next()) || !edge(part.chars().last()) {
+            return fail(format!(
+                "{part:?} must begin and end with a letter or digit"
+            ));
+        }
+        if part.contains("..") {
+            return fail(format!("{part:?} has an empty segment"));
+        }
+    }
+    Ok(())
+}
+
 /// A resource type as resolved by discovery.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResourceType {
@@ -246,6 +306,38 @@ pub enum EventType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_names_take_kubectls_forms_and_refuse_the_impossible() {
+        for good in [
+            "pods",
+            "Pod",
+            "po",
+            "deployments.apps",
+            "v1/pods",
+            "apps/v1/deployments",
+            "widgets.example.com",
+            "example.com/v1alpha1/widgets",
+        ] {
+            assert_eq!(check_resource_name(good), Ok(()), "{good}");
+        }
+        for (bad, says) in [
+            ("", "empty"),
+            ("*", "not a pattern"),
+            ("pod?", "not a pattern"),
+            ("%%%", "'%' is not allowed"),
+            ("a/b/c/d", "4 parts"),
+            ("apps//deployments", "empty part"),
+            (".pods", "begin and end"),
+            ("pods.", "begin and end"),
+            ("pods..apps", "empty segment"),
+            ("my pods", "' ' is not allowed"),
+        ] {
+            let e = check_resource_name(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+            assert!(e.contains("GROUP/VERSION/NAME"), "{e}");
+        }
+    }
 
     #[test]
     fn keys_order_by_resource_then_cluster_then_namespace_then_name() {

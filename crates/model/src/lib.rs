@@ -34,5 +34,8 @@ pub trait StoredObject {
 
 pub use clusters::{ClusterFilter, ClusterFilterError};
 pub use fleet::{Fleet, FleetError, GroupBy};
-pub use identity::{ClusterName, EventType, Location, ObjectKey, ResourceType, Revision};
+pub use identity::{
+    ClusterName, EventType, Location, ObjectKey, ResourceNameError, ResourceType, Revision,
+    check_resource_name,
+};
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

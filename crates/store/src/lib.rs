@@ -168,14 +168,14 @@ pub enum StoreError {
     #[error("data directory {0} is not a directory")]
     NotADirectory(PathBuf),
     /// A filesystem operation failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}: {cause}")]
     Io {
         /// What was being done.
         what: &'static str,
         /// On what.
         path: PathBuf,
-        /// Why it failed.
-        source: std::io::Error,
+        /// Why it failed (in the message, so not chained as a source too).
+        cause: std::io::Error,
     },
     /// What the store holds fails verification.
     #[error("store is damaged: {0}")]

@@ -49,10 +49,10 @@ pub struct Opened {
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
+    move |cause| StoreError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -174,7 +174,7 @@ impl SledStore {
                 | std::io::ErrorKind::QuotaExceeded => Err(StoreError::Io {
                     what: "cannot open store",
                     path: path.to_path_buf(),
-                    source: e,
+                    cause: e,
                 }),
                 _ if lock_held(&e) => Err(StoreError::Engine(format!("{}: {e}", path.display()))),
                 // Anything else sled reports while reading its own files is damage.

@@ -225,6 +225,12 @@ fn parse_term(input: &str, start: usize, term: &str) -> Result<FieldRequirement,
             format!("field path '{path}' must not contain spaces or '\\'"),
         ));
     }
+    if path.starts_with('.') || path.ends_with('.') || path.contains("..") {
+        return Err(err(
+            start,
+            format!("field path '{path}' has an empty segment: expected e.g. 'status.phase'"),
+        ));
+    }
     let raw = &term[at + len..];
     let value = unescape(raw).map_err(|(offset, m)| err(start + at + len + offset, m))?;
     Ok(FieldRequirement {
@@ -303,5 +309,9 @@ mod tests {
         assert!(FieldSelector::parse(r"a=b\").is_err());
         assert!(FieldSelector::parse(r"a=\q").is_err());
         assert!(FieldSelector::parse("a b=c").is_err());
+        for bad in [".status=x", "status.=x", "status..phase=x"] {
+            let e = FieldSelector::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("empty segment"), "{bad}: {e}");
+        }
     }
 }
