@@ -226,6 +226,10 @@ pub struct ServeArgs {
 /// What to collect and how: shared by `serve` and `demo`.
 #[derive(Debug, Args)]
 pub struct EngineArgs {
+    /// Serve Prometheus metrics at /metrics (with /healthz and /readyz) on this
+    /// `host:port`; off unless set.
+    #[arg(long, env = "FLEETSCOPE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = host_port)]
+    pub metrics_listen: Option<String>,
     /// Resource types to collect, kubectl-style (`pods`, `deployments.apps`, `apps/v1/deployments`), comma-separated; `*` for every watchable type.
     #[arg(
         long,

@@ -18,7 +18,7 @@ mod watch;
 
 use status::status;
 use token::{decode_token, encode_token};
-pub use watch::WatchStream;
+pub use watch::{Subscribers, WatchStream};
 
 use crate::proto;
 use crate::proto::fleet_server;
@@ -53,6 +53,7 @@ pub struct FleetService<F> {
     fleet: Arc<F>,
     config: ServiceConfig,
     shutdown: CancellationToken,
+    subscribers: Arc<watch::Subscribers>,
 }
 
 impl<F> Clone for FleetService<F> {
@@ -61,6 +62,7 @@ impl<F> Clone for FleetService<F> {
             fleet: self.fleet.clone(),
             config: self.config.clone(),
             shutdown: self.shutdown.clone(),
+            subscribers: self.subscribers.clone(),
         }
     }
 }
@@ -72,7 +74,13 @@ impl<F: Fleet> FleetService<F> {
             fleet,
             config,
             shutdown,
+            subscribers: Arc::default(),
         }
+    }
+
+    /// The Watch streams this service (and its clones) has open and has ended.
+    pub fn subscribers(&self) -> Arc<Subscribers> {
+        self.subscribers.clone()
     }
 }
 
@@ -209,6 +217,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             watch,
             interval,
             self.shutdown.clone(),
+            &self.subscribers,
         )))
     }
 

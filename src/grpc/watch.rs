@@ -3,6 +3,8 @@
 //! still to come), ended when the server shuts down.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -52,16 +54,54 @@ fn event(e: WatchEvent) -> proto::WatchEvent {
     }
 }
 
-/// The wire stream of `watch`: its events, and a bookmark each `interval`.
+/// The Watch streams a service has open and has ended, for metrics.
+#[derive(Debug, Default)]
+pub struct Subscribers {
+    active: AtomicI64,
+    ended: AtomicU64,
+}
+
+impl Subscribers {
+    /// Streams open now.
+    pub fn active(&self) -> i64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Streams ended, for whatever reason, since start.
+    pub fn ended(&self) -> u64 {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    fn join(self: &Arc<Self>) -> Joined {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        Joined(self.clone())
+    }
+}
+
+/// One open stream, counted until dropped.
+struct Joined(Arc<Subscribers>);
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        self.0.ended.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The wire stream of `watch`: its events, and a bookmark each `interval`; counted
+/// in `subscribers` while it is open.
 pub(crate) fn stream(
     mut watch: Watch,
     interval: Duration,
     shutdown: CancellationToken,
+    subscribers: &Arc<Subscribers>,
 ) -> WatchStream {
+    let joined = subscribers.join();
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopped = Box::pin(shutdown.cancelled_owned());
     Box::pin(futures::stream::poll_fn(move |cx| {
+        let _counted = &joined;
         if stopped.as_mut().poll(cx).is_ready() {
             return Poll::Ready(None);
         }

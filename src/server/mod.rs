@@ -12,6 +12,7 @@ use fleetscope_model::Fleet;
 use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::fleet_server::FleetServer;
+use crate::telemetry::grpc::GrpcMetricsLayer;
 
 /// A failure to start or run the server.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +54,17 @@ pub async fn serve<F: Fleet>(
     ready: impl Future<Output = ()> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
+    serve_with(listener, service, ready, shutdown, GrpcMetricsLayer::off()).await
+}
+
+/// [`serve`], counting every RPC with `metrics`.
+pub async fn serve_with<F: Fleet>(
+    listener: TcpListener,
+    service: FleetService<F>,
+    ready: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send,
+    metrics: GrpcMetricsLayer,
+) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_not_serving::<FleetServer<FleetService<F>>>()
@@ -83,6 +95,7 @@ pub async fn serve<F: Fleet>(
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tracing::info!(%addr, "serving fleetscope.v1.Fleet");
     tonic::transport::Server::builder()
+        .layer(metrics)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

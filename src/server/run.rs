@@ -9,12 +9,14 @@ use std::time::Duration;
 use fleetscope_model::fleet::Deferred;
 use fleetscope_sim::SimFleet;
 
-use crate::cli::args::{ArgsError, DemoArgs, FleetArgs, ServeArgs, SimArgs};
+use crate::cli::args::{ArgsError, DemoArgs, EngineArgs, FleetArgs, ServeArgs, SimArgs};
 use crate::config::kubeconfig::{KubeconfigSources, LoadError};
 use crate::engine::{Engine, SourceSet, Stored};
 use crate::grpc::{FleetService, ServiceConfig};
 use crate::server::{self, ServerError};
 use crate::sources::{self, SourceError};
+use crate::telemetry;
+use crate::telemetry::grpc::GrpcMetricsLayer;
 
 /// Prints to stdout, ignoring a closed stdout: a banner must never take the server down.
 macro_rules! say {
@@ -161,7 +163,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         hangups,
         reload.clone(),
     ));
-    let result = run(listener, start, args.engine.service()).await;
+    let metrics = bind_metrics(&args.engine).await?;
+    let result = run(listener, metrics, start, args.engine.service()).await;
     reload.cancel();
     let _ = reloader.await;
     result
@@ -172,12 +175,30 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
 /// stops the server (ending open streams) and the engine (writing what is pending).
 async fn run(
     listener: tokio::net::TcpListener,
+    metrics: Option<tokio::net::TcpListener>,
     start: impl FnOnce() -> Result<Engine, RunError> + Send + 'static,
     service: ServiceConfig,
 ) -> Result<(), RunError> {
     let stop = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     let service = FleetService::new(fleet.clone(), service, stop.clone());
+    let mut counted = GrpcMetricsLayer::off();
+    if let Some(listener) = metrics {
+        let (registry, grpc) = telemetry::metrics::registry(telemetry::metrics::Sources {
+            engine: fleet.clone(),
+            subscribers: service.subscribers(),
+        });
+        counted = GrpcMetricsLayer::new(grpc);
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!("metrics on http://{addr}/metrics (and /healthz, /readyz)");
+        }
+        tokio::spawn(telemetry::metrics::serve(
+            listener,
+            std::sync::Arc::new(registry),
+            fleet.clone(),
+            stop.clone(),
+        ));
+    }
     let (started_tx, started) = tokio::sync::oneshot::channel::<std::sync::Arc<Engine>>();
     let ready = async move {
         match started.await {
@@ -186,10 +207,16 @@ async fn run(
             Err(_) => std::future::pending().await,
         }
     };
-    let server = tokio::spawn(server::serve(listener, service.clone(), ready, {
-        let stop = stop.clone();
-        async move { stop.cancelled().await }
-    }));
+    let server = tokio::spawn(server::serve_with(
+        listener,
+        service.clone(),
+        ready,
+        {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        },
+        counted,
+    ));
     let signal = tokio::spawn({
         let stop = stop.clone();
         async move {
@@ -287,6 +314,14 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Binds the metrics listener when one is asked for, before anything starts.
+async fn bind_metrics(args: &EngineArgs) -> Result<Option<tokio::net::TcpListener>, RunError> {
+    match &args.metrics_listen {
+        Some(addr) => Ok(Some(server::bind(addr).await?)),
+        None => Ok(None),
+    }
+}
+
 /// `fleetscope demo`: simulated clusters and the server over them, in memory.
 pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     let listener = server::bind(&args.listen).await?;
@@ -322,8 +357,10 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         churn = args.fleet.churn,
     );
     // The demo's clusters are new each run, so it keeps its state in memory.
+    let metrics = bind_metrics(&args.engine).await?;
     let result = run(
         listener,
+        metrics,
         move || Ok(Engine::start(clusters, config)),
         args.engine.service(),
     )

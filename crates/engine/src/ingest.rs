@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use fleetscope_index::{Change, Index, ObjectInput};
 use fleetscope_informer::PrunedObject;
-use fleetscope_informer::stream::{StreamId, Update};
+use fleetscope_informer::stream::{ListReason, StreamId, Update};
 use fleetscope_model::selector::field_in_json;
-use fleetscope_model::{ClusterName, Location, ObjectKey};
+use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::persist::Persister;
-use crate::status::StatusTable;
+use crate::status::{StatusTable, StreamCounts};
 
 /// Stored objects carry the field-index values of the configuration that stored them;
 /// when the configured paths differ, the values are read again from each object's JSON.
@@ -121,6 +121,15 @@ pub(crate) async fn ingest(
         // Status is recorded after the batch is applied, so it never runs ahead of the index.
         let mut after: Vec<(Arc<StreamId>, Progress)> = Vec::with_capacity(updates.len());
         let mut gone: Vec<ClusterName> = Vec::new();
+        // What each stream received in this batch, for metrics.
+        let mut counts: HashMap<(ClusterName, Arc<str>), (ResourceType, StreamCounts)> =
+            HashMap::new();
+        let mut count = |stream: &StreamId, f: &dyn Fn(&mut StreamCounts)| {
+            let (_, c) = counts
+                .entry((stream.cluster.clone(), stream.name.clone()))
+                .or_insert_with(|| (stream.resource.clone(), StreamCounts::default()));
+            f(c);
+        };
         // Resume points of streams that end with their cluster.
         let mut dropped = Vec::new();
         for u in updates {
@@ -150,7 +159,13 @@ pub(crate) async fn ingest(
                     stream,
                     objects,
                     resource_version,
+                    reason,
                 } => {
+                    match reason {
+                        ListReason::Initial => count(&stream, &|c| c.initial_lists += 1),
+                        ListReason::Expired => count(&stream, &|c| c.expired_lists += 1),
+                        ListReason::Dropped => {}
+                    }
                     let mut keys = StreamKeys::new(&stream);
                     let objects = objects
                         .into_iter()
@@ -167,13 +182,23 @@ pub(crate) async fn ingest(
                         after.push((stream, Progress::Listed(resource_version)));
                     }
                 }
-                Update::Applied { stream, object } => {
+                Update::Applied {
+                    stream,
+                    object,
+                    created,
+                } => {
+                    if created {
+                        count(&stream, &|c| c.added += 1);
+                    } else {
+                        count(&stream, &|c| c.modified += 1);
+                    }
                     let rv = object.resource_version.clone();
                     let key = stream_key(&stream, &object);
                     changes.push(Change::Upsert(to_input(key, object)));
                     after.push((stream, Progress::Event(rv)));
                 }
                 Update::Deleted { stream, object } => {
+                    count(&stream, &|c| c.deleted += 1);
                     changes.push(Change::Delete(stream_key(&stream, &object)));
                     after.push((stream, Progress::Event(object.resource_version)));
                 }
@@ -187,6 +212,9 @@ pub(crate) async fn ingest(
                     error,
                 } => after.push((stream, Progress::State(state, error))),
             }
+        }
+        for ((cluster, _), (rt, c)) in counts {
+            status.update_stream(&cluster, &rt, |s| s.counts.add(&c));
         }
         // The resume points the batch implies, written with its events.
         let resume_points: Vec<_> = after

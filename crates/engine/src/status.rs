@@ -29,6 +29,34 @@ pub struct StreamStatus {
     pub stale_since: Option<SystemTime>,
     /// Loaded from the store and not yet confirmed by its resumed watch.
     pub restored: bool,
+    /// What it has received since the cluster joined (for metrics).
+    pub counts: StreamCounts,
+}
+
+/// What a stream has received, counted for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamCounts {
+    /// Watch events ADDED.
+    pub added: u64,
+    /// Watch events MODIFIED.
+    pub modified: u64,
+    /// Watch events DELETED.
+    pub deleted: u64,
+    /// Lists with nothing to resume from (a first list, or a changed selection).
+    pub initial_lists: u64,
+    /// Lists after its resourceVersion expired.
+    pub expired_lists: u64,
+}
+
+impl StreamCounts {
+    /// Adds `other` to these.
+    pub fn add(&mut self, other: &StreamCounts) {
+        self.added += other.added;
+        self.modified += other.modified;
+        self.deleted += other.deleted;
+        self.initial_lists += other.initial_lists;
+        self.expired_lists += other.expired_lists;
+    }
 }
 
 impl StreamStatus {
@@ -42,6 +70,7 @@ impl StreamStatus {
             current_at: None,
             stale_since: None,
             restored: false,
+            counts: StreamCounts::default(),
         }
     }
 

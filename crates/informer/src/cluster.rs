@@ -492,6 +492,7 @@ impl Cluster {
                     stream: id,
                     objects: Vec::new(),
                     resource_version: String::new(),
+                    reason: crate::stream::ListReason::Dropped,
                 })
                 .await;
         }

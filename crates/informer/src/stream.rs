@@ -66,6 +66,8 @@ pub enum Update {
         objects: Vec<PrunedObject>,
         /// The list's resourceVersion.
         resource_version: String,
+        /// Why the stream listed.
+        reason: ListReason,
     },
     /// An object was created or changed.
     Applied {
@@ -73,6 +75,8 @@ pub enum Update {
         stream: Arc<StreamId>,
         /// The object's new state.
         object: PrunedObject,
+        /// Whether the watch said ADDED (else MODIFIED).
+        created: bool,
     },
     /// An object was deleted.
     Deleted {
@@ -103,6 +107,28 @@ pub enum Update {
         /// Why, for a person to read, when not healthy.
         error: Option<String>,
     },
+}
+
+/// Why a stream listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ListReason {
+    /// Its first list, with nothing to resume from.
+    Initial,
+    /// Its resourceVersion expired (410 Gone, or the cluster's history was reset).
+    Expired,
+    /// Its type is no longer served: an empty list drops its objects.
+    Dropped,
+}
+
+impl ListReason {
+    /// The reason as a metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListReason::Initial => "initial",
+            ListReason::Expired => "expired",
+            ListReason::Dropped => "dropped",
+        }
+    }
 }
 
 /// Settings of every stream.
@@ -367,6 +393,7 @@ impl Informer {
     async fn run(&self, resume_from: Option<String>) -> Option<String> {
         let mut backoff = Backoff::new(self.config.backoff_start, self.config.backoff_cap);
         let mut rv = resume_from;
+        let mut reason = ListReason::Initial;
         let mut last_state = None;
         loop {
             if self.cancel.is_cancelled() {
@@ -383,6 +410,7 @@ impl Informer {
                                 stream: self.id.clone(),
                                 objects,
                                 resource_version: list_rv.clone(),
+                                reason,
                             };
                             if !self.send(update).await {
                                 return None;
@@ -416,6 +444,7 @@ impl Informer {
                 Stop::Expired => {
                     tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
                     rv = None;
+                    reason = ListReason::Expired;
                     continue;
                 }
                 Stop::Forbidden(m) => (StreamState::Forbidden, m, self.config.forbidden_retry),
@@ -559,6 +588,7 @@ impl Informer {
                                 Update::Applied {
                                     stream: self.id.clone(),
                                     object,
+                                    created: event.kind == "ADDED",
                                 }
                             }
                         }

@@ -1,4 +1,8 @@
-//! Logging: `tracing` with an env filter (`RUST_LOG`, default `info`) as text or JSON.
+//! Logging: `tracing` with an env filter (`RUST_LOG`, default `info`) as text or JSON;
+//! Prometheus metrics ([`metrics`]).
+
+pub mod grpc;
+pub mod metrics;
 
 use tracing_subscriber::EnvFilter;
 

@@ -1,0 +1,360 @@
+//! Prometheus metrics, read from the engine at each scrape (so a cluster that leaves
+//! takes its series with it), served beside `/healthz` and `/readyz` on their own
+//! listener (`--metrics-listen`).
+//!
+//! Names follow Prometheus conventions (`_total` counters, base units) and the shapes
+//! client-go made familiar: per cluster and resource type, `fleetscope_objects`,
+//! `fleetscope_stream_synced`, `fleetscope_sync_lag_seconds`,
+//! `fleetscope_watch_events_total{type}` and `fleetscope_relists_total{reason}`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fleetscope_engine::Engine;
+use fleetscope_model::fleet::{Deferred, Freshness};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::grpc::Subscribers;
+
+/// What the metrics are read from: the engine once started, and the gRPC service's
+/// Watch streams.
+pub struct Sources {
+    /// The engine, set once started.
+    pub engine: Arc<Deferred<Engine>>,
+    /// The service's Watch streams.
+    pub subscribers: Arc<Subscribers>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sources")
+            .field("started", &self.engine.get().is_some())
+            .field("subscribers", &self.subscribers)
+            .finish()
+    }
+}
+
+/// A registry holding every fleetscope metric, and the gRPC server's metrics in it
+/// (for [`super::grpc::GrpcMetricsLayer`]).
+pub fn registry(sources: Sources) -> (Registry, Arc<super::grpc::GrpcMetrics>) {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(FleetCollector(sources)));
+    let grpc = super::grpc::GrpcMetrics::register(&mut registry);
+    (registry, grpc)
+}
+
+/// Reads every figure from the engine when scraped.
+#[derive(Debug)]
+struct FleetCollector(Sources);
+
+/// Writes one metric family of const values, one per label set.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    values: impl IntoIterator<Item = (Vec<(&'static str, String)>, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in values {
+        value.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Writes one metric without labels.
+fn single<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    value: M,
+) -> Result<(), std::fmt::Error> {
+    value.encode(encoder.encode_descriptor(name, help, None, kind)?)
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(seconds)
+        .unwrap_or(0.0)
+}
+
+impl Collector for FleetCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        family(
+            &mut e,
+            "fleetscope_build_info",
+            "The fleetscope build: 1, labelled with its version.",
+            MetricType::Gauge,
+            [(
+                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+                ConstGauge::new(1i64),
+            )],
+        )?;
+        let subscribers = &self.0.subscribers;
+        single(
+            &mut e,
+            "fleetscope_watch_subscribers",
+            "Watch streams open now.",
+            MetricType::Gauge,
+            ConstGauge::new(subscribers.active()),
+        )?;
+        single(
+            &mut e,
+            "fleetscope_watch_subscribers_ended",
+            "Watch streams ended, for any reason (client gone, fallen behind, shutdown).",
+            MetricType::Counter,
+            ConstCounter::new(subscribers.ended()),
+        )?;
+        let Some(engine) = self.0.engine.get() else {
+            // Starting: the engine's figures come once it is.
+            return Ok(());
+        };
+        let streams: Vec<_> = engine
+            .status
+            .clusters()
+            .into_iter()
+            .flat_map(|c| {
+                let cluster = c.name.to_string();
+                c.streams
+                    .into_values()
+                    .map(move |(rt, s)| (cluster.clone(), rt.name(), s))
+            })
+            .collect();
+        let labels = |cluster: &str, resource: &str| {
+            vec![
+                ("cluster", cluster.to_string()),
+                ("resource", resource.to_string()),
+            ]
+        };
+        let snapshot = engine.index.snapshot();
+        family(
+            &mut e,
+            "fleetscope_objects",
+            "Objects held, by cluster and resource type.",
+            MetricType::Gauge,
+            snapshot
+                .counts()
+                .map(|(r, c, n)| (labels(c.as_str(), r), ConstGauge::new(n as i64))),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_stream_synced",
+            "1 when the stream's list is complete and its watch current, else 0.",
+            MetricType::Gauge,
+            streams.iter().map(|(c, r, s)| {
+                let synced = i64::from(s.freshness() == Freshness::Synced);
+                (labels(c, r), ConstGauge::new(synced))
+            }),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_sync_lag_seconds",
+            "How far behind its cluster the stream may be: 0 while its watch is current, else the time since it was last known current.",
+            MetricType::Gauge,
+            streams.iter().filter_map(|(c, r, s)| {
+                s.sync_lag()
+                    .map(|lag| (labels(c, r), ConstGauge::new(seconds(lag))))
+            }),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_watch_events",
+            "Watch events received from the clusters, by type.",
+            MetricType::Counter,
+            streams.iter().flat_map(|(c, r, s)| {
+                [
+                    ("ADDED", s.counts.added),
+                    ("MODIFIED", s.counts.modified),
+                    ("DELETED", s.counts.deleted),
+                ]
+                .map(|(kind, n)| {
+                    let mut l = labels(c, r);
+                    l.push(("type", kind.to_string()));
+                    (l, ConstCounter::new(n))
+                })
+            }),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_relists",
+            "Lists made by the streams, by reason: initial (nothing to resume from) or expired (410 Gone).",
+            MetricType::Counter,
+            streams.iter().flat_map(|(c, r, s)| {
+                [
+                    ("initial", s.counts.initial_lists),
+                    ("expired", s.counts.expired_lists),
+                ]
+                .map(|(reason, n)| {
+                    let mut l = labels(c, r);
+                    l.push(("reason", reason.to_string()));
+                    (l, ConstCounter::new(n))
+                })
+            }),
+        )?;
+        let sources = engine.status.sources();
+        single(
+            &mut e,
+            "fleetscope_config_last_reload_successful",
+            "1 when the last reload of the cluster sources succeeded, 0 when it failed (the sources before it stay in force).",
+            MetricType::Gauge,
+            ConstGauge::new(i64::from(sources.error.is_none())),
+        )?;
+        if let Some(at) = sources.loaded_at {
+            single(
+                &mut e,
+                "fleetscope_config_last_reload_success_timestamp_seconds",
+                "When the cluster sources in force were loaded, in seconds since the epoch.",
+                MetricType::Gauge,
+                ConstGauge::new(unix_seconds(at)),
+            )?;
+        }
+        if let Some(s) = engine.store_stats() {
+            let one = ConstGauge::new;
+            single(
+                &mut e,
+                "fleetscope_store_size_bytes",
+                "Bytes the store takes on disk, as of its last write.",
+                MetricType::Gauge,
+                one(s.size_on_disk as f64),
+            )?;
+            single(
+                &mut e,
+                "fleetscope_store_pending_changes",
+                "Changes gathered and not yet written (nor visible).",
+                MetricType::Gauge,
+                one(s.pending as f64),
+            )?;
+            single(
+                &mut e,
+                "fleetscope_store_writes",
+                "Store writes (each durable before what it holds is visible).",
+                MetricType::Counter,
+                ConstCounter::new(s.flushes),
+            )?;
+            single(
+                &mut e,
+                "fleetscope_store_last_write_seconds",
+                "How long the last store write took.",
+                MetricType::Gauge,
+                one(seconds(s.last_flush)),
+            )?;
+            single(
+                &mut e,
+                "fleetscope_store_max_write_seconds",
+                "The longest store write since start.",
+                MetricType::Gauge,
+                one(seconds(s.max_flush)),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
+/// `/readyz` answers 200 once the engine is ready (restored, or every cluster
+/// discovered once or failed), 503 before.
+pub async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    engine: Arc<Deferred<Engine>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        let (registry, engine) = (registry.clone(), engine.clone());
+        let service = hyper::service::service_fn(move |r: Request<Incoming>| {
+            let answer = answer(&r, &registry, &engine);
+            async move { Ok::<_, Infallible>(answer) }
+        });
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn answer(
+    r: &Request<Incoming>,
+    registry: &Registry,
+    engine: &Deferred<Engine>,
+) -> Response<Full<Bytes>> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if r.method() != Method::GET && r.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "GET only\n".into());
+    }
+    match r.uri().path() {
+        "/metrics" => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, registry) {
+                Ok(()) => text(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    body,
+                ),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    PLAIN,
+                    "encoding the metrics failed\n".into(),
+                ),
+            }
+        }
+        "/healthz" | "/livez" => text(StatusCode::OK, PLAIN, "ok\n".into()),
+        "/readyz" => match engine.get() {
+            Some(e) if e.is_ready() => text(StatusCode::OK, PLAIN, "ok\n".into()),
+            Some(_) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                "discovering clusters\n".into(),
+            ),
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                PLAIN,
+                "starting: loading the store\n".into(),
+            ),
+        },
+        _ => text(
+            StatusCode::NOT_FOUND,
+            PLAIN,
+            "not found: /metrics, /healthz, /readyz\n".into(),
+        ),
+    }
+}

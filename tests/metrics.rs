@@ -1,0 +1,228 @@
+//! Prometheus metrics from the outside: `fleetscope serve` as a process with
+//! `--metrics-listen`, scraped over HTTP while simulated clusters change, a Watch
+//! opens and closes, and a cluster leaves the kubeconfig (its series go with it).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::PATIENCE;
+use common::process::{Server, free_port};
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{Query, WatchRequest};
+use fleetscope_sim::{FleetSpec, SimFleet};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// GET `path` from `addr`: the status code and body, or `None` while nothing listens.
+async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Some((code, body.to_string()))
+}
+
+/// The value of the sample named exactly `series` (name and labels as exposed).
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Scrapes until `check` holds, or panics with the last scrape.
+async fn scrape_until(addr: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some((200, body)) = get(addr, "/metrics").await
+            && check(&body)
+        {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never seen; last scrape: {:?}",
+            get(addr, "/metrics").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn write_kubeconfig(path: &Path, fleet: &SimFleet, names: &[&str]) {
+    let contexts: Vec<_> = fleet
+        .contexts()
+        .into_iter()
+        .filter(|c| names.contains(&c.name.as_str()))
+        .collect();
+    let tmp = path.with_extension("tmp");
+    fleetscope_sim::write_kubeconfig(&tmp, &contexts).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
+    let fleet = SimFleet::start(&FleetSpec::numbered(2, 20, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kube").join("config");
+    std::fs::create_dir_all(kubeconfig.parent().unwrap()).unwrap();
+    write_kubeconfig(&kubeconfig, &fleet, &["sim-1", "sim-2"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--metrics-listen",
+            &metrics,
+        ],
+        &log,
+    );
+    // Ready once every cluster is discovered; healthy as soon as it answers.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while get(&metrics, "/readyz").await.map(|(c, _)| c) != Some(200) {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get(&metrics, "/healthz").await.unwrap().0, 200);
+    assert_eq!(get(&metrics, "/nothing-here").await.unwrap().0, 404);
+
+    let count = |i: usize| fleet.servers()[i].cluster().store.count("configmaps") as f64;
+    let series = |name: &str, cluster: &str, extra: &str| {
+        format!("{name}{{cluster=\"{cluster}\",resource=\"configmaps\"{extra}}}")
+    };
+    let body = scrape_until(&metrics, "both clusters synced", |b| {
+        ["sim-1", "sim-2"].iter().enumerate().all(|(i, c)| {
+            sample(b, &series("fleetscope_stream_synced", c, "")) == Some(1.0)
+                && sample(b, &series("fleetscope_objects", c, "")) == Some(count(i))
+        })
+    })
+    .await;
+    assert_eq!(
+        sample(
+            &body,
+            &format!(
+                "fleetscope_build_info{{version=\"{}\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    for c in ["sim-1", "sim-2"] {
+        let initial = series("fleetscope_relists_total", c, ",reason=\"initial\"");
+        assert_eq!(sample(&body, &initial), Some(1.0), "{body}");
+        let lag = series("fleetscope_sync_lag_seconds", c, "");
+        assert_eq!(sample(&body, &lag), Some(0.0), "{body}");
+    }
+    assert_eq!(sample(&body, "fleetscope_watch_subscribers"), Some(0.0));
+    assert_eq!(
+        sample(&body, "fleetscope_config_last_reload_successful"),
+        Some(1.0)
+    );
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+
+    // A Watch open: counted while it lasts.
+    common::wait_serving(&server.url()).await;
+    let mut client = FleetClient::connect(server.url()).await.unwrap();
+    let watch = client
+        .watch(WatchRequest {
+            query: Some(Query {
+                resource: "configmaps".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    scrape_until(&metrics, "one subscriber", |b| {
+        sample(b, "fleetscope_watch_subscribers") == Some(1.0)
+    })
+    .await;
+
+    // A change in sim-1: a watch event of its type, and one object more.
+    fleet.servers()[0]
+        .cluster()
+        .store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            json!({"metadata": {"name": "counted"}}),
+        )
+        .unwrap();
+    scrape_until(&metrics, "the ADDED event counted", |b| {
+        sample(
+            b,
+            &series("fleetscope_watch_events_total", "sim-1", ",type=\"ADDED\""),
+        ) == Some(1.0)
+            && sample(b, &series("fleetscope_objects", "sim-1", "")) == Some(count(0))
+    })
+    .await;
+
+    // sim-2 leaves the kubeconfig: its series go with it.
+    write_kubeconfig(&kubeconfig, &fleet, &["sim-1"]);
+    let body = scrape_until(&metrics, "sim-2's series gone", |b| {
+        !b.contains("cluster=\"sim-2\"")
+    })
+    .await;
+    assert_eq!(
+        sample(&body, &series("fleetscope_stream_synced", "sim-1", "")),
+        Some(1.0)
+    );
+
+    // The Watch closed: no subscriber now, one ended.
+    drop(watch);
+    drop(client);
+    scrape_until(&metrics, "the subscriber ended", |b| {
+        sample(b, "fleetscope_watch_subscribers") == Some(0.0)
+            && sample(b, "fleetscope_watch_subscribers_ended_total") == Some(1.0)
+    })
+    .await;
+
+    // Every RPC counted by method and code, in go-grpc-prometheus's shape.
+    let mut client = FleetClient::connect(server.url()).await.unwrap();
+    let count = |resource: &str| fleetscope::proto::CountRequest {
+        query: Some(Query {
+            resource: resource.into(),
+            ..Default::default()
+        }),
+        group_by: Vec::new(),
+    };
+    client.count(count("configmaps")).await.unwrap();
+    client.count(count("*")).await.unwrap_err();
+    let rpc = |method: &str, kind: &str, code: &str| {
+        format!(
+            "fleetscope_grpc_server_handled_total{{grpc_service=\"fleetscope.v1.Fleet\",grpc_method=\"{method}\",grpc_type=\"{kind}\",grpc_code=\"{code}\"}}"
+        )
+    };
+    let body = scrape_until(&metrics, "the Counts counted", |b| {
+        sample(b, &rpc("Count", "unary", "OK")) == Some(1.0)
+            && sample(b, &rpc("Count", "unary", "InvalidArgument")) == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&body, &rpc("Watch", "server_stream", "Canceled")),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "fleetscope_grpc_server_handling_seconds_count{grpc_service=\"fleetscope.v1.Fleet\",grpc_method=\"Count\",grpc_type=\"unary\"}"
+        ),
+        Some(2.0),
+        "{body}"
+    );
+    drop(server);
+    fleet.shutdown().await;
+}
