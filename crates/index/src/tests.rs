@@ -239,8 +239,8 @@ fn queries_select_by_cluster_namespace_label_and_field_in_key_order() {
     );
 }
 
-#[test]
-fn pages_walk_one_snapshot_with_remaining_counts() {
+/// A snapshot of 25 pods, p00 … p24, all labelled app=web.
+fn twenty_five_web_pods() -> Arc<State> {
     let idx = index();
     idx.apply((0..25).map(|i| {
         Change::Upsert(input(
@@ -252,7 +252,12 @@ fn pages_walk_one_snapshot_with_remaining_counts() {
             &[("app", "web")],
         ))
     }));
-    let s = idx.snapshot();
+    idx.snapshot()
+}
+
+#[test]
+fn pages_walk_one_snapshot_with_remaining_counts() {
+    let s = twenty_five_web_pods();
     for q in [
         Query::all("pods"),
         Query {
@@ -277,18 +282,7 @@ fn pages_walk_one_snapshot_with_remaining_counts() {
 
 #[test]
 fn pages_are_cut_by_bytes_and_always_move_on() {
-    let idx = index();
-    idx.apply((0..25).map(|i| {
-        Change::Upsert(input(
-            "pods",
-            "a",
-            "ns",
-            &format!("p{i:02}"),
-            i,
-            &[("app", "web")],
-        ))
-    }));
-    let s = idx.snapshot();
+    let s = twenty_five_web_pods();
     let largest = s.iter().map(|o| o.wire_size()).max().unwrap();
     for q in [
         Query::all("pods"),
