@@ -64,5 +64,14 @@ async fn run_cli() -> anyhow::Result<()> {
             let mut c = cli::connect(&args.server).await?;
             Ok(cli::store(&mut c).await?)
         }
+        args::Command::Version => {
+            println!("fleetscope {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        args::Command::Completion { shell } => {
+            let mut command = <args::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "fleetscope", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }

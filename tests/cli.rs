@@ -480,3 +480,30 @@ fn serve_refuses_a_data_directory_that_is_a_file() {
     assert!(stderr.contains("is not a directory"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn version_and_shell_completions_print() {
+    let out = Command::new(BIN).arg("version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("fleetscope {}", env!("CARGO_PKG_VERSION"))
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(BIN)
+            .args(["completion", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for word in ["fleetscope", "clusters", "field-selector"] {
+            assert!(script.contains(word), "{shell}: no {word:?}");
+        }
+    }
+    let out = Command::new(BIN)
+        .args(["completion", "tcsh"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
+}

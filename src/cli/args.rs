@@ -108,6 +108,14 @@ pub enum Command {
     Clusters(ServerArg),
     /// Show the persisted store: size on disk, writes and their latency, errors.
     Store(ServerArg),
+    /// Print the version.
+    Version,
+    /// Print a shell completion script: `source <(fleetscope completion bash)`.
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
