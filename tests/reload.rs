@@ -302,6 +302,8 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
         s.log_text()
     );
 
+    // Written to a file, the log carries no colour codes.
+    assert!(!s.log_text().contains('\u{1b}'), "{}", s.log_text());
     // Through all of it, sim-1's stream neither listed nor watched again.
     let after = requests(&s.fleet);
     assert_eq!(
