@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use fleetscope::cli::{self, args};
+use fleetscope::config;
 use fleetscope::server::run;
 use fleetscope::telemetry;
 
@@ -31,10 +32,24 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run_cli() -> anyhow::Result<()> {
-    let parsed = args::Cli::parse();
+    let mut parsed = args::Cli::parse();
+    // With a configuration file, the command line is parsed again with the file's
+    // values as the flags' defaults (flag > environment > file > default).
+    let mut config = None;
+    if let Some(path) = config::resolve::config_file(&parsed).map(std::path::Path::to_path_buf) {
+        let argv = config::resolve::serve_argv();
+        let resolved = config::resolve::resolve(&argv, &path)?;
+        parsed = resolved.cli;
+        config = Some(config::reload::ConfigFile {
+            path,
+            argv,
+            last: resolved.rows,
+        });
+    }
     telemetry::init(parsed.log_format);
     match parsed.command {
-        args::Command::Serve(args) => Ok(run::serve(args).await?),
+        args::Command::Serve(args) => Ok(run::serve(args, config).await?),
+        args::Command::Config(args::ConfigCommand::Check { file }) => Ok(run::config_check(&file)?),
         args::Command::Demo(args) => Ok(run::demo(args).await?),
         args::Command::Sim(args) => Ok(run::sim(args).await?),
         args::Command::Get(args) => {

@@ -108,6 +108,10 @@ pub enum Command {
     Clusters(ServerArg),
     /// Show the persisted store: size on disk, writes and their latency, errors.
     Store(ServerArg),
+    /// Check a configuration file: print the resolved settings with each value's
+    /// source (flag, environment, file or default), changing nothing.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Print the version.
     Version,
     /// Print a shell completion script: `source <(fleetscope completion bash)`.
@@ -115,6 +119,16 @@ pub enum Command {
         /// The shell.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate FILE as `serve --config FILE` would read it (with this environment)
+    /// and print every setting, its value and where the value comes from.
+    Check {
+        /// The configuration file.
+        file: PathBuf,
     },
 }
 
@@ -210,6 +224,10 @@ pub struct WatchArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// A YAML configuration file for every setting below and per-resource settings;
+    /// flags and environment variables override it. Reloaded when it changes and on SIGHUP.
+    #[arg(long, env = "FLEETSCOPE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// A kubeconfig file; repeat for several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
     #[arg(long = "kubeconfig", value_name = "FILE")]
     pub kubeconfigs: Vec<PathBuf>,
@@ -225,6 +243,9 @@ pub struct ServeArgs {
     /// The name of the in-cluster source.
     #[arg(long, default_value = "in-cluster")]
     pub in_cluster_name: String,
+    /// Another name for a context's cluster: `CONTEXT=NAME`; repeatable.
+    #[arg(long = "cluster-alias", value_name = "CONTEXT=NAME")]
+    pub cluster_aliases: Vec<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
     #[command(flatten)]
@@ -249,7 +270,7 @@ pub struct EngineArgs {
     /// Labels for clusters, for cluster selectors: `GLOB:key=value,key=value`; repeatable.
     #[arg(long = "cluster-label", value_name = "GLOB:LABELS")]
     pub cluster_labels: Vec<String>,
-    /// Narrow one type: `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR` (parts optional); repeatable.
+    /// Narrow one type: `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR;managedFields=keep|drop;pruneAnnotations=KEY,KEY` (parts optional); repeatable.
     #[arg(long = "scope", value_name = "RESOURCE:OPTIONS")]
     pub scopes: Vec<String>,
     /// Keep metadata.managedFields (pruned by default).
@@ -282,6 +303,14 @@ pub struct EngineArgs {
     /// Seconds between Watch bookmarks.
     #[arg(long, default_value_t = 30)]
     pub bookmark_seconds: u64,
+    /// The longest a gRPC request may take to its response (a Watch: to its first
+    /// message); a client's own deadline may be shorter.
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub grpc_request_timeout: Duration,
+    /// gRPC requests handled at once, across all connections; more are refused at once
+    /// with UNAVAILABLE (retryable). Health checks are never refused.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_in_flight: u64,
     /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
     /// with the processes it started, and its cluster reported as failing.
     #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
@@ -318,6 +347,35 @@ pub struct PersistArgs {
     /// The size on disk, in MiB, below which the store is never compacted.
     #[arg(long, default_value_t = 4)]
     pub compact_min_mib: u64,
+}
+
+impl ServeArgs {
+    /// The `--cluster-alias` flags as context → name.
+    pub fn aliases(&self) -> Result<BTreeMap<String, String>, ArgsError> {
+        let mut aliases = BTreeMap::new();
+        for spec in &self.cluster_aliases {
+            let (context, name) = spec
+                .split_once('=')
+                .map(|(c, n)| (c.trim(), n.trim()))
+                .filter(|(c, n)| !c.is_empty() && !n.is_empty())
+                .ok_or_else(|| {
+                    ArgsError::Invalid(format!("--cluster-alias {spec:?}: expected CONTEXT=NAME"))
+                })?;
+            ensure(
+                !name.contains(['/', '*', '?', '[', ',']),
+                &format!(
+                    "--cluster-alias {spec:?}: {name:?} is not a usable cluster name (no '/', ',' or glob characters)"
+                ),
+            )?;
+            if aliases.values().any(|n| n == name) {
+                return Err(ArgsError::Invalid(format!(
+                    "--cluster-alias {spec:?}: two contexts cannot both be named {name:?}"
+                )));
+            }
+            aliases.insert(context.to_string(), name.to_string());
+        }
+        Ok(aliases)
+    }
 }
 
 impl EngineArgs {
@@ -392,6 +450,14 @@ impl EngineArgs {
             },
             ..Default::default()
         })
+    }
+
+    pub fn limits(&self) -> crate::server::limits::Limits {
+        crate::server::limits::Limits {
+            request_timeout: self.grpc_request_timeout,
+            max_in_flight: usize::try_from(self.grpc_max_in_flight).unwrap_or(usize::MAX),
+            ..Default::default()
+        }
     }
 
     pub fn service(&self) -> ServiceConfig {

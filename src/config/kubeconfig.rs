@@ -1,19 +1,14 @@
-//! The cluster sources from kubeconfig files, and their reload: each file's directory
-//! is watched (editors and Kubernetes Secret volumes replace files by rename), changes
-//! are debounced, and SIGHUP reloads too. A reload that fails (a file that no longer
-//! parses, a pattern that matches nothing) is logged at error level and reported in
-//! `ListClusters`, and the last good set stays in force.
+//! The cluster sources from kubeconfig files, applied to the engine's desired set. A
+//! load that fails (a file that no longer parses, a pattern that matches nothing) is
+//! logged at error level and reported in `ListClusters`, and the last good set stays
+//! in force. [`super::reload`] runs the loads.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::engine::SourceSet;
 use crate::sources::{self, ClusterSource, SourceError};
-use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
-
-/// How long file events settle before a reload.
-const DEBOUNCE: Duration = Duration::from_millis(300);
+use tokio::sync::watch;
 
 /// Which kubeconfig files and contexts make the fleet.
 #[derive(Debug, Clone)]
@@ -25,6 +20,8 @@ pub struct KubeconfigSources {
     pub contexts: Vec<String>,
     /// The in-cluster source's name, when it is watched too.
     pub in_cluster: Option<String>,
+    /// Names for contexts (context → cluster name), from `--cluster-alias`.
+    pub aliases: std::collections::BTreeMap<String, String>,
 }
 
 /// Why the sources could not be loaded.
@@ -36,6 +33,16 @@ pub enum LoadError {
     /// The in-cluster name is also a context's.
     #[error("--in-cluster-name {0:?} is also a kubeconfig context: choose another name")]
     InClusterClash(String),
+    /// An alias names a cluster another context already has.
+    #[error(
+        "--cluster-alias {context}={name}: another context's cluster is already named {name:?}"
+    )]
+    AliasClash {
+        /// The aliased context.
+        context: String,
+        /// The alias.
+        name: String,
+    },
 }
 
 impl KubeconfigSources {
@@ -46,6 +53,17 @@ impl KubeconfigSources {
         } else {
             sources::resolve(&self.paths, &self.contexts)?
         };
+        for i in 0..clusters.len() {
+            if let Some(name) = self.aliases.get(&clusters[i].context) {
+                if clusters.iter().any(|c| c.name == *name) {
+                    return Err(LoadError::AliasClash {
+                        context: clusters[i].context.clone(),
+                        name: name.clone(),
+                    });
+                }
+                clusters[i] = clusters[i].clone().renamed(name);
+            }
+        }
         if let Some(name) = &self.in_cluster {
             if clusters.iter().any(|c| c.name == *name) {
                 return Err(LoadError::InClusterClash(name.clone()));
@@ -56,7 +74,7 @@ impl KubeconfigSources {
     }
 
     /// The directories to watch: each file's.
-    fn directories(&self) -> Vec<PathBuf> {
+    pub fn directories(&self) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = self
             .paths
             .iter()
@@ -69,27 +87,6 @@ impl KubeconfigSources {
         dirs.sort();
         dirs.dedup();
         dirs
-    }
-}
-
-/// Reloads `sources` into `desired` whenever a watched file changes or `reload` fires
-/// (SIGHUP), until `cancel`. Runs on the caller's task.
-pub async fn reload_on_change(
-    sources: KubeconfigSources,
-    desired: watch::Sender<SourceSet>,
-    mut reload: mpsc::Receiver<()>,
-    cancel: CancellationToken,
-) {
-    let (changed_tx, mut changed) = mpsc::channel::<()>(1);
-    // Kept alive while reloading; dropped (unwatching) when this returns.
-    let _watcher = watch_directories(&sources, changed_tx);
-    loop {
-        let why = tokio::select! {
-            Some(()) = changed.recv() => "a kubeconfig file changed",
-            Some(()) = reload.recv() => "SIGHUP",
-            _ = cancel.cancelled() => return,
-        };
-        apply(&sources, &desired, why);
     }
 }
 
@@ -121,43 +118,4 @@ pub fn apply(sources: &KubeconfigSources, desired: &watch::Sender<SourceSet>, wh
             desired.send_modify(|set| set.error = Some((why_not, now)));
         }
     }
-}
-
-/// Watches each file's directory, signalling `changed` (debounced) on any change in it.
-fn watch_directories(
-    sources: &KubeconfigSources,
-    changed: mpsc::Sender<()>,
-) -> Option<
-    notify_debouncer_full::Debouncer<
-        notify_debouncer_full::notify::RecommendedWatcher,
-        notify_debouncer_full::RecommendedCache,
-    >,
-> {
-    use notify_debouncer_full::notify::RecursiveMode;
-    let dirs = sources.directories();
-    if dirs.is_empty() {
-        return None;
-    }
-    let mut debouncer = match notify_debouncer_full::new_debouncer(
-        DEBOUNCE,
-        None,
-        move |result: notify_debouncer_full::DebounceEventResult| {
-            if matches!(&result, Ok(events) if !events.is_empty()) {
-                // A reload is already due when this is full.
-                let _ = changed.try_send(());
-            }
-        },
-    ) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the kubeconfig files: they reload on SIGHUP only");
-            return None;
-        }
-    };
-    for dir in dirs {
-        if let Err(e) = debouncer.watch(&dir, RecursiveMode::NonRecursive) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a kubeconfig directory: its files reload on SIGHUP only");
-        }
-    }
-    Some(debouncer)
 }

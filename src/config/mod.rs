@@ -1,7 +1,12 @@
-//! Where fleetscope's settings come from and how they reload: for now the cluster
-//! sources (kubeconfig files and `--context` patterns, [`kubeconfig`]).
+//! Where fleetscope's settings come from and how they reload: the configuration file
+//! ([`file`]), its resolution with flags and environment ([`resolve`]), the cluster
+//! sources (kubeconfig files and `--context` patterns, [`kubeconfig`]) and the reload
+//! of both ([`reload`]).
 
+pub mod file;
 pub mod kubeconfig;
+pub mod reload;
+pub mod resolve;
 
 /// Parses a duration as people write it: `30s`, `500ms`, `2m`, `1h 30m`, or a bare
 /// number of seconds.

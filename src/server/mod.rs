@@ -1,6 +1,7 @@
 //! The gRPC server: the Fleet service, standard health checking and server reflection
 //! (v1 and v1alpha, so grpcurl of any age can `list` and `describe`).
 
+pub mod limits;
 pub mod run;
 
 use std::future::Future;
@@ -13,6 +14,7 @@ use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::fleet_server::FleetServer;
 use crate::telemetry::grpc::GrpcMetricsLayer;
+use limits::{Limits, ShedLayer};
 
 /// A failure to start or run the server.
 #[derive(Debug, thiserror::Error)]
@@ -54,16 +56,25 @@ pub async fn serve<F: Fleet>(
     ready: impl Future<Output = ()> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
-    serve_with(listener, service, ready, shutdown, GrpcMetricsLayer::off()).await
+    serve_with(
+        listener,
+        service,
+        ready,
+        shutdown,
+        GrpcMetricsLayer::off(),
+        Limits::default(),
+    )
+    .await
 }
 
-/// [`serve`], counting every RPC with `metrics`.
+/// [`serve`], counting every RPC with `metrics`, within `limits`.
 pub async fn serve_with<F: Fleet>(
     listener: TcpListener,
     service: FleetService<F>,
     ready: impl Future<Output = ()> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
     metrics: GrpcMetricsLayer,
+    limits: Limits,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -95,7 +106,13 @@ pub async fn serve_with<F: Fleet>(
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tracing::info!(%addr, "serving fleetscope.v1.Fleet");
     tonic::transport::Server::builder()
+        .timeout(limits.request_timeout)
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // Counted first, so a shed request is counted as the UNAVAILABLE it gets.
         .layer(metrics)
+        .layer(ShedLayer::new(limits.max_in_flight))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -11,7 +11,9 @@ use fleetscope_sim::SimFleet;
 
 use crate::cli::args::{ArgsError, DemoArgs, EngineArgs, FleetArgs, ServeArgs, SimArgs};
 use crate::config::kubeconfig::{KubeconfigSources, LoadError};
-use crate::engine::{Engine, SourceSet, Stored};
+use crate::config::reload::{ConfigFile, Reloader};
+use crate::config::resolve::{ResolveError, Row};
+use crate::engine::{Engine, EngineConfig, SourceSet, Stored};
 use crate::grpc::{FleetService, ServiceConfig};
 use crate::server::{self, ServerError};
 use crate::sources::{self, SourceError};
@@ -38,6 +40,9 @@ pub enum RunError {
     /// A kubeconfig cannot be used.
     #[error(transparent)]
     Kubeconfig(#[from] SourceError),
+    /// The configuration file, with the command line, cannot be used.
+    #[error(transparent)]
+    Config(#[from] ResolveError),
     /// No data directory was given and the platform has none.
     #[error("no user data directory on this platform: give --data-dir or --no-persist")]
     NoDataDir,
@@ -84,11 +89,9 @@ fn ensure(holds: bool, message: &str) -> Result<(), RunError> {
     }
 }
 
-/// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
-/// until SIGTERM.
-pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
-    // SIGHUP reloads the cluster sources; it never ends the process, from here on.
-    let hangups = server::hangups().map_err(RunError::Signal)?;
+/// The cluster sources and engine settings of `serve`'s flags: checked, with no side
+/// effect but reading `$KUBECONFIG`. Used at start, by `config check` and on reload.
+pub fn plan(args: &ServeArgs) -> Result<(KubeconfigSources, EngineConfig), RunError> {
     let only_in_cluster =
         args.in_cluster && args.kubeconfigs.is_empty() && std::env::var_os("KUBECONFIG").is_none();
     let sources = KubeconfigSources {
@@ -99,13 +102,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         },
         contexts: args.contexts.clone(),
         in_cluster: args.in_cluster.then(|| args.in_cluster_name.clone()),
+        aliases: args.aliases()?,
     };
-    // A bad kubeconfig at start is an error before any port is bound.
-    let clusters = sources.load()?;
-    for c in &clusters {
-        tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
-    }
-    let (desired_tx, desired) = tokio::sync::watch::channel(SourceSet::of(clusters));
     let mut config = args.engine.config()?;
     let p = &args.persist;
     ensure(
@@ -117,17 +115,33 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         "--compact-share must be a number, 0 or more",
     )?;
     config.keep_removed_clusters = p.keep_removed_clusters;
-    if p.flush_ms.is_some() {
+    config.persist.log_share = p.event_log_disk_share;
+    config.persist.compact_share = p.compact_share;
+    config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
+    Ok((sources, config))
+}
+
+/// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
+/// until SIGTERM. `config` is the configuration file's resolution, when there is one.
+pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), RunError> {
+    // SIGHUP reloads the cluster sources; it never ends the process, from here on.
+    let hangups = server::hangups().map_err(RunError::Signal)?;
+    let (sources, config_now) = plan(&args)?;
+    // A bad kubeconfig at start is an error before any port is bound.
+    let clusters = sources.load()?;
+    for c in &clusters {
+        tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
+    }
+    let (desired_tx, desired) = tokio::sync::watch::channel(SourceSet::of(clusters));
+    let (settings_tx, mut settings) = tokio::sync::watch::channel(config_now.clone());
+    settings.mark_unchanged();
+    if args.persist.flush_ms.is_some() {
         tracing::warn!(
             "--flush-ms no longer applies: each store write starts as soon as the previous one ends"
         );
     }
-    config.persist.log_share = p.event_log_disk_share;
-    config.persist.compact_share = p.compact_share;
-    config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
-    let no_persist = p.no_persist;
-    let data_dir = match &p.data_dir {
-        _ if no_persist => None,
+    let data_dir = match &args.persist.data_dir {
+        _ if args.persist.no_persist => None,
         Some(d) => Some(d.clone()),
         None => Some(
             dirs::data_dir()
@@ -137,47 +151,110 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     };
     let listener = server::bind(&args.listen).await?;
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
-    let start = move || match data_dir {
-        None => {
-            tracing::info!("running in memory only (--no-persist)");
-            Ok(Engine::start_live(desired, config, None))
-        }
-        Some(dir) => {
-            let opened =
-                fleetscope_store::SledStore::open(&dir).map_err(|source| RunError::Store {
-                    dir: dir.clone(),
-                    source,
-                })?;
-            tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
-            let stored = Stored {
-                store: std::sync::Arc::new(opened.store),
-                loaded: opened.loaded,
-            };
-            Ok(Engine::start_live(desired, config, Some(stored)))
-        }
+    let start = move || {
+        let engine = match data_dir {
+            None => {
+                tracing::info!("running in memory only (--no-persist)");
+                Engine::start_live(desired, config_now, None)
+            }
+            Some(dir) => {
+                let opened =
+                    fleetscope_store::SledStore::open(&dir).map_err(|source| RunError::Store {
+                        dir: dir.clone(),
+                        source,
+                    })?;
+                tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
+                let stored = Stored {
+                    store: std::sync::Arc::new(opened.store),
+                    loaded: opened.loaded,
+                };
+                Engine::start_live(desired, config_now, Some(stored))
+            }
+        };
+        Ok(engine)
     };
     let reload = tokio_util::sync::CancellationToken::new();
-    let reloader = tokio::spawn(crate::config::kubeconfig::reload_on_change(
+    let reloader = Reloader {
         sources,
-        desired_tx,
+        config,
+        desired: desired_tx,
+        settings: settings_tx,
+    };
+    let reloader = tokio::spawn(reloader.run(
+        |args| plan(args).map_err(|e| crate::sources::chain(&e)),
         hangups,
         reload.clone(),
     ));
     let metrics = bind_metrics(&args.engine).await?;
-    let result = run(listener, metrics, start, args.engine.service()).await;
+    let result = run(
+        listener,
+        metrics,
+        start,
+        args.engine.service(),
+        args.engine.limits(),
+        Some(settings),
+    )
+    .await;
     reload.cancel();
     let _ = reloader.await;
     result
 }
 
+/// `fleetscope config check FILE`: the configuration as `serve --config FILE` would
+/// resolve it in this environment, each value with its source; then the same checks
+/// `serve` makes before it starts (selectors, labels, aliases, the kubeconfigs and
+/// context patterns), changing nothing.
+pub fn config_check(file: &std::path::Path) -> Result<(), RunError> {
+    let argv: Vec<std::ffi::OsString> = vec![
+        "fleetscope".into(),
+        "serve".into(),
+        "--config".into(),
+        file.into(),
+    ];
+    let resolved = crate::config::resolve::resolve(&argv, file)?;
+    let width = |f: fn(&Row) -> usize| resolved.rows.iter().map(f).max().unwrap_or(0);
+    let (kw, fw, vw) = (
+        width(|r| r.key.len()).max(3),
+        width(|r| r.flag.len()).max(4),
+        width(|r| r.value.len().min(60)).max(5),
+    );
+    say!("{:<kw$}  {:<fw$}  {:<vw$}  SOURCE", "KEY", "FLAG", "VALUE");
+    for r in &resolved.rows {
+        let value = if r.value.is_empty() { "-" } else { &r.value };
+        say!(
+            "{:<kw$}  {:<fw$}  {:<vw$}  {}",
+            r.key,
+            r.flag,
+            value,
+            r.source
+        );
+    }
+    let crate::cli::args::Command::Serve(args) = &resolved.cli.command else {
+        return Ok(());
+    };
+    let (sources, _) = plan(args)?;
+    let clusters = sources.load()?;
+    let names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
+    say!(
+        "\n{}: valid; {} cluster(s): {}",
+        file.display(),
+        names.len(),
+        names.join(", ")
+    );
+    Ok(())
+}
+
 /// Serves at once, starts the engine with `start` (off the async workers: it may load
 /// a store), answers from it once started, and runs until Ctrl-C or SIGTERM; then
 /// stops the server (ending open streams) and the engine (writing what is pending).
+/// `settings`, when given, carries new engine settings from a configuration reload.
 async fn run(
     listener: tokio::net::TcpListener,
     metrics: Option<tokio::net::TcpListener>,
     start: impl FnOnce() -> Result<Engine, RunError> + Send + 'static,
     service: ServiceConfig,
+    limits: server::limits::Limits,
+    settings: Option<tokio::sync::watch::Receiver<EngineConfig>>,
 ) -> Result<(), RunError> {
     let stop = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
@@ -216,6 +293,7 @@ async fn run(
             async move { stop.cancelled().await }
         },
         counted,
+        limits,
     ));
     let signal = tokio::spawn({
         let stop = stop.clone();
@@ -243,6 +321,23 @@ async fn run(
     };
     fleet.set(engine.clone());
     let _ = started_tx.send(engine.clone());
+    if let Some(mut settings) = settings {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            // Settings reloaded while the engine started are applied first.
+            loop {
+                if settings.has_changed().unwrap_or(false) {
+                    engine.reconfigure(&settings.borrow_and_update());
+                }
+                tokio::select! {
+                    changed = settings.changed() => if changed.is_err() { return },
+                    _ = stop.cancelled() => return,
+                }
+                engine.reconfigure(&settings.borrow_and_update());
+            }
+        });
+    }
     stop.cancelled().await;
     // Whatever a cluster, a client or a credential plugin is doing, the process ends
     // within the grace period (and a little for the final store write's own bound).
@@ -363,6 +458,8 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         metrics,
         move || Ok(Engine::start(clusters, config)),
         args.engine.service(),
+        args.engine.limits(),
+        None,
     )
     .await;
     fleet.shutdown().await;

@@ -211,7 +211,7 @@ impl Collector for FleetCollector {
         single(
             &mut e,
             "fleetscope_config_last_reload_successful",
-            "1 when the last reload of the cluster sources succeeded, 0 when it failed (the sources before it stay in force).",
+            "1 when the last reload of the configuration file and kubeconfigs succeeded, 0 when it failed (the configuration before it stays in force).",
             MetricType::Gauge,
             ConstGauge::new(i64::from(sources.error.is_none())),
         )?;

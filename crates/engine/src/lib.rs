@@ -122,6 +122,12 @@ pub struct Engine {
     restored: bool,
     /// The desired set, when the engine was started with a fixed one.
     fixed: Option<watch::Sender<SourceSet>>,
+    /// What every cluster collects and how, followed by the running clusters.
+    settings: watch::Sender<Arc<ClusterConfig>>,
+    /// The cluster label rules, followed by the reconciler.
+    labels: watch::Sender<Vec<ClusterLabels>>,
+    /// The field indexes the index was built with: they stay as started.
+    field_indexes: Vec<String>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -211,9 +217,11 @@ impl Engine {
             )
             .instrument(tracing::info_span!("ingest")),
         );
+        let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
+        let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
         let mut members = reconcile::Members {
-            config: Arc::new(config.cluster_config()),
-            labels: config.cluster_labels.clone(),
+            config: settings_rx,
+            labels: labels_rx,
             restore_confirm: config.restore_confirm,
             status: status.clone(),
             tx,
@@ -237,9 +245,44 @@ impl Engine {
             persister,
             restored,
             fixed: None,
+            settings,
+            labels,
+            field_indexes: config.index.field_indexes.clone(),
             cancel,
             tasks,
         }
+    }
+
+    /// Applies new settings to the running fleet: what to collect and how (resource
+    /// types, scopes, pruning, rediscovery, exec timeout) and the cluster labels.
+    /// Each cluster applies them without reconnecting; only the streams whose type or
+    /// selection changed stop, start or list again. The index, store, batch and
+    /// retention settings (and the field indexes) stay as the engine started.
+    pub fn reconfigure(&self, config: &EngineConfig) {
+        let mut cluster = config.cluster_config();
+        cluster
+            .stream
+            .pruning
+            .field_indexes
+            .clone_from(&self.field_indexes);
+        self.settings.send_if_modified(|current| {
+            let changed = **current != cluster;
+            if changed {
+                *current = Arc::new(cluster);
+            }
+            changed
+        });
+        self.labels.send_if_modified(|current| {
+            let changed = current.len() != config.cluster_labels.len()
+                || current
+                    .iter()
+                    .zip(&config.cluster_labels)
+                    .any(|(a, b)| a.pattern.as_str() != b.pattern.as_str() || a.labels != b.labels);
+            if changed {
+                current.clone_from(&config.cluster_labels);
+            }
+            changed
+        });
     }
 
     /// Replaces the desired set of an engine started with a fixed one (for tests and

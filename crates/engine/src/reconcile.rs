@@ -64,8 +64,8 @@ pub fn labels_for(rules: &[ClusterLabels], name: &str) -> BTreeMap<String, Strin
 
 /// What the reconciler needs to start a cluster.
 pub(crate) struct Members {
-    pub config: Arc<ClusterConfig>,
-    pub labels: Vec<ClusterLabels>,
+    pub config: watch::Receiver<Arc<ClusterConfig>>,
+    pub labels: watch::Receiver<Vec<ClusterLabels>>,
     pub restore_confirm: Duration,
     pub status: StatusTable,
     pub tx: mpsc::Sender<Update>,
@@ -145,15 +145,26 @@ pub(crate) async fn run(mut members: Members, mut desired: watch::Receiver<Sourc
             }
         }
         leaving.retain(|_, h| !h.is_finished());
-        tokio::select! {
-            changed = desired.changed() => {
-                if changed.is_err() {
-                    // No producer any more: the fleet stays as it is.
-                    members.cancel.cancelled().await;
-                    return;
+        loop {
+            tokio::select! {
+                changed = desired.changed() => {
+                    if changed.is_err() {
+                        // No producer any more: the fleet stays as it is.
+                        members.cancel.cancelled().await;
+                        return;
+                    }
+                    break;
                 }
+                Ok(()) = members.labels.changed() => {
+                    let rules = members.labels.borrow_and_update().clone();
+                    for name in running.keys() {
+                        let labels = labels_for(&rules, name.as_str());
+                        members.status.update(name, |c| c.labels = labels);
+                    }
+                    tracing::info!("cluster labels changed");
+                }
+                _ = members.cancel.cancelled() => return,
             }
-            _ = members.cancel.cancelled() => return,
         }
     }
 }
@@ -163,11 +174,8 @@ impl Members {
     /// so it is reported (and waited for by readiness) from now on.
     pub(crate) fn register(&mut self, source: &ClusterSource) {
         let name = ClusterName::from(source.name.as_str());
-        self.status.add_cluster(
-            &name,
-            &source.describe(),
-            labels_for(&self.labels, name.as_str()),
-        );
+        let labels = labels_for(&self.labels.borrow(), name.as_str());
+        self.status.add_cluster(&name, &source.describe(), labels);
         if let Some(resume) = self.stored.get(&name) {
             for point in resume.values() {
                 self.status

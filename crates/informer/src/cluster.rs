@@ -32,13 +32,20 @@ pub struct Scope {
     pub labels: Option<String>,
     /// Server-side field selector.
     pub fields: Option<String>,
+    /// Keep (`Some(false)`) or drop (`Some(true)`) `metadata.managedFields` for this
+    /// type, instead of the fleet-wide setting.
+    pub prune_managed_fields: Option<bool>,
+    /// The annotations pruned from this type's objects, instead of the fleet-wide list.
+    pub prune_annotations: Option<Vec<String>>,
 }
 
 /// A `--scope` that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ScopeError {
     /// Not `RESOURCE:OPTIONS`.
-    #[error("{0:?}: expected RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR")]
+    #[error(
+        "{0:?}: expected RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR;managedFields=keep|drop;pruneAnnotations=KEY,KEY"
+    )]
     Shape(String),
     /// No resource type before the colon.
     #[error("{0:?}: the resource type is missing")]
@@ -52,12 +59,22 @@ pub enum ScopeError {
         part: String,
     },
     /// An unknown option.
-    #[error("{text:?}: unknown option {option:?} (namespace, labels, fields)")]
+    #[error(
+        "{text:?}: unknown option {option:?} (namespace, labels, fields, managedFields, pruneAnnotations)"
+    )]
     UnknownOption {
         /// The scope.
         text: String,
         /// The option.
         option: String,
+    },
+    /// `managedFields=` other than `keep` or `drop`.
+    #[error("{text:?}: managedFields={value:?}: expected keep or drop")]
+    ManagedFields {
+        /// The scope.
+        text: String,
+        /// The value.
+        value: String,
     },
     /// A selector that does not parse.
     #[error("{text:?}")]
@@ -71,8 +88,8 @@ pub enum ScopeError {
 }
 
 impl Scope {
-    /// Parses `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR` (each part optional),
-    /// checking the selectors' syntax.
+    /// Parses `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR;managedFields=keep|drop;pruneAnnotations=KEY,KEY`
+    /// (each part optional), checking the selectors' syntax.
     pub fn parse(text: &str) -> Result<Self, ScopeError> {
         let (resource, options) = text
             .split_once(':')
@@ -106,6 +123,28 @@ impl Scope {
                     fleetscope_model::FieldSelector::parse(&value).map_err(selector)?;
                     scope.fields = Some(value);
                 }
+                "managedFields" => {
+                    scope.prune_managed_fields = Some(match value.as_str() {
+                        "keep" => false,
+                        "drop" => true,
+                        _ => {
+                            return Err(ScopeError::ManagedFields {
+                                text: text.to_string(),
+                                value,
+                            });
+                        }
+                    });
+                }
+                "pruneAnnotations" => {
+                    scope.prune_annotations = Some(
+                        value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|a| !a.is_empty())
+                            .map(String::from)
+                            .collect(),
+                    );
+                }
                 other => {
                     return Err(ScopeError::UnknownOption {
                         text: text.to_string(),
@@ -118,8 +157,9 @@ impl Scope {
     }
 }
 
-/// What every cluster collects, and how.
-#[derive(Debug, Clone)]
+/// What every cluster collects, and how. A running cluster follows changes to it
+/// (see [`run`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterConfig {
     /// Resource types to collect, kubectl-style; `*` for every watchable type.
     pub resources: Vec<String>,
@@ -194,6 +234,12 @@ fn stream_config(config: &ClusterConfig, rt: &ResourceType, served: &[Served]) -
         stream.namespace = s.namespace.clone();
         stream.label_selector = s.labels.clone();
         stream.field_selector = s.fields.clone();
+        if let Some(drop) = s.prune_managed_fields {
+            stream.pruning.managed_fields = drop;
+        }
+        if let Some(annotations) = &s.prune_annotations {
+            stream.pruning.annotations = annotations.clone();
+        }
     }
     stream
 }
@@ -226,10 +272,22 @@ impl Leave {
     }
 }
 
+/// What ended a wait.
+enum Waited {
+    /// The time ran out.
+    Elapsed,
+    /// The fleet's settings changed: apply them.
+    Reconfigured,
+    /// The loop must leave its connection.
+    Leave(Leave),
+}
+
 /// The loop of one cluster.
 struct Cluster {
     name: ClusterName,
+    /// The settings in force, as last taken from `settings`.
     config: Arc<ClusterConfig>,
+    settings: watch::Receiver<Arc<ClusterConfig>>,
     tx: mpsc::Sender<Update>,
     report: Arc<dyn Report>,
     tasks: TaskTracker,
@@ -241,9 +299,14 @@ struct Cluster {
 /// Runs one cluster until `cancel` (shutdown) or until `source`'s sender is dropped
 /// (the cluster left the fleet: its streams stop, then [`Update::ClusterGone`]).
 /// Streams are spawned on `tasks`. `resume` holds where stored streams resume.
+///
+/// A change of `settings` applies without reconnecting: types no longer collected
+/// stop (their objects dropped), new ones start, and a stream whose selection changed
+/// (namespace, selectors, pruning) lists again, its objects diffed against what is
+/// held; other streams run on undisturbed.
 pub async fn run(
     mut source: watch::Receiver<ClusterSource>,
-    config: Arc<ClusterConfig>,
+    mut settings: watch::Receiver<Arc<ClusterConfig>>,
     resume: Resume,
     tx: mpsc::Sender<Update>,
     report: Arc<dyn Report>,
@@ -251,9 +314,11 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let current = source.borrow_and_update().clone();
+    let config = settings.borrow_and_update().clone();
     let mut cluster = Cluster {
         name: ClusterName::from(current.name.as_str()),
         config,
+        settings,
         tx,
         report,
         tasks,
@@ -277,9 +342,9 @@ pub async fn run(
                 tracing::error!(error = %why, "cannot connect to the cluster");
                 cluster.report.failed(&cluster.name, &why);
                 match cluster.wait(backoff.next_delay(), None, &mut source).await {
-                    // Waited out: connect again.
-                    None => continue,
-                    Some(leave) => leave,
+                    // Waited out, or new settings (an exec timeout, say): connect again.
+                    Waited::Elapsed | Waited::Reconfigured => continue,
+                    Waited::Leave(leave) => leave,
                 }
             }
             Err(leave) => leave,
@@ -349,19 +414,39 @@ impl Cluster {
         );
         // What was last said about configured names the cluster does not serve.
         let mut missing_said: Vec<(String, String)> = Vec::new();
+        // The last discovery's answer and the server's version: new settings are
+        // applied to them without asking again.
+        let mut known: Option<(Vec<Served>, Option<String>)> = None;
+        let mut rediscover = true;
         loop {
-            let discovered = tokio::select! {
-                d = discovery::discover(&conn.client) => d,
-                _ = self.cancel.cancelled() => return Leave::Shutdown,
-            };
-            let wait = match discovered {
-                Ok(served) => {
-                    backoff.reset();
-                    let version = tokio::select! {
-                        v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
-                        _ = self.cancel.cancelled() => return Leave::Shutdown,
-                    };
-                    let resolved = discovery::resolve(&self.config.resources, &served);
+            if rediscover {
+                let discovered = tokio::select! {
+                    d = discovery::discover(&conn.client) => d,
+                    _ = self.cancel.cancelled() => return Leave::Shutdown,
+                };
+                match discovered {
+                    Ok(served) => {
+                        backoff.reset();
+                        let version = tokio::select! {
+                            v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
+                            _ = self.cancel.cancelled() => return Leave::Shutdown,
+                        };
+                        known = Some((served, version));
+                    }
+                    Err(e) => {
+                        let why = format!(
+                            "discovery failed: {}",
+                            crate::cause::describe(&e, &conn.server)
+                        );
+                        tracing::warn!(error = %why, "discovery failed");
+                        self.report.failed(&self.name, &why);
+                        known = None;
+                    }
+                }
+            }
+            let wait = match &known {
+                Some((served, version)) => {
+                    let resolved = discovery::resolve(&self.config.resources, served);
                     if resolved.missing != missing_said {
                         for (name, why) in &resolved.missing {
                             tracing::warn!(resource = %name, "configured resource type not collected: {why}");
@@ -370,51 +455,61 @@ impl Cluster {
                     }
                     // Streams are known before the cluster counts as discovered, so a
                     // query never finds a discovered cluster without its types.
-                    self.reconcile(&conn.client, &served, &resolved.resources)
+                    self.reconcile(&conn.client, served, &resolved.resources)
                         .await;
                     self.report
                         .discovered(&self.name, version.as_deref(), &resolved.missing);
                     self.config.rediscovery
                 }
-                Err(e) => {
-                    let why = format!(
-                        "discovery failed: {}",
-                        crate::cause::describe(&e, &conn.server)
-                    );
-                    tracing::warn!(error = %why, "discovery failed");
-                    self.report.failed(&self.name, &why);
-                    backoff.next_delay()
-                }
+                None => backoff.next_delay(),
             };
-            if let Some(leave) = self.wait(wait, renew, source).await {
-                return leave;
+            let started = tokio::time::Instant::now();
+            match self.wait(wait, renew, source).await {
+                Waited::Elapsed => rediscover = true,
+                Waited::Reconfigured => {
+                    // Applied to what is known; discovery runs again when it is due.
+                    rediscover = known.is_none() || started.elapsed() >= wait;
+                }
+                Waited::Leave(leave) => return leave,
             }
         }
     }
 
-    /// Waits `wait` (then `None`), or less if the source changes, the credential is
-    /// due for renewal or the engine stops.
+    /// Waits `wait`, or less if the source or the settings change, the credential is
+    /// due for renewal or the engine stops. New settings are taken into `config`.
     async fn wait(
-        &self,
+        &mut self,
         wait: Duration,
         renew: Option<tokio::time::Instant>,
         source: &mut watch::Receiver<ClusterSource>,
-    ) -> Option<Leave> {
+    ) -> Waited {
         let renewal = async {
             match renew {
                 Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => None,
+        let settings_rx = &mut self.settings;
+        let settings = async {
+            // A dropped sender means settings never change again.
+            if settings_rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let waited = tokio::select! {
+            _ = tokio::time::sleep(wait) => Waited::Elapsed,
             _ = renewal => {
                 tracing::info!("the exec credential is about to expire: renewing it");
-                Some(Leave::Reconnect)
+                Waited::Leave(Leave::Reconnect)
             }
-            _ = self.cancel.cancelled() => Some(Leave::Shutdown),
-            changed = source.changed() => Some(Leave::on_change(changed)),
+            _ = self.cancel.cancelled() => Waited::Leave(Leave::Shutdown),
+            changed = source.changed() => Waited::Leave(Leave::on_change(changed)),
+            () = settings => Waited::Reconfigured,
+        };
+        if let Waited::Reconfigured = waited {
+            self.config = self.settings.borrow_and_update().clone();
         }
+        waited
     }
 
     /// Starts streams for newly served types and stops those whose type vanished.
@@ -424,6 +519,23 @@ impl Cluster {
         served: &[Served],
         wanted: &[ResourceType],
     ) {
+        // A running stream that now selects differently lists again.
+        let reselected: Vec<ResourceType> = self
+            .streams
+            .iter()
+            .filter(|(rt, running)| {
+                wanted.contains(rt)
+                    && stream_config(&self.config, rt, served).selection() != running.selection
+            })
+            .map(|(rt, _)| rt.clone())
+            .collect();
+        for rt in reselected {
+            if let Some(running) = self.streams.remove(&rt) {
+                tracing::info!(resource = %rt.name(), "the type's selection changed: listing it again");
+                running.token.cancel();
+                let _ = running.handle.await;
+            }
+        }
         for rt in wanted {
             if self.streams.contains_key(rt) {
                 continue;

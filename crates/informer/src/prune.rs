@@ -11,7 +11,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 
 /// What to remove from every object before it is kept.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pruning {
     /// Drop `metadata.managedFields` (default true).
     pub managed_fields: bool,

@@ -82,8 +82,11 @@ pub enum SourceError {
 /// One cluster to watch: a context of a kubeconfig, or the cluster fleetscope runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterSource {
-    /// The cluster's name in fleetscope: the context name, or the in-cluster name.
+    /// The cluster's name in fleetscope: the context name (or its alias), or the
+    /// in-cluster name.
     pub name: String,
+    /// The kubeconfig context it connects through; empty for the in-cluster source.
+    pub context: String,
     /// Where its connection settings come from.
     pub origin: Origin,
     /// A digest of its settings as read (the context, its cluster and its user): two
@@ -115,15 +118,23 @@ impl ClusterSource {
     pub fn in_cluster(name: &str) -> Self {
         Self {
             name: name.to_string(),
+            context: String::new(),
             origin: Origin::InCluster,
             digest: 0,
         }
+    }
+
+    /// The same source under another name (an alias of its context).
+    pub fn renamed(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
     }
 
     /// A context of the kubeconfig at `path`, whose settings are not compared.
     pub fn context(name: &str, path: &Path) -> Self {
         Self {
             name: name.to_string(),
+            context: name.to_string(),
             origin: Origin::Kubeconfig(path.to_path_buf()),
             digest: 0,
         }
@@ -132,7 +143,9 @@ impl ClusterSource {
     /// Where it comes from, for a person: `kubeconfig FILE, context NAME`.
     pub fn describe(&self) -> String {
         match &self.origin {
-            Origin::Kubeconfig(p) => format!("kubeconfig {}, context {}", p.display(), self.name),
+            Origin::Kubeconfig(p) => {
+                format!("kubeconfig {}, context {}", p.display(), self.context)
+            }
             Origin::InCluster => self.origin.to_string(),
         }
     }
@@ -251,7 +264,7 @@ async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
     };
     let kc = read(path)?;
     let options = kube::config::KubeConfigOptions {
-        context: Some(source.name.clone()),
+        context: Some(source.context.clone()),
         ..Default::default()
     };
     kube::Config::from_custom_kubeconfig(kc, &options)
@@ -316,6 +329,7 @@ pub fn resolve(paths: &[PathBuf], patterns: &[String]) -> Result<Vec<ClusterSour
             if !all.iter().any(|c| c.name == ctx.name) {
                 all.push(ClusterSource {
                     name: ctx.name.clone(),
+                    context: ctx.name.clone(),
                     origin: Origin::Kubeconfig(path.clone()),
                     digest: digest(&kc, ctx),
                 });

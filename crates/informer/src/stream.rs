@@ -132,7 +132,7 @@ impl ListReason {
 }
 
 /// Settings of every stream.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamConfig {
     /// LIST page size. Default 500.
     pub page_size: u32,

@@ -393,10 +393,11 @@ async fn cluster_loop_ended_by(s: &Setup, cancel_too: bool) -> Vec<Update> {
     let (tx, mut rx) = mpsc::channel(1024);
     let cancel = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let config = Arc::new(crate::cluster::ClusterConfig {
-        resources: vec!["configmaps".into()],
-        ..Default::default()
-    });
+    let (_settings, config) =
+        tokio::sync::watch::channel(Arc::new(crate::cluster::ClusterConfig {
+            resources: vec!["configmaps".into()],
+            ..Default::default()
+        }));
     let run = tokio::spawn(crate::cluster::run(
         source_rx,
         config,

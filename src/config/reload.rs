@@ -1,0 +1,201 @@
+//! The reload of `serve`'s inputs while it runs: the kubeconfig files and the
+//! configuration file. Each file's directory is watched (editors and Kubernetes
+//! Secret and ConfigMap volumes replace files by rename), changes are debounced, and
+//! SIGHUP reloads too.
+//!
+//! A configuration file that changes is resolved again with the same command line
+//! and environment (flags still win). What it changes applies at once: the cluster
+//! sources (kubeconfigs, contexts, aliases) and what each cluster collects and how
+//! (resources, scopes, pruning, cluster labels, exec timeout), leaving unaffected
+//! streams undisturbed. Settings that shape the process (listen addresses, the data
+//! directory, buffer and retention sizes, field indexes) take effect at the next
+//! restart, and the reload says so. A file that fails to resolve keeps the last good
+//! configuration in force and says why: an error log line,
+//! `fleetscope_config_last_reload_successful` 0, and the reason in `ListClusters`.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::kubeconfig::{self, KubeconfigSources};
+use super::resolve::{self, Row, value};
+use crate::cli::args::{Command, ServeArgs};
+use crate::engine::{EngineConfig, SourceSet};
+
+/// How long file events settle before a reload.
+const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// `serve` settings that a running process cannot change: a new value waits for the
+/// next restart.
+const AT_RESTART: &[&str] = &[
+    "--listen",
+    "--metrics-listen",
+    "--log-format",
+    "--data-dir",
+    "--no-persist",
+    "--event-log",
+    "--event-log-mib",
+    "--event-log-disk-share",
+    "--subscriber-buffer",
+    "--bookmark-seconds",
+    "--field-index",
+    "--keep-removed-clusters",
+    "--compact-share",
+    "--compact-min-mib",
+    "--grpc-request-timeout",
+    "--grpc-max-in-flight",
+];
+
+/// The configuration file in use and the command line it is resolved with.
+pub struct ConfigFile {
+    /// The file.
+    pub path: PathBuf,
+    /// The process's command line.
+    pub argv: Vec<OsString>,
+    /// The settings of the last good resolution.
+    pub last: Vec<Row>,
+}
+
+/// What `serve` reloads and where the results go.
+pub struct Reloader {
+    /// The cluster sources in force.
+    pub sources: KubeconfigSources,
+    /// The configuration file, when `serve` has one.
+    pub config: Option<ConfigFile>,
+    /// The engine's desired clusters.
+    pub desired: watch::Sender<SourceSet>,
+    /// The engine's settings, followed by the engine once it runs.
+    pub settings: watch::Sender<EngineConfig>,
+}
+
+/// The kubeconfig sources and engine settings of resolved `serve` flags.
+pub type Plan = fn(&ServeArgs) -> Result<(KubeconfigSources, EngineConfig), String>;
+
+impl Reloader {
+    /// Reloads whenever a watched file changes or `hangups` fires, until `cancel`.
+    pub async fn run(
+        mut self,
+        plan: Plan,
+        mut hangups: mpsc::Receiver<()>,
+        cancel: CancellationToken,
+    ) {
+        let (changed_tx, mut changed) = mpsc::channel::<()>(1);
+        let mut watched = self.directories();
+        // Kept alive while reloading; replaced when the directories change.
+        let mut _watcher = watch_directories(&watched, changed_tx.clone());
+        loop {
+            let why = tokio::select! {
+                Some(()) = changed.recv() => "a watched file changed",
+                Some(()) = hangups.recv() => "SIGHUP",
+                _ = cancel.cancelled() => return,
+            };
+            if let Err(e) = self.reload_config(plan, why) {
+                tracing::error!(reason = why, error = %e, "the configuration cannot be reloaded: the last good one stays in force");
+                let now = SystemTime::now();
+                self.desired.send_modify(|set| {
+                    set.error = Some((format!("configuration file: {e}"), now));
+                });
+                continue;
+            }
+            kubeconfig::apply(&self.sources, &self.desired, why);
+            let now_watched = self.directories();
+            if now_watched != watched {
+                _watcher = watch_directories(&now_watched, changed_tx.clone());
+                watched = now_watched;
+            }
+        }
+    }
+
+    /// Resolves the configuration file again and hands on what changed.
+    fn reload_config(&mut self, plan: Plan, why: &str) -> Result<(), String> {
+        let Some(config) = &mut self.config else {
+            return Ok(());
+        };
+        let resolved = resolve::resolve(&config.argv, &config.path).map_err(|e| e.to_string())?;
+        let Command::Serve(args) = &resolved.cli.command else {
+            return Err("the command line is not `serve`".into());
+        };
+        let (sources, engine) = plan(args)?;
+        for flag in AT_RESTART {
+            let (was, now) = (value(&config.last, flag), value(&resolved.rows, flag));
+            if was != now {
+                tracing::warn!(
+                    setting = flag,
+                    was = was.unwrap_or(""),
+                    now = now.unwrap_or(""),
+                    "changed in the configuration file: takes effect at the next restart"
+                );
+            }
+        }
+        let changed: Vec<&str> = resolved
+            .rows
+            .iter()
+            .filter(|r| value(&config.last, &r.flag) != Some(r.value.as_str()))
+            .map(|r| r.key)
+            .collect();
+        tracing::info!(reason = why, file = %config.path.display(), changed = ?changed, "configuration reloaded");
+        config.last = resolved.rows;
+        self.sources = sources;
+        self.settings.send_replace(engine);
+        Ok(())
+    }
+
+    /// The directories to watch: each kubeconfig's and the configuration file's.
+    fn directories(&self) -> Vec<PathBuf> {
+        let mut dirs = self.sources.directories();
+        if let Some(c) = &self.config {
+            dirs.push(parent(&c.path));
+        }
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+}
+
+/// A file's directory (`.` for a bare name).
+fn parent(path: &Path) -> PathBuf {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Watches directories, signalling `changed` (debounced) on any change in them.
+fn watch_directories(
+    dirs: &[PathBuf],
+    changed: mpsc::Sender<()>,
+) -> Option<
+    notify_debouncer_full::Debouncer<
+        notify_debouncer_full::notify::RecommendedWatcher,
+        notify_debouncer_full::RecommendedCache,
+    >,
+> {
+    use notify_debouncer_full::notify::RecursiveMode;
+    if dirs.is_empty() {
+        return None;
+    }
+    let mut debouncer = match notify_debouncer_full::new_debouncer(
+        DEBOUNCE,
+        None,
+        move |result: notify_debouncer_full::DebounceEventResult| {
+            if matches!(&result, Ok(events) if !events.is_empty()) {
+                // A reload is already due when this is full.
+                let _ = changed.try_send(());
+            }
+        },
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the kubeconfig and configuration files: they reload on SIGHUP only");
+            return None;
+        }
+    };
+    for dir in dirs {
+        if let Err(e) = debouncer.watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a directory: its files reload on SIGHUP only");
+        }
+    }
+    Some(debouncer)
+}

@@ -1,0 +1,377 @@
+//! The configuration file from the outside: `fleetscope serve --config` as a process
+//! over simulated clusters, the file rewritten while it runs (a scope moved, a type
+//! added, labels changed, a key misspelt, a restart-only setting changed), checked
+//! with a real gRPC client, a running Watch on an unaffected type, the simulated
+//! clusters' request counts and the metrics; and `fleetscope config check`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::PATIENCE;
+use common::process::{BIN, Server, free_port};
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{self, ListClustersRequest};
+use fleetscope_sim::{FleetSpec, SimFleet, Verb};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use tonic::transport::Channel;
+
+/// Writes a file the way editors and ConfigMap volumes do: a new file renamed over the old.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+async fn clusters(c: &mut FleetClient<Channel>) -> proto::ListClustersResponse {
+    c.list_clusters(ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits until `check` holds for the ListClusters answer, or panics with the last one.
+async fn wait_for(
+    c: &mut FleetClient<Channel>,
+    what: &str,
+    check: impl Fn(&proto::ListClustersResponse) -> bool,
+) -> proto::ListClustersResponse {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let now = clusters(c).await;
+        if check(&now) {
+            return now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never happened; last ListClusters: {now:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every cluster synced with exactly `types` watching, and labelled `env`.
+fn settled(r: &proto::ListClustersResponse, names: &[&str], types: &[&str], env: &str) -> bool {
+    let mut have: Vec<&str> = r.clusters.iter().map(|c| c.name.as_str()).collect();
+    have.sort();
+    have == names
+        && r.clusters.iter().all(|c| {
+            let mut streams: Vec<&str> = c.streams.iter().map(|s| s.resource.as_str()).collect();
+            streams.sort();
+            c.freshness == proto::Freshness::Synced as i32
+                && streams == types
+                && c.streams
+                    .iter()
+                    .all(|s| s.state == proto::StreamState::Watching as i32)
+                && c.labels.get("env").map(String::as_str) == Some(env)
+        })
+}
+
+/// How many configmaps fleetscope holds in `cluster`, in `namespace` or in all.
+async fn configmaps(c: &mut FleetClient<Channel>, cluster: &str, namespace: Option<&str>) -> u64 {
+    c.count(proto::CountRequest {
+        query: Some(proto::Query {
+            resource: "configmaps".into(),
+            clusters: vec![cluster.into()],
+            namespaces: namespace.into_iter().map(String::from).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .total
+}
+
+/// The configmaps of `namespace` in a simulated cluster, read with kube-rs.
+async fn truth(kubeconfig: &Path, context: &str, namespace: &str) -> u64 {
+    let client = common::kube_client(kubeconfig, context).await;
+    let api = kube::Api::<ConfigMap>::namespaced(client, namespace);
+    api.list(&Default::default()).await.unwrap().items.len() as u64
+}
+
+fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
+    fleet
+        .servers()
+        .iter()
+        .map(|s| {
+            let c = s.cluster();
+            (c.requests_of(Verb::List), c.requests_of(Verb::Watch))
+        })
+        .collect()
+}
+
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    raw
+}
+
+const FIRST: &str = "\
+# What each cluster collects, and how.
+resources:
+  namespaces:
+  configmaps:
+    namespace: team-0
+clusters:
+  labels:
+    - match: 'sim-*'
+      labels: {env: test}
+    - match: second
+      labels: {env: test}
+  aliases:
+    sim-2: second
+";
+
+const SECOND: &str = "\
+resources:
+  namespaces:
+  configmaps:
+    namespace: team-1
+  pods:
+clusters:
+  labels:
+    - match: '*'
+      labels: {env: staging}
+  aliases:
+    sim-2: second
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
+    let fleet = SimFleet::start(&FleetSpec::numbered(2, 60, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let etc = dir.path().join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let file = etc.join("fleetscope.yaml");
+    replace(&file, FIRST);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("serve.log");
+    let mut server = Server::start(
+        &kubeconfig,
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--no-persist",
+            "--metrics-listen",
+            &metrics,
+        ],
+        &log,
+    );
+    let url = server.url();
+    common::wait_serving(&url).await;
+    let mut c = FleetClient::connect(url.clone()).await.unwrap();
+    let names = ["second", "sim-1"];
+    wait_for(&mut c, "the file's types, labels and alias", |r| {
+        settled(r, &names, &["configmaps", "namespaces"], "test")
+    })
+    .await;
+    for (name, context) in [("sim-1", "sim-1"), ("second", "sim-2")] {
+        let held = configmaps(&mut c, name, None).await;
+        assert!(held > 0);
+        assert_eq!(held, configmaps(&mut c, name, Some("team-0")).await);
+        assert_eq!(held, truth(&kubeconfig, context, "team-0").await);
+    }
+
+    // A Watch on namespaces, a type the change leaves alone.
+    let mut namespaces = c
+        .watch(proto::WatchRequest {
+            query: Some(proto::Query {
+                resource: "namespaces".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut team_1 = Vec::new();
+    for context in ["sim-1", "sim-2"] {
+        team_1.push(truth(&kubeconfig, context, "team-1").await);
+    }
+    let before = requests(&fleet);
+
+    // The scope moves to team-1, pods join, the labels change.
+    replace(&file, SECOND);
+    wait_for(&mut c, "the new types and labels", |r| {
+        settled(r, &names, &["configmaps", "namespaces", "pods"], "staging")
+    })
+    .await;
+    for (name, want) in ["sim-1", "second"].into_iter().zip(team_1) {
+        assert!(want > 0);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while configmaps(&mut c, name, None).await != want
+            || configmaps(&mut c, name, Some("team-1")).await != want
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}: team-1 never held alone"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // One LIST and one WATCH per cluster for the moved configmaps, the same for the
+    // new pods; none for namespaces.
+    let after = requests(&fleet);
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert_eq!(
+            (a.0 - b.0, a.1 - b.1),
+            (2, 2),
+            "cluster {i}: (LISTs, WATCHes) made by the change"
+        );
+    }
+    // The namespaces Watch saw no object event from it: its first is the next real change.
+    let client = common::kube_client(&kubeconfig, "sim-1").await;
+    kube::Api::<Namespace>::all(client)
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "after-reload"}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let first = loop {
+        let e = tokio::time::timeout(PATIENCE, namespaces.message())
+            .await
+            .expect("an event")
+            .unwrap()
+            .unwrap();
+        // Bookmarks and cluster status (a cluster reads Syncing while its new pods
+        // stream lists) are not object events.
+        if e.object.is_some() {
+            break e;
+        }
+    };
+    assert_eq!(first.r#type, proto::EventType::Added as i32, "{first:?}");
+    assert_eq!(first.object.unwrap().name, "after-reload");
+
+    // A misspelt key: the last good configuration stays, and everyone is told why.
+    replace(
+        &file,
+        &SECOND.replace("namespace: team-1", "nmespace: team-1"),
+    );
+    let r = wait_for(&mut c, "the reload error", |r| {
+        r.sources_error.contains("resources.configmaps.nmespace")
+    })
+    .await;
+    let error = r.sources_error.clone();
+    assert!(error.contains("did you mean \"namespace\"?"), "{error}");
+    assert!(settled(
+        &r,
+        &names,
+        &["configmaps", "namespaces", "pods"],
+        "staging"
+    ));
+    let body = scrape(&metrics).await;
+    assert!(
+        body.contains("fleetscope_config_last_reload_successful 0"),
+        "{body}"
+    );
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("the last good one stays in force")
+    );
+
+    // Fixed, with a setting that needs a restart: applied, and the log says so.
+    replace(&file, &format!("{SECOND}retention:\n  events: 5000\n"));
+    wait_for(&mut c, "the error cleared", |r| r.sources_error.is_empty()).await;
+    let body = scrape(&metrics).await;
+    assert!(
+        body.contains("fleetscope_config_last_reload_successful 1"),
+        "{body}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("takes effect at the next restart") && text.contains("--event-log"),
+        "{text}"
+    );
+    server.assert_running(&log);
+    server.kill();
+    fleet.shutdown().await;
+}
+
+fn check(file: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["config", "check"]).arg(file);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[tokio::test]
+async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
+    let fleet = SimFleet::start(&FleetSpec::numbered(2, 10, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let file = dir.path().join("fleetscope.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "kubeconfigs: [{}]\ninformer:\n  pageSize: 250\nlisten: 127.0.0.1:7000\nclusters:\n  aliases: {{sim-1: first}}\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let out = check(&file, &[("FLEETSCOPE_LISTEN", "127.0.0.1:7001")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |flag: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(flag))
+            .unwrap_or_else(|| panic!("{flag}: {stdout}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(line("--page-size")[2..], ["250", "file"]);
+    assert_eq!(
+        line("--listen")[2..],
+        ["127.0.0.1:7001", "env", "FLEETSCOPE_LISTEN"]
+    );
+    assert_eq!(line("--event-log")[2..], ["100000", "default"]);
+    assert!(stdout.contains("2 cluster(s): first, sim-2"), "{stdout}");
+
+    std::fs::write(&file, "informer:\n  pagesize: 250\n").unwrap();
+    let out = check(&file, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown key \"informer.pagesize\" (did you mean \"pageSize\"?)"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &file,
+        "resources:\n  pods:\n    labelSelector: 'app in web'\n",
+    )
+    .unwrap();
+    let out = check(&file, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("resources.pods.labelSelector") && stderr.contains("position"),
+        "{stderr}"
+    );
+    fleet.shutdown().await;
+}
