@@ -1,5 +1,5 @@
 //! Prometheus metrics from the outside: `fleetscope serve` as a process with
-//! `--metrics-listen`, scraped over HTTP while simulated clusters change, a Watch
+//! `--metrics-listen` and a data directory, scraped over HTTP while simulated clusters change, a Watch
 //! opens and closes, and a cluster leaves the kubeconfig (its series go with it).
 
 #![allow(clippy::unwrap_used)]
@@ -79,7 +79,8 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
     let server = Server::start(
         &kubeconfig,
         &[
-            "--no-persist",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
             "--resources",
             "configmaps",
             "--metrics-listen",
@@ -124,12 +125,37 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         let lag = series("fleetscope_sync_lag_seconds", c, "");
         assert_eq!(sample(&body, &lag), Some(0.0), "{body}");
     }
+    // Every request to an API server counted, client-go's way: at least the LISTs
+    // and WATCHes the simulated cluster saw (discovery and /version come on top).
+    for (i, c) in ["sim-1", "sim-2"].iter().enumerate() {
+        let sim = fleet.servers()[i].cluster();
+        let seen = sim.requests_of(fleetscope_sim::Verb::List)
+            + sim.requests_of(fleetscope_sim::Verb::Watch);
+        let counted = sample(
+            &body,
+            &format!("fleetscope_rest_client_requests_total{{cluster=\"{c}\",code=\"200\",method=\"GET\"}}"),
+        )
+        .unwrap_or_else(|| panic!("{c}: {body}"));
+        assert!(
+            counted >= seen as f64 && seen >= 2,
+            "{c}: {counted} counted, {seen} seen"
+        );
+    }
     assert_eq!(sample(&body, "fleetscope_watch_subscribers"), Some(0.0));
     assert_eq!(
         sample(&body, "fleetscope_config_last_reload_successful"),
         Some(1.0)
     );
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    // The store's writes, as a histogram whose last bucket holds them all.
+    let writes = sample(&body, "fleetscope_store_write_seconds_count").unwrap();
+    assert!(writes >= 1.0, "{body}");
+    assert_eq!(
+        sample(&body, "fleetscope_store_write_seconds_bucket{le=\"+Inf\"}"),
+        Some(writes),
+        "{body}"
+    );
+    assert!(sample(&body, "fleetscope_store_write_seconds_sum").unwrap() > 0.0);
 
     // A Watch open: counted while it lasts.
     common::wait_serving(&server.url()).await;

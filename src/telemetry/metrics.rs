@@ -84,6 +84,28 @@ fn single<M: EncodeMetric>(
     value.encode(encoder.encode_descriptor(name, help, None, kind)?)
 }
 
+/// A histogram read at scrape time.
+#[derive(Debug)]
+struct HistogramValue<'a>(&'a fleetscope_model::fleet::Histogram);
+
+impl EncodeMetric for HistogramValue<'_> {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.0.sum,
+            self.0.count(),
+            &self.0.buckets(),
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 fn seconds(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -207,6 +229,25 @@ impl Collector for FleetCollector {
                 })
             }),
         )?;
+        let clusters = engine.status.clusters();
+        family(
+            &mut e,
+            "fleetscope_rest_client_requests",
+            "Requests to the clusters' API servers, by HTTP method and response code (<error> when none came).",
+            MetricType::Counter,
+            clusters.iter().flat_map(|c| {
+                c.requests.snapshot().into_iter().map(|(method, code, n)| {
+                    (
+                        vec![
+                            ("cluster", c.name.to_string()),
+                            ("code", code),
+                            ("method", method),
+                        ],
+                        ConstCounter::new(n),
+                    )
+                })
+            }),
+        )?;
         let sources = engine.status.sources();
         single(
             &mut e,
@@ -246,6 +287,13 @@ impl Collector for FleetCollector {
                 "Store writes (each durable before what it holds is visible).",
                 MetricType::Counter,
                 ConstCounter::new(s.flushes),
+            )?;
+            single(
+                &mut e,
+                "fleetscope_store_write_seconds",
+                "How long store writes take.",
+                MetricType::Histogram,
+                HistogramValue(&s.write_seconds),
             )?;
             single(
                 &mut e,

@@ -582,6 +582,7 @@ impl Persister {
                 }
                 s.last_flush = took;
                 s.max_flush = s.max_flush.max(took);
+                s.write_seconds.observe(took);
                 Ok(())
             }
             Err((e, ready)) => {

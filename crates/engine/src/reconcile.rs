@@ -276,4 +276,11 @@ impl Report for Reporter {
     fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType) {
         self.status.remove_stream(cluster, &resource.name());
     }
+
+    fn request_counts(
+        &self,
+        cluster: &ClusterName,
+    ) -> Option<Arc<fleetscope_informer::requests::RequestCounts>> {
+        self.status.request_counts(cluster)
+    }
 }

@@ -127,6 +127,8 @@ pub struct ClusterStatus {
     pub source: String,
     /// When its settings were last (re)loaded.
     pub loaded_at: SystemTime,
+    /// Its requests to its API server, by method and code.
+    pub requests: Arc<fleetscope_informer::requests::RequestCounts>,
 }
 
 impl ClusterStatus {
@@ -259,6 +261,7 @@ impl StatusTable {
             discovered: false,
             source: source.to_string(),
             loaded_at: SystemTime::now(),
+            requests: Arc::default(),
         };
         self.write().insert(name.clone(), status);
         let _ = self.changes.send(ClusterFreshness {
@@ -361,6 +364,18 @@ impl StatusTable {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .map(|c| c.labels.clone())
+    }
+
+    /// Where a cluster's requests to its API server are counted.
+    pub fn request_counts(
+        &self,
+        name: &ClusterName,
+    ) -> Option<Arc<fleetscope_informer::requests::RequestCounts>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .map(|c| c.requests.clone())
     }
 
     /// Freshness changes, as they happen.

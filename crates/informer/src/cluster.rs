@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::discovery::{self, Served};
+use crate::requests::RequestCounts;
 use crate::source::{self, ClusterSource};
 use crate::stream::{self, Backoff, StreamConfig, StreamId, Update};
 
@@ -219,6 +220,10 @@ pub trait Report: Send + Sync + 'static {
     fn stream_started(&self, cluster: &ClusterName, resource: &ResourceType, resumed: bool);
     /// A stream stopped for good: its type is no longer served or collected.
     fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType);
+    /// Where to count the cluster's requests to its API server, if anywhere.
+    fn request_counts(&self, _cluster: &ClusterName) -> Option<Arc<RequestCounts>> {
+        None
+    }
 }
 
 /// The stream settings for one type: the base, narrowed by the first scope naming it.
@@ -386,8 +391,9 @@ impl Cluster {
         source: &mut watch::Receiver<ClusterSource>,
     ) -> Result<Result<source::Connection, source::SourceError>, Leave> {
         let timeout = self.config.exec_timeout;
+        let counts = self.report.request_counts(&self.name);
         tokio::select! {
-            c = source::connect(current, timeout) => Ok(c),
+            c = source::connect(current, timeout, counts.as_ref()) => Ok(c),
             _ = self.cancel.cancelled() => Err(Leave::Shutdown),
             changed = source.changed() => Err(Leave::on_change(changed)),
         }

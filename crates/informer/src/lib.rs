@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod discovery;
 pub mod exec;
 pub mod prune;
+pub mod requests;
 pub mod source;
 pub mod stream;
 

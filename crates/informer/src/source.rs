@@ -218,6 +218,7 @@ pub(crate) struct Connection {
 pub(crate) async fn connect(
     source: &ClusterSource,
     exec_timeout: std::time::Duration,
+    counts: Option<&std::sync::Arc<crate::requests::RequestCounts>>,
 ) -> Result<Connection, SourceError> {
     let mut config = config(source).await?;
     let server = config.cluster_url.to_string();
@@ -240,10 +241,17 @@ pub(crate) async fn connect(
             config.auth_info.client_key_data = Some(b64.encode(key).into());
         }
     }
-    let client = kube::Client::try_from(config).map_err(|e| SourceError::Client {
-        cluster: source.name.clone(),
-        source: e,
-    })?;
+    let builder =
+        kube::client::ClientBuilder::try_from(config).map_err(|e| SourceError::Client {
+            cluster: source.name.clone(),
+            source: e,
+        })?;
+    let client = match counts {
+        Some(counts) => builder
+            .with_layer(&crate::requests::CountLayer(counts.clone()))
+            .build(),
+        None => builder.build(),
+    };
     Ok(Connection {
         client,
         server,
@@ -282,7 +290,7 @@ pub async fn get_text(
     path: &str,
     exec_timeout: std::time::Duration,
 ) -> Result<String, SourceError> {
-    let conn = connect(source, exec_timeout).await?;
+    let conn = connect(source, exec_timeout, None).await?;
     let request = http::Request::get(path)
         .body(Vec::new())
         .map_err(|e| SourceError::Client {

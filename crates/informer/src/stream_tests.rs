@@ -63,7 +63,7 @@ async fn start_after(
     resume: Option<String>,
     before: impl FnOnce(),
 ) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
-    let client = source::connect(&s.source, Duration::from_secs(30))
+    let client = source::connect(&s.source, Duration::from_secs(30), None)
         .await
         .unwrap()
         .client;
@@ -275,7 +275,7 @@ async fn start_with(
     resource: &str,
     config: StreamConfig,
 ) -> (mpsc::Receiver<Update>, CancellationToken) {
-    let client = source::connect(&s.source, Duration::from_secs(30))
+    let client = source::connect(&s.source, Duration::from_secs(30), None)
         .await
         .unwrap()
         .client;

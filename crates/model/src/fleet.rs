@@ -417,6 +417,52 @@ pub struct StoreStats {
     pub compactions: u64,
     /// How long the last compaction took.
     pub last_compaction: Duration,
+    /// How long each write took.
+    pub write_seconds: Histogram,
+}
+
+/// The upper bounds, in seconds, of [`Histogram`]'s buckets (a last one, unbounded,
+/// follows them).
+pub const HISTOGRAM_BOUNDS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Durations observed, counted in buckets bounded by [`HISTOGRAM_BOUNDS`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last is above every bound.
+    pub counts: [u64; HISTOGRAM_BOUNDS.len() + 1],
+    /// Their sum, in seconds.
+    pub sum: f64,
+}
+
+impl Histogram {
+    /// Counts one duration.
+    pub fn observe(&mut self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = HISTOGRAM_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(HISTOGRAM_BOUNDS.len());
+        self.counts[i] += 1;
+        self.sum += secs;
+    }
+
+    /// How many were observed.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Each bucket's upper bound (`f64::MAX` for the unbounded last, as Prometheus
+    /// encoders write `+Inf`) with its own count.
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        HISTOGRAM_BOUNDS
+            .iter()
+            .copied()
+            .chain([f64::MAX])
+            .zip(self.counts)
+            .collect()
+    }
 }
 
 /// What every front end asks of a fleet. Implemented by the engine; a front end is
@@ -510,5 +556,26 @@ impl<F: Fleet> Fleet for Deferred<F> {
     }
     async fn store(&self) -> Result<Option<StoreStats>, FleetError> {
         self.ready()?.store().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_counts_each_duration_in_the_first_bucket_that_holds_it() {
+        let mut h = Histogram::default();
+        for ms in [0, 1, 3, 3, 20_000] {
+            h.observe(Duration::from_millis(ms));
+        }
+        let buckets = h.buckets();
+        assert_eq!(buckets.len(), HISTOGRAM_BOUNDS.len() + 1);
+        assert_eq!(buckets[0], (0.0005, 1));
+        assert_eq!(buckets[1], (0.001, 1));
+        assert_eq!(buckets[3], (0.005, 2));
+        assert_eq!(buckets.last(), Some(&(f64::MAX, 1)));
+        assert_eq!(h.count(), 5);
+        assert!((h.sum - 20.007).abs() < 1e-9);
     }
 }
