@@ -299,6 +299,7 @@ struct Cluster {
     cancel: CancellationToken,
     streams: HashMap<ResourceType, Running>,
     resume: Resume,
+    outage: Arc<crate::outage::Outage>,
 }
 
 /// Runs one cluster until `cancel` (shutdown) or until `source`'s sender is dropped
@@ -330,6 +331,9 @@ pub async fn run(
         cancel,
         streams: HashMap::new(),
         resume,
+        outage: Arc::new(crate::outage::Outage::new(ClusterName::from(
+            current.name.as_str(),
+        ))),
     };
     let mut backoff = Backoff::new(
         cluster.config.stream.backoff_start,
@@ -344,7 +348,7 @@ pub async fn run(
             }
             Ok(Err(e)) => {
                 let why = source::chain(&e);
-                tracing::error!(error = %why, "cannot connect to the cluster");
+                cluster.outage.failed("connect", &why);
                 cluster.report.failed(&cluster.name, &why);
                 match cluster.wait(backoff.next_delay(), None, &mut source).await {
                     // Waited out, or new settings (an exec timeout, say): connect again.
@@ -406,6 +410,8 @@ impl Cluster {
         source: &mut watch::Receiver<ClusterSource>,
     ) -> Leave {
         self.report.connected(&self.name, &conn.server);
+        self.outage.server(&conn.server);
+        self.outage.recovered("connect");
         // Renew an expiring credential a minute ahead (at least 10 s from now).
         let renew = conn.expires.map(|at| {
             let left = at
@@ -438,13 +444,14 @@ impl Cluster {
                             _ = self.cancel.cancelled() => return Leave::Shutdown,
                         };
                         known = Some((served, version));
+                        self.outage.recovered("discovery");
                     }
                     Err(e) => {
                         let why = format!(
                             "discovery failed: {}",
                             crate::cause::describe(&e, &conn.server)
                         );
-                        tracing::warn!(error = %why, "discovery failed");
+                        self.outage.failed("discovery", &why);
                         self.report.failed(&self.name, &why);
                         known = None;
                     }
@@ -572,6 +579,7 @@ impl Cluster {
                 stream::run(
                     client.clone(),
                     id,
+                    self.outage.clone(),
                     stream,
                     resume_from,
                     self.tx.clone(),

@@ -18,6 +18,7 @@ pub mod cause;
 pub mod cluster;
 pub mod discovery;
 pub mod exec;
+pub mod outage;
 pub mod prune;
 pub mod requests;
 pub mod source;

@@ -321,6 +321,7 @@ async fn fetch(
 struct Informer {
     client: Client,
     id: Arc<StreamId>,
+    outage: Arc<crate::outage::Outage>,
     config: StreamConfig,
     tx: mpsc::Sender<Update>,
     cancel: CancellationToken,
@@ -336,6 +337,7 @@ struct Informer {
 pub(crate) async fn run(
     client: Client,
     id: Arc<StreamId>,
+    outage: Arc<crate::outage::Outage>,
     config: StreamConfig,
     resume_from: Option<String>,
     tx: mpsc::Sender<Update>,
@@ -358,12 +360,16 @@ pub(crate) async fn run(
     let informer = Informer {
         client,
         id,
+        outage,
         config,
         tx,
         cancel,
         path,
     };
-    informer.run(resume_from).await
+    let reached = informer.run(resume_from).await;
+    // A stream that stops holds no outage open.
+    informer.outage.forget(&informer.id.name);
+    reached
 }
 
 impl Informer {
@@ -393,6 +399,8 @@ impl Informer {
     async fn run(&self, resume_from: Option<String>) -> Option<String> {
         let mut backoff = Backoff::new(self.config.backoff_start, self.config.backoff_cap);
         let mut rv = resume_from;
+        // The cause last logged for this stream's own (not the cluster's) failures.
+        let mut last_logged: Option<String> = None;
         let mut reason = ListReason::Initial;
         let mut last_state = None;
         loop {
@@ -406,6 +414,7 @@ impl Informer {
                     }
                     match self.list().await {
                         Ok((objects, list_rv)) => {
+                            self.outage.recovered(&self.id.name);
                             let update = Update::Listed {
                                 stream: self.id.clone(),
                                 objects,
@@ -451,7 +460,18 @@ impl Informer {
                 Stop::NotFound(m) => (StreamState::NotFound, m, self.config.forbidden_retry),
                 Stop::Failed(m) => (StreamState::Failed, m, backoff.next_delay()),
             };
-            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %error, retry_in = ?wait, "stream failed");
+            match state {
+                // The cluster failing: once per outage, for all its streams.
+                StreamState::Failed => {
+                    self.outage.failed(&self.id.name, &error);
+                }
+                // This type refused or gone: once per change of cause.
+                _ if last_logged.as_deref() != Some(error.as_str()) => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %error, retry_in = ?wait, "stream failed");
+                }
+                _ => {}
+            }
+            last_logged = Some(error.clone());
             last_state = Some(state);
             if !self.state(state, Some(error)).await || !self.sleep(wait).await {
                 return rv;
@@ -543,6 +563,8 @@ impl Informer {
             Ok(Err(e)) => return (classify(e), seen),
             Ok(Ok(body)) => body,
         };
+        // The watch is accepted: the cluster answers this stream again.
+        self.outage.recovered(&self.id.name);
         let mut lines = body.lines();
         loop {
             let next = tokio::select! {

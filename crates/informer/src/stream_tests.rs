@@ -84,6 +84,7 @@ async fn start_after(
     tokio::spawn(stream::run(
         client,
         id.clone(),
+        Arc::new(crate::outage::Outage::new(ClusterName::from("inf"))),
         config,
         resume,
         tx,
@@ -286,7 +287,16 @@ async fn start_with(
     let id = Arc::new(StreamId::new(ClusterName::from("inf"), rt));
     let (tx, rx) = mpsc::channel(1024);
     let cancel = CancellationToken::new();
-    tokio::spawn(stream::run(client, id, config, None, tx, cancel.clone()));
+    let outage = Arc::new(crate::outage::Outage::new(ClusterName::from("inf")));
+    tokio::spawn(stream::run(
+        client,
+        id,
+        outage,
+        config,
+        None,
+        tx,
+        cancel.clone(),
+    ));
     (rx, cancel)
 }
 
