@@ -46,7 +46,7 @@ async fn run_cli() -> anyhow::Result<()> {
             last: resolved.rows,
         });
     }
-    telemetry::init(parsed.log_format);
+    let _telemetry = telemetry::init(parsed.log_format);
     match parsed.command {
         args::Command::Serve(args) => Ok(run::serve(args, config).await?),
         args::Command::Config(args::ConfigCommand::Check { file }) => Ok(run::config_check(&file)?),

@@ -13,7 +13,7 @@ use fleetscope_model::Fleet;
 use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::fleet_server::FleetServer;
-use crate::telemetry::grpc::GrpcMetricsLayer;
+use crate::telemetry::grpc::GrpcLayer;
 use limits::{Limits, ShedLayer};
 
 /// A failure to start or run the server.
@@ -61,7 +61,7 @@ pub async fn serve<F: Fleet>(
         service,
         ready,
         shutdown,
-        GrpcMetricsLayer::off(),
+        GrpcLayer::off(),
         Limits::default(),
     )
     .await
@@ -73,7 +73,7 @@ pub async fn serve_with<F: Fleet>(
     service: FleetService<F>,
     ready: impl Future<Output = ()> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send,
-    metrics: GrpcMetricsLayer,
+    metrics: GrpcLayer,
     limits: Limits,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();

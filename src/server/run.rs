@@ -18,7 +18,7 @@ use crate::grpc::{FleetService, ServiceConfig};
 use crate::server::{self, ServerError};
 use crate::sources::{self, SourceError};
 use crate::telemetry;
-use crate::telemetry::grpc::GrpcMetricsLayer;
+use crate::telemetry::grpc::GrpcLayer;
 
 /// Prints to stdout, ignoring a closed stdout: a banner must never take the server down.
 macro_rules! say {
@@ -259,13 +259,13 @@ async fn run(
     let stop = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     let service = FleetService::new(fleet.clone(), service, stop.clone());
-    let mut counted = GrpcMetricsLayer::off();
+    let mut counted = GrpcLayer::off();
     if let Some(listener) = metrics {
         let (registry, grpc) = telemetry::metrics::registry(telemetry::metrics::Sources {
             engine: fleet.clone(),
             subscribers: service.subscribers(),
         });
-        counted = GrpcMetricsLayer::new(grpc);
+        counted = GrpcLayer::new(grpc);
         if let Ok(addr) = listener.local_addr() {
             tracing::info!("metrics on http://{addr}/metrics (and /healthz, /readyz)");
         }

@@ -1,7 +1,11 @@
-//! gRPC server metrics as a tower layer, in go-grpc-prometheus's shape:
-//! `fleetscope_grpc_server_handled_total{grpc_service,grpc_method,grpc_type,grpc_code}`
-//! and `fleetscope_grpc_server_handling_seconds` (for a stream, the time to its first
-//! message).
+//! The gRPC server's telemetry as one tower layer ([`GrpcLayer`]):
+//! - a tracing span per RPC, lasting to the end of its response (a Watch: its whole
+//!   stream), child of the W3C trace context (`traceparent`) the request carries, and
+//!   exported over OTLP when traces are on ([`super::trace`]);
+//! - metrics in go-grpc-prometheus's shape:
+//!   `fleetscope_grpc_server_handled_total{grpc_service,grpc_method,grpc_type,grpc_code}`
+//!   and `fleetscope_grpc_server_handling_seconds` (for a stream, the time to its
+//!   first message), when a registry is given.
 //!
 //! The code is read where gRPC puts it: the response headers for an answer that is
 //! only a status, else the trailers at the end of the body. A body dropped before its
@@ -20,6 +24,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use tracing::Instrument;
 
 /// Prometheus's default buckets, as go-grpc-prometheus uses them.
 const BUCKETS: [f64; 11] = [
@@ -75,36 +80,36 @@ impl GrpcMetrics {
     }
 }
 
-/// The tower layer that counts every RPC; `off()` counts nothing.
+/// The tower layer that traces every RPC and, with metrics, counts it; `off()` counts nothing.
 #[derive(Debug, Clone, Default)]
-pub struct GrpcMetricsLayer(Option<Arc<GrpcMetrics>>);
+pub struct GrpcLayer(Option<Arc<GrpcMetrics>>);
 
-impl GrpcMetricsLayer {
+impl GrpcLayer {
     /// Counts into `metrics`.
     pub fn new(metrics: Arc<GrpcMetrics>) -> Self {
         Self(Some(metrics))
     }
 
-    /// Counts nothing.
+    /// Traces, and counts nothing.
     pub fn off() -> Self {
         Self(None)
     }
 }
 
-impl<S> tower::Layer<S> for GrpcMetricsLayer {
-    type Service = GrpcMetricsService<S>;
+impl<S> tower::Layer<S> for GrpcLayer {
+    type Service = GrpcService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        GrpcMetricsService {
+        GrpcService {
             inner,
             metrics: self.0.clone(),
         }
     }
 }
 
-/// See [`GrpcMetricsLayer`].
+/// See [`GrpcLayer`].
 #[derive(Debug, Clone)]
-pub struct GrpcMetricsService<S> {
+pub struct GrpcService<S> {
     inner: S,
     metrics: Option<Arc<GrpcMetrics>>,
 }
@@ -127,6 +132,13 @@ fn method_of(path: &str) -> Method {
 }
 
 /// gRPC's name for a status code, as go-grpc-prometheus labels it.
+fn code_number(code: &[u8]) -> i64 {
+    std::str::from_utf8(code)
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(2)
+}
+
 fn code_name(code: &[u8]) -> &'static str {
     match code {
         b"0" => "OK",
@@ -153,38 +165,48 @@ fn code_name(code: &[u8]) -> &'static str {
 /// One RPC being answered: observed once when it first answers, counted once when
 /// it ends.
 struct Call {
-    metrics: Arc<GrpcMetrics>,
+    metrics: Option<Arc<GrpcMetrics>>,
     method: Method,
     started: Instant,
     answered: bool,
     ended: bool,
+    /// The RPC's span: closed when the call is dropped (its response ended).
+    span: tracing::Span,
 }
 
 impl Call {
     fn answered(&mut self) {
         if !self.answered {
             self.answered = true;
-            self.metrics
-                .handling
-                .get_or_create(&self.method)
-                .observe(self.started.elapsed().as_secs_f64());
+            if let Some(metrics) = &self.metrics {
+                metrics
+                    .handling
+                    .get_or_create(&self.method)
+                    .observe(self.started.elapsed().as_secs_f64());
+            }
         }
     }
 
-    fn ended(&mut self, code: &'static str) {
+    fn ended(&mut self, code: &'static str, number: i64) {
         self.answered();
         if !self.ended {
             self.ended = true;
+            self.span.record("rpc.grpc.status_code", number);
+            if number != 0 {
+                self.span.record("otel.status_code", "ERROR");
+            }
             let m = &self.method;
-            self.metrics
-                .handled
-                .get_or_create(&Handled {
-                    grpc_service: m.grpc_service.clone(),
-                    grpc_method: m.grpc_method.clone(),
-                    grpc_type: m.grpc_type,
-                    grpc_code: code,
-                })
-                .inc();
+            if let Some(metrics) = &self.metrics {
+                metrics
+                    .handled
+                    .get_or_create(&Handled {
+                        grpc_service: m.grpc_service.clone(),
+                        grpc_method: m.grpc_method.clone(),
+                        grpc_type: m.grpc_type,
+                        grpc_code: code,
+                    })
+                    .inc();
+            }
         }
     }
 }
@@ -192,11 +214,11 @@ impl Call {
 impl Drop for Call {
     fn drop(&mut self) {
         // Dropped before its status: the client (or the server's shutdown) cut it.
-        self.ended("Canceled");
+        self.ended("Canceled", 1);
     }
 }
 
-impl<S, B, RB> tower::Service<http::Request<B>> for GrpcMetricsService<S>
+impl<S, B, RB> tower::Service<http::Request<B>> for GrpcService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
     S::Future: Send + 'static,
@@ -212,35 +234,52 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let call = self.metrics.clone().map(|metrics| Call {
-            metrics,
-            method: method_of(request.uri().path()),
+        let method = method_of(request.uri().path());
+        let span = tracing::info_span!(
+            target: "fleetscope::rpc",
+            "rpc",
+            otel.name = %format!("{}/{}", method.grpc_service, method.grpc_method),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            rpc.system = "grpc",
+            rpc.service = %method.grpc_service,
+            rpc.method = %method.grpc_method,
+            rpc.grpc.status_code = tracing::field::Empty,
+        );
+        super::trace::continue_trace(&span, request.headers());
+        let mut call = Call {
+            metrics: self.metrics.clone(),
+            method,
             started: Instant::now(),
             answered: false,
             ended: false,
-        });
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let response = answer.await?;
-            let mut call = call;
-            // A status-only answer carries its code in the headers.
-            if let Some(c) = call.as_mut()
-                && let Some(code) = response.headers().get("grpc-status")
-            {
-                c.ended(code_name(code.as_bytes()));
+            span: span.clone(),
+        };
+        let answer = {
+            let _entered = span.enter();
+            self.inner.call(request)
+        };
+        Box::pin(
+            async move {
+                let response = answer.await?;
+                // A status-only answer carries its code in the headers.
+                if let Some(code) = response.headers().get("grpc-status") {
+                    call.ended(code_name(code.as_bytes()), code_number(code.as_bytes()));
+                }
+                Ok(response.map(|body| Counted {
+                    body: Box::pin(body),
+                    call,
+                }))
             }
-            Ok(response.map(|body| Counted {
-                body: Box::pin(body),
-                call,
-            }))
-        })
+            .instrument(span),
+        )
     }
 }
 
 /// A response body that reports its first message and its trailers' status.
 pub struct Counted<B> {
     body: Pin<Box<B>>,
-    call: Option<Call>,
+    call: Call,
 }
 
 impl<B: Body<Data = Bytes>> Body for Counted<B> {
@@ -251,16 +290,19 @@ impl<B: Body<Data = Bytes>> Body for Counted<B> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let span = self.call.span.clone();
+        let _entered = span.enter();
         let polled = self.body.as_mut().poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(frame))), Some(call)) = (&polled, self.call.as_mut()) {
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
             match frame.trailers_ref() {
                 Some(trailers) => {
-                    let code = trailers
-                        .get("grpc-status")
-                        .map_or("Unknown", |c| code_name(c.as_bytes()));
-                    call.ended(code);
+                    let code = trailers.get("grpc-status");
+                    self.call.ended(
+                        code.map_or("Unknown", |c| code_name(c.as_bytes())),
+                        code.map_or(2, |c| code_number(c.as_bytes())),
+                    );
                 }
-                None => call.answered(),
+                None => self.call.answered(),
             }
         }
         polled

@@ -46,7 +46,7 @@ impl std::fmt::Debug for Sources {
 }
 
 /// A registry holding every fleetscope metric, and the gRPC server's metrics in it
-/// (for [`super::grpc::GrpcMetricsLayer`]).
+/// (for [`super::grpc::GrpcLayer`]).
 pub fn registry(sources: Sources) -> (Registry, Arc<super::grpc::GrpcMetrics>) {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(FleetCollector(sources)));

@@ -17,6 +17,16 @@ impl Server {
     /// `fleetscope serve` over `kubeconfig` on a free loopback port, with `args`
     /// added, logging to `log` (appended).
     pub fn start(kubeconfig: &Path, args: &[&str], log: &Path) -> Self {
+        Self::start_with_env(kubeconfig, args, log, &[])
+    }
+
+    /// [`Server::start`] with environment variables set.
+    pub fn start_with_env(
+        kubeconfig: &Path,
+        args: &[&str],
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -30,6 +40,7 @@ impl Server {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .env("RUST_LOG", "info,fleetscope::persist=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::prune::{PrunedObject, Pruning, prune, prune_list};
 
@@ -412,7 +413,19 @@ impl Informer {
                     if !self.state(StreamState::Listing, None).await {
                         return None;
                     }
-                    match self.list().await {
+                    let span = tracing::info_span!(
+                        "list",
+                        cluster = %self.id.cluster,
+                        resource = %self.id.name,
+                        reason = ?reason,
+                        objects = tracing::field::Empty,
+                    );
+                    let listed = self.list().instrument(span.clone()).await;
+                    if let Ok((objects, _)) = &listed {
+                        span.record("objects", i64::try_from(objects.len()).unwrap_or(i64::MAX));
+                    }
+                    drop(span);
+                    match listed {
                         Ok((objects, list_rv)) => {
                             self.outage.recovered(&self.id.name);
                             let update = Update::Listed {
