@@ -1,0 +1,345 @@
+//! The Kubernetes manifests (`deploy/kubernetes`), rendered as kustomize renders them
+//! (with the real `kubectl kustomize` when it is installed, and always by reading the
+//! files the kustomizations name), then checked: every object parses as its
+//! Kubernetes type (k8s-openapi) without losing a field, and the pieces agree with
+//! each other and with the configuration file they ship (ports, paths, probes, the
+//! read-only grants covering the collected types, a restricted pod).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::Value;
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes")
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap()
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn read_docs(path: &Path) -> Vec<Value> {
+    yaml_docs(&std::fs::read_to_string(path).unwrap())
+}
+
+/// kustomize's rendering, by reading the files: resources (files and directories),
+/// components, the namespace, common labels and the configMapGenerator.
+fn render_by_reading(dir: &Path) -> Vec<Value> {
+    let k = read_docs(&dir.join("kustomization.yaml")).remove(0);
+    let list = |key: &str| -> Vec<String> {
+        k[key]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    };
+    let mut objects = Vec::new();
+    for r in list("resources").into_iter().chain(list("components")) {
+        let path = dir.join(&r);
+        if path.is_dir() {
+            objects.extend(render_by_reading(&path));
+        } else {
+            objects.extend(read_docs(&path));
+        }
+    }
+    for g in k["configMapGenerator"].as_array().into_iter().flatten() {
+        let mut data = serde_json::Map::new();
+        for f in g["files"].as_array().unwrap() {
+            let f = f.as_str().unwrap();
+            data.insert(
+                f.to_string(),
+                Value::String(std::fs::read_to_string(dir.join(f)).unwrap()),
+            );
+        }
+        objects.push(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": g["name"]}, "data": data,
+        }));
+    }
+    let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
+    for o in &mut objects {
+        if let Some(ns) = k["namespace"].as_str()
+            && !cluster_scoped.contains(&o["kind"].as_str().unwrap())
+        {
+            o["metadata"]["namespace"] = ns.into();
+        }
+        for l in k["labels"].as_array().into_iter().flatten() {
+            for (key, v) in l["pairs"].as_object().unwrap() {
+                o["metadata"]["labels"][key] = v.clone();
+            }
+        }
+    }
+    objects
+}
+
+/// `kubectl kustomize DIR`, when kubectl is installed.
+fn render_by_kubectl(dir: &Path) -> Option<Vec<Value>> {
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(yaml_docs(&String::from_utf8(out.stdout).unwrap()))
+}
+
+fn kind_and_name(o: &Value) -> (String, String) {
+    (
+        o["kind"].as_str().unwrap().to_string(),
+        o["metadata"]["name"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Parses `o` as `T` and checks nothing was dropped: a misspelt or misplaced field
+/// would be.
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(o: &Value) -> T {
+    let parsed: T =
+        serde_json::from_value(o.clone()).unwrap_or_else(|e| panic!("{:?}: {e}", kind_and_name(o)));
+    let back = serde_json::to_value(&parsed).unwrap();
+    // Serializing may add what the type implies (an embedded claim's kind), never
+    // drop or change what the manifest says.
+    if let Err(at) = contained(o, &back, String::new()) {
+        panic!("{:?} lost or changed {at}", kind_and_name(o));
+    }
+    parsed
+}
+
+/// Whether everything in `a` is in `b` (objects may have more keys in `b`); else the
+/// path where they part.
+fn contained(a: &Value, b: &Value, at: String) -> Result<(), String> {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                contained(v, b.get(k).unwrap_or(&Value::Null), format!("{at}.{k}"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                contained(x, y, format!("{at}[{i}]"))?;
+            }
+            Ok(())
+        }
+        _ if a == b => Ok(()),
+        _ => Err(format!("{at}: {a} became {b}")),
+    }
+}
+
+fn check_typed(o: &Value) {
+    match o["kind"].as_str().unwrap() {
+        "Namespace" => drop(typed::<Namespace>(o)),
+        "ServiceAccount" => drop(typed::<ServiceAccount>(o)),
+        "Secret" => drop(typed::<Secret>(o)),
+        "ClusterRole" => drop(typed::<ClusterRole>(o)),
+        "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(o)),
+        "StatefulSet" => drop(typed::<StatefulSet>(o)),
+        "Service" => drop(typed::<Service>(o)),
+        "NetworkPolicy" => drop(typed::<NetworkPolicy>(o)),
+        "PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(o)),
+        "ConfigMap" => drop(typed::<ConfigMap>(o)),
+        "ServiceMonitor" => {
+            assert_eq!(o["apiVersion"], "monitoring.coreos.com/v1");
+            assert_eq!(o["spec"]["endpoints"][0]["port"], "metrics");
+            assert_eq!(o["spec"]["endpoints"][0]["path"], "/metrics");
+        }
+        other => panic!("unexpected kind {other}"),
+    }
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+#[test]
+fn the_manifests_render_parse_and_agree_with_each_other() {
+    let overlay = deploy().join("overlays/with-monitoring");
+    let read = render_by_reading(&overlay);
+    let objects = match render_by_kubectl(&overlay) {
+        Some(rendered) => {
+            // Both renderings hold the same objects (kubectl adds a hash to the
+            // generated ConfigMap's name).
+            let names = |objects: &[Value]| -> BTreeSet<(String, String)> {
+                objects
+                    .iter()
+                    .map(kind_and_name)
+                    .map(|(k, n)| (k, n.split("-config").next().unwrap().to_string()))
+                    .collect()
+            };
+            assert_eq!(names(&rendered), names(&read));
+            rendered
+        }
+        None => read,
+    };
+    for o in &objects {
+        check_typed(o);
+    }
+
+    // The configuration it ships is valid, and the rest agrees with it.
+    let config_map: ConfigMap = typed(find(&objects, "ConfigMap"));
+    let text = &config_map.data.unwrap()["fleetscope.yaml"];
+    let file = fleetscope::config::file::parse(Path::new("fleetscope.yaml"), text).unwrap();
+    file.given(Path::new("fleetscope.yaml")).unwrap();
+    let port_of = |addr: &Option<String>| -> i32 {
+        addr.as_deref()
+            .unwrap()
+            .rsplit_once(':')
+            .unwrap()
+            .1
+            .parse()
+            .unwrap()
+    };
+    let (grpc_port, metrics_port) = (port_of(&file.listen), port_of(&file.metrics_listen));
+
+    let sts: StatefulSet = typed(find(&objects, "StatefulSet"));
+    let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    let ports: Vec<(String, i32)> = c
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), p.container_port))
+        .collect();
+    assert_eq!(
+        ports,
+        [("grpc".into(), grpc_port), ("metrics".into(), metrics_port)]
+    );
+    for probe in [&c.startup_probe, &c.liveness_probe, &c.readiness_probe] {
+        let grpc = probe.as_ref().unwrap().grpc.as_ref().expect("a gRPC probe");
+        assert_eq!(grpc.port, grpc_port);
+    }
+    // Restricted: non-root, read-only root, nothing to escalate.
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    let limits = c.resources.as_ref().unwrap();
+    assert!(limits.requests.is_some() && limits.limits.is_some());
+    // The mounts are where the configuration says.
+    let mount = |name: &str| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == name)
+            .unwrap()
+            .mount_path
+            .clone()
+    };
+    let store = file.store.as_ref().unwrap();
+    assert_eq!(
+        Path::new(&mount("data")),
+        store.data_dir.as_deref().unwrap()
+    );
+    let config_path = c.args.as_ref().unwrap().last().unwrap().clone();
+    assert_eq!(
+        Path::new(&config_path).parent().unwrap(),
+        Path::new(&mount("config"))
+    );
+    for kubeconfig in file.kubeconfigs.as_ref().unwrap() {
+        assert!(
+            kubeconfig.starts_with(mount("kubeconfig")),
+            "{kubeconfig:?}"
+        );
+    }
+    let claim = &sts
+        .spec
+        .as_ref()
+        .unwrap()
+        .volume_claim_templates
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(claim.metadata.name.as_deref(), Some("data"));
+
+    // The Service reaches the pod on both ports.
+    let svc: Service = typed(find(&objects, "Service"));
+    let spec = svc.spec.unwrap();
+    let labels = sts
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    for (k, v) in spec.selector.unwrap() {
+        assert_eq!(labels.get(&k), Some(&v), "the Service selects the pod");
+    }
+    let svc_ports: Vec<i32> = spec.ports.unwrap().iter().map(|p| p.port).collect();
+    assert_eq!(svc_ports, [grpc_port, metrics_port]);
+
+    // Read-only grants, covering every type the configuration collects.
+    let role: ClusterRole = typed(find(&objects, "ClusterRole"));
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.unwrap() {
+        for verb in &rule.verbs {
+            assert!(["get", "list", "watch"].contains(&verb.as_str()), "{verb}");
+        }
+        for group in rule.api_groups.iter().flatten() {
+            for r in rule.resources.iter().flatten() {
+                granted.insert(if group.is_empty() {
+                    r.clone()
+                } else {
+                    format!("{r}.{group}")
+                });
+            }
+        }
+    }
+    let collected: BTreeSet<String> = file
+        .resources
+        .as_ref()
+        .unwrap()
+        .0
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(granted, collected);
+    let binding: ClusterRoleBinding = typed(find(&objects, "ClusterRoleBinding"));
+    assert_eq!(
+        binding.subjects.unwrap()[0].name,
+        pod.service_account_name.clone().unwrap()
+    );
+}
+
+#[test]
+fn the_watched_cluster_rbac_parses_and_only_reads() {
+    let docs = read_docs(&deploy().join("watched-cluster/rbac-watched-cluster.yaml"));
+    assert_eq!(docs.len(), 5);
+    for d in &docs {
+        check_typed(d);
+    }
+    let role: ClusterRole = typed(find(&docs, "ClusterRole"));
+    for rule in role.rules.unwrap() {
+        for verb in &rule.verbs {
+            assert!(["get", "list", "watch"].contains(&verb.as_str()), "{verb}");
+        }
+    }
+}
