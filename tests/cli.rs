@@ -199,95 +199,334 @@ fn serve_refuses_bad_kubeconfigs_and_patterns_by_name() {
     assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
 }
 
-#[tokio::test]
-async fn client_commands_print_kubectl_like_output() {
-    let h = common::Harness::start(2, 200).await;
-    h.synced().await;
-    let server = h.url();
-    let run = |args: Vec<String>| async move {
-        tokio::task::spawn_blocking(move || Command::new(BIN).args(&args).output().unwrap())
-            .await
-            .unwrap()
-    };
-    let out = run(vec![
-        "get".into(),
-        "pods".into(),
-        "-l".into(),
-        "app=web".into(),
-        "--cluster".into(),
-        "sim-2".into(),
-        "--server".into(),
-        server.clone(),
-    ])
-    .await;
+/// Runs the binary with `args` and `--server`, off the async workers.
+async fn run_cli(server: &str, args: &[&str]) -> std::process::Output {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.extend(["--server".into(), server.to_string()]);
+    tokio::task::spawn_blocking(move || Command::new(BIN).args(&all).output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
-        "{}",
+        "exit {:?}: {}",
+        out.status.code(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).unwrap();
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+#[tokio::test]
+async fn get_prints_as_kubectl_does_with_the_cluster_first() {
+    let h = common::Harness::start_with(
+        fleetscope_sim::FleetSpec::numbered(2, 200, 0.0),
+        common::test_config(&["pods", "configmaps", "deployments.apps", "nodes"]),
+        Default::default(),
+    )
+    .await;
+    h.synced().await;
+    let server = h.url();
+    let server = server.trim_start_matches("http://");
+
+    // Per-type columns; a short name resolved by discovery.
+    let text = stdout(
+        &run_cli(
+            server,
+            &["get", "po", "-l", "app=web", "--cluster", "sim-2"],
+        )
+        .await,
+    );
     let mut lines = text.lines();
     assert_eq!(
-        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
-        ["CLUSTER", "NAMESPACE", "NAME", "AGE"]
+        words(lines.next().unwrap()),
+        [
+            "CLUSTER",
+            "NAMESPACE",
+            "NAME",
+            "READY",
+            "STATUS",
+            "RESTARTS",
+            "AGE"
+        ]
     );
-    let rows: Vec<&str> = lines.collect();
+    let rows: Vec<Vec<&str>> = lines.map(words).collect();
+    assert!(!rows.is_empty());
+    for r in &rows {
+        assert_eq!(r[0], "sim-2");
+        assert!(r[2].starts_with("web-"), "{r:?}");
+        assert!(
+            r[3].contains('/') && r[4].chars().all(|c| c.is_ascii_alphabetic() || c == ':'),
+            "{r:?}"
+        );
+    }
+    let text = stdout(
+        &run_cli(
+            server,
+            &[
+                "get",
+                "deploy",
+                "-n",
+                "team-0",
+                "-o",
+                "wide",
+                "--no-headers",
+            ],
+        )
+        .await,
+    );
+    let first = words(text.lines().next().unwrap());
+    // CLUSTER NAME READY UP-TO-DATE AVAILABLE AGE CONTAINERS IMAGES SELECTOR (one namespace: no NAMESPACE)
+    assert_eq!(first.len(), 9, "{text}");
     assert!(
-        !rows.is_empty()
-            && rows
-                .iter()
-                .all(|l| l.starts_with("sim-2") && l.contains("web-")),
+        first[2].contains('/') && first[8].starts_with("app="),
+        "{first:?}"
+    );
+    let text = stdout(
+        &run_cli(
+            server,
+            &[
+                "get",
+                "nodes",
+                "--cluster",
+                "sim-1",
+                "-L",
+                "topology.kubernetes.io/zone",
+                "--show-labels",
+            ],
+        )
+        .await,
+    );
+    let header = words(text.lines().next().unwrap());
+    assert_eq!(
+        header,
+        [
+            "CLUSTER", "NAME", "STATUS", "ROLES", "AGE", "VERSION", "LABELS", "ZONE"
+        ]
+    );
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .contains("kubernetes.io/hostname="),
         "{text}"
     );
 
-    let out = run(vec![
-        "get".into(),
-        "configmaps".into(),
-        "-o".into(),
-        "json".into(),
-        "--server".into(),
-        server.clone(),
-    ])
-    .await;
-    let text = String::from_utf8(out.stdout).unwrap();
+    // -o json / yaml: a List whose items carry their cluster.
+    let text = stdout(&run_cli(server, &["get", "configmaps", "-o", "json"]).await);
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(list["kind"], "List");
     let total: usize = (0..2).map(|i| h.cluster(i).store.count("configmaps")).sum();
-    assert_eq!(text.lines().count(), total, "every page");
-    assert!(text.lines().all(|l| {
-        serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["kind"] == "ConfigMap")
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), total, "every page");
+    assert!(items.iter().all(|i| {
+        i["kind"] == "ConfigMap"
+            && i["metadata"]["annotations"]["fleetscope.io/cluster"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("sim-"))
     }));
+    let text = stdout(
+        &run_cli(
+            server,
+            &[
+                "get",
+                "cm",
+                "-n",
+                "team-1",
+                "--cluster",
+                "sim-1",
+                "-o",
+                "yaml",
+            ],
+        )
+        .await,
+    );
+    assert!(text.starts_with("apiVersion: v1\nkind: List\n"), "{text}");
+    assert!(text.contains("fleetscope.io/cluster: sim-1"), "{text}");
 
-    let out = run(vec![
-        "count".into(),
-        "pods".into(),
-        "--group-by".into(),
-        "cluster".into(),
-        "--server".into(),
-        server.clone(),
-    ])
-    .await;
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("sim-1") && text.contains("TOTAL"), "{text}");
-
-    let out = run(vec!["clusters".into(), "--server".into(), server.clone()]).await;
-    let text = String::from_utf8(out.stdout).unwrap();
+    // -o name, jsonpath, custom-columns, --sort-by, --limit.
+    let text = stdout(
+        &run_cli(
+            server,
+            &[
+                "get",
+                "deployments.apps",
+                "--cluster",
+                "sim-1",
+                "-o",
+                "name",
+            ],
+        )
+        .await,
+    );
     assert!(
-        text.lines().filter(|l| l.contains("WATCHING")).count() >= 6,
+        text.lines()
+            .all(|l| l.starts_with("sim-1/deployment.apps/")),
         "{text}"
     );
+    let text = stdout(
+        &run_cli(
+            server,
+            &[
+                "get",
+                "nodes",
+                "--cluster",
+                "sim-1",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+            ],
+        )
+        .await,
+    );
+    let names: Vec<&str> = text.lines().collect();
+    assert!(
+        !names.is_empty() && names.iter().all(|n| n.starts_with("node-")),
+        "{text}"
+    );
+    let text = stdout(
+        &run_cli(
+            server,
+            &[
+                "get",
+                "pods",
+                "--cluster",
+                "sim-1",
+                "-o",
+                "custom-columns=POD:.metadata.name,NODE:.spec.nodeName",
+                "--sort-by",
+                ".spec.nodeName",
+                "--limit",
+                "7",
+            ],
+        )
+        .await,
+    );
+    let mut lines = text.lines();
+    assert_eq!(words(lines.next().unwrap()), ["POD", "NODE"]);
+    let nodes: Vec<String> = lines.map(|l| words(l)[1].to_string()).collect();
+    assert_eq!(nodes.len(), 7);
+    let mut sorted = nodes.clone();
+    sorted.sort();
+    assert_eq!(nodes, sorted, "sorted by node");
 
-    let out = run(vec![
-        "get".into(),
-        "podz".into(),
-        "--server".into(),
-        server.clone(),
-    ])
-    .await;
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("did you mean pods"));
+    // A name across the fleet: one, several (said on stderr), none.
+    let first = |i: usize, id: &str| {
+        let snapshot = h
+            .cluster(i)
+            .store
+            .snapshot(id, fleetscope_sim::store::ReadAt::Latest)
+            .unwrap();
+        let o = snapshot.objects.values().next().unwrap();
+        (o.namespace.clone(), o.name.clone())
+    };
+    let some_pod = first(0, "pods");
+    let text = stdout(&run_cli(server, &["get", "pod", &some_pod.1, "-o", "json"]).await);
+    let pod: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(pod["kind"], "Pod", "one object alone, not a List");
+    assert_eq!(pod["metadata"]["name"], some_pod.1.as_str());
+    let shared = first(0, "configmaps");
+    assert_eq!(
+        shared,
+        first(1, "configmaps"),
+        "the clusters' workloads are alike"
+    );
+    let out = run_cli(server, &["get", "cm", &shared.1]).await;
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines().count(),
+        3,
+        "a header and one row per cluster: {text}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ambiguous"),
+        "{out:?}"
+    );
+    let out = run_cli(server, &["get", "pod", "no-such-pod"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("Error from server (NotFound): pod \"no-such-pod\" not found"),
+        "{out:?}"
+    );
+    let out = run_cli(server, &["get", "pods", "-n", "nowhere"]).await;
+    assert!(out.status.success() && out.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("No resources found in namespace nowhere."),
+        "{out:?}"
+    );
+    let out = run_cli(server, &["get", "pods", "--cluster", "no-such-cluster"]).await;
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No resources found")
+    );
 
-    let out = run(vec!["store".into(), "--server".into(), server.clone()]).await;
-    let text = String::from_utf8(out.stdout).unwrap();
+    // Mistakes: a misspelt type, a bad output format, a bad --sort-by.
+    let out = run_cli(server, &["get", "podz"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("doesn't have a resource type \"podz\"") && err.contains("did you mean pods"),
+        "{err}"
+    );
+    let out = run_cli(server, &["get", "pods", "-o", "yml"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected table, wide, json"));
+    let out = run_cli(server, &["get", "pods", "--sort-by", "{.a["]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--sort-by"));
+
+    // count, clusters and store, as tables and as JSON.
+    let text = stdout(&run_cli(server, &["count", "pods", "--group-by", "cluster"]).await);
+    assert!(text.contains("sim-1") && text.contains("TOTAL"), "{text}");
+    let text = stdout(
+        &run_cli(
+            server,
+            &["count", "po", "--group-by", "cluster", "-o", "json"],
+        )
+        .await,
+    );
+    let counted: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let pods: u64 = (0..2)
+        .map(|i| h.cluster(i).store.count("pods") as u64)
+        .sum();
+    assert_eq!(counted["total"], pods);
+    assert_eq!(counted["groups"][0]["key"]["cluster"], "sim-1");
+    let text = stdout(&run_cli(server, &["clusters"]).await);
+    let mut lines = text.lines();
+    assert_eq!(
+        words(lines.next().unwrap()),
+        [
+            "CLUSTER",
+            "FRESHNESS",
+            "STREAMS",
+            "OBJECTS",
+            "LAG",
+            "VERSION",
+            "LABELS",
+            "ERROR"
+        ]
+    );
+    assert_eq!(lines.filter(|l| l.contains("SYNCED")).count(), 2, "{text}");
+    let text = stdout(&run_cli(server, &["clusters", "-o", "wide"]).await);
+    assert_eq!(
+        text.lines().filter(|l| l.contains("WATCHING")).count(),
+        8,
+        "{text}"
+    );
+    let text = stdout(&run_cli(server, &["clusters", "-o", "json"]).await);
+    let clusters: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(clusters["clusters"].as_array().unwrap().len(), 2);
+    let text = stdout(&run_cli(server, &["store"]).await);
     assert_eq!(text.trim(), "in memory only: nothing is persisted");
+    let text = stdout(&run_cli(server, &["store", "-o", "json"]).await);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["persisted"],
+        false
+    );
     h.shutdown().await;
 }
 
@@ -506,4 +745,126 @@ fn version_and_shell_completions_print() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
+}
+
+/// `fleetscope serve` on a given port over a data directory, logging to `log`.
+fn serve_on(
+    port: u16,
+    kubeconfig: &std::path::Path,
+    data: &std::path::Path,
+    log: &std::path::Path,
+) -> Running {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Running(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--resources",
+                "configmaps",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--data-dir")
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_json_resumes_by_itself_across_a_server_crash() {
+    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let (data, log) = (dir.path().join("data"), dir.path().join("serve.log"));
+    let port = common::process::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = serve_on(port, &kubeconfig, &data, &log);
+    common::wait_serving(&format!("http://{addr}")).await;
+
+    let errors = dir.path().join("watch.err");
+    let mut watch = Running(
+        Command::new(BIN)
+            .args([
+                "watch",
+                "configmaps",
+                "-o",
+                "json",
+                "--initial",
+                "--server",
+                &addr,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&errors).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = watch.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send(line);
+        }
+    });
+    let store = &fleet.servers()[0].cluster().store;
+    // Each line is one JSON event; waits for the ADDED of `name`.
+    let added = |name: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let line = lines
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+                .unwrap_or_else(|_| panic!("no ADDED of {name}"));
+            let e: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+            assert!(e["type"].is_string() && e["revision"].is_u64(), "{line}");
+            if e["type"] == "ADDED" && e["object"]["metadata"]["name"] == name {
+                assert_eq!(e["cluster"], "sim-1", "{line}");
+                return e["revision"].as_u64().unwrap();
+            }
+        }
+    };
+    // Created before or after the Watch opens, it is ADDED (with --initial, the
+    // current objects come first).
+    store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            serde_json::json!({"metadata": {"name": "before-crash"}}),
+        )
+        .unwrap();
+    let before = added("before-crash");
+
+    // SIGKILL, and the server comes back on the same port and data directory.
+    drop(server);
+    server = serve_on(port, &kubeconfig, &data, &log);
+    common::wait_serving(&format!("http://{addr}")).await;
+    store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            serde_json::json!({"metadata": {"name": "after-crash"}}),
+        )
+        .unwrap();
+    let after = added("after-crash");
+    assert!(after > before);
+    let said = std::fs::read_to_string(&errors).unwrap();
+    assert!(
+        said.contains("resuming from revision") && said.contains("resumed from revision"),
+        "{said}"
+    );
+    drop(watch);
+    drop(server);
+    fleet.shutdown().await;
 }

@@ -104,10 +104,10 @@ pub enum Command {
     Count(CountArgs),
     /// Stream changes across the fleet.
     Watch(WatchArgs),
-    /// Show the health of every cluster and stream.
-    Clusters(ServerArg),
+    /// Show the health of every cluster (and with -o wide, every stream).
+    Clusters(ClustersArgs),
     /// Show the persisted store: size on disk, writes and their latency, errors.
-    Store(ServerArg),
+    Store(StoreArgs),
     /// Check a configuration file: print the resolved settings with each value's
     /// source (flag, environment, file or default), changing nothing.
     #[command(subcommand)]
@@ -134,22 +134,26 @@ pub enum ConfigCommand {
 
 #[derive(Debug, Args)]
 pub struct ServerArg {
-    /// The fleetscope server.
+    /// The fleetscope server: `host:port` (plaintext, as grpcurl takes it) or a URL.
     #[arg(
         long,
+        short = 's',
         env = "FLEETSCOPE_SERVER",
-        default_value = "http://127.0.0.1:50051"
+        default_value = "127.0.0.1:50051"
     )]
     pub server: String,
 }
 
 #[derive(Debug, Args)]
 pub struct QueryArgs {
-    /// The resource type, kubectl-style: pods, deployments.apps, apps/v1/deployments, Deployment.
+    /// The resource type, kubectl-style: pods, po, pod, deployments.apps, deploy, apps/v1/deployments, Deployment.
     pub resource: String,
     /// Namespaces; repeatable. Default: all.
     #[arg(short = 'n', long = "namespace")]
     pub namespaces: Vec<String>,
+    /// Every namespace (the default; accepted as kubectl takes it).
+    #[arg(short = 'A', long = "all-namespaces", conflicts_with = "namespaces")]
+    pub all_namespaces: bool,
     /// Label selector, Kubernetes syntax.
     #[arg(short = 'l', long = "selector", default_value = "")]
     pub labels: String,
@@ -187,27 +191,69 @@ impl QueryArgs {
     }
 }
 
+/// How objects print: shared by `get` and `watch`.
 #[derive(Debug, Args)]
-pub struct GetArgs {
-    #[command(flatten)]
-    pub query: QueryArgs,
-    /// An object's name (with one --cluster, and -n for namespaced types).
-    pub name: Option<String>,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
-    pub output: crate::cli::Output,
+pub struct PrintArgs {
+    /// Output format: table, wide, json, yaml, name, jsonpath=TEMPLATE, custom-columns=HEADER:PATH[,...].
+    #[arg(short = 'o', long, default_value = "table", value_parser = crate::cli::output::parse_format)]
+    pub output: crate::cli::output::Format,
+    /// No header row.
+    #[arg(long)]
+    pub no_headers: bool,
+    /// A LABELS column with every label.
+    #[arg(long)]
+    pub show_labels: bool,
+    /// A column for each of these label keys; repeatable or comma-separated.
+    #[arg(short = 'L', long = "label-columns", value_delimiter = ',')]
+    pub label_columns: Vec<String>,
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  fleetscope get pods -A                                   every pod in every cluster
+  fleetscope get po -l app=web --cluster 'prod-*' -o wide  with IP and NODE
+  fleetscope get deploy web -n payments                    one name, looked up across the fleet
+  fleetscope get nodes -o custom-columns=NAME:.metadata.name,KUBELET:.status.nodeInfo.kubeletVersion
+  fleetscope get pods --sort-by .metadata.creationTimestamp -w")]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// An object's name: looked up across the selected clusters and namespaces.
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub print: PrintArgs,
+    /// Sort by a JSONPath (`.metadata.creationTimestamp`, `{.status.restartCount}`).
+    #[arg(long)]
+    pub sort_by: Option<String>,
+    /// After listing, print changes as they arrive.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// At most this many objects.
+    #[arg(long)]
+    pub limit: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  fleetscope count pods --group-by cluster,field:status.phase
+  fleetscope count deploy --group-by label:app -o json")]
 pub struct CountArgs {
     #[command(flatten)]
     pub query: QueryArgs,
     /// Group by cluster, namespace, label:KEY or field:PATH; comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub group_by: Vec<String>,
+    /// Output format: table or json.
+    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+    pub output: String,
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  fleetscope watch configmaps -n team-0                     rows as changes arrive
+  fleetscope watch pods -o json --since 1234               one JSON event per line, from a revision
+
+It resumes by itself from its last revision when the server restarts, and says so on stderr.")]
 pub struct WatchArgs {
     #[command(flatten)]
     pub query: QueryArgs,
@@ -217,9 +263,26 @@ pub struct WatchArgs {
     /// First send the current objects as ADDED.
     #[arg(long)]
     pub initial: bool,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
-    pub output: crate::cli::Output,
+    #[command(flatten)]
+    pub print: PrintArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ClustersArgs {
+    /// Output format: table (one row per cluster), wide (one row per stream) or json.
+    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "wide", "json"])]
+    pub output: String,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Output format: table or json.
+    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+    pub output: String,
+    #[command(flatten)]
+    pub server: ServerArg,
 }
 
 #[derive(Debug, Args)]

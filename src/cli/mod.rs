@@ -4,17 +4,21 @@
 // clap turns doc comments into help text: the flag structs are documented by `--help`.
 #[allow(missing_docs)]
 pub mod args;
+pub mod columns;
+pub mod jsonpath;
+pub mod output;
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::time::{Duration, SystemTime};
 
+use output::{Format, Item, Table};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
 use crate::proto::fleet_client::FleetClient;
 use crate::proto::{
-    self, CountRequest, GetRequest, GetStoreRequest, ListClustersRequest, ListRequest, Query,
-    WatchRequest,
+    self, CountRequest, GetStoreRequest, ListClustersRequest, ListRequest, Query, WatchRequest,
 };
 
 /// A failure of a client command.
@@ -32,6 +36,9 @@ pub enum ClientError {
     /// The server refused the request.
     #[error("{:?}: {}", .0.code(), .0.message())]
     Rpc(Box<tonic::Status>),
+    /// A failure worded for a person, as kubectl words it.
+    #[error("{0}")]
+    Message(String),
 }
 
 impl From<tonic::Status> for ClientError {
@@ -68,292 +75,702 @@ pub async fn connect(server: &str) -> Result<FleetClient<Channel>, ClientError> 
     Ok(FleetClient::new(channel).max_decoding_message_size(256 * 1024 * 1024))
 }
 
-/// Formats rows as aligned columns, as kubectl does.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut l = String::new();
-        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
-            if i + 1 == widths.len() {
-                l.push_str(cell);
-            } else {
-                let _ = write!(l, "{cell:<w$}   ");
-            }
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    };
-    line(&mut header.iter().copied());
-    for row in rows {
-        line(&mut row.iter().map(String::as_str));
-    }
-    out
-}
-
-fn age(json: &str) -> String {
-    let created = serde_json::from_str::<serde_json::Value>(json)
-        .ok()
-        .and_then(|v| {
-            v["metadata"]["creationTimestamp"]
-                .as_str()
-                .map(str::to_string)
-        });
-    let Some(created) = created
-        .and_then(|c| c.parse::<prost_types::Timestamp>().ok())
-        .and_then(|t| std::time::SystemTime::try_from(t).ok())
-    else {
-        return "<unknown>".into();
-    };
-    let secs = std::time::SystemTime::now()
-        .duration_since(created)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
-}
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    /// Aligned columns.
-    Table,
-    /// One JSON object per line.
-    Json,
-}
-
 fn print(text: &str) {
     let _ = std::io::stdout().write_all(text.as_bytes());
 }
 
-/// `get`: one object by name, or a list (every page).
+fn println_flush(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// A page of objects and what the list said about freshness.
+struct Listed {
+    items: Vec<Item>,
+    revision: u64,
+}
+
+/// Every page of a query (up to `limit` objects), warning on stderr about clusters
+/// that are not synced.
+async fn list_all(
+    client: &mut FleetClient<Channel>,
+    query: &Query,
+    limit: Option<u64>,
+) -> Result<Listed, ClientError> {
+    let mut items = Vec::new();
+    let mut token = String::new();
+    let mut revision = 0;
+    loop {
+        let want = limit.map_or(500, |l| l.saturating_sub(items.len() as u64).min(500));
+        if want == 0 {
+            break;
+        }
+        let page = client
+            .list(ListRequest {
+                query: Some(query.clone()),
+                limit: u32::try_from(want).unwrap_or(500),
+                page_token: token,
+            })
+            .await
+            .map_err(|s| resource_error(&query.resource, s))?
+            .into_inner();
+        if revision == 0 {
+            revision = page.revision;
+            for f in page
+                .clusters
+                .iter()
+                .filter(|f| f.freshness() != proto::Freshness::Synced)
+            {
+                eprintln!(
+                    "warning: cluster {} is {}: {}",
+                    f.cluster,
+                    freshness_name(f.freshness()),
+                    f.message
+                );
+            }
+        }
+        items.extend(page.items.iter().map(Item::from_proto));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    Ok(Listed { items, revision })
+}
+
+/// A refusal naming the resource type, as kubectl words an unknown one.
+fn resource_error(resource: &str, s: tonic::Status) -> ClientError {
+    if s.code() == tonic::Code::NotFound {
+        ClientError::Message(format!(
+            "the server doesn't have a resource type {resource:?}: {}",
+            s.message()
+        ))
+    } else {
+        ClientError::from(s)
+    }
+}
+
+/// The columns of the items' type: built in, the CRD's printer columns when the CRD
+/// is collected, else NAME and AGE.
+async fn columns_of(client: &mut FleetClient<Channel>, items: &[Item]) -> Vec<columns::Column> {
+    let Some(first) = items.first() else {
+        return Vec::new();
+    };
+    if let Some(builtin) = columns::builtin(&first.resource) {
+        return builtin;
+    }
+    let version = first.object["apiVersion"]
+        .as_str()
+        .and_then(|v| v.rsplit('/').next())
+        .unwrap_or_default()
+        .to_string();
+    let crd = client
+        .list(ListRequest {
+            query: Some(Query {
+                resource: "customresourcedefinitions.apiextensions.k8s.io".into(),
+                clusters: vec![first.cluster.clone()],
+                field_selector: format!("metadata.name={}", first.resource),
+                ..Default::default()
+            }),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .ok()
+        .and_then(|r| r.into_inner().items.into_iter().next())
+        .and_then(|o| serde_json::from_str::<serde_json::Value>(&o.json).ok());
+    output::columns_for(&first.resource, crd.as_ref().map(|c| (c, version.as_str())))
+}
+
+/// The table for `items` under the print flags.
+async fn table_for(
+    client: &mut FleetClient<Channel>,
+    items: &[Item],
+    print: &args::PrintArgs,
+    one_namespace: bool,
+    event: bool,
+) -> Table {
+    let custom = match &print.output {
+        Format::CustomColumns(c) => Some(c.clone()),
+        _ => None,
+    };
+    Table {
+        columns: if custom.is_some() {
+            Vec::new()
+        } else {
+            columns_of(client, items).await
+        },
+        custom,
+        wide: print.output == Format::Wide,
+        namespace: !one_namespace && items.iter().any(|i| !i.namespace.is_empty()),
+        show_labels: print.show_labels,
+        label_columns: print.label_columns.clone(),
+        event,
+    }
+}
+
+/// Prints items in a non-table format: one object alone when `single`, else a List.
+fn print_items(items: &[Item], format: &Format, single: bool) {
+    match format {
+        Format::Name => {
+            let names: String = items.iter().map(|i| i.qualified_name() + "\n").collect();
+            print(&names);
+        }
+        Format::Json | Format::Yaml | Format::JsonPath(_) => {
+            let value = if single && items.len() == 1 {
+                items[0].annotated()
+            } else {
+                output::list(items)
+            };
+            match format {
+                Format::Json => print(&output::to_json(&value)),
+                Format::Yaml => print(&output::to_yaml(&value)),
+                Format::JsonPath(t) => print(&t.render(&value)),
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `get`: a list (every page), or objects by name across the selected clusters and
+/// namespaces; then, with `-w`, changes as they arrive.
 pub async fn get(
     client: &mut FleetClient<Channel>,
-    query: Query,
-    name: Option<String>,
-    output: Output,
+    args: args::GetArgs,
 ) -> Result<(), ClientError> {
-    let objects = match name {
-        Some(name) => {
-            let cluster = query.clusters.first().cloned().unwrap_or_default();
-            let r = client
-                .get(GetRequest {
-                    cluster,
-                    resource: query.resource.clone(),
-                    namespace: query.namespaces.first().cloned().unwrap_or_default(),
-                    name,
-                    projection: query.projection,
-                })
-                .await?
-                .into_inner();
-            r.object.into_iter().collect::<Vec<_>>()
+    let mut query = args.query.query();
+    if let Some(name) = &args.name {
+        let by_name = format!("metadata.name={name}");
+        query.field_selector = if query.field_selector.is_empty() {
+            by_name
+        } else {
+            format!("{},{by_name}", query.field_selector)
+        };
+    }
+    let sort_by = args
+        .sort_by
+        .as_deref()
+        .map(jsonpath::Template::parse)
+        .transpose()
+        .map_err(|e| ClientError::Message(format!("--sort-by: {e}")))?;
+    let Listed {
+        mut items,
+        revision,
+    } = list_all(client, &query, args.limit).await?;
+    if let Some(by) = &sort_by {
+        output::sort(&mut items, by);
+    }
+    let resource = &args.query.resource;
+    if let Some(name) = &args.name {
+        if items.is_empty() {
+            return Err(ClientError::Message(format!(
+                "Error from server (NotFound): {resource} {name:?} not found{}",
+                where_looked(&args.query)
+            )));
         }
-        None => {
-            let mut all = Vec::new();
-            let mut token = String::new();
-            loop {
-                let page = client
-                    .list(ListRequest {
-                        query: Some(query.clone()),
-                        limit: 500,
-                        page_token: token,
-                    })
-                    .await?
-                    .into_inner();
-                if all.is_empty() {
-                    for f in page
-                        .clusters
-                        .iter()
-                        .filter(|f| f.freshness() != proto::Freshness::Synced)
-                    {
-                        eprintln!(
-                            "warning: cluster {} is {:?}: {}",
-                            f.cluster,
-                            f.freshness(),
-                            f.message
-                        );
-                    }
-                }
-                all.extend(page.items);
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                token = page.next_page_token;
-            }
-            all
+        let places = output::places(&items);
+        if items.len() > 1 {
+            let listed: Vec<String> = places.keys().cloned().collect();
+            eprintln!(
+                "{resource} {name:?} is ambiguous: it names {} objects ({}); narrow with --cluster and -n",
+                items.len(),
+                listed.join(", ")
+            );
         }
+    } else if items.is_empty() && !args.watch {
+        eprintln!("No resources found{}.", where_looked(&args.query));
+        return Ok(());
+    }
+    let one_namespace = args.query.namespaces.len() == 1;
+    let format = &args.print.output;
+    let table = if format.is_table() {
+        let table = table_for(client, &items, &args.print, one_namespace, false).await;
+        let now = SystemTime::now();
+        let rows: Vec<Vec<String>> = items.iter().map(|i| table.row(i, now, None)).collect();
+        let header = table.header();
+        print(&output::align(
+            (!args.print.no_headers && !items.is_empty()).then_some(&header[..]),
+            &rows,
+        ));
+        Some(table)
+    } else {
+        print_items(&items, format, args.name.is_some());
+        None
     };
-    match output {
-        Output::Json => objects.iter().for_each(|o| print(&format!("{}\n", o.json))),
-        Output::Table => {
-            let rows: Vec<Vec<String>> = objects
-                .iter()
-                .map(|o| {
-                    vec![
-                        o.cluster.clone(),
-                        o.namespace.clone(),
-                        o.name.clone(),
-                        age(&o.json),
-                    ]
-                })
-                .collect();
-            print(&table(&["CLUSTER", "NAMESPACE", "NAME", "AGE"], &rows));
+    if !args.watch {
+        return Ok(());
+    }
+    // Changes after the list, each as a row (or an object) of its own.
+    let mut table = table.filter(|t| !t.columns.is_empty() || t.custom.is_some());
+    let mut follower = Follower::new(client.clone(), query, revision, false);
+    loop {
+        let event = follower.next().await?;
+        let Some(o) = &event.object else { continue };
+        let item = Item::from_proto(o);
+        match format {
+            f if f.is_table() => {
+                let t = match table.take() {
+                    Some(t) => t,
+                    None => {
+                        table_for(
+                            client,
+                            std::slice::from_ref(&item),
+                            &args.print,
+                            one_namespace,
+                            false,
+                        )
+                        .await
+                    }
+                };
+                println_flush(&output::align(
+                    None,
+                    &[t.row(&item, SystemTime::now(), None)],
+                ));
+                table = Some(t);
+            }
+            Format::Json => println_flush(&output::to_json(&item.annotated())),
+            Format::Yaml => println_flush(&format!("---\n{}", output::to_yaml(&item.annotated()))),
+            Format::Name => println_flush(&format!("{}\n", item.qualified_name())),
+            Format::JsonPath(t) => println_flush(&t.render(&item.annotated())),
+            _ => {}
         }
     }
-    Ok(())
+}
+
+/// " in namespace X" / " in cluster(s) …", for "No resources found" and "not found".
+fn where_looked(q: &args::QueryArgs) -> String {
+    let mut parts = Vec::new();
+    if !q.namespaces.is_empty() {
+        parts.push(format!("namespace {}", q.namespaces.join(", ")));
+    }
+    if !q.clusters.is_empty() {
+        parts.push(format!("cluster {}", q.clusters.join(", ")));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" in {}", parts.join(" and "))
+    }
+}
+
+/// A Watch followed until interrupted. When the stream breaks (the server restarted
+/// or went away, or ended this subscriber), it resumes from the last revision seen,
+/// saying so on stderr; a revision the server no longer has ends it with an error.
+struct Follower {
+    client: FleetClient<Channel>,
+    query: Query,
+    since: u64,
+    initial: bool,
+    stream: Option<tonic::Streaming<proto::WatchEvent>>,
+    broken: bool,
+}
+
+impl Follower {
+    fn new(client: FleetClient<Channel>, query: Query, since: u64, initial: bool) -> Self {
+        Self {
+            client,
+            query,
+            since,
+            initial,
+            stream: None,
+            broken: false,
+        }
+    }
+
+    /// The next event, resuming as often as it takes.
+    async fn next(&mut self) -> Result<proto::WatchEvent, ClientError> {
+        let mut delay = Duration::from_millis(250);
+        loop {
+            let Some(stream) = &mut self.stream else {
+                let opened = self
+                    .client
+                    .watch(WatchRequest {
+                        query: Some(self.query.clone()),
+                        since_revision: self.since,
+                        send_initial_events: self.initial,
+                        bookmark_interval: None,
+                    })
+                    .await;
+                match opened {
+                    Ok(s) => {
+                        if self.broken {
+                            eprintln!("fleetscope: resumed from revision {}", self.since);
+                            self.broken = false;
+                        }
+                        // Initial objects only once: a resumed stream continues after them.
+                        self.initial = false;
+                        self.stream = Some(s.into_inner());
+                        delay = Duration::from_millis(250);
+                    }
+                    Err(s) if retryable(&s) => {
+                        self.broke(s.message());
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                    Err(s) => return Err(resource_error(&self.query.resource, s)),
+                }
+                continue;
+            };
+            match stream.next().await {
+                Some(Ok(e)) => {
+                    self.since = self.since.max(e.revision);
+                    return Ok(e);
+                }
+                Some(Err(s)) if retryable(&s) => {
+                    self.stream = None;
+                    self.broke(s.message());
+                }
+                Some(Err(s)) => return Err(s.into()),
+                None => {
+                    self.stream = None;
+                    self.broke("the server ended the stream");
+                }
+            }
+        }
+    }
+
+    fn broke(&mut self, why: &str) {
+        if !self.broken {
+            eprintln!(
+                "fleetscope: the watch broke ({why}): resuming from revision {}",
+                self.since
+            );
+            self.broken = true;
+        }
+    }
+}
+
+/// Whether a Watch failure is worth resuming from the last revision.
+fn retryable(s: &tonic::Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Cancelled
+            | tonic::Code::Internal
+            | tonic::Code::DeadlineExceeded
+    )
 }
 
 /// `count`: grouped counts.
 pub async fn count(
     client: &mut FleetClient<Channel>,
-    query: Query,
-    group_by: Vec<String>,
+    args: args::CountArgs,
 ) -> Result<(), ClientError> {
+    let query = args.query.query();
     let r = client
         .count(CountRequest {
-            query: Some(query),
-            group_by: group_by.clone(),
+            query: Some(query.clone()),
+            group_by: args.group_by.clone(),
         })
-        .await?
+        .await
+        .map_err(|s| resource_error(&query.resource, s))?
         .into_inner();
-    let mut header: Vec<String> = group_by.iter().map(|g| g.to_uppercase()).collect();
+    if args.output == "json" {
+        let groups: Vec<serde_json::Value> = r
+            .groups
+            .iter()
+            .map(|g| {
+                let key: serde_json::Map<String, serde_json::Value> = args
+                    .group_by
+                    .iter()
+                    .cloned()
+                    .zip(g.key.iter().cloned().map(serde_json::Value::String))
+                    .collect();
+                serde_json::json!({"key": key, "count": g.count})
+            })
+            .collect();
+        print(&output::to_json(&serde_json::json!({
+            "resource": query.resource, "groupBy": args.group_by, "groups": groups,
+            "total": r.total, "revision": r.revision,
+        })));
+        return Ok(());
+    }
+    let mut header: Vec<String> = args.group_by.iter().map(|g| g.to_uppercase()).collect();
     header.push("COUNT".into());
     let mut rows: Vec<Vec<String>> = r
         .groups
         .iter()
         .map(|g| g.key.iter().cloned().chain([g.count.to_string()]).collect())
         .collect();
-    if !group_by.is_empty() {
-        let mut total = vec![String::new(); group_by.len()];
+    if !args.group_by.is_empty() {
+        let mut total = vec![String::new(); args.group_by.len()];
         total[0] = "TOTAL".into();
         total.push(r.total.to_string());
         rows.push(total);
     } else {
         rows.push(vec![r.total.to_string()]);
     }
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    print(&table(&header, &rows));
+    print(&output::align(Some(&header), &rows));
     Ok(())
 }
 
-/// `watch`: changes as they happen, until interrupted.
+/// `watch`: changes as they happen, until interrupted; resumes by itself.
 pub async fn watch(
     client: &mut FleetClient<Channel>,
-    query: Query,
-    since: u64,
-    initial: bool,
-    output: Output,
+    args: args::WatchArgs,
 ) -> Result<(), ClientError> {
-    let mut stream = client
-        .watch(WatchRequest {
-            query: Some(query),
-            since_revision: since,
-            send_initial_events: initial,
-            bookmark_interval: None,
-        })
-        .await?
-        .into_inner();
-    while let Some(event) = stream.next().await {
-        let e = event?;
-        let kind = e
-            .r#type()
-            .as_str_name()
-            .trim_start_matches("EVENT_TYPE_")
-            .to_string();
-        match (&e.object, output) {
-            (Some(o), Output::Json) => print(&format!(
-                "{{\"type\":\"{kind}\",\"revision\":{},\"object\":{}}}\n",
-                e.revision, o.json
-            )),
-            (Some(o), Output::Table) => print(&format!(
-                "{:<10} {:<8} {}/{}/{}\n",
-                kind, e.revision, o.cluster, o.namespace, o.name
-            )),
-            (None, _) => {
-                if let Some(c) = &e.cluster {
-                    print(&format!(
-                        "{kind:<10} {:<8} cluster {} is {}\n",
-                        e.revision,
-                        c.cluster,
-                        c.freshness().as_str_name()
-                    ));
-                } else if e.r#type() != proto::EventType::Bookmark {
-                    print(&format!("{kind:<10} {}\n", e.revision));
-                }
-            }
-        }
+    let query = args.query.query();
+    let one_namespace = args.query.namespaces.len() == 1;
+    let mut follower = Follower::new(client.clone(), query, args.since, args.initial);
+    let mut table: Option<Table> = None;
+    let mut header_printed = args.print.no_headers;
+    loop {
+        let e = follower.next().await?;
+        let printed_row = e.object.is_some();
+        table = watch_event(client, e, &args.print, one_namespace, table, header_printed).await;
+        header_printed |= printed_row && args.print.output.is_table();
     }
-    Ok(())
+}
+
+/// Prints one Watch event; returns the table to use for the next.
+async fn watch_event(
+    client: &mut FleetClient<Channel>,
+    e: proto::WatchEvent,
+    print_args: &args::PrintArgs,
+    one_namespace: bool,
+    table: Option<Table>,
+    header_printed: bool,
+) -> Option<Table> {
+    let kind = e
+        .r#type()
+        .as_str_name()
+        .trim_start_matches("EVENT_TYPE_")
+        .to_string();
+    let format = &print_args.output;
+    if !format.is_table() {
+        if *format == Format::Json {
+            let mut line = serde_json::json!({"type": kind, "revision": e.revision});
+            if let Some(o) = &e.object {
+                line["cluster"] = o.cluster.clone().into();
+                line["object"] = serde_json::from_str(&o.json).unwrap_or_default();
+            }
+            if let Some(c) = &e.cluster {
+                line["cluster"] = c.cluster.clone().into();
+                line["freshness"] = freshness_name(c.freshness()).into();
+                line["message"] = c.message.clone().into();
+            }
+            println_flush(&format!("{line}\n"));
+        } else if let Some(o) = &e.object {
+            print_items(&[Item::from_proto(o)], format, true);
+        }
+        return table;
+    }
+    let Some(o) = &e.object else {
+        if let Some(c) = &e.cluster {
+            eprintln!(
+                "cluster {} is {}{}",
+                c.cluster,
+                freshness_name(c.freshness()),
+                if c.message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", c.message)
+                }
+            );
+        }
+        return table;
+    };
+    let item = Item::from_proto(o);
+    let t = match table {
+        Some(t) => t,
+        None => {
+            table_for(
+                client,
+                std::slice::from_ref(&item),
+                print_args,
+                one_namespace,
+                true,
+            )
+            .await
+        }
+    };
+    let row = t.row(&item, SystemTime::now(), Some(&kind));
+    let header = t.header();
+    println_flush(&output::align(
+        (!header_printed).then_some(&header[..]),
+        &[row],
+    ));
+    Some(t)
 }
 
 fn freshness_name(f: proto::Freshness) -> String {
     f.as_str_name().trim_start_matches("FRESHNESS_").to_string()
 }
 
-/// `clusters`: health per cluster and stream.
-pub async fn clusters(client: &mut FleetClient<Channel>) -> Result<(), ClientError> {
+fn state_name(s: proto::StreamState) -> String {
+    s.as_str_name()
+        .trim_start_matches("STREAM_STATE_")
+        .to_string()
+}
+
+fn duration_text(d: Option<&prost_types::Duration>) -> String {
+    match d {
+        None => String::new(),
+        Some(d) => {
+            columns::human_duration(Duration::from_secs(u64::try_from(d.seconds).unwrap_or(0)))
+        }
+    }
+}
+
+/// `clusters`: one row per cluster (freshness, lag, objects, labels); with `-o wide`
+/// one per stream; `-o json` everything.
+pub async fn clusters(
+    client: &mut FleetClient<Channel>,
+    args: args::ClustersArgs,
+) -> Result<(), ClientError> {
     let r = client
         .list_clusters(ListClustersRequest::default())
         .await?
         .into_inner();
-    let mut rows = Vec::new();
-    for c in &r.clusters {
-        for s in &c.streams {
-            rows.push(vec![
-                c.name.clone(),
-                freshness_name(c.freshness()),
-                s.resource.clone(),
-                s.state()
-                    .as_str_name()
-                    .trim_start_matches("STREAM_STATE_")
-                    .to_string(),
-                s.object_count.to_string(),
-                s.resource_version.clone(),
-                s.last_error.clone(),
-            ]);
+    let labels_text = |l: &std::collections::HashMap<String, String>| {
+        let mut v: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        v.sort();
+        if v.is_empty() {
+            "<none>".into()
+        } else {
+            v.join(",")
         }
-        if c.streams.is_empty() {
-            rows.push(vec![
-                c.name.clone(),
-                freshness_name(c.freshness()),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                c.last_error.clone(),
-            ]);
+    };
+    if args.output == "json" {
+        let clusters: Vec<serde_json::Value> = r.clusters.iter().map(|c| {
+            let streams: Vec<serde_json::Value> = c.streams.iter().map(|s| serde_json::json!({
+                "resource": s.resource, "state": state_name(s.state()), "objects": s.object_count,
+                "resourceVersion": s.resource_version, "lastError": s.last_error,
+                "syncLagSeconds": s.sync_lag.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
+            })).collect();
+            let labels: std::collections::BTreeMap<&String, &String> = c.labels.iter().collect();
+            serde_json::json!({
+                "name": c.name, "freshness": freshness_name(c.freshness()), "labels": labels,
+                "server": c.server, "kubernetesVersion": c.kubernetes_version, "source": c.source,
+                "lastError": c.last_error, "streams": streams,
+            })
+        }).collect();
+        let mut doc = serde_json::json!({"clusters": clusters});
+        if !r.sources_error.is_empty() {
+            doc["sourcesError"] = r.sources_error.clone().into();
         }
+        print(&output::to_json(&doc));
+        return Ok(());
     }
-    print(&table(
-        &[
+    let mut rows = Vec::new();
+    let header: Vec<String> = if args.output == "wide" {
+        for c in &r.clusters {
+            for s in &c.streams {
+                rows.push(vec![
+                    c.name.clone(),
+                    freshness_name(c.freshness()),
+                    s.resource.clone(),
+                    state_name(s.state()),
+                    s.object_count.to_string(),
+                    duration_text(s.sync_lag.as_ref()),
+                    s.resource_version.clone(),
+                    s.last_error.clone(),
+                ]);
+            }
+            if c.streams.is_empty() {
+                rows.push(vec![
+                    c.name.clone(),
+                    freshness_name(c.freshness()),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    c.last_error.clone(),
+                ]);
+            }
+        }
+        [
             "CLUSTER",
             "FRESHNESS",
             "RESOURCE",
             "STATE",
             "OBJECTS",
+            "LAG",
             "RV",
             "ERROR",
-        ],
-        &rows,
-    ));
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        for c in &r.clusters {
+            let objects: u64 = c.streams.iter().map(|s| s.object_count).sum();
+            let lag = c
+                .streams
+                .iter()
+                .filter_map(|s| s.sync_lag.as_ref())
+                .max_by_key(|d| (d.seconds, d.nanos));
+            let error = if c.last_error.is_empty() {
+                c.streams
+                    .iter()
+                    .find(|s| !s.last_error.is_empty())
+                    .map(|s| format!("{}: {}", s.resource, s.last_error))
+                    .unwrap_or_default()
+            } else {
+                c.last_error.clone()
+            };
+            rows.push(vec![
+                c.name.clone(),
+                freshness_name(c.freshness()),
+                c.streams.len().to_string(),
+                objects.to_string(),
+                duration_text(lag),
+                c.kubernetes_version.clone(),
+                labels_text(&c.labels),
+                error,
+            ]);
+        }
+        [
+            "CLUSTER",
+            "FRESHNESS",
+            "STREAMS",
+            "OBJECTS",
+            "LAG",
+            "VERSION",
+            "LABELS",
+            "ERROR",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    print(&output::align(Some(&header), &rows));
+    if !r.sources_error.is_empty() {
+        eprintln!(
+            "warning: the last reload failed (the configuration before it stays in force): {}",
+            r.sources_error
+        );
+    }
     Ok(())
 }
 
 /// `fleetscope store`: the persisted store's figures, one per line.
-pub async fn store(client: &mut FleetClient<Channel>) -> Result<(), ClientError> {
+pub async fn store(
+    client: &mut FleetClient<Channel>,
+    args: args::StoreArgs,
+) -> Result<(), ClientError> {
     let r = client
         .get_store(GetStoreRequest::default())
         .await?
         .into_inner();
+    if args.output == "json" {
+        let ms = |d: &Option<prost_types::Duration>| {
+            d.as_ref()
+                .map_or(0.0, |d| d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6)
+        };
+        print(&output::to_json(&serde_json::json!({
+            "persisted": r.persisted, "sizeOnDiskBytes": r.size_on_disk_bytes,
+            "pendingChanges": r.pending_changes, "writes": r.flushes,
+            "lastWriteMs": ms(&r.last_flush), "longestWriteMs": ms(&r.max_flush),
+            "eventsWritten": r.events_written, "eventsInLog": r.logged_events,
+            "snapshots": r.snapshots, "compactions": r.compactions,
+            "lastCompactionMs": ms(&r.last_compaction), "lastError": r.last_error,
+        })));
+        return Ok(());
+    }
     if !r.persisted {
         print("in memory only: nothing is persisted\n");
         return Ok(());
@@ -401,7 +818,10 @@ mod tests {
 
     #[test]
     fn tables_align_like_kubectl() {
-        let t = table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()]]);
+        let t = output::align(
+            Some(&["A".into(), "LONGER".into()]),
+            &[vec!["xyz".into(), "1".into()]],
+        );
         assert_eq!(t, "A     LONGER\nxyz   1\n");
     }
 }

@@ -73,11 +73,19 @@ impl Engine {
         fleetscope_model::check_resource_name(name.trim())
             .map_err(|e| FleetError::InvalidArgument(format!("query.resource: {e}")))?;
         let types = self.status.types();
+        let names = self.status.type_names();
         let served: Vec<Served> = types
             .values()
-            .map(|rt| Served {
-                resource: rt.clone(),
-                watchable: true,
+            .map(|rt| {
+                let (short_names, singular) = names
+                    .get(&(rt.group.clone(), rt.plural.clone()))
+                    .cloned()
+                    .unwrap_or_default();
+                Served {
+                    short_names,
+                    singular,
+                    ..Served::of(rt.clone(), true)
+                }
             })
             .collect();
         let resolved = discovery::resolve(&[name.to_string()], &served);

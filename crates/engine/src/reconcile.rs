@@ -277,6 +277,11 @@ impl Report for Reporter {
         self.status.remove_stream(cluster, &resource.name());
     }
 
+    fn served(&self, cluster: &ClusterName, served: &[fleetscope_informer::discovery::Served]) {
+        let served = Arc::new(served.to_vec());
+        self.status.update(cluster, |c| c.served = served);
+    }
+
     fn request_counts(
         &self,
         cluster: &ClusterName,

@@ -1,6 +1,6 @@
 //! Health of every cluster and stream, and the freshness answers report.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime};
 
@@ -129,6 +129,8 @@ pub struct ClusterStatus {
     pub loaded_at: SystemTime,
     /// Its requests to its API server, by method and code.
     pub requests: Arc<fleetscope_informer::requests::RequestCounts>,
+    /// What it served at its last discovery, with short and singular names.
+    pub served: Arc<Vec<fleetscope_informer::discovery::Served>>,
 }
 
 impl ClusterStatus {
@@ -262,6 +264,7 @@ impl StatusTable {
             source: source.to_string(),
             loaded_at: SystemTime::now(),
             requests: Arc::default(),
+            served: Arc::default(),
         };
         self.write().insert(name.clone(), status);
         let _ = self.changes.send(ClusterFreshness {
@@ -364,6 +367,24 @@ impl StatusTable {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .map(|c| c.labels.clone())
+    }
+
+    /// The short and singular names of every type some cluster serves, by (group, plural).
+    pub fn type_names(&self) -> HashMap<(String, String), (Vec<String>, String)> {
+        let mut names = HashMap::new();
+        for c in self
+            .inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            for s in c.served.iter() {
+                names
+                    .entry((s.resource.group.clone(), s.resource.plural.clone()))
+                    .or_insert_with(|| (s.short_names.clone(), s.singular.clone()));
+            }
+        }
+        names
     }
 
     /// Where a cluster's requests to its API server are counted.

@@ -220,6 +220,9 @@ pub trait Report: Send + Sync + 'static {
     fn stream_started(&self, cluster: &ClusterName, resource: &ResourceType, resumed: bool);
     /// A stream stopped for good: its type is no longer served or collected.
     fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType);
+    /// Everything the cluster serves, with short and singular names, after each
+    /// successful discovery (for resolving names as kubectl does).
+    fn served(&self, _cluster: &ClusterName, _served: &[Served]) {}
     /// Where to count the cluster's requests to its API server, if anywhere.
     fn request_counts(&self, _cluster: &ClusterName) -> Option<Arc<RequestCounts>> {
         None
@@ -443,6 +446,7 @@ impl Cluster {
                             v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
                             _ = self.cancel.cancelled() => return Leave::Shutdown,
                         };
+                        self.report.served(&self.name, &served);
                         known = Some((served, version));
                         self.outage.recovered("discovery");
                     }

@@ -2,7 +2,7 @@
 
 use fleetscope_model::ResourceType;
 use kube::Client;
-use kube::discovery::{Discovery, Scope, verbs};
+use serde_json::Value;
 
 /// A type a cluster serves, with whether it can be listed and watched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,47 +11,140 @@ pub struct Served {
     pub resource: ResourceType,
     /// Whether `list` and `watch` are both allowed.
     pub watchable: bool,
+    /// Its short names (`po`, `deploy`), as discovery gives them.
+    pub short_names: Vec<String>,
+    /// Its singular name (`pod`), as discovery gives it.
+    pub singular: String,
 }
 
-/// Every preferred-version type a cluster serves.
-pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error> {
-    let discovery = Discovery::new(client.clone()).run().await?;
-    let mut out = Vec::new();
-    for group in discovery.groups() {
-        for (ar, caps) in group.recommended_resources() {
-            out.push(Served {
-                resource: ResourceType {
-                    group: ar.group.clone(),
-                    version: ar.version.clone(),
-                    plural: ar.plural.clone(),
-                    kind: ar.kind.clone(),
-                    namespaced: caps.scope == Scope::Namespaced,
-                },
-                watchable: caps.supports_operation(verbs::LIST)
-                    && caps.supports_operation(verbs::WATCH),
-            });
+impl Served {
+    /// A type known only by its parts (no short or singular names).
+    pub fn of(resource: ResourceType, watchable: bool) -> Self {
+        Self {
+            resource,
+            watchable,
+            short_names: Vec::new(),
+            singular: String::new(),
         }
+    }
+}
+
+/// A GET of a discovery document.
+async fn get_json(client: &Client, path: &str) -> Result<Value, kube::Error> {
+    let request = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    let text = client.request_text(request).await?;
+    serde_json::from_str(&text).map_err(kube::Error::SerdeError)
+}
+
+/// The resources of one group version's `APIResourceList` (subresources left out).
+fn resources_of(list: &Value, group: &str, version: &str) -> Vec<Served> {
+    let mut out = Vec::new();
+    for r in list["resources"].as_array().into_iter().flatten() {
+        let plural = r["name"].as_str().unwrap_or_default();
+        if plural.is_empty() || plural.contains('/') {
+            continue;
+        }
+        let verbs: Vec<&str> = r["verbs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        out.push(Served {
+            resource: ResourceType {
+                group: group.to_string(),
+                version: version.to_string(),
+                plural: plural.to_string(),
+                kind: r["kind"].as_str().unwrap_or_default().to_string(),
+                namespaced: r["namespaced"].as_bool().unwrap_or(false),
+            },
+            watchable: verbs.contains(&"list") && verbs.contains(&"watch"),
+            short_names: r["shortNames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect(),
+            singular: r["singularName"].as_str().unwrap_or_default().to_string(),
+        });
+    }
+    out
+}
+
+/// Every type a cluster serves, once, in its preferred version (or, for a type its
+/// group's preferred version does not serve, the first version that does), as
+/// kubectl resolves names.
+pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error> {
+    let mut out: Vec<Served> = Vec::new();
+    let core = get_json(client, "/api").await?;
+    for version in core["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        let list = get_json(client, &format!("/api/{version}")).await?;
+        for s in resources_of(&list, "", version) {
+            if !out
+                .iter()
+                .any(|o| o.resource.group.is_empty() && o.resource.plural == s.resource.plural)
+            {
+                out.push(s);
+            }
+        }
+    }
+    let groups = get_json(client, "/apis").await?;
+    for g in groups["groups"].as_array().into_iter().flatten() {
+        let name = g["name"].as_str().unwrap_or_default();
+        let preferred = g["preferredVersion"]["version"]
+            .as_str()
+            .unwrap_or_default();
+        let mut versions: Vec<&str> = g["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["version"].as_str())
+            .collect();
+        // The preferred version first, then the others in the server's order.
+        versions.sort_by_key(|v| *v != preferred);
+        let mut seen: Vec<Served> = Vec::new();
+        for version in versions {
+            let list = get_json(client, &format!("/apis/{name}/{version}")).await?;
+            for s in resources_of(&list, name, version) {
+                if !seen.iter().any(|o| o.resource.plural == s.resource.plural) {
+                    seen.push(s);
+                }
+            }
+        }
+        out.extend(seen);
     }
     out.sort_by(|a, b| a.resource.cmp(&b.resource));
     Ok(out)
 }
 
-fn matches_name(spec: &str, rt: &ResourceType) -> bool {
+fn matches_name(spec: &str, served: &Served) -> bool {
+    let rt = &served.resource;
     let spec = spec.to_ascii_lowercase();
     let plural = rt.plural.to_ascii_lowercase();
     let kind = rt.kind.to_ascii_lowercase();
+    // A plural, a kind, a singular or a short name, as kubectl takes them.
+    let names = |n: &str| {
+        n == plural
+            || n == kind
+            || (!served.singular.is_empty() && n == served.singular)
+            || served.short_names.iter().any(|s| s.eq_ignore_ascii_case(n))
+    };
     let parts: Vec<&str> = spec.split('/').collect();
     match parts.as_slice() {
-        // group/version/plural-or-kind, or version/plural-or-kind for the core group
-        [group, version, name] => {
-            *group == rt.group && *version == rt.version && (*name == plural || *name == kind)
-        }
-        [version, name] => {
-            rt.group.is_empty() && *version == rt.version && (*name == plural || *name == kind)
-        }
+        // group/version/name, or version/name for the core group
+        [group, version, name] => *group == rt.group && *version == rt.version && names(name),
+        [version, name] => rt.group.is_empty() && *version == rt.version && names(name),
         [name] => match name.split_once('.') {
-            Some((n, group)) => group == rt.group && (n == plural || n == kind),
-            None => *name == plural || *name == kind,
+            Some((n, group)) => group == rt.group && names(n),
+            None => names(name),
         },
         _ => false,
     }
@@ -87,10 +180,7 @@ pub fn resolve(specs: &[String], served: &[Served]) -> Resolved {
             }
             continue;
         }
-        let mut found: Vec<&Served> = served
-            .iter()
-            .filter(|s| matches_name(spec, &s.resource))
-            .collect();
+        let mut found: Vec<&Served> = served.iter().filter(|s| matches_name(spec, s)).collect();
         found.sort_by_key(|s| !s.resource.group.is_empty());
         match found.first() {
             Some(s) if s.watchable => add(&s.resource, &mut out),
@@ -121,26 +211,15 @@ mod tests {
             namespaced: true,
         };
         vec![
+            Served::of(rt("", "pods", "Pod"), true),
+            Served::of(rt("", "secrets", "Secret"), true),
+            Served::of(rt("", "bindings", "Binding"), false),
             Served {
-                resource: rt("", "pods", "Pod"),
-                watchable: true,
+                short_names: vec!["deploy".into()],
+                singular: "deployment".into(),
+                ..Served::of(rt("apps", "deployments", "Deployment"), true)
             },
-            Served {
-                resource: rt("", "secrets", "Secret"),
-                watchable: true,
-            },
-            Served {
-                resource: rt("", "bindings", "Binding"),
-                watchable: false,
-            },
-            Served {
-                resource: rt("apps", "deployments", "Deployment"),
-                watchable: true,
-            },
-            Served {
-                resource: rt("example.com", "pods", "Pod"),
-                watchable: true,
-            },
+            Served::of(rt("example.com", "pods", "Pod"), true),
         ]
     }
 
@@ -160,6 +239,10 @@ mod tests {
             ("Deployment", "deployments.apps"),
             ("v1/pods", "pods"),
             ("pods.example.com", "pods.example.com"),
+            ("deploy", "deployments.apps"),
+            ("DEPLOY", "deployments.apps"),
+            ("deploy.apps", "deployments.apps"),
+            ("deployment", "deployments.apps"),
         ] {
             assert_eq!(names(&resolve(&[spec.into()], &served())), [want], "{spec}");
         }
