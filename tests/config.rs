@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::PATIENCE;
 use common::process::{BIN, Server, free_port};
 use fleetscope::proto::fleet_client::FleetClient;
-use fleetscope::proto::{self, ListClustersRequest};
+use fleetscope::proto::{self};
 use fleetscope_sim::{FleetSpec, SimFleet, Verb};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use tonic::transport::Channel;
@@ -24,33 +24,6 @@ fn replace(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-async fn clusters(c: &mut FleetClient<Channel>) -> proto::ListClustersResponse {
-    c.list_clusters(ListClustersRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-/// Waits until `check` holds for the ListClusters answer, or panics with the last one.
-async fn wait_for(
-    c: &mut FleetClient<Channel>,
-    what: &str,
-    check: impl Fn(&proto::ListClustersResponse) -> bool,
-) -> proto::ListClustersResponse {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let now = clusters(c).await;
-        if check(&now) {
-            return now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: never happened; last ListClusters: {now:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Every cluster synced with exactly `types` watching, and labelled `env`.
@@ -174,7 +147,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
     common::wait_serving(&url).await;
     let mut c = FleetClient::connect(url.clone()).await.unwrap();
     let names = ["second", "sim-1"];
-    wait_for(&mut c, "the file's types, labels and alias", |r| {
+    common::wait_for_clusters(&mut c, "the file's types, labels and alias", |r| {
         settled(r, &names, &["configmaps", "namespaces"], "test")
     })
     .await;
@@ -205,7 +178,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
 
     // The scope moves to team-1, pods join, the labels change.
     replace(&file, SECOND);
-    wait_for(&mut c, "the new types and labels", |r| {
+    common::wait_for_clusters(&mut c, "the new types and labels", |r| {
         settled(r, &names, &["configmaps", "namespaces", "pods"], "staging")
     })
     .await;
@@ -262,7 +235,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
         &file,
         &SECOND.replace("namespace: team-1", "nmespace: team-1"),
     );
-    let r = wait_for(&mut c, "the reload error", |r| {
+    let r = common::wait_for_clusters(&mut c, "the reload error", |r| {
         r.sources_error.contains("resources.configmaps.nmespace")
     })
     .await;
@@ -287,7 +260,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
 
     // Fixed, with a setting that needs a restart: applied, and the log says so.
     replace(&file, &format!("{SECOND}retention:\n  events: 5000\n"));
-    wait_for(&mut c, "the error cleared", |r| r.sources_error.is_empty()).await;
+    common::wait_for_clusters(&mut c, "the error cleared", |r| r.sources_error.is_empty()).await;
     let body = scrape(&metrics).await;
     assert!(
         body.contains("fleetscope_config_last_reload_successful 1"),

@@ -8,36 +8,9 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::PATIENCE;
 use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
-use fleetscope::proto::{self, ListClustersRequest};
-use fleetscope_sim::{FleetSpec, SimFleet};
-
-async fn wait_for(
-    c: &mut FleetClient<tonic::transport::Channel>,
-    what: &str,
-    check: impl Fn(&proto::ListClustersResponse) -> bool,
-) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let now = c
-            .list_clusters(ListClustersRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        if check(&now) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: never happened; last ListClusters: {now:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use fleetscope::proto::{self};
 
 fn streams_of<'a>(
     r: &'a proto::ListClustersResponse,
@@ -52,12 +25,7 @@ fn streams_of<'a>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_logged_once_when_it_begins_and_once_when_it_ends() {
-    let fleet = SimFleet::start(&FleetSpec::numbered(2, 40, 0.0))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 40).await;
     let log = dir.path().join("serve.log");
     let mut server = Server::start(
         &kubeconfig,
@@ -70,20 +38,20 @@ async fn an_outage_is_logged_once_when_it_begins_and_once_when_it_ends() {
         let s = streams_of(r, name);
         s.len() == 3 && s.iter().all(|s| s.state() == proto::StreamState::Watching)
     };
-    wait_for(&mut c, "both synced", |r| {
+    common::wait_for_clusters(&mut c, "both synced", |r| {
         watching(r, "sim-1") && watching(r, "sim-2")
     })
     .await;
 
     let sim2 = &fleet.servers()[1];
     sim2.go_offline().await;
-    wait_for(&mut c, "every sim-2 stream failed", |r| {
+    common::wait_for_clusters(&mut c, "every sim-2 stream failed", |r| {
         let s = streams_of(r, "sim-2");
         s.len() == 3 && s.iter().all(|s| s.state() == proto::StreamState::Failed)
     })
     .await;
     sim2.come_online().await.unwrap();
-    wait_for(&mut c, "sim-2 back", |r| watching(r, "sim-2")).await;
+    common::wait_for_clusters(&mut c, "sim-2 back", |r| watching(r, "sim-2")).await;
     server.assert_running(&log);
 
     let text = std::fs::read_to_string(&log).unwrap();

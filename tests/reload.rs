@@ -15,7 +15,7 @@ use common::PATIENCE;
 use common::process::Server;
 use common::subscriber::Subscriber;
 use fleetscope::proto::fleet_client::FleetClient;
-use fleetscope::proto::{self, ListClustersRequest};
+use fleetscope::proto::{self};
 use fleetscope_sim::{Context, FleetSpec, SimFleet, Token, Verb};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
@@ -33,33 +33,6 @@ fn kubeconfig_text(contexts: &[Context]) -> String {
 
 async fn client(url: &str) -> FleetClient<Channel> {
     FleetClient::connect(url.to_string()).await.unwrap()
-}
-
-async fn clusters(c: &mut FleetClient<Channel>) -> proto::ListClustersResponse {
-    c.list_clusters(ListClustersRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-/// Waits until `check` holds for the ListClusters answer, or panics with the last one.
-async fn wait_for(
-    c: &mut FleetClient<Channel>,
-    what: &str,
-    check: impl Fn(&proto::ListClustersResponse) -> bool,
-) -> proto::ListClustersResponse {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let now = clusters(c).await;
-        if check(&now) {
-            return now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: never happened; last ListClusters: {now:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn synced(r: &proto::ListClustersResponse, names: &[&str]) -> bool {
@@ -169,7 +142,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
     let url = server.url();
     common::wait_serving(&url).await;
     let mut c = client(&url).await;
-    wait_for(&mut c, "sim-1 and sim-2 synced", |r| {
+    common::wait_for_clusters(&mut c, "sim-1 and sim-2 synced", |r| {
         synced(r, &["sim-1", "sim-2"])
     })
     .await;
@@ -219,7 +192,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
             s.log_text()
         )
     });
-    let r = wait_for(&mut c, "sim-3 synced", |r| {
+    let r = common::wait_for_clusters(&mut c, "sim-3 synced", |r| {
         synced(r, &["sim-1", "sim-2", "sim-3"])
     })
     .await;
@@ -244,7 +217,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
         .unwrap()
         .source_loaded_time;
     replace(&s.kubeconfig, &kubeconfig_text(&contexts));
-    wait_for(&mut c, "sim-2 reloaded", |r| {
+    common::wait_for_clusters(&mut c, "sim-2 reloaded", |r| {
         r.clusters
             .iter()
             .any(|c| c.name == "sim-2" && c.source_loaded_time != loaded_before)
@@ -259,7 +232,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    wait_for(&mut c, "all synced after the token change", |r| {
+    common::wait_for_clusters(&mut c, "all synced after the token change", |r| {
         synced(r, &["sim-1", "sim-2", "sim-3"])
     })
     .await;
@@ -278,12 +251,12 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
     })
     .await
     .unwrap_or_else(|_| panic!("the Watch saw {deleted} of {want} DELETED"));
-    wait_for(&mut c, "sim-3 gone", |r| synced(r, &["sim-1", "sim-2"])).await;
+    common::wait_for_clusters(&mut c, "sim-3 gone", |r| synced(r, &["sim-1", "sim-2"])).await;
     assert_eq!(count_in(&mut c, "sim-3").await, 0);
 
     // A file that does not parse: reported, and the last good set stays.
     replace(&s.kubeconfig, "clusters: [this is not: a kubeconfig");
-    let r = wait_for(&mut c, "the broken file reported", |r| {
+    let r = common::wait_for_clusters(&mut c, "the broken file reported", |r| {
         !r.sources_error.is_empty()
     })
     .await;
@@ -335,17 +308,17 @@ async fn sighup_reloads_a_change_the_file_watch_cannot_see_and_never_ends_the_pr
     let url = server.url();
     common::wait_serving(&url).await;
     let mut c = client(&url).await;
-    wait_for(&mut c, "sim-1 synced", |r| synced(r, &["sim-1"])).await;
+    common::wait_for_clusters(&mut c, "sim-1 synced", |r| synced(r, &["sim-1"])).await;
     std::fs::write(&real, kubeconfig_text(&s.contexts(&["sim-1", "sim-2"]))).unwrap();
     signal(&server, "HUP");
-    wait_for(&mut c, "sim-2 added on SIGHUP", |r| {
+    common::wait_for_clusters(&mut c, "sim-2 added on SIGHUP", |r| {
         synced(r, &["sim-1", "sim-2"])
     })
     .await;
     // Again, with nothing changed: the process goes on serving.
     signal(&server, "HUP");
     signal(&server, "HUP");
-    wait_for(&mut c, "still serving", |r| synced(r, &["sim-1", "sim-2"])).await;
+    common::wait_for_clusters(&mut c, "still serving", |r| synced(r, &["sim-1", "sim-2"])).await;
     server.assert_running(&s.log);
 }
 
@@ -369,9 +342,9 @@ async fn a_removed_context_keeps_its_objects_with_keep_removed_clusters() {
     let url = server.url();
     common::wait_serving(&url).await;
     let mut c = client(&url).await;
-    wait_for(&mut c, "both synced", |r| synced(r, &["sim-1", "sim-2"])).await;
+    common::wait_for_clusters(&mut c, "both synced", |r| synced(r, &["sim-1", "sim-2"])).await;
     replace(&s.kubeconfig, &kubeconfig_text(&s.contexts(&["sim-1"])));
-    let r = wait_for(&mut c, "sim-2 kept and reported", |r| {
+    let r = common::wait_for_clusters(&mut c, "sim-2 kept and reported", |r| {
         r.clusters.iter().any(|c| {
             c.name == "sim-2"
                 && c.freshness == proto::Freshness::Stale as i32

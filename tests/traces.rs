@@ -16,7 +16,6 @@ use common::PATIENCE;
 use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{CountRequest, Query};
-use fleetscope_sim::{FleetSpec, SimFleet};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -111,12 +110,7 @@ async fn rpcs_and_lists_are_exported_over_otlp_in_the_callers_trace() {
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
 
-    let fleet = SimFleet::start(&FleetSpec::numbered(1, 30, 0.0))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 30).await;
     let log = dir.path().join("serve.log");
     let mut server = Server::start_with_env(
         &kubeconfig,

@@ -418,3 +418,45 @@ pub async fn kube_client(kubeconfig: &std::path::Path, context: &str) -> kube::C
         .unwrap();
     kube::Client::try_from(config).unwrap()
 }
+
+/// The server's ListClusters answer.
+pub async fn list_clusters(c: &mut FleetClient<Channel>) -> proto::ListClustersResponse {
+    c.list_clusters(ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits until `check` holds for the ListClusters answer, or panics with the last one.
+pub async fn wait_for_clusters(
+    c: &mut FleetClient<Channel>,
+    what: &str,
+    check: impl Fn(&proto::ListClustersResponse) -> bool,
+) -> proto::ListClustersResponse {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let now = list_clusters(c).await;
+        if check(&now) {
+            return now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never happened; last ListClusters: {now:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Simulated clusters without churn, and a kubeconfig for them in a fresh directory.
+pub async fn fleet_with_kubeconfig(
+    clusters: usize,
+    objects: usize,
+) -> (SimFleet, tempfile::TempDir, PathBuf) {
+    let fleet = SimFleet::start(&FleetSpec::numbered(clusters, objects, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    (fleet, dir, kubeconfig)
+}

@@ -83,15 +83,30 @@ fn target(
     version: &str,
     rest: &[String],
 ) -> Result<Target, ApiError> {
-    let (namespace, plural, name) = match rest {
-        [res] => (None, res.as_str(), None),
-        [ns_kw, ns, res] if ns_kw == "namespaces" => (Some(ns.clone()), res.as_str(), None),
+    let (namespace, plural, name, subresource) = match rest {
+        [res] => (None, res.as_str(), None, None),
+        [ns_kw, ns, res] if ns_kw == "namespaces" => (Some(ns.clone()), res.as_str(), None, None),
         [ns_kw, ns, res, name] if ns_kw == "namespaces" => {
-            (Some(ns.clone()), res.as_str(), Some(name.clone()))
+            (Some(ns.clone()), res.as_str(), Some(name.clone()), None)
         }
-        [res, name] => (None, res.as_str(), Some(name.clone())),
+        [ns_kw, ns, res, name, sub] if ns_kw == "namespaces" => (
+            Some(ns.clone()),
+            res.as_str(),
+            Some(name.clone()),
+            Some(sub.clone()),
+        ),
+        [res, name] => (None, res.as_str(), Some(name.clone()), None),
+        [res, name, sub] => (None, res.as_str(), Some(name.clone()), Some(sub.clone())),
         _ => return Err(ApiError::unknown_resource()),
     };
+    if let Some(sub) = &subresource
+        && !(sub == "status"
+            || (sub == "scale"
+                && group == "apps"
+                && matches!(plural, "deployments" | "replicasets")))
+    {
+        return Err(ApiError::unknown_resource());
+    }
     let def = cluster
         .store
         .find(group, version, plural)
@@ -106,6 +121,7 @@ fn target(
         def,
         namespace,
         name,
+        subresource,
     })
 }
 
@@ -138,6 +154,22 @@ async fn serve(
         }
         "/healthz" | "/livez" | "/readyz" => return Ok(Response::new(full("ok"))),
         _ => {}
+    }
+    if path == "/openapi/v2" || path.starts_with("/openapi/v3") {
+        cluster.count(Verb::Discovery, "");
+        let defs = cluster.store.defs();
+        let doc = if path == "/openapi/v2" {
+            Some(crate::openapi::v2(&defs))
+        } else {
+            crate::openapi::v3(
+                &defs,
+                path.trim_start_matches("/openapi/v3")
+                    .trim_start_matches('/'),
+            )
+        };
+        return doc
+            .map(|d| value_response(StatusCode::OK, &d))
+            .ok_or_else(ApiError::unknown_resource);
     }
     if let Some(e) = cluster.injected_failure() {
         return Err(e);
@@ -214,13 +246,20 @@ async fn serve(
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("application/json")
                 .to_string();
+            let w = crate::store::Write {
+                dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
+            };
             match verb {
+                Verb::Get if t.subresource.as_deref() == Some("scale") => scale_get(&cluster, &t),
                 Verb::Get => get(&cluster, &t, repr),
                 Verb::List => list(&cluster, &t, &query, repr),
                 Verb::Watch => watch::serve(cluster, conn, t, query, repr).await,
                 _ => {
                     let body = read_body(req).await?;
-                    write(&cluster, &t, verb, &content_type, &body)
+                    let w = crate::store::Write {
+                        dry_run: w.dry_run || delete_options_dry_run(verb, &body),
+                    };
+                    write(&cluster, &t, verb, &content_type, &body, w)
                 }
             }
         }
@@ -445,49 +484,160 @@ fn render_list(
     out
 }
 
+/// Whether a DELETE's `DeleteOptions` body asks for a dry run.
+fn delete_options_dry_run(verb: Verb, body: &[u8]) -> bool {
+    verb == Verb::Delete
+        && serde_json::from_slice::<Value>(body).is_ok_and(|o| {
+            o["dryRun"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|x| x == "All"))
+        })
+}
+
+/// A write's body as JSON: JSON itself, or Kubernetes protobuf decoded.
+fn body_json(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if media == crate::protobuf::CONTENT_TYPE {
+        return crate::protobuf::decode(body);
+    }
+    serde_json::from_slice::<Value>(body).map_err(|e| {
+        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+    })
+}
+
+/// The `autoscaling/v1` Scale of a deployment or replica set.
+fn scale_of(obj: &StoredObject) -> Value {
+    let v = obj.value();
+    let m = &v["metadata"];
+    let selector: Vec<String> = v["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": m["name"], "namespace": m["namespace"], "uid": m["uid"],
+            "resourceVersion": m["resourceVersion"], "creationTimestamp": m["creationTimestamp"],
+        },
+        "spec": {"replicas": v["spec"]["replicas"].as_i64().unwrap_or(1)},
+        "status": {"replicas": v["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector.join(",")},
+    })
+}
+
+fn scale_get(cluster: &Cluster, t: &Target) -> Result<Response<Body>, ApiError> {
+    let name = t.name.as_deref().unwrap_or_default();
+    let obj = cluster
+        .store
+        .get(&t.def.id(), t.namespace.as_deref().unwrap_or(""), name)
+        .ok_or_else(|| ApiError::not_found(&t.def, name))?;
+    Ok(value_response(StatusCode::OK, &scale_of(&obj)))
+}
+
 fn write(
     cluster: &Cluster,
     t: &Target,
     verb: Verb,
     content_type: &str,
     body: &[u8],
+    w: crate::store::Write,
 ) -> Result<Response<Body>, ApiError> {
-    let parse = || {
-        serde_json::from_slice::<Value>(body).map_err(|e| {
-            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
-        })
-    };
     let id = t.def.id();
     let ns = t.namespace.as_deref().unwrap_or("");
     let name = t.name.as_deref().unwrap_or("");
+    if t.subresource.as_deref() == Some("scale") {
+        // The Scale is changed as sent, and its replicas become the object's.
+        let scale_body = if verb == Verb::Patch {
+            None
+        } else {
+            Some(body_json(content_type, body)?)
+        };
+        let patch = if verb == Verb::Patch {
+            Some((
+                crate::patch::PatchKind::of(content_type)?,
+                body_json("application/json", body)?,
+            ))
+        } else {
+            None
+        };
+        let obj = cluster.store.patch_with(
+            &id,
+            ns,
+            name,
+            |value| {
+                let current = encode_for_scale(value);
+                let mut scale = current;
+                if let Some(b) = &scale_body {
+                    scale = b.clone();
+                }
+                if let Some((kind, p)) = &patch {
+                    crate::patch::apply(*kind, &mut scale, p)?;
+                }
+                let replicas = scale["spec"]["replicas"].as_i64().ok_or_else(|| {
+                    ApiError::invalid("Scale", name, "spec.replicas: Required value")
+                })?;
+                if replicas < 0 {
+                    return Err(ApiError::invalid(
+                        "Scale",
+                        name,
+                        "spec.replicas: Invalid value: must be greater than or equal to 0",
+                    ));
+                }
+                value["spec"]["replicas"] = json!(replicas);
+                Ok(())
+            },
+            w,
+        )?;
+        return Ok(value_response(StatusCode::OK, &scale_of(&obj)));
+    }
     let (code, obj) = match verb {
         Verb::Create => (
             StatusCode::CREATED,
-            cluster
-                .store
-                .create(&id, t.namespace.as_deref(), parse()?)?,
+            cluster.store.create_with(
+                &id,
+                t.namespace.as_deref(),
+                body_json(content_type, body)?,
+                w,
+            )?,
         ),
         Verb::Update => (
             StatusCode::OK,
-            cluster.store.update(&id, ns, name, parse()?)?,
+            cluster
+                .store
+                .update_with(&id, ns, name, body_json(content_type, body)?, w)?,
         ),
         Verb::Patch => {
-            let media = content_type.split(';').next().unwrap_or("").trim();
-            if !matches!(
-                media,
-                "application/merge-patch+json" | "application/strategic-merge-patch+json"
-            ) {
-                return Err(ApiError::unsupported_media_type(media));
-            }
+            let kind = crate::patch::PatchKind::of(content_type)?;
+            let patch = body_json("application/json", body)?;
             (
                 StatusCode::OK,
-                cluster.store.patch(&id, ns, name, &parse()?)?,
+                cluster.store.patch_with(
+                    &id,
+                    ns,
+                    name,
+                    |value| crate::patch::apply(kind, value, &patch),
+                    w,
+                )?,
             )
         }
-        Verb::Delete => (StatusCode::OK, cluster.store.delete(&id, ns, name)?),
+        Verb::Delete => (StatusCode::OK, cluster.store.delete_with(&id, ns, name, w)?),
         _ => return Err(ApiError::method_not_allowed(verb.as_str())),
     };
     Ok(json_response(code, obj.with_type_meta(&t.def)))
+}
+
+/// The Scale of an object's current JSON (during a patch).
+fn encode_for_scale(value: &Value) -> Value {
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {"name": value["metadata"]["name"], "namespace": value["metadata"]["namespace"]},
+        "spec": {"replicas": value["spec"]["replicas"].as_i64().unwrap_or(1)},
+    })
 }
 
 #[cfg(test)]

@@ -12,6 +12,9 @@
 mod cluster;
 mod fleet;
 mod http;
+mod openapi;
+pub mod patch;
+pub mod protobuf;
 mod request;
 pub mod resource;
 mod server;

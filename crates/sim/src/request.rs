@@ -130,6 +130,8 @@ pub(crate) struct Target {
     pub def: Arc<ResourceDef>,
     pub namespace: Option<String>,
     pub name: Option<String>,
+    /// `scale` or `status`, for a subresource.
+    pub subresource: Option<String>,
 }
 
 /// The object's metadata alone, as `PartialObjectMetadata`.

@@ -194,6 +194,12 @@ impl ApiError {
         )
     }
 
+    /// 422: a request the server understood and cannot carry out (a JSON patch whose
+    /// operation fails).
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Self::new(422, "Invalid", message, None)
+    }
+
     /// 410: a list at a resourceVersion older than the retained history.
     pub fn expired_rv() -> Self {
         Self::new(
@@ -255,7 +261,7 @@ impl ApiError {
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (got {content_type})"
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type})"
             ),
             None,
         )

@@ -119,6 +119,13 @@ pub enum ReadAt {
     NotOlderThan(u64),
 }
 
+/// How a write is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Write {
+    /// Check and compute it, and change nothing (`dryRun=All`).
+    pub dry_run: bool,
+}
+
 /// A consistent view of one resource type at one resourceVersion.
 #[derive(Clone)]
 pub struct Snapshot {
@@ -466,7 +473,18 @@ impl Store {
         &self,
         id: &str,
         namespace: Option<&str>,
+        value: Value,
+    ) -> Result<Arc<StoredObject>, ApiError> {
+        self.create_with(id, namespace, value, Write::default())
+    }
+
+    /// [`Store::create`], as a dry run when asked.
+    pub fn create_with(
+        &self,
+        id: &str,
+        namespace: Option<&str>,
         mut value: Value,
+        w: Write,
     ) -> Result<Arc<StoredObject>, ApiError> {
         let mut state = self.write();
         let def = Self::def_in(&state, id)?;
@@ -523,8 +541,13 @@ impl Store {
         if def.plural == "namespaces" && value.get("status").is_none() {
             value["status"] = json!({"phase": "Active"});
         }
+        if def.group.is_empty() {
+            defaults(&def.plural, &mut value, rv);
+        }
         let object = Arc::new(encode(&def, value, rv));
-        self.commit(&mut state, id, ChangeKind::Added, object.clone(), None);
+        if !w.dry_run {
+            self.commit(&mut state, id, ChangeKind::Added, object.clone(), None);
+        }
         Ok(object)
     }
 
@@ -534,7 +557,19 @@ impl Store {
         id: &str,
         namespace: &str,
         name: &str,
+        value: Value,
+    ) -> Result<Arc<StoredObject>, ApiError> {
+        self.update_with(id, namespace, name, value, Write::default())
+    }
+
+    /// [`Store::update`], as a dry run when asked.
+    pub fn update_with(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
         mut value: Value,
+        w: Write,
     ) -> Result<Arc<StoredObject>, ApiError> {
         let mut state = self.write();
         let (def, prev) = Self::existing(&state, id, namespace, name)?;
@@ -573,13 +608,15 @@ impl Store {
             value["metadata"]["generation"] = json!(g + 1);
         }
         let object = Arc::new(encode(&def, value, rv));
-        self.commit(
-            &mut state,
-            id,
-            ChangeKind::Modified,
-            object.clone(),
-            Some(prev),
-        );
+        if !w.dry_run {
+            self.commit(
+                &mut state,
+                id,
+                ChangeKind::Modified,
+                object.clone(),
+                Some(prev),
+            );
+        }
         Ok(object)
     }
 
@@ -591,6 +628,28 @@ impl Store {
         name: &str,
         patch: &Value,
     ) -> Result<Arc<StoredObject>, ApiError> {
+        self.patch_with(
+            id,
+            namespace,
+            name,
+            |value| {
+                merge_patch(value, patch);
+                Ok(())
+            },
+            Write::default(),
+        )
+    }
+
+    /// Changes an object with `apply` (a patch of any kind), as a dry run when asked.
+    /// A resourceVersion the patch sets must match the stored one.
+    pub fn patch_with(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
+        apply: impl Fn(&mut Value) -> Result<(), ApiError>,
+        w: Write,
+    ) -> Result<Arc<StoredObject>, ApiError> {
         // Read, patch, then update with the read resourceVersion: a concurrent write
         // between the two is a conflict, which the retry below resolves.
         for _ in 0..8 {
@@ -599,15 +658,16 @@ impl Store {
                 .get(id, namespace, name)
                 .ok_or_else(|| ApiError::not_found(&def, name))?;
             let mut value = current.value();
-            merge_patch(&mut value, patch);
-            value["metadata"]["resourceVersion"] = json!(current.rv.to_string());
-            match self.update(id, namespace, name, value) {
-                Err(e)
-                    if e.reason == "Conflict"
-                        && patch["metadata"].get("resourceVersion").is_none() =>
-                {
-                    continue;
-                }
+            apply(&mut value)?;
+            let pinned = value["metadata"]
+                .get("resourceVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|rv| rv != current.rv.to_string());
+            if !pinned {
+                value["metadata"]["resourceVersion"] = json!(current.rv.to_string());
+            }
+            match self.update_with(id, namespace, name, value, w) {
+                Err(e) if e.reason == "Conflict" && !pinned => continue,
                 other => return other,
             }
         }
@@ -622,19 +682,32 @@ impl Store {
         namespace: &str,
         name: &str,
     ) -> Result<Arc<StoredObject>, ApiError> {
+        self.delete_with(id, namespace, name, Write::default())
+    }
+
+    /// [`Store::delete`], as a dry run when asked.
+    pub fn delete_with(
+        &self,
+        id: &str,
+        namespace: &str,
+        name: &str,
+        w: Write,
+    ) -> Result<Arc<StoredObject>, ApiError> {
         let mut state = self.write();
         let (def, prev) = Self::existing(&state, id, namespace, name)?;
         let rv = state.rv + 1;
         let mut value = prev.value();
         value["metadata"]["resourceVersion"] = json!(rv.to_string());
         let object = Arc::new(encode(&def, value, rv));
-        self.commit(
-            &mut state,
-            id,
-            ChangeKind::Deleted,
-            object.clone(),
-            Some(prev),
-        );
+        if !w.dry_run {
+            self.commit(
+                &mut state,
+                id,
+                ChangeKind::Deleted,
+                object.clone(),
+                Some(prev),
+            );
+        }
         Ok(object)
     }
 
@@ -761,6 +834,68 @@ fn random_suffix() -> String {
     (0..5)
         .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
         .collect()
+}
+
+/// The defaults the apiserver fills in on create for the core types that need them
+/// to read as they would on a real cluster: a Service's type, cluster IP and port
+/// protocols, a new Pod's Pending phase and policies.
+fn defaults(plural: &str, value: &mut Value, rv: u64) {
+    match plural {
+        "services" => {
+            let spec = &mut value["spec"];
+            if spec
+                .get("type")
+                .is_none_or(|t| t.as_str().is_none_or(str::is_empty))
+            {
+                spec["type"] = json!("ClusterIP");
+            }
+            let external = spec["type"] == "ExternalName";
+            if !external
+                && spec
+                    .get("clusterIP")
+                    .is_none_or(|ip| ip.as_str().is_none_or(str::is_empty))
+            {
+                let ip = format!("10.96.{}.{}", 100 + (rv / 250) % 150, rv % 250 + 1);
+                spec["clusterIP"] = json!(ip);
+                spec["clusterIPs"] = json!([ip]);
+            }
+            if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+                for p in ports {
+                    if p.get("protocol").is_none() {
+                        p["protocol"] = json!("TCP");
+                    }
+                    if p.get("targetPort").is_none() {
+                        p["targetPort"] = p["port"].clone();
+                    }
+                }
+            }
+            if spec.get("sessionAffinity").is_none() {
+                spec["sessionAffinity"] = json!("None");
+            }
+            if value.get("status").is_none() {
+                value["status"] = json!({"loadBalancer": {}});
+            }
+        }
+        "pods" => {
+            let spec = &mut value["spec"];
+            for (k, v) in [
+                ("restartPolicy", "Always"),
+                ("dnsPolicy", "ClusterFirst"),
+                ("schedulerName", "default-scheduler"),
+            ] {
+                if spec.get(k).is_none() {
+                    spec[k] = json!(v);
+                }
+            }
+            if value
+                .get("status")
+                .is_none_or(|s| s.as_object().is_some_and(|m| m.is_empty()))
+            {
+                value["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+            }
+        }
+        _ => {}
+    }
 }
 
 /// RFC 7386 JSON merge patch.

@@ -135,6 +135,14 @@ impl Workload {
             }))?;
             w.nodes.push(name);
         }
+        // The namespaces every cluster has, as a real one does.
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            store.create(
+                "namespaces",
+                None,
+                json!({"metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}}}),
+            )?;
+        }
         let namespaces: Vec<String> = (0..ns_count).map(|i| format!("team-{i}")).collect();
         for ns in &namespaces {
             store.create(

@@ -559,10 +559,20 @@ async fn writes_over_http_behave_as_kubernetes() {
             Method::PATCH,
             "/api/v1/namespaces/a/configmaps/w",
             &[("content-type", "application/json-patch+json")],
-            Some(json!([])),
+            Some(json!([{"op": "add", "path": "/metadata/labels/j", "value": "z"}])),
         )
         .await;
-    assert_eq!(json_patch.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(json_patch.status, StatusCode::OK);
+    assert_eq!(json_patch.json()["metadata"]["labels"]["j"], "z");
+    let apply = api
+        .send(
+            Method::PATCH,
+            "/api/v1/namespaces/a/configmaps/w",
+            &[("content-type", "application/apply-patch+yaml")],
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(apply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
     let deleted = api
         .send(

@@ -1,0 +1,376 @@
+//! The simulator as a kubectl playground: the real `kubectl` binary against a
+//! simulated cluster, one command at a time, each checked in the cluster's store:
+//! `create` of each generator (protobuf bodies), `create -f` and `apply -f` with
+//! validation on (OpenAPI), `apply` again (a strategic merge patch; a merge patch for a
+//! custom resource), `replace`, `edit`, `patch --type=json|merge|strategic`, `scale`,
+//! `label`, `annotate`, `delete`, and `--dry-run=server` changing nothing.
+//!
+//! kubectl is not a build dependency: without it on the PATH the test says so and
+//! checks nothing else.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use fleetscope_sim::{FleetSpec, SimFleet};
+use serde_json::Value;
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+}
+
+impl Kubectl {
+    /// Runs kubectl; panics with its output when it fails.
+    fn ok(&self, args: &[&str]) -> String {
+        self.ok_with(args, &[])
+    }
+
+    fn ok_with(&self, args: &[&str], env: &[(&str, &str)]) -> String {
+        let out = self.run(args, env);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .envs(env.iter().copied())
+            .current_dir(&self.dir)
+            .output()
+            .unwrap()
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        std::fs::write(self.dir.join(name), text).unwrap();
+        name.to_string()
+    }
+}
+
+fn kubectl_installed() -> bool {
+    Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// An object as the simulated cluster holds it.
+fn held(fleet: &SimFleet, id: &str, namespace: &str, name: &str) -> Option<Value> {
+    fleet.servers()[0]
+        .cluster()
+        .store
+        .get(id, namespace, name)
+        .map(|o| o.value())
+}
+
+const DEPLOYMENT: &str = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: applied
+  namespace: default
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: applied}
+  template:
+    metadata:
+      labels: {app: applied}
+    spec:
+      containers:
+        - name: main
+          image: main:1
+        - name: side
+          image: side:1
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_is_a_full_client_of_a_simulated_cluster() {
+    if !kubectl_installed() {
+        eprintln!("kubectl is not installed: the playground test checks nothing");
+        return;
+    }
+    let fleet = SimFleet::start(&FleetSpec::numbered(1, 40, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let k = Kubectl {
+        kubeconfig,
+        dir: dir.path().to_path_buf(),
+    };
+    // kubectl blocks on the cluster: run it off the async workers.
+    let k = std::sync::Arc::new(k);
+    let fleet = std::sync::Arc::new(fleet);
+    let (k2, f2) = (k.clone(), fleet.clone());
+    tokio::task::spawn_blocking(move || playground(&k2, &f2))
+        .await
+        .unwrap();
+    if let Ok(fleet) = std::sync::Arc::try_unwrap(fleet) {
+        fleet.shutdown().await;
+    }
+}
+
+fn playground(k: &Kubectl, fleet: &SimFleet) {
+    let get = |id: &str, ns: &str, name: &str| held(fleet, id, ns, name);
+
+    // create, with each generator kubectl sends as protobuf.
+    k.ok(&["create", "namespace", "play"]);
+    assert!(get("namespaces", "", "play").is_some());
+    k.ok(&[
+        "create",
+        "configmap",
+        "demo",
+        "-n",
+        "play",
+        "--from-literal=a=b",
+    ]);
+    assert_eq!(get("configmaps", "play", "demo").unwrap()["data"]["a"], "b");
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "--from-literal=password=hunter2",
+    ]);
+    assert_eq!(
+        get("secrets", "default", "s").unwrap()["data"]["password"],
+        "aHVudGVyMg=="
+    );
+    k.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "-n",
+        "play",
+        "--image=nginx:1",
+        "--replicas=2",
+        "--port=80",
+    ]);
+    let web = get("deployments.apps", "play", "web").unwrap();
+    assert_eq!(web["spec"]["replicas"], 2);
+    assert_eq!(
+        web["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"],
+        80
+    );
+    k.ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "web",
+        "-n",
+        "play",
+        "--tcp=80:8080",
+    ]);
+    let svc = get("services", "play", "web").unwrap();
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
+    assert!(
+        svc["spec"]["clusterIP"]
+            .as_str()
+            .is_some_and(|ip| ip.starts_with("10.96."))
+    );
+    k.ok(&[
+        "run",
+        "one",
+        "-n",
+        "play",
+        "--image=busybox",
+        "--env=A=1",
+        "--labels=app=one",
+    ]);
+    let pod = get("pods", "play", "one").unwrap();
+    assert_eq!(pod["status"]["phase"], "Pending");
+    assert_eq!(pod["spec"]["containers"][0]["env"][0]["value"], "1");
+
+    // create -f and apply -f, validation on; apply again patches.
+    let file = k.write("deployment.yaml", DEPLOYMENT);
+    k.ok(&["create", "-f", &file, "--dry-run=server"]);
+    assert!(
+        get("deployments.apps", "default", "applied").is_none(),
+        "a dry run changes nothing"
+    );
+    k.ok(&["apply", "-f", &file]);
+    let applied = get("deployments.apps", "default", "applied").unwrap();
+    assert!(
+        applied["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .is_string()
+    );
+    k.write("deployment.yaml", &DEPLOYMENT.replace("main:1", "main:2"));
+    assert!(k.ok(&["apply", "-f", &file]).contains("configured"));
+    let containers = get("deployments.apps", "default", "applied").unwrap()["spec"]["template"]["spec"]["containers"].clone();
+    assert_eq!(containers[0]["image"], "main:2");
+    assert_eq!(containers[1]["image"], "side:1", "merged by name");
+    let out = k.run(&["create", "-f", &file], &[]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("AlreadyExists")
+    );
+    let crontab = k.write(
+        "crontab.yaml",
+        "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: tab\n  namespace: default\nspec:\n  image: one\n",
+    );
+    k.ok(&["apply", "-f", &crontab]);
+    k.write(
+        "crontab.yaml",
+        "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: tab\n  namespace: default\nspec:\n  image: two\n",
+    );
+    k.ok(&["apply", "-f", &crontab]);
+    assert_eq!(
+        get("crontabs.stable.example.com", "default", "tab").unwrap()["spec"]["image"],
+        "two"
+    );
+
+    // patch, each type; scale.
+    k.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "-n",
+        "play",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#,
+    ]);
+    assert_eq!(
+        get("deployments.apps", "play", "web").unwrap()["spec"]["replicas"],
+        3
+    );
+    k.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "-n",
+        "play",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"tier":"front"}}}"#,
+    ]);
+    assert_eq!(
+        get("deployments.apps", "play", "web").unwrap()["metadata"]["labels"]["tier"],
+        "front"
+    );
+    k.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "-n",
+        "play",
+        "--type=strategic",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"nginx","image":"nginx:2"}]}}}}"#,
+    ]);
+    let c =
+        get("deployments.apps", "play", "web").unwrap()["spec"]["template"]["spec"]["containers"]
+            .clone();
+    assert_eq!(
+        (
+            c[0]["image"].as_str(),
+            c[0]["ports"][0]["containerPort"].as_i64()
+        ),
+        (Some("nginx:2"), Some(80))
+    );
+    let out = k.run(
+        &[
+            "patch",
+            "deployment",
+            "web",
+            "-n",
+            "play",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/nope"}]"#,
+        ],
+        &[],
+    );
+    assert!(!out.status.success(), "a failing JSON patch is refused");
+    k.ok(&["scale", "deployment", "web", "-n", "play", "--replicas=5"]);
+    assert_eq!(
+        get("deployments.apps", "play", "web").unwrap()["spec"]["replicas"],
+        5
+    );
+    k.ok(&[
+        "scale",
+        "deployment",
+        "web",
+        "-n",
+        "play",
+        "--replicas=1",
+        "--dry-run=server",
+    ]);
+    assert_eq!(
+        get("deployments.apps", "play", "web").unwrap()["spec"]["replicas"],
+        5
+    );
+
+    // label, annotate, replace, edit.
+    k.ok(&["label", "configmap", "demo", "-n", "play", "team=a"]);
+    k.ok(&["annotate", "configmap", "demo", "-n", "play", "note=x"]);
+    let cm = get("configmaps", "play", "demo").unwrap();
+    assert_eq!(
+        (
+            cm["metadata"]["labels"]["team"].as_str(),
+            cm["metadata"]["annotations"]["note"].as_str()
+        ),
+        (Some("a"), Some("x"))
+    );
+    k.ok(&["label", "configmap", "demo", "-n", "play", "team-"]);
+    assert!(
+        get("configmaps", "play", "demo").unwrap()["metadata"]["labels"]
+            .get("team")
+            .is_none()
+    );
+    let yaml = k.ok(&["get", "configmap", "demo", "-n", "play", "-o", "yaml"]);
+    let replaced = k.write("replaced.yaml", &yaml.replace("a: b", "a: replaced"));
+    k.ok(&["replace", "-f", &replaced]);
+    assert_eq!(
+        get("configmaps", "play", "demo").unwrap()["data"]["a"],
+        "replaced"
+    );
+    k.ok_with(
+        &["edit", "configmap", "demo", "-n", "play"],
+        &[
+            ("EDITOR", "sed -i s/replaced/edited/"),
+            ("KUBE_EDITOR", "sed -i s/replaced/edited/"),
+        ],
+    );
+    assert_eq!(
+        get("configmaps", "play", "demo").unwrap()["data"]["a"],
+        "edited"
+    );
+
+    // delete, after a dry run that changes nothing.
+    k.ok(&[
+        "delete",
+        "configmap",
+        "demo",
+        "-n",
+        "play",
+        "--dry-run=server",
+    ]);
+    assert!(get("configmaps", "play", "demo").is_some());
+    k.ok(&["delete", "configmap", "demo", "-n", "play"]);
+    assert!(get("configmaps", "play", "demo").is_none());
+    let out = k.run(&["get", "configmap", "demo", "-n", "play"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
+
+    // Reading: tables, short names, explain from OpenAPI, api-resources.
+    let table = k.ok(&["get", "deploy", "-n", "play"]);
+    assert!(
+        table.starts_with("NAME") && table.contains("web"),
+        "{table}"
+    );
+    assert!(k.ok(&["api-resources"]).contains("deployments"));
+    assert!(
+        k.ok(&["get", "--raw", "/openapi/v3"])
+            .contains("apis/apps/v1")
+    );
+}
