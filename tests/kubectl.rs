@@ -1,7 +1,7 @@
 //! The simulator as a kubectl playground: the real `kubectl` binary against a
 //! simulated cluster, one command at a time, each checked in the cluster's store:
 //! `create` of each generator (protobuf bodies), `create -f` and `apply -f` with
-//! validation on (OpenAPI), `apply` again (a strategic merge patch; a merge patch for a
+//! validation on (OpenAPI, and a misspelt field refused by the server), `apply` again (a strategic merge patch; a merge patch for a
 //! custom resource), `replace`, `edit`, `patch --type=json|merge|strategic`, `scale`,
 //! `label`, `annotate`, `delete`, and `--dry-run=server` changing nothing.
 //!
@@ -214,6 +214,22 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
     assert!(
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("AlreadyExists")
     );
+    // Validation on: a misspelt field is refused by name; off, it is accepted.
+    let typo = k.write(
+        "typo.yaml",
+        &DEPLOYMENT
+            .replace("name: applied", "name: typo")
+            .replace("replicas: 1", "replicaz: 1"),
+    );
+    let out = k.run(&["create", "-f", &typo], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("unknown field \"spec.replicaz\""),
+        "{err}"
+    );
+    assert!(get("deployments.apps", "default", "typo").is_none());
+    k.ok(&["create", "-f", &typo, "--validate=false"]);
+    assert!(get("deployments.apps", "default", "typo").is_some());
     let crontab = k.write(
         "crontab.yaml",
         "apiVersion: stable.example.com/v1\nkind: CronTab\nmetadata:\n  name: tab\n  namespace: default\nspec:\n  image: one\n",

@@ -240,8 +240,8 @@ pub struct GetArgs {
 pub struct CountArgs {
     #[command(flatten)]
     pub query: QueryArgs,
-    /// Group by cluster, namespace, label:KEY or field:PATH; comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    /// Group by cluster, namespace, label:KEY or field:PATH; comma-separated (also `--by`).
+    #[arg(long, alias = "by", value_delimiter = ',')]
     pub group_by: Vec<String>,
     /// Output format: table or json.
     #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]

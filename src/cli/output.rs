@@ -490,6 +490,75 @@ c         n1     Ready,SchedulingDisabled   control-plane   31d   v1.33.1
     }
 
     #[test]
+    fn the_other_built_in_types_have_kubectls_columns() {
+        let created = "2027-01-15T07:00:00Z";
+        let cases = [
+            (
+                "replicasets.apps",
+                json!({"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 2}}),
+                "CLUSTER   NAME   DESIRED   CURRENT   READY   AGE\nc         x      3         3         2       60m\n",
+            ),
+            (
+                "statefulsets.apps",
+                json!({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}),
+                "CLUSTER   NAME   READY   AGE\nc         x      1/2     60m\n",
+            ),
+            (
+                "daemonsets.apps",
+                json!({"spec": {"template": {"spec": {"nodeSelector": {"os": "linux"}}}}, "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2, "updatedNumberScheduled": 3, "numberAvailable": 2}}),
+                "CLUSTER   NAME   DESIRED   CURRENT   READY   UP-TO-DATE   AVAILABLE   NODE SELECTOR   AGE\nc         x      3         3         2       3            2           os=linux        60m\n",
+            ),
+            (
+                "jobs.batch",
+                json!({"spec": {"completions": 2}, "status": {"succeeded": 1, "startTime": "2027-01-15T07:50:00Z", "completionTime": "2027-01-15T07:52:30Z"}}),
+                "CLUSTER   NAME   COMPLETIONS   DURATION   AGE\nc         x      1/2           2m30s      60m\n",
+            ),
+            (
+                "cronjobs.batch",
+                json!({"spec": {"schedule": "*/5 * * * *"}, "status": {"lastScheduleTime": "2027-01-15T07:55:00Z"}}),
+                "CLUSTER   NAME   SCHEDULE      TIMEZONE   SUSPEND   ACTIVE   LAST SCHEDULE   AGE\nc         x      */5 * * * *   <none>     False     0        5m              60m\n",
+            ),
+            (
+                "namespaces",
+                json!({"status": {"phase": "Active"}}),
+                "CLUSTER   NAME   STATUS   AGE\nc         x      Active   60m\n",
+            ),
+            (
+                "configmaps",
+                json!({"data": {"a": "1", "b": "2"}, "binaryData": {"c": "AA=="}}),
+                "CLUSTER   NAME   DATA   AGE\nc         x      3      60m\n",
+            ),
+            (
+                "secrets",
+                json!({"type": "Opaque", "data": {"a": "MQ=="}}),
+                "CLUSTER   NAME   TYPE     DATA   AGE\nc         x      Opaque   1      60m\n",
+            ),
+            (
+                "persistentvolumeclaims",
+                json!({"spec": {"volumeName": "pv-1", "storageClassName": "fast"}, "status": {"phase": "Bound", "capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"]}}),
+                "CLUSTER   NAME   STATUS   VOLUME   CAPACITY   ACCESS MODES   STORAGECLASS   VOLUMEATTRIBUTESCLASS   AGE\nc         x      Bound    pv-1     10Gi       RWO            fast           <none>                  60m\n",
+            ),
+            (
+                "widgets.example.com",
+                json!({}),
+                "CLUSTER   NAME   AGE\nc         x      60m\n",
+            ),
+        ];
+        for (resource, mut object, want) in cases {
+            object["metadata"] = json!({"name": "x", "creationTimestamp": created});
+            let t = Table {
+                columns: columns_for(resource, None),
+                ..Default::default()
+            };
+            assert_eq!(
+                table_of(&t, &[item("c", resource, object)]),
+                want,
+                "{resource}"
+            );
+        }
+    }
+
+    #[test]
     fn other_formats() {
         let i = item(
             "prod-eu",

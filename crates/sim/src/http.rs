@@ -259,7 +259,8 @@ async fn serve(
                     let w = crate::store::Write {
                         dry_run: w.dry_run || delete_options_dry_run(verb, &body),
                     };
-                    write(&cluster, &t, verb, &content_type, &body, w)
+                    let mode = crate::validate::Mode::of(query.get("fieldValidation"))?;
+                    write(&cluster, &t, verb, &content_type, &body, w, mode)
                 }
             }
         }
@@ -545,8 +546,10 @@ fn write(
     content_type: &str,
     body: &[u8],
     w: crate::store::Write,
+    mode: crate::validate::Mode,
 ) -> Result<Response<Body>, ApiError> {
     let id = t.def.id();
+    let mut warnings = Vec::new();
     let ns = t.namespace.as_deref().unwrap_or("");
     let name = t.name.as_deref().unwrap_or("");
     if t.subresource.as_deref() == Some("scale") {
@@ -595,21 +598,24 @@ fn write(
         return Ok(value_response(StatusCode::OK, &scale_of(&obj)));
     }
     let (code, obj) = match verb {
-        Verb::Create => (
-            StatusCode::CREATED,
-            cluster.store.create_with(
-                &id,
-                t.namespace.as_deref(),
-                body_json(content_type, body)?,
-                w,
-            )?,
-        ),
-        Verb::Update => (
-            StatusCode::OK,
-            cluster
-                .store
-                .update_with(&id, ns, name, body_json(content_type, body)?, w)?,
-        ),
+        Verb::Create => {
+            let value = body_json(content_type, body)?;
+            warnings = crate::validate::validate(&t.def, &value, mode)?;
+            (
+                StatusCode::CREATED,
+                cluster
+                    .store
+                    .create_with(&id, t.namespace.as_deref(), value, w)?,
+            )
+        }
+        Verb::Update => {
+            let value = body_json(content_type, body)?;
+            warnings = crate::validate::validate(&t.def, &value, mode)?;
+            (
+                StatusCode::OK,
+                cluster.store.update_with(&id, ns, name, value, w)?,
+            )
+        }
         Verb::Patch => {
             let kind = crate::patch::PatchKind::of(content_type)?;
             let patch = body_json("application/json", body)?;
@@ -619,7 +625,14 @@ fn write(
                     &id,
                     ns,
                     name,
-                    |value| crate::patch::apply(kind, value, &patch),
+                    |value| {
+                        crate::patch::apply(kind, value, &patch)?;
+                        // What a patch adds is checked as a whole object would be.
+                        if mode == crate::validate::Mode::Strict {
+                            crate::validate::validate(&t.def, value, mode)?;
+                        }
+                        Ok(())
+                    },
                     w,
                 )?,
             )
@@ -627,7 +640,13 @@ fn write(
         Verb::Delete => (StatusCode::OK, cluster.store.delete_with(&id, ns, name, w)?),
         _ => return Err(ApiError::method_not_allowed(verb.as_str())),
     };
-    Ok(json_response(code, obj.with_type_meta(&t.def)))
+    let mut response = json_response(code, obj.with_type_meta(&t.def));
+    for warning in warnings {
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - {warning:?}")) {
+            response.headers_mut().append("warning", v);
+        }
+    }
+    Ok(response)
 }
 
 /// The Scale of an object's current JSON (during a patch).

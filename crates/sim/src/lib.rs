@@ -22,6 +22,7 @@ pub mod status;
 pub mod store;
 mod table;
 mod tls;
+pub mod validate;
 mod watch;
 mod workload;
 
