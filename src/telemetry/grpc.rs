@@ -235,7 +235,9 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let method = method_of(request.uri().path());
-        let span = tracing::info_span!(
+        // At debug level: free when nothing exports it (logs at info), recorded when
+        // traces are on (their layer takes fleetscope's spans at any level).
+        let span = tracing::debug_span!(
             target: "fleetscope::rpc",
             "rpc",
             otel.name = %format!("{}/{}", method.grpc_service, method.grpc_method),
