@@ -15,7 +15,7 @@ use common::PATIENCE;
 use common::process::{BIN, Server, free_port};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self};
-use fleetscope_sim::{FleetSpec, SimFleet, Verb};
+use fleetscope_sim::{FleetSpec, SimFleet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use tonic::transport::Channel;
 
@@ -65,17 +65,6 @@ async fn truth(kubeconfig: &Path, context: &str, namespace: &str) -> u64 {
     let client = common::kube_client(kubeconfig, context).await;
     let api = kube::Api::<ConfigMap>::namespaced(client, namespace);
     api.list(&Default::default()).await.unwrap().items.len() as u64
-}
-
-fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
-    fleet
-        .servers()
-        .iter()
-        .map(|s| {
-            let c = s.cluster();
-            (c.requests_of(Verb::List), c.requests_of(Verb::Watch))
-        })
-        .collect()
 }
 
 async fn scrape(addr: &str) -> String {
@@ -174,7 +163,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
     for context in ["sim-1", "sim-2"] {
         team_1.push(truth(&kubeconfig, context, "team-1").await);
     }
-    let before = requests(&fleet);
+    let before = common::requests(&fleet);
 
     // The scope moves to team-1, pods join, the labels change.
     replace(&file, SECOND);
@@ -197,7 +186,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
     }
     // One LIST and one WATCH per cluster for the moved configmaps, the same for the
     // new pods; none for namespaces.
-    let after = requests(&fleet);
+    let after = common::requests(&fleet);
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         assert_eq!(
             (a.0 - b.0, a.1 - b.1),

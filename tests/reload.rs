@@ -16,7 +16,7 @@ use common::process::Server;
 use common::subscriber::Subscriber;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self};
-use fleetscope_sim::{Context, FleetSpec, SimFleet, Token, Verb};
+use fleetscope_sim::{Context, FleetSpec, SimFleet, Token};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
@@ -45,18 +45,6 @@ fn synced(r: &proto::ListClustersResponse, names: &[&str]) -> bool {
                     .iter()
                     .all(|s| s.state == proto::StreamState::Watching as i32)
         })
-}
-
-/// LIST and WATCH requests each simulated cluster has served.
-fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
-    fleet
-        .servers()
-        .iter()
-        .map(|s| {
-            let c = s.cluster();
-            (c.requests_of(Verb::List), c.requests_of(Verb::Watch))
-        })
-        .collect()
 }
 
 fn signal(server: &Server, name: &str) {
@@ -160,7 +148,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
         .await
         .unwrap()
         .into_inner();
-    let before = requests(&s.fleet);
+    let before = common::requests(&s.fleet);
 
     // Added: served, and its objects reach the running Watch as ADDED.
     replace(
@@ -225,7 +213,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
     .await;
     sim2.revoke_token(&old_token);
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while requests(&s.fleet)[1].1 <= before[1].1 {
+    while common::requests(&s.fleet)[1].1 <= before[1].1 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "sim-2 never watched again"
@@ -278,7 +266,7 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
     // Written to a file, the log carries no colour codes.
     assert!(!s.log_text().contains('\u{1b}'), "{}", s.log_text());
     // Through all of it, sim-1's stream neither listed nor watched again.
-    let after = requests(&s.fleet);
+    let after = common::requests(&s.fleet);
     assert_eq!(
         after[0], before[0],
         "sim-1 was disturbed (LIST, WATCH before and after)"

@@ -460,3 +460,18 @@ pub async fn fleet_with_kubeconfig(
     fleet.write_kubeconfig(&kubeconfig).unwrap();
     (fleet, dir, kubeconfig)
 }
+
+/// LIST and WATCH requests each simulated cluster has served.
+pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
+    fleet
+        .servers()
+        .iter()
+        .map(|s| {
+            let c = s.cluster();
+            (
+                c.requests_of(fleetscope_sim::Verb::List),
+                c.requests_of(fleetscope_sim::Verb::Watch),
+            )
+        })
+        .collect()
+}

@@ -273,11 +273,7 @@ impl Engine {
             changed
         });
         self.labels.send_if_modified(|current| {
-            let changed = current.len() != config.cluster_labels.len()
-                || current
-                    .iter()
-                    .zip(&config.cluster_labels)
-                    .any(|(a, b)| a.pattern.as_str() != b.pattern.as_str() || a.labels != b.labels);
+            let changed = *current != config.cluster_labels;
             if changed {
                 current.clone_from(&config.cluster_labels);
             }

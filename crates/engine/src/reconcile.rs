@@ -45,7 +45,7 @@ impl SourceSet {
 }
 
 /// Labels for clusters whose names match a glob.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterLabels {
     /// Which clusters.
     pub pattern: glob::Pattern,

@@ -507,8 +507,7 @@ fn body_json(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
 }
 
 /// The `autoscaling/v1` Scale of a deployment or replica set.
-fn scale_of(obj: &StoredObject) -> Value {
-    let v = obj.value();
+fn scale_of(v: &Value) -> Value {
     let m = &v["metadata"];
     let selector: Vec<String> = v["spec"]["selector"]["matchLabels"]
         .as_object()
@@ -536,7 +535,7 @@ fn scale_get(cluster: &Cluster, t: &Target) -> Result<Response<Body>, ApiError> 
         .store
         .get(&t.def.id(), t.namespace.as_deref().unwrap_or(""), name)
         .ok_or_else(|| ApiError::not_found(&t.def, name))?;
-    Ok(value_response(StatusCode::OK, &scale_of(&obj)))
+    Ok(value_response(StatusCode::OK, &scale_of(&obj.value())))
 }
 
 fn write(
@@ -572,8 +571,7 @@ fn write(
             ns,
             name,
             |value| {
-                let current = encode_for_scale(value);
-                let mut scale = current;
+                let mut scale = scale_of(value);
                 if let Some(b) = &scale_body {
                     scale = b.clone();
                 }
@@ -595,7 +593,7 @@ fn write(
             },
             w,
         )?;
-        return Ok(value_response(StatusCode::OK, &scale_of(&obj)));
+        return Ok(value_response(StatusCode::OK, &scale_of(&obj.value())));
     }
     let (code, obj) = match verb {
         Verb::Create => {
@@ -647,16 +645,6 @@ fn write(
         }
     }
     Ok(response)
-}
-
-/// The Scale of an object's current JSON (during a patch).
-fn encode_for_scale(value: &Value) -> Value {
-    json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {"name": value["metadata"]["name"], "namespace": value["metadata"]["namespace"]},
-        "spec": {"replicas": value["spec"]["replicas"].as_i64().unwrap_or(1)},
-    })
 }
 
 #[cfg(test)]
