@@ -330,12 +330,20 @@ pub async fn get(
                 ));
                 table = Some(t);
             }
-            Format::Json => println_flush(&output::to_json(&item.annotated())),
-            Format::Yaml => println_flush(&format!("---\n{}", output::to_yaml(&item.annotated()))),
-            Format::Name => println_flush(&format!("{}\n", item.qualified_name())),
-            Format::JsonPath(t) => println_flush(&t.render(&item.annotated())),
-            _ => {}
+            other => print_streamed(&item, other),
         }
+    }
+}
+
+/// One object of a stream (`get -w`, `watch`) in a non-table format, flushed at once:
+/// each a document of its own (YAML ones separated by `---`).
+fn print_streamed(item: &Item, format: &Format) {
+    match format {
+        Format::Json => println_flush(&output::to_json(&item.annotated())),
+        Format::Yaml => println_flush(&format!("---\n{}", output::to_yaml(&item.annotated()))),
+        Format::Name => println_flush(&format!("{}\n", item.qualified_name())),
+        Format::JsonPath(t) => println_flush(&t.render(&item.annotated())),
+        _ => {}
     }
 }
 
@@ -555,7 +563,7 @@ async fn watch_event(
             }
             println_flush(&format!("{line}\n"));
         } else if let Some(o) = &e.object {
-            print_items(&[Item::from_proto(o)], format, true);
+            print_streamed(&Item::from_proto(o), format);
         }
         return table;
     }
