@@ -337,3 +337,65 @@ async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
     );
     fleet.shutdown().await;
 }
+
+/// The simulated clusters' configmaps in `namespace`, under the names fleetscope
+/// gives the clusters (`renamed`: context → name).
+fn truth_in(
+    fleet: &SimFleet,
+    namespace: &str,
+    renamed: &[(&str, &str)],
+) -> std::collections::BTreeMap<common::subscriber::Key, String> {
+    common::truth(fleet, "configmaps")
+        .into_iter()
+        .filter(|((_, ns, _), _)| ns == namespace)
+        .map(|((cluster, ns, name), rv)| {
+            let cluster = renamed
+                .iter()
+                .find(|(context, _)| *context == cluster)
+                .map_or(cluster, |(_, to)| to.to_string());
+            ((cluster, ns, name), rv)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_changed_across_a_sigkill_reaches_a_resuming_subscriber() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 60).await;
+    let file = dir.path().join("fleetscope.yaml");
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+    let config = |namespace: &str, alias: &str| {
+        format!(
+            "resources:\n  configmaps:\n    namespace: {namespace}\nclusters:\n  aliases:\n    sim-2: {alias}\n"
+        )
+    };
+    replace(&file, &config("team-0", "second"));
+    let args = [
+        "--config",
+        file.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let mut server = Server::start(&kubeconfig, &args, &log);
+    let mut sub = common::subscriber::Subscriber::default();
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    let before = truth_in(&fleet, "team-0", &[("sim-2", "second")]);
+    assert!(!before.is_empty());
+    sub.converge(&mut stream, &before).await;
+
+    // SIGKILL; the scope moves to team-1 and sim-2 is renamed while it is down.
+    server.kill();
+    sub.drain(&mut stream).await;
+    replace(&file, &config("team-1", "two"));
+    let server = Server::start(&kubeconfig, &args, &log);
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    let after = truth_in(&fleet, "team-1", &[("sim-2", "two")]);
+    assert!(!after.is_empty());
+    sub.converge(&mut stream, &after).await;
+    // Each object that left (its namespace, or its cluster's old name) was deleted once.
+    for key in before.keys() {
+        assert_eq!(sub.deleted.get(key), Some(&1), "{key:?}");
+    }
+    drop(server);
+    fleet.shutdown().await;
+}
