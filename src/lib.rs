@@ -3,8 +3,10 @@
 //! The root package wires the engine crates to the outside world:
 //! - [`server::serve`]: the gRPC server (Fleet, health, reflection);
 //! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
+//! - [`auth`]: identities (client certificates, bearer tokens) and the policy;
 //! - [`proto`]: the generated API types.
 
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod grpc;

@@ -53,23 +53,23 @@ async fn run_cli() -> anyhow::Result<()> {
         args::Command::Demo(args) => Ok(run::demo(args).await?),
         args::Command::Sim(args) => Ok(run::sim(args).await?),
         args::Command::Get(args) => {
-            let mut c = cli::connect(&args.query.server.server).await?;
+            let mut c = cli::connect(&args.query.server).await?;
             Ok(cli::get(&mut c, args).await?)
         }
         args::Command::Count(args) => {
-            let mut c = cli::connect(&args.query.server.server).await?;
+            let mut c = cli::connect(&args.query.server).await?;
             Ok(cli::count(&mut c, args).await?)
         }
         args::Command::Watch(args) => {
-            let mut c = cli::connect(&args.query.server.server).await?;
+            let mut c = cli::connect(&args.query.server).await?;
             Ok(cli::watch(&mut c, args).await?)
         }
         args::Command::Clusters(args) => {
-            let mut c = cli::connect(&args.server.server).await?;
+            let mut c = cli::connect(&args.server).await?;
             Ok(cli::clusters(&mut c, args).await?)
         }
         args::Command::Store(args) => {
-            let mut c = cli::connect(&args.server.server).await?;
+            let mut c = cli::connect(&args.server).await?;
             Ok(cli::store(&mut c, args).await?)
         }
         args::Command::Version => {

@@ -154,8 +154,28 @@ fn check_typed(o: &Value) {
         "ConfigMap" => drop(typed::<ConfigMap>(o)),
         "ServiceMonitor" => {
             assert_eq!(o["apiVersion"], "monitoring.coreos.com/v1");
-            assert_eq!(o["spec"]["endpoints"][0]["port"], "metrics");
-            assert_eq!(o["spec"]["endpoints"][0]["path"], "/metrics");
+            let endpoint = &o["spec"]["endpoints"][0];
+            assert_eq!(endpoint["port"], "metrics");
+            assert_eq!(endpoint["path"], "/metrics");
+            assert_eq!(endpoint["scheme"], "https");
+            assert_eq!(
+                endpoint["tlsConfig"]["ca"]["secret"]["name"],
+                "fleetscope-tls"
+            );
+            assert_eq!(endpoint["authorization"]["type"], "Bearer");
+        }
+        "Issuer" => {
+            assert_eq!(o["apiVersion"], "cert-manager.io/v1");
+            let spec = o["spec"].as_object().unwrap();
+            assert!(
+                spec.contains_key("selfSigned") || spec.contains_key("ca"),
+                "{spec:?}"
+            );
+        }
+        "Certificate" => {
+            assert_eq!(o["apiVersion"], "cert-manager.io/v1");
+            assert!(o["spec"]["secretName"].is_string());
+            assert_eq!(o["spec"]["issuerRef"]["kind"], "Issuer");
         }
         other => panic!("unexpected kind {other}"),
     }
@@ -180,7 +200,16 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
                 objects
                     .iter()
                     .map(kind_and_name)
-                    .map(|(k, n)| (k, n.split("-config").next().unwrap().to_string()))
+                    .map(|(k, n)| {
+                        // A generated ConfigMap's name ends in -HASH (ten characters).
+                        let n = match n.rsplit_once('-') {
+                            Some((base, hash)) if k == "ConfigMap" && hash.len() == 10 => {
+                                base.to_string()
+                            }
+                            _ => n,
+                        };
+                        (k, n)
+                    })
                     .collect()
             };
             assert_eq!(names(&rendered), names(&read));
@@ -193,8 +222,14 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
     }
 
     // The configuration it ships is valid, and the rest agrees with it.
-    let config_map: ConfigMap = typed(find(&objects, "ConfigMap"));
-    let text = &config_map.data.unwrap()["fleetscope.yaml"];
+    let config_map = |key: &str| -> String {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "ConfigMap")
+            .find_map(|o| o["data"][key].as_str().map(str::to_string))
+            .unwrap_or_else(|| panic!("no ConfigMap holds {key}"))
+    };
+    let text = &config_map("fleetscope.yaml");
     let file = fleetscope::config::file::parse(Path::new("fleetscope.yaml"), text).unwrap();
     file.given(Path::new("fleetscope.yaml")).unwrap();
     let port_of = |addr: &Option<String>| -> i32 {
@@ -221,9 +256,25 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
         ports,
         [("grpc".into(), grpc_port), ("metrics".into(), metrics_port)]
     );
-    for probe in [&c.startup_probe, &c.liveness_probe, &c.readiness_probe] {
-        let grpc = probe.as_ref().unwrap().grpc.as_ref().expect("a gRPC probe");
-        assert_eq!(grpc.port, grpc_port);
+    // The kubelet's gRPC probes speak no TLS: the probes read the metrics listener's
+    // open endpoints over HTTPS.
+    for (probe, path) in [
+        (&c.startup_probe, "/readyz"),
+        (&c.liveness_probe, "/livez"),
+        (&c.readiness_probe, "/readyz"),
+    ] {
+        let get = probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .expect("an HTTP probe");
+        assert_eq!(get.path.as_deref(), Some(path));
+        assert_eq!(get.scheme.as_deref(), Some("HTTPS"));
+        assert_eq!(
+            get.port,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("metrics".into())
+        );
     }
     // Restricted: non-root, read-only root, nothing to escalate.
     let psc = pod.security_context.as_ref().unwrap();
@@ -260,6 +311,38 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
     assert_eq!(
         Path::new(&config_path).parent().unwrap(),
         Path::new(&mount("config"))
+    );
+    // TLS, tokens and the policy are read from where they are mounted; the policy
+    // shipped is valid; the TLS Secret is cert-manager's.
+    let security = file.security.as_ref().expect("the example is secured");
+    for (path, volume) in [
+        (&security.tls_cert, "tls"),
+        (&security.tls_key, "tls"),
+        (&security.client_ca, "tls"),
+        (&security.tokens_file, "tokens"),
+        (&security.policy, "policy"),
+    ] {
+        let path = path.as_ref().unwrap();
+        assert!(path.starts_with(mount(volume)), "{path:?} in {volume}");
+    }
+    assert_eq!(security.insecure_listen, Some(false));
+    let policy_path = security.policy.as_ref().unwrap();
+    fleetscope::auth::policy::PolicyGrants::parse(policy_path, &config_map("policy.yaml"))
+        .expect("the shipped policy is valid");
+    let volume = |name: &str| {
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no volume {name}"))
+            .clone()
+    };
+    let tls_secret = volume("tls").secret.unwrap().secret_name.unwrap();
+    assert!(
+        objects.iter().any(|o| o["kind"] == "Certificate"
+            && o["spec"]["secretName"] == tls_secret.as_str()
+            && o["spec"]["usages"][0] == "server auth"),
+        "cert-manager issues the server's Secret {tls_secret}"
     );
     for kubeconfig in file.kubeconfigs.as_ref().unwrap() {
         assert!(

@@ -53,6 +53,18 @@ async fn an_outage_is_logged_once_when_it_begins_and_once_when_it_ends() {
     sim2.come_online().await.unwrap();
     common::wait_for_clusters(&mut c, "sim-2 back", |r| watching(r, "sim-2")).await;
     server.assert_running(&log);
+    // The recovery is logged as the streams come back: wait for the line.
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("cluster recovered")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the recovery is logged"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     let text = std::fs::read_to_string(&log).unwrap();
     let lines = |what: &str| {

@@ -137,7 +137,7 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
         let from = log_len(&setup.log());
         let mut server = setup.serve(&args);
         if let Some(token) = token.take() {
-            assert_token_refused(&server.url(), &token).await;
+            assert_token_refused(&server.url(), &token, Code::OutOfRange).await;
         }
         let mut stream = match sub.watch(&server.url()).await {
             Ok(s) => s,
@@ -249,7 +249,7 @@ async fn page_token(url: &str) -> String {
 
 /// A token from before a restart is refused (the snapshot it pages is not held),
 /// once the server answers at all.
-async fn assert_token_refused(url: &str, token: &str) {
+async fn assert_token_refused(url: &str, token: &str, code: Code) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let mut client = match FleetClient::connect(url.to_string()).await {
@@ -272,7 +272,8 @@ async fn assert_token_refused(url: &str, token: &str) {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        assert_eq!(e.code(), Code::OutOfRange, "{e}");
+        assert_eq!(e.code(), code, "{e}");
+        assert!(e.message().contains("again"), "{e}");
         return;
     }
 }
@@ -317,7 +318,13 @@ async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
 /// the restart: moves or spoils the store): its resume is OUT_OF_RANGE, and a list
 /// plus a watch from the list's revision converges, with every new revision above
 /// every old one.
-async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl Fn(&Path)) {
+/// `token_refused`: how a page token of the run before is refused (`OUT_OF_RANGE` when
+/// the server kept its token key; `INVALID_ARGUMENT` when the key went with the process).
+async fn a_restart_that_does_not_continue_the_store(
+    args: &[&str],
+    damage: impl Fn(&Path),
+    token_refused: Code,
+) {
     let setup = Setup::start().await;
     let churn = Churn::start(&setup.fleet, &churn(200));
     let mut sub = Subscriber::default();
@@ -334,7 +341,7 @@ async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl 
     let old = sub.last.unwrap();
     damage(&setup.data());
     let server = setup.serve(args);
-    assert_token_refused(&server.url(), &token).await;
+    assert_token_refused(&server.url(), &token, token_refused).await;
     // Retryable while starting; then the old revision is refused, never NOT_FOUND and
     // never answered with the new run's events.
     let refused = sub
@@ -363,7 +370,8 @@ async fn a_restart_that_does_not_continue_the_store(args: &[&str], damage: impl 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_in_memory_an_old_revision_is_out_of_range_and_a_relist_converges() {
-    a_restart_that_does_not_continue_the_store(&["--no-persist"], |_| {}).await;
+    a_restart_that_does_not_continue_the_store(&["--no-persist"], |_| {}, Code::InvalidArgument)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -372,16 +380,20 @@ async fn after_a_damaged_store_is_moved_aside_an_old_revision_is_out_of_range_an
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let data = data.to_str().unwrap().to_string();
-    a_restart_that_does_not_continue_the_store(&["--data-dir", &data], |_| {
-        // A record no build can read: the store is moved aside at the next start.
-        use fleetscope_store::Store;
-        let opened = fleetscope_store::SledStore::open(Path::new(&data)).unwrap();
-        assert!(opened.moved_aside.is_none());
-        opened
-            .store
-            .write(vec![(b"m:schema".to_vec(), Some(b"spoiled".to_vec()))])
-            .unwrap();
-    })
+    a_restart_that_does_not_continue_the_store(
+        &["--data-dir", &data],
+        |_| {
+            // A record no build can read: the store is moved aside at the next start.
+            use fleetscope_store::Store;
+            let opened = fleetscope_store::SledStore::open(Path::new(&data)).unwrap();
+            assert!(opened.moved_aside.is_none());
+            opened
+                .store
+                .write(vec![(b"m:schema".to_vec(), Some(b"spoiled".to_vec()))])
+                .unwrap();
+        },
+        Code::OutOfRange,
+    )
     .await;
     let aside = std::fs::read_dir(dir.path().join("data"))
         .unwrap()

@@ -132,9 +132,10 @@ pub enum ConfigCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Clone)]
 pub struct ServerArg {
-    /// The fleetscope server: `host:port` (plaintext, as grpcurl takes it) or a URL.
+    /// The fleetscope server: `https://host:port` (TLS), `http://host:port` (plaintext),
+    /// or `host:port` (TLS when a TLS flag is given, else plaintext, as grpcurl takes it).
     #[arg(
         long,
         short = 's',
@@ -142,6 +143,21 @@ pub struct ServerArg {
         default_value = "127.0.0.1:50051"
     )]
     pub server: String,
+    /// CA certificates (PEM) to verify the server with; default: the public web roots.
+    #[arg(long, env = "FLEETSCOPE_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// A client certificate (PEM) for mutual TLS.
+    #[arg(long, env = "FLEETSCOPE_CERT", value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "FLEETSCOPE_KEY", value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// A file holding a bearer token, sent with every call (only over TLS, or to this host).
+    #[arg(long, env = "FLEETSCOPE_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The server name TLS verifies (default: the host of --server).
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -313,6 +329,76 @@ pub struct ServeArgs {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub persist: PersistArgs,
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+/// How the server is secured: shared by `serve` and `demo`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct SecurityArgs {
+    /// Serve TLS with this certificate chain (PEM); reloaded when it changes.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM); reloaded when it changes.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: client certificates signed by these CAs (PEM) identify callers (the
+    /// URI SAN, else the CN; groups from O). Needs --tls-cert.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_CLIENT_CA",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub client_ca: Option<PathBuf>,
+    /// Bearer tokens, by SHA-256, each with a name and groups (YAML); reloaded when it changes.
+    #[arg(long, env = "FLEETSCOPE_TOKENS_FILE", value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// The grants (YAML); reloaded when it changes and on SIGHUP. Without one, only
+    /// callers on this host are served.
+    #[arg(long, env = "FLEETSCOPE_POLICY", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Allow plaintext on an address other than loopback (the gRPC and metrics listeners).
+    #[arg(long, env = "FLEETSCOPE_INSECURE_LISTEN")]
+    pub insecure_listen: bool,
+    /// Serve gRPC health checking to anyone (true) or to authenticated callers only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub open_health: bool,
+    /// Serve gRPC reflection to anyone (true) or to authenticated callers only.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub open_reflection: bool,
+}
+
+impl SecurityArgs {
+    /// The TLS files, when TLS is configured.
+    pub fn tls(&self) -> Option<crate::server::tls::TlsFiles> {
+        Some(crate::server::tls::TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.client_ca.clone(),
+        })
+    }
+
+    /// The files authentication and the policy are read from.
+    pub fn files(&self) -> crate::auth::SecurityFiles {
+        crate::auth::SecurityFiles {
+            tokens: self.tokens_file.clone(),
+            policy: self.policy.clone(),
+            client_certs: self.client_ca.is_some(),
+            open_health: self.open_health,
+            open_reflection: self.open_reflection,
+        }
+    }
 }
 
 /// What to collect and how: shared by `serve` and `demo`.
@@ -374,6 +460,14 @@ pub struct EngineArgs {
     /// with UNAVAILABLE (retryable). Health checks are never refused.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub grpc_max_in_flight: u64,
+    /// Connections open at once (gRPC and metrics each); a connection beyond is closed
+    /// at once, with a log line.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_connections: u64,
+    /// How long a new connection may take to complete its TLS handshake (in plaintext,
+    /// to begin speaking HTTP/2) before it is closed.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub grpc_handshake_timeout: Duration,
     /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
     /// with the processes it started, and its cluster reported as failing.
     #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
@@ -523,6 +617,13 @@ impl EngineArgs {
         }
     }
 
+    pub fn admission(&self) -> crate::server::tls::Admission {
+        crate::server::tls::Admission {
+            max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
+            handshake_timeout: self.grpc_handshake_timeout,
+        }
+    }
+
     pub fn service(&self) -> ServiceConfig {
         ServiceConfig {
             bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
@@ -578,6 +679,8 @@ pub struct DemoArgs {
     pub fleet: FleetArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 #[derive(Debug, Args)]

@@ -14,6 +14,8 @@ use std::time::{Duration, SystemTime};
 
 use output::{Format, Item, Table};
 use tokio_stream::StreamExt;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::proto::fleet_client::FleetClient;
@@ -47,32 +49,146 @@ impl From<tonic::Status> for ClientError {
     }
 }
 
-/// The URL of a server given as `http://host:port`, or as `host:port` the way grpcurl
-/// takes it (plaintext).
-pub fn server_url(server: &str) -> String {
+/// A client of the Fleet service, sending the caller's credentials with every call.
+pub type Client = FleetClient<InterceptedService<Channel, Credentials>>;
+
+/// A bearer token to send, if any.
+#[derive(Clone, Default)]
+pub struct Credentials(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// The URL of a server: as given when it has a scheme; `host:port` is `https://` when
+/// `tls` (a TLS flag was given), else `http://`, the way grpcurl takes it.
+pub fn server_url(server: &str, tls: bool) -> String {
     if server.contains("://") {
         server.to_string()
+    } else if tls {
+        format!("https://{server}")
     } else {
         format!("http://{server}")
     }
 }
 
-/// Connects to a server (`http://host:port`, or `host:port`).
-pub async fn connect(server: &str) -> Result<FleetClient<Channel>, ClientError> {
-    let server = &server_url(server);
-    let endpoint = Channel::from_shared(server.to_string()).map_err(|_| {
-        ClientError::from(tonic::Status::invalid_argument(format!(
-            "{server:?} is not a URL"
-        )))
-    })?;
+fn message(m: String) -> ClientError {
+    ClientError::Message(m)
+}
+
+fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, ClientError> {
+    std::fs::read(path).map_err(|e| message(format!("reading the {what} {}: {e}", path.display())))
+}
+
+/// Whether a URL's host is this host.
+fn is_local(uri: &http::Uri) -> bool {
+    match uri.host() {
+        Some("localhost") => true,
+        Some(h) => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+/// Connects to a server as `server` says: TLS for `https://` (verified with `--ca`, or
+/// the public roots; with `--cert`/`--key` for mutual TLS), plaintext for `http://`,
+/// never one for the other; a bearer token from `--token-file` only over TLS or to
+/// this host.
+pub async fn connect(server: &args::ServerArg) -> Result<Client, ClientError> {
+    let tls_asked =
+        server.ca.is_some() || server.cert.is_some() || server.tls_server_name.is_some();
+    let url = server_url(&server.server, tls_asked);
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| message(format!("--server {url:?} is not a URL")))?;
+    let tls = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => {
+            return Err(message(format!(
+                "--server {url:?}: expected https:// or http://"
+            )));
+        }
+    };
+    if !tls && tls_asked {
+        return Err(message(format!(
+            "--server {url} is plaintext (http://) but TLS flags were given: use https://"
+        )));
+    }
+    let token = match &server.token_file {
+        None => None,
+        Some(path) => {
+            let raw = read(path, "token file")?;
+            let token = String::from_utf8(raw)
+                .map_err(|_| message(format!("the token file {} is not text", path.display())))?;
+            let token = token.trim();
+            if token.is_empty() {
+                return Err(message(format!(
+                    "the token file {} is empty",
+                    path.display()
+                )));
+            }
+            if !tls && !is_local(&uri) {
+                return Err(message(format!(
+                    "a bearer token is sent only over TLS or to this host: use https:// for {url}"
+                )));
+            }
+            Some(format!("Bearer {token}").parse().map_err(|_| {
+                message(format!(
+                    "the token in {} is not printable ASCII",
+                    path.display()
+                ))
+            })?)
+        }
+    };
+    let mut endpoint = Channel::from_shared(url.clone())
+        .map_err(|_| message(format!("--server {url:?} is not a URL")))?;
+    if tls {
+        let mut config = tonic::transport::ClientTlsConfig::new();
+        config = match &server.ca {
+            Some(ca) => config.ca_certificate(tonic::transport::Certificate::from_pem(read(
+                ca, "CA file",
+            )?)),
+            None => config.with_webpki_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&server.cert, &server.key) {
+            config = config.identity(tonic::transport::Identity::from_pem(
+                read(cert, "client certificate")?,
+                read(key, "client key")?,
+            ));
+        }
+        if let Some(name) = &server.tls_server_name {
+            config = config.domain_name(name.clone());
+        }
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|source| ClientError::Connect {
+                server: url.clone(),
+                source,
+            })?;
+    }
     let channel = endpoint
         .connect()
         .await
         .map_err(|source| ClientError::Connect {
-            server: server.to_string(),
+            server: url.clone(),
             source,
         })?;
-    Ok(FleetClient::new(channel).max_decoding_message_size(256 * 1024 * 1024))
+    Ok(FleetClient::with_interceptor(channel, Credentials(token))
+        .max_decoding_message_size(256 * 1024 * 1024))
 }
 
 fn print(text: &str) {
@@ -94,7 +210,7 @@ struct Listed {
 /// Every page of a query (up to `limit` objects), warning on stderr about clusters
 /// that are not synced.
 async fn list_all(
-    client: &mut FleetClient<Channel>,
+    client: &mut Client,
     query: &Query,
     limit: Option<u64>,
 ) -> Result<Listed, ClientError> {
@@ -153,7 +269,7 @@ fn resource_error(resource: &str, s: tonic::Status) -> ClientError {
 
 /// The columns of the items' type: built in, the CRD's printer columns when the CRD
 /// is collected, else NAME and AGE.
-async fn columns_of(client: &mut FleetClient<Channel>, items: &[Item]) -> Vec<columns::Column> {
+async fn columns_of(client: &mut Client, items: &[Item]) -> Vec<columns::Column> {
     let Some(first) = items.first() else {
         return Vec::new();
     };
@@ -185,7 +301,7 @@ async fn columns_of(client: &mut FleetClient<Channel>, items: &[Item]) -> Vec<co
 
 /// The table for `items` under the print flags.
 async fn table_for(
-    client: &mut FleetClient<Channel>,
+    client: &mut Client,
     items: &[Item],
     print: &args::PrintArgs,
     one_namespace: bool,
@@ -236,10 +352,7 @@ fn print_items(items: &[Item], format: &Format, single: bool) {
 
 /// `get`: a list (every page), or objects by name across the selected clusters and
 /// namespaces; then, with `-w`, changes as they arrive.
-pub async fn get(
-    client: &mut FleetClient<Channel>,
-    args: args::GetArgs,
-) -> Result<(), ClientError> {
+pub async fn get(client: &mut Client, args: args::GetArgs) -> Result<(), ClientError> {
     let mut query = args.query.query();
     if let Some(name) = &args.name {
         let by_name = format!("metadata.name={name}");
@@ -367,7 +480,7 @@ fn where_looked(q: &args::QueryArgs) -> String {
 /// or went away, or ended this subscriber), it resumes from the last revision seen,
 /// saying so on stderr; a revision the server no longer has ends it with an error.
 struct Follower {
-    client: FleetClient<Channel>,
+    client: Client,
     query: Query,
     since: u64,
     initial: bool,
@@ -376,7 +489,7 @@ struct Follower {
 }
 
 impl Follower {
-    fn new(client: FleetClient<Channel>, query: Query, since: u64, initial: bool) -> Self {
+    fn new(client: Client, query: Query, since: u64, initial: bool) -> Self {
         Self {
             client,
             query,
@@ -464,10 +577,7 @@ fn retryable(s: &tonic::Status) -> bool {
 }
 
 /// `count`: grouped counts.
-pub async fn count(
-    client: &mut FleetClient<Channel>,
-    args: args::CountArgs,
-) -> Result<(), ClientError> {
+pub async fn count(client: &mut Client, args: args::CountArgs) -> Result<(), ClientError> {
     let query = args.query.query();
     let r = client
         .count(CountRequest {
@@ -517,10 +627,7 @@ pub async fn count(
 }
 
 /// `watch`: changes as they happen, until interrupted; resumes by itself.
-pub async fn watch(
-    client: &mut FleetClient<Channel>,
-    args: args::WatchArgs,
-) -> Result<(), ClientError> {
+pub async fn watch(client: &mut Client, args: args::WatchArgs) -> Result<(), ClientError> {
     let query = args.query.query();
     let one_namespace = args.query.namespaces.len() == 1;
     let mut follower = Follower::new(client.clone(), query, args.since, args.initial);
@@ -536,7 +643,7 @@ pub async fn watch(
 
 /// Prints one Watch event; returns the table to use for the next.
 async fn watch_event(
-    client: &mut FleetClient<Channel>,
+    client: &mut Client,
     e: proto::WatchEvent,
     print_args: &args::PrintArgs,
     one_namespace: bool,
@@ -626,10 +733,7 @@ fn duration_text(d: Option<&prost_types::Duration>) -> String {
 
 /// `clusters`: one row per cluster (freshness, lag, objects, labels); with `-o wide`
 /// one per stream; `-o json` everything.
-pub async fn clusters(
-    client: &mut FleetClient<Channel>,
-    args: args::ClustersArgs,
-) -> Result<(), ClientError> {
+pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(), ClientError> {
     let r = client
         .list_clusters(ListClustersRequest::default())
         .await?
@@ -756,10 +860,7 @@ pub async fn clusters(
 }
 
 /// `fleetscope store`: the persisted store's figures, one per line.
-pub async fn store(
-    client: &mut FleetClient<Channel>,
-    args: args::StoreArgs,
-) -> Result<(), ClientError> {
+pub async fn store(client: &mut Client, args: args::StoreArgs) -> Result<(), ClientError> {
     let r = client
         .get_store(GetStoreRequest::default())
         .await?
@@ -819,9 +920,16 @@ mod tests {
 
     #[test]
     fn a_server_is_a_url_or_host_and_port() {
-        assert_eq!(server_url("localhost:50051"), "http://localhost:50051");
-        assert_eq!(server_url("http://10.0.0.1:1"), "http://10.0.0.1:1");
-        assert_eq!(server_url("https://fleet:443"), "https://fleet:443");
+        assert_eq!(
+            server_url("localhost:50051", false),
+            "http://localhost:50051"
+        );
+        assert_eq!(
+            server_url("localhost:50051", true),
+            "https://localhost:50051"
+        );
+        assert_eq!(server_url("http://10.0.0.1:1", true), "http://10.0.0.1:1");
+        assert_eq!(server_url("https://fleet:443", false), "https://fleet:443");
     }
 
     #[test]

@@ -91,6 +91,30 @@ pub struct FileConfig {
     pub store: Option<StoreFile>,
     /// The gRPC server's limits.
     pub grpc: Option<GrpcFile>,
+    /// TLS, authentication and the policy.
+    pub security: Option<SecurityFile>,
+}
+
+/// `security:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityFile {
+    /// The serving certificate chain (`--tls-cert`).
+    pub tls_cert: Option<PathBuf>,
+    /// Its key (`--tls-key`).
+    pub tls_key: Option<PathBuf>,
+    /// CAs of client certificates (`--client-ca`).
+    pub client_ca: Option<PathBuf>,
+    /// The bearer tokens (`--tokens-file`).
+    pub tokens_file: Option<PathBuf>,
+    /// The grants (`--policy`).
+    pub policy: Option<PathBuf>,
+    /// Plaintext beyond loopback (`--insecure-listen`).
+    pub insecure_listen: Option<bool>,
+    /// Health checking served to anyone (`--open-health`).
+    pub open_health: Option<bool>,
+    /// Reflection served to anyone (`--open-reflection`).
+    pub open_reflection: Option<bool>,
 }
 
 /// `grpc:`.
@@ -101,6 +125,10 @@ pub struct GrpcFile {
     pub request_timeout: Option<String>,
     /// Requests handled at once (`--grpc-max-in-flight`).
     pub max_in_flight: Option<u64>,
+    /// Connections open at once (`--grpc-max-connections`).
+    pub max_connections: Option<u64>,
+    /// How long a connection may take to its handshake (`--grpc-handshake-timeout`).
+    pub handshake_timeout: Option<String>,
 }
 
 /// `inCluster:`.
@@ -290,6 +318,17 @@ const KEYS: &[&str] = &[
     "grpc",
     "requestTimeout",
     "maxInFlight",
+    "maxConnections",
+    "handshakeTimeout",
+    "security",
+    "tlsCert",
+    "tlsKey",
+    "clientCa",
+    "tokensFile",
+    "policy",
+    "insecureListen",
+    "openHealth",
+    "openReflection",
 ];
 
 /// Each flag's key in the file, by the flag's clap id.
@@ -322,6 +361,16 @@ const KEY_OF: &[(&str, &str)] = &[
     ("compact_min_mib", "store.compactMinMib"),
     ("grpc_request_timeout", "grpc.requestTimeout"),
     ("grpc_max_in_flight", "grpc.maxInFlight"),
+    ("grpc_max_connections", "grpc.maxConnections"),
+    ("grpc_handshake_timeout", "grpc.handshakeTimeout"),
+    ("tls_cert", "security.tlsCert"),
+    ("tls_key", "security.tlsKey"),
+    ("client_ca", "security.clientCa"),
+    ("tokens_file", "security.tokensFile"),
+    ("policy", "security.policy"),
+    ("insecure_listen", "security.insecureListen"),
+    ("open_health", "security.openHealth"),
+    ("open_reflection", "security.openReflection"),
 ];
 
 /// The file key of a flag (by clap id); `-` for a flag the file does not set.
@@ -333,8 +382,8 @@ pub fn key_of(arg: &str) -> &'static str {
 }
 
 /// The known key closest to `key`, when one is close.
-fn close_match(key: &str) -> Option<String> {
-    KEYS.iter()
+fn close_match(keys: &[&str], key: &str) -> Option<String> {
+    keys.iter()
         .map(|k| {
             (
                 strsim::jaro_winkler(&key.to_lowercase(), &k.to_lowercase()),
@@ -357,10 +406,20 @@ pub fn read(path: &Path) -> Result<FileConfig, FileError> {
 
 /// Parses a configuration document; `path` names it in errors.
 pub fn parse(path: &Path, text: &str) -> Result<FileConfig, FileError> {
+    Ok(document(path, text, KEYS)?.unwrap_or_default())
+}
+
+/// Reads a YAML document (`None` when the file is empty): YAML 1.2's booleans only
+/// (`namespace: no` is the string "no"), every key known (an unknown one is an error
+/// naming its full path and the closest of `keys`), every value's error naming its key.
+pub(crate) fn document<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    keys: &[&str],
+) -> Result<Option<T>, FileError> {
     let value: serde_json::Value = if text.trim().is_empty() {
         serde_json::Value::Null
     } else {
-        // YAML 1.2's booleans only: `namespace: no` is the namespace "no".
         let mut options = serde_saphyr::Options::default();
         options.strict_booleans = true;
         serde_saphyr::from_str_with_options(text, options).map_err(|e| FileError::Yaml {
@@ -369,12 +428,12 @@ pub fn parse(path: &Path, text: &str) -> Result<FileConfig, FileError> {
         })?
     };
     if value.is_null() {
-        return Ok(FileConfig::default());
+        return Ok(None);
     }
     let mut unknown = Vec::new();
     let mut note = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
     let de = serde_ignored::Deserializer::new(value, &mut note);
-    let config: FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+    let document: T = serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         FileError::Value {
             path: path.to_path_buf(),
@@ -396,11 +455,11 @@ pub fn parse(path: &Path, text: &str) -> Result<FileConfig, FileError> {
         let last = key.rsplit('.').next().unwrap_or(&key).to_string();
         return Err(FileError::UnknownKey {
             path: path.to_path_buf(),
-            hint: close_match(&last),
+            hint: close_match(keys, &last),
             key,
         });
     }
-    Ok(config)
+    Ok(Some(document))
 }
 
 /// One setting the file gives: the flag it stands for (by clap id), its values as the
@@ -618,6 +677,39 @@ impl FileConfig {
             }
             if let Some(v) = g.max_in_flight {
                 give("grpc.maxInFlight", "grpc_max_in_flight", one(&v));
+            }
+            if let Some(v) = g.max_connections {
+                give("grpc.maxConnections", "grpc_max_connections", one(&v));
+            }
+            if let Some(v) = &g.handshake_timeout {
+                give("grpc.handshakeTimeout", "grpc_handshake_timeout", one(v));
+            }
+        }
+        if let Some(x) = &self.security {
+            let path = |p: &PathBuf| vec![p.display().to_string()];
+            if let Some(v) = &x.tls_cert {
+                give("security.tlsCert", "tls_cert", path(v));
+            }
+            if let Some(v) = &x.tls_key {
+                give("security.tlsKey", "tls_key", path(v));
+            }
+            if let Some(v) = &x.client_ca {
+                give("security.clientCa", "client_ca", path(v));
+            }
+            if let Some(v) = &x.tokens_file {
+                give("security.tokensFile", "tokens_file", path(v));
+            }
+            if let Some(v) = &x.policy {
+                give("security.policy", "policy", path(v));
+            }
+            if let Some(v) = x.insecure_listen {
+                give("security.insecureListen", "insecure_listen", one(&v));
+            }
+            if let Some(v) = x.open_health {
+                give("security.openHealth", "open_health", one(&v));
+            }
+            if let Some(v) = x.open_reflection {
+                give("security.openReflection", "open_reflection", one(&v));
             }
         }
         Ok(out)

@@ -47,6 +47,16 @@ const AT_RESTART: &[&str] = &[
     "--compact-min-mib",
     "--grpc-request-timeout",
     "--grpc-max-in-flight",
+    "--grpc-max-connections",
+    "--grpc-handshake-timeout",
+    "--tls-cert",
+    "--tls-key",
+    "--client-ca",
+    "--tokens-file",
+    "--policy",
+    "--insecure-listen",
+    "--open-health",
+    "--open-reflection",
 ];
 
 /// The configuration file in use and the command line it is resolved with.
@@ -162,16 +172,23 @@ fn parent(path: &Path) -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
+/// A file watcher, kept alive while it is wanted.
+pub(crate) type Watcher = notify_debouncer_full::Debouncer<
+    notify_debouncer_full::notify::RecommendedWatcher,
+    notify_debouncer_full::RecommendedCache,
+>;
+
+/// Watches the directories of `files` (a Secret volume replaces its files by
+/// renaming a directory), signalling `changed` (debounced) on any change in them.
+pub(crate) fn watch_files(files: &[PathBuf], changed: mpsc::Sender<()>) -> Option<Watcher> {
+    let mut dirs: Vec<PathBuf> = files.iter().map(|f| parent(f)).collect();
+    dirs.sort();
+    dirs.dedup();
+    watch_directories(&dirs, changed)
+}
+
 /// Watches directories, signalling `changed` (debounced) on any change in them.
-fn watch_directories(
-    dirs: &[PathBuf],
-    changed: mpsc::Sender<()>,
-) -> Option<
-    notify_debouncer_full::Debouncer<
-        notify_debouncer_full::notify::RecommendedWatcher,
-        notify_debouncer_full::RecommendedCache,
-    >,
-> {
+fn watch_directories(dirs: &[PathBuf], changed: mpsc::Sender<()>) -> Option<Watcher> {
     use notify_debouncer_full::notify::RecursiveMode;
     if dirs.is_empty() {
         return None;
@@ -188,7 +205,7 @@ fn watch_directories(
     ) {
         Ok(d) => d,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the kubeconfig and configuration files: they reload on SIGHUP only");
+            tracing::warn!(error = %e, "cannot watch files for changes: they reload on SIGHUP only");
             return None;
         }
     };

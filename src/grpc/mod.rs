@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetscope_model::fleet::{CountRequest, GetRequest, ListRequest, WatchRequest};
-use fleetscope_model::{Fleet, GroupBy, Revision};
+use fleetscope_model::{Access, Fleet, GroupBy, Revision};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -17,6 +17,7 @@ mod token;
 mod watch;
 
 use status::status;
+pub use token::{TokenKey, random_secret};
 use token::{decode_token, encode_token};
 pub use watch::{Subscribers, WatchStream};
 
@@ -35,6 +36,8 @@ pub struct ServiceConfig {
     /// The most bytes of objects in one List page. Default 3 MiB, so a page stays
     /// under the 4 MiB message size gRPC clients accept by default.
     pub max_page_bytes: usize,
+    /// The key page tokens are signed with. Default: a random one.
+    pub token_key: TokenKey,
 }
 
 impl Default for ServiceConfig {
@@ -44,6 +47,7 @@ impl Default for ServiceConfig {
             max_limit: 10_000,
             bookmark_interval: Duration::from_secs(30),
             max_page_bytes: 3 << 20,
+            token_key: TokenKey::random(),
         }
     }
 }
@@ -84,12 +88,23 @@ impl<F: Fleet> FleetService<F> {
     }
 }
 
+/// The caller's access, as the authentication layer established it. A request that
+/// did not pass through it is refused: nothing is served to no one in particular.
+fn access<T>(request: &Request<T>) -> Result<Access, Status> {
+    request
+        .extensions()
+        .get::<Access>()
+        .cloned()
+        .ok_or_else(|| Status::permission_denied("the request carries no identity"))
+}
+
 #[tonic::async_trait]
 impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
     async fn get(
         &self,
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
+        let access = access(&request)?;
         let r = request.into_inner();
         let projection = convert::projection(r.projection());
         let answer = self
@@ -100,6 +115,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 namespace: r.namespace,
                 name: r.name,
                 projection,
+                access,
             })
             .await
             .map_err(status)?;
@@ -114,12 +130,15 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         &self,
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
+        let access = access(&request)?;
+        let caller = access.subject().user.clone();
         let r = request.into_inner();
         // A continued list carries its query and snapshot in the token.
         let (query, after) = if r.page_token.is_empty() {
             (r.query.unwrap_or_default(), None)
         } else {
-            let (revision, query, after) = decode_token(&r.page_token)?;
+            let (revision, query, after) =
+                decode_token(&self.config.token_key, &caller, &r.page_token)?;
             (query, Some((revision, after)))
         };
         let limit = match r.limit {
@@ -134,13 +153,22 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 limit,
                 max_bytes: self.config.max_page_bytes,
                 after,
+                access,
             })
             .await
             .map_err(status)?;
         let next_page_token = answer
             .next
             .as_ref()
-            .map(|last| encode_token(answer.revision, &query, last))
+            .map(|last| {
+                encode_token(
+                    &self.config.token_key,
+                    &caller,
+                    answer.revision,
+                    &query,
+                    last,
+                )
+            })
             .unwrap_or_default();
         Ok(Response::new(proto::ListResponse {
             items: answer.items.into_iter().map(convert::object).collect(),
@@ -156,6 +184,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         &self,
         request: Request<proto::CountRequest>,
     ) -> Result<Response<proto::CountResponse>, Status> {
+        let access = access(&request)?;
         let r = request.into_inner();
         let group_by = r
             .group_by
@@ -173,6 +202,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             .count(CountRequest {
                 query: convert::query(&r.query.unwrap_or_default()).map_err(status)?,
                 group_by,
+                access,
             })
             .await
             .map_err(status)?;
@@ -195,6 +225,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         &self,
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let access = access(&request)?;
         let r = request.into_inner();
         let query = r.query.unwrap_or_default();
         let interval = r
@@ -210,6 +241,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 projection: convert::projection(query.projection()),
                 since: (r.since_revision > 0).then_some(Revision(r.since_revision)),
                 initial: r.send_initial_events,
+                access,
             })
             .await
             .map_err(status)?;
@@ -225,9 +257,10 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         &self,
         request: Request<proto::ListClustersRequest>,
     ) -> Result<Response<proto::ListClustersResponse>, Status> {
+        let access = access(&request)?;
         let r = request.into_inner();
         let filter = convert::cluster_filter(&r.clusters, "").map_err(status)?;
-        let answer = self.fleet.clusters(filter).await.map_err(status)?;
+        let answer = self.fleet.clusters(filter, &access).await.map_err(status)?;
         Ok(Response::new(proto::ListClustersResponse {
             clusters: answer.clusters.into_iter().map(convert::cluster).collect(),
             sources_loaded_time: answer.sources_loaded.map(convert::timestamp),
@@ -242,9 +275,10 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
 
     async fn list_resource_types(
         &self,
-        _: Request<proto::ListResourceTypesRequest>,
+        request: Request<proto::ListResourceTypesRequest>,
     ) -> Result<Response<proto::ListResourceTypesResponse>, Status> {
-        let types = self.fleet.resource_types().await.map_err(status)?;
+        let access = access(&request)?;
+        let types = self.fleet.resource_types(&access).await.map_err(status)?;
         let resource_types = types
             .into_iter()
             .map(|t| {
@@ -274,8 +308,10 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
 
     async fn get_store(
         &self,
-        _: Request<proto::GetStoreRequest>,
+        request: Request<proto::GetStoreRequest>,
     ) -> Result<Response<proto::GetStoreResponse>, Status> {
+        // Any identity the server admits may read the store's figures.
+        access(&request)?;
         let Some(s) = self.fleet.store().await.map_err(status)? else {
             return Ok(Response::new(proto::GetStoreResponse::default()));
         };

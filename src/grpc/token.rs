@@ -1,5 +1,8 @@
 //! Page tokens: opaque to clients, they carry the snapshot's revision, the query and
-//! where to continue, so the next page walks the same snapshot.
+//! where to continue, so the next page walks the same snapshot. Each is signed
+//! (HMAC-SHA256 with the server's key) over its contents and the identity it was
+//! issued to: a token altered, forged, or replayed by another caller is refused as
+//! `INVALID_ARGUMENT`, never read.
 
 use base64::Engine as _;
 use fleetscope_model::{ClusterName, ObjectKey, Revision};
@@ -7,6 +10,44 @@ use prost::Message as _;
 use tonic::Status;
 
 use crate::proto;
+
+/// The key page tokens are signed with.
+#[derive(Clone)]
+pub struct TokenKey(ring::hmac::Key);
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+impl TokenKey {
+    /// A key from 32 secret bytes.
+    pub fn new(secret: &[u8; 32]) -> Self {
+        Self(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret))
+    }
+
+    /// A fresh random key (tokens then live as long as the process).
+    pub fn random() -> Self {
+        Self::new(&random_secret())
+    }
+}
+
+/// 32 random bytes from the system's generator.
+pub fn random_secret() -> [u8; 32] {
+    use ring::rand::SecureRandom as _;
+    let mut secret = [0u8; 32];
+    // The system generator does not fail on the platforms fleetscope runs on; if it
+    // did, a zero key still signs (tokens then only bind to the caller and query).
+    let _ = ring::rand::SystemRandom::new().fill(&mut secret);
+    secret
+}
+
+impl Default for TokenKey {
+    fn default() -> Self {
+        Self::random()
+    }
+}
 
 /// What a page token carries: the snapshot's revision, the query, and where to continue.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -19,7 +60,25 @@ struct PageToken {
     a: [String; 4],
 }
 
-pub(crate) fn encode_token(revision: Revision, query: &proto::Query, after: &ObjectKey) -> String {
+/// The most a page token may be: a query and a key, with room to spare.
+const MAX_TOKEN: usize = 64 * 1024;
+
+fn signature(key: &TokenKey, payload: &[u8], caller: &str) -> ring::hmac::Tag {
+    let mut ctx = ring::hmac::Context::with_key(&key.0);
+    ctx.update(payload);
+    // A separator no user name holds, so (payload, caller) pairs cannot collide.
+    ctx.update(&[0]);
+    ctx.update(caller.as_bytes());
+    ctx.sign()
+}
+
+pub(crate) fn encode_token(
+    key: &TokenKey,
+    caller: &str,
+    revision: Revision,
+    query: &proto::Query,
+    after: &ObjectKey,
+) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let token = PageToken {
         r: revision.0,
@@ -31,18 +90,33 @@ pub(crate) fn encode_token(revision: Revision, query: &proto::Query, after: &Obj
             after.name.to_string(),
         ],
     };
-    b64.encode(serde_json::to_vec(&token).unwrap_or_default())
+    let payload = serde_json::to_vec(&token).unwrap_or_default();
+    let tag = signature(key, &payload, caller);
+    format!("{}.{}", b64.encode(&payload), b64.encode(tag.as_ref()))
 }
 
-pub(crate) fn decode_token(token: &str) -> Result<(Revision, proto::Query, ObjectKey), Status> {
+pub(crate) fn decode_token(
+    key: &TokenKey,
+    caller: &str,
+    token: &str,
+) -> Result<(Revision, proto::Query, ObjectKey), Status> {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let bad = || {
         Status::invalid_argument(
-            "page_token is not a token this server issued: pass back next_page_token unchanged, or start the list without one",
+            "page_token was not issued to this caller by this server (or the server restarted without a data directory): pass back next_page_token unchanged, or start the list again without one",
         )
     };
-    let raw = b64.decode(token).map_err(|_| bad())?;
-    let t: PageToken = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    if token.len() > MAX_TOKEN {
+        return Err(bad());
+    }
+    let (payload, tag) = token.split_once('.').ok_or_else(bad)?;
+    let payload = b64.decode(payload).map_err(|_| bad())?;
+    let tag = b64.decode(tag).map_err(|_| bad())?;
+    let mut ctx_payload = payload.clone();
+    ctx_payload.push(0);
+    ctx_payload.extend_from_slice(caller.as_bytes());
+    ring::hmac::verify(&key.0, &ctx_payload, &tag).map_err(|_| bad())?;
+    let t: PageToken = serde_json::from_slice(&payload).map_err(|_| bad())?;
     let query =
         proto::Query::decode(b64.decode(&t.q).map_err(|_| bad())?.as_slice()).map_err(|_| bad())?;
     let [r, c, n, m] = t.a;
@@ -51,4 +125,58 @@ pub(crate) fn decode_token(token: &str) -> Result<(Revision, proto::Query, Objec
         query,
         ObjectKey::new(&r, &ClusterName::from(c), &n, &m),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(key: &TokenKey, caller: &str) -> String {
+        let query = proto::Query {
+            resource: "pods".into(),
+            ..Default::default()
+        };
+        let after = ObjectKey::new("pods", &ClusterName::from("a"), "ns", "p1");
+        encode_token(key, caller, Revision(7), &query, &after)
+    }
+
+    #[test]
+    fn a_token_reads_back_for_its_caller_only() {
+        let key = TokenKey::random();
+        let t = token(&key, "alice");
+        let (r, q, after) = decode_token(&key, "alice", &t).unwrap();
+        assert_eq!(
+            (r, q.resource.as_str(), &*after.name),
+            (Revision(7), "pods", "p1")
+        );
+        let e = decode_token(&key, "bob", &t).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("this caller"), "{}", e.message());
+        // Another server's key.
+        assert!(decode_token(&TokenKey::random(), "alice", &t).is_err());
+    }
+
+    #[test]
+    fn an_altered_or_forged_token_is_invalid_not_expired() {
+        let key = TokenKey::random();
+        let t = token(&key, "alice");
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let (payload, tag) = t.split_once('.').unwrap();
+        // Another revision, same signature.
+        let mut raw: serde_json::Value =
+            serde_json::from_slice(&b64.decode(payload).unwrap()).unwrap();
+        raw["r"] = 1.into();
+        let forged = format!("{}.{tag}", b64.encode(raw.to_string()));
+        for bad in [
+            forged,
+            format!("{payload}."),
+            "x".repeat(100),
+            "a.b".into(),
+            "x".repeat(MAX_TOKEN + 1),
+        ] {
+            let e = decode_token(&key, "alice", &bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+            assert!(e.message().len() < 300, "the token is not echoed");
+        }
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod limits;
 pub mod run;
+pub mod tls;
 
 use std::future::Future;
 
@@ -10,6 +11,7 @@ use tokio::net::TcpListener;
 
 use fleetscope_model::Fleet;
 
+use crate::auth::{AuthLayer, Guard};
 use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::fleet_server::FleetServer;
@@ -63,11 +65,24 @@ pub async fn serve<F: Fleet>(
         shutdown,
         GrpcLayer::off(),
         Limits::default(),
+        Security::default(),
     )
     .await
 }
 
-/// [`serve`], counting every RPC with `metrics`, within `limits`.
+/// How the server is secured: TLS (the configuration in force when each connection
+/// arrives), who may call it, and how connections are admitted.
+#[derive(Clone, Default)]
+pub struct Security {
+    /// The TLS configuration, reloaded as its files change; `None` for plaintext.
+    pub tls: Option<tokio::sync::watch::Receiver<std::sync::Arc<rustls::ServerConfig>>>,
+    /// Authentication and the policy.
+    pub guard: Guard,
+    /// The connection cap and handshake timeout.
+    pub admission: tls::Admission,
+}
+
+/// [`serve`], counting every RPC with `metrics`, within `limits`, secured by `security`.
 pub async fn serve_with<F: Fleet>(
     listener: TcpListener,
     service: FleetService<F>,
@@ -75,6 +90,7 @@ pub async fn serve_with<F: Fleet>(
     shutdown: impl Future<Output = ()> + Send,
     metrics: GrpcLayer,
     limits: Limits,
+    security: Security,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -102,9 +118,16 @@ pub async fn serve_with<F: Fleet>(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    // Small replies must not wait for the peer's delayed ACK (Nagle): no delay.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tracing::info!(%addr, "serving fleetscope.v1.Fleet");
+    let stop_accepting = tokio_util::sync::CancellationToken::new();
+    let tls_on = security.tls.is_some();
+    let incoming = tls::incoming(
+        listener,
+        security.tls,
+        tls::Protocol::Http2,
+        security.admission,
+        stop_accepting.clone(),
+    );
+    tracing::info!(%addr, tls = tls_on, "serving fleetscope.v1.Fleet");
     tonic::transport::Server::builder()
         .timeout(limits.request_timeout)
         .max_concurrent_streams(limits.max_streams_per_connection)
@@ -113,12 +136,14 @@ pub async fn serve_with<F: Fleet>(
         // Counted first, so a shed request is counted as the UNAVAILABLE it gets.
         .layer(metrics)
         .layer(ShedLayer::new(limits.max_in_flight))
+        .layer(AuthLayer::new(security.guard))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(FleetServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
+    stop_accepting.cancel();
     readiness.abort();
     tracing::info!("server stopped");
     Ok(())
@@ -147,14 +172,14 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-/// SIGHUP, as a stream of reload requests: once this returns, SIGHUP no longer ends
-/// the process (its default), whatever the process is doing.
-pub fn hangups() -> std::io::Result<tokio::sync::mpsc::Receiver<()>> {
+/// SIGHUP, as a stream of requests to reload `what`: once this returns, SIGHUP no
+/// longer ends the process (its default), whatever the process is doing.
+pub fn hangups(what: &'static str) -> std::io::Result<tokio::sync::mpsc::Receiver<()>> {
     let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {
         while signal.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the cluster sources");
+            tracing::info!("SIGHUP: reloading {what}");
             // A reload already pending covers this one.
             if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = tx.try_send(()) {
                 return;

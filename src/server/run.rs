@@ -9,7 +9,9 @@ use std::time::Duration;
 use fleetscope_model::fleet::Deferred;
 use fleetscope_sim::SimFleet;
 
-use crate::cli::args::{ArgsError, DemoArgs, EngineArgs, FleetArgs, ServeArgs, SimArgs};
+use crate::cli::args::{
+    ArgsError, DemoArgs, EngineArgs, FleetArgs, SecurityArgs, ServeArgs, SimArgs,
+};
 use crate::config::kubeconfig::{KubeconfigSources, LoadError};
 use crate::config::reload::{ConfigFile, Reloader};
 use crate::config::resolve::{ResolveError, Row};
@@ -70,6 +72,12 @@ pub enum RunError {
     /// The simulated clusters could not start.
     #[error("starting simulated clusters")]
     Sim(#[source] std::io::Error),
+    /// A TLS file cannot be used.
+    #[error(transparent)]
+    Tls(#[from] server::tls::TlsError),
+    /// The tokens or policy file cannot be used: nothing is served under it.
+    #[error(transparent)]
+    Security(#[from] crate::config::file::FileError),
     /// A file could not be written.
     #[error("writing {}", path.display())]
     Write {
@@ -125,7 +133,7 @@ pub fn plan(args: &ServeArgs) -> Result<(KubeconfigSources, EngineConfig), RunEr
 /// until SIGTERM. `config` is the configuration file's resolution, when there is one.
 pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), RunError> {
     // SIGHUP reloads the cluster sources; it never ends the process, from here on.
-    let hangups = server::hangups().map_err(RunError::Signal)?;
+    let hangups = server::hangups("the cluster sources").map_err(RunError::Signal)?;
     let (sources, config_now) = plan(&args)?;
     // A bad kubeconfig at start is an error before any port is bound.
     let clusters = sources.load()?;
@@ -150,6 +158,10 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         ),
     };
     let listener = server::bind(&args.listen).await?;
+    let mut service = args.engine.service();
+    if let Some(dir) = &data_dir {
+        service.token_key = token_key(dir)?;
+    }
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
     let start = move || {
         let engine = match data_dir {
@@ -186,12 +198,20 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         reload.clone(),
     ));
     let metrics = bind_metrics(&args.engine).await?;
+    let security = secure(
+        &args.security,
+        &args.engine,
+        &listener,
+        metrics.as_ref(),
+        &reload,
+    )?;
     let result = run(
         listener,
         metrics,
         start,
-        args.engine.service(),
+        service,
         args.engine.limits(),
+        security,
         Some(settings),
     )
     .await;
@@ -254,6 +274,7 @@ async fn run(
     start: impl FnOnce() -> Result<Engine, RunError> + Send + 'static,
     service: ServiceConfig,
     limits: server::limits::Limits,
+    security: server::Security,
     settings: Option<tokio::sync::watch::Receiver<EngineConfig>>,
 ) -> Result<(), RunError> {
     let stop = tokio_util::sync::CancellationToken::new();
@@ -273,6 +294,7 @@ async fn run(
             listener,
             std::sync::Arc::new(registry),
             fleet.clone(),
+            security.clone(),
             stop.clone(),
         ));
     }
@@ -294,6 +316,7 @@ async fn run(
         },
         counted,
         limits,
+        security,
     ));
     let signal = tokio::spawn({
         let stop = stop.clone();
@@ -409,6 +432,98 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
     Ok(())
 }
 
+/// The server's security from its flags, before anything is served: the TLS, tokens
+/// and policy files loaded (an error names the file and key), each then reloaded as it
+/// changes and on SIGHUP until `stop`; plaintext refused on an address other than
+/// loopback unless `--insecure-listen`.
+fn secure(
+    args: &SecurityArgs,
+    engine: &EngineArgs,
+    listener: &tokio::net::TcpListener,
+    metrics: Option<&tokio::net::TcpListener>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<server::Security, RunError> {
+    match (&args.tls_cert, &args.tls_key, &args.client_ca) {
+        (Some(_), None, _) => {
+            return Err(ArgsError::Invalid("--tls-cert needs --tls-key".into()).into());
+        }
+        (None, Some(_), _) => {
+            return Err(ArgsError::Invalid("--tls-key needs --tls-cert".into()).into());
+        }
+        (None, None, Some(_)) => {
+            return Err(ArgsError::Invalid(
+                "--client-ca (mutual TLS) needs --tls-cert and --tls-key".into(),
+            )
+            .into());
+        }
+        _ => {}
+    }
+    let tls_files = args.tls();
+    if tls_files.is_none() && !args.insecure_listen {
+        for (l, flag) in [(Some(listener), "--listen"), (metrics, "--metrics-listen")] {
+            let Some(Ok(addr)) = l.map(|l| l.local_addr()) else {
+                continue;
+            };
+            if !addr.ip().is_loopback() {
+                return Err(ArgsError::Invalid(format!(
+                    "{flag} {addr} is not a loopback address: serve TLS there (--tls-cert, --tls-key), or give --insecure-listen to serve plaintext beyond this host"
+                ))
+                .into());
+            }
+        }
+    }
+    if tls_files.is_none() && args.tokens_file.is_some() && args.insecure_listen {
+        tracing::warn!(
+            "bearer tokens are accepted over plaintext (--insecure-listen without --tls-cert): anyone on the network path can read them"
+        );
+    }
+    let tls = match tls_files {
+        None => None,
+        Some(files) => {
+            let first = server::tls::server_config(&files)?;
+            tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "TLS on");
+            let hups = server::hangups("the TLS certificate").map_err(RunError::Signal)?;
+            Some(server::tls::reloading(files, first, hups, stop.clone()))
+        }
+    };
+    let hups = server::hangups("the tokens and the policy").map_err(RunError::Signal)?;
+    let guard = crate::auth::guard(&args.files(), hups, stop.clone())?;
+    if args.policy.is_none() {
+        tracing::info!("no policy (--policy): only callers on this host are served");
+    }
+    Ok(server::Security {
+        tls,
+        guard,
+        admission: engine.admission(),
+    })
+}
+
+/// The key page tokens are signed with, kept in the data directory so tokens a client
+/// holds stay good across a restart; made the first time.
+fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(ArgsError::Invalid(format!(
+            "--data-dir {}: is not a directory",
+            dir.display()
+        ))
+        .into());
+    }
+    let path = dir.join("page-token.key");
+    let write = |source| RunError::Write {
+        path: path.clone(),
+        source,
+    };
+    if let Ok(bytes) = std::fs::read(&path)
+        && let Ok(secret) = <[u8; 32]>::try_from(bytes.as_slice())
+    {
+        return Ok(crate::grpc::TokenKey::new(&secret));
+    }
+    std::fs::create_dir_all(dir).map_err(write)?;
+    let secret = crate::grpc::random_secret();
+    std::fs::write(&path, secret).map_err(write)?;
+    Ok(crate::grpc::TokenKey::new(&secret))
+}
+
 /// Binds the metrics listener when one is asked for, before anything starts.
 async fn bind_metrics(args: &EngineArgs) -> Result<Option<tokio::net::TcpListener>, RunError> {
     match &args.metrics_listen {
@@ -453,15 +568,32 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     );
     // The demo's clusters are new each run, so it keeps its state in memory.
     let metrics = bind_metrics(&args.engine).await?;
+    let stop_reloads = tokio_util::sync::CancellationToken::new();
+    let security = secure(
+        &args.security,
+        &args.engine,
+        &listener,
+        metrics.as_ref(),
+        &stop_reloads,
+    );
+    let security = match security {
+        Ok(s) => s,
+        Err(e) => {
+            fleet.shutdown().await;
+            return Err(e);
+        }
+    };
     let result = run(
         listener,
         metrics,
         move || Ok(Engine::start(clusters, config)),
         args.engine.service(),
         args.engine.limits(),
+        security,
         None,
     )
     .await;
+    stop_reloads.cancel();
     fleet.shutdown().await;
     let _ = std::fs::remove_file(&kubeconfig);
     result

@@ -321,22 +321,49 @@ pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     engine: Arc<Deferred<Engine>>,
+    security: crate::server::Security,
     stop: CancellationToken,
 ) {
+    use futures::StreamExt as _;
+    let mut incoming = Box::pin(crate::server::tls::incoming(
+        listener,
+        security.tls,
+        crate::server::tls::Protocol::Http1,
+        security.admission,
+        stop.clone(),
+    ));
+    let guard = Arc::new(security.guard);
     loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
+        let stream = tokio::select! {
+            accepted = incoming.next() => match accepted {
+                Some(Ok(a)) => a,
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "metrics listener: accept failed");
                     continue;
                 }
+                None => return,
             },
             _ = stop.cancelled() => return,
         };
-        let (registry, engine) = (registry.clone(), engine.clone());
+        let peer = tonic::transport::server::Connected::connect_info(&stream);
+        let (registry, engine, guard) = (registry.clone(), engine.clone(), guard.clone());
         let service = hyper::service::service_fn(move |r: Request<Incoming>| {
-            let answer = answer(&r, &registry, &engine);
+            let answer = if r.uri().path() == "/metrics"
+                && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer))
+            {
+                let code = if refused.code() == tonic::Code::Unauthenticated {
+                    StatusCode::UNAUTHORIZED
+                } else {
+                    StatusCode::FORBIDDEN
+                };
+                text(
+                    code,
+                    "text/plain; charset=utf-8",
+                    format!("{}\n", refused.message()),
+                )
+            } else {
+                answer(&r, &registry, &engine)
+            };
             async move { Ok::<_, Infallible>(answer) }
         });
         let stop = stop.clone();

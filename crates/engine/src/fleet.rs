@@ -6,12 +6,15 @@ use std::collections::BTreeMap;
 
 use fleetscope_index::{Object, State};
 use fleetscope_informer::discovery::{self, Served};
+use fleetscope_model::access::{ClusterRef, Namespaces, Policy, Subject};
 use fleetscope_model::fleet::{
     ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, FleetObject,
     GetAnswer, GetRequest, ListAnswer, ListRequest, Projection, Query, ResourceTypeInfo,
     StoreStats, StreamInfo, StreamState, Watch, WatchRequest,
 };
-use fleetscope_model::{ClusterFilter, ClusterName, Fleet, FleetError, ObjectKey, ResourceType};
+use fleetscope_model::{
+    Access, ClusterFilter, ClusterName, Fleet, FleetError, ObjectKey, ResourceType, Verb,
+};
 
 use crate::Engine;
 use crate::status::{ClusterStatus, Freshness};
@@ -38,6 +41,76 @@ pub(crate) fn fleet_object(
         resource_version,
         json,
     }
+}
+
+/// The name Secrets are collected under.
+const SECRETS: &str = "secrets";
+
+/// Whether objects of `resource` carry values that are redacted unless a grant
+/// reveals them.
+pub(crate) fn holds_secrets(resource: &str) -> bool {
+    resource == SECRETS
+}
+
+/// A Secret as shown to a caller the policy does not reveal its values to: every
+/// value of `data` and `stringData` emptied (the keys stay, so a caller can see what
+/// a Secret holds), and the annotation `fleetscope.io/redacted` saying so.
+pub(crate) fn redact_secret(object: &mut FleetObject) {
+    let Ok(serde_json::Value::Object(mut v)) = serde_json::from_str(&object.json) else {
+        // Not an object: nothing of it is shown.
+        object.json = "{}".into();
+        return;
+    };
+    let mut redacted = Vec::new();
+    for field in ["data", "stringData"] {
+        if let Some(serde_json::Value::Object(values)) = v.get_mut(field) {
+            for value in values.values_mut() {
+                *value = serde_json::Value::String(String::new());
+            }
+            redacted.push(field);
+        }
+    }
+    if redacted.is_empty() {
+        return;
+    }
+    if let Some(serde_json::Value::Object(meta)) = v.get_mut("metadata") {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let serde_json::Value::Object(a) = annotations {
+            a.insert(
+                REDACTED_ANNOTATION.into(),
+                serde_json::Value::String(redacted.join(",")),
+            );
+        }
+    }
+    object.json = serde_json::Value::Object(v).to_string();
+}
+
+/// The annotation a redacted Secret carries: which of its fields were emptied.
+pub const REDACTED_ANNOTATION: &str = "fleetscope.io/redacted";
+
+/// Shows `object` to a caller: redacted when it is a Secret whose values the policy
+/// does not reveal to them.
+pub(crate) fn shown(
+    mut object: FleetObject,
+    policy: &dyn Policy,
+    who: &Subject,
+    labels: &BTreeMap<String, String>,
+) -> FleetObject {
+    if holds_secrets(&object.key.resource)
+        && !policy.secret_data(
+            who,
+            ClusterRef {
+                name: &object.key.cluster,
+                labels,
+            },
+            &object.key.namespace,
+        )
+    {
+        redact_secret(&mut object);
+    }
+    object
 }
 
 /// A cluster's freshness for one type (or as a whole), as answers state it.
@@ -143,17 +216,45 @@ impl Engine {
             .collect()
     }
 
-    /// Resolves a query against the collected types and the live fleet.
-    pub(crate) fn build(&self, q: &Query) -> Result<(ResourceType, Built), FleetError> {
+    /// Every cluster's labels, by name.
+    pub(crate) fn cluster_labels(&self) -> BTreeMap<ClusterName, BTreeMap<String, String>> {
+        self.status
+            .clusters()
+            .into_iter()
+            .map(|c| (c.name, c.labels))
+            .collect()
+    }
+
+    /// Resolves a query against the collected types and the live fleet, for a caller
+    /// who will `verb` its objects: the clusters drawn on are those the filter selects
+    /// and the caller may read some of, and only the places they may read are read.
+    pub(crate) fn build(
+        &self,
+        q: &Query,
+        access: &Access,
+        verb: Verb,
+    ) -> Result<(ResourceType, Built), FleetError> {
         let rt = self.resolve_resource(&q.resource)?;
-        let clusters = self.selected(&q.clusters);
+        let mut clusters = self.selected(&q.clusters);
+        let reach = access.reach(
+            verb,
+            &rt,
+            clusters.iter().map(|c| ClusterRef {
+                name: &c.name,
+                labels: &c.labels,
+            }),
+        );
+        if let Some(reach) = &reach {
+            clusters.retain(|c| reach.reaches(&c.name));
+        }
         let query = fleetscope_index::Query {
             resource: rt.name(),
-            clusters: if q.clusters.is_everything() {
+            clusters: if q.clusters.is_everything() && reach.is_none() {
                 None
             } else {
                 Some(clusters.iter().map(|c| c.name.clone()).collect())
             },
+            reach,
             namespaces: q
                 .namespaces
                 .iter()
@@ -198,16 +299,37 @@ impl Fleet for Engine {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
         let rt = self.resolve_resource(&r.resource)?;
         let cluster = ClusterName::from(r.cluster.as_str());
+        let policy = r.access.policy();
+        let who = r.access.subject();
+        // A cluster the caller is granted nothing in does not exist for them.
         let status = self
             .status
             .cluster(&cluster)
+            .filter(|c| {
+                policy.sees_cluster(
+                    who,
+                    ClusterRef {
+                        name: &c.name,
+                        labels: &c.labels,
+                    },
+                )
+            })
             .ok_or_else(|| FleetError::NotFound(format!("no cluster named {:?}", r.cluster)))?;
         if r.name.is_empty() {
             return Err(FleetError::InvalidArgument("name is required".into()));
         }
+        let here = ClusterRef {
+            name: &status.name,
+            labels: &status.labels,
+        };
+        let granted = policy
+            .namespaces(who, Verb::Get, &rt, here)
+            .allows(&r.namespace);
         let snapshot = self.index.snapshot();
         let key = ObjectKey::new(&rt.name(), &cluster, &r.namespace, &r.name);
-        let object = snapshot.get(&key).ok_or_else(|| {
+        // An object not granted is answered as one that does not exist, word for word,
+        // so a caller learns nothing of what they may not read.
+        let object = snapshot.get(&key).filter(|_| granted).ok_or_else(|| {
             let place = if r.namespace.is_empty() {
                 String::new()
             } else {
@@ -221,7 +343,12 @@ impl Fleet for Engine {
             ))
         })?;
         Ok(GetAnswer {
-            object: fleet_object(object, r.projection, None),
+            object: shown(
+                fleet_object(object, r.projection, None),
+                policy.as_ref(),
+                who,
+                &status.labels,
+            ),
             cluster: cluster_freshness(&status, Some(&rt.name())),
             revision: snapshot.revision(),
         })
@@ -229,19 +356,32 @@ impl Fleet for Engine {
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
         let snapshot = self.snapshot_for(&r.after)?;
-        let (_, built) = self.build(&r.query)?;
+        let (_, built) = self.build(&r.query, &r.access, Verb::List)?;
         let after = r.after.as_ref().map(|(_, key)| key);
         let page = snapshot.page_within(&built.query, after, r.limit.max(1), r.max_bytes);
         if page.next.is_some() {
             // The next page reads this snapshot too, for as long as tokens live.
             self.index.pin(snapshot.clone());
         }
+        let items = page
+            .items
+            .iter()
+            .map(|o| fleet_object(o, r.projection, None));
+        let items = if holds_secrets(&built.query.resource) {
+            let policy = r.access.policy();
+            let labels = self.cluster_labels();
+            let none = BTreeMap::new();
+            items
+                .map(|o| {
+                    let l = labels.get(&o.key.cluster).unwrap_or(&none);
+                    shown(o, policy.as_ref(), r.access.subject(), l)
+                })
+                .collect()
+        } else {
+            items.collect()
+        };
         Ok(ListAnswer {
-            items: page
-                .items
-                .iter()
-                .map(|o| fleet_object(o, r.projection, None))
-                .collect(),
+            items,
             next: page.next,
             revision: snapshot.revision(),
             remaining: page.remaining,
@@ -251,7 +391,7 @@ impl Fleet for Engine {
     }
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
-        let (_, built) = self.build(&r.query)?;
+        let (_, built) = self.build(&r.query, &r.access, Verb::List)?;
         let snapshot = self.index.snapshot();
         let counts = snapshot.count(&built.query, &r.group_by);
         Ok(CountAnswer {
@@ -267,16 +407,44 @@ impl Fleet for Engine {
         crate::subscriber::start(self, r)
     }
 
-    async fn clusters(&self, filter: ClusterFilter) -> Result<ClustersAnswer, FleetError> {
+    async fn clusters(
+        &self,
+        filter: ClusterFilter,
+        access: &Access,
+    ) -> Result<ClustersAnswer, FleetError> {
         let snapshot = self.index.snapshot();
-        let mut counts: BTreeMap<(ClusterName, String), u64> = BTreeMap::new();
-        for (resource, cluster, n) in snapshot.counts() {
-            counts.insert((cluster.clone(), resource.to_string()), n as u64);
-        }
+        let policy = access.policy();
+        let who = access.subject();
         let clusters = self
             .selected(&filter)
             .into_iter()
-            .map(|c| cluster_info(c, &counts))
+            .filter_map(|mut c| {
+                let here = ClusterRef {
+                    name: &c.name,
+                    labels: &c.labels,
+                };
+                if !policy.sees_cluster(who, here) {
+                    return None;
+                }
+                // Each stream as far as the caller may list it: hidden when not at all,
+                // its count of the objects they may read.
+                let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+                let granted: BTreeMap<String, Namespaces> = c
+                    .streams
+                    .iter()
+                    .map(|(name, (rt, _))| {
+                        (name.clone(), policy.namespaces(who, Verb::List, rt, here))
+                    })
+                    .collect();
+                for (resource, cluster, ns, n) in snapshot.namespace_counts() {
+                    if *cluster == c.name && granted.get(resource).is_some_and(|g| g.allows(ns)) {
+                        *counts.entry(resource.to_string()).or_default() += n as u64;
+                    }
+                }
+                c.streams
+                    .retain(|name, _| granted.get(name).is_some_and(|g| !g.is_none()));
+                Some(cluster_info(c, &counts))
+            })
             .collect();
         let sources = self.status.sources();
         Ok(ClustersAnswer {
@@ -286,23 +454,40 @@ impl Fleet for Engine {
         })
     }
 
-    async fn resource_types(&self) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+    async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         let snapshot = self.index.snapshot();
+        let labels = self.cluster_labels();
+        let policy = access.policy();
+        let who = access.subject();
         Ok(self
             .status
             .types()
             .into_values()
-            .map(|rt| {
+            .filter_map(|rt| {
                 let name = rt.name();
-                let clusters = snapshot
-                    .counts()
-                    .filter(|(r, _, _)| **r == *name)
-                    .map(|(_, c, n)| (c.clone(), n as u64))
+                // Per cluster, the namespaces the caller may list; a type granted
+                // nowhere is not shown at all.
+                let granted: BTreeMap<&ClusterName, Namespaces> = labels
+                    .iter()
+                    .map(|(c, l)| {
+                        let here = ClusterRef { name: c, labels: l };
+                        (c, policy.namespaces(who, Verb::List, &rt, here))
+                    })
+                    .filter(|(_, g)| !g.is_none())
                     .collect();
-                ResourceTypeInfo {
-                    resource: rt,
-                    clusters,
+                if granted.is_empty() {
+                    return None;
                 }
+                let mut counts: BTreeMap<ClusterName, u64> = BTreeMap::new();
+                for (r, c, ns, n) in snapshot.namespace_counts() {
+                    if *r == *name && granted.get(c).is_some_and(|g| g.allows(ns)) {
+                        *counts.entry(c.clone()).or_default() += n as u64;
+                    }
+                }
+                Some(ResourceTypeInfo {
+                    resource: rt,
+                    clusters: counts.into_iter().collect(),
+                })
             })
             .collect())
     }
@@ -312,8 +497,8 @@ impl Fleet for Engine {
     }
 }
 
-/// One cluster's status as the seam reports it.
-fn cluster_info(c: ClusterStatus, counts: &BTreeMap<(ClusterName, String), u64>) -> ClusterInfo {
+/// One cluster's status as the seam reports it, with its streams' object counts.
+fn cluster_info(c: ClusterStatus, counts: &BTreeMap<String, u64>) -> ClusterInfo {
     let whole = cluster_freshness(&c, None);
     let streams = c
         .streams
@@ -321,10 +506,7 @@ fn cluster_info(c: ClusterStatus, counts: &BTreeMap<(ClusterName, String), u64>)
         .map(|(name, (_, s))| StreamInfo {
             resource: name.clone(),
             state: s.state,
-            object_count: counts
-                .get(&(c.name.clone(), name.clone()))
-                .copied()
-                .unwrap_or(0),
+            object_count: counts.get(name).copied().unwrap_or(0),
             resource_version: s.resource_version.clone(),
             last_event: s.last_event,
             last_error: s.last_error.clone().unwrap_or_default(),

@@ -4,25 +4,34 @@
 //! `Added`); the cluster filter evaluated against the live fleet, so a cluster added
 //! later is followed; cluster freshness changes as events; a subscriber that falls
 //! behind ended with a resumable error, one whose start has left the log refused.
+//! Every event is checked against the policy in force: when a new policy takes away
+//! (or grants) some of what a subscriber watches, the objects leaving its grant are
+//! `Deleted` for it, and those entering it `Added`, at the revision it has reached.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fleetscope_index::{Event, FeedError, Subscription, transition};
-use fleetscope_model::fleet::{Projection, Watch, WatchEvent, WatchRequest};
-use fleetscope_model::{ClusterFilter, ClusterName, EventType, FleetError, Revision};
+use fleetscope_index::{Event, FeedError, Index, State, Subscription, transition};
+use fleetscope_model::access::{ClusterRef, Namespaces, Policy};
+use fleetscope_model::fleet::{FleetObject, Projection, Watch, WatchEvent, WatchRequest};
+use fleetscope_model::{
+    Access, ClusterFilter, ClusterName, EventType, FleetError, ResourceType, Revision, Verb,
+};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
-use crate::fleet::fleet_object;
+use crate::fleet::{fleet_object, shown};
 use crate::status::{ClusterFreshness, StatusTable};
 
 /// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
 /// spawns its producer.
 pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetError> {
-    let (_, built) = engine.build(&r.query)?;
+    let mut access = r.access;
+    // The policy in force now is the one the start is held to; a later one is a change.
+    let policy = access.policy_seen();
+    let (resource, built) = engine.build(&r.query, &access, Verb::Watch)?;
     let since = if r.initial { None } else { r.since };
     let subscription = engine
         .index
@@ -31,8 +40,11 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
     // The cluster filter is evaluated per event against the live fleet, so a
     // matching cluster added later is followed too; the index query reads all.
     let initial = r.initial.then(|| built.query.clone());
+    // The live events are checked per cluster by the producer, under the policy in
+    // force when each arrives.
     let mut query = built.query;
     query.clusters = None;
+    query.reach = None;
     // A short hand-off: the subscriber's real bound is the index's subscriber buffer
     // and event log, which it pulls from.
     let (tx, rx) = mpsc::channel(8);
@@ -49,6 +61,12 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
             .map(|c| (c.name, c.labels))
             .collect(),
         selected: HashMap::new(),
+        access,
+        policy,
+        resource,
+        scopes: HashMap::new(),
+        switch: None,
+        index: engine.index.clone(),
         status: engine.status.clone(),
         initial,
         statuses: engine.status.subscribe(),
@@ -77,6 +95,18 @@ struct Producer {
     /// Whether the filter selects each cluster seen, decided once per cluster (its
     /// labels do not change while it is in the fleet; a status change decides again).
     selected: HashMap<ClusterName, bool>,
+    /// Who watches, and the policies that follow the one in force.
+    access: Access,
+    /// The policy this subscriber's events are checked against now.
+    policy: Arc<dyn Policy>,
+    /// The watched type, as policies name it.
+    resource: ResourceType,
+    /// What `policy` grants in each cluster seen, decided once per cluster.
+    scopes: HashMap<ClusterName, Namespaces>,
+    /// A policy that replaces `policy` once the subscriber reaches the snapshot taken
+    /// when it came (every event up to it is checked against the old one).
+    switch: Option<(Arc<dyn Policy>, Arc<State>)>,
+    index: Arc<Index>,
     status: StatusTable,
     /// The query for the initial state (drawing on the clusters selected at start).
     initial: Option<fleetscope_index::Query>,
@@ -108,21 +138,127 @@ impl Producer {
         yes
     }
 
+    /// What `policy` grants the subscriber in a cluster.
+    fn scope_under(&mut self, policy: &dyn Policy, cluster: &ClusterName) -> Namespaces {
+        self.selects(cluster);
+        let none = BTreeMap::new();
+        let labels = self.labels.get(cluster).unwrap_or(&none);
+        policy.namespaces(
+            self.access.subject(),
+            Verb::Watch,
+            &self.resource,
+            ClusterRef {
+                name: cluster,
+                labels,
+            },
+        )
+    }
+
+    /// Whether the policy in force grants the subscriber objects of `namespace` in `cluster`.
+    fn granted(&mut self, cluster: &ClusterName, namespace: &str) -> bool {
+        if let Some(scope) = self.scopes.get(cluster) {
+            return scope.allows(namespace);
+        }
+        let policy = self.policy.clone();
+        let scope = self.scope_under(policy.as_ref(), cluster);
+        let yes = scope.allows(namespace);
+        self.scopes.insert(cluster.clone(), scope);
+        yes
+    }
+
+    /// An object as this subscriber is shown it.
+    fn show(&self, object: FleetObject) -> FleetObject {
+        let none = BTreeMap::new();
+        let labels = self.labels.get(&object.key.cluster).unwrap_or(&none);
+        shown(object, self.policy.as_ref(), self.access.subject(), labels)
+    }
+
     /// What a change means to this subscriber, if anything.
     fn event(&mut self, e: &Event) -> Option<WatchEvent> {
-        if !self.selects(&e.object.key.cluster) {
+        let key = &e.object.key;
+        if !self.selects(&key.cluster) || !self.granted(&key.cluster, &key.namespace) {
             return None;
         }
         let kind = transition(&self.query, e)?;
         Some(WatchEvent::Object {
             kind,
-            object: fleet_object(
+            object: self.show(fleet_object(
                 &e.object,
                 self.projection,
                 Some(e.uid_and_resource_version()),
-            ),
+            )),
             revision: e.revision,
         })
+    }
+
+    /// Puts a new policy in force, at the revision of `snapshot`, which the subscriber
+    /// has reached: what it grants that the old one did not is `Added`, what it takes
+    /// away `Deleted`, at that revision. False once the subscriber is gone.
+    async fn switch_policy(&mut self, new: Arc<dyn Policy>, snapshot: &State) -> bool {
+        let at = snapshot.revision();
+        let old = std::mem::replace(&mut self.policy, new.clone());
+        let mut before = std::mem::take(&mut self.scopes);
+        let mut after: HashMap<ClusterName, Namespaces> = HashMap::new();
+        let mut changed = false;
+        let query = self.query.clone();
+        for o in snapshot.matching(&query, None) {
+            let cluster = &o.key.cluster;
+            if !self.selects(cluster) {
+                continue;
+            }
+            if !before.contains_key(cluster) {
+                let scope = self.scope_under(old.as_ref(), cluster);
+                before.insert(cluster.clone(), scope);
+            }
+            if !after.contains_key(cluster) {
+                let scope = self.scope_under(new.as_ref(), cluster);
+                after.insert(cluster.clone(), scope);
+            }
+            let was = before
+                .get(cluster)
+                .is_some_and(|s| s.allows(&o.key.namespace));
+            let is = after
+                .get(cluster)
+                .is_some_and(|s| s.allows(&o.key.namespace));
+            let kind = match (was, is) {
+                (true, false) => EventType::Deleted,
+                (false, true) => EventType::Added,
+                _ => continue,
+            };
+            changed = true;
+            let object = self.show(fleet_object(o, self.projection, None));
+            if !self
+                .send(WatchEvent::Object {
+                    kind,
+                    object,
+                    revision: at,
+                })
+                .await
+            {
+                return false;
+            }
+        }
+        self.scopes = after;
+        if changed {
+            tracing::debug!(subscriber = %self.access.subject(), revision = %at, "a new policy changed what a Watch may see");
+        }
+        true
+    }
+
+    /// Puts a pending policy in force once everything up to its snapshot has been
+    /// checked against the old one. False once the subscriber is gone.
+    async fn maybe_switch(&mut self, reached: Revision) -> bool {
+        let due = self
+            .switch
+            .as_ref()
+            .is_some_and(|(_, snapshot)| snapshot.revision() <= reached);
+        if !due {
+            return true;
+        }
+        let Some((policy, snapshot)) = self.switch.take() else {
+            return true;
+        };
+        self.switch_policy(policy, &snapshot).await
     }
 
     /// Hands one event over; false once the subscriber is gone.
@@ -145,7 +281,7 @@ impl Producer {
             for o in snapshot.matching(&initial, None) {
                 let e = WatchEvent::Object {
                     kind: EventType::Added,
-                    object: fleet_object(o, self.projection, None),
+                    object: self.show(fleet_object(o, self.projection, None)),
                     revision: o.revision,
                 };
                 if !self.send(e).await {
@@ -168,11 +304,18 @@ impl Producer {
                 r = feed.next() => match r {
                     Ok(events) => {
                         for e in &events {
+                            // Changes after a new policy's snapshot are checked against it.
+                            if !self.maybe_switch(Revision(e.revision.0.saturating_sub(1))).await {
+                                return;
+                            }
                             if let Some(ev) = self.event(e)
                                 && !self.send(ev).await
                             {
                                 return;
                             }
+                        }
+                        if !self.maybe_switch(feed.reached()).await {
+                            return;
                         }
                         // The position moves past changes that did not match too.
                         self.reach(feed.reached());
@@ -185,6 +328,15 @@ impl Producer {
                     }
                     Err(FeedError::Closed) => return,
                 },
+                _ = self.access.changed() => {
+                    let policy = self.access.policy_seen();
+                    let snapshot = self.index.snapshot();
+                    self.switch = Some((policy, snapshot));
+                    // Idle and caught up: in force at once.
+                    if !self.maybe_switch(feed.reached()).await {
+                        return;
+                    }
+                }
                 c = self.statuses.recv() => {
                     let Ok(c) = c else { continue };
                     // A cluster added (again) may have other labels: decide anew.
@@ -192,7 +344,11 @@ impl Producer {
                         self.labels.insert(c.cluster.clone(), labels);
                     }
                     self.selected.remove(&c.cluster);
-                    if self.selects(&c.cluster) {
+                    self.scopes.remove(&c.cluster);
+                    let policy = self.policy.clone();
+                    if self.selects(&c.cluster)
+                        && !self.scope_under(policy.as_ref(), &c.cluster).is_none()
+                    {
                         let ev = WatchEvent::ClusterStatus { cluster: c, revision: feed.reached() };
                         if !self.send(ev).await {
                             return;
@@ -479,5 +635,216 @@ mod tests {
         let (_, name, revision) = next_object(&mut w).await;
         assert_eq!((name.as_str(), revision), ("a/p1", published));
         assert_eq!(w.bookmark(&mut cx), Some(published));
+    }
+
+    /// A policy granting pods of the listed (cluster, namespace) places, and Secret
+    /// values nowhere.
+    struct Places(Vec<(&'static str, &'static str)>);
+
+    impl fleetscope_model::access::Policy for Places {
+        fn namespaces(
+            &self,
+            _: &fleetscope_model::access::Subject,
+            _: fleetscope_model::Verb,
+            _: &ResourceType,
+            cluster: fleetscope_model::access::ClusterRef<'_>,
+        ) -> fleetscope_model::access::Namespaces {
+            let patterns: Vec<glob::Pattern> = self
+                .0
+                .iter()
+                .filter(|(c, _)| *c == cluster.name.as_str())
+                .map(|(_, n)| glob::Pattern::new(n).unwrap())
+                .collect();
+            fleetscope_model::access::Namespaces::Only {
+                patterns,
+                cluster_scoped: false,
+            }
+        }
+        fn secret_data(
+            &self,
+            _: &fleetscope_model::access::Subject,
+            _: fleetscope_model::access::ClusterRef<'_>,
+            _: &str,
+        ) -> bool {
+            false
+        }
+        fn sees_cluster(
+            &self,
+            _: &fleetscope_model::access::Subject,
+            cluster: fleetscope_model::access::ClusterRef<'_>,
+        ) -> bool {
+            self.0.iter().any(|(c, _)| *c == cluster.name.as_str())
+        }
+    }
+
+    type PolicyTx =
+        tokio::sync::watch::Sender<std::sync::Arc<dyn fleetscope_model::access::Policy>>;
+
+    fn held_to(places: Vec<(&'static str, &'static str)>) -> (fleetscope_model::Access, PolicyTx) {
+        let (tx, rx) = tokio::sync::watch::channel(std::sync::Arc::new(Places(places))
+            as std::sync::Arc<dyn fleetscope_model::access::Policy>);
+        let subject = fleetscope_model::access::Subject {
+            user: "alice".into(),
+            groups: Vec::new(),
+        };
+        (fleetscope_model::Access::new(subject, rx), tx)
+    }
+
+    fn pod_in(cluster: &str, namespace: &str, name: &str) -> Change {
+        let json = format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"{namespace}","uid":"uid-{name}","resourceVersion":"7"}}}}"#
+        );
+        Change::Upsert(ObjectInput {
+            key: ObjectKey::new("pods", &ClusterName::from(cluster), namespace, name),
+            json,
+            labels: Vec::new(),
+            owners: Vec::new(),
+            fields: Vec::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_watch_sees_only_its_grant_and_follows_a_new_policy_at_once() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        join(&e, "b", &[]);
+        e.index.apply([
+            pod_in("a", "team", "p1"),
+            pod_in("a", "other", "p2"),
+            pod_in("b", "team", "p3"),
+        ]);
+        let (access, policy) = held_to(vec![("a", "team")]);
+        let mut w = e
+            .watch(WatchRequest {
+                query: query(&[], ""),
+                initial: true,
+                access,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(next_object(&mut w).await.1, "a/p1");
+        assert!(matches!(
+            next(&mut w).await,
+            WatchEvent::InitialEventsEnd(_)
+        ));
+        // Changes outside the grant are never sent; one inside is.
+        e.index
+            .apply([pod_in("a", "other", "p4"), pod_in("b", "team", "p5")]);
+        e.index.apply([pod_in("a", "team", "p6")]);
+        assert_eq!(next_object(&mut w).await.1, "a/p6");
+        // A new policy: a/team taken away, b/team granted. The objects leaving are
+        // DELETED, those entering ADDED, at the revision reached; then it is followed.
+        let at = e.index.snapshot().revision();
+        policy.send_replace(std::sync::Arc::new(Places(vec![("b", "team")])));
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..4 {
+            let (kind, name, revision) = next_object(&mut w).await;
+            assert_eq!(revision, at);
+            seen.insert((name, format!("{kind:?}")));
+        }
+        let expected: std::collections::BTreeSet<(String, String)> = [
+            ("a/p1", EventType::Deleted),
+            ("a/p6", EventType::Deleted),
+            ("b/p3", EventType::Added),
+            ("b/p5", EventType::Added),
+        ]
+        .into_iter()
+        .map(|(n, k)| (n.to_string(), format!("{k:?}")))
+        .collect();
+        assert_eq!(seen, expected);
+        e.index.apply([pod_in("a", "team", "p7")]);
+        e.index.apply([pod_in("b", "team", "p8")]);
+        assert_eq!(next_object(&mut w).await.1, "b/p8");
+    }
+
+    #[tokio::test]
+    async fn list_count_and_get_answer_only_the_grant() {
+        use fleetscope_model::fleet::{CountRequest, GetRequest, ListRequest};
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        join(&e, "b", &[]);
+        e.index.apply([
+            pod_in("a", "team", "p1"),
+            pod_in("a", "other", "p2"),
+            pod_in("b", "team", "p3"),
+        ]);
+        let (access, _policy) = held_to(vec![("a", "team")]);
+        let list = e
+            .list(ListRequest {
+                query: query(&[], ""),
+                limit: 100,
+                max_bytes: usize::MAX,
+                access: access.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let names: Vec<String> = list.items.iter().map(|o| o.key.to_string()).collect();
+        assert_eq!(list.items.len(), 1, "{names:?}");
+        assert_eq!(
+            list.clusters.len(),
+            1,
+            "only the cluster granted is drawn on"
+        );
+        let count = e
+            .count(CountRequest {
+                query: query(&[], ""),
+                group_by: vec![fleetscope_model::GroupBy::Namespace],
+                access: access.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(count.total, 1);
+        assert_eq!(count.groups.len(), 1);
+        let get = |cluster: &str, namespace: &str, name: &str| GetRequest {
+            resource: "pods".into(),
+            cluster: cluster.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            access: access.clone(),
+            ..Default::default()
+        };
+        assert!(e.get(get("a", "team", "p1")).await.is_ok());
+        // Not granted reads exactly as not there.
+        let hidden = e.get(get("a", "other", "p2")).await.unwrap_err();
+        let missing = e.get(get("a", "other", "nope")).await.unwrap_err();
+        assert_eq!(
+            hidden.to_string().replace("p2", "X"),
+            missing.to_string().replace("nope", "X")
+        );
+        let hidden = e.get(get("b", "team", "p3")).await.unwrap_err();
+        let missing = e.get(get("c", "team", "p3")).await.unwrap_err();
+        assert_eq!(
+            hidden.to_string().replace("\"b\"", "?"),
+            missing.to_string().replace("\"c\"", "?")
+        );
+        let clusters = e.clusters(ClusterFilter::default(), &access).await.unwrap();
+        let names: Vec<&str> = clusters.clusters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["a"]);
+        assert_eq!(clusters.clusters[0].streams[0].object_count, 1);
+        let types = e.resource_types(&access).await.unwrap();
+        assert_eq!(types.len(), 1);
+        assert_eq!(types[0].clusters, vec![(ClusterName::from("a"), 1)]);
+    }
+
+    #[test]
+    fn a_secret_shown_without_its_values_keeps_its_keys_and_says_so() {
+        let mut o = fleetscope_model::fleet::FleetObject {
+            key: ObjectKey::new("secrets", &ClusterName::from("a"), "ns", "s"),
+            revision: Revision(1),
+            uid: String::new(),
+            resource_version: String::new(),
+            json: r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"password":"aHVudGVyMg=="},"stringData":{"token":"t0p"}}"#.into(),
+        };
+        crate::fleet::redact_secret(&mut o);
+        let v: serde_json::Value = serde_json::from_str(&o.json).unwrap();
+        assert_eq!(v["data"]["password"], "");
+        assert_eq!(v["stringData"]["token"], "");
+        assert_eq!(
+            v["metadata"]["annotations"]["fleetscope.io/redacted"],
+            "data,stringData"
+        );
+        assert!(!o.json.contains("aHVudGVyMg"));
     }
 }

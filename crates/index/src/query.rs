@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use fleetscope_model::access::Reach;
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
 use fleetscope_model::{ClusterName, FieldSelector, GroupBy, LabelSelector, ObjectKey};
 
@@ -24,6 +25,9 @@ pub struct Query {
     pub labels: LabelSelector,
     /// Field selector over any JSON path.
     pub fields: FieldSelector,
+    /// The places the caller may read; `None` for everywhere. Objects elsewhere are
+    /// neither returned nor counted.
+    pub reach: Option<Reach>,
 }
 
 impl Query {
@@ -44,6 +48,10 @@ impl Query {
                 .is_none_or(|cs| cs.contains(&o.key.cluster))
             && (self.namespaces.is_empty()
                 || self.namespaces.iter().any(|n| **n == *o.key.namespace))
+            && self
+                .reach
+                .as_ref()
+                .is_none_or(|r| r.allows(&o.key.cluster, &o.key.namespace))
             && self.labels.matches(o)
             && (self.fields.is_empty() || self.fields.matches(o))
     }
@@ -75,6 +83,7 @@ impl State {
     /// an index answers, and nothing else to filter.
     fn index_answers_exactly(&self, q: &Query) -> bool {
         q.clusters.is_none()
+            && q.reach.is_none()
             && q.namespaces.is_empty()
             && q.fields.is_empty()
             && matches!(
@@ -299,6 +308,7 @@ impl State {
             if *r != *q.resource
                 || q.clusters.as_ref().is_some_and(|cs| !cs.contains(c))
                 || (!q.namespaces.is_empty() && !q.namespaces.iter().any(|x| x == ns))
+                || q.reach.as_ref().is_some_and(|r| !r.allows(c, ns))
             {
                 continue;
             }

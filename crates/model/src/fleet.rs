@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 use futures::Stream;
 
 use crate::{
-    ClusterFilter, ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey, ResourceType,
-    Revision,
+    Access, ClusterFilter, ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey,
+    ResourceType, Revision,
 };
 
 /// Why a fleet could not answer. Each variant says what a caller can do about it.
@@ -119,6 +119,8 @@ pub struct GetRequest {
     pub name: String,
     /// How to return it.
     pub projection: Projection,
+    /// Who asks, and the policy they are held to.
+    pub access: Access,
 }
 
 /// One object, and how current its cluster is.
@@ -146,6 +148,8 @@ pub struct ListRequest {
     pub max_bytes: usize,
     /// Continue a list: the snapshot's revision and the last key returned.
     pub after: Option<(Revision, ObjectKey)>,
+    /// Who asks, and the policy they are held to.
+    pub access: Access,
 }
 
 /// A page of objects from one snapshot.
@@ -200,6 +204,8 @@ pub struct CountRequest {
     pub query: Query,
     /// How to group (nested, in order); empty for a total only.
     pub group_by: Vec<GroupBy>,
+    /// Who asks, and the policy they are held to.
+    pub access: Access,
 }
 
 /// Counts from one snapshot.
@@ -228,6 +234,8 @@ pub struct WatchRequest {
     pub since: Option<Revision>,
     /// First the matching objects as `Added`, then [`WatchEvent::InitialEventsEnd`].
     pub initial: bool,
+    /// Who asks, and the policy they are held to.
+    pub access: Access,
 }
 
 /// What a Watch delivers.
@@ -488,14 +496,18 @@ pub trait Fleet: Send + Sync + 'static {
         &self,
         request: WatchRequest,
     ) -> impl Future<Output = Result<Watch, FleetError>> + Send;
-    /// The clusters the filter selects, with their streams.
+    /// The clusters the filter selects (of those the caller is granted anything in),
+    /// with their streams (of the types granted, counting only granted objects).
     fn clusters(
         &self,
         filter: ClusterFilter,
+        access: &Access,
     ) -> impl Future<Output = Result<ClustersAnswer, FleetError>> + Send;
-    /// Every collected resource type.
+    /// Every collected resource type the caller is granted somewhere, with counts of
+    /// the granted objects.
     fn resource_types(
         &self,
+        access: &Access,
     ) -> impl Future<Output = Result<Vec<ResourceTypeInfo>, FleetError>> + Send;
     /// Store figures; `None` when running in memory.
     fn store(&self) -> impl Future<Output = Result<Option<StoreStats>, FleetError>> + Send;
@@ -548,11 +560,15 @@ impl<F: Fleet> Fleet for Deferred<F> {
     async fn watch(&self, request: WatchRequest) -> Result<Watch, FleetError> {
         self.ready()?.watch(request).await
     }
-    async fn clusters(&self, filter: ClusterFilter) -> Result<ClustersAnswer, FleetError> {
-        self.ready()?.clusters(filter).await
+    async fn clusters(
+        &self,
+        filter: ClusterFilter,
+        access: &Access,
+    ) -> Result<ClustersAnswer, FleetError> {
+        self.ready()?.clusters(filter, access).await
     }
-    async fn resource_types(&self) -> Result<Vec<ResourceTypeInfo>, FleetError> {
-        self.ready()?.resource_types().await
+    async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+        self.ready()?.resource_types(access).await
     }
     async fn store(&self) -> Result<Option<StoreStats>, FleetError> {
         self.ready()?.store().await

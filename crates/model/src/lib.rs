@@ -5,11 +5,13 @@
 //!   identity and ordering shared by every layer.
 //! - [`Fleet`]: the seam every front end talks through, with its request and answer
 //!   types and [`FleetError`].
+//! - [`Access`]: who asks and the policy they are held to, enforced below the seam.
 //! - [`ClusterFilter`]: which clusters a query draws on, evaluated against the live fleet.
 //! - [`selector::LabelSelector`] and [`selector::FieldSelector`]: Kubernetes selector
 //!   syntax, parsed with errors that name the position, and matched against labels
 //!   ([`selector::Labels`]) or fields ([`selector::Fields`]).
 
+pub mod access;
 mod clusters;
 pub mod fleet;
 mod identity;
@@ -32,6 +34,7 @@ pub trait StoredObject {
     fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)>;
 }
 
+pub use access::{Access, Verb};
 pub use clusters::{ClusterFilter, ClusterFilterError};
 pub use fleet::{Fleet, FleetError, GroupBy};
 pub use identity::{

@@ -1,0 +1,440 @@
+//! Who is asking and what they may read: a tower layer in front of every service
+//! establishes the caller's identity (a client certificate verified by the TLS
+//! handshake, or a bearer token from the tokens file) and hands the Fleet service an
+//! [`Access`]: that identity held to the policy in force, and to every policy that
+//! replaces it while a Watch runs. The policy is enforced below the Fleet seam.
+//!
+//! - With authentication configured (a client CA or a tokens file), a request without
+//!   credentials is `UNAUTHENTICATED`, saying what was expected; without it, every
+//!   caller is `system:anonymous` (group `system:unauthenticated`).
+//! - With a policy, whatever no grant allows is denied; without one, only callers on
+//!   this host (loopback) are served, with everything, and any other is
+//!   `PERMISSION_DENIED`.
+//! - Health checking is open unless configured otherwise; reflection needs an
+//!   authenticated caller (but no grant) unless configured open.
+
+pub mod policy;
+pub mod tokens;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use fleetscope_model::Access;
+use fleetscope_model::access::{Everything, Policy, Subject};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::file::FileError;
+use crate::server::tls::PeerInfo;
+use policy::PolicyGrants;
+use tokens::Tokens;
+
+/// The group of every authenticated caller.
+pub const AUTHENTICATED: &str = "system:authenticated";
+/// The user of a caller that presented nothing, when no authentication is configured.
+pub const ANONYMOUS: &str = "system:anonymous";
+/// The group of such a caller.
+pub const UNAUTHENTICATED: &str = "system:unauthenticated";
+
+/// What the security of a server is read from.
+#[derive(Debug, Clone, Default)]
+pub struct SecurityFiles {
+    /// The tokens file, when bearer tokens are accepted.
+    pub tokens: Option<PathBuf>,
+    /// The policy file, when one is in force.
+    pub policy: Option<PathBuf>,
+    /// Whether client certificates identify callers (mutual TLS).
+    pub client_certs: bool,
+    /// Whether health checking is served to anyone (the default).
+    pub open_health: bool,
+    /// Whether reflection is served to anyone (by default it needs an identity).
+    pub open_reflection: bool,
+}
+
+/// The security in force: what the authentication layer checks each request against.
+#[derive(Clone)]
+pub struct Guard {
+    tokens: Option<watch::Receiver<Arc<Tokens>>>,
+    client_certs: bool,
+    policy: Option<watch::Receiver<Arc<dyn Policy>>>,
+    everything: watch::Receiver<Arc<dyn Policy>>,
+    open_health: bool,
+    open_reflection: bool,
+}
+
+impl Default for Guard {
+    /// No authentication and no policy: loopback callers only, health open.
+    fn default() -> Self {
+        let (_, everything) = watch::channel(Arc::new(Everything) as Arc<dyn Policy>);
+        Self {
+            tokens: None,
+            client_certs: false,
+            policy: None,
+            everything,
+            open_health: true,
+            open_reflection: false,
+        }
+    }
+}
+
+/// The files of a [`Guard`] could not be read.
+pub type LoadError = FileError;
+
+/// Loads the security files: an error names the file and key, and nothing is served.
+/// Then they are read again whenever they change or `reload` fires; a file that fails
+/// then keeps the last good version in force and says why.
+pub fn guard(
+    files: &SecurityFiles,
+    reload: mpsc::Receiver<()>,
+    stop: CancellationToken,
+) -> Result<Guard, LoadError> {
+    let tokens = files.tokens.as_ref().map(|p| Tokens::load(p)).transpose()?;
+    let policy = files
+        .policy
+        .as_ref()
+        .map(|p| PolicyGrants::load(p))
+        .transpose()?;
+    if let (Some(p), Some(g)) = (&files.policy, &policy) {
+        tracing::info!(file = %p.display(), grants = g.len(), "policy loaded");
+    }
+    if let (Some(p), Some(t)) = (&files.tokens, &tokens) {
+        tracing::info!(file = %p.display(), tokens = t.len(), "tokens loaded");
+    }
+    let (tokens_tx, tokens_rx) = tokens.map(|t| watch::channel(Arc::new(t))).unzip();
+    let (policy_tx, policy_rx) = policy
+        .map(|p| watch::channel(Arc::new(p) as Arc<dyn Policy>))
+        .unzip();
+    let watched: Vec<PathBuf> = files.tokens.iter().chain(&files.policy).cloned().collect();
+    if !watched.is_empty() {
+        let files = files.clone();
+        tokio::spawn(reload_files(files, tokens_tx, policy_tx, reload, stop));
+    }
+    Ok(Guard {
+        tokens: tokens_rx,
+        client_certs: files.client_certs,
+        policy: policy_rx,
+        open_health: files.open_health,
+        open_reflection: files.open_reflection,
+        ..Guard::default()
+    })
+}
+
+async fn reload_files(
+    files: SecurityFiles,
+    tokens: Option<watch::Sender<Arc<Tokens>>>,
+    policy: Option<watch::Sender<Arc<dyn Policy>>>,
+    mut reload: mpsc::Receiver<()>,
+    stop: CancellationToken,
+) {
+    let paths: Vec<PathBuf> = files.tokens.iter().chain(&files.policy).cloned().collect();
+    let (changed_tx, mut changed) = mpsc::channel::<()>(1);
+    let _watcher = crate::config::reload::watch_files(&paths, changed_tx);
+    loop {
+        let why = tokio::select! {
+            Some(()) = changed.recv() => "a watched file changed",
+            Some(()) = reload.recv() => "SIGHUP",
+            _ = stop.cancelled() => return,
+        };
+        if let (Some(path), Some(tx)) = (&files.tokens, &tokens) {
+            match Tokens::load(path) {
+                Ok(t) => {
+                    let n = t.len();
+                    tx.send_replace(Arc::new(t));
+                    tracing::info!(reason = why, file = %path.display(), tokens = n, "tokens reloaded");
+                }
+                Err(e) => {
+                    tracing::error!(reason = why, error = %e, "the tokens file cannot be reloaded: the last good one stays in force")
+                }
+            }
+        }
+        if let (Some(path), Some(tx)) = (&files.policy, &policy) {
+            match PolicyGrants::load(path) {
+                Ok(p) => {
+                    let n = p.len();
+                    tx.send_replace(Arc::new(p));
+                    tracing::info!(reason = why, file = %path.display(), grants = n, "policy reloaded: running Watch streams follow it");
+                }
+                Err(e) => {
+                    tracing::error!(reason = why, error = %e, "the policy cannot be reloaded: the last good one stays in force")
+                }
+            }
+        }
+    }
+}
+
+/// Which service a request is for, as far as security goes.
+enum Service {
+    Health,
+    Reflection,
+    Fleet,
+}
+
+fn service_of(path: &str) -> Service {
+    if path.starts_with("/grpc.health.v1.Health/") {
+        Service::Health
+    } else if path.starts_with("/grpc.reflection.") {
+        Service::Reflection
+    } else {
+        Service::Fleet
+    }
+}
+
+impl Guard {
+    /// Whether callers must present credentials.
+    fn authenticates(&self) -> bool {
+        self.tokens.is_some() || self.client_certs
+    }
+
+    /// What a caller presented would need to be, for a person.
+    fn expected(&self) -> &'static str {
+        match (self.client_certs, self.tokens.is_some()) {
+            (true, true) => "a client certificate from the server's client CA, or a bearer token",
+            (true, false) => "a client certificate from the server's client CA",
+            _ => "a bearer token (authorization: Bearer TOKEN)",
+        }
+    }
+
+    /// Who the caller is.
+    fn subject(
+        &self,
+        headers: &http::HeaderMap,
+        peer: Option<&PeerInfo>,
+    ) -> Result<Subject, tonic::Status> {
+        if let Some(value) = headers.get(http::header::AUTHORIZATION) {
+            let token = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| {
+                    tonic::Status::unauthenticated("the authorization header is not `Bearer TOKEN`")
+                })?;
+            let Some(tokens) = &self.tokens else {
+                return Err(tonic::Status::unauthenticated(format!(
+                    "this server takes no bearer tokens; expected {}",
+                    self.expected()
+                )));
+            };
+            let tokens = tokens.borrow().clone();
+            let mut s = tokens.subject(token).cloned().ok_or_else(|| {
+                tonic::Status::unauthenticated("the bearer token is not valid (unknown or revoked)")
+            })?;
+            s.groups.push(AUTHENTICATED.into());
+            return Ok(s);
+        }
+        match peer.and_then(|p| p.certificate.as_ref()) {
+            Some(Ok(s)) if self.client_certs => {
+                let mut s = s.clone();
+                s.groups.push(AUTHENTICATED.into());
+                Ok(s)
+            }
+            Some(Err(why)) if self.client_certs => Err(tonic::Status::unauthenticated(why.clone())),
+            _ if self.authenticates() => Err(tonic::Status::unauthenticated(format!(
+                "no credentials: expected {}",
+                self.expected()
+            ))),
+            _ => Ok(Subject {
+                user: ANONYMOUS.into(),
+                groups: vec![UNAUTHENTICATED.into()],
+            }),
+        }
+    }
+
+    /// Admits a request or says why not: the caller's access for the Fleet service,
+    /// `None` for health and reflection when they are open to anyone.
+    pub fn admit(
+        &self,
+        path: &str,
+        headers: &http::HeaderMap,
+        peer: Option<&PeerInfo>,
+    ) -> Result<Option<Access>, tonic::Status> {
+        let service = service_of(path);
+        match service {
+            Service::Health if self.open_health => return Ok(None),
+            Service::Reflection if self.open_reflection => return Ok(None),
+            _ => {}
+        }
+        let subject = self.subject(headers, peer)?;
+        if let Some(policy) = &self.policy {
+            return Ok(Some(Access::new(subject, policy.clone())));
+        }
+        if peer.is_some_and(PeerInfo::is_loopback) {
+            return Ok(Some(Access::new(subject, self.everything.clone())));
+        }
+        Err(tonic::Status::permission_denied(
+            "no policy is configured (--policy): only callers on the server's own host are served",
+        ))
+    }
+}
+
+impl Guard {
+    /// Admits a scrape of `/metrics`: the caller authenticated as for gRPC (no grant
+    /// needed); without a policy, only from this host.
+    pub fn admit_metrics(
+        &self,
+        headers: &http::HeaderMap,
+        peer: Option<&PeerInfo>,
+    ) -> Result<(), tonic::Status> {
+        self.subject(headers, peer)?;
+        if self.policy.is_none() && !peer.is_some_and(PeerInfo::is_loopback) {
+            return Err(tonic::Status::permission_denied(
+                "no policy is configured (--policy): metrics are served to this host only",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The layer that admits every request (see [`Guard::admit`]) and hands the caller's
+/// [`Access`] on in the request's extensions.
+#[derive(Clone)]
+pub struct AuthLayer {
+    guard: Arc<Guard>,
+}
+
+impl AuthLayer {
+    /// A layer checking requests against `guard`.
+    pub fn new(guard: Guard) -> Self {
+        Self {
+            guard: Arc::new(guard),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Authenticated<S>;
+    fn layer(&self, inner: S) -> Authenticated<S> {
+        Authenticated {
+            inner,
+            guard: self.guard.clone(),
+        }
+    }
+}
+
+/// The service of [`AuthLayer`].
+#[derive(Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    guard: Arc<Guard>,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let admitted = self.guard.admit(
+            request.uri().path(),
+            request.headers(),
+            request.extensions().get::<PeerInfo>(),
+        );
+        match admitted {
+            Ok(access) => {
+                if let Some(access) = access {
+                    request.extensions_mut().insert(access);
+                }
+                Box::pin(self.inner.call(request))
+            }
+            Err(status) => {
+                tracing::debug!(path = request.uri().path(), code = ?status.code(), message = status.message(), "request refused");
+                Box::pin(async move { Ok(status.into_http()) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(addr: &str, certificate: Option<Result<Subject, String>>) -> PeerInfo {
+        PeerInfo {
+            remote: Some(addr.parse().unwrap()),
+            tls: true,
+            certificate,
+        }
+    }
+
+    const FLEET: &str = "/fleetscope.v1.Fleet/List";
+
+    #[test]
+    fn without_a_policy_only_loopback_callers_are_served() {
+        let g = Guard::default();
+        let h = http::HeaderMap::new();
+        let a = g
+            .admit(FLEET, &h, Some(&peer("127.0.0.1:5", None)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.subject().user, ANONYMOUS);
+        let e = g
+            .admit(FLEET, &h, Some(&peer("10.0.0.1:5", None)))
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("--policy"), "{}", e.message());
+        assert!(
+            g.admit(
+                "/grpc.health.v1.Health/Check",
+                &h,
+                Some(&peer("10.0.0.1:5", None))
+            )
+            .unwrap()
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn with_authentication_a_caller_without_credentials_is_told_what_was_expected() {
+        let alice = Subject {
+            user: "alice".into(),
+            groups: vec!["ops".into()],
+        };
+        let g = Guard {
+            client_certs: true,
+            ..Guard::default()
+        };
+        let h = http::HeaderMap::new();
+        let e = g
+            .admit(FLEET, &h, Some(&peer("127.0.0.1:5", None)))
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(
+            e.message().contains("client certificate"),
+            "{}",
+            e.message()
+        );
+        let a = g
+            .admit(FLEET, &h, Some(&peer("127.0.0.1:5", Some(Ok(alice)))))
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.subject().user, "alice");
+        assert_eq!(a.subject().groups, ["ops", AUTHENTICATED]);
+        // Reflection needs an identity unless open; health does not.
+        let e = g
+            .admit(
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                &h,
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        let mut bearer = http::HeaderMap::new();
+        bearer.insert(http::header::AUTHORIZATION, "Bearer x".parse().unwrap());
+        let e = g.admit(FLEET, &bearer, None).unwrap_err();
+        assert!(e.message().contains("no bearer tokens"), "{}", e.message());
+        let mut basic = http::HeaderMap::new();
+        basic.insert(http::header::AUTHORIZATION, "Basic eDp5".parse().unwrap());
+        let e = g.admit(FLEET, &basic, None).unwrap_err();
+        assert!(e.message().contains("Bearer TOKEN"), "{}", e.message());
+    }
+}

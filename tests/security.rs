@@ -1,0 +1,904 @@
+//! Security from the outside: `fleetscope serve` as a process with TLS, mutual TLS,
+//! a tokens file and a policy, over simulated clusters; real gRPC clients (and the
+//! CLI binary) with certificates and tokens; the files rewritten while it runs.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::PATIENCE;
+use common::process::{BIN, Server};
+use fleetscope::cli::args::ServerArg;
+use fleetscope::cli::{Client, connect};
+use fleetscope::proto::{self, EventType};
+use fleetscope_sim::{FleetSpec, SimFleet};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+
+/// A CA and the certificates it signs, written as PEM files in `dir`.
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    dir: PathBuf,
+    name: String,
+}
+
+impl Ca {
+    fn new(dir: &Path, name: &str) -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name
+            .push(DnType::CommonName, format!("{name} CA"));
+        let cert = p.self_signed(&key).unwrap();
+        std::fs::write(dir.join(format!("{name}-ca.pem")), cert.pem()).unwrap();
+        Self {
+            issuer: Issuer::new(p, key),
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+        }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join(format!("{}-ca.pem", self.name))
+    }
+
+    /// A certificate for `file`: (cert, key) paths.
+    fn issue(&self, file: &str, params: impl FnOnce(&mut CertificateParams)) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        params(&mut p);
+        let cert = p.signed_by(&key, &self.issuer).unwrap();
+        let (c, k) = (
+            self.dir.join(format!("{file}.pem")),
+            self.dir.join(format!("{file}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+
+    fn server(&self, file: &str) -> (PathBuf, PathBuf) {
+        self.issue(file, |p| {
+            p.subject_alt_names = vec![
+                SanType::IpAddress("127.0.0.1".parse().unwrap()),
+                SanType::DnsName("localhost".try_into().unwrap()),
+            ];
+        })
+    }
+
+    fn client(&self, file: &str, cn: &str, org: &str) -> (PathBuf, PathBuf) {
+        self.issue(file, |p| {
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.distinguished_name.push(DnType::OrganizationName, org);
+        })
+    }
+}
+
+/// Writes a file the way Secret volumes and editors do: a new file renamed over the old.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn tokens_file(entries: &[(&str, &str, &[&str])]) -> String {
+    let mut s = String::from("tokens:\n");
+    for (token, name, groups) in entries {
+        s += &format!(
+            "  - name: {name}\n    groups: [{}]\n    sha256: {}\n",
+            groups.join(", "),
+            fleetscope::auth::tokens::hex_hash(token)
+        );
+    }
+    s
+}
+
+/// team-a (by certificate) reads `namespace` of sim-1; bob (by token) reads everything,
+/// Secrets' values included; carol (by token) is granted nothing.
+fn policy(namespace: &str) -> String {
+    format!(
+        r#"grants:
+  - subjects: [{{group: team-a}}]
+    clusters: [sim-1]
+    namespaces: [{namespace}]
+    resources: [configmaps, secrets, pods]
+    verbs: [get, list, watch]
+  - subjects: [{{user: bob}}]
+    clusters: ["*"]
+    namespaces: ["*"]
+    clusterScoped: true
+    resources: ["*"]
+    verbs: ["*"]
+    secretData: true
+"#
+    )
+}
+
+struct Setup {
+    _fleet: SimFleet,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+    ca: Ca,
+    server: Server,
+    log: PathBuf,
+}
+
+impl Setup {
+    async fn start() -> Self {
+        let fleet = SimFleet::start(&FleetSpec::numbered(2, 80, 0.0))
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        fleet.write_kubeconfig(&kubeconfig).unwrap();
+        let ca = Ca::new(dir.path(), "one");
+        let (cert, key) = ca.server("server");
+        ca.client("alice", "alice", "team-a");
+        let tokens = dir.path().join("tokens.yaml");
+        std::fs::write(
+            &tokens,
+            tokens_file(&[
+                ("bob-token", "bob", &["ops"]),
+                ("carol-token", "carol", &[]),
+            ]),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("bob.token"), "bob-token\n").unwrap();
+        std::fs::write(dir.path().join("carol.token"), "carol-token").unwrap();
+        std::fs::write(dir.path().join("wrong.token"), "guess").unwrap();
+        let policy_file = dir.path().join("policy.yaml");
+        std::fs::write(&policy_file, policy("team-0")).unwrap();
+        let log = dir.path().join("serve.log");
+        let p = |p: &Path| p.display().to_string();
+        let server = Server::start(
+            &kubeconfig,
+            &[
+                "--no-persist",
+                "--resources",
+                "configmaps,secrets,pods,namespaces",
+                "--tls-cert",
+                &p(&cert),
+                "--tls-key",
+                &p(&key),
+                "--client-ca",
+                &p(&ca.ca()),
+                "--tokens-file",
+                &p(&tokens),
+                "--policy",
+                &p(&policy_file),
+            ],
+            &log,
+        );
+        let s = Self {
+            _fleet: fleet,
+            kubeconfig,
+            dir,
+            ca,
+            server,
+            log,
+        };
+        // Ready once bob sees both clusters synced.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Ok(mut bob) = s.client(Who::Token("bob")).await
+                && let Ok(r) = bob
+                    .list_clusters(proto::ListClustersRequest::default())
+                    .await
+                && r.get_ref().clusters.len() == 2
+                && r.get_ref()
+                    .clusters
+                    .iter()
+                    .all(|c| c.freshness == proto::Freshness::Synced as i32)
+            {
+                break s;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not ready: {}",
+                std::fs::read_to_string(&s.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn server_arg(&self, who: &Who) -> ServerArg {
+        let mut arg = ServerArg {
+            server: format!("https://127.0.0.1:{}", self.server.port),
+            ca: Some(self.ca.ca()),
+            cert: None,
+            key: None,
+            token_file: None,
+            tls_server_name: None,
+        };
+        match who {
+            Who::Nobody => {}
+            Who::Cert(name) => {
+                arg.cert = Some(self.path(&format!("{name}.pem")));
+                arg.key = Some(self.path(&format!("{name}.key")));
+            }
+            Who::Token(name) => arg.token_file = Some(self.path(&format!("{name}.token"))),
+            Who::Plaintext => {
+                arg.server = format!("http://127.0.0.1:{}", self.server.port);
+                arg.ca = None;
+            }
+        }
+        arg
+    }
+
+    async fn client(&self, who: Who) -> Result<Client, fleetscope::cli::ClientError> {
+        connect(&self.server_arg(&who)).await
+    }
+
+    /// The configmaps of a namespace of a simulated cluster, by name, read with kube-rs.
+    async fn truth(&self, context: &str, namespace: &str) -> Vec<String> {
+        let client = common::kube_client(&self.kubeconfig, context).await;
+        let mut names: Vec<String> = kube::Api::<ConfigMap>::namespaced(client, namespace)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn create_configmap(&self, context: &str, namespace: &str, name: &str) {
+        let client = common::kube_client(&self.kubeconfig, context).await;
+        kube::Api::<ConfigMap>::namespaced(client, namespace)
+            .create(
+                &Default::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+enum Who {
+    Nobody,
+    Plaintext,
+    Cert(&'static str),
+    Token(&'static str),
+}
+
+fn configmaps(namespaces: &[&str]) -> proto::Query {
+    proto::Query {
+        resource: "configmaps".into(),
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// (cluster, namespace, name) of every configmap a caller lists, page by page.
+async fn list_all(c: &mut Client, query: proto::Query) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list(proto::ListRequest {
+                query: Some(query.clone()),
+                limit: 7,
+                page_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for o in page.items {
+            out.push((o.cluster, o.namespace, o.name));
+        }
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> tonic::Code {
+    r.expect_err("refused").code()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_identities_and_grants_hold_on_every_rpc() {
+    let s = Setup::start().await;
+    let ca2 = Ca::new(s.dir.path(), "other");
+    ca2.client("mallory", "alice", "team-a");
+
+    // Transport: plaintext to a TLS port fails; TLS without credentials is told what
+    // was expected; a certificate from another CA is refused.
+    let plain = s.client(Who::Plaintext).await;
+    if let Ok(mut c) = plain {
+        c.list_clusters(proto::ListClustersRequest::default())
+            .await
+            .expect_err("plaintext to a TLS server fails");
+    }
+    let mut nobody = s.client(Who::Nobody).await.unwrap();
+    let e = nobody
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert!(
+        e.message().contains("client certificate"),
+        "{}",
+        e.message()
+    );
+    // Health is open; reflection is not.
+    let channel =
+        tonic::transport::Channel::from_shared(format!("https://127.0.0.1:{}", s.server.port))
+            .unwrap()
+            .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(
+                tonic::transport::Certificate::from_pem(std::fs::read(s.ca.ca()).unwrap()),
+            ))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect("health is open");
+    let mallory = ServerArg {
+        cert: Some(s.path("mallory.pem")),
+        key: Some(s.path("mallory.key")),
+        ..s.server_arg(&Who::Nobody)
+    };
+    if let Ok(mut c) = connect(&mallory).await {
+        c.list_clusters(proto::ListClustersRequest::default())
+            .await
+            .expect_err("a certificate from another CA is refused");
+    }
+
+    // Tokens: a wrong one is refused.
+    let mut wrong = s.client(Who::Token("wrong")).await.unwrap();
+    let e = wrong
+        .count(proto::CountRequest {
+            query: Some(configmaps(&[])),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    assert!(e.message().contains("not valid"), "{}", e.message());
+
+    // The matrix: alice (certificate, team-a) reads sim-1/team-0 only.
+    let mut alice = s.client(Who::Cert("alice")).await.unwrap();
+    let mut bob = s.client(Who::Token("bob")).await.unwrap();
+    let mut carol = s.client(Who::Token("carol")).await.unwrap();
+    let truth = s.truth("sim-1", "team-0").await;
+    assert!(truth.len() >= 2, "the workload has configmaps in team-0");
+    let seen = list_all(&mut alice, configmaps(&[])).await;
+    let mut names: Vec<String> = seen
+        .iter()
+        .map(|(c, n, name)| {
+            assert_eq!((c.as_str(), n.as_str()), ("sim-1", "team-0"));
+            name.clone()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, truth);
+    let everything = list_all(&mut bob, configmaps(&[])).await;
+    assert!(everything.len() > truth.len());
+    assert!(everything.iter().any(|(c, _, _)| c == "sim-2"));
+    // Totals count only what is granted.
+    let first = alice
+        .list(proto::ListRequest {
+            query: Some(configmaps(&[])),
+            limit: 1,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.remaining_item_count as usize + 1, truth.len());
+    assert_eq!(first.clusters.len(), 1, "only sim-1 is drawn on");
+    let count = alice
+        .count(proto::CountRequest {
+            query: Some(configmaps(&[])),
+            group_by: vec!["cluster".into(), "namespace".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(count.total as usize, truth.len());
+    assert_eq!(count.groups.len(), 1);
+    assert_eq!(count.groups[0].key, ["sim-1", "team-0"]);
+    // A page token is bound to whoever got it.
+    let e = bob
+        .list(proto::ListRequest {
+            page_token: first.next_page_token.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        alice
+            .list(proto::ListRequest {
+                page_token: first.next_page_token.clone(),
+                ..Default::default()
+            })
+            .await
+            .is_ok()
+    );
+    // Get: not granted reads as not there.
+    let get = |cluster: &str, namespace: &str, name: &str| proto::GetRequest {
+        resource: "configmaps".into(),
+        cluster: cluster.into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        ..Default::default()
+    };
+    let mine = &truth[0];
+    assert!(alice.get(get("sim-1", "team-0", mine)).await.is_ok());
+    let theirs = s.truth("sim-1", "team-1").await;
+    let hidden = alice
+        .get(get("sim-1", "team-1", &theirs[0]))
+        .await
+        .unwrap_err();
+    let missing = alice
+        .get(get("sim-1", "team-1", "no-such"))
+        .await
+        .unwrap_err();
+    assert_eq!(hidden.code(), tonic::Code::NotFound);
+    assert_eq!(
+        hidden.message().replace(&theirs[0], "X"),
+        missing.message().replace("no-such", "X")
+    );
+    assert_eq!(
+        code(alice.get(get("sim-2", "team-0", mine)).await),
+        tonic::Code::NotFound
+    );
+    assert!(bob.get(get("sim-1", "team-1", &theirs[0])).await.is_ok());
+    // ListClusters and ListResourceTypes show only what is granted.
+    let clusters = alice
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(clusters.clusters.len(), 1);
+    let sim1 = &clusters.clusters[0];
+    assert_eq!(sim1.name, "sim-1");
+    let mut streams: Vec<&str> = sim1.streams.iter().map(|s| s.resource.as_str()).collect();
+    streams.sort();
+    assert_eq!(streams, ["configmaps", "pods", "secrets"]);
+    let cm = sim1
+        .streams
+        .iter()
+        .find(|s| s.resource == "configmaps")
+        .unwrap();
+    assert_eq!(cm.object_count as usize, truth.len());
+    let types = alice
+        .list_resource_types(proto::ListResourceTypesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut names: Vec<&str> = types
+        .resource_types
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["configmaps", "pods", "secrets"]);
+    let cm = types
+        .resource_types
+        .iter()
+        .find(|t| t.name == "configmaps")
+        .unwrap();
+    assert_eq!(cm.total as usize, truth.len());
+    // Carol is granted nothing: she sees nothing, and nothing is counted.
+    assert!(list_all(&mut carol, configmaps(&[])).await.is_empty());
+    let none = carol
+        .count(proto::CountRequest {
+            query: Some(configmaps(&[])),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(none.total, 0);
+    let none = carol
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.clusters.is_empty());
+
+    // Secrets: redacted unless a grant reveals them.
+    let kube = common::kube_client(&s.kubeconfig, "sim-1").await;
+    kube::Api::<Secret>::namespaced(kube, "team-0")
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db"},
+                "data": {"password": "aHVudGVyMg=="}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let secret = |c: &mut Client| {
+        let mut c = c.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                match c
+                    .get(proto::GetRequest {
+                        resource: "secrets".into(),
+                        cluster: "sim-1".into(),
+                        namespace: "team-0".into(),
+                        name: "db".into(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        let json = r.into_inner().object.unwrap().json;
+                        break serde_json::from_str::<serde_json::Value>(&json).unwrap();
+                    }
+                    Err(e) if e.code() == tonic::Code::NotFound => {
+                        assert!(tokio::time::Instant::now() < deadline, "the Secret arrives");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+    };
+    let redacted = secret(&mut alice).await;
+    assert_eq!(redacted["data"]["password"], "");
+    assert_eq!(
+        redacted["metadata"]["annotations"]["fleetscope.io/redacted"],
+        "data"
+    );
+    assert_eq!(secret(&mut bob).await["data"]["password"], "aHVudGVyMg==");
+
+    // The CLI over TLS, with a client certificate and with a token.
+    let p = |p: PathBuf| p.display().to_string();
+    let server = format!("https://127.0.0.1:{}", s.server.port);
+    let out = std::process::Command::new(BIN)
+        .args([
+            "get",
+            "configmaps",
+            "-o",
+            "name",
+            "--server",
+            &server,
+            "--ca",
+        ])
+        .arg(p(s.ca.ca()))
+        .args([
+            "--cert",
+            &p(s.path("alice.pem")),
+            "--key",
+            &p(s.path("alice.key")),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(printed.lines().count(), truth.len(), "{printed}");
+    assert!(
+        printed.lines().all(|l| l.starts_with("sim-1/")),
+        "{printed}"
+    );
+    let out = std::process::Command::new(BIN)
+        .args([
+            "count",
+            "configmaps",
+            "-o",
+            "json",
+            "--server",
+            &server,
+            "--ca",
+        ])
+        .arg(p(s.ca.ca()))
+        .args(["--token-file", &p(s.path("bob.token"))])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        counted["total"].as_u64().unwrap() as usize,
+        everything.len()
+    );
+    // https:// never falls back to plaintext, and http:// never carries TLS flags.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "clusters",
+            "--server",
+            &format!("http://127.0.0.1:{}", s.server.port),
+            "--ca",
+        ])
+        .arg(p(s.ca.ca()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("https://"));
+
+    // A token revoked by a reload is refused from then on.
+    replace(
+        &s.path("tokens.yaml"),
+        &tokens_file(&[("carol-token", "carol", &[])]),
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match bob
+            .list_clusters(proto::ListClustersRequest::default())
+            .await
+        {
+            Err(e) if e.code() == tonic::Code::Unauthenticated => break,
+            _ => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "bob's token is revoked"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The next object event (skipping bookmarks and cluster status): type, namespace/name.
+async fn next_object(
+    w: &mut tonic::Streaming<proto::WatchEvent>,
+    bookmarks: &mut Vec<u64>,
+) -> (EventType, String, u64) {
+    loop {
+        let e = tokio::time::timeout(PATIENCE, w.message())
+            .await
+            .expect("an event in time")
+            .unwrap()
+            .expect("the watch goes on");
+        let t = EventType::try_from(e.r#type).unwrap();
+        if t == EventType::Bookmark {
+            bookmarks.push(e.revision);
+        }
+        if let Some(o) = e.object {
+            return (
+                t,
+                format!("{}/{}/{}", o.cluster, o.namespace, o.name),
+                e.revision,
+            );
+        }
+        if t == EventType::InitialEventsEnd {
+            return (t, String::new(), e.revision);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_watch_event_is_checked_against_the_policy_in_force() {
+    let s = Setup::start().await;
+    let mut alice = s.client(Who::Cert("alice")).await.unwrap();
+    let mut w = alice
+        .watch(proto::WatchRequest {
+            query: Some(configmaps(&[])),
+            send_initial_events: true,
+            bookmark_interval: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 100_000_000,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut bookmarks = Vec::new();
+    let team0 = s.truth("sim-1", "team-0").await;
+    let mut initial = Vec::new();
+    loop {
+        let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+        if t == EventType::InitialEventsEnd {
+            break;
+        }
+        initial.push(name);
+    }
+    initial.sort();
+    let expected: Vec<String> = team0.iter().map(|n| format!("sim-1/team-0/{n}")).collect();
+    assert_eq!(initial, expected, "the initial events are the grant's");
+    // Outside the grant first, then inside: only the second is delivered.
+    s.create_configmap("sim-1", "team-1", "outside").await;
+    s.create_configmap("sim-2", "team-0", "outside").await;
+    s.create_configmap("sim-1", "team-0", "inside").await;
+    let (t, name, at) = next_object(&mut w, &mut bookmarks).await;
+    assert_eq!(
+        (t, name.as_str()),
+        (EventType::Added, "sim-1/team-0/inside")
+    );
+    // Bookmarks still advance past what was not delivered.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while bookmarks.last().is_none_or(|b| *b < at) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a bookmark past {at}"
+        );
+        let e = tokio::time::timeout(PATIENCE, w.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(e.object.is_none(), "nothing else is delivered: {e:?}");
+        if e.r#type == EventType::Bookmark as i32 {
+            bookmarks.push(e.revision);
+        }
+    }
+
+    // The policy now grants team-1 instead of team-0: what leaves is DELETED, what
+    // enters ADDED, at once, on the running stream.
+    let team1 = s.truth("sim-1", "team-1").await;
+    replace(&s.path("policy.yaml"), &policy("team-1"));
+    let mut expected: Vec<(EventType, String)> = team0
+        .iter()
+        .chain(["inside".to_string()].iter())
+        .map(|n| (EventType::Deleted, format!("sim-1/team-0/{n}")))
+        .chain(
+            team1
+                .iter()
+                .map(|n| (EventType::Added, format!("sim-1/team-1/{n}"))),
+        )
+        .collect();
+    expected.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut got = Vec::new();
+    for _ in 0..expected.len() {
+        let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+        got.push((t, name));
+    }
+    got.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(got, expected);
+    // From then on, the new grant decides.
+    s.create_configmap("sim-1", "team-0", "gone-now").await;
+    s.create_configmap("sim-1", "team-1", "granted-now").await;
+    let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+    assert_eq!(
+        (t, name.as_str()),
+        (EventType::Added, "sim-1/team-1/granted-now")
+    );
+
+    // A policy that fails to load keeps the last good one in force, and says so.
+    replace(
+        &s.path("policy.yaml"),
+        "grants:\n  - subjects: [{user: x}]\n    verbs: [read]\n",
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&s.log)
+        .unwrap_or_default()
+        .contains("the policy cannot be reloaded")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the bad policy is reported"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.create_configmap("sim-1", "team-1", "still-granted").await;
+    let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+    assert_eq!(
+        (t, name.as_str()),
+        (EventType::Added, "sim-1/team-1/still-granted")
+    );
+
+    // The server's certificate rotates: the running Watch goes on, and new
+    // connections are served with the new certificate.
+    let ca2 = Ca::new(s.dir.path(), "rotated");
+    let (cert, key) = ca2.server("server-next");
+    std::fs::copy(&key, s.path("server.key.next")).unwrap();
+    std::fs::copy(&cert, s.path("server.pem.next")).unwrap();
+    std::fs::rename(s.path("server.key.next"), s.path("server.key")).unwrap();
+    std::fs::rename(s.path("server.pem.next"), s.path("server.pem")).unwrap();
+    let with_ca = |ca: PathBuf| ServerArg {
+        ca: Some(ca),
+        ..s.server_arg(&Who::Cert("alice"))
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let reached = match connect(&with_ca(ca2.ca())).await {
+            Ok(mut c) => c
+                .list_clusters(proto::ListClustersRequest::default())
+                .await
+                .is_ok(),
+            Err(_) => false,
+        };
+        if reached {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new certificate is served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let old = match connect(&with_ca(s.ca.ca())).await {
+        Ok(mut c) => c
+            .list_clusters(proto::ListClustersRequest::default())
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    assert!(!old, "the old certificate is no longer served");
+    s.create_configmap("sim-1", "team-1", "after-rotation")
+        .await;
+    let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+    assert_eq!(
+        (t, name.as_str()),
+        (EventType::Added, "sim-1/team-1/after-rotation")
+    );
+}
+
+#[tokio::test]
+async fn bad_security_input_stops_serve_naming_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    // One cluster, never reached: the security files are checked before anything is served.
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .arg("serve")
+            .args(["--no-persist", "--listen", "127.0.0.1:0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} is refused");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "grants:\n  - subjects: [{user: a}]\n    clusters: [x]\n    namespaces: [y]\n    resources: [pods]\n    verbs: [get, delete]\n").unwrap();
+    let e = run(&["--policy", &policy.display().to_string()]);
+    assert!(
+        e.contains("policy.yaml") && e.contains("grants[0].verbs[1]"),
+        "{e}"
+    );
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, "tokens:\n  - name: a\n    sha256: nothex\n").unwrap();
+    let e = run(&["--tokens-file", &tokens.display().to_string()]);
+    assert!(
+        e.contains("tokens.yaml") && e.contains("tokens[0].sha256"),
+        "{e}"
+    );
+    let cert = dir.path().join("cert.pem");
+    std::fs::write(&cert, "not a certificate").unwrap();
+    let e = run(&[
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &cert.display().to_string(),
+    ]);
+    assert!(e.contains("cert.pem") && e.contains("certificate"), "{e}");
+    // Plaintext beyond loopback needs saying so.
+    let out = std::process::Command::new(BIN)
+        .arg("serve")
+        .args(["--no-persist", "--listen", "0.0.0.0:0", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--insecure-listen") && e.contains("--tls-cert"),
+        "{e}"
+    );
+}
