@@ -902,3 +902,106 @@ async fn bad_security_input_stops_serve_naming_the_file_and_key() {
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cached() {
+    use fleetscope_sim::{Token, Verb};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 60).await;
+    let cluster = fleet.servers()[0].cluster();
+    cluster.add_token(Token::new("dora-token", "dora").with_groups(&["team-a"]));
+    std::fs::write(dir.path().join("dora.token"), "dora-token").unwrap();
+    std::fs::write(dir.path().join("nobody.token"), "nobody-token").unwrap();
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(&policy_file, policy("team-0")).unwrap();
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--policy",
+            policy_file.to_str().unwrap(),
+            "--token-review-context",
+            "sim-1",
+            "--token-review-ttl",
+            "1s",
+            "--token-review-negative-ttl",
+            "1s",
+        ],
+        &log,
+    );
+    let arg = |who: &str| ServerArg {
+        server: server.url(),
+        ca: None,
+        cert: None,
+        key: None,
+        token_file: Some(dir.path().join(format!("{who}.token"))),
+        tls_server_name: None,
+    };
+    common::wait_serving(&server.url()).await;
+    let reviews = || cluster.requests(Verb::Create, "tokenreviews.authentication.k8s.io");
+    let truth = {
+        let client = common::kube_client(&kubeconfig, "sim-1").await;
+        kube::Api::<ConfigMap>::namespaced(client, "team-0")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len() as u64
+    };
+    // Dora's token is reviewed by sim-1: she is in team-a, granted team-0 of sim-1.
+    let mut dora = connect(&arg("dora")).await.unwrap();
+    let count = |c: &mut Client| {
+        let mut c = c.clone();
+        async move {
+            c.count(proto::CountRequest {
+                query: Some(configmaps(&[])),
+                ..Default::default()
+            })
+            .await
+        }
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match count(&mut dora).await {
+            Ok(r) if r.get_ref().total == truth => break,
+            Ok(_) => {}
+            Err(e) if e.code() == tonic::Code::Unavailable => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "dora is served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Within the TTL, her calls cost no further review.
+    let before = reviews();
+    for _ in 0..5 {
+        count(&mut dora).await.unwrap();
+    }
+    assert!(reviews() - before <= 1, "answers are cached");
+    // A token the cluster does not know is refused, and the refusal cached too.
+    let mut nobody = connect(&arg("nobody")).await.unwrap();
+    let before = reviews();
+    for _ in 0..3 {
+        let e = count(&mut nobody).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    }
+    assert!(reviews() - before <= 1, "refusals are cached");
+    // Revoked at the cluster: refused once the cached answer expires.
+    cluster.revoke_token("dora-token");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match count(&mut dora).await {
+            Err(e) if e.code() == tonic::Code::Unauthenticated => break,
+            _ => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the revocation is seen"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    drop(server);
+    fleet.shutdown().await;
+}

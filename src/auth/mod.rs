@@ -4,9 +4,11 @@
 //! [`Access`]: that identity held to the policy in force, and to every policy that
 //! replaces it while a Watch runs. The policy is enforced below the Fleet seam.
 //!
-//! - With authentication configured (a client CA or a tokens file), a request without
-//!   credentials is `UNAUTHENTICATED`, saying what was expected; without it, every
-//!   caller is `system:anonymous` (group `system:unauthenticated`).
+//! - With authentication configured (a client CA, a tokens file, or a cluster that
+//!   reviews tokens), a request without credentials is `UNAUTHENTICATED`, saying what
+//!   was expected; without it, every caller is `system:anonymous` (group
+//!   `system:unauthenticated`). A token the tokens file does not know is checked with
+//!   a TokenReview when a reviewing cluster is configured (answers cached).
 //! - With a policy, whatever no grant allows is denied; without one, only callers on
 //!   this host (loopback) are served, with everything, and any other is
 //!   `PERMISSION_DENIED`.
@@ -14,6 +16,7 @@
 //!   authenticated caller (but no grant) unless configured open.
 
 pub mod policy;
+pub mod review;
 pub mod tokens;
 
 use std::path::PathBuf;
@@ -56,6 +59,7 @@ pub struct SecurityFiles {
 #[derive(Clone)]
 pub struct Guard {
     tokens: Option<watch::Receiver<Arc<Tokens>>>,
+    reviewer: Option<Arc<review::Reviewer>>,
     client_certs: bool,
     policy: Option<watch::Receiver<Arc<dyn Policy>>>,
     everything: watch::Receiver<Arc<dyn Policy>>,
@@ -69,6 +73,7 @@ impl Default for Guard {
         let (_, everything) = watch::channel(Arc::new(Everything) as Arc<dyn Policy>);
         Self {
             tokens: None,
+            reviewer: None,
             client_certs: false,
             policy: None,
             everything,
@@ -86,6 +91,7 @@ pub type LoadError = FileError;
 /// then keeps the last good version in force and says why.
 pub fn guard(
     files: &SecurityFiles,
+    reviewer: Option<review::Reviewer>,
     reload: mpsc::Receiver<()>,
     stop: CancellationToken,
 ) -> Result<Guard, LoadError> {
@@ -112,6 +118,7 @@ pub fn guard(
     }
     Ok(Guard {
         tokens: tokens_rx,
+        reviewer: reviewer.map(Arc::new),
         client_certs: files.client_certs,
         policy: policy_rx,
         open_health: files.open_health,
@@ -181,22 +188,63 @@ fn service_of(path: &str) -> Service {
 }
 
 impl Guard {
+    /// Whether bearer tokens are taken.
+    fn takes_tokens(&self) -> bool {
+        self.tokens.is_some() || self.reviewer.is_some()
+    }
+
     /// Whether callers must present credentials.
     fn authenticates(&self) -> bool {
-        self.tokens.is_some() || self.client_certs
+        self.takes_tokens() || self.client_certs
     }
 
     /// What a caller presented would need to be, for a person.
     fn expected(&self) -> &'static str {
-        match (self.client_certs, self.tokens.is_some()) {
+        match (self.client_certs, self.takes_tokens()) {
             (true, true) => "a client certificate from the server's client CA, or a bearer token",
             (true, false) => "a client certificate from the server's client CA",
             _ => "a bearer token (authorization: Bearer TOKEN)",
         }
     }
 
+    /// Who a bearer token stands for: the tokens file's entry, else the reviewing
+    /// cluster's answer.
+    async fn bearer(&self, token: &str) -> Result<Subject, tonic::Status> {
+        if !self.takes_tokens() {
+            return Err(tonic::Status::unauthenticated(format!(
+                "this server takes no bearer tokens; expected {}",
+                self.expected()
+            )));
+        }
+        let listed = self
+            .tokens
+            .as_ref()
+            .and_then(|t| t.borrow().subject(token).cloned());
+        let mut s = match (listed, &self.reviewer) {
+            (Some(s), _) => s,
+            (None, Some(r)) => r
+                .subject(token)
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?
+                .ok_or_else(|| {
+                    tonic::Status::unauthenticated(
+                        "the bearer token is not valid (unknown or revoked)",
+                    )
+                })?,
+            (None, None) => {
+                return Err(tonic::Status::unauthenticated(
+                    "the bearer token is not valid (unknown or revoked)",
+                ));
+            }
+        };
+        if !s.groups.iter().any(|g| g == AUTHENTICATED) {
+            s.groups.push(AUTHENTICATED.into());
+        }
+        Ok(s)
+    }
+
     /// Who the caller is.
-    fn subject(
+    async fn subject(
         &self,
         headers: &http::HeaderMap,
         peer: Option<&PeerInfo>,
@@ -211,18 +259,7 @@ impl Guard {
                 .ok_or_else(|| {
                     tonic::Status::unauthenticated("the authorization header is not `Bearer TOKEN`")
                 })?;
-            let Some(tokens) = &self.tokens else {
-                return Err(tonic::Status::unauthenticated(format!(
-                    "this server takes no bearer tokens; expected {}",
-                    self.expected()
-                )));
-            };
-            let tokens = tokens.borrow().clone();
-            let mut s = tokens.subject(token).cloned().ok_or_else(|| {
-                tonic::Status::unauthenticated("the bearer token is not valid (unknown or revoked)")
-            })?;
-            s.groups.push(AUTHENTICATED.into());
-            return Ok(s);
+            return self.bearer(token).await;
         }
         match peer.and_then(|p| p.certificate.as_ref()) {
             Some(Ok(s)) if self.client_certs => {
@@ -244,7 +281,7 @@ impl Guard {
 
     /// Admits a request or says why not: the caller's access for the Fleet service,
     /// `None` for health and reflection when they are open to anyone.
-    pub fn admit(
+    pub async fn admit(
         &self,
         path: &str,
         headers: &http::HeaderMap,
@@ -256,7 +293,7 @@ impl Guard {
             Service::Reflection if self.open_reflection => return Ok(None),
             _ => {}
         }
-        let subject = self.subject(headers, peer)?;
+        let subject = self.subject(headers, peer).await?;
         if let Some(policy) = &self.policy {
             return Ok(Some(Access::new(subject, policy.clone())));
         }
@@ -272,12 +309,12 @@ impl Guard {
 impl Guard {
     /// Admits a scrape of `/metrics`: the caller authenticated as for gRPC (no grant
     /// needed); without a policy, only from this host.
-    pub fn admit_metrics(
+    pub async fn admit_metrics(
         &self,
         headers: &http::HeaderMap,
         peer: Option<&PeerInfo>,
     ) -> Result<(), tonic::Status> {
-        self.subject(headers, peer)?;
+        self.subject(headers, peer).await?;
         if self.policy.is_none() && !peer.is_some_and(PeerInfo::is_loopback) {
             return Err(tonic::Status::permission_denied(
                 "no policy is configured (--policy): metrics are served to this host only",
@@ -322,8 +359,12 @@ pub struct Authenticated<S> {
 
 impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
+    B: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -334,23 +375,31 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let admitted = self.guard.admit(
-            request.uri().path(),
-            request.headers(),
-            request.extensions().get::<PeerInfo>(),
-        );
-        match admitted {
-            Ok(access) => {
-                if let Some(access) = access {
-                    request.extensions_mut().insert(access);
+        // The service made ready is the one called; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let guard = self.guard.clone();
+        Box::pin(async move {
+            let admitted = guard
+                .admit(
+                    request.uri().path(),
+                    request.headers(),
+                    request.extensions().get::<PeerInfo>(),
+                )
+                .await;
+            match admitted {
+                Ok(access) => {
+                    if let Some(access) = access {
+                        request.extensions_mut().insert(access);
+                    }
+                    inner.call(request).await
                 }
-                Box::pin(self.inner.call(request))
+                Err(status) => {
+                    tracing::debug!(path = request.uri().path(), code = ?status.code(), message = status.message(), "request refused");
+                    Ok(status.into_http())
+                }
             }
-            Err(status) => {
-                tracing::debug!(path = request.uri().path(), code = ?status.code(), message = status.message(), "request refused");
-                Box::pin(async move { Ok(status.into_http()) })
-            }
-        }
+        })
     }
 }
 
@@ -368,17 +417,19 @@ mod tests {
 
     const FLEET: &str = "/fleetscope.v1.Fleet/List";
 
-    #[test]
-    fn without_a_policy_only_loopback_callers_are_served() {
+    #[tokio::test]
+    async fn without_a_policy_only_loopback_callers_are_served() {
         let g = Guard::default();
         let h = http::HeaderMap::new();
         let a = g
             .admit(FLEET, &h, Some(&peer("127.0.0.1:5", None)))
+            .await
             .unwrap()
             .unwrap();
         assert_eq!(a.subject().user, ANONYMOUS);
         let e = g
             .admit(FLEET, &h, Some(&peer("10.0.0.1:5", None)))
+            .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("--policy"), "{}", e.message());
@@ -388,13 +439,14 @@ mod tests {
                 &h,
                 Some(&peer("10.0.0.1:5", None))
             )
+            .await
             .unwrap()
             .is_none()
         );
     }
 
-    #[test]
-    fn with_authentication_a_caller_without_credentials_is_told_what_was_expected() {
+    #[tokio::test]
+    async fn with_authentication_a_caller_without_credentials_is_told_what_was_expected() {
         let alice = Subject {
             user: "alice".into(),
             groups: vec!["ops".into()],
@@ -406,6 +458,7 @@ mod tests {
         let h = http::HeaderMap::new();
         let e = g
             .admit(FLEET, &h, Some(&peer("127.0.0.1:5", None)))
+            .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         assert!(
@@ -415,6 +468,7 @@ mod tests {
         );
         let a = g
             .admit(FLEET, &h, Some(&peer("127.0.0.1:5", Some(Ok(alice)))))
+            .await
             .unwrap()
             .unwrap();
         assert_eq!(a.subject().user, "alice");
@@ -426,15 +480,16 @@ mod tests {
                 &h,
                 None,
             )
+            .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         let mut bearer = http::HeaderMap::new();
         bearer.insert(http::header::AUTHORIZATION, "Bearer x".parse().unwrap());
-        let e = g.admit(FLEET, &bearer, None).unwrap_err();
+        let e = g.admit(FLEET, &bearer, None).await.unwrap_err();
         assert!(e.message().contains("no bearer tokens"), "{}", e.message());
         let mut basic = http::HeaderMap::new();
         basic.insert(http::header::AUTHORIZATION, "Basic eDp5".parse().unwrap());
-        let e = g.admit(FLEET, &basic, None).unwrap_err();
+        let e = g.admit(FLEET, &basic, None).await.unwrap_err();
         assert!(e.message().contains("Bearer TOKEN"), "{}", e.message());
     }
 }

@@ -377,6 +377,20 @@ pub struct SecurityArgs {
     /// Serve gRPC reflection to anyone (true) or to authenticated callers only.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub open_reflection: bool,
+    /// Check bearer tokens the tokens file does not know with a TokenReview at this
+    /// cluster: a context of the kubeconfigs, or `in-cluster`. Its credentials need
+    /// `create` on `tokenreviews.authentication.k8s.io`.
+    #[arg(long, env = "FLEETSCOPE_TOKEN_REVIEW_CONTEXT", value_name = "CONTEXT")]
+    pub token_review_context: Option<String>,
+    /// How long a token the reviewing cluster accepted is trusted without asking again.
+    #[arg(long, default_value = "2m", value_parser = crate::config::parse_duration)]
+    pub token_review_ttl: Duration,
+    /// How long a token the reviewing cluster refused is refused without asking again.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub token_review_negative_ttl: Duration,
+    /// The audiences a reviewed token must be for (repeatable; default: the API server's).
+    #[arg(long = "token-review-audience", value_name = "AUDIENCE")]
+    pub token_review_audiences: Vec<String>,
 }
 
 impl SecurityArgs {
@@ -472,6 +486,18 @@ pub struct EngineArgs {
     /// with the processes it started, and its cluster reported as failing.
     #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
     pub exec_timeout: Duration,
+    /// The longest one List page or Count may take to evaluate; past it the request
+    /// is DEADLINE_EXCEEDED.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub query_timeout: Duration,
+    /// How long a Watch may leave its events unread before the server ends it
+    /// (RESOURCE_EXHAUSTED, with the revision to resume from).
+    #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
+    pub watch_stall_timeout: Duration,
+    /// Watch streams one caller (identity) may have open at once; one more is
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_watches_per_caller: u64,
 }
 
 /// Where and how `serve` keeps its state across restarts.
@@ -605,6 +631,8 @@ impl EngineArgs {
                 field_indexes: self.field_indexes.clone(),
                 ..Default::default()
             },
+            query_timeout: self.query_timeout,
+            subscriber_stall: self.watch_stall_timeout,
             ..Default::default()
         })
     }
@@ -627,6 +655,8 @@ impl EngineArgs {
     pub fn service(&self) -> ServiceConfig {
         ServiceConfig {
             bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
+            max_watches_per_caller: usize::try_from(self.grpc_max_watches_per_caller)
+                .unwrap_or(usize::MAX),
             ..Default::default()
         }
     }

@@ -115,6 +115,22 @@ pub struct SecurityFile {
     pub open_health: Option<bool>,
     /// Reflection served to anyone (`--open-reflection`).
     pub open_reflection: Option<bool>,
+    /// Delegated authentication: tokens checked with a TokenReview.
+    pub token_review: Option<TokenReviewFile>,
+}
+
+/// `security.tokenReview:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenReviewFile {
+    /// The reviewing cluster's context, or `in-cluster` (`--token-review-context`).
+    pub context: Option<String>,
+    /// How long an accepted token is trusted (`--token-review-ttl`).
+    pub ttl: Option<String>,
+    /// How long a refused token is refused (`--token-review-negative-ttl`).
+    pub negative_ttl: Option<String>,
+    /// The audiences (`--token-review-audience`).
+    pub audiences: Option<Vec<String>>,
 }
 
 /// `grpc:`.
@@ -129,6 +145,10 @@ pub struct GrpcFile {
     pub max_connections: Option<u64>,
     /// How long a connection may take to its handshake (`--grpc-handshake-timeout`).
     pub handshake_timeout: Option<String>,
+    /// The longest a List page or Count may take to evaluate (`--query-timeout`).
+    pub query_timeout: Option<String>,
+    /// Watch streams one caller may have open (`--grpc-max-watches-per-caller`).
+    pub max_watches_per_caller: Option<u64>,
 }
 
 /// `inCluster:`.
@@ -258,6 +278,8 @@ pub struct WatchFile {
     pub subscriber_buffer: Option<u64>,
     /// Time between bookmarks (`--bookmark-seconds`), a duration (`30s`).
     pub bookmark_interval: Option<String>,
+    /// How long a Watch may leave its events unread (`--watch-stall-timeout`).
+    pub stall_timeout: Option<String>,
 }
 
 /// `store:`.
@@ -320,6 +342,9 @@ const KEYS: &[&str] = &[
     "maxInFlight",
     "maxConnections",
     "handshakeTimeout",
+    "queryTimeout",
+    "maxWatchesPerCaller",
+    "stallTimeout",
     "security",
     "tlsCert",
     "tlsKey",
@@ -329,6 +354,11 @@ const KEYS: &[&str] = &[
     "insecureListen",
     "openHealth",
     "openReflection",
+    "tokenReview",
+    "context",
+    "ttl",
+    "negativeTtl",
+    "audiences",
 ];
 
 /// Each flag's key in the file, by the flag's clap id.
@@ -363,6 +393,9 @@ const KEY_OF: &[(&str, &str)] = &[
     ("grpc_max_in_flight", "grpc.maxInFlight"),
     ("grpc_max_connections", "grpc.maxConnections"),
     ("grpc_handshake_timeout", "grpc.handshakeTimeout"),
+    ("query_timeout", "grpc.queryTimeout"),
+    ("grpc_max_watches_per_caller", "grpc.maxWatchesPerCaller"),
+    ("watch_stall_timeout", "watch.stallTimeout"),
     ("tls_cert", "security.tlsCert"),
     ("tls_key", "security.tlsKey"),
     ("client_ca", "security.clientCa"),
@@ -371,6 +404,13 @@ const KEY_OF: &[(&str, &str)] = &[
     ("insecure_listen", "security.insecureListen"),
     ("open_health", "security.openHealth"),
     ("open_reflection", "security.openReflection"),
+    ("token_review_context", "security.tokenReview.context"),
+    ("token_review_ttl", "security.tokenReview.ttl"),
+    (
+        "token_review_negative_ttl",
+        "security.tokenReview.negativeTtl",
+    ),
+    ("token_review_audiences", "security.tokenReview.audiences"),
 ];
 
 /// The file key of a flag (by clap id); `-` for a flag the file does not set.
@@ -649,6 +689,9 @@ impl FileConfig {
                     one(&d.as_secs().max(1)),
                 );
             }
+            if let Some(v) = &w.stall_timeout {
+                give("watch.stallTimeout", "watch_stall_timeout", one(v));
+            }
         }
         if let Some(s) = &self.store {
             if let Some(v) = &s.data_dir {
@@ -684,6 +727,16 @@ impl FileConfig {
             if let Some(v) = &g.handshake_timeout {
                 give("grpc.handshakeTimeout", "grpc_handshake_timeout", one(v));
             }
+            if let Some(v) = &g.query_timeout {
+                give("grpc.queryTimeout", "query_timeout", one(v));
+            }
+            if let Some(v) = g.max_watches_per_caller {
+                give(
+                    "grpc.maxWatchesPerCaller",
+                    "grpc_max_watches_per_caller",
+                    one(&v),
+                );
+            }
         }
         if let Some(x) = &self.security {
             let path = |p: &PathBuf| vec![p.display().to_string()];
@@ -710,6 +763,32 @@ impl FileConfig {
             }
             if let Some(v) = x.open_reflection {
                 give("security.openReflection", "open_reflection", one(&v));
+            }
+            if let Some(r) = &x.token_review {
+                if let Some(v) = &r.context {
+                    give(
+                        "security.tokenReview.context",
+                        "token_review_context",
+                        one(v),
+                    );
+                }
+                if let Some(v) = &r.ttl {
+                    give("security.tokenReview.ttl", "token_review_ttl", one(v));
+                }
+                if let Some(v) = &r.negative_ttl {
+                    give(
+                        "security.tokenReview.negativeTtl",
+                        "token_review_negative_ttl",
+                        one(v),
+                    );
+                }
+                if let Some(v) = &r.audiences {
+                    give(
+                        "security.tokenReview.audiences",
+                        "token_review_audiences",
+                        v.clone(),
+                    );
+                }
             }
         }
         Ok(out)

@@ -48,6 +48,9 @@ const AT_RESTART: &[&str] = &[
     "--grpc-request-timeout",
     "--grpc-max-in-flight",
     "--grpc-max-connections",
+    "--grpc-max-watches-per-caller",
+    "--query-timeout",
+    "--watch-stall-timeout",
     "--grpc-handshake-timeout",
     "--tls-cert",
     "--tls-key",
@@ -57,6 +60,10 @@ const AT_RESTART: &[&str] = &[
     "--insecure-listen",
     "--open-health",
     "--open-reflection",
+    "--token-review-context",
+    "--token-review-ttl",
+    "--token-review-negative-ttl",
+    "--token-review-audience",
 ];
 
 /// The configuration file in use and the command line it is resolved with.

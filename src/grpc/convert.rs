@@ -36,16 +36,104 @@ pub(crate) fn cluster_filter(
     })
 }
 
-/// A query, its selectors parsed.
+/// The most bytes a selector (label, field or cluster) may have.
+pub const MAX_SELECTOR_BYTES: usize = 16 * 1024;
+/// The most terms a selector may have: requirements, each value of a set counted.
+pub const MAX_SELECTOR_TERMS: usize = 256;
+/// The most clusters (names or globs) or namespaces a query may name.
+pub const MAX_NAMES: usize = 1024;
+/// The most bytes a name (resource type, cluster, namespace, object) may have.
+pub const MAX_NAME_BYTES: usize = 512;
+
+fn over(field: &str, what: String) -> FleetError {
+    FleetError::InvalidArgument(format!("{field}: {what}"))
+}
+
+/// Checks a selector's size before it is parsed.
+fn sized(field: &str, selector: &str) -> Result<(), FleetError> {
+    if selector.len() > MAX_SELECTOR_BYTES {
+        return Err(over(
+            field,
+            format!(
+                "{} bytes, more than the limit of {MAX_SELECTOR_BYTES}",
+                selector.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn termed(field: &str, terms: usize) -> Result<(), FleetError> {
+    if terms > MAX_SELECTOR_TERMS {
+        return Err(over(
+            field,
+            format!("{terms} terms, more than the limit of {MAX_SELECTOR_TERMS}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Terms of a label selector: each requirement, and each value of a set.
+fn label_terms(s: &LabelSelector) -> usize {
+    use fleetscope_model::selector::Requirement;
+    s.requirements()
+        .iter()
+        .map(|r| match r {
+            Requirement::In(_, v) | Requirement::NotIn(_, v) => v.len().max(1),
+            _ => 1,
+        })
+        .sum()
+}
+
+/// A list of names or globs within [`MAX_NAMES`] entries of [`MAX_NAME_BYTES`].
+pub(crate) fn names(field: &str, names: &[String]) -> Result<(), FleetError> {
+    if names.len() > MAX_NAMES {
+        return Err(over(
+            field,
+            format!(
+                "{} entries, more than the limit of {MAX_NAMES}",
+                names.len()
+            ),
+        ));
+    }
+    if let Some(long) = names.iter().find(|n| n.len() > MAX_NAME_BYTES) {
+        return Err(over(
+            field,
+            format!(
+                "an entry of {} bytes, more than the limit of {MAX_NAME_BYTES}",
+                long.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A name within [`MAX_NAME_BYTES`].
+pub(crate) fn name(field: &str, name: &str) -> Result<(), FleetError> {
+    names(field, std::slice::from_ref(&name.to_string()))
+}
+
+/// A query, its selectors parsed, within the bounds of one request.
 pub(crate) fn query(q: &proto::Query) -> Result<Query, FleetError> {
+    name("query.resource", &q.resource)?;
+    names("query.clusters", &q.clusters)?;
+    names("query.namespaces", &q.namespaces)?;
+    sized("query.cluster_selector", &q.cluster_selector)?;
+    sized("query.label_selector", &q.label_selector)?;
+    sized("query.field_selector", &q.field_selector)?;
+    let clusters = cluster_filter(&q.clusters, &q.cluster_selector)?;
+    let labels = LabelSelector::parse(&q.label_selector)
+        .map_err(|e| FleetError::InvalidArgument(format!("query.label_selector: {e}")))?;
+    termed("query.label_selector", label_terms(&labels))?;
+    let fields = FieldSelector::parse(&q.field_selector)
+        .map_err(|e| FleetError::InvalidArgument(format!("query.field_selector: {e}")))?;
+    termed("query.field_selector", fields.requirements().len())?;
     Ok(Query {
         resource: q.resource.clone(),
-        clusters: cluster_filter(&q.clusters, &q.cluster_selector)?,
+        clusters,
         namespaces: q.namespaces.clone(),
-        labels: LabelSelector::parse(&q.label_selector)
-            .map_err(|e| FleetError::InvalidArgument(format!("query.label_selector: {e}")))?,
-        fields: FieldSelector::parse(&q.field_selector)
-            .map_err(|e| FleetError::InvalidArgument(format!("query.field_selector: {e}")))?,
+        labels,
+        fields,
     })
 }
 
@@ -137,5 +225,57 @@ pub(crate) fn cluster(c: ClusterInfo) -> proto::Cluster {
         streams: c.streams.into_iter().map(stream).collect(),
         source: c.source,
         source_loaded_time: Some(timestamp(c.source_loaded)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(q: proto::Query) -> String {
+        match query(&q) {
+            Err(FleetError::InvalidArgument(m)) => m,
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    fn pods(f: impl FnOnce(&mut proto::Query)) -> proto::Query {
+        let mut q = proto::Query {
+            resource: "pods".into(),
+            ..Default::default()
+        };
+        f(&mut q);
+        q
+    }
+
+    #[test]
+    fn selectors_and_name_lists_are_bounded_and_the_error_names_the_limit() {
+        let m = refused(pods(|q| q.field_selector = "a=b,".repeat(300_000)));
+        assert!(
+            m.starts_with("query.field_selector: 1200000 bytes") && m.contains("16384"),
+            "{m}"
+        );
+        let m = refused(pods(|q| {
+            q.field_selector = (0..300)
+                .map(|i| format!("f{i}=v"))
+                .collect::<Vec<_>>()
+                .join(",")
+        }));
+        assert!(m.contains("300 terms") && m.contains("256"), "{m}");
+        let m = refused(pods(|q| {
+            let values: Vec<String> = (0..300).map(|i| format!("v{i}")).collect();
+            q.label_selector = format!("app in ({})", values.join(","));
+        }));
+        assert!(m.starts_with("query.label_selector: 300 terms"), "{m}");
+        let m = refused(pods(|q| q.namespaces = vec!["n".into(); 2000]));
+        assert!(m.starts_with("query.namespaces: 2000 entries"), "{m}");
+        let m = refused(pods(|q| q.clusters = vec!["c".repeat(1000)]));
+        assert!(
+            m.starts_with("query.clusters: an entry of 1000 bytes"),
+            "{m}"
+        );
+        let m = refused(pods(|q| q.resource = "p".repeat(600)));
+        assert!(m.starts_with("query.resource"), "{m}");
+        assert!(query(&pods(|q| q.label_selector = "app in (a,b),tier=web".into())).is_ok());
     }
 }

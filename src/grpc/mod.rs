@@ -16,6 +16,7 @@ mod status;
 mod token;
 mod watch;
 
+pub use status::echo;
 use status::status;
 pub use token::{TokenKey, random_secret};
 use token::{decode_token, encode_token};
@@ -23,6 +24,11 @@ pub use watch::{Subscribers, WatchStream};
 
 use crate::proto;
 use crate::proto::fleet_server;
+
+/// The most `group_by` entries of a Count.
+pub const MAX_GROUP_BY: usize = 8;
+/// The most groups a Count answers with.
+pub const MAX_GROUPS: usize = 50_000;
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -38,6 +44,8 @@ pub struct ServiceConfig {
     pub max_page_bytes: usize,
     /// The key page tokens are signed with. Default: a random one.
     pub token_key: TokenKey,
+    /// Watch streams one caller may have open at once. Default 1,000.
+    pub max_watches_per_caller: usize,
 }
 
 impl Default for ServiceConfig {
@@ -48,6 +56,7 @@ impl Default for ServiceConfig {
             bookmark_interval: Duration::from_secs(30),
             max_page_bytes: 3 << 20,
             token_key: TokenKey::random(),
+            max_watches_per_caller: 1000,
         }
     }
 }
@@ -106,6 +115,10 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
     ) -> Result<Response<proto::GetResponse>, Status> {
         let access = access(&request)?;
         let r = request.into_inner();
+        convert::name("resource", &r.resource).map_err(status)?;
+        convert::name("cluster", &r.cluster).map_err(status)?;
+        convert::name("namespace", &r.namespace).map_err(status)?;
+        convert::name("name", &r.name).map_err(status)?;
         let projection = convert::projection(r.projection());
         let answer = self
             .fleet
@@ -186,13 +199,20 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
     ) -> Result<Response<proto::CountResponse>, Status> {
         let access = access(&request)?;
         let r = request.into_inner();
+        if r.group_by.len() > MAX_GROUP_BY {
+            return Err(Status::invalid_argument(format!(
+                "group_by: {} entries, more than the limit of {MAX_GROUP_BY}",
+                r.group_by.len()
+            )));
+        }
         let group_by = r
             .group_by
             .iter()
             .map(|g| {
                 GroupBy::parse(g).ok_or_else(|| {
                     Status::invalid_argument(format!(
-                        "group_by {g:?}: expected cluster, namespace, label:KEY or field:PATH"
+                        "group_by {:?}: expected cluster, namespace, label:KEY or field:PATH",
+                        echo(g)
                     ))
                 })
             })
@@ -206,6 +226,12 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             })
             .await
             .map_err(status)?;
+        if answer.groups.len() > MAX_GROUPS {
+            return Err(Status::resource_exhausted(format!(
+                "the count has {} groups, more than the limit of {MAX_GROUPS}: group by fewer or coarser keys, or narrow the query",
+                answer.groups.len()
+            )));
+        }
         Ok(Response::new(proto::CountResponse {
             groups: answer
                 .groups
@@ -234,6 +260,17 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             .filter(|d| !d.is_zero())
             .unwrap_or(self.config.bookmark_interval)
             .max(Duration::from_millis(10));
+        let caller = access.subject().user.clone();
+        let place = self
+            .subscribers
+            .admit(&caller, self.config.max_watches_per_caller)
+            .ok_or_else(|| {
+                Status::resource_exhausted(format!(
+                    "{} has {} Watch streams open, the most one caller may: end one first",
+                    echo(&caller),
+                    self.config.max_watches_per_caller
+                ))
+            })?;
         let watch = self
             .fleet
             .watch(WatchRequest {
@@ -249,7 +286,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             watch,
             interval,
             self.shutdown.clone(),
-            &self.subscribers,
+            place,
         )))
     }
 
@@ -259,6 +296,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
     ) -> Result<Response<proto::ListClustersResponse>, Status> {
         let access = access(&request)?;
         let r = request.into_inner();
+        convert::names("clusters", &r.clusters).map_err(status)?;
         let filter = convert::cluster_filter(&r.clusters, "").map_err(status)?;
         let answer = self.fleet.clusters(filter, &access).await.map_err(status)?;
         Ok(Response::new(proto::ListClustersResponse {

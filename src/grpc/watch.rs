@@ -54,11 +54,12 @@ fn event(e: WatchEvent) -> proto::WatchEvent {
     }
 }
 
-/// The Watch streams a service has open and has ended, for metrics.
+/// The Watch streams a service has open (in all and per caller) and has ended.
 #[derive(Debug, Default)]
 pub struct Subscribers {
     active: AtomicI64,
     ended: AtomicU64,
+    by_caller: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 impl Subscribers {
@@ -72,31 +73,51 @@ impl Subscribers {
         self.ended.load(Ordering::Relaxed)
     }
 
-    fn join(self: &Arc<Self>) -> Joined {
+    /// A place for one more stream of `caller`, if it has fewer than `max` open.
+    pub(crate) fn admit(self: &Arc<Self>, caller: &str, max: usize) -> Option<Joined> {
+        let mut by_caller = self.by_caller.lock().unwrap_or_else(|e| e.into_inner());
+        let open = by_caller.entry(caller.to_string()).or_default();
+        if *open >= max {
+            return None;
+        }
+        *open += 1;
         self.active.fetch_add(1, Ordering::Relaxed);
-        Joined(self.clone())
+        Some(Joined {
+            subscribers: self.clone(),
+            caller: caller.to_string(),
+        })
     }
 }
 
 /// One open stream, counted until dropped.
-struct Joined(Arc<Subscribers>);
+pub(crate) struct Joined {
+    subscribers: Arc<Subscribers>,
+    caller: String,
+}
 
 impl Drop for Joined {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-        self.0.ended.fetch_add(1, Ordering::Relaxed);
+        let s = &self.subscribers;
+        s.active.fetch_sub(1, Ordering::Relaxed);
+        s.ended.fetch_add(1, Ordering::Relaxed);
+        let mut by_caller = s.by_caller.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = by_caller.get_mut(&self.caller) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                by_caller.remove(&self.caller);
+            }
+        }
     }
 }
 
 /// The wire stream of `watch`: its events, and a bookmark each `interval`; counted
-/// in `subscribers` while it is open.
+/// (by `joined`) while it is open.
 pub(crate) fn stream(
     mut watch: Watch,
     interval: Duration,
     shutdown: CancellationToken,
-    subscribers: &Arc<Subscribers>,
+    joined: Joined,
 ) -> WatchStream {
-    let joined = subscribers.join();
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopped = Box::pin(shutdown.cancelled_owned());

@@ -114,6 +114,75 @@ where
     }
 }
 
+/// Answers a request the server could not decode as the client's mistake: a body that
+/// is not the method's protobuf message is `INVALID_ARGUMENT` (tonic says `INTERNAL`),
+/// a message over the size limit `RESOURCE_EXHAUSTED` (tonic says `OUT_OF_RANGE`), as
+/// gRPC's other servers answer them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WireErrorsLayer;
+
+impl<S> tower::Layer<S> for WireErrorsLayer {
+    type Service = WireErrors<S>;
+    fn layer(&self, inner: S) -> WireErrors<S> {
+        WireErrors { inner }
+    }
+}
+
+/// The service of [`WireErrorsLayer`].
+#[derive(Debug, Clone)]
+pub struct WireErrors<S> {
+    inner: S,
+}
+
+/// The status a decoding failure is answered with, if `status` is one.
+fn client_mistake(status: &tonic::Status) -> Option<tonic::Status> {
+    let m = status.message();
+    match status.code() {
+        tonic::Code::Internal
+            if m.starts_with("failed to decode Protobuf message")
+                || m.starts_with("Unexpected EOF decoding stream") =>
+        {
+            Some(tonic::Status::invalid_argument(format!(
+                "the request is not a valid message for this method: {}",
+                crate::grpc::echo(m)
+            )))
+        }
+        tonic::Code::OutOfRange if m.starts_with("Error, decoded message length too large") => {
+            Some(tonic::Status::resource_exhausted(m.to_string()))
+        }
+        _ => None,
+    }
+}
+
+impl<S, B> tower::Service<http::Request<B>> for WireErrors<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = response.await?;
+            // A request that fails to decode is answered before any message, with
+            // the status in the headers (trailers-only).
+            if let Some(status) = tonic::Status::from_header_map(response.headers())
+                && let Some(fixed) = client_mistake(&status)
+            {
+                let _ = fixed.add_header(response.headers_mut());
+            }
+            Ok(response)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

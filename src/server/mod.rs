@@ -16,7 +16,7 @@ use crate::grpc::FleetService;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::fleet_server::FleetServer;
 use crate::telemetry::grpc::GrpcLayer;
-use limits::{Limits, ShedLayer};
+use limits::{Limits, ShedLayer, WireErrorsLayer};
 
 /// A failure to start or run the server.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,7 @@ pub async fn serve_with<F: Fleet>(
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         // Counted first, so a shed request is counted as the UNAVAILABLE it gets.
         .layer(metrics)
+        .layer(WireErrorsLayer)
         .layer(ShedLayer::new(limits.max_in_flight))
         .layer(AuthLayer::new(security.guard))
         .add_service(health_service)

@@ -135,6 +135,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     // SIGHUP reloads the cluster sources; it never ends the process, from here on.
     let hangups = server::hangups("the cluster sources").map_err(RunError::Signal)?;
     let (sources, config_now) = plan(&args)?;
+    let kubeconfig_paths = sources.paths.clone();
     // A bad kubeconfig at start is an error before any port is bound.
     let clusters = sources.load()?;
     for c in &clusters {
@@ -157,9 +158,12 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                 .join("fleetscope"),
         ),
     };
+    // What serve writes (the store, its key) is for its own user only.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let listener = server::bind(&args.listen).await?;
     let mut service = args.engine.service();
     if let Some(dir) = &data_dir {
+        private(dir)?;
         service.token_key = token_key(dir)?;
     }
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
@@ -200,6 +204,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let metrics = bind_metrics(&args.engine).await?;
     let security = secure(
         &args.security,
+        &kubeconfig_paths,
         &args.engine,
         &listener,
         metrics.as_ref(),
@@ -438,6 +443,7 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
 /// loopback unless `--insecure-listen`.
 fn secure(
     args: &SecurityArgs,
+    kubeconfigs: &[PathBuf],
     engine: &EngineArgs,
     listener: &tokio::net::TcpListener,
     metrics: Option<&tokio::net::TcpListener>,
@@ -486,8 +492,20 @@ fn secure(
             Some(server::tls::reloading(files, first, hups, stop.clone()))
         }
     };
+    let reviewer = match &args.token_review_context {
+        None => None,
+        Some(context) => Some(crate::auth::review::Reviewer::new(
+            fleetscope_informer::review::TokenReviewer::new(
+                review_source(context, kubeconfigs)?,
+                engine.exec_timeout,
+                args.token_review_audiences.clone(),
+            ),
+            args.token_review_ttl,
+            args.token_review_negative_ttl,
+        )),
+    };
     let hups = server::hangups("the tokens and the policy").map_err(RunError::Signal)?;
-    let guard = crate::auth::guard(&args.files(), hups, stop.clone())?;
+    let guard = crate::auth::guard(&args.files(), reviewer, hups, stop.clone())?;
     if args.policy.is_none() {
         tracing::info!("no policy (--policy): only callers on this host are served");
     }
@@ -498,9 +516,11 @@ fn secure(
     })
 }
 
-/// The key page tokens are signed with, kept in the data directory so tokens a client
-/// holds stay good across a restart; made the first time.
-fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
+/// Makes the data directory private to this user (0700, its files 0600): it holds
+/// the clusters' objects, Secrets among them when they are collected. A directory
+/// made by an earlier version with wider modes is narrowed.
+fn private(dir: &std::path::Path) -> Result<(), RunError> {
+    use std::os::unix::fs::PermissionsExt as _;
     if dir.exists() && !dir.is_dir() {
         return Err(ArgsError::Invalid(format!(
             "--data-dir {}: is not a directory",
@@ -508,6 +528,52 @@ fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
         ))
         .into());
     }
+    let fail = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| RunError::Write { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(fail(dir))?;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).map_err(fail(&d))?;
+        for entry in std::fs::read_dir(&d).map_err(fail(&d))?.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => pending.push(path),
+                Ok(t) if t.is_file() => {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                        .map_err(fail(&path))?
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cluster that reviews tokens: `in-cluster`, or a context of the kubeconfigs
+/// (any of them, not only those watched).
+fn review_source(
+    context: &str,
+    kubeconfigs: &[PathBuf],
+) -> Result<fleetscope_informer::ClusterSource, RunError> {
+    if context == "in-cluster" {
+        return Ok(fleetscope_informer::ClusterSource::in_cluster("in-cluster"));
+    }
+    sources::resolve(kubeconfigs, &[])?
+        .into_iter()
+        .find(|s| s.context == context)
+        .ok_or_else(|| {
+            ArgsError::Invalid(format!(
+                "--token-review-context {context:?}: no such context in the kubeconfigs (or `in-cluster`)"
+            ))
+            .into()
+        })
+}
+
+/// The key page tokens are signed with, kept in the data directory so tokens a client
+/// holds stay good across a restart; made the first time.
+fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
     let path = dir.join("page-token.key");
     let write = |source| RunError::Write {
         path: path.clone(),
@@ -571,6 +637,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     let stop_reloads = tokio_util::sync::CancellationToken::new();
     let security = secure(
         &args.security,
+        std::slice::from_ref(&kubeconfig),
         &args.engine,
         &listener,
         metrics.as_ref(),

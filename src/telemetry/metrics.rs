@@ -348,23 +348,26 @@ pub async fn serve(
         let peer = tonic::transport::server::Connected::connect_info(&stream);
         let (registry, engine, guard) = (registry.clone(), engine.clone(), guard.clone());
         let service = hyper::service::service_fn(move |r: Request<Incoming>| {
-            let answer = if r.uri().path() == "/metrics"
-                && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer))
-            {
-                let code = if refused.code() == tonic::Code::Unauthenticated {
-                    StatusCode::UNAUTHORIZED
-                } else {
-                    StatusCode::FORBIDDEN
-                };
-                text(
-                    code,
-                    "text/plain; charset=utf-8",
-                    format!("{}\n", refused.message()),
-                )
-            } else {
-                answer(&r, &registry, &engine)
-            };
-            async move { Ok::<_, Infallible>(answer) }
+            let (registry, engine, guard, peer) = (
+                registry.clone(),
+                engine.clone(),
+                guard.clone(),
+                peer.clone(),
+            );
+            async move {
+                if r.uri().path() == "/metrics"
+                    && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer)).await
+                {
+                    let code = match refused.code() {
+                        tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+                        tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                        _ => StatusCode::FORBIDDEN,
+                    };
+                    let body = format!("{}\n", refused.message());
+                    return Ok::<_, Infallible>(text(code, "text/plain; charset=utf-8", body));
+                }
+                Ok(answer(&r, &registry, &engine))
+            }
         });
         let stop = stop.clone();
         tokio::spawn(async move {

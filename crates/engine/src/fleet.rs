@@ -255,6 +255,7 @@ impl Engine {
                 Some(clusters.iter().map(|c| c.name.clone()).collect())
             },
             reach,
+            deadline: None,
             namespaces: q
                 .namespaces
                 .iter()
@@ -276,6 +277,39 @@ impl Engine {
                 freshness,
                 partial,
             },
+        ))
+    }
+
+    /// Evaluates a query on a thread of its own, within the engine's places for query
+    /// evaluation, so the async workers (Watch streams, health) never wait for it; a
+    /// query that cannot start before `deadline` is `UNAVAILABLE` (retry).
+    async fn evaluate<T: Send + 'static>(
+        &self,
+        deadline: std::time::Instant,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, FleetError> {
+        let busy = || {
+            FleetError::Unavailable(
+                "fleetscope is busy evaluating other queries: retry with backoff".into(),
+            )
+        };
+        let place = tokio::time::timeout_at(deadline.into(), self.queries.clone().acquire_owned())
+            .await
+            .map_err(|_| busy())?
+            .map_err(|_| busy())?;
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            work()
+        })
+        .await
+        .map_err(|_| FleetError::Unavailable("evaluating the query failed: retry".into()))
+    }
+
+    /// The error of a query whose evaluation ran past its deadline.
+    fn too_slow(&self) -> FleetError {
+        FleetError::DeadlineExceeded(format!(
+            "the query took longer than {:?} to evaluate: narrow it (clusters, namespaces, an indexed field or label), or retry",
+            self.query_timeout
         ))
     }
 
@@ -356,12 +390,24 @@ impl Fleet for Engine {
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
         let snapshot = self.snapshot_for(&r.after)?;
-        let (_, built) = self.build(&r.query, &r.access, Verb::List)?;
-        let after = r.after.as_ref().map(|(_, key)| key);
-        let page = snapshot.page_within(&built.query, after, r.limit.max(1), r.max_bytes);
+        let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
+        let deadline = std::time::Instant::now() + self.query_timeout;
+        built.query.deadline = Some(deadline);
+        let (limit, max_bytes) = (r.limit.max(1), r.max_bytes);
+        let (query, after) = (built.query.clone(), r.after.clone());
+        let (page, snapshot) = self
+            .evaluate(deadline, move || {
+                let after = after.as_ref().map(|(_, key)| key);
+                let page = snapshot.page_within(&query, after, limit, max_bytes);
+                (page, snapshot)
+            })
+            .await?;
+        if built.query.expired() {
+            return Err(self.too_slow());
+        }
         if page.next.is_some() {
             // The next page reads this snapshot too, for as long as tokens live.
-            self.index.pin(snapshot.clone());
+            self.index.pin(snapshot.clone(), &r.access.subject().user);
         }
         let items = page
             .items
@@ -391,13 +437,22 @@ impl Fleet for Engine {
     }
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
-        let (_, built) = self.build(&r.query, &r.access, Verb::List)?;
+        let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
+        let deadline = std::time::Instant::now() + self.query_timeout;
+        built.query.deadline = Some(deadline);
         let snapshot = self.index.snapshot();
-        let counts = snapshot.count(&built.query, &r.group_by);
+        let revision = snapshot.revision();
+        let (query, group_by) = (built.query.clone(), r.group_by.clone());
+        let counts = self
+            .evaluate(deadline, move || snapshot.count(&query, &group_by))
+            .await?;
+        if built.query.expired() {
+            return Err(self.too_slow());
+        }
         Ok(CountAnswer {
             groups: counts.groups,
             total: counts.total,
-            revision: snapshot.revision(),
+            revision,
             clusters: built.freshness,
             partial: built.partial,
         })

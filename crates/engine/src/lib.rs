@@ -64,6 +64,15 @@ pub struct EngineConfig {
     /// Keep the objects of clusters no longer configured, at start and when one is
     /// removed while running (default: delete them).
     pub keep_removed_clusters: bool,
+    /// The longest one List page or Count may take to evaluate; past it the request
+    /// is `DEADLINE_EXCEEDED`. Default 10 s.
+    pub query_timeout: Duration,
+    /// Queries evaluated at once, each on a thread of its own (off the async workers,
+    /// so Watch streams and health never wait for them). Default: the CPUs available.
+    pub query_threads: usize,
+    /// How long a Watch may leave its events unread (its buffer full) before it is
+    /// ended with `RESOURCE_EXHAUSTED` and the revision to resume from. Default 60 s.
+    pub subscriber_stall: Duration,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +93,9 @@ impl Default for EngineConfig {
             persist: PersistConfig::default(),
             restore_confirm: Duration::from_secs(2),
             keep_removed_clusters: false,
+            query_timeout: Duration::from_secs(10),
+            query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            subscriber_stall: Duration::from_secs(60),
         }
     }
 }
@@ -128,6 +140,12 @@ pub struct Engine {
     labels: watch::Sender<Vec<ClusterLabels>>,
     /// The field indexes the index was built with: they stay as started.
     field_indexes: Vec<String>,
+    /// Places for query evaluation (see [`EngineConfig::query_threads`]).
+    pub(crate) queries: Arc<tokio::sync::Semaphore>,
+    /// See [`EngineConfig::query_timeout`].
+    pub(crate) query_timeout: Duration,
+    /// See [`EngineConfig::subscriber_stall`].
+    pub(crate) subscriber_stall: Duration,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -217,6 +235,21 @@ impl Engine {
             )
             .instrument(tracing::info_span!("ingest")),
         );
+        // Abandoned pages let their snapshots go on a timer, not at the next List.
+        let every =
+            (config.index.page_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+        tasks.spawn({
+            let (index, cancel) = (index.clone(), cancel.clone());
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => index.expire_pins(),
+                        _ = cancel.cancelled() => return,
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("pins"))
+        });
         let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
         let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
         let mut members = reconcile::Members {
@@ -248,6 +281,9 @@ impl Engine {
             settings,
             labels,
             field_indexes: config.index.field_indexes.clone(),
+            queries: Arc::new(tokio::sync::Semaphore::new(config.query_threads.max(1))),
+            query_timeout: config.query_timeout,
+            subscriber_stall: config.subscriber_stall,
             cancel,
             tasks,
         }

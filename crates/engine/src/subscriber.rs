@@ -49,6 +49,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
     // and event log, which it pulls from.
     let (tx, rx) = mpsc::channel(8);
     let reached = Arc::new(AtomicU64::new(0));
+    let stalled: Arc<std::sync::Mutex<Option<FleetError>>> = Arc::default();
     let producer = Producer {
         reached: reached.clone(),
         query,
@@ -72,11 +73,23 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         statuses: engine.status.subscribe(),
         cancel: engine.cancelled(),
         tx,
+        stall: engine.subscriber_stall,
+        stalled: stalled.clone(),
     };
     tokio::spawn(producer.run(subscription));
     let mut rx = rx;
     Ok(Watch::new(
-        futures::stream::poll_fn(move |cx| rx.poll_recv(cx)),
+        futures::stream::poll_fn(move |cx| match rx.poll_recv(cx) {
+            // Ended for not reading: what was handed over, then why.
+            std::task::Poll::Ready(None) => std::task::Poll::Ready(
+                stalled
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .map(Err),
+            ),
+            other => other,
+        }),
         reached,
     ))
 }
@@ -115,6 +128,10 @@ struct Producer {
     tx: mpsc::Sender<Delivery>,
     /// Where it has read to, stored after everything up to it was handed over.
     reached: Arc<AtomicU64>,
+    /// How long a hand-off may wait for the subscriber to read.
+    stall: std::time::Duration,
+    /// Why the producer ended the subscriber for not reading, for its stream to say.
+    stalled: Arc<std::sync::Mutex<Option<FleetError>>>,
 }
 
 impl Producer {
@@ -261,9 +278,23 @@ impl Producer {
         self.switch_policy(policy, &snapshot).await
     }
 
-    /// Hands one event over; false once the subscriber is gone.
+    /// Hands one event over; false once the subscriber is gone, or has left its
+    /// events unread for the stall bound (then it is ended, resumably).
     async fn send(&self, event: WatchEvent) -> bool {
-        self.tx.send(Ok(event)).await.is_ok()
+        match tokio::time::timeout(self.stall, self.tx.send(Ok(event))).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                let reached = self.reached.load(Ordering::Acquire);
+                tracing::info!(stall = ?self.stall, %reached, "a Watch left its events unread: ended");
+                *self.stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(
+                    FleetError::ResourceExhausted(format!(
+                        "the Watch left its events unread for {:?} and was ended; last delivered revision {reached}: resume with since_revision={reached}",
+                        self.stall
+                    )),
+                );
+                false
+            }
+        }
     }
 
     /// Records that everything up to `revision` has been handed over.
@@ -271,8 +302,13 @@ impl Producer {
         self.reached.store(revision.0, Ordering::Release);
     }
 
+    /// Ends the subscriber with `error`: sent after what it has not read yet, or,
+    /// when it does not read, kept for its stream to yield once it does.
     async fn end(&self, error: FleetError) {
-        let _ = self.tx.send(Err(error)).await;
+        match self.tx.try_reserve() {
+            Ok(slot) => slot.send(Err(error)),
+            Err(_) => *self.stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(error),
+        }
     }
 
     async fn run(mut self, subscription: Subscription) {
@@ -846,5 +882,78 @@ mod tests {
             "data,stringData"
         );
         assert!(!o.json.contains("aHVudGVyMg"));
+    }
+
+    #[tokio::test]
+    async fn a_watch_left_unread_is_ended_and_told_where_to_resume() {
+        let config = EngineConfig {
+            subscriber_stall: Duration::from_millis(100),
+            ..EngineConfig::default()
+        };
+        let e = Engine::start(Vec::new(), config);
+        join(&e, "a", &[]);
+        let before = e.index.subscriber_count();
+        let mut w = live(&e, query(&[], "")).await;
+        assert_eq!(e.index.subscriber_count(), before + 1);
+        for i in 0..50 {
+            e.index.apply([pod("a", &format!("p{i}"), "web")]);
+        }
+        // Nobody reads: the producer gives up, and its subscription goes.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while e.index.subscriber_count() > before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the unread Watch is ended"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Reading now: what was handed over, then why it ended, resumably.
+        let mut delivered = 0;
+        let ended = loop {
+            match tokio::time::timeout(PATIENCE, w.next())
+                .await
+                .expect("in time")
+            {
+                Some(Ok(_)) => delivered += 1,
+                Some(Err(err)) => break err,
+                None => panic!("ended without saying why"),
+            }
+        };
+        assert!(delivered > 0 && delivered < 50, "{delivered}");
+        assert!(matches!(ended, FleetError::ResourceExhausted(_)), "{ended}");
+        assert!(ended.to_string().contains("since_revision="), "{ended}");
+        assert!(w.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_query_past_its_deadline_is_deadline_exceeded_not_a_partial_answer() {
+        use fleetscope_model::fleet::{CountRequest, ListRequest};
+        let config = EngineConfig {
+            query_timeout: Duration::from_nanos(1),
+            ..EngineConfig::default()
+        };
+        let e = Engine::start(Vec::new(), config);
+        join(&e, "a", &[]);
+        e.index
+            .apply((0..5000).map(|i| pod("a", &format!("p{i}"), "web")));
+        let q = query(&[], "app=web,tier!=db");
+        let count = e
+            .count(CountRequest {
+                query: q.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(count, FleetError::DeadlineExceeded(_)), "{count}");
+        let list = e
+            .list(ListRequest {
+                query: q,
+                limit: 10_000,
+                max_bytes: usize::MAX,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(list, FleetError::DeadlineExceeded(_)), "{list}");
     }
 }

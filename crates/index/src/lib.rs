@@ -50,6 +50,11 @@ pub struct Config {
     pub field_indexes: Vec<String>,
     /// How long a pinned snapshot is kept for paging after its last use. Default 5 minutes.
     pub page_ttl: Duration,
+    /// The most snapshots pinned at once; pinning one more lets the least recently
+    /// used go (its page tokens then expire). Default 256.
+    pub max_pinned: usize,
+    /// The most snapshots one owner (a caller) may have pinned at once. Default 32.
+    pub max_pinned_per_owner: usize,
 }
 
 impl Default for Config {
@@ -60,6 +65,8 @@ impl Default for Config {
             subscriber_buffer: 10_000,
             field_indexes: Vec::new(),
             page_ttl: Duration::from_secs(300),
+            max_pinned: 256,
+            max_pinned_per_owner: 32,
         }
     }
 }
@@ -152,7 +159,14 @@ pub struct Index {
     writer: Mutex<(State, object::Interner)>,
     published: feed::Shared,
     head: watch::Sender<Revision>,
-    pins: Mutex<HashMap<Revision, (Arc<State>, Instant)>>,
+    pins: Mutex<HashMap<Revision, Pin>>,
+}
+
+/// A snapshot kept for paging: by whom, and when it was last used.
+struct Pin {
+    state: Arc<State>,
+    used: Instant,
+    owner: Arc<str>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -407,12 +421,55 @@ impl Index {
         self.head.receiver_count()
     }
 
-    /// Keeps a snapshot for paging until `page_ttl` after its last use.
-    pub fn pin(&self, state: Arc<State>) {
+    /// Keeps a snapshot for paging until `page_ttl` after its last use, for `owner`
+    /// (a caller), within [`Config::max_pinned`] and [`Config::max_pinned_per_owner`]:
+    /// past either, the least recently used pin (of that owner, or of all) goes.
+    pub fn pin(&self, state: Arc<State>, owner: &str) {
         let now = Instant::now();
         let mut pins = lock(&self.pins);
-        pins.retain(|_, (_, used)| now.duration_since(*used) < self.config.page_ttl);
-        pins.insert(state.revision(), (state, now));
+        pins.retain(|_, p| now.duration_since(p.used) < self.config.page_ttl);
+        if let Some(p) = pins.get_mut(&state.revision()) {
+            p.used = now;
+            return;
+        }
+        let oldest = |pins: &HashMap<Revision, Pin>, of: Option<&str>| {
+            pins.iter()
+                .filter(|(_, p)| of.is_none_or(|o| *p.owner == *o))
+                .min_by_key(|(_, p)| p.used)
+                .map(|(r, _)| *r)
+        };
+        while pins.values().filter(|p| *p.owner == *owner).count()
+            >= self.config.max_pinned_per_owner.max(1)
+        {
+            let Some(r) = oldest(&pins, Some(owner)) else {
+                break;
+            };
+            pins.remove(&r);
+        }
+        while pins.len() >= self.config.max_pinned.max(1) {
+            let Some(r) = oldest(&pins, None) else { break };
+            pins.remove(&r);
+        }
+        pins.insert(
+            state.revision(),
+            Pin {
+                state,
+                used: now,
+                owner: Arc::from(owner),
+            },
+        );
+    }
+
+    /// Lets every pinned snapshot past its TTL go (run on a timer, so an abandoned
+    /// first page does not hold its snapshot until the next List).
+    pub fn expire_pins(&self) {
+        let now = Instant::now();
+        lock(&self.pins).retain(|_, p| now.duration_since(p.used) < self.config.page_ttl);
+    }
+
+    /// How many snapshots are pinned.
+    pub fn pinned_count(&self) -> usize {
+        lock(&self.pins).len()
     }
 
     /// A pinned snapshot, if it has not expired; using it extends its life.
@@ -420,9 +477,9 @@ impl Index {
         let now = Instant::now();
         let mut pins = lock(&self.pins);
         match pins.get_mut(&revision) {
-            Some((state, used)) if now.duration_since(*used) < self.config.page_ttl => {
-                *used = now;
-                Some(state.clone())
+            Some(p) if now.duration_since(p.used) < self.config.page_ttl => {
+                p.used = now;
+                Some(p.state.clone())
             }
             Some(_) => {
                 pins.remove(&revision);

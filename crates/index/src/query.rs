@@ -28,6 +28,10 @@ pub struct Query {
     /// The places the caller may read; `None` for everywhere. Objects elsewhere are
     /// neither returned nor counted.
     pub reach: Option<Reach>,
+    /// When evaluation stops: an answer read past it is cut short, and
+    /// [`Query::expired`] says so (the caller then answers with an error, never with
+    /// the part).
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Query {
@@ -37,6 +41,12 @@ impl Query {
             resource: resource.to_string(),
             ..Self::default()
         }
+    }
+
+    /// Whether its deadline has passed.
+    pub fn expired(&self) -> bool {
+        self.deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
     }
 
     /// Whether an object matches.
@@ -197,11 +207,13 @@ impl State {
         if let Some(set) = self.indexed_candidates(q) {
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
             // The set may be a union built here; the objects it names live in `self`.
-            let candidates: Vec<&'a ObjectRef> = set
-                .range::<_, ObjectKey>((lower, Bound::Unbounded))
-                .filter(|e| q.matches(&e.0))
-                .filter_map(|e| self.get(&e.0.key))
-                .collect();
+            let candidates: Vec<&'a ObjectRef> = until(
+                q.deadline,
+                set.range::<_, ObjectKey>((lower, Bound::Unbounded)),
+            )
+            .filter(|e| q.matches(&e.0))
+            .filter_map(|e| self.get(&e.0.key))
+            .collect();
             return Box::new(candidates.into_iter());
         }
         let prefixes = self.scan_prefixes(q);
@@ -218,15 +230,16 @@ impl State {
                 _ => Bound::Included(lo),
             };
             let resource = resource.clone();
-            self.objects
+            let scan = self
+                .objects
                 .range((start, Bound::Unbounded))
                 .map(|e| &e.0)
                 .take_while(move |o| {
                     o.key.resource == resource
                         && cluster.as_ref().is_none_or(|c| o.key.cluster == *c)
                         && namespace.as_ref().is_none_or(|n| *o.key.namespace == **n)
-                })
-                .filter(move |o| q.matches(o))
+                });
+            until(q.deadline, scan).filter(move |o| q.matches(o))
         }))
     }
 
@@ -327,6 +340,19 @@ impl State {
         }
         counts
     }
+}
+
+/// `items` until `deadline`, read every so many items (reading the clock for each
+/// would cost more than most matches).
+fn until<T>(
+    deadline: Option<std::time::Instant>,
+    items: impl Iterator<Item = T>,
+) -> impl Iterator<Item = T> {
+    let mut n: u32 = 0;
+    items.take_while(move |_| {
+        n = n.wrapping_add(1);
+        deadline.is_none_or(|d| !n.is_multiple_of(1024) || std::time::Instant::now() < d)
+    })
 }
 
 /// Takes a page from `matching`, then counts what follows it.

@@ -63,6 +63,11 @@ fn index() -> Index {
     })
 }
 
+/// A pod of `cluster`/`ns` named `name`.
+fn upsert(cluster: &str, ns: &str, name: &str) -> Change {
+    Change::Upsert(input("pods", cluster, ns, name, 1, &[]))
+}
+
 fn names(items: &[ObjectRef]) -> Vec<String> {
     items.iter().map(|o| o.key.to_string()).collect()
 }
@@ -728,11 +733,143 @@ fn pinned_snapshots_expire_after_their_ttl() {
         page_ttl: Duration::ZERO,
         ..Config::default()
     });
-    idx.pin(idx.snapshot());
+    idx.pin(idx.snapshot(), "a");
     assert!(idx.pinned(Revision(0)).is_none());
     let idx = index();
-    idx.pin(idx.snapshot());
+    idx.pin(idx.snapshot(), "a");
     assert!(idx.pinned(Revision(0)).is_some());
+}
+
+#[test]
+fn pins_are_capped_per_owner_and_in_all_and_expire_on_a_timer() {
+    let idx = Index::new(Config {
+        max_pinned: 4,
+        max_pinned_per_owner: 2,
+        ..Config::default()
+    });
+    let pin_new = |owner: &str| {
+        idx.apply([upsert(
+            "c",
+            "ns",
+            &format!("{owner}-{}", idx.snapshot().revision()),
+        )]);
+        let s = idx.snapshot();
+        let r = s.revision();
+        idx.pin(s, owner);
+        r
+    };
+    // One owner pinning page after page keeps only its latest two.
+    let a: Vec<Revision> = (0..5).map(|_| pin_new("a")).collect();
+    assert!(idx.pinned(a[2]).is_none());
+    assert!(idx.pinned(a[3]).is_some() && idx.pinned(a[4]).is_some());
+    // Others fill the rest; past four in all, the least recently used goes.
+    let b = pin_new("b");
+    let c = pin_new("c");
+    assert_eq!(idx.pinned_count(), 4);
+    let d = pin_new("d");
+    assert_eq!(idx.pinned_count(), 4);
+    assert!(idx.pinned(a[3]).is_none(), "the least recently used went");
+    for r in [a[4], b, c, d] {
+        assert!(idx.pinned(r).is_some());
+    }
+    // Expiry runs without another pin.
+    let idx = Index::new(Config {
+        page_ttl: Duration::ZERO,
+        ..Config::default()
+    });
+    idx.pin(idx.snapshot(), "a");
+    idx.expire_pins();
+    assert_eq!(idx.pinned_count(), 0);
+}
+
+#[test]
+fn a_query_past_its_deadline_is_cut_short_and_says_so() {
+    let idx = index();
+    idx.apply((0..5000).map(|i| upsert("c", "ns", &format!("p{i}"))));
+    let s = idx.snapshot();
+    // A selector, so the count visits objects (totals need no visit).
+    let mut q = Query {
+        labels: LabelSelector::parse("!x").unwrap(),
+        ..Query::all("pods")
+    };
+    assert_eq!(s.count(&q, &[]).total, 5000);
+    assert_eq!(s.page(&q, None, 10_000).items.len(), 5000);
+    q.deadline = Some(std::time::Instant::now());
+    assert!(s.page(&q, None, 10_000).items.len() < 5000);
+    assert!(s.count(&q, &[]).total < 5000);
+    assert!(q.expired());
+}
+
+#[test]
+fn a_reach_limits_what_is_listed_and_counted() {
+    use fleetscope_model::access::{Access, ClusterRef, Namespaces, Policy, Subject};
+    use fleetscope_model::{ResourceType, Verb};
+    struct OnlyNs;
+    impl Policy for OnlyNs {
+        fn namespaces(
+            &self,
+            _: &Subject,
+            _: Verb,
+            _: &ResourceType,
+            c: ClusterRef<'_>,
+        ) -> Namespaces {
+            if c.name.as_str() == "c" {
+                Namespaces::Only {
+                    patterns: vec!["ns".parse().unwrap()],
+                    cluster_scoped: false,
+                }
+            } else {
+                Namespaces::None
+            }
+        }
+        fn secret_data(&self, _: &Subject, _: ClusterRef<'_>, _: &str) -> bool {
+            false
+        }
+        fn sees_cluster(&self, _: &Subject, _: ClusterRef<'_>) -> bool {
+            true
+        }
+    }
+    let idx = index();
+    idx.apply([
+        upsert("c", "ns", "a"),
+        upsert("c", "other", "b"),
+        upsert("d", "ns", "c"),
+    ]);
+    let (_tx, rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(OnlyNs) as std::sync::Arc<dyn Policy>);
+    let access = Access::new(Subject::unrestricted(), rx);
+    let labels = std::collections::BTreeMap::new();
+    let (c, d) = (ClusterName::from("c"), ClusterName::from("d"));
+    let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+    let reach = access.reach(
+        Verb::List,
+        &pods,
+        [
+            ClusterRef {
+                name: &c,
+                labels: &labels,
+            },
+            ClusterRef {
+                name: &d,
+                labels: &labels,
+            },
+        ],
+    );
+    let q = Query {
+        reach,
+        ..Query::all("pods")
+    };
+    let s = idx.snapshot();
+    let page = s.page(&q, None, 10);
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(&*page.items[0].key.name, "a");
+    // Counted from the per-namespace totals, and by visiting objects: the same.
+    assert_eq!(s.count(&q, &[GroupBy::Cluster]).total, 1);
+    let labelled = Query {
+        labels: LabelSelector::parse("!x").unwrap(),
+        ..q.clone()
+    };
+    assert_eq!(s.count(&labelled, &[]).total, 1);
 }
 
 // ---- property test against a BTreeMap model ----

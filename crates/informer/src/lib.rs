@@ -13,6 +13,7 @@
 //! - [`prune::prune`]: an object as fleetscope keeps it.
 //! - [`exec`]: exec credential plugins, run with a timeout and reported without
 //!   their output; [`cause::describe`]: why a request to an API server failed.
+//! - [`review::TokenReviewer`]: a bearer token checked by a cluster's TokenReview API.
 
 pub mod cause;
 pub mod cluster;
@@ -21,6 +22,7 @@ pub mod exec;
 pub mod outage;
 pub mod prune;
 pub mod requests;
+pub mod review;
 pub mod source;
 pub mod stream;
 

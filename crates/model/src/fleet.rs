@@ -32,9 +32,13 @@ pub enum FleetError {
     /// A revision or page token older than what is held: list again.
     #[error("{0}")]
     OutOfRange(String),
-    /// A Watch fell too far behind and was ended; it may resume from its last revision.
+    /// A Watch fell too far behind and was ended (it may resume from its last
+    /// revision), or a request asked for more than the server gives one request.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The request's evaluation took longer than allowed; narrow it, or retry.
+    #[error("{0}")]
+    DeadlineExceeded(String),
 }
 
 /// How objects are returned.

@@ -63,6 +63,8 @@ pub struct Token {
     pub user: String,
     /// Resource ids (`pods`, `deployments.apps`) this token is forbidden (403).
     pub denied: BTreeSet<String>,
+    /// The user's groups, as a TokenReview reports them (with `system:authenticated`).
+    pub groups: Vec<String>,
 }
 
 impl Token {
@@ -72,7 +74,14 @@ impl Token {
             token: token.into(),
             user: user.into(),
             denied: BTreeSet::new(),
+            groups: Vec::new(),
         }
+    }
+
+    /// The token, its user in `groups`.
+    pub fn with_groups(mut self, groups: &[&str]) -> Self {
+        self.groups = groups.iter().map(|g| g.to_string()).collect();
+        self
     }
 }
 
@@ -257,6 +266,18 @@ impl Cluster {
             .find(|t| t.token == token)
             .map(|t| (t.user.clone(), t.denied.clone()))
             .ok_or_else(ApiError::unauthorized)
+    }
+
+    /// A TokenReview of `token`: its user and groups, if it is one of this cluster's.
+    pub(crate) fn review(&self, token: &str) -> Option<(String, Vec<String>)> {
+        lock(&self.tokens)
+            .iter()
+            .find(|t| t.token == token)
+            .map(|t| {
+                let mut groups = t.groups.clone();
+                groups.push("system:authenticated".into());
+                (t.user.clone(), groups)
+            })
     }
 
     /// Counts a request.

@@ -181,6 +181,9 @@ async fn serve(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let (user, denied) = cluster.authenticate(token)?;
+    if path == "/apis/authentication.k8s.io/v1/tokenreviews" && req.method() == Method::POST {
+        return token_review(&cluster, req).await;
+    }
     let query = Query::parse(req.uri().query());
     let repr = negotiate(req.headers().get(header::ACCEPT));
     let host = req
@@ -279,6 +282,35 @@ fn version() -> Value {
         "compiler": "gc",
         "platform": "linux/amd64",
     })
+}
+
+/// `POST /apis/authentication.k8s.io/v1/tokenreviews`, as kube-apiserver answers it:
+/// the spec echoed, and a status saying who the token is (or an error).
+async fn token_review(
+    cluster: &Cluster,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    cluster.count(Verb::Create, "tokenreviews.authentication.k8s.io");
+    let body = read_body(req).await?;
+    let review: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("decoding the TokenReview: {e}")))?;
+    let token = review["spec"]["token"].as_str().unwrap_or_default();
+    let status = match cluster.review(token) {
+        Some((user, groups)) => json!({
+            "authenticated": true,
+            "user": {"username": user, "uid": format!("uid-{user}"), "groups": groups},
+            "audiences": review["spec"]["audiences"].clone(),
+        }),
+        None => json!({"user": {}, "error": "[invalid bearer token, token lookup failed]"}),
+    };
+    let answer = json!({
+        "kind": "TokenReview",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "spec": review["spec"].clone(),
+        "status": status,
+    });
+    Ok(value_response(StatusCode::CREATED, &answer))
 }
 
 async fn read_body(req: Request<hyper::body::Incoming>) -> Result<Bytes, ApiError> {

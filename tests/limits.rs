@@ -1,0 +1,281 @@
+//! Bounds on what one client can take, from the outside: `fleetscope serve` as a
+//! process, hostile but legitimate requests from real gRPC clients, each answered
+//! with a clear status while the server goes on serving others.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::PATIENCE;
+use common::process::Server;
+use fleetscope::proto::fleet_client::FleetClient;
+use fleetscope::proto::{self, WatchRequest};
+use tonic::Code;
+
+/// Sends raw bytes as a method's request message.
+#[derive(Clone, Default)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut as _;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf as _;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+async fn raw_call(url: &str, method: &'static str, body: Vec<u8>) -> tonic::Status {
+    let channel = tonic::transport::Channel::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary::<Vec<u8>, Vec<u8>, Raw>(
+        tonic::Request::new(body),
+        http::uri::PathAndQuery::from_static(method),
+        Raw,
+    )
+    .await
+    .expect_err("refused")
+}
+
+fn configmaps() -> proto::Query {
+    proto::Query {
+        resource: "configmaps".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_are_bounded_and_answered_clearly() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 60).await;
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--resources",
+            "configmaps",
+            "--grpc-max-watches-per-caller",
+            "2",
+            "--watch-stall-timeout",
+            "300ms",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    common::wait_for_clusters(&mut c, "synced", |r| {
+        r.clusters
+            .iter()
+            .all(|c| c.freshness == proto::Freshness::Synced as i32)
+            && !r.clusters.is_empty()
+    })
+    .await;
+
+    // At rest: the data directory is the server's user's alone.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700);
+        let mut pending = vec![data.clone()];
+        let mut files = 0;
+        while let Some(d) = pending.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    assert_eq!(mode(&p), 0o700, "{p:?}");
+                    pending.push(p);
+                } else {
+                    assert_eq!(mode(&p), 0o600, "{p:?}");
+                    files += 1;
+                }
+            }
+        }
+        assert!(files > 0);
+    }
+
+    // A huge selector is refused, naming the limit, without repeating itself.
+    let e = c
+        .count(proto::CountRequest {
+            query: Some(proto::Query {
+                field_selector: "metadata.name!=x,".repeat(80_000),
+                ..configmaps()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("limit of 16384"), "{}", e.message());
+    assert!(e.message().len() < 1100, "{}", e.message().len());
+    let e = c
+        .count(proto::CountRequest {
+            query: Some(configmaps()),
+            group_by: vec!["cluster".into(); 20],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("limit of 8"), "{}", e.message());
+
+    // Malformed protobuf is the client's mistake; an oversized message too large.
+    let e = raw_call(
+        &server.url(),
+        "/fleetscope.v1.Fleet/Count",
+        vec![0x0a, 0xff, 0xff, 0xff],
+    )
+    .await;
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let e = raw_call(
+        &server.url(),
+        "/fleetscope.v1.Fleet/Count",
+        vec![0u8; 5 << 20],
+    )
+    .await;
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+
+    // A forged page token is invalid, not expired.
+    let e = c
+        .list(proto::ListRequest {
+            page_token: "eyJyIjoxfQ.AAAA".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Watch streams per caller are capped; ending one frees its place.
+    let watch = |c: &mut FleetClient<tonic::transport::Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.watch(WatchRequest {
+                query: Some(configmaps()),
+                ..Default::default()
+            })
+            .await
+        }
+    };
+    let first = watch(&mut c).await.unwrap().into_inner();
+    let _second = watch(&mut c).await.unwrap().into_inner();
+    let e = watch(&mut c).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    assert!(e.message().contains("2 Watch streams"), "{}", e.message());
+    drop(first);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let _third = loop {
+        match watch(&mut c).await {
+            Ok(w) => break w.into_inner(),
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(tokio::time::Instant::now() < deadline, "the place is freed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    drop(_second);
+    drop(_third);
+
+    // A Watch never read is ended by the server once its events stay unread.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut unread = loop {
+        match watch(&mut c).await {
+            Ok(w) => break w.into_inner(),
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(tokio::time::Instant::now() < deadline, "places are freed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let store = &fleet.servers()[0].cluster().store;
+    let filler = "x".repeat(4096);
+    let mut i = 0;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("a Watch left its events unread")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the unread Watch is ended"
+        );
+        // More than the transport buffers hold, until the server gives up on it.
+        for _ in 0..200 {
+            store
+                .create(
+                    "configmaps",
+                    Some("team-0"),
+                    serde_json::json!({"metadata": {"name": format!("fill-{i}")}, "data": {"v": filler}}),
+                )
+                .unwrap();
+            i += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ended = loop {
+        match tokio::time::timeout(PATIENCE, unread.message())
+            .await
+            .expect("in time")
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("ended without saying why"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(ended.code(), Code::ResourceExhausted);
+    assert!(
+        ended.message().contains("since_revision="),
+        "{}",
+        ended.message()
+    );
+    // Everyone else is still served.
+    let count = c
+        .count(proto::CountRequest {
+            query: Some(configmaps()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(count.total > 0);
+    drop(server);
+    fleet.shutdown().await;
+}
