@@ -191,6 +191,53 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
     let pod = get("pods", "play", "one").unwrap();
     assert_eq!(pod["status"]["phase"], "Pending");
     assert_eq!(pod["spec"]["containers"][0]["env"][0]["value"], "1");
+    // RBAC, as a cluster's owner grants it (and fleetscope's delegated authorization reads it).
+    k.ok(&[
+        "create",
+        "role",
+        "cm-reader",
+        "-n",
+        "play",
+        "--verb=get,list,watch",
+        "--resource=configmaps",
+    ]);
+    let role = get("roles.rbac.authorization.k8s.io", "play", "cm-reader").unwrap();
+    assert_eq!(role["rules"][0]["resources"][0], "configmaps");
+    assert_eq!(role["rules"][0]["verbs"][2], "watch");
+    k.ok(&[
+        "create",
+        "rolebinding",
+        "erin",
+        "-n",
+        "play",
+        "--role=cm-reader",
+        "--user=erin",
+        "--group=devs",
+    ]);
+    let binding = get("rolebindings.rbac.authorization.k8s.io", "play", "erin").unwrap();
+    assert_eq!(binding["roleRef"]["name"], "cm-reader");
+    assert_eq!(binding["subjects"][1]["kind"], "Group");
+    k.ok(&[
+        "create",
+        "clusterrole",
+        "viewer",
+        "--verb=list",
+        "--resource=pods,nodes",
+    ]);
+    k.ok(&[
+        "create",
+        "clusterrolebinding",
+        "viewer",
+        "--clusterrole=viewer",
+        "--serviceaccount=play:bot",
+    ]);
+    let crb = get(
+        "clusterrolebindings.rbac.authorization.k8s.io",
+        "",
+        "viewer",
+    )
+    .unwrap();
+    assert_eq!(crb["subjects"][0]["namespace"], "play");
 
     // create -f and apply -f, validation on; apply again patches.
     let file = k.write("deployment.yaml", DEPLOYMENT);

@@ -1005,3 +1005,150 @@ async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cac
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reaches_a_running_watch()
+{
+    use fleetscope_sim::Token;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 80).await;
+    // One identity known to both clusters (as with OIDC).
+    for s in fleet.servers() {
+        s.cluster().add_token(Token::new("erin-token", "erin"));
+    }
+    std::fs::write(dir.path().join("erin.token"), "erin-token").unwrap();
+    fn json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
+    let reader = serde_json::json!({"metadata": {"name": "cm-reader"}, "rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]});
+    let role_ref = serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"});
+    let erin = serde_json::json!([{"kind": "User", "name": "erin", "apiGroup": "rbac.authorization.k8s.io"}]);
+    let sim1 = common::kube_client(&kubeconfig, "sim-1").await;
+    let sim2 = common::kube_client(&kubeconfig, "sim-2").await;
+    for c in [&sim1, &sim2] {
+        kube::Api::<ClusterRole>::all(c.clone())
+            .create(&Default::default(), &json(reader.clone()))
+            .await
+            .unwrap();
+    }
+    // sim-1: configmaps of team-0 only; sim-2: every configmap.
+    kube::Api::<RoleBinding>::namespaced(sim1.clone(), "team-0")
+        .create(
+            &Default::default(),
+            &json(serde_json::json!({"metadata": {"name": "erin"}, "roleRef": role_ref, "subjects": erin})),
+        )
+        .await
+        .unwrap();
+    kube::Api::<ClusterRoleBinding>::all(sim2.clone())
+        .create(
+            &Default::default(),
+            &json(serde_json::json!({"metadata": {"name": "erin"}, "roleRef": role_ref, "subjects": erin})),
+        )
+        .await
+        .unwrap();
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--rbac-authorization",
+            "--token-review-context",
+            "sim-1",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let count_in = |client: &kube::Client, ns: Option<&str>| {
+        let client = client.clone();
+        let ns = ns.map(str::to_string);
+        async move {
+            let api = match ns {
+                Some(ns) => kube::Api::<ConfigMap>::namespaced(client, &ns),
+                None => kube::Api::<ConfigMap>::all(client),
+            };
+            api.list(&Default::default()).await.unwrap().items.len() as u64
+        }
+    };
+    let want = vec![
+        (
+            vec!["sim-1".to_string()],
+            count_in(&sim1, Some("team-0")).await,
+        ),
+        (vec!["sim-2".to_string()], count_in(&sim2, None).await),
+    ];
+    let mut c = connect(&ServerArg {
+        server: server.url(),
+        ca: None,
+        cert: None,
+        key: None,
+        token_file: Some(dir.path().join("erin.token")),
+        tls_server_name: None,
+    })
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let got = c
+            .count(proto::CountRequest {
+                query: Some(configmaps(&[])),
+                group_by: vec!["cluster".into()],
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .groups
+                    .into_iter()
+                    .map(|g| (g.key, g.count))
+                    .collect::<Vec<_>>()
+            });
+        if got.as_ref().is_ok_and(|g| *g == want) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "erin sees what RBAC grants: {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A running Watch follows a change of a cluster's RBAC.
+    let mut w = c
+        .watch(proto::WatchRequest {
+            query: Some(configmaps(&[])),
+            send_initial_events: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut bookmarks = Vec::new();
+    let mut sim1_seen = Vec::new();
+    loop {
+        let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+        if t == EventType::InitialEventsEnd {
+            break;
+        }
+        if name.starts_with("sim-1/") {
+            assert!(name.starts_with("sim-1/team-0/"), "{name}");
+            sim1_seen.push(name);
+        }
+    }
+    assert_eq!(sim1_seen.len() as u64, want[0].1);
+    kube::Api::<RoleBinding>::namespaced(sim1.clone(), "team-0")
+        .delete("erin", &Default::default())
+        .await
+        .unwrap();
+    let mut deleted = Vec::new();
+    while deleted.len() < sim1_seen.len() {
+        let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
+        assert_eq!(t, EventType::Deleted, "{name}");
+        deleted.push(name);
+    }
+    deleted.sort();
+    sim1_seen.sort();
+    assert_eq!(deleted, sim1_seen);
+    drop(server);
+    fleet.shutdown().await;
+}

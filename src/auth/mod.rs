@@ -9,13 +9,15 @@
 //!   was expected; without it, every caller is `system:anonymous` (group
 //!   `system:unauthenticated`). A token the tokens file does not know is checked with
 //!   a TokenReview when a reviewing cluster is configured (answers cached).
-//! - With a policy, whatever no grant allows is denied; without one, only callers on
+//! - With a policy (the policy file's grants, each cluster's own RBAC, or both:
+//!   either grants), whatever is not granted is denied; without one, only callers on
 //!   this host (loopback) are served, with everything, and any other is
 //!   `PERMISSION_DENIED`.
 //! - Health checking is open unless configured otherwise; reflection needs an
 //!   authenticated caller (but no grant) unless configured open.
 
 pub mod policy;
+pub mod rbac;
 pub mod review;
 pub mod tokens;
 
@@ -86,12 +88,87 @@ impl Default for Guard {
 /// The files of a [`Guard`] could not be read.
 pub type LoadError = FileError;
 
+/// The grants in force: the policy file's, each cluster's RBAC, or both (what either
+/// grants is granted).
+#[derive(Clone, Default)]
+pub struct Grants {
+    file: Option<Arc<PolicyGrants>>,
+    rbac: Option<Arc<rbac::Rbac>>,
+}
+
+impl Policy for Grants {
+    fn namespaces(
+        &self,
+        who: &Subject,
+        verb: fleetscope_model::Verb,
+        resource: &fleetscope_model::ResourceType,
+        cluster: fleetscope_model::access::ClusterRef<'_>,
+    ) -> fleetscope_model::access::Namespaces {
+        let file = self
+            .file
+            .as_ref()
+            .map(|p| p.namespaces(who, verb, resource, cluster))
+            .unwrap_or_default();
+        let rbac = self
+            .rbac
+            .as_ref()
+            .map(|r| r.namespaces(who, verb.as_str(), resource, cluster))
+            .unwrap_or_default();
+        file.union(rbac)
+    }
+
+    fn secret_data(
+        &self,
+        who: &Subject,
+        cluster: fleetscope_model::access::ClusterRef<'_>,
+        namespace: &str,
+    ) -> bool {
+        self.file
+            .as_ref()
+            .is_some_and(|p| p.secret_data(who, cluster, namespace))
+            || self
+                .rbac
+                .as_ref()
+                .is_some_and(|r| r.secret_data(who, cluster, namespace))
+    }
+
+    fn sees_cluster(
+        &self,
+        who: &Subject,
+        cluster: fleetscope_model::access::ClusterRef<'_>,
+    ) -> bool {
+        self.file
+            .as_ref()
+            .is_some_and(|p| p.sees_cluster(who, cluster))
+            || self
+                .rbac
+                .as_ref()
+                .is_some_and(|r| r.sees_cluster(who, cluster))
+    }
+}
+
+/// The grants in force and where running requests follow them: each part replaced
+/// on its own (a policy file reloaded, a cluster's RBAC changed).
+struct GrantsInForce {
+    current: std::sync::Mutex<Grants>,
+    tx: watch::Sender<Arc<dyn Policy>>,
+}
+
+impl GrantsInForce {
+    fn update(&self, change: impl FnOnce(&mut Grants)) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        change(&mut current);
+        self.tx.send_replace(Arc::new(current.clone()));
+    }
+}
+
 /// Loads the security files: an error names the file and key, and nothing is served.
 /// Then they are read again whenever they change or `reload` fires; a file that fails
 /// then keeps the last good version in force and says why.
 pub fn guard(
     files: &SecurityFiles,
     reviewer: Option<review::Reviewer>,
+    cluster_rbac: Option<Arc<fleetscope_model::fleet::Deferred<fleetscope_engine::Engine>>>,
     reload: mpsc::Receiver<()>,
     stop: CancellationToken,
 ) -> Result<Guard, LoadError> {
@@ -108,13 +185,36 @@ pub fn guard(
         tracing::info!(file = %p.display(), tokens = t.len(), "tokens loaded");
     }
     let (tokens_tx, tokens_rx) = tokens.map(|t| watch::channel(Arc::new(t))).unzip();
-    let (policy_tx, policy_rx) = policy
-        .map(|p| watch::channel(Arc::new(p) as Arc<dyn Policy>))
-        .unzip();
+    let grants = (policy.is_some() || cluster_rbac.is_some()).then(|| {
+        let first = Grants {
+            file: policy.map(Arc::new),
+            rbac: cluster_rbac.is_some().then(Arc::default),
+        };
+        let (tx, rx) = watch::channel(Arc::new(first.clone()) as Arc<dyn Policy>);
+        (
+            Arc::new(GrantsInForce {
+                current: std::sync::Mutex::new(first),
+                tx,
+            }),
+            rx,
+        )
+    });
+    let (in_force, policy_rx) = grants.unzip();
+    if let (Some(fleet), Some(in_force)) = (cluster_rbac, &in_force) {
+        let in_force = in_force.clone();
+        let publish = move |r: Arc<rbac::Rbac>| in_force.update(|g| g.rbac = Some(r));
+        tokio::spawn(rbac::follow(
+            fleet,
+            publish,
+            std::time::Duration::from_millis(100),
+            stop.clone(),
+        ));
+        tracing::info!("each cluster's RBAC grants what it grants there");
+    }
     let watched: Vec<PathBuf> = files.tokens.iter().chain(&files.policy).cloned().collect();
     if !watched.is_empty() {
         let files = files.clone();
-        tokio::spawn(reload_files(files, tokens_tx, policy_tx, reload, stop));
+        tokio::spawn(reload_files(files, tokens_tx, in_force, reload, stop));
     }
     Ok(Guard {
         tokens: tokens_rx,
@@ -130,7 +230,7 @@ pub fn guard(
 async fn reload_files(
     files: SecurityFiles,
     tokens: Option<watch::Sender<Arc<Tokens>>>,
-    policy: Option<watch::Sender<Arc<dyn Policy>>>,
+    policy: Option<Arc<GrantsInForce>>,
     mut reload: mpsc::Receiver<()>,
     stop: CancellationToken,
 ) {
@@ -159,7 +259,7 @@ async fn reload_files(
             match PolicyGrants::load(path) {
                 Ok(p) => {
                     let n = p.len();
-                    tx.send_replace(Arc::new(p));
+                    tx.update(|g| g.file = Some(Arc::new(p)));
                     tracing::info!(reason = why, file = %path.display(), grants = n, "policy reloaded: running Watch streams follow it");
                 }
                 Err(e) => {

@@ -391,6 +391,10 @@ pub struct SecurityArgs {
     /// The audiences a reviewed token must be for (repeatable; default: the API server's).
     #[arg(long = "token-review-audience", value_name = "AUDIENCE")]
     pub token_review_audiences: Vec<String>,
+    /// Grant what each cluster's own RBAC grants the caller there (its Roles,
+    /// ClusterRoles and bindings are collected), beside the policy file's grants.
+    #[arg(long, env = "FLEETSCOPE_RBAC_AUTHORIZATION")]
+    pub rbac_authorization: bool,
 }
 
 impl SecurityArgs {

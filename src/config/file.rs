@@ -117,6 +117,8 @@ pub struct SecurityFile {
     pub open_reflection: Option<bool>,
     /// Delegated authentication: tokens checked with a TokenReview.
     pub token_review: Option<TokenReviewFile>,
+    /// Delegated authorization: each cluster's RBAC (`--rbac-authorization`).
+    pub rbac_authorization: Option<bool>,
 }
 
 /// `security.tokenReview:`.
@@ -359,6 +361,7 @@ const KEYS: &[&str] = &[
     "ttl",
     "negativeTtl",
     "audiences",
+    "rbacAuthorization",
 ];
 
 /// Each flag's key in the file, by the flag's clap id.
@@ -411,6 +414,7 @@ const KEY_OF: &[(&str, &str)] = &[
         "security.tokenReview.negativeTtl",
     ),
     ("token_review_audiences", "security.tokenReview.audiences"),
+    ("rbac_authorization", "security.rbacAuthorization"),
 ];
 
 /// The file key of a flag (by clap id); `-` for a flag the file does not set.
@@ -763,6 +767,9 @@ impl FileConfig {
             }
             if let Some(v) = x.open_reflection {
                 give("security.openReflection", "open_reflection", one(&v));
+            }
+            if let Some(v) = x.rbac_authorization {
+                give("security.rbacAuthorization", "rbac_authorization", one(&v));
             }
             if let Some(r) = &x.token_review {
                 if let Some(v) = &r.context {

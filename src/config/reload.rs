@@ -64,6 +64,7 @@ const AT_RESTART: &[&str] = &[
     "--token-review-ttl",
     "--token-review-negative-ttl",
     "--token-review-audience",
+    "--rbac-authorization",
 ];
 
 /// The configuration file in use and the command line it is resolved with.

@@ -122,11 +122,25 @@ pub fn plan(args: &ServeArgs) -> Result<(KubeconfigSources, EngineConfig), RunEr
         p.compact_share.is_finite() && p.compact_share >= 0.0,
         "--compact-share must be a number, 0 or more",
     )?;
+    collect_rbac(&mut config, args.security.rbac_authorization);
     config.keep_removed_clusters = p.keep_removed_clusters;
     config.persist.log_share = p.event_log_disk_share;
     config.persist.compact_share = p.compact_share;
     config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
     Ok((sources, config))
+}
+
+/// With delegated authorization, each cluster's RBAC is read from its objects,
+/// collected like any others.
+fn collect_rbac(config: &mut EngineConfig, on: bool) {
+    if !on || config.resources.iter().any(|r| r == "*") {
+        return;
+    }
+    for t in crate::auth::rbac::TYPES {
+        if !config.resources.iter().any(|r| r == t) {
+            config.resources.push(t.to_string());
+        }
+    }
 }
 
 /// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
@@ -202,8 +216,10 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         reload.clone(),
     ));
     let metrics = bind_metrics(&args.engine).await?;
+    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     let security = secure(
         &args.security,
+        &fleet,
         &kubeconfig_paths,
         &args.engine,
         &listener,
@@ -211,12 +227,15 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         &reload,
     )?;
     let result = run(
+        fleet,
         listener,
         metrics,
         start,
-        service,
-        args.engine.limits(),
-        security,
+        Serving {
+            service,
+            limits: args.engine.limits(),
+            security,
+        },
         Some(settings),
     )
     .await;
@@ -269,21 +288,31 @@ pub fn config_check(file: &std::path::Path) -> Result<(), RunError> {
     Ok(())
 }
 
+/// How the server serves: the service's settings, its limits and its security.
+struct Serving {
+    service: ServiceConfig,
+    limits: server::limits::Limits,
+    security: server::Security,
+}
+
 /// Serves at once, starts the engine with `start` (off the async workers: it may load
 /// a store), answers from it once started, and runs until Ctrl-C or SIGTERM; then
 /// stops the server (ending open streams) and the engine (writing what is pending).
 /// `settings`, when given, carries new engine settings from a configuration reload.
 async fn run(
+    fleet: std::sync::Arc<Deferred<Engine>>,
     listener: tokio::net::TcpListener,
     metrics: Option<tokio::net::TcpListener>,
     start: impl FnOnce() -> Result<Engine, RunError> + Send + 'static,
-    service: ServiceConfig,
-    limits: server::limits::Limits,
-    security: server::Security,
+    how: Serving,
     settings: Option<tokio::sync::watch::Receiver<EngineConfig>>,
 ) -> Result<(), RunError> {
+    let Serving {
+        service,
+        limits,
+        security,
+    } = how;
     let stop = tokio_util::sync::CancellationToken::new();
-    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     let service = FleetService::new(fleet.clone(), service, stop.clone());
     let mut counted = GrpcLayer::off();
     if let Some(listener) = metrics {
@@ -443,6 +472,7 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
 /// loopback unless `--insecure-listen`.
 fn secure(
     args: &SecurityArgs,
+    fleet: &std::sync::Arc<Deferred<Engine>>,
     kubeconfigs: &[PathBuf],
     engine: &EngineArgs,
     listener: &tokio::net::TcpListener,
@@ -505,7 +535,8 @@ fn secure(
         )),
     };
     let hups = server::hangups("the tokens and the policy").map_err(RunError::Signal)?;
-    let guard = crate::auth::guard(&args.files(), reviewer, hups, stop.clone())?;
+    let rbac = args.rbac_authorization.then(|| fleet.clone());
+    let guard = crate::auth::guard(&args.files(), reviewer, rbac, hups, stop.clone())?;
     if args.policy.is_none() {
         tracing::info!("no policy (--policy): only callers on this host are served");
     }
@@ -606,7 +637,8 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));
     let first = write_kubeconfig(&fleet, &kubeconfig)?;
     let clusters = sources::resolve(std::slice::from_ref(&kubeconfig), &[])?;
-    let config = args.engine.config()?;
+    let mut config = args.engine.config()?;
+    collect_rbac(&mut config, args.security.rbac_authorization);
     let addr = listener.local_addr().map_err(RunError::Listen)?;
     let kc = kubeconfig.display();
     say!(
@@ -635,8 +667,10 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     // The demo's clusters are new each run, so it keeps its state in memory.
     let metrics = bind_metrics(&args.engine).await?;
     let stop_reloads = tokio_util::sync::CancellationToken::new();
+    let fleet_view = std::sync::Arc::new(Deferred::<Engine>::default());
     let security = secure(
         &args.security,
+        &fleet_view,
         std::slice::from_ref(&kubeconfig),
         &args.engine,
         &listener,
@@ -651,12 +685,15 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         }
     };
     let result = run(
+        fleet_view,
         listener,
         metrics,
         move || Ok(Engine::start(clusters, config)),
-        args.engine.service(),
-        args.engine.limits(),
-        security,
+        Serving {
+            service: args.engine.service(),
+            limits: args.engine.limits(),
+            security,
+        },
         None,
     )
     .await;

@@ -214,6 +214,20 @@ impl Producer {
     async fn switch_policy(&mut self, new: Arc<dyn Policy>, snapshot: &State) -> bool {
         let at = snapshot.revision();
         let old = std::mem::replace(&mut self.policy, new.clone());
+        // Most new policies leave a given subscriber's grants as they were: then
+        // nothing is to be sent, and its objects need not be visited.
+        let mut clusters: Vec<ClusterName> = self.labels.keys().cloned().collect();
+        clusters.extend(self.status.clusters().into_iter().map(|c| c.name));
+        clusters.sort();
+        clusters.dedup();
+        let same = clusters.iter().all(|c| {
+            !self.selects(c)
+                || self.scope_under(old.as_ref(), c) == self.scope_under(new.as_ref(), c)
+        });
+        if same {
+            self.scopes.clear();
+            return true;
+        }
         let mut before = std::mem::take(&mut self.scopes);
         let mut after: HashMap<ClusterName, Namespaces> = HashMap::new();
         let mut changed = false;

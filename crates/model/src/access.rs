@@ -66,7 +66,7 @@ impl fmt::Display for Subject {
 }
 
 /// Which namespaces of one cluster a caller may read, for one resource type and verb.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Namespaces {
     /// None at all.
     #[default]

@@ -1,6 +1,7 @@
 //! Request bodies in Kubernetes' protobuf encoding (`application/vnd.kubernetes.protobuf`),
 //! as kubectl's typed clients send them (`kubectl create configmap|secret|namespace|
-//! deployment|service`, `kubectl run`): the `k8s\0` envelope around a `runtime.Unknown`
+//! deployment|service|role|clusterrole|rolebinding|clusterrolebinding`, `kubectl
+//! run`): the `k8s\0` envelope around a `runtime.Unknown`
 //! naming the kind, decoded with the Kubernetes protobuf types of `k8s-pb` and turned
 //! into the object's JSON.
 //!
@@ -14,6 +15,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::core::v1 as core;
+use k8s_pb::api::rbac::v1 as rbac;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
 use prost::Message;
@@ -166,9 +168,37 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
             left &= m.status.take().is_none_or(|s| blank(&s));
             (o, meta_left && left && blank(&m))
         }
+        "Role" => {
+            let mut m = rbac::Role::decode(bytes.as_slice()).map_err(bad)?;
+            let (mut o, meta_left) = object(m.metadata.take());
+            let (rules, rules_left) = policy_rules(std::mem::take(&mut m.rules));
+            o.insert("rules".into(), rules);
+            (o, meta_left && rules_left && blank(&m))
+        }
+        "ClusterRole" => {
+            let mut m = rbac::ClusterRole::decode(bytes.as_slice()).map_err(bad)?;
+            let (mut o, meta_left) = object(m.metadata.take());
+            let (rules, rules_left) = policy_rules(std::mem::take(&mut m.rules));
+            o.insert("rules".into(), rules);
+            // Aggregation is the controller's to fill in; the simulator runs none.
+            let aggregation_left = m.aggregation_rule.take().is_none();
+            (o, meta_left && rules_left && aggregation_left && blank(&m))
+        }
+        "RoleBinding" => {
+            let mut m = rbac::RoleBinding::decode(bytes.as_slice()).map_err(bad)?;
+            let (mut o, meta_left) = object(m.metadata.take());
+            let left = binding(&mut o, std::mem::take(&mut m.subjects), m.role_ref.take());
+            (o, meta_left && left && blank(&m))
+        }
+        "ClusterRoleBinding" => {
+            let mut m = rbac::ClusterRoleBinding::decode(bytes.as_slice()).map_err(bad)?;
+            let (mut o, meta_left) = object(m.metadata.take());
+            let left = binding(&mut o, std::mem::take(&mut m.subjects), m.role_ref.take());
+            (o, meta_left && left && blank(&m))
+        }
         other => {
             return Err(refused(format!(
-                "protobuf bodies are read for ConfigMap, Secret, Namespace, Service, Pod and Deployment, not {other:?}"
+                "protobuf bodies are read for ConfigMap, Secret, Namespace, Service, Pod, Deployment, Role, ClusterRole, RoleBinding and ClusterRoleBinding, not {other:?}"
             )));
         }
     };
@@ -180,6 +210,64 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     object.insert("apiVersion".into(), Value::String(api_version));
     object.insert("kind".into(), Value::String(kind));
     Ok(Value::Object(object))
+}
+
+/// An RBAC role's rules; the flag says nothing else was set.
+fn policy_rules(rules: Vec<rbac::PolicyRule>) -> (Value, bool) {
+    let mut left = true;
+    let rules = rules
+        .into_iter()
+        .map(|mut r| {
+            let mut o = Map::new();
+            put(&mut o, "verbs", list(std::mem::take(&mut r.verbs)));
+            put(&mut o, "apiGroups", list(std::mem::take(&mut r.api_groups)));
+            put(&mut o, "resources", list(std::mem::take(&mut r.resources)));
+            put(
+                &mut o,
+                "resourceNames",
+                list(std::mem::take(&mut r.resource_names)),
+            );
+            put(
+                &mut o,
+                "nonResourceURLs",
+                list(std::mem::take(&mut r.non_resource_ur_ls)),
+            );
+            left &= blank(&r);
+            Value::Object(o)
+        })
+        .collect();
+    (Value::Array(rules), left)
+}
+
+/// A binding's subjects and role reference into `o`; true when nothing else was set.
+fn binding(
+    o: &mut Map<String, Value>,
+    subjects: Vec<rbac::Subject>,
+    role_ref: Option<rbac::RoleRef>,
+) -> bool {
+    let mut left = true;
+    let subjects: Vec<Value> = subjects
+        .into_iter()
+        .map(|mut s| {
+            let mut j = Map::new();
+            put(&mut j, "kind", s.kind.take().map(Value::String));
+            put(&mut j, "apiGroup", s.api_group.take().map(Value::String));
+            put(&mut j, "name", s.name.take().map(Value::String));
+            put(&mut j, "namespace", s.namespace.take().map(Value::String));
+            left &= blank(&s);
+            Value::Object(j)
+        })
+        .collect();
+    put(o, "subjects", Value::Array(subjects));
+    if let Some(mut r) = role_ref {
+        let mut j = Map::new();
+        put(&mut j, "apiGroup", r.api_group.take().map(Value::String));
+        put(&mut j, "kind", r.kind.take().map(Value::String));
+        put(&mut j, "name", r.name.take().map(Value::String));
+        left &= blank(&r);
+        o.insert("roleRef".into(), Value::Object(j));
+    }
+    left
 }
 
 /// Whether a message sets nothing: Go's encoder writes empty strings, zeros and
@@ -628,12 +716,7 @@ mod tests {
         let mut empty = cm.clone();
         empty.spec.as_mut().unwrap().containers[0].liveness_probe = Some(Default::default());
         assert!(decode(&envelope("v1", "Pod", empty.encode_to_vec())).is_ok());
-        let e = decode(&envelope(
-            "rbac.authorization.k8s.io/v1",
-            "Role",
-            Vec::new(),
-        ))
-        .unwrap_err();
+        let e = decode(&envelope("batch/v1", "Job", Vec::new())).unwrap_err();
         assert_eq!(e.code, 415);
         assert_eq!(decode(b"not protobuf").unwrap_err().code, 400);
         assert_eq!(decode(b"k8s\0\xff\xff").unwrap_err().code, 400);

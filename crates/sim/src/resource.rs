@@ -131,7 +131,8 @@ impl ResourceDef {
 }
 
 /// The resource types every simulated cluster starts with: core/v1 namespaces, pods,
-/// configmaps, services, nodes and secrets; apps/v1 deployments and replicasets; and
+/// configmaps, services, nodes and secrets; apps/v1 deployments and replicasets;
+/// rbac.authorization.k8s.io/v1 roles, cluster roles and their bindings; and
 /// `crontabs.stable.example.com`, a custom resource, to prove nothing is hard-wired.
 pub fn builtin() -> Vec<ResourceDef> {
     vec![
@@ -164,6 +165,28 @@ pub fn builtin() -> Vec<ResourceDef> {
         ResourceDef::new("apps", "v1", "replicasets", "ReplicaSet", true)
             .short(&["rs"])
             .all(),
+        ResourceDef::new("rbac.authorization.k8s.io", "v1", "roles", "Role", true),
+        ResourceDef::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+        ),
+        ResourceDef::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+        ),
+        ResourceDef::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+        ),
         ResourceDef::new("stable.example.com", "v1", "crontabs", "CronTab", true).short(&["ct"]),
     ]
 }

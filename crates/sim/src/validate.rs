@@ -17,6 +17,7 @@ use crate::status::ApiError;
 pub fn unknown_fields(def: &ResourceDef, object: &Value) -> Vec<String> {
     use k8s_openapi::api::apps::v1 as apps;
     use k8s_openapi::api::core::v1 as core;
+    use k8s_openapi::api::rbac::v1 as rbac;
     match (def.group.as_str(), def.plural.as_str()) {
         ("", "configmaps") => check::<core::ConfigMap>(object),
         ("", "secrets") => check::<core::Secret>(object),
@@ -26,6 +27,12 @@ pub fn unknown_fields(def: &ResourceDef, object: &Value) -> Vec<String> {
         ("", "nodes") => check::<core::Node>(object),
         ("apps", "deployments") => check::<apps::Deployment>(object),
         ("apps", "replicasets") => check::<apps::ReplicaSet>(object),
+        ("rbac.authorization.k8s.io", "roles") => check::<rbac::Role>(object),
+        ("rbac.authorization.k8s.io", "rolebindings") => check::<rbac::RoleBinding>(object),
+        ("rbac.authorization.k8s.io", "clusterroles") => check::<rbac::ClusterRole>(object),
+        ("rbac.authorization.k8s.io", "clusterrolebindings") => {
+            check::<rbac::ClusterRoleBinding>(object)
+        }
         _ => Vec::new(),
     }
 }

@@ -1,0 +1,458 @@
+//! Delegated authorization: each cluster's own RBAC, evaluated for the caller as
+//! Kubernetes evaluates it, so a user sees through fleetscope what
+//! `kubectl auth can-i VERB RESOURCE -n NS --context CLUSTER` allows. fleetscope
+//! collects every cluster's Roles, ClusterRoles, RoleBindings and ClusterRoleBindings
+//! like any other type, and compiles them again whenever one changes: a binding
+//! removed in a cluster takes its objects out of running Watch streams at once.
+//!
+//! Rules are matched on API group, resource and verb (`*` for any). A rule naming
+//! `resourceNames` grants only those objects in Kubernetes; fleetscope grants by
+//! namespace, so such a rule grants nothing here (never more than Kubernetes would).
+//! A RoleBinding grants in its namespace only; a ClusterRoleBinding everywhere,
+//! cluster-scoped objects included. A user may read Secrets' values where RBAC lets
+//! them `get` Secrets.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleetscope_engine::Engine;
+use fleetscope_model::access::{ClusterRef, Namespaces, Subject};
+use fleetscope_model::fleet::Deferred;
+use fleetscope_model::{ClusterName, ResourceType};
+use serde::Deserialize;
+
+/// The RBAC types, by the names fleetscope collects them under.
+pub const TYPES: [&str; 4] = [
+    "clusterroles.rbac.authorization.k8s.io",
+    "clusterrolebindings.rbac.authorization.k8s.io",
+    "roles.rbac.authorization.k8s.io",
+    "rolebindings.rbac.authorization.k8s.io",
+];
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Rule {
+    #[serde(default)]
+    api_groups: Vec<String>,
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default)]
+    verbs: Vec<String>,
+    #[serde(default)]
+    resource_names: Vec<String>,
+}
+
+impl Rule {
+    fn allows(&self, verb: &str, rt: &ResourceType) -> bool {
+        let any = |v: &[String], x: &str| v.iter().any(|i| i == "*" || i == x);
+        self.resource_names.is_empty()
+            && any(&self.verbs, verb)
+            && any(&self.api_groups, &rt.group)
+            && any(&self.resources, &rt.plural)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Meta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Role {
+    metadata: Meta,
+    #[serde(default)]
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RoleRef {
+    kind: String,
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct BindingSubject {
+    kind: String,
+    name: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Binding {
+    metadata: Meta,
+    role_ref: RoleRef,
+    #[serde(default)]
+    subjects: Vec<BindingSubject>,
+}
+
+/// Who a binding binds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Bound {
+    User(String),
+    Group(String),
+}
+
+impl Bound {
+    fn of(s: &BindingSubject, binding_namespace: &str) -> Option<Bound> {
+        match s.kind.as_str() {
+            "User" => Some(Bound::User(s.name.clone())),
+            "Group" => Some(Bound::Group(s.name.clone())),
+            "ServiceAccount" => {
+                let ns = if s.namespace.is_empty() {
+                    binding_namespace
+                } else {
+                    &s.namespace
+                };
+                Some(Bound::User(format!(
+                    "system:serviceaccount:{ns}:{}",
+                    s.name
+                )))
+            }
+            _ => None,
+        }
+    }
+
+    fn is(&self, who: &Subject) -> bool {
+        match self {
+            Bound::User(u) => *u == who.user,
+            Bound::Group(g) => who.groups.iter().any(|x| x == g),
+        }
+    }
+}
+
+/// One binding with the rules of the role it refers to.
+#[derive(Debug, Clone)]
+struct Grant {
+    subjects: Vec<Bound>,
+    rules: Arc<Vec<Rule>>,
+}
+
+impl Grant {
+    fn is_for(&self, who: &Subject) -> bool {
+        self.subjects.iter().any(|s| s.is(who))
+    }
+
+    fn allows(&self, who: &Subject, verb: &str, rt: &ResourceType) -> bool {
+        self.is_for(who) && self.rules.iter().any(|r| r.allows(verb, rt))
+    }
+}
+
+/// One cluster's RBAC, compiled.
+#[derive(Debug, Clone, Default)]
+struct ClusterRbac {
+    /// ClusterRoleBindings: everywhere.
+    everywhere: Vec<Grant>,
+    /// RoleBindings, by namespace.
+    namespaced: BTreeMap<String, Vec<Grant>>,
+}
+
+/// Every cluster's RBAC, as compiled from the objects held at one revision.
+#[derive(Debug, Clone, Default)]
+pub struct Rbac {
+    clusters: HashMap<ClusterName, ClusterRbac>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(json: &str, what: &str) -> Option<T> {
+    match serde_json::from_str(json) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(error = %e, what, "an RBAC object cannot be read: it grants nothing");
+            None
+        }
+    }
+}
+
+impl Rbac {
+    /// Compiles the RBAC objects of `engine`'s index.
+    pub fn compile(engine: &Engine) -> Self {
+        let snapshot = engine.index.snapshot();
+        let objects = |resource: &str| {
+            let q = fleetscope_index::Query::all(resource);
+            snapshot
+                .matching(&q, None)
+                .map(|o| (o.key.cluster.clone(), o.json.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let mut cluster_roles: HashMap<(ClusterName, String), Arc<Vec<Rule>>> = HashMap::new();
+        for (c, json) in objects(TYPES[0]) {
+            if let Some(r) = parse::<Role>(&json, "ClusterRole") {
+                cluster_roles.insert((c, r.metadata.name), Arc::new(r.rules));
+            }
+        }
+        let mut roles: HashMap<(ClusterName, String, String), Arc<Vec<Rule>>> = HashMap::new();
+        for (c, json) in objects(TYPES[2]) {
+            if let Some(r) = parse::<Role>(&json, "Role") {
+                roles.insert(
+                    (c, r.metadata.namespace, r.metadata.name),
+                    Arc::new(r.rules),
+                );
+            }
+        }
+        let mut out = Rbac::default();
+        let grant = |b: &Binding, rules: Arc<Vec<Rule>>| Grant {
+            subjects: b
+                .subjects
+                .iter()
+                .filter_map(|s| Bound::of(s, &b.metadata.namespace))
+                .collect(),
+            rules,
+        };
+        for (c, json) in objects(TYPES[1]) {
+            let Some(b) = parse::<Binding>(&json, "ClusterRoleBinding") else {
+                continue;
+            };
+            if b.role_ref.kind != "ClusterRole" {
+                continue;
+            }
+            if let Some(rules) = cluster_roles.get(&(c.clone(), b.role_ref.name.clone())) {
+                let g = grant(&b, rules.clone());
+                out.clusters.entry(c).or_default().everywhere.push(g);
+            }
+        }
+        for (c, json) in objects(TYPES[3]) {
+            let Some(b) = parse::<Binding>(&json, "RoleBinding") else {
+                continue;
+            };
+            let ns = b.metadata.namespace.clone();
+            let rules = match b.role_ref.kind.as_str() {
+                "ClusterRole" => cluster_roles.get(&(c.clone(), b.role_ref.name.clone())),
+                "Role" => roles.get(&(c.clone(), ns.clone(), b.role_ref.name.clone())),
+                _ => None,
+            };
+            if let Some(rules) = rules {
+                let g = grant(&b, rules.clone());
+                out.clusters
+                    .entry(c)
+                    .or_default()
+                    .namespaced
+                    .entry(ns)
+                    .or_default()
+                    .push(g);
+            }
+        }
+        out
+    }
+
+    /// Where in `cluster` the subject may `verb` objects of `resource`.
+    pub fn namespaces(
+        &self,
+        who: &Subject,
+        verb: &str,
+        resource: &ResourceType,
+        cluster: ClusterRef<'_>,
+    ) -> Namespaces {
+        let Some(c) = self.clusters.get(cluster.name) else {
+            return Namespaces::None;
+        };
+        if c.everywhere.iter().any(|g| g.allows(who, verb, resource)) {
+            return Namespaces::All;
+        }
+        if !resource.namespaced {
+            return Namespaces::None;
+        }
+        let patterns: Vec<glob::Pattern> = c
+            .namespaced
+            .iter()
+            .filter(|(_, grants)| grants.iter().any(|g| g.allows(who, verb, resource)))
+            .filter_map(|(ns, _)| glob::Pattern::new(&glob::Pattern::escape(ns)).ok())
+            .collect();
+        if patterns.is_empty() {
+            Namespaces::None
+        } else {
+            Namespaces::Only {
+                patterns,
+                cluster_scoped: false,
+            }
+        }
+    }
+
+    /// Whether the subject may `get` Secrets in `namespace` of `cluster`.
+    pub fn secret_data(&self, who: &Subject, cluster: ClusterRef<'_>, namespace: &str) -> bool {
+        let secrets = ResourceType::new("", "v1", "secrets", "Secret", true);
+        self.namespaces(who, "get", &secrets, cluster)
+            .allows(namespace)
+    }
+
+    /// Whether anything in `cluster` is bound to the subject.
+    pub fn sees_cluster(&self, who: &Subject, cluster: ClusterRef<'_>) -> bool {
+        self.clusters.get(cluster.name).is_some_and(|c| {
+            c.everywhere.iter().any(|g| g.is_for(who))
+                || c.namespaced.values().flatten().any(|g| g.is_for(who))
+        })
+    }
+}
+
+/// Compiles the fleet's RBAC whenever an RBAC object changes (at most once per
+/// `settle`), handing each new compilation to `publish`, until `stop`.
+pub async fn follow(
+    fleet: Arc<Deferred<Engine>>,
+    publish: impl Fn(Arc<Rbac>) + Send + 'static,
+    settle: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    // The engine starts after the server: wait for it.
+    let engine = loop {
+        if let Some(e) = fleet.get() {
+            break e.clone();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = stop.cancelled() => return,
+        }
+    };
+    loop {
+        let Ok(subscription) = engine.index.subscribe(None) else {
+            return;
+        };
+        publish(Arc::new(Rbac::compile(&engine)));
+        let mut feed = subscription.feed;
+        drop(subscription.snapshot);
+        loop {
+            let events = tokio::select! {
+                r = feed.next() => r,
+                _ = stop.cancelled() => return,
+            };
+            match events {
+                Ok(events) => {
+                    if events
+                        .iter()
+                        .any(|e| TYPES.contains(&&*e.object.key.resource))
+                    {
+                        // Changes come in bursts (a cluster listed, a chart applied).
+                        tokio::select! {
+                            _ = tokio::time::sleep(settle) => {}
+                            _ = stop.cancelled() => return,
+                        }
+                        publish(Arc::new(Rbac::compile(&engine)));
+                    }
+                }
+                // Fell behind or the log moved on: compile from the present again.
+                Err(fleetscope_index::FeedError::Closed) => return,
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use fleetscope_engine::EngineConfig;
+    use fleetscope_index::{Change, ObjectInput};
+    use fleetscope_model::ObjectKey;
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(cluster: &str, resource: &str, namespace: &str, body: serde_json::Value) -> Change {
+        let name = body["metadata"]["name"].as_str().unwrap().to_string();
+        let mut body = body;
+        if !namespace.is_empty() {
+            body["metadata"]["namespace"] = json!(namespace);
+        }
+        Change::Upsert(ObjectInput {
+            key: ObjectKey::new(resource, &ClusterName::from(cluster), namespace, &name),
+            json: body.to_string(),
+            labels: Vec::new(),
+            owners: Vec::new(),
+            fields: Vec::new(),
+        })
+    }
+
+    fn who(user: &str, groups: &[&str]) -> Subject {
+        Subject {
+            user: user.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        }
+    }
+
+    fn at<'a>(name: &'a ClusterName, labels: &'a BTreeMap<String, String>) -> ClusterRef<'a> {
+        ClusterRef { name, labels }
+    }
+
+    #[tokio::test]
+    async fn bindings_grant_what_kubernetes_rbac_grants() {
+        let engine = Engine::start(Vec::new(), EngineConfig::default());
+        let reader = json!({"metadata": {"name": "cm-reader"}, "rules": [
+            {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "watch"]}]});
+        engine.index.apply([
+            object("a", TYPES[0], "", reader.clone()),
+            object("a", TYPES[0], "", json!({"metadata": {"name": "named"}, "rules": [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"], "resourceNames": ["one"]}]})),
+            object("a", TYPES[2], "team-1", json!({"metadata": {"name": "pods"}, "rules": [
+                {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list"]}]})),
+            object("a", TYPES[3], "team-0", json!({"metadata": {"name": "erin-cm"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"},
+                "subjects": [{"kind": "User", "name": "erin"}, {"kind": "ServiceAccount", "name": "bot"}]})),
+            object("a", TYPES[3], "team-1", json!({"metadata": {"name": "devs-pods"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+                "subjects": [{"kind": "Group", "name": "devs"}]})),
+            object("a", TYPES[1], "", json!({"metadata": {"name": "erin-named"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "named"},
+                "subjects": [{"kind": "User", "name": "erin"}]})),
+            object("a", TYPES[1], "", json!({"metadata": {"name": "broken"}, "roleRef": 7})),
+            object("b", TYPES[0], "", reader),
+            object("b", TYPES[1], "", json!({"metadata": {"name": "devs-cm"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"},
+                "subjects": [{"kind": "Group", "name": "devs"}]})),
+        ]);
+        let rbac = Rbac::compile(&engine);
+        let none = BTreeMap::new();
+        let (a, b) = (ClusterName::from("a"), ClusterName::from("b"));
+        let cm = ResourceType::new("", "v1", "configmaps", "ConfigMap", true);
+        let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+        let nodes = ResourceType::new("", "v1", "nodes", "Node", false);
+        let erin = who("erin", &["system:authenticated"]);
+        let dev = who("dan", &["devs"]);
+        // A RoleBinding grants in its namespace only.
+        let n = rbac.namespaces(&erin, "list", &cm, at(&a, &none));
+        assert!(n.allows("team-0") && !n.allows("team-1") && !n.allows(""));
+        assert!(
+            rbac.namespaces(&erin, "delete", &cm, at(&a, &none))
+                .is_none()
+        );
+        // A rule with resourceNames grants nothing here.
+        assert!(
+            rbac.namespaces(&erin, "list", &pods, at(&a, &none))
+                .is_none()
+        );
+        // A Role, bound to a group.
+        let n = rbac.namespaces(&dev, "list", &pods, at(&a, &none));
+        assert!(n.allows("team-1") && !n.allows("team-0"));
+        assert!(
+            rbac.namespaces(&dev, "watch", &pods, at(&a, &none))
+                .is_none()
+        );
+        // A RoleBinding never grants cluster-scoped objects.
+        assert!(
+            rbac.namespaces(&dev, "list", &nodes, at(&a, &none))
+                .is_none()
+        );
+        // A ClusterRoleBinding grants everywhere, in its own cluster only.
+        assert!(matches!(
+            rbac.namespaces(&dev, "list", &cm, at(&b, &none)),
+            Namespaces::All
+        ));
+        assert!(rbac.namespaces(&erin, "list", &cm, at(&b, &none)).is_none());
+        // A service account is its user name.
+        let bot = who("system:serviceaccount:team-0:bot", &[]);
+        assert!(
+            rbac.namespaces(&bot, "get", &cm, at(&a, &none))
+                .allows("team-0")
+        );
+        // Secrets' values: where the caller may get Secrets.
+        assert!(rbac.secret_data(&erin, at(&a, &none), "team-0"));
+        assert!(!rbac.secret_data(&erin, at(&a, &none), "team-1"));
+        assert!(rbac.sees_cluster(&erin, at(&a, &none)));
+        assert!(!rbac.sees_cluster(&erin, at(&b, &none)));
+        assert!(!rbac.sees_cluster(&who("eve", &[]), at(&a, &none)));
+    }
+}
