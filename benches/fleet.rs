@@ -582,6 +582,70 @@ async fn scale() {
         percentile(&mut counts, 0.5),
         percentile(&mut counts, 0.99)
     );
+    // Hostile but legitimate: four clients each running Counts with the largest field
+    // selector the server takes (256 terms) over every object, while another client
+    // makes Gets. The Gets must not wait for the Counts.
+    let heavy: String = (0..256)
+        .map(|i| format!("metadata.name!=no-such-{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let stop_heavy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut hostile = Vec::new();
+    for _ in 0..4 {
+        let mut hc = c.clone();
+        let (heavy, stop) = (heavy.clone(), stop_heavy.clone());
+        hostile.push(tokio::spawn(async move {
+            let mut took = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                let r = hc
+                    .count(CountRequest {
+                        query: Some(Query {
+                            resource: "pods".into(),
+                            field_selector: heavy.clone(),
+                            ..Default::default()
+                        }),
+                        group_by: Vec::new(),
+                    })
+                    .await;
+                took.push((t.elapsed(), r.is_ok()));
+            }
+            took
+        }));
+    }
+    // Let the Counts start before measuring.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut gets = Vec::new();
+    for i in 0..500 {
+        let n = (i * 7919) % (total / clusters);
+        let req = GetRequest {
+            cluster: names[i % clusters].to_string(),
+            resource: "pods".into(),
+            namespace: format!("ns-{}", n % 20),
+            name: format!("pod-{n}"),
+            projection: 0,
+        };
+        let t = Instant::now();
+        c.get(req).await.unwrap();
+        gets.push(t.elapsed());
+    }
+    stop_heavy.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut heavy_took = Vec::new();
+    let mut refused = 0;
+    for h in hostile {
+        for (d, ok) in h.await.unwrap() {
+            heavy_took.push(d);
+            refused += usize::from(!ok);
+        }
+    }
+    println!(
+        "  Get while 4 clients run 256-term Counts over every object: p50 {:?}, p99 {:?} over 500 requests; the Counts took p50 {:?} ({} of {} refused)",
+        percentile(&mut gets, 0.5),
+        percentile(&mut gets, 0.99),
+        percentile(&mut heavy_took, 0.5),
+        refused,
+        heavy_took.len()
+    );
     // Once served: the index, and the server's connections and buffers.
     let settled = rss().saturating_sub(before);
     println!(

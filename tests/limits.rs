@@ -279,3 +279,79 @@ async fn hostile_requests_are_bounded_and_answered_clearly() {
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() {
+    use tokio::io::AsyncReadExt as _;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 20).await;
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--grpc-max-connections",
+            "2",
+            "--grpc-handshake-timeout",
+            "2s",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let addr = format!("127.0.0.1:{}", server.port);
+    // Until the socket closes (EOF or reset).
+    async fn closed(s: &mut tokio::net::TcpStream) {
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::time::timeout(PATIENCE, s.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("the socket stayed open"),
+            }
+        }
+    }
+    // One client holding a connection, one socket that never speaks: the cap of two.
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    c.list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap();
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // Past the cap: closed at once, and said so in the log.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("connection cap reached")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the cap is logged");
+        let mut over = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        closed(&mut over).await;
+    }
+    // The idle socket is closed once its handshake time is up.
+    closed(&mut idle).await;
+    // Its place is free again: a new client is served.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let served = match FleetClient::connect(server.url()).await {
+            Ok(mut other) => other
+                .list_clusters(proto::ListClustersRequest::default())
+                .await
+                .is_ok(),
+            Err(_) => false,
+        };
+        if served {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a new client is served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first client was never disturbed.
+    c.list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap();
+    drop(server);
+    fleet.shutdown().await;
+}

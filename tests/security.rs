@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::PATIENCE;
-use common::process::{BIN, Server};
+use common::process::{BIN, Server, free_port};
 use fleetscope::cli::args::ServerArg;
 use fleetscope::cli::{Client, connect};
 use fleetscope::proto::{self, EventType};
@@ -121,6 +121,7 @@ fn policy(namespace: &str) -> String {
 
 struct Setup {
     _fleet: SimFleet,
+    metrics_port: u16,
     kubeconfig: PathBuf,
     dir: tempfile::TempDir,
     ca: Ca,
@@ -155,9 +156,13 @@ impl Setup {
         std::fs::write(&policy_file, policy("team-0")).unwrap();
         let log = dir.path().join("serve.log");
         let p = |p: &Path| p.display().to_string();
+        let metrics_port = free_port();
+        let metrics_listen = format!("127.0.0.1:{metrics_port}");
         let server = Server::start(
             &kubeconfig,
             &[
+                "--metrics-listen",
+                &metrics_listen,
                 "--no-persist",
                 "--resources",
                 "configmaps,secrets,pods,namespaces",
@@ -176,6 +181,7 @@ impl Setup {
         );
         let s = Self {
             _fleet: fleet,
+            metrics_port,
             kubeconfig,
             dir,
             ca,
@@ -263,6 +269,43 @@ impl Setup {
             .await
             .unwrap();
     }
+}
+
+/// The status of an HTTPS GET of `path` on `port`, verified with `ca`, with a bearer
+/// token if given.
+async fn https_get(port: u16, ca: &Path, path: &str, token: Option<&str>) -> u16 {
+    use rustls::pki_types::pem::PemObject as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text}"))
 }
 
 enum Who {
@@ -358,6 +401,20 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
             .await
             .expect_err("a certificate from another CA is refused");
     }
+
+    // The metrics listener: the same TLS; probes open, metrics for identities only.
+    let ca = s.ca.ca();
+    assert_eq!(https_get(s.metrics_port, &ca, "/readyz", None).await, 200);
+    assert_eq!(https_get(s.metrics_port, &ca, "/livez", None).await, 200);
+    assert_eq!(https_get(s.metrics_port, &ca, "/metrics", None).await, 401);
+    assert_eq!(
+        https_get(s.metrics_port, &ca, "/metrics", Some("guess")).await,
+        401
+    );
+    assert_eq!(
+        https_get(s.metrics_port, &ca, "/metrics", Some("bob-token")).await,
+        200
+    );
 
     // Tokens: a wrong one is refused.
     let mut wrong = s.client(Who::Token("wrong")).await.unwrap();
@@ -496,17 +553,41 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         .find(|t| t.name == "configmaps")
         .unwrap();
     assert_eq!(cm.total as usize, truth.len());
-    // Carol is granted nothing: she sees nothing, and nothing is counted.
-    assert!(list_all(&mut carol, configmaps(&[])).await.is_empty());
-    let none = carol
+    // Carol is granted nothing: to her, no type is collected and no cluster exists.
+    let e = carol
         .count(proto::CountRequest {
             query: Some(configmaps(&[])),
             ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(none.total, 0);
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().contains("not collected"), "{}", e.message());
+    assert!(
+        !e.message().contains("pods"),
+        "no type is named to her: {}",
+        e.message()
+    );
+    let e = carol
+        .list(proto::ListRequest {
+            query: Some(configmaps(&[])),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    // Alice is granted no namespaces: the type exists for her only where granted.
+    let e = alice
+        .count(proto::CountRequest {
+            query: Some(proto::Query {
+                resource: "namespaces".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
     let none = carol
         .list_clusters(proto::ListClustersRequest::default())
         .await

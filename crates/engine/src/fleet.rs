@@ -135,9 +135,29 @@ pub(crate) struct Built {
 }
 
 impl Engine {
-    /// Resolves a kubectl-style name against the types collected somewhere. A type not
-    /// known while clusters are still being discovered is `Unavailable`, not `NotFound`.
-    pub(crate) fn resolve_resource(&self, name: &str) -> Result<ResourceType, FleetError> {
+    /// Whether the caller is granted objects of `rt` in some cluster, for some verb.
+    fn granted_somewhere(&self, access: &Access, rt: &ResourceType) -> bool {
+        let policy = access.policy();
+        self.status.clusters().iter().any(|c| {
+            let here = ClusterRef {
+                name: &c.name,
+                labels: &c.labels,
+            };
+            Verb::ALL
+                .iter()
+                .any(|v| !policy.namespaces(access.subject(), *v, rt, here).is_none())
+        })
+    }
+
+    /// Resolves a kubectl-style name against the types collected somewhere and granted
+    /// to the caller somewhere: a type it is granted nowhere is answered as one not
+    /// collected (and never named in a hint). A type not known while clusters are
+    /// still being discovered is `Unavailable`, not `NotFound`.
+    pub(crate) fn resolve_resource(
+        &self,
+        name: &str,
+        access: &Access,
+    ) -> Result<ResourceType, FleetError> {
         if name.trim().is_empty() {
             return Err(FleetError::InvalidArgument(
                 "query.resource is required, e.g. \"pods\" or \"deployments.apps\"".into(),
@@ -162,7 +182,12 @@ impl Engine {
             })
             .collect();
         let resolved = discovery::resolve(&[name.to_string()], &served);
-        if let Some(rt) = resolved.resources.into_iter().next() {
+        let granted = resolved
+            .resources
+            .into_iter()
+            .next()
+            .filter(|rt| self.granted_somewhere(access, rt));
+        if let Some(rt) = granted {
             return Ok(rt);
         }
         // Not known yet is not unknown: a cluster still being discovered may serve it.
@@ -180,6 +205,10 @@ impl Engine {
             )));
         }
         let lower = name.to_ascii_lowercase();
+        let types: BTreeMap<String, ResourceType> = types
+            .into_iter()
+            .filter(|(_, rt)| self.granted_somewhere(access, rt))
+            .collect();
         let mut close: Vec<(usize, &String)> = types
             .keys()
             .map(|k| (strsim::levenshtein(&lower, k), k))
@@ -234,7 +263,7 @@ impl Engine {
         access: &Access,
         verb: Verb,
     ) -> Result<(ResourceType, Built), FleetError> {
-        let rt = self.resolve_resource(&q.resource)?;
+        let rt = self.resolve_resource(&q.resource, access)?;
         let mut clusters = self.selected(&q.clusters);
         let reach = access.reach(
             verb,
@@ -331,7 +360,7 @@ impl Engine {
 
 impl Fleet for Engine {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
-        let rt = self.resolve_resource(&r.resource)?;
+        let rt = self.resolve_resource(&r.resource, &r.access)?;
         let cluster = ClusterName::from(r.cluster.as_str());
         let policy = r.access.policy();
         let who = r.access.subject();
