@@ -384,6 +384,31 @@ fn sync() {
 }
 
 /// An engine with no sources, fed directly, and a server over it on loopback.
+/// How long each of `n` Gets of the scale bench's pods takes.
+async fn get_latencies(
+    c: &mut FleetClient<tonic::transport::Channel>,
+    names: &[ClusterName],
+    total: usize,
+    n: usize,
+) -> Vec<Duration> {
+    let clusters = names.len();
+    let mut took = Vec::with_capacity(n);
+    for i in 0..n {
+        let k = (i * 7919) % (total / clusters);
+        let req = GetRequest {
+            cluster: names[i % clusters].to_string(),
+            resource: "pods".into(),
+            namespace: format!("ns-{}", k % 20),
+            name: format!("pod-{k}"),
+            projection: 0,
+        };
+        let t = Instant::now();
+        c.get(req).await.unwrap();
+        took.push(t.elapsed());
+    }
+    took
+}
+
 async fn serve_index(engine: &Arc<Engine>) -> String {
     let listener = server::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -514,20 +539,7 @@ async fn scale() {
         .unwrap()
         .max_decoding_message_size(64 << 20);
 
-    let mut gets = Vec::new();
-    for i in 0..2000 {
-        let n = (i * 7919) % (total / clusters);
-        let req = GetRequest {
-            cluster: names[i % clusters].to_string(),
-            resource: "pods".into(),
-            namespace: format!("ns-{}", n % 20),
-            name: format!("pod-{n}"),
-            projection: 0,
-        };
-        let t = Instant::now();
-        c.get(req).await.unwrap();
-        gets.push(t.elapsed());
-    }
+    let mut gets = get_latencies(&mut c, &names, total, 2000).await;
     println!(
         "  Get: p50 {:?}, p99 {:?} over 2000 requests (goal p99 ≤ 1 ms)",
         percentile(&mut gets, 0.5),
@@ -615,20 +627,7 @@ async fn scale() {
     }
     // Let the Counts start before measuring.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut gets = Vec::new();
-    for i in 0..100 {
-        let n = (i * 7919) % (total / clusters);
-        let req = GetRequest {
-            cluster: names[i % clusters].to_string(),
-            resource: "pods".into(),
-            namespace: format!("ns-{}", n % 20),
-            name: format!("pod-{n}"),
-            projection: 0,
-        };
-        let t = Instant::now();
-        c.get(req).await.unwrap();
-        gets.push(t.elapsed());
-    }
+    let mut gets = get_latencies(&mut c, &names, total, 100).await;
     stop_heavy.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut heavy_took = Vec::new();
     let mut refused = 0;

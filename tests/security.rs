@@ -323,6 +323,17 @@ fn configmaps(namespaces: &[&str]) -> proto::Query {
     }
 }
 
+/// Every configmap a caller may count.
+async fn count_configmaps(
+    c: &mut Client,
+) -> Result<tonic::Response<proto::CountResponse>, tonic::Status> {
+    c.count(proto::CountRequest {
+        query: Some(configmaps(&[])),
+        ..Default::default()
+    })
+    .await
+}
+
 /// (cluster, namespace, name) of every configmap a caller lists, page by page.
 async fn list_all(c: &mut Client, query: proto::Query) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
@@ -418,13 +429,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
 
     // Tokens: a wrong one is refused.
     let mut wrong = s.client(Who::Token("wrong")).await.unwrap();
-    let e = wrong
-        .count(proto::CountRequest {
-            query: Some(configmaps(&[])),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let e = count_configmaps(&mut wrong).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     assert!(e.message().contains("not valid"), "{}", e.message());
 
@@ -554,13 +559,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         .unwrap();
     assert_eq!(cm.total as usize, truth.len());
     // Carol is granted nothing: to her, no type is collected and no cluster exists.
-    let e = carol
-        .count(proto::CountRequest {
-            query: Some(configmaps(&[])),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let e = count_configmaps(&mut carol).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
     assert!(e.message().contains("not collected"), "{}", e.message());
     assert!(

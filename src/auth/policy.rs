@@ -22,7 +22,7 @@ use fleetscope_model::access::{ClusterRef, Namespaces, Policy, Subject};
 use fleetscope_model::{LabelSelector, ResourceType, Verb};
 use serde::Deserialize;
 
-use crate::config::file::{FileError, document};
+use crate::config::file::{FileError, document, text_of};
 
 /// Every key a policy file knows, for close-match suggestions.
 const KEYS: &[&str] = &[
@@ -160,11 +160,7 @@ fn patterns(path: &Path, key: &str, items: &[String]) -> Result<Vec<glob::Patter
 impl PolicyGrants {
     /// Reads a policy file. Every error names the file and the key.
     pub fn load(path: &Path) -> Result<Self, FileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| FileError::Read {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
-        Self::parse(path, &text)
+        Self::parse(path, &text_of(path)?)
     }
 
     /// Parses a policy document read from `path`.

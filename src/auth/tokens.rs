@@ -16,7 +16,7 @@ use std::path::Path;
 use fleetscope_model::access::Subject;
 use serde::Deserialize;
 
-use crate::config::file::{FileError, document};
+use crate::config::file::{FileError, document, text_of};
 
 const KEYS: &[&str] = &["tokens", "name", "groups", "sha256"];
 
@@ -68,11 +68,7 @@ fn hex32(s: &str) -> Option<[u8; 32]> {
 impl Tokens {
     /// Reads a tokens file. Every error names the file and the key.
     pub fn load(path: &Path) -> Result<Self, FileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| FileError::Read {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
-        Self::parse(path, &text)
+        Self::parse(path, &text_of(path)?)
     }
 
     /// Parses a tokens document read from `path`.

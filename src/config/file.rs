@@ -441,11 +441,15 @@ fn close_match(keys: &[&str], key: &str) -> Option<String> {
 
 /// Reads and checks the shape of a configuration file.
 pub fn read(path: &Path) -> Result<FileConfig, FileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+    parse(path, &text_of(path)?)
+}
+
+/// A file's text, or an error naming it.
+pub(crate) fn text_of(path: &Path) -> Result<String, FileError> {
+    std::fs::read_to_string(path).map_err(|source| FileError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
-    parse(path, &text)
+    })
 }
 
 /// Parses a configuration document; `path` names it in errors.
