@@ -341,7 +341,7 @@ pub fn incoming(
             });
             let tx = tx.clone();
             tokio::spawn(async move {
-                let handshake = handshake(tcp, remote, tls);
+                let handshake = handshake(tcp, remote, tls, protocol);
                 match tokio::time::timeout(admission.handshake_timeout, handshake).await {
                     Ok(Ok((io, info))) => {
                         let _ = tx
@@ -375,13 +375,19 @@ async fn handshake(
     tcp: TcpStream,
     remote: SocketAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
+    protocol: Protocol,
 ) -> std::io::Result<(Io, PeerInfo)> {
     let Some(config) = tls else {
-        // Wait for the preface without taking it: hyper reads it.
+        // Wait for the first bytes without taking them (hyper reads them): HTTP/2's
+        // whole preface, or any start of an HTTP/1 request (which may be short).
+        let need = match protocol {
+            Protocol::Http2 => PREFACE,
+            Protocol::Http1 => 1,
+        };
         let mut buf = [0u8; PREFACE];
         loop {
             let n = tcp.peek(&mut buf).await?;
-            if n == 0 || n >= PREFACE {
+            if n == 0 || n >= need {
                 break;
             }
             // Part of it: the rest follows in the same flight, almost always.
