@@ -335,6 +335,33 @@ async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
         stderr.contains("resources.pods.labelSelector") && stderr.contains("position"),
         "{stderr}"
     );
+    // The security files it names are checked as serve checks them.
+    let policy = file.with_file_name("policy.yaml");
+    std::fs::write(&policy, "grants:\n  - subjects: [{user: a}]\n    clusters: [x]\n    namespaces: [y]\n    resources: [pods]\n    verbs: [write]\n").unwrap();
+    let kc = kubeconfig.display();
+    std::fs::write(
+        &file,
+        format!(
+            "kubeconfigs: [{kc}]\nsecurity:\n  policy: {}\n",
+            policy.display()
+        ),
+    )
+    .unwrap();
+    let out = check(&file, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("policy.yaml") && stderr.contains("grants[0].verbs[0]"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &file,
+        format!("kubeconfigs: [{kc}]\nsecurity:\n  clientCa: /nowhere/ca.pem\n"),
+    )
+    .unwrap();
+    let out = check(&file, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--client-ca"));
     fleet.shutdown().await;
 }
 

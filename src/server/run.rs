@@ -278,6 +278,7 @@ pub fn config_check(file: &std::path::Path) -> Result<(), RunError> {
     };
     let (sources, _) = plan(args)?;
     let clusters = sources.load()?;
+    check_security(&args.security, &sources.paths)?;
     let names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
     say!(
         "\n{}: valid; {} cluster(s): {}",
@@ -466,6 +467,37 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
     Ok(())
 }
 
+/// The checks `serve` makes of its security settings before it serves, with no side
+/// effect: the flags that go together, the TLS, tokens and policy files, and the
+/// reviewing cluster's context.
+fn check_security(args: &SecurityArgs, kubeconfigs: &[PathBuf]) -> Result<(), RunError> {
+    paired(args)?;
+    if let Some(files) = args.tls() {
+        server::tls::server_config(&files)?;
+    }
+    if let Some(path) = &args.tokens_file {
+        crate::auth::tokens::Tokens::load(path)?;
+    }
+    if let Some(path) = &args.policy {
+        crate::auth::policy::PolicyGrants::load(path)?;
+    }
+    if let Some(context) = &args.token_review_context {
+        review_source(context, kubeconfigs)?;
+    }
+    Ok(())
+}
+
+/// The TLS flags that go together.
+fn paired(args: &SecurityArgs) -> Result<(), RunError> {
+    let alone = |m: &str| Err(ArgsError::Invalid(m.to_string()).into());
+    match (&args.tls_cert, &args.tls_key, &args.client_ca) {
+        (Some(_), None, _) => alone("--tls-cert needs --tls-key"),
+        (None, Some(_), _) => alone("--tls-key needs --tls-cert"),
+        (None, None, Some(_)) => alone("--client-ca (mutual TLS) needs --tls-cert and --tls-key"),
+        _ => Ok(()),
+    }
+}
+
 /// The server's security from its flags, before anything is served: the TLS, tokens
 /// and policy files loaded (an error names the file and key), each then reloaded as it
 /// changes and on SIGHUP until `stop`; plaintext refused on an address other than
@@ -479,21 +511,7 @@ fn secure(
     metrics: Option<&tokio::net::TcpListener>,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<server::Security, RunError> {
-    match (&args.tls_cert, &args.tls_key, &args.client_ca) {
-        (Some(_), None, _) => {
-            return Err(ArgsError::Invalid("--tls-cert needs --tls-key".into()).into());
-        }
-        (None, Some(_), _) => {
-            return Err(ArgsError::Invalid("--tls-key needs --tls-cert".into()).into());
-        }
-        (None, None, Some(_)) => {
-            return Err(ArgsError::Invalid(
-                "--client-ca (mutual TLS) needs --tls-cert and --tls-key".into(),
-            )
-            .into());
-        }
-        _ => {}
-    }
+    paired(args)?;
     let tls_files = args.tls();
     if tls_files.is_none() && !args.insecure_listen {
         for (l, flag) in [(Some(listener), "--listen"), (metrics, "--metrics-listen")] {
