@@ -129,14 +129,16 @@ impl Subscriber {
         }
     }
 
-    /// Reads until its state equals `want` (as [`super::truth`] gives it).
+    /// Reads until its state equals `want` (as [`super::truth`] gives it) and it has a
+    /// position: the initial objects end with their marker, and without it a resume
+    /// would list again and never hear of what left.
     pub async fn converge(
         &mut self,
         stream: &mut Streaming<WatchEvent>,
         want: &BTreeMap<Key, String>,
     ) {
         let deadline = tokio::time::Instant::now() + PATIENCE;
-        while &self.state != want {
+        while &self.state != want || self.last.is_none() {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match tokio::time::timeout(left, stream.message()).await {
                 Ok(Ok(Some(e))) => self.apply(&e),
