@@ -320,23 +320,17 @@ impl Guard {
             .tokens
             .as_ref()
             .and_then(|t| t.borrow().subject(token).cloned());
-        let mut s = match (listed, &self.reviewer) {
-            (Some(s), _) => s,
+        let found = match (listed, &self.reviewer) {
+            (Some(s), _) => Some(s),
             (None, Some(r)) => r
                 .subject(token)
                 .await
-                .map_err(|e| tonic::Status::unavailable(e.to_string()))?
-                .ok_or_else(|| {
-                    tonic::Status::unauthenticated(
-                        "the bearer token is not valid (unknown or revoked)",
-                    )
-                })?,
-            (None, None) => {
-                return Err(tonic::Status::unauthenticated(
-                    "the bearer token is not valid (unknown or revoked)",
-                ));
-            }
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))?,
+            (None, None) => None,
         };
+        let mut s = found.ok_or_else(|| {
+            tonic::Status::unauthenticated("the bearer token is not valid (unknown or revoked)")
+        })?;
         if !s.groups.iter().any(|g| g == AUTHENTICATED) {
             s.groups.push(AUTHENTICATED.into());
         }

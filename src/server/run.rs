@@ -620,8 +620,8 @@ fn review_source(
         })
 }
 
-/// The key page tokens are signed with, kept in the data directory so tokens a client
-/// holds stay good across a restart; made the first time.
+/// The key page tokens are signed with, kept in the data directory (made by
+/// [`private`]) so tokens a client holds stay good across a restart; made the first time.
 fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
     let path = dir.join("page-token.key");
     let write = |source| RunError::Write {
@@ -633,7 +633,6 @@ fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
     {
         return Ok(crate::grpc::TokenKey::new(&secret));
     }
-    std::fs::create_dir_all(dir).map_err(write)?;
     let secret = crate::grpc::random_secret();
     std::fs::write(&path, secret).map_err(write)?;
     Ok(crate::grpc::TokenKey::new(&secret))

@@ -138,11 +138,8 @@ impl Engine {
     /// Whether the caller is granted objects of `rt` in some cluster, for some verb.
     fn granted_somewhere(&self, access: &Access, rt: &ResourceType) -> bool {
         let policy = access.policy();
-        self.status.clusters().iter().any(|c| {
-            let here = ClusterRef {
-                name: &c.name,
-                labels: &c.labels,
-            };
+        self.status.any_cluster(|name, labels| {
+            let here = ClusterRef { name, labels };
             Verb::ALL
                 .iter()
                 .any(|v| !policy.namespaces(access.subject(), *v, rt, here).is_none())
@@ -242,15 +239,6 @@ impl Engine {
             .clusters()
             .into_iter()
             .filter(|c| filter.matches(&c.name, &c.labels))
-            .collect()
-    }
-
-    /// Every cluster's labels, by name.
-    pub(crate) fn cluster_labels(&self) -> BTreeMap<ClusterName, BTreeMap<String, String>> {
-        self.status
-            .clusters()
-            .into_iter()
-            .map(|c| (c.name, c.labels))
             .collect()
     }
 
@@ -444,7 +432,7 @@ impl Fleet for Engine {
             .map(|o| fleet_object(o, r.projection, None));
         let items = if holds_secrets(&built.query.resource) {
             let policy = r.access.policy();
-            let labels = self.cluster_labels();
+            let labels = self.status.all_labels();
             let none = BTreeMap::new();
             items
                 .map(|o| {
@@ -540,7 +528,7 @@ impl Fleet for Engine {
 
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         let snapshot = self.index.snapshot();
-        let labels = self.cluster_labels();
+        let labels = self.status.all_labels();
         let policy = access.policy();
         let who = access.subject();
         Ok(self

@@ -360,6 +360,28 @@ impl StatusTable {
             .cloned()
     }
 
+    /// Every cluster's labels, by name (read without copying the clusters' streams).
+    pub fn all_labels(&self) -> BTreeMap<ClusterName, BTreeMap<String, String>> {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(name, c)| (name.clone(), c.labels.clone()))
+            .collect()
+    }
+
+    /// Whether some cluster, by its name and labels, satisfies `check` (read in place).
+    pub fn any_cluster(
+        &self,
+        check: impl Fn(&ClusterName, &BTreeMap<String, String>) -> bool,
+    ) -> bool {
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(name, c)| check(name, &c.labels))
+    }
+
     /// A cluster's labels.
     pub fn labels(&self, name: &ClusterName) -> Option<BTreeMap<String, String>> {
         self.inner

@@ -55,12 +55,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         query,
         projection: r.projection,
         filter: r.query.clusters,
-        labels: engine
-            .status
-            .clusters()
-            .into_iter()
-            .map(|c| (c.name, c.labels))
-            .collect(),
+        labels: engine.status.all_labels(),
         selected: HashMap::new(),
         access,
         policy,
@@ -217,7 +212,7 @@ impl Producer {
         // Most new policies leave a given subscriber's grants as they were: then
         // nothing is to be sent, and its objects need not be visited.
         let mut clusters: Vec<ClusterName> = self.labels.keys().cloned().collect();
-        clusters.extend(self.status.clusters().into_iter().map(|c| c.name));
+        clusters.extend(self.status.all_labels().into_keys());
         clusters.sort();
         clusters.dedup();
         let same = clusters.iter().all(|c| {
