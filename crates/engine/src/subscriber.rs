@@ -209,22 +209,25 @@ impl Producer {
     async fn switch_policy(&mut self, new: Arc<dyn Policy>, snapshot: &State) -> bool {
         let at = snapshot.revision();
         let old = std::mem::replace(&mut self.policy, new.clone());
-        // Most new policies leave a given subscriber's grants as they were: then
-        // nothing is to be sent, and its objects need not be visited.
+        // What each policy grants in every cluster known: most new policies leave a
+        // given subscriber's grants as they were, and then its objects need not be
+        // visited. A cluster known only from the snapshot is decided as it is met.
         let mut clusters: Vec<ClusterName> = self.labels.keys().cloned().collect();
         clusters.extend(self.status.all_labels().into_keys());
         clusters.sort();
         clusters.dedup();
-        let same = clusters.iter().all(|c| {
-            !self.selects(c)
-                || self.scope_under(old.as_ref(), c) == self.scope_under(new.as_ref(), c)
-        });
-        if same {
-            self.scopes.clear();
+        let mut before: HashMap<ClusterName, Namespaces> = HashMap::new();
+        let mut after: HashMap<ClusterName, Namespaces> = HashMap::new();
+        for c in clusters {
+            if self.selects(&c) {
+                before.insert(c.clone(), self.scope_under(old.as_ref(), &c));
+                after.insert(c.clone(), self.scope_under(new.as_ref(), &c));
+            }
+        }
+        if before == after {
+            self.scopes = after;
             return true;
         }
-        let mut before = std::mem::take(&mut self.scopes);
-        let mut after: HashMap<ClusterName, Namespaces> = HashMap::new();
         let mut changed = false;
         let query = self.query.clone();
         for o in snapshot.matching(&query, None) {
@@ -235,8 +238,6 @@ impl Producer {
             if !before.contains_key(cluster) {
                 let scope = self.scope_under(old.as_ref(), cluster);
                 before.insert(cluster.clone(), scope);
-            }
-            if !after.contains_key(cluster) {
                 let scope = self.scope_under(new.as_ref(), cluster);
                 after.insert(cluster.clone(), scope);
             }
