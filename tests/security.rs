@@ -1232,3 +1232,123 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_held_to_a_grant_resumes_across_a_sigkill_seeing_only_its_grant() {
+    use common::subscriber::Subscriber;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 80).await;
+    std::fs::write(
+        dir.path().join("tokens.yaml"),
+        tokens_file(&[("alice-token", "alice", &["team-a"])]),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("alice.token"), "alice-token").unwrap();
+    std::fs::write(dir.path().join("policy.yaml"), policy("team-0")).unwrap();
+    let (data, tokens, policy_file) = (
+        dir.path().join("data"),
+        dir.path().join("tokens.yaml"),
+        dir.path().join("policy.yaml"),
+    );
+    let args = [
+        "--resources",
+        "configmaps",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--tokens-file",
+        tokens.to_str().unwrap(),
+        "--policy",
+        policy_file.to_str().unwrap(),
+    ];
+    let log = dir.path().join("serve.log");
+    // What alice is granted of the clusters: configmaps of sim-1/team-0.
+    let granted = || {
+        common::truth(&fleet, "configmaps")
+            .into_iter()
+            .filter(|((c, ns, _), _)| c == "sim-1" && ns == "team-0")
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let watch = |url: String, sub: &Subscriber| {
+        let arg = ServerArg {
+            server: url,
+            ca: None,
+            cert: None,
+            key: None,
+            token_file: Some(dir.path().join("alice.token")),
+            tls_server_name: None,
+        };
+        let (since, initial) = (sub.last.unwrap_or(0), sub.last.is_none());
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                let attempt = match connect(&arg).await {
+                    Ok(mut c) => {
+                        c.watch(proto::WatchRequest {
+                            query: Some(configmaps(&[])),
+                            since_revision: since,
+                            send_initial_events: initial,
+                            ..Default::default()
+                        })
+                        .await
+                    }
+                    Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+                };
+                match attempt {
+                    Ok(s) => return s.into_inner(),
+                    Err(e) if e.code() == tonic::Code::Unavailable => {
+                        assert!(tokio::time::Instant::now() < deadline, "never served: {e}");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("the watch was refused: {e}"),
+                }
+            }
+        }
+    };
+    let mut server = Server::start(&kubeconfig, &args, &log);
+    let mut sub = Subscriber {
+        initial: true,
+        ..Default::default()
+    };
+    let mut stream = watch(server.url(), &sub).await;
+    sub.converge(&mut stream, &granted()).await;
+
+    // Killed; changes inside and outside the grant while it is down; resumed from the
+    // subscriber's last revision.
+    server.kill();
+    sub.drain(&mut stream).await;
+    let sim1 = common::kube_client(&kubeconfig, "sim-1").await;
+    let sim2 = common::kube_client(&kubeconfig, "sim-2").await;
+    for (client, ns, name) in [
+        (&sim1, "team-0", "during-inside"),
+        (&sim1, "team-1", "during-outside"),
+        (&sim2, "team-0", "during-elsewhere"),
+    ] {
+        kube::Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .create(
+                &Default::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let existing = granted().into_keys().next().unwrap();
+    kube::Api::<ConfigMap>::namespaced(sim1.clone(), "team-0")
+        .delete(&existing.2, &Default::default())
+        .await
+        .unwrap();
+    let server = Server::start(&kubeconfig, &args, &log);
+    let mut stream = watch(server.url(), &sub).await;
+    sub.converge(&mut stream, &granted()).await;
+    assert!(sub.state.keys().any(|(_, _, n)| n == "during-inside"));
+    assert_eq!(sub.deleted.get(&existing), Some(&1));
+    // Nothing outside the grant was ever delivered, before or after the kill.
+    assert!(
+        sub.deleted
+            .keys()
+            .chain(sub.state.keys())
+            .all(|(c, ns, _)| c == "sim-1" && ns == "team-0"),
+        "{:?}",
+        sub.deleted.keys().collect::<Vec<_>>()
+    );
+    drop(server);
+    fleet.shutdown().await;
+}
