@@ -33,6 +33,65 @@ pub struct ClusterConfig {
     /// Serve HTTPS with a generated CA (default), as a real apiserver; plain HTTP when false.
     /// Kubernetes clients send bearer tokens only over HTTPS.
     pub tls: bool,
+    /// How many resourceVersions the watch cache trails the store by: a read it serves
+    /// (`resourceVersion=0`) may be this much older than a quorum read. Default 0.
+    pub cache_lag: u64,
+    /// How the cluster answers a streaming list (`sendInitialEvents=true`). Default
+    /// [`WatchListSupport::Served`].
+    pub watch_list: WatchListSupport,
+}
+
+/// How a cluster answers a watch that asks for its initial events (a streaming list,
+/// Kubernetes' WatchList).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchListSupport {
+    /// As an API server with the WatchList feature: the initial state as ADDED events,
+    /// then a bookmark annotated `k8s.io/initial-events-end`.
+    Served,
+    /// As an API server without it: 422, `sendInitialEvents` forbidden.
+    Refused,
+    /// As a server that does not know the parameters: a plain watch, no end bookmark.
+    Ignored,
+}
+
+impl WatchListSupport {
+    fn to_u8(self) -> u8 {
+        match self {
+            WatchListSupport::Served => 0,
+            WatchListSupport::Refused => 1,
+            WatchListSupport::Ignored => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => WatchListSupport::Refused,
+            2 => WatchListSupport::Ignored,
+            _ => WatchListSupport::Served,
+        }
+    }
+}
+
+/// How a LIST was served, as an API server's watch cache decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ListKind {
+    /// Read from storage (etcd): a consistent read, a paged read, an exact resourceVersion.
+    Quorum,
+    /// Read from the watch cache (`resourceVersion=0`, or not older than a given one).
+    Cache,
+    /// A streaming list: a watch with `sendInitialEvents=true`.
+    Streaming,
+}
+
+impl ListKind {
+    /// Lower-case name, as in `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListKind::Quorum => "quorum",
+            ListKind::Cache => "cache",
+            ListKind::Streaming => "streaming",
+        }
+    }
 }
 
 impl ClusterConfig {
@@ -50,6 +109,8 @@ impl ClusterConfig {
             )],
             resources: resource::builtin(),
             tls: true,
+            cache_lag: 0,
+            watch_list: WatchListSupport::Served,
         }
     }
 }
@@ -181,6 +242,12 @@ pub struct Inner {
     tokens: Mutex<Vec<Token>>,
     pub(crate) faults: Faults,
     counters: Mutex<BTreeMap<(Verb, String), u64>>,
+    /// LISTs by (how served, resource id): (requests, response bytes).
+    lists: Mutex<BTreeMap<(ListKind, String), (u64, u64)>>,
+    /// Response bytes by verb (discovery documents, lists).
+    bytes: Mutex<BTreeMap<Verb, u64>>,
+    cache_lag: std::sync::atomic::AtomicU64,
+    watch_list: std::sync::atomic::AtomicU8,
 }
 
 impl Deref for Cluster {
@@ -206,6 +273,7 @@ impl Cluster {
         let (control, _) = broadcast::channel(16);
         let (frozen, _) = watch::channel(false);
         let (stall_release, _) = watch::channel(0);
+        let (cache_lag, watch_list) = (config.cache_lag, config.watch_list);
         Cluster(Arc::new(Inner {
             tokens: Mutex::new(config.tokens.clone()),
             config,
@@ -218,7 +286,92 @@ impl Cluster {
                 failure: Mutex::new(None),
             },
             counters: Mutex::new(BTreeMap::new()),
+            lists: Mutex::new(BTreeMap::new()),
+            bytes: Mutex::new(BTreeMap::new()),
+            cache_lag: std::sync::atomic::AtomicU64::new(cache_lag),
+            watch_list: std::sync::atomic::AtomicU8::new(watch_list.to_u8()),
         }))
+    }
+
+    /// How many resourceVersions the watch cache trails the store by.
+    pub fn cache_lag(&self) -> u64 {
+        self.cache_lag.load(Ordering::SeqCst)
+    }
+
+    /// Sets how far the watch cache trails the store.
+    pub fn set_cache_lag(&self, lag: u64) {
+        self.cache_lag.store(lag, Ordering::SeqCst);
+    }
+
+    /// How the cluster answers streaming lists.
+    pub fn watch_list(&self) -> WatchListSupport {
+        WatchListSupport::from_u8(self.watch_list.load(Ordering::SeqCst))
+    }
+
+    /// Sets how the cluster answers streaming lists.
+    pub fn set_watch_list(&self, support: WatchListSupport) {
+        self.watch_list.store(support.to_u8(), Ordering::SeqCst);
+    }
+
+    /// The resourceVersion the watch cache is at: the store's, less the lag, never
+    /// older than the oldest one still readable.
+    pub fn cache_resource_version(&self) -> u64 {
+        self.store
+            .resource_version()
+            .saturating_sub(self.cache_lag())
+            .max(self.store.oldest_resource_version())
+    }
+
+    /// Counts a LIST served as `kind`, with the bytes of its response.
+    pub(crate) fn count_list(&self, kind: ListKind, resource: &str, bytes: u64) {
+        let mut lists = lock(&self.lists);
+        let entry = lists.entry((kind, resource.to_string())).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
+    }
+
+    /// Adds bytes to a streaming list's response (its initial events, as they are sent).
+    pub(crate) fn add_list_bytes(&self, kind: ListKind, resource: &str, bytes: u64) {
+        lock(&self.lists)
+            .entry((kind, resource.to_string()))
+            .or_default()
+            .1 += bytes;
+    }
+
+    /// Counts response bytes of a verb.
+    pub(crate) fn count_bytes(&self, verb: Verb, bytes: u64) {
+        *lock(&self.bytes).entry(verb).or_default() += bytes;
+    }
+
+    /// How many LISTs of any resource were served as `kind`.
+    pub fn lists_of(&self, kind: ListKind) -> u64 {
+        lock(&self.lists)
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|(_, (n, _))| n)
+            .sum()
+    }
+
+    /// The bytes of the LISTs of any resource served as `kind` (for streaming lists,
+    /// their initial events and end bookmark).
+    pub fn list_bytes_of(&self, kind: ListKind) -> u64 {
+        lock(&self.lists)
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|(_, (_, b))| b)
+            .sum()
+    }
+
+    /// How many LISTs of one resource id were served as `kind`.
+    pub fn lists(&self, kind: ListKind, resource: &str) -> u64 {
+        lock(&self.lists)
+            .get(&(kind, resource.to_string()))
+            .map_or(0, |(n, _)| *n)
+    }
+
+    /// Response bytes of a verb (discovery documents and lists are counted).
+    pub fn response_bytes(&self, verb: Verb) -> u64 {
+        lock(&self.bytes).get(&verb).copied().unwrap_or(0)
     }
 
     /// The cluster's name.
@@ -312,6 +465,8 @@ impl Cluster {
     /// Sets every counter back to zero.
     pub fn reset_counters(&self) {
         lock(&self.counters).clear();
+        lock(&self.lists).clear();
+        lock(&self.bytes).clear();
     }
 
     /// The counters in Prometheus text format, as served at `/metrics`.
@@ -322,6 +477,34 @@ impl Cluster {
         for ((verb, resource), n) in lock(&self.counters).iter() {
             out.push_str(&format!(
                 "sim_requests_total{{verb=\"{}\",resource=\"{resource}\"}} {n}\n",
+                verb.as_str()
+            ));
+        }
+        out.push_str(
+            "# HELP sim_list_requests_total LISTs served, by how (quorum: from storage; cache: from the watch cache; streaming: a watch with sendInitialEvents) and resource.\n# TYPE sim_list_requests_total counter\n",
+        );
+        let lists = lock(&self.lists).clone();
+        for ((kind, resource), (n, _)) in &lists {
+            out.push_str(&format!(
+                "sim_list_requests_total{{kind=\"{}\",resource=\"{resource}\"}} {n}\n",
+                kind.as_str()
+            ));
+        }
+        out.push_str(
+            "# HELP sim_list_response_bytes_total Bytes of LIST responses (for streaming lists, the initial events), by how served and resource.\n# TYPE sim_list_response_bytes_total counter\n",
+        );
+        for ((kind, resource), (_, b)) in &lists {
+            out.push_str(&format!(
+                "sim_list_response_bytes_total{{kind=\"{}\",resource=\"{resource}\"}} {b}\n",
+                kind.as_str()
+            ));
+        }
+        out.push_str(
+            "# HELP sim_response_bytes_total Response bytes, by verb (discovery documents and lists).\n# TYPE sim_response_bytes_total counter\n",
+        );
+        for (verb, b) in lock(&self.bytes).iter() {
+            out.push_str(&format!(
+                "sim_response_bytes_total{{verb=\"{}\"}} {b}\n",
                 verb.as_str()
             ));
         }

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, Verb};
+use crate::cluster::{Cluster, ListKind, Verb};
 use crate::request::{
     Body, Query, Repr, Target, error_response, full, json_response, negotiate, parse_rv,
     partial_metadata, value_response,
@@ -195,8 +195,10 @@ async fn serve(
 
     let discovery = |cluster: &Cluster, doc: Option<Value>| {
         cluster.count(Verb::Discovery, "");
-        doc.map(|d| value_response(StatusCode::OK, &d))
-            .ok_or_else(ApiError::unknown_resource)
+        let body =
+            serde_json::to_vec(&doc.ok_or_else(ApiError::unknown_resource)?).unwrap_or_default();
+        cluster.count_bytes(Verb::Discovery, body.len() as u64);
+        Ok(json_response(StatusCode::OK, body))
     };
     let defs = || cluster.store.defs();
     match route(&path) {
@@ -391,6 +393,7 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
     .filter(|&l| l > 0)
     .map(|l| l as usize);
     let cont = q.get("continue").filter(|s| !s.is_empty());
+    let mut kind = ListKind::Quorum;
     if cont.is_some() && rv.is_some_and(|rv| rv != 0) {
         return Err(ApiError::bad_request(
             "specifying resource version is not allowed when using continue",
@@ -407,18 +410,35 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
             (at, Some(c.start))
         }
         None => {
-            let at = match (rv, rv_match) {
-                (None | Some(0), _) => ReadAt::Latest,
-                (Some(rv), Some("Exact")) => ReadAt::Exact(rv),
-                (Some(rv), Some(_)) => ReadAt::NotOlderThan(rv),
-                (Some(rv), None) if limit.is_some() => ReadAt::Exact(rv),
-                (Some(rv), None) => ReadAt::NotOlderThan(rv),
-            };
-            // resourceVersion=0 is served from the watch cache, which ignores limit.
-            if rv == Some(0) && rv_match.is_none() {
+            // As the apiserver's watch cache decides (`shouldDelegateList`): a
+            // consistent read, a limit with a resourceVersion other than 0, or an
+            // exact match go to storage; the rest are served from the cache, which
+            // ignores limit and may trail storage.
+            let from_storage =
+                rv.is_none() || (limit.is_some() && rv != Some(0)) || rv_match == Some("Exact");
+            if from_storage {
+                let at = match (rv, rv_match) {
+                    (None | Some(0), _) => ReadAt::Latest,
+                    (Some(rv), Some("Exact")) => ReadAt::Exact(rv),
+                    (Some(rv), Some(_)) => ReadAt::NotOlderThan(rv),
+                    (Some(rv), None) if limit.is_some() => ReadAt::Exact(rv),
+                    (Some(rv), None) => ReadAt::NotOlderThan(rv),
+                };
+                (at, None)
+            } else {
+                kind = ListKind::Cache;
                 limit = None;
+                let cached = cluster.cache_resource_version();
+                let current = cluster.store.resource_version();
+                let at = match rv {
+                    Some(0) | None => ReadAt::Exact(cached),
+                    Some(rv) if rv <= cached => ReadAt::Exact(cached),
+                    // Newer than the cache: it waits until it has caught up.
+                    Some(rv) if rv <= current => ReadAt::Latest,
+                    Some(rv) => return Err(ApiError::too_large_rv(rv, current)),
+                };
+                (at, None)
             }
-            (at, None)
         }
     };
     let snap = match cluster.store.snapshot(&t.def.id(), at) {
@@ -468,14 +488,14 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
             metadata.insert("remainingItemCount".into(), json!(1 + range.count()));
         }
     }
-    Ok(match repr {
-        Repr::Full => json_response(StatusCode::OK, render_list(&t.def, &metadata, &items)),
+    let body = match repr {
+        Repr::Full => render_list(&t.def, &metadata, &items),
         Repr::Metadata => {
             let items: Vec<Value> = items.iter().map(|o| partial_metadata(o)).collect();
-            value_response(
-                StatusCode::OK,
+            serde_json::to_vec(
                 &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "items": items}),
             )
+            .unwrap_or_default()
         }
         Repr::Table => {
             let mut v = table::render(
@@ -487,9 +507,12 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
             if let Some(n) = metadata.get("remainingItemCount") {
                 v["metadata"]["remainingItemCount"] = n.clone();
             }
-            value_response(StatusCode::OK, &v)
+            serde_json::to_vec(&v).unwrap_or_default()
         }
-    })
+    };
+    cluster.count_list(kind, &t.def.id(), body.len() as u64);
+    cluster.count_bytes(Verb::List, body.len() as u64);
+    Ok(json_response(StatusCode::OK, body))
 }
 
 /// Writes a list by splicing the stored item bytes: no object is decoded or re-encoded.

@@ -26,7 +26,9 @@ pub mod validate;
 mod watch;
 mod workload;
 
-pub use cluster::{Cluster, ClusterConfig, FailFor, Inner, Token, Verb};
+pub use cluster::{
+    Cluster, ClusterConfig, FailFor, Inner, ListKind, Token, Verb, WatchListSupport,
+};
 pub use fleet::{Context, FleetSpec, SimFleet, kubeconfig, write_kubeconfig};
 pub use resource::ResourceDef;
 pub use server::SimServer;

@@ -16,7 +16,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::cluster::{Cluster, WatchControl};
+use crate::cluster::{Cluster, ListKind, WatchControl, WatchListSupport};
 use crate::request::{Body, Query, Repr, Target, parse_rv_unchecked, partial_metadata};
 use crate::resource::ResourceDef;
 use crate::status::ApiError;
@@ -76,12 +76,28 @@ pub(crate) async fn serve(
         labels: q.label_selector()?,
         fields: q.field_selector(&t.def)?,
     };
-    let (rv, rv_match) = parse_rv_unchecked(&q)?;
+    let (rv, mut rv_match) = parse_rv_unchecked(&q)?;
     let bookmarks = q.flag("allowWatchBookmarks");
-    let send_initial = match q.get("sendInitialEvents") {
+    let mut send_initial = match q.get("sendInitialEvents") {
         None | Some("") => None,
         Some(v) => Some(matches!(v, "true" | "1")),
     };
+    match cluster.watch_list() {
+        WatchListSupport::Served => {}
+        WatchListSupport::Refused if send_initial.is_some() => {
+            return Err(ApiError::invalid(
+                "ListOptions",
+                "",
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ));
+        }
+        WatchListSupport::Refused => {}
+        // A server that does not know the parameters reads them as absent.
+        WatchListSupport::Ignored => {
+            send_initial = None;
+            rv_match = None;
+        }
+    }
     if send_initial.is_none() && rv_match.is_some() {
         return Err(ApiError::invalid(
             "ListOptions",
@@ -143,6 +159,9 @@ pub(crate) async fn serve(
     let (tx, rx) = mpsc::channel::<Chunk>(64);
     match cluster.store.subscribe(&id, from) {
         Ok(sub) => {
+            if send_initial == Some(true) {
+                cluster.count_list(ListKind::Streaming, &id, 0);
+            }
             let opts = Options {
                 bookmarks,
                 send_initial: send_initial == Some(true),
@@ -275,13 +294,26 @@ async fn run(
         ..
     } = sub;
     let end = async {
+        // The initial events go out in frames of up to 64 KiB, as the apiserver's
+        // writer gathers events while more are waiting.
+        let mut frame: Vec<u8> = Vec::new();
+        let mut initial_bytes = 0u64;
         for obj in initial.iter().filter(|o| stream.filter.matches(o)) {
-            stream
-                .send(object_event("ADDED", &stream.def, obj, stream.repr))
-                .await?;
+            frame.extend_from_slice(&object_event("ADDED", &stream.def, obj, stream.repr));
+            if frame.len() >= 64 << 10 {
+                initial_bytes += frame.len() as u64;
+                stream.send(Bytes::from(std::mem::take(&mut frame))).await?;
+            }
         }
         if opts.send_initial {
-            stream.bookmark(true).await?;
+            frame.extend_from_slice(&bookmark_event(&stream.def, stream.seen_rv, true));
+        }
+        if !frame.is_empty() {
+            initial_bytes += frame.len() as u64;
+            stream.send(Bytes::from(frame)).await?;
+        }
+        if opts.send_initial {
+            cluster.add_list_bytes(ListKind::Streaming, &stream.def.id(), initial_bytes);
         }
         for change in &backlog {
             stream.change(change).await?;

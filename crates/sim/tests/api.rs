@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{Api, Next, start};
-use fleetscope_sim::{ClusterConfig, FailFor, SimServer, Verb, Workload, WorkloadSpec};
+use fleetscope_sim::{
+    ClusterConfig, FailFor, ListKind, SimServer, Verb, WatchListSupport, Workload, WorkloadSpec,
+};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -939,4 +941,102 @@ async fn bounded_history_expires_old_versions() {
         ))
         .await;
     assert_eq!(r.status, StatusCode::GONE);
+}
+
+#[tokio::test]
+async fn the_watch_cache_may_trail_storage_and_lists_are_counted_by_how_they_were_served() {
+    let (server, api) = with_configmaps(4).await;
+    let c = server.cluster();
+    c.reset_counters();
+    let before = c.store.resource_version();
+    c.set_cache_lag(2);
+    c.store.delete("configmaps", "a", "cm-000").unwrap();
+    c.store.delete("configmaps", "a", "cm-002").unwrap();
+    let now = c.store.resource_version();
+
+    // resourceVersion=0: the cache, two changes behind, limit ignored.
+    let cached = api
+        .get("/api/v1/configmaps?resourceVersion=0&limit=1")
+        .await
+        .json();
+    assert_eq!(cached["metadata"]["resourceVersion"], before.to_string());
+    assert_eq!(
+        names(&cached).len(),
+        4,
+        "the cache has not seen the deletes"
+    );
+    // Not older than a version the cache holds: the cache's own state.
+    let not_older = api
+        .get(&format!(
+            "/api/v1/configmaps?resourceVersion={before}&resourceVersionMatch=NotOlderThan"
+        ))
+        .await
+        .json();
+    assert_eq!(not_older["metadata"]["resourceVersion"], before.to_string());
+    // Newer than the cache: it catches up first, never answering older.
+    let caught_up = api
+        .get(&format!(
+            "/api/v1/configmaps?resourceVersion={now}&resourceVersionMatch=NotOlderThan"
+        ))
+        .await
+        .json();
+    assert_eq!(caught_up["metadata"]["resourceVersion"], now.to_string());
+    assert_eq!(names(&caught_up).len(), 2);
+    // A consistent read and a paged read with a version go to storage.
+    let quorum = api.get("/api/v1/configmaps").await.json();
+    assert_eq!(quorum["metadata"]["resourceVersion"], now.to_string());
+    api.get(&format!("/api/v1/configmaps?resourceVersion={now}&limit=1"))
+        .await;
+    let mut stream = api
+        .watch("/api/v1/configmaps?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+        .await
+        .unwrap();
+    let mut added = 0;
+    loop {
+        let e = stream.event().await;
+        if e["type"] == "BOOKMARK" {
+            break;
+        }
+        added += 1;
+    }
+    assert_eq!(added, 2);
+    assert_eq!(c.lists_of(ListKind::Cache), 3);
+    assert_eq!(c.lists_of(ListKind::Quorum), 2);
+    assert_eq!(c.lists(ListKind::Streaming, "configmaps"), 1);
+    assert!(c.list_bytes_of(ListKind::Streaming) > 0);
+    assert!(c.list_bytes_of(ListKind::Cache) > c.list_bytes_of(ListKind::Streaming));
+    let text = String::from_utf8(api.with_token(None).get("/metrics").await.body.to_vec()).unwrap();
+    for line in [
+        "sim_list_requests_total{kind=\"cache\",resource=\"configmaps\"} 3",
+        "sim_list_requests_total{kind=\"quorum\",resource=\"configmaps\"} 2",
+        "sim_list_requests_total{kind=\"streaming\",resource=\"configmaps\"} 1",
+        "sim_list_response_bytes_total{kind=\"streaming\",resource=\"configmaps\"} ",
+        "sim_response_bytes_total{verb=\"LIST\"} ",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_watch_list_refuses_it_or_ignores_it() {
+    let (server, api) = with_configmaps(3).await;
+    let c = server.cluster();
+    let streaming = "/api/v1/configmaps?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1";
+    c.set_watch_list(WatchListSupport::Refused);
+    let refused = api.watch(streaming).await.err().unwrap();
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("WatchList feature gate"),
+        "{}",
+        refused.json()
+    );
+    c.set_watch_list(WatchListSupport::Ignored);
+    let mut ignored = api.watch(streaming).await.unwrap();
+    let events = ignored.rest().await;
+    assert_eq!(events.len(), 3, "synthetic ADDEDs only: {events:?}");
+    assert!(events.iter().all(|e| e["type"] == "ADDED"));
+    assert_eq!(c.lists_of(ListKind::Streaming), 0);
 }
