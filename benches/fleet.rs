@@ -1,7 +1,7 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
-//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|scale|fanout|persist`
-//! runs one (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
+//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|persist`
+//! runs one (`sync` includes `first-sync`) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
 
@@ -86,10 +86,34 @@ fn pod(cluster: &str, ns: &str, name: &str, i: usize) -> serde_json::Value {
     })
 }
 
-/// Simulated clusters holding `pods` pods each, and their kubeconfig.
+/// ConfigMap `i`: a few keys of settings, as applications keep them.
+fn configmap(ns: &str, name: &str, i: usize) -> serde_json::Value {
+    let settings: serde_json::Map<String, serde_json::Value> = (0..8)
+        .map(|k| {
+            (
+                format!("setting-{k}.properties"),
+                json!(format!(
+                    "endpoint=https://svc-{}.{ns}.svc:8443/v{k}\ntimeout={}s\nretries={}\n",
+                    i % 97,
+                    5 + k,
+                    i % 4
+                )),
+            )
+        })
+        .collect();
+    json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": format!("app-{}", i % 100)},
+                     "managedFields": [{"manager": "kubectl", "operation": "Apply", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:data": {}}}]},
+        "data": settings,
+    })
+}
+
+/// Simulated clusters holding `pods` pods and `configmaps` configmaps each, and their
+/// kubeconfig; with the bytes of their pods' JSON.
 async fn pod_clusters(
     clusters: usize,
     pods: usize,
+    configmaps: usize,
     dir: &std::path::Path,
 ) -> (Vec<SimServer>, std::path::PathBuf, usize) {
     let mut servers = Vec::new();
@@ -121,6 +145,17 @@ async fn pod_clusters(
                 )
                 .unwrap();
             bytes += o.body.len();
+        }
+        for i in 0..configmaps {
+            let ns = format!("ns-{}", i % 10);
+            cluster
+                .store
+                .create(
+                    "configmaps",
+                    Some(&ns),
+                    configmap(&ns, &format!("config-{i}"), i),
+                )
+                .unwrap();
         }
         servers.push(SimServer::start_local(cluster).await.unwrap());
     }
@@ -155,18 +190,57 @@ fn cpu_time() -> Duration {
 }
 
 /// The simulated clusters of the sync comparison, in their own process: writes the
-/// kubeconfig into `dir`, prints `ready BYTES`, serves until stdin closes.
-async fn sim_child(dir: &str, clusters: usize, pods: usize) {
-    let (_servers, _path, list_bytes) =
-        pod_clusters(clusters, pods, std::path::Path::new(dir)).await;
+/// kubeconfig into `dir`, prints `ready BYTES`, serves until stdin closes. A line
+/// `reset` on stdin sets the clusters' request counters to zero (answered `ok`);
+/// `counts` prints their sum as `counts KIND=N:BYTES …`.
+async fn sim_child(dir: &str, clusters: usize, pods: usize, configmaps: usize) {
+    let (servers, _path, list_bytes) =
+        pod_clusters(clusters, pods, configmaps, std::path::Path::new(dir)).await;
     println!("ready {list_bytes}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let _ = tokio::task::spawn_blocking(|| {
-        let mut sink = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    let clusters: Vec<Cluster> = servers.iter().map(|s| s.cluster().clone()).collect();
+    let _ = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        let stdin = std::io::stdin();
+        while stdin.read_line(&mut line).is_ok_and(|n| n > 0) {
+            match line.trim() {
+                "reset" => {
+                    clusters.iter().for_each(Cluster::reset_counters);
+                    println!("ok");
+                }
+                "counts" => println!("counts {}", request_counts(&clusters)),
+                _ => {}
+            }
+            let _ = std::io::stdout().flush();
+            line.clear();
+        }
     })
     .await;
+    drop(servers);
+}
+
+/// The clusters' requests, summed: LISTs by how they were served (with bytes),
+/// discovery documents (with bytes) and watches.
+fn request_counts(clusters: &[Cluster]) -> String {
+    use fleetscope_sim::{ListKind, Verb};
+    let sum = |f: &dyn Fn(&Cluster) -> u64| clusters.iter().map(f).sum::<u64>();
+    let mut out = Vec::new();
+    for kind in [ListKind::Quorum, ListKind::Cache, ListKind::Streaming] {
+        out.push(format!(
+            "list-{}={}:{}",
+            kind.as_str(),
+            sum(&|c| c.lists_of(kind)),
+            sum(&|c| c.list_bytes_of(kind))
+        ));
+    }
+    out.push(format!(
+        "discovery={}:{}",
+        sum(&|c| c.requests_of(Verb::Discovery)),
+        sum(&|c| c.response_bytes(Verb::Discovery))
+    ));
+    out.push(format!("watch={}:0", sum(&|c| c.requests_of(Verb::Watch))));
+    out.join(" ")
 }
 
 /// Simulated clusters (`clusters` × `pods` pods, kubeconfig in `dir`) in a process of
@@ -175,24 +249,27 @@ fn spawn_sims(
     dir: &std::path::Path,
     clusters: usize,
     pods: usize,
-) -> (std::process::Child, String) {
+    configmaps: usize,
+) -> (
+    std::process::Child,
+    String,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
     let mut sims = Command::new(std::env::current_exe().unwrap())
         .arg("--sim-child")
         .arg(dir)
         .arg(clusters.to_string())
         .arg(pods.to_string())
+        .arg(configmaps.to_string())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(sims.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let mut out = std::io::BufReader::new(sims.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
     let bytes = line.trim().strip_prefix("ready ").unwrap().to_string();
-    (sims, bytes)
+    (sims, bytes, out)
 }
 
 /// One side of the sync comparison, in its own process (the simulated clusters in
@@ -220,7 +297,7 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
                 let opened = fleetscope_store::SledStore::open(data.path()).unwrap();
                 Engine::start_with_store(sources, config, Arc::new(opened.store), opened.loaded)
             };
-            wait_synced(&engine, total).await;
+            wait_synced(&engine, "pods", total).await;
             held = engine.index.snapshot().len();
             let elapsed = start.elapsed();
             let grown = rss().saturating_sub(before);
@@ -323,7 +400,7 @@ fn sync() {
     );
     let dir = tempfile::tempdir().unwrap();
     let pods = env_usize("FLEET_BENCH_PODS", 25_000);
-    let (mut sims, bytes) = spawn_sims(dir.path(), 4, pods);
+    let (mut sims, bytes, _) = spawn_sims(dir.path(), 4, pods, 0);
     // Runs alternate between the two, several each: a single run's CPU time varies
     // with what the kernel has to do for its memory (zeroing, compacting huge pages).
     let runs = env_usize("FLEET_BENCH_RUNS", 5);
@@ -828,7 +905,159 @@ async fn fanout() {
     );
 }
 
+/// When this process started: taken first thing in `main`.
+static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// The first sync against its floor: the simulated clusters in a process of their own,
+/// and each run of each side in a process of its own, timed from its start.
+fn first_sync() {
+    use std::io::{BufRead, Write};
+    let clusters = 4;
+    let pods = env_usize("FLEET_BENCH_PODS", 25_000);
+    let configmaps = env_usize("FLEET_BENCH_CONFIGMAPS", 3_880);
+    println!(
+        "first sync against the API server's floor: {clusters} simulated clusters over HTTPS ({pods} pods and {configmaps} configmaps each, in their own process); the floor reads every cluster's list raw from its watch cache (resourceVersion=0), unparsed, in parallel; every side is timed from its process start to a complete index (to the last byte, for the floor), each run in a process of its own"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sims, _, mut out) = spawn_sims(dir.path(), clusters, pods, configmaps);
+    let mut stdin = sims.stdin.take().unwrap();
+    let mut ask = |what: &str| -> String {
+        writeln!(stdin, "{what}").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    };
+    let runs = env_usize("FLEET_BENCH_RUNS", 5);
+    let contenders: Vec<String> = std::env::var("FLEET_BENCH_FIRST_SYNC")
+        .unwrap_or_else(|_| "floor,fleetscope,fleetscope-list,fleetscope-persisted".into())
+        .split(',')
+        .map(|c| c.trim().to_string())
+        .collect();
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    for (resource, total) in [
+        ("pods", pods * clusters),
+        ("configmaps", configmaps * clusters),
+    ] {
+        let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut requests: BTreeMap<String, String> = BTreeMap::new();
+        let mut bytes = 0.0;
+        for _ in 0..runs {
+            for which in &contenders {
+                assert_eq!(ask("reset"), "ok");
+                let d = dir.path().to_string_lossy();
+                for f in run_child(
+                    &[
+                        "--first-sync-child",
+                        which,
+                        resource,
+                        &d,
+                        &total.to_string(),
+                    ],
+                    "#first ",
+                ) {
+                    let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
+                    times.entry(which.clone()).or_default().push(f[0]);
+                    if f[1] > 0.0 {
+                        bytes = f[1];
+                    }
+                }
+                let counts = ask("counts");
+                requests.insert(
+                    which.clone(),
+                    counts
+                        .strip_prefix("counts ")
+                        .unwrap_or(&counts)
+                        .to_string(),
+                );
+            }
+        }
+        let floor = times.get("floor").map(|t| median(t).0);
+        println!(
+            "  {resource}: {total} objects, {:.1} MB listed raw",
+            bytes / 1e6
+        );
+        for which in &contenders {
+            let Some(t) = times.get(which) else { continue };
+            let (m, lo, hi) = median(t);
+            let ratio = match (floor, which.as_str()) {
+                (Some(f), w) if w != "floor" => format!(" = {:.2} × the floor (goal ≤ 1.3)", m / f),
+                _ => String::new(),
+            };
+            println!(
+                "    {which:<22} median of {runs}: {:.0} ms ({:.0}–{:.0}){ratio}; requests: {}",
+                m * 1e3,
+                lo * 1e3,
+                hi * 1e3,
+                requests.get(which).map_or("", String::as_str)
+            );
+        }
+    }
+    drop(stdin);
+    sims.wait().unwrap();
+}
+
+/// One side of the first-sync comparison, timed from this process's start: `floor`
+/// reads every cluster's list raw from its cache; the others run the engine (with
+/// streaming lists, with LISTs only, or with a store) until its index is complete.
+async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) {
+    use http_body_util::BodyExt;
+    let started = *STARTED.get().unwrap();
+    let path = std::path::Path::new(dir).join("kubeconfig");
+    let sources = fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap();
+    if which == "floor" {
+        let reads = sources.iter().map(|source| {
+            let path = path.clone();
+            async move {
+                let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
+                let options = kube::config::KubeConfigOptions {
+                    context: Some(source.name.clone()),
+                    ..Default::default()
+                };
+                let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .unwrap();
+                let client = kube::Client::try_from(config).unwrap();
+                let request = http::Request::get(format!("/api/v1/{resource}?resourceVersion=0"))
+                    .body(kube::client::Body::empty())
+                    .unwrap();
+                let mut body = client.send(request).await.unwrap().into_body();
+                let mut n = 0;
+                while let Some(frame) = body.frame().await {
+                    if let Ok(data) = frame.unwrap().into_data() {
+                        n += data.len();
+                    }
+                }
+                n
+            }
+        });
+        let bytes: usize = futures::future::join_all(reads).await.into_iter().sum();
+        println!("#first {} {bytes}", started.elapsed().as_secs_f64());
+        return;
+    }
+    let mut config = EngineConfig {
+        resources: vec![resource.into()],
+        ..EngineConfig::default()
+    };
+    config.stream.watch_list = which != "fleetscope-list";
+    let data = tempfile::tempdir().unwrap();
+    let engine = if which == "fleetscope-persisted" {
+        let opened = fleetscope_store::SledStore::open(data.path()).unwrap();
+        Engine::start_with_store(sources, config, Arc::new(opened.store), opened.loaded)
+    } else {
+        Engine::start(sources, config)
+    };
+    wait_synced(&engine, resource, total).await;
+    println!("#first {} 0", started.elapsed().as_secs_f64());
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 fn main() {
+    STARTED.get_or_init(Instant::now);
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
@@ -847,7 +1076,21 @@ fn main() {
     if args.first().map(String::as_str) == Some("--sim-child") {
         let pods = env_usize("FLEET_BENCH_PODS", 25_000);
         let count = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().unwrap());
-        rt.block_on(sim_child(&args[1], count(2, 4), count(3, pods)));
+        rt.block_on(sim_child(
+            &args[1],
+            count(2, 4),
+            count(3, pods),
+            count(4, 0),
+        ));
+        return;
+    }
+    if args.first().map(String::as_str) == Some("--first-sync-child") {
+        rt.block_on(first_sync_child(
+            &args[1],
+            &args[2],
+            &args[3],
+            args[4].parse().unwrap(),
+        ));
         return;
     }
     if args.first().map(String::as_str) == Some("--child") {
@@ -878,6 +1121,9 @@ fn main() {
     );
     if part.is_empty() || part == "sync" {
         sync();
+    }
+    if part.is_empty() || part == "sync" || part == "first-sync" {
+        first_sync();
     }
     if part.is_empty() || part == "scale" {
         rt.block_on(scale());
@@ -931,13 +1177,13 @@ fn held_json(index: &fleetscope_index::Index) -> usize {
         .sum()
 }
 
-async fn wait_synced(engine: &Engine, total: usize) {
+async fn wait_synced(engine: &Engine, resource: &str, total: usize) {
     loop {
         let synced = engine
             .status
             .clusters()
             .iter()
-            .all(|c| c.freshness(Some("pods")).0 == fleetscope::status::Freshness::Synced);
+            .all(|c| c.freshness(Some(resource)).0 == fleetscope::status::Freshness::Synced);
         if synced && engine.index.snapshot().len() == total {
             return;
         }
@@ -961,7 +1207,7 @@ fn persist() {
         "persist: {clusters} simulated clusters × {per} pods over HTTPS; a cold start into an empty store, then restarts from it, each in a process of its own"
     );
     let dir = tempfile::tempdir().unwrap();
-    let (mut sims, _) = spawn_sims(dir.path(), clusters, per);
+    let (mut sims, _, _) = spawn_sims(dir.path(), clusters, per, 0);
     let mut cold = String::from("0");
     for n in 0..=env_usize("FLEET_BENCH_RESTARTS", 3) {
         let dir = dir.path().to_string_lossy();
@@ -1020,7 +1266,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     ));
     let restored_at = t.elapsed();
     if n == 0 {
-        wait_synced(&engine, total).await;
+        wait_synced(&engine, "pods", total).await;
         let cold = t.elapsed();
         wait_written(&engine).await;
         let written = t.elapsed();
@@ -1058,7 +1304,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
         .into_inner();
     let answered = t.elapsed();
     assert_eq!(first.items.len(), 500);
-    wait_synced(&engine, total).await;
+    wait_synced(&engine, "pods", total).await;
     let synced = t.elapsed();
     let lists = sim_lists(&sources).await - lists_before;
     println!(

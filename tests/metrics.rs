@@ -137,7 +137,7 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         )
         .unwrap_or_else(|| panic!("{c}: {body}"));
         assert!(
-            counted >= seen as f64 && seen >= 2,
+            counted >= seen as f64 && seen >= 1,
             "{c}: {counted} counted, {seen} seen"
         );
     }

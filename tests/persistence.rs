@@ -12,7 +12,7 @@ use fleetscope::proto::{
     self, EventType, ListClustersRequest, ListRequest, Query, WatchEvent, WatchRequest,
 };
 use fleetscope_sim::store::ReadAt;
-use fleetscope_sim::{FleetSpec, Verb};
+use fleetscope_sim::{FleetSpec, ListKind, Verb};
 use futures::StreamExt;
 use serde_json::json;
 use tonic::Streaming;
@@ -107,11 +107,12 @@ async fn converged(h: &Harness) {
     }
 }
 
+/// Lists made, of any kind: LISTs and streaming lists (watches with initial events).
 fn lists(h: &Harness) -> u64 {
     h.fleet
         .servers()
         .iter()
-        .map(|s| s.cluster().requests_of(Verb::List))
+        .map(|s| s.cluster().requests_of(Verb::List) + s.cluster().lists_of(ListKind::Streaming))
         .sum()
 }
 
@@ -312,7 +313,8 @@ async fn missed_changes_reach_a_resumed_watch(expire_history: bool) {
             "a resumed watch replays in the cluster's order"
         );
     }
-    let configmap_lists = h.cluster(0).requests(Verb::List, "configmaps");
+    let configmap_lists = h.cluster(0).requests(Verb::List, "configmaps")
+        + h.cluster(0).lists(ListKind::Streaming, "configmaps");
     if expire_history {
         assert!(
             configmap_lists >= 1,

@@ -453,9 +453,14 @@ pub struct EngineArgs {
     /// A JSON path to index for field selectors and counts (e.g. `spec.nodeName`); repeatable.
     #[arg(long = "field-index", value_name = "PATH")]
     pub field_indexes: Vec<String>,
-    /// LIST page size towards the clusters.
+    /// LIST page size towards the clusters (for consistent lists from storage; lists
+    /// from the watch cache are not paged).
     #[arg(long, default_value_t = 500)]
     pub page_size: u32,
+    /// Ask API servers for streaming lists (WatchList) and list only where they refuse
+    /// or ignore them (true), or always list (false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub watch_list: bool,
     /// Events kept for resuming watches.
     #[arg(long, default_value_t = 100_000)]
     pub event_log: usize,
@@ -609,6 +614,7 @@ impl EngineArgs {
             cluster_labels,
             stream: fleetscope_informer::StreamConfig {
                 page_size: self.page_size,
+                watch_list: self.watch_list,
                 pruning: fleetscope_informer::Pruning {
                     managed_fields: !self.keep_managed_fields,
                     annotations: self.prune_annotations.clone(),

@@ -256,6 +256,8 @@ pub struct PruningFile {
 pub struct InformerFile {
     /// LIST page size (`--page-size`).
     pub page_size: Option<u32>,
+    /// Ask for streaming lists (`--watch-list`).
+    pub watch_list: Option<bool>,
     /// The longest an exec credential plugin may run (`--exec-timeout`).
     pub exec_timeout: Option<String>,
 }
@@ -325,6 +327,7 @@ const KEYS: &[&str] = &[
     "annotations",
     "informer",
     "pageSize",
+    "watchList",
     "execTimeout",
     "retention",
     "events",
@@ -381,6 +384,7 @@ const KEY_OF: &[(&str, &str)] = &[
     ("keep_managed_fields", "pruning.managedFields"),
     ("prune_annotations", "pruning.annotations"),
     ("page_size", "informer.pageSize"),
+    ("watch_list", "informer.watchList"),
     ("exec_timeout", "informer.execTimeout"),
     ("event_log", "retention.events"),
     ("event_log_mib", "retention.eventsMib"),
@@ -669,6 +673,9 @@ impl FileConfig {
         if let Some(i) = &self.informer {
             if let Some(v) = i.page_size {
                 give("informer.pageSize", "page_size", one(&v));
+            }
+            if let Some(v) = i.watch_list {
+                give("informer.watchList", "watch_list", one(&v));
             }
             if let Some(v) = &i.exec_timeout {
                 give("informer.execTimeout", "exec_timeout", one(v));

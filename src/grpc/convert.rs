@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use fleetscope_model::fleet::{
     ClusterFreshness, ClusterInfo, FleetObject, Freshness, Projection, Query, StreamInfo,
-    StreamState,
+    StreamState, SyncMethod,
 };
 use fleetscope_model::{
     ClusterFilter, ClusterFilterError, EventType, FieldSelector, FleetError, LabelSelector,
@@ -210,6 +210,15 @@ fn stream(s: StreamInfo) -> proto::ResourceStream {
         last_event_time: s.last_event.map(timestamp),
         last_error: s.last_error,
         sync_lag: s.sync_lag.and_then(duration),
+        sync_method: s
+            .sync_method
+            .map_or(proto::SyncMethod::Unspecified, |m| match m {
+                SyncMethod::WatchList => proto::SyncMethod::WatchList,
+                SyncMethod::ListFromCache => proto::SyncMethod::ListFromCache,
+                SyncMethod::ListConsistent => proto::SyncMethod::ListConsistent,
+                SyncMethod::Resumed => proto::SyncMethod::Resumed,
+            }) as i32,
+        watch_list_fallback: s.watch_list_fallback,
     }
 }
 

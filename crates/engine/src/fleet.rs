@@ -583,6 +583,8 @@ fn cluster_info(c: ClusterStatus, counts: &BTreeMap<String, u64>) -> ClusterInfo
             last_event: s.last_event,
             last_error: s.last_error.clone().unwrap_or_default(),
             sync_lag: s.sync_lag(),
+            sync_method: s.sync_method,
+            watch_list_fallback: s.watch_list_fallback.clone().unwrap_or_default(),
         })
         .chain(c.missing.iter().map(|(spec, why)| StreamInfo {
             resource: spec.clone(),
@@ -592,6 +594,8 @@ fn cluster_info(c: ClusterStatus, counts: &BTreeMap<String, u64>) -> ClusterInfo
             last_event: None,
             last_error: why.clone(),
             sync_lag: None,
+            sync_method: None,
+            watch_list_fallback: String::new(),
         }))
         .collect();
     ClusterInfo {

@@ -160,7 +160,15 @@ pub(crate) async fn ingest(
                     objects,
                     resource_version,
                     reason,
+                    method,
+                    fallback,
                 } => {
+                    if method.is_some() {
+                        status.update_stream(&stream.cluster, &stream.resource, |s| {
+                            s.sync_method = method;
+                            s.watch_list_fallback = fallback;
+                        });
+                    }
                     match reason {
                         ListReason::Initial => count(&stream, &|c| c.initial_lists += 1),
                         ListReason::Expired => count(&stream, &|c| c.expired_lists += 1),

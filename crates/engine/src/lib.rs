@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetscope_index::{Change, Index};
-use fleetscope_informer::cluster::{ClusterConfig, Resume, ResumePoint};
+use fleetscope_informer::cluster::{ClusterConfig, ResumePoint, Seed};
 use fleetscope_informer::{ClusterSource, StreamConfig, Update};
 use fleetscope_model::{ClusterName, Revision};
 use tokio::sync::{mpsc, watch};
@@ -261,6 +261,7 @@ impl Engine {
             tasks: tasks.clone(),
             cancel: cancel.clone(),
             stored,
+            persister: persister.clone(),
             registered: Default::default(),
         };
         // The first set is in the status table before this returns: reported, and
@@ -394,7 +395,7 @@ fn open_store(
 ) -> (
     Arc<Index>,
     Option<Arc<Persister>>,
-    HashMap<ClusterName, Resume>,
+    HashMap<ClusterName, Seed>,
     bool,
 ) {
     let started = std::time::Instant::now();
@@ -451,7 +452,15 @@ fn open_store(
             .map(|s| (s.cluster.clone(), s.resource.clone(), None));
         persister.record(staged, dropped, ProgressLog::default());
     }
-    let mut resume: HashMap<ClusterName, Resume> = HashMap::new();
+    let mut resume: HashMap<ClusterName, Seed> = HashMap::new();
+    for d in std::mem::take(&mut loaded.discovery) {
+        if configured.contains(&d.cluster) {
+            resume.entry(d.cluster.clone()).or_default().served =
+                d.served.into_iter().map(reconcile::served_of).collect();
+        } else {
+            persister.record_discovery(d.cluster, None);
+        }
+    }
     for c in &kept {
         status.add_cluster(
             c,
@@ -464,7 +473,7 @@ fn open_store(
         if kept.contains(&s.cluster) {
             status.stream_restored(&s.cluster, &s.resource, &s.resource_version);
         } else if configured.contains(&s.cluster) {
-            resume.entry(s.cluster.clone()).or_default().insert(
+            resume.entry(s.cluster.clone()).or_default().resume.insert(
                 s.resource.name(),
                 ResumePoint {
                     resource: s.resource,

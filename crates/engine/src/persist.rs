@@ -92,6 +92,8 @@ struct Pending {
     streams: HashMap<(ClusterName, String), Option<StreamRecord>>,
     clusters: Option<Vec<ClusterName>>,
     field_indexes: Option<Vec<String>>,
+    /// Clusters' latest discovery answers; `None` for a cluster that left.
+    discovery: HashMap<ClusterName, Option<fleetscope_store::DiscoveryRecord>>,
     /// The index's state to write as the next snapshot, captured at a recorded revision.
     snapshot: Option<Arc<State>>,
     /// The snapshot must be written with this batch, not beside it: gathered events
@@ -112,6 +114,7 @@ impl Pending {
             && self.streams.is_empty()
             && self.clusters.is_none()
             && self.field_indexes.is_none()
+            && self.discovery.is_empty()
             && self.snapshot.is_none()
             && self.state.is_none()
             && self.after.is_empty()
@@ -133,6 +136,9 @@ impl Pending {
         }
         if self.field_indexes.is_some() {
             older.field_indexes = self.field_indexes.take();
+        }
+        for (k, v) in self.discovery.drain() {
+            older.discovery.insert(k, v);
         }
         if self.snapshot.is_some() {
             older.snapshot = self.snapshot.take();
@@ -446,6 +452,17 @@ impl Persister {
         lock(&self.pending).revision
     }
 
+    /// Records what a cluster's discovery answered (`None`: forget it, the cluster
+    /// left), written with the next batch.
+    pub fn record_discovery(
+        &self,
+        cluster: ClusterName,
+        record: Option<fleetscope_store::DiscoveryRecord>,
+    ) {
+        lock(&self.pending).discovery.insert(cluster, record);
+        self.wake.notify_one();
+    }
+
     /// Records the configured clusters and field-index paths.
     pub fn record_config(&self, clusters: Vec<ClusterName>, field_indexes: Vec<String>) {
         let mut p = lock(&self.pending);
@@ -727,6 +744,12 @@ impl Persister {
             match record {
                 Some(r) => batch.streams.push(r.clone()),
                 None => batch.drop_streams.push((cluster.clone(), resource.clone())),
+            }
+        }
+        for (cluster, record) in &p.discovery {
+            match record {
+                Some(d) => batch.discovery.push(d.clone()),
+                None => batch.drop_discovery.push(cluster.clone()),
             }
         }
         let mut snapshot_took = None;

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use fleetscope_informer::cluster::{self, ClusterConfig, Report, Resume};
+use fleetscope_informer::cluster::{self, ClusterConfig, Report, Seed};
+use fleetscope_informer::discovery::Served;
 use fleetscope_informer::{ClusterSource, Update};
 use fleetscope_model::{ClusterName, ResourceType};
 use tokio::sync::{mpsc, watch};
@@ -71,8 +72,11 @@ pub(crate) struct Members {
     pub tx: mpsc::Sender<Update>,
     pub tasks: TaskTracker,
     pub cancel: CancellationToken,
-    /// Where stored streams resume, by cluster: taken by the cluster's first start.
-    pub stored: HashMap<ClusterName, Resume>,
+    /// Where stored streams resume and the kept discovery answers, by cluster:
+    /// taken by the cluster's first start.
+    pub stored: HashMap<ClusterName, Seed>,
+    /// Where discovery answers are kept, with persistence on.
+    pub persister: Option<Arc<crate::persist::Persister>>,
     /// Clusters already in the status table, registered before the reconciler ran.
     pub registered: std::collections::HashSet<ClusterName>,
 }
@@ -176,10 +180,15 @@ impl Members {
         let name = ClusterName::from(source.name.as_str());
         let labels = labels_for(&self.labels.borrow(), name.as_str());
         self.status.add_cluster(&name, &source.describe(), labels);
-        if let Some(resume) = self.stored.get(&name) {
-            for point in resume.values() {
+        if let Some(seed) = self.stored.get(&name) {
+            for point in seed.resume.values() {
                 self.status
                     .stream_restored(&name, &point.resource, &point.resource_version);
+            }
+            // The kept discovery answer resolves names until discovery answers again.
+            if !seed.served.is_empty() {
+                let served = Arc::new(seed.served.clone());
+                self.status.update(&name, |c| c.served = served);
             }
         }
     }
@@ -190,20 +199,21 @@ impl Members {
         if !self.registered.remove(&name) {
             self.register(&source);
         }
-        let resume = self.stored.remove(&name).unwrap_or_default();
+        let seed = self.stored.remove(&name).unwrap_or_default();
         let (tx, rx) = watch::channel(source);
         let report = Arc::new(Reporter {
             status: self.status.clone(),
             tasks: self.tasks.clone(),
             restore_confirm: self.restore_confirm,
             cancel: self.cancel.clone(),
+            persister: self.persister.clone(),
         });
         let span = tracing::info_span!("cluster", cluster = %name);
         let done = self.tasks.spawn(
             cluster::run(
                 rx,
                 self.config.clone(),
-                resume,
+                seed,
                 self.tx.clone(),
                 report,
                 self.tasks.clone(),
@@ -221,6 +231,27 @@ struct Reporter {
     tasks: TaskTracker,
     restore_confirm: Duration,
     cancel: CancellationToken,
+    persister: Option<Arc<crate::persist::Persister>>,
+}
+
+/// A kept discovery entry as the informers take it.
+pub(crate) fn served_of(r: fleetscope_store::ServedRecord) -> Served {
+    Served {
+        resource: r.resource,
+        watchable: r.watchable,
+        short_names: r.short_names,
+        singular: r.singular,
+    }
+}
+
+/// A discovery entry as the store keeps it.
+fn record_of(s: &Served) -> fleetscope_store::ServedRecord {
+    fleetscope_store::ServedRecord {
+        resource: s.resource.clone(),
+        watchable: s.watchable,
+        short_names: s.short_names.clone(),
+        singular: s.singular.clone(),
+    }
 }
 
 impl Report for Reporter {
@@ -254,7 +285,11 @@ impl Report for Reporter {
     }
 
     fn stream_started(&self, cluster: &ClusterName, resource: &ResourceType, resumed: bool) {
-        self.status.update_stream(cluster, resource, |_| {});
+        self.status.update_stream(cluster, resource, |s| {
+            if resumed {
+                s.sync_method = Some(fleetscope_model::fleet::SyncMethod::Resumed);
+            }
+        });
         if resumed {
             // A resumed watch that stays open without a 410 confirms what was restored.
             let (status, cluster, rt, wait, cancel) = (
@@ -277,7 +312,22 @@ impl Report for Reporter {
         self.status.remove_stream(cluster, &resource.name());
     }
 
-    fn served(&self, cluster: &ClusterName, served: &[fleetscope_informer::discovery::Served]) {
+    fn served(&self, cluster: &ClusterName, served: &[Served]) {
+        if let Some(p) = &self.persister {
+            let unchanged = self
+                .status
+                .cluster(cluster)
+                .is_some_and(|c| c.served.as_slice() == served);
+            if !unchanged {
+                p.record_discovery(
+                    cluster.clone(),
+                    Some(fleetscope_store::DiscoveryRecord {
+                        cluster: cluster.clone(),
+                        served: served.iter().map(record_of).collect(),
+                    }),
+                );
+            }
+        }
         let served = Arc::new(served.to_vec());
         self.status.update(cluster, |c| c.served = served);
     }

@@ -31,6 +31,10 @@ pub struct StreamStatus {
     pub restored: bool,
     /// What it has received since the cluster joined (for metrics).
     pub counts: StreamCounts,
+    /// How it last came to hold its cluster's state.
+    pub sync_method: Option<fleetscope_model::fleet::SyncMethod>,
+    /// Why it listed although it asked for a streaming list.
+    pub watch_list_fallback: Option<String>,
 }
 
 /// What a stream has received, counted for metrics.
@@ -71,6 +75,8 @@ impl StreamStatus {
             stale_since: None,
             restored: false,
             counts: StreamCounts::default(),
+            sync_method: None,
+            watch_list_fallback: None,
         }
     }
 
@@ -192,6 +198,13 @@ impl ClusterStatus {
             .unwrap_or_default();
         let since = streams.iter().filter_map(|s| s.stale_since).min();
         match worst {
+            // Streams of known types start before discovery answers; the cluster as a
+            // whole is synced once discovery has said what else it serves.
+            Freshness::Synced if resource.is_none() && !self.discovered => (
+                Freshness::Syncing,
+                None,
+                "discovering the cluster's resource types".into(),
+            ),
             Freshness::Synced if resource.is_none() && !self.missing.is_empty() => {
                 // Synced for what it serves; a configured name it does not serve is said.
                 let names: Vec<String> = self

@@ -201,6 +201,17 @@ pub struct ResumePoint {
 /// A cluster's resume points, by resource type name.
 pub type Resume = HashMap<String, ResumePoint>;
 
+/// What a cluster starts from: where its stored streams resume, and what its
+/// discovery last answered (kept in the store, as kubectl keeps its discovery cache).
+/// Streams whose type these make known start before discovery is asked again.
+#[derive(Debug, Clone, Default)]
+pub struct Seed {
+    /// Where stored streams resume.
+    pub resume: Resume,
+    /// The last discovery answer; empty if none was kept.
+    pub served: Vec<Served>,
+}
+
 /// What a cluster's loop reports besides its streams' updates. Called from the loop's
 /// task, in order; implementations must not block.
 pub trait Report: Send + Sync + 'static {
@@ -302,12 +313,17 @@ struct Cluster {
     cancel: CancellationToken,
     streams: HashMap<ResourceType, Running>,
     resume: Resume,
+    /// The last discovery answer, kept or current.
+    served: Vec<Served>,
     outage: Arc<crate::outage::Outage>,
 }
 
 /// Runs one cluster until `cancel` (shutdown) or until `source`'s sender is dropped
 /// (the cluster left the fleet: its streams stop, then [`Update::ClusterGone`]).
-/// Streams are spawned on `tasks`. `resume` holds where stored streams resume.
+/// Streams are spawned on `tasks`. `seed` holds where stored streams resume and the
+/// kept discovery answer: streams whose type is known (from it, from the resume
+/// points, or as a built-in type) start as soon as the cluster is connected, and
+/// discovery, asked meanwhile, then starts, replaces or stops streams as it answers.
 ///
 /// A change of `settings` applies without reconnecting: types no longer collected
 /// stop (their objects dropped), new ones start, and a stream whose selection changed
@@ -316,7 +332,7 @@ struct Cluster {
 pub async fn run(
     mut source: watch::Receiver<ClusterSource>,
     mut settings: watch::Receiver<Arc<ClusterConfig>>,
-    resume: Resume,
+    seed: Seed,
     tx: mpsc::Sender<Update>,
     report: Arc<dyn Report>,
     tasks: TaskTracker,
@@ -333,7 +349,8 @@ pub async fn run(
         tasks,
         cancel,
         streams: HashMap::new(),
-        resume,
+        resume: seed.resume,
+        served: seed.served,
         outage: Arc::new(crate::outage::Outage::new(ClusterName::from(
             current.name.as_str(),
         ))),
@@ -433,6 +450,10 @@ impl Cluster {
         // applied to them without asking again.
         let mut known: Option<(Vec<Served>, Option<String>)> = None;
         let mut rediscover = true;
+        // Discovery is off the critical path: streams of known types start now.
+        let (early_served, early) = self.known_types();
+        self.start_streams(&conn.client, &early_served, &early)
+            .await;
         loop {
             if rediscover {
                 let discovered = tokio::select! {
@@ -447,6 +468,7 @@ impl Cluster {
                             _ = self.cancel.cancelled() => return Leave::Shutdown,
                         };
                         self.report.served(&self.name, &served);
+                        self.served.clone_from(&served);
                         known = Some((served, version));
                         self.outage.recovered("discovery");
                     }
@@ -529,6 +551,41 @@ impl Cluster {
         waited
     }
 
+    /// The types `config.resources` names that are known before discovery answers,
+    /// with what they were resolved against: the kept discovery answer if any, else
+    /// the resume points' types and, for names (not `*`), the built-in types.
+    fn known_types(&self) -> (Vec<Served>, Vec<ResourceType>) {
+        let mut served: Vec<Served> = self.served.clone();
+        if served.is_empty() {
+            for p in self.resume.values() {
+                if !served.iter().any(|s| s.resource == p.resource) {
+                    served.push(Served::of(p.resource.clone(), true));
+                }
+            }
+        }
+        let mut resources = discovery::resolve(&self.config.resources, &served).resources;
+        if self.served.is_empty() {
+            // Built-in types for names only: `*` waits for discovery.
+            let mut with_builtin = served.clone();
+            with_builtin.extend(discovery::builtin());
+            let named: Vec<String> = self
+                .config
+                .resources
+                .iter()
+                .filter(|r| r.trim() != "*")
+                .cloned()
+                .collect();
+            for rt in discovery::resolve(&named, &with_builtin).resources {
+                if !resources.contains(&rt) {
+                    resources.push(rt);
+                }
+            }
+            served = with_builtin;
+        }
+        resources.sort();
+        (served, resources)
+    }
+
     /// Starts streams for newly served types and stops those whose type vanished.
     async fn reconcile(
         &mut self,
@@ -553,53 +610,9 @@ impl Cluster {
                 let _ = running.handle.await;
             }
         }
-        for rt in wanted {
-            if self.streams.contains_key(rt) {
-                continue;
-            }
-            let stream = stream_config(&self.config, rt, served);
-            let selection = stream.selection();
-            // A stored stream of the same type and selection resumes its watch;
-            // anything else lists, and the list is diffed against what is held.
-            let resume_from = self
-                .resume
-                .remove(&rt.name())
-                .filter(|p| p.resource == *rt)
-                .and_then(|p| {
-                    if p.selection == selection {
-                        Some(p.resource_version)
-                    } else {
-                        tracing::info!(resource = %rt.name(), was = %p.selection, now = %selection, "the stream selects differently than when its objects were stored: listing again");
-                        None
-                    }
-                });
-            self.report
-                .stream_started(&self.name, rt, resume_from.is_some());
-            let token = self.cancel.child_token();
-            let id =
-                Arc::new(StreamId::new(self.name.clone(), rt.clone()).selecting(selection.clone()));
-            let span = tracing::info_span!("informer", cluster = %self.name, resource = %rt.name());
-            let handle = self.tasks.spawn(
-                stream::run(
-                    client.clone(),
-                    id,
-                    self.outage.clone(),
-                    stream,
-                    resume_from,
-                    self.tx.clone(),
-                    token.clone(),
-                )
-                .instrument(span),
-            );
-            self.streams.insert(
-                rt.clone(),
-                Running {
-                    token,
-                    handle,
-                    selection,
-                },
-            );
-        }
+        // Streams of types no longer wanted stop, and their objects are dropped, before
+        // any stream starts: a type served at another version keeps its name, and its
+        // new stream's objects must come after the drop.
         let mut gone: Vec<ResourceType> = self
             .streams
             .keys()
@@ -607,8 +620,37 @@ impl Cluster {
             .cloned()
             .collect();
         // Stored streams this cluster no longer serves (or that are no longer collected).
-        gone.extend(self.resume.drain().map(|(_, p)| p.resource));
+        let stale: Vec<String> = self
+            .resume
+            .iter()
+            .filter(|(name, _)| !wanted.iter().any(|w| w.name() == **name))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            if let Some(p) = self.resume.remove(&name) {
+                gone.push(p.resource);
+            }
+        }
         for rt in gone {
+            // Served at another version now: the new stream lists, and its list is
+            // diffed against what this one held.
+            if wanted.iter().any(|w| w.name() == rt.name())
+                && let Some(running) = self.streams.remove(&rt)
+            {
+                tracing::info!(resource = %rt.name(), version = %rt.version, "the type is served at another version: listing it there");
+                running.token.cancel();
+                if let Ok(Some(rv)) = running.handle.await {
+                    self.resume.insert(
+                        rt.name(),
+                        ResumePoint {
+                            resource: rt,
+                            resource_version: rv,
+                            selection: running.selection,
+                        },
+                    );
+                }
+                continue;
+            }
             tracing::info!(resource = %rt.name(), "resource type no longer served: dropping its objects");
             if let Some(running) = self.streams.remove(&rt) {
                 running.token.cancel();
@@ -623,8 +665,76 @@ impl Cluster {
                     objects: Vec::new(),
                     resource_version: String::new(),
                     reason: crate::stream::ListReason::Dropped,
+                    method: None,
+                    fallback: None,
                 })
                 .await;
+        }
+        self.start_streams(client, served, wanted).await;
+    }
+
+    /// Starts a stream for each type in `wanted` that has none; stops nothing.
+    async fn start_streams(
+        &mut self,
+        client: &kube::Client,
+        served: &[Served],
+        wanted: &[ResourceType],
+    ) {
+        for rt in wanted {
+            if self.streams.contains_key(rt) {
+                continue;
+            }
+            let stream = stream_config(&self.config, rt, served);
+            let selection = stream.selection();
+            // A stored stream of the same type and selection resumes its watch;
+            // anything else lists, and the list is diffed against what is held.
+            // A stored stream of another selection lists, never older than what it
+            // stored.
+            let start = match self.resume.remove(&rt.name()) {
+                Some(p) if p.resource == *rt && p.selection == selection => stream::Start {
+                    watch_from: Some(p.resource_version),
+                    floor: None,
+                },
+                Some(p) if p.resource == *rt => {
+                    tracing::info!(resource = %rt.name(), was = %p.selection, now = %selection, "the stream selects differently than when its objects were stored: listing again");
+                    stream::Start {
+                        watch_from: None,
+                        floor: Some(p.resource_version),
+                    }
+                }
+                // Stored at another version: listed afresh.
+                Some(p) => stream::Start {
+                    watch_from: None,
+                    floor: Some(p.resource_version),
+                },
+                None => stream::Start::default(),
+            };
+            self.report
+                .stream_started(&self.name, rt, start.watch_from.is_some());
+            let token = self.cancel.child_token();
+            let id =
+                Arc::new(StreamId::new(self.name.clone(), rt.clone()).selecting(selection.clone()));
+            let span = tracing::info_span!("informer", cluster = %self.name, resource = %rt.name());
+            let handle = self.tasks.spawn(
+                stream::run(
+                    client.clone(),
+                    id,
+                    self.outage.clone(),
+                    stream,
+                    start,
+                    self.tx.clone(),
+                    token.clone(),
+                )
+                .instrument(span),
+            );
+            self.streams.insert(
+                rt.clone(),
+                Running {
+                    token,
+                    handle,
+                    selection,
+                },
+            );
         }
     }
 

@@ -29,6 +29,83 @@ impl Served {
     }
 }
 
+/// One built-in type as a [`Served`], from the Kubernetes API's definitions.
+fn builtin_type<T>(short_names: &[&str]) -> Served
+where
+    T: k8s_openapi::Resource,
+    T::Scope: 'static,
+{
+    let namespaced = std::any::TypeId::of::<T::Scope>()
+        == std::any::TypeId::of::<k8s_openapi::NamespaceResourceScope>();
+    Served {
+        resource: ResourceType {
+            group: T::GROUP.to_string(),
+            version: T::VERSION.to_string(),
+            plural: T::URL_PATH_SEGMENT.to_string(),
+            kind: T::KIND.to_string(),
+            namespaced,
+        },
+        watchable: true,
+        short_names: short_names.iter().map(|s| s.to_string()).collect(),
+        singular: T::KIND.to_ascii_lowercase(),
+    }
+}
+
+/// Kubernetes' stable built-in types, as an API server's discovery describes them
+/// (plural, kind, scope, short names): a stream named by one of them starts before
+/// discovery answers, and discovery then confirms it, or replaces it where the
+/// cluster serves the type at another version or not at all.
+pub fn builtin() -> Vec<Served> {
+    use k8s_openapi::api::{
+        apps::v1 as apps, autoscaling::v2 as autoscaling, batch::v1 as batch,
+        coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
+        networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
+        scheduling::v1 as scheduling, storage::v1 as storage,
+    };
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
+    vec![
+        builtin_type::<core::ConfigMap>(&["cm"]),
+        builtin_type::<core::Endpoints>(&["ep"]),
+        builtin_type::<core::Event>(&["ev"]),
+        builtin_type::<core::LimitRange>(&["limits"]),
+        builtin_type::<core::Namespace>(&["ns"]),
+        builtin_type::<core::Node>(&["no"]),
+        builtin_type::<core::PersistentVolume>(&["pv"]),
+        builtin_type::<core::PersistentVolumeClaim>(&["pvc"]),
+        builtin_type::<core::Pod>(&["po"]),
+        builtin_type::<core::PodTemplate>(&[]),
+        builtin_type::<core::ReplicationController>(&["rc"]),
+        builtin_type::<core::ResourceQuota>(&["quota"]),
+        builtin_type::<core::Secret>(&[]),
+        builtin_type::<core::Service>(&["svc"]),
+        builtin_type::<core::ServiceAccount>(&["sa"]),
+        builtin_type::<apps::ControllerRevision>(&[]),
+        builtin_type::<apps::DaemonSet>(&["ds"]),
+        builtin_type::<apps::Deployment>(&["deploy"]),
+        builtin_type::<apps::ReplicaSet>(&["rs"]),
+        builtin_type::<apps::StatefulSet>(&["sts"]),
+        builtin_type::<autoscaling::HorizontalPodAutoscaler>(&["hpa"]),
+        builtin_type::<batch::CronJob>(&["cj"]),
+        builtin_type::<batch::Job>(&[]),
+        builtin_type::<coordination::Lease>(&[]),
+        builtin_type::<discovery::EndpointSlice>(&[]),
+        builtin_type::<networking::Ingress>(&["ing"]),
+        builtin_type::<networking::IngressClass>(&[]),
+        builtin_type::<networking::NetworkPolicy>(&["netpol"]),
+        builtin_type::<policy::PodDisruptionBudget>(&["pdb"]),
+        builtin_type::<rbac::ClusterRole>(&[]),
+        builtin_type::<rbac::ClusterRoleBinding>(&[]),
+        builtin_type::<rbac::Role>(&[]),
+        builtin_type::<rbac::RoleBinding>(&[]),
+        builtin_type::<scheduling::PriorityClass>(&["pc"]),
+        builtin_type::<storage::CSIDriver>(&[]),
+        builtin_type::<storage::CSINode>(&[]),
+        builtin_type::<storage::StorageClass>(&["sc"]),
+        builtin_type::<storage::VolumeAttachment>(&[]),
+        builtin_type::<apiextensions::CustomResourceDefinition>(&["crd", "crds"]),
+    ]
+}
+
 /// A GET of a discovery document.
 async fn get_json(client: &Client, path: &str) -> Result<Value, kube::Error> {
     let request = http::Request::get(path)

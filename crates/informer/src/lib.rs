@@ -26,7 +26,7 @@ pub mod review;
 pub mod source;
 pub mod stream;
 
-pub use cluster::{ClusterConfig, Report, Resume, ResumePoint, Scope, ScopeError};
+pub use cluster::{ClusterConfig, Report, Resume, ResumePoint, Scope, ScopeError, Seed};
 pub use prune::{PrunedObject, Pruning};
 pub use source::{ClusterSource, Origin, SourceError};
 pub use stream::{StreamConfig, StreamId, StreamState, Update};

@@ -68,10 +68,19 @@ pub enum PruneError {
 pub fn prune(raw: &str, rt: &ResourceType, pruning: &Pruning) -> Result<PrunedObject, PruneError> {
     let pruner = Pruner::new(rt, pruning);
     let mut scratch = String::with_capacity(raw.len());
+    prune_with(&pruner, &mut scratch, raw)
+}
+
+/// Prunes one object with `scratch` as working space (kept for the next).
+fn prune_with(
+    pruner: &Pruner<'_>,
+    scratch: &mut String,
+    raw: &str,
+) -> Result<PrunedObject, PruneError> {
     let mut de = serde_json::Deserializer::from_str(raw);
     ObjectSeed {
-        pruner: &pruner,
-        out: &mut scratch,
+        pruner,
+        out: scratch,
     }
     .deserialize(&mut de)
     .and_then(|o| de.end().map(|()| o))
@@ -115,6 +124,328 @@ pub fn prune_list(
     .deserialize(&mut de)?;
     de.end()?;
     Ok(meta)
+}
+
+/// A LIST response read as its bytes arrive: each item is pruned as soon as its last
+/// byte is in, and the bytes before it are let go, so pruning overlaps the transfer
+/// and the whole body is never held. Gives the same items, errors and metadata as
+/// [`prune_list`] over the whole text, however the bytes are split.
+pub struct ListReader<'p> {
+    pruner: Pruner<'p>,
+    scratch: String,
+    buf: Vec<u8>,
+    /// Where scanning resumes in `buf`.
+    at: usize,
+    /// Where the token being scanned began (nothing before it is needed).
+    token: usize,
+    state: Expect,
+    scan: Scan,
+    key: String,
+    meta: ListMeta,
+}
+
+/// What a [`ListReader`] expects next, at the list's top level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// The opening `{`.
+    Open,
+    /// A member's key, or `}`.
+    Key,
+    /// A member's key after a comma.
+    KeyAfterComma,
+    /// The `:` after a key.
+    Colon,
+    /// A member's value.
+    Value,
+    /// `,` or `}` after a member.
+    AfterMember,
+    /// `[` (or `null`) opening `items`.
+    Items,
+    /// An item, or `]`.
+    Item,
+    /// An item after a comma.
+    ItemAfterComma,
+    /// `,` or `]` after an item.
+    AfterItem,
+    /// Nothing: the list is complete.
+    Done,
+}
+
+/// How far a JSON value has been scanned.
+#[derive(Debug, Clone, Copy, Default)]
+struct Scan {
+    depth: u32,
+    in_str: bool,
+    escaped: bool,
+    started: bool,
+}
+
+/// Why a LIST response could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ListError(String);
+
+impl<'p> ListReader<'p> {
+    /// A reader for a list of `rt`, pruned with `pruning`.
+    pub fn new(rt: &ResourceType, pruning: &'p Pruning) -> Self {
+        Self {
+            pruner: Pruner::new(rt, pruning),
+            scratch: String::new(),
+            buf: Vec::new(),
+            at: 0,
+            token: 0,
+            state: Expect::Open,
+            scan: Scan::default(),
+            key: String::new(),
+            meta: ListMeta::default(),
+        }
+    }
+
+    /// Takes the next bytes of the response; `each` receives every item completed by
+    /// them, or why it was not kept.
+    pub fn feed(
+        &mut self,
+        bytes: &[u8],
+        each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
+    ) -> Result<(), ListError> {
+        // Let go of what is done before taking more.
+        if self.token > 0 && (self.token >= self.buf.len() / 2 || self.token >= 1 << 16) {
+            self.buf.drain(..self.token);
+            self.at -= self.token;
+            self.token = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+        self.advance(false, each)
+    }
+
+    /// The end of the response: the list's metadata, or why the response was not a
+    /// whole list.
+    pub fn finish(
+        mut self,
+        each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
+    ) -> Result<ListMeta, ListError> {
+        self.advance(true, each)?;
+        if self.state != Expect::Done {
+            return Err(ListError(format!(
+                "the response ended inside the list (expecting {:?})",
+                self.state
+            )));
+        }
+        Ok(self.meta)
+    }
+
+    fn advance(
+        &mut self,
+        eof: bool,
+        each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
+    ) -> Result<(), ListError> {
+        loop {
+            // Inside a value, scanning resumes where it stopped.
+            if !self.scan.started {
+                while self.at < self.buf.len() && self.buf[self.at].is_ascii_whitespace() {
+                    self.at += 1;
+                }
+                self.token = self.at;
+            }
+            let Some(&b) = self.buf.get(self.at) else {
+                if self.scan.started && eof && self.state == Expect::Value {
+                    // A scalar runs to the end of the text.
+                    return self.member_value(self.buf.len());
+                }
+                return Ok(());
+            };
+            let unexpected = |what: &str| {
+                Err(ListError(format!(
+                    "not a list: expected {what}, found {:?} at byte {}",
+                    b as char, self.at
+                )))
+            };
+            match self.state {
+                Expect::Done => return unexpected("the end of the response"),
+                Expect::Open if b == b'{' => {
+                    self.at += 1;
+                    self.state = Expect::Key;
+                }
+                Expect::Open => return unexpected("a JSON object"),
+                Expect::Key if b == b'}' => {
+                    self.at += 1;
+                    self.state = Expect::Done;
+                }
+                Expect::Key | Expect::KeyAfterComma if b == b'"' || self.scan.started => {
+                    let Some(end) = self.scan_value(eof) else {
+                        return Ok(());
+                    };
+                    let text = std::str::from_utf8(&self.buf[self.token..end])
+                        .map_err(|e| ListError(format!("a key is not UTF-8: {e}")))?;
+                    self.key = serde_json::from_str::<String>(text)
+                        .map_err(|e| ListError(format!("a key is not a string: {e}")))?;
+                    self.at = end;
+                    self.state = Expect::Colon;
+                }
+                Expect::Key | Expect::KeyAfterComma => return unexpected("a key"),
+                Expect::Colon if b == b':' => {
+                    self.at += 1;
+                    self.state = if self.key == "items" {
+                        Expect::Items
+                    } else {
+                        Expect::Value
+                    };
+                }
+                Expect::Colon => return unexpected("':'"),
+                Expect::Value => {
+                    let Some(end) = self.scan_value(eof) else {
+                        return Ok(());
+                    };
+                    self.member_value(end)?;
+                }
+                Expect::AfterMember if b == b',' => {
+                    self.at += 1;
+                    self.state = Expect::KeyAfterComma;
+                }
+                Expect::AfterMember if b == b'}' => {
+                    self.at += 1;
+                    self.state = Expect::Done;
+                }
+                Expect::AfterMember => return unexpected("',' or '}'"),
+                Expect::Items if b == b'[' => {
+                    self.at += 1;
+                    self.state = Expect::Item;
+                }
+                Expect::Items if b == b'n' => {
+                    // `"items": null` is an empty list.
+                    if self.buf.len() < self.at + 4 {
+                        if eof {
+                            return unexpected("null");
+                        }
+                        return Ok(());
+                    }
+                    if &self.buf[self.at..self.at + 4] != b"null" {
+                        return unexpected("'[' or null");
+                    }
+                    self.at += 4;
+                    self.state = Expect::AfterMember;
+                }
+                Expect::Items => return unexpected("'[' or null"),
+                Expect::Item if b == b']' && !self.scan.started => {
+                    self.at += 1;
+                    self.state = Expect::AfterMember;
+                }
+                Expect::Item | Expect::ItemAfterComma => {
+                    let Some(end) = self.scan_value(eof) else {
+                        return Ok(());
+                    };
+                    let item = match std::str::from_utf8(&self.buf[self.token..end]) {
+                        Ok(text) => prune_with(&self.pruner, &mut self.scratch, text),
+                        Err(e) => Err(PruneError::NotAnObject(format!("not UTF-8: {e}"))),
+                    };
+                    each(item);
+                    self.at = end;
+                    self.token = end;
+                    self.state = Expect::AfterItem;
+                }
+                Expect::AfterItem if b == b',' => {
+                    self.at += 1;
+                    self.state = Expect::ItemAfterComma;
+                }
+                Expect::AfterItem if b == b']' => {
+                    self.at += 1;
+                    self.state = Expect::AfterMember;
+                }
+                Expect::AfterItem => return unexpected("',' or ']'"),
+            }
+        }
+    }
+
+    /// A top-level member's value ends at `end`: `metadata` is read, the rest skipped.
+    fn member_value(&mut self, end: usize) -> Result<(), ListError> {
+        if self.key == "metadata" {
+            let text = std::str::from_utf8(&self.buf[self.token..end])
+                .map_err(|e| ListError(format!("metadata is not UTF-8: {e}")))?;
+            self.meta = serde_json::from_str(text)
+                .map_err(|e| ListError(format!("metadata is not list metadata: {e}")))?;
+        } else {
+            let text = std::str::from_utf8(&self.buf[self.token..end]).unwrap_or("?");
+            serde_json::from_str::<IgnoredAny>(text)
+                .map_err(|e| ListError(format!("{:?} is not a JSON value: {e}", self.key)))?;
+        }
+        self.at = end;
+        self.token = end;
+        self.state = Expect::AfterMember;
+        Ok(())
+    }
+
+    /// Scans the value starting at `self.token` from where the last call stopped;
+    /// where it ends (exclusive), or `None` if more bytes are needed.
+    fn scan_value(&mut self, eof: bool) -> Option<usize> {
+        let buf = &self.buf;
+        let s = &mut self.scan;
+        if !s.started {
+            s.started = true;
+            s.depth = 0;
+            s.in_str = false;
+            s.escaped = false;
+        }
+        let first = buf[self.token];
+        let scalar = !matches!(first, b'{' | b'[' | b'"');
+        let mut i = self.at;
+        while i < buf.len() {
+            if s.in_str {
+                if s.escaped {
+                    s.escaped = false;
+                    i += 1;
+                    continue;
+                }
+                match memchr::memchr2(b'"', b'\\', &buf[i..]) {
+                    None => {
+                        i = buf.len();
+                        break;
+                    }
+                    Some(k) => {
+                        i += k;
+                        if buf[i] == b'\\' {
+                            s.escaped = true;
+                        } else {
+                            s.in_str = false;
+                            if s.depth == 0 {
+                                *s = Scan::default();
+                                return Some(i + 1);
+                            }
+                        }
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            let b = buf[i];
+            if scalar {
+                if matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace() {
+                    *s = Scan::default();
+                    return Some(i);
+                }
+                i += 1;
+                continue;
+            }
+            match b {
+                b'"' => s.in_str = true,
+                b'{' | b'[' => s.depth += 1,
+                b'}' | b']' => {
+                    s.depth = s.depth.saturating_sub(1);
+                    if s.depth == 0 {
+                        *s = Scan::default();
+                        return Some(i + 1);
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        self.at = i;
+        if scalar && eof {
+            *s = Scan::default();
+            return Some(i);
+        }
+        None
+    }
 }
 
 /// What every object of one resource type is pruned with.
@@ -802,7 +1133,106 @@ mod tests {
         }
     }
 
+    /// What a [`ListReader`] makes of `text` fed in pieces of `sizes` (cycled).
+    fn read_in_pieces(
+        text: &str,
+        sizes: &[usize],
+    ) -> Result<(ListMeta, Vec<PrunedObject>, usize), ListError> {
+        let pruning = Pruning::default();
+        let mut reader = ListReader::new(&pods(), &pruning);
+        let (mut kept, mut skipped) = (Vec::new(), 0);
+        let mut each = |r: Result<PrunedObject, PruneError>| match r {
+            Ok(o) => kept.push(o),
+            Err(_) => skipped += 1,
+        };
+        let bytes = text.as_bytes();
+        let mut at = 0;
+        let mut i = 0;
+        while at < bytes.len() {
+            let n = sizes[i % sizes.len()].max(1).min(bytes.len() - at);
+            reader.feed(&bytes[at..at + n], &mut each)?;
+            at += n;
+            i += 1;
+        }
+        let meta = reader.finish(&mut each)?;
+        Ok((meta, kept, skipped))
+    }
+
+    fn read_whole(text: &str) -> Result<(ListMeta, Vec<PrunedObject>, usize), serde_json::Error> {
+        let (mut kept, mut skipped) = (Vec::new(), 0);
+        let meta = prune_list(text, &pods(), &Pruning::default(), &mut |r| match r {
+            Ok(o) => kept.push(o),
+            Err(_) => skipped += 1,
+        })?;
+        Ok((meta, kept, skipped))
+    }
+
+    fn same(
+        a: &(ListMeta, Vec<PrunedObject>, usize),
+        b: &(ListMeta, Vec<PrunedObject>, usize),
+    ) -> bool {
+        a.0.resource_version == b.0.resource_version
+            && a.0.continue_token == b.0.continue_token
+            && a.0.remaining_item_count == b.0.remaining_item_count
+            && a.1 == b.1
+            && a.2 == b.2
+    }
+
+    #[test]
+    fn a_list_read_as_it_arrives_equals_the_list_read_whole_however_it_is_split() {
+        let good = r#"{"metadata":{"name":"a\"}","namespace":"n","resourceVersion":"5","managedFields":[{"m":1}]},"spec":{"x":[1,2],"s":"]}\\"}}"#;
+        let page = format!(
+            "{{\"kind\":\"PodList\", \"apiVersion\":\"v1\",\n \"metadata\" : {{\"resourceVersion\":\"9\",\"continue\":\"tok\",\"remainingItemCount\":40}},\"items\":[ {good} ,7,\"s\",null,true,[1,{{\"a\":2}}],{{\"metadata\":\"x\"}},{{\"metadata\":{{}}}},{{\"spec\":{{}}}},{good}],\"n\":-1.5e3,\"extra\":{{\"k\":[]}}}} "
+        );
+        let whole = read_whole(&page).unwrap();
+        assert_eq!(whole.1.len(), 2);
+        assert_eq!(whole.2, 8);
+        for split in 1..page.len() {
+            let got = read_in_pieces(&page, &[split, page.len()]).unwrap();
+            assert!(same(&got, &whole), "split at {split}");
+        }
+        let got = read_in_pieces(&page, &[1]).unwrap();
+        assert!(same(&got, &whole), "byte by byte");
+
+        let empty = r#"{"metadata":{"resourceVersion":"3"},"items":null}"#;
+        assert_eq!(read_in_pieces(empty, &[1]).unwrap().0.resource_version, "3");
+        for broken in [
+            "",
+            "[]",
+            "{\"items\":[{]}",
+            "{\"items\":5}",
+            "{} x",
+            "{\"items\":[{}",
+            "{\"metadata\":{\"resourceVersion\":3}, \"items\":[]}",
+            "{\"items\":[],",
+        ] {
+            for size in [1, 3, 100] {
+                assert!(
+                    read_in_pieces(broken, &[size]).is_err(),
+                    "{broken} in pieces of {size}"
+                );
+            }
+        }
+    }
+
     proptest! {
+        #[test]
+        fn a_list_of_any_objects_read_in_any_pieces_equals_the_list_read_whole(
+            items in proptest::collection::vec(object(), 0..6),
+            pretty in any::<bool>(),
+            sizes in proptest::collection::vec(1usize..64, 1..8),
+        ) {
+            let list = serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "12"}, "items": items});
+            let text = if pretty {
+                serde_json::to_string_pretty(&list).unwrap()
+            } else {
+                serde_json::to_string(&list).unwrap()
+            };
+            let whole = read_whole(&text).unwrap();
+            let got = read_in_pieces(&text, &sizes).unwrap();
+            prop_assert!(same(&got, &whole));
+        }
+
         #[test]
         fn pruning_raw_text_equals_pruning_the_decoded_tree(v in object(), pretty in any::<bool>()) {
             let raw = if pretty {

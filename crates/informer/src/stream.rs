@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::prune::{PrunedObject, Pruning, prune, prune_list};
+use crate::prune::{PrunedObject, Pruning, prune};
 
 /// Which stream an update is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,7 +54,7 @@ impl StreamId {
     }
 }
 
-pub use fleetscope_model::fleet::StreamState;
+pub use fleetscope_model::fleet::{StreamState, SyncMethod};
 
 /// What an informer tells the ingest.
 #[derive(Debug, Clone)]
@@ -69,6 +69,10 @@ pub enum Update {
         resource_version: String,
         /// Why the stream listed.
         reason: ListReason,
+        /// How the list was made; `None` for the empty list of a dropped type.
+        method: Option<SyncMethod>,
+        /// Why a LIST was made although the stream asked for a streaming list.
+        fallback: Option<String>,
     },
     /// An object was created or changed.
     Applied {
@@ -155,6 +159,9 @@ pub struct StreamConfig {
     pub label_selector: Option<String>,
     /// Server-side field selector.
     pub field_selector: Option<String>,
+    /// Ask for streaming lists (WatchList) and list only when the server refuses or
+    /// ignores them. Default true.
+    pub watch_list: bool,
 }
 
 impl StreamConfig {
@@ -188,7 +195,51 @@ impl Default for StreamConfig {
             namespace: None,
             label_selector: None,
             field_selector: None,
+            watch_list: true,
         }
+    }
+}
+
+/// Where a list reads from: what the stream holds decides it, as client-go's
+/// reflector decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListFrom {
+    /// Nothing held: any recent state, from the API server's watch cache
+    /// (`resourceVersion=0`; the server may then not page).
+    Cache,
+    /// Something held at this resourceVersion: state not older than it, from the
+    /// watch cache (`resourceVersionMatch=NotOlderThan`, unpaged).
+    NotOlderThan(String),
+    /// After a 410 (or a reset history): a consistent read from storage, in pages.
+    Consistent,
+}
+
+impl ListFrom {
+    /// The read for a stream holding state at `held` (if anything) that lists for `reason`.
+    pub fn choose(held: Option<&str>, reason: ListReason) -> Self {
+        match (reason, held) {
+            (ListReason::Expired, _) => ListFrom::Consistent,
+            (_, Some(rv)) if !rv.is_empty() => ListFrom::NotOlderThan(rv.to_string()),
+            _ => ListFrom::Cache,
+        }
+    }
+
+    /// How a list read this way counts.
+    fn method(&self) -> SyncMethod {
+        match self {
+            ListFrom::Consistent => SyncMethod::ListConsistent,
+            _ => SyncMethod::ListFromCache,
+        }
+    }
+}
+
+/// Whether a list at `listed` would take a stream holding `held` back in time.
+/// resourceVersions are compared as the numbers etcd makes them; ones that are not
+/// numbers cannot be compared and never count as older.
+pub fn goes_back(listed: &str, held: Option<&str>) -> bool {
+    match (listed.parse::<u64>(), held.map(str::parse::<u64>)) {
+        (Ok(listed), Some(Ok(held))) => listed < held,
+        _ => false,
     }
 }
 
@@ -248,6 +299,17 @@ struct RawBookmark {
 struct RawBookmarkMeta {
     #[serde(rename = "resourceVersion", default)]
     resource_version: String,
+    #[serde(default)]
+    annotations: std::collections::BTreeMap<String, String>,
+}
+
+impl RawBookmarkMeta {
+    /// Whether this bookmark ends a streaming list's initial events.
+    fn initial_events_end(&self) -> bool {
+        self.annotations
+            .get("k8s.io/initial-events-end")
+            .is_some_and(|v| v == "true")
+    }
 }
 
 /// Why a LIST or WATCH stopped.
@@ -261,6 +323,8 @@ enum Stop {
     Forbidden(String),
     /// The type is not served: 404.
     NotFound(String),
+    /// The request was not taken: 400 or 422.
+    Invalid(String),
     /// Anything else.
     Failed(String),
     /// Cancelled.
@@ -274,6 +338,9 @@ fn classify(e: kube::Error) -> Stop {
             Stop::Forbidden(crate::cause::api_status(&s))
         }
         kube::Error::Api(s) if s.code == 404 => Stop::NotFound(s.message.clone()),
+        kube::Error::Api(s) if s.code == 400 || s.code == 422 => {
+            Stop::Invalid(crate::cause::api_status(&s))
+        }
         // "Too large resource version": the cluster's history was reset; start over.
         kube::Error::Api(s)
             if s.code == 504 && s.message.contains("Too large resource version") =>
@@ -284,39 +351,79 @@ fn classify(e: kube::Error) -> Stop {
     }
 }
 
-/// Sends `req` and reads the whole response body into `body` (cleared first; its
-/// capacity is kept). An error status becomes `kube::Error::Api` with the cluster's
-/// `Status`, or one built from the status code when the body is not a `Status`.
-async fn fetch(
+/// The error a response with status `status` and body `body` stands for: the
+/// cluster's `Status`, or one built from the status code when the body is not one.
+fn api_error(status: http::StatusCode, body: &[u8]) -> kube::Error {
+    let text = String::from_utf8_lossy(body);
+    let s = serde_json::from_str::<kube::core::Status>(&text).unwrap_or_else(|_| {
+        kube::core::Status::failure(text.trim(), "the response is not a Status")
+            .with_code(status.as_u16())
+    });
+    kube::Error::Api(s.boxed())
+}
+
+/// The most of an error response's body that is read.
+const ERROR_BODY_LIMIT: usize = 64 << 10;
+
+/// Sends a LIST request and hands its body to `reader` as it arrives, so each item is
+/// pruned as soon as it is in. An error status becomes `kube::Error::Api`.
+async fn fetch_list(
     client: &Client,
     req: http::Request<Vec<u8>>,
-    body: &mut Vec<u8>,
+    reader: &mut crate::prune::ListReader<'_>,
+    each: &mut (dyn FnMut(Result<PrunedObject, crate::prune::PruneError>) + Send),
 ) -> Result<(), kube::Error> {
     use http_body_util::BodyExt;
     let res = client.send(req.map(kube::client::Body::from)).await?;
     let status = res.status();
-    let length = res
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     let mut stream = res.into_body();
-    body.clear();
-    // A length is a hint only: it never reserves more than a page could be.
-    body.reserve(length.unwrap_or(0).min(64 << 20));
+    if status.is_client_error() || status.is_server_error() {
+        let mut body = Vec::new();
+        while let Some(frame) = stream.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                body.extend_from_slice(&data[..data.len().min(ERROR_BODY_LIMIT - body.len())]);
+                if body.len() >= ERROR_BODY_LIMIT {
+                    break;
+                }
+            }
+        }
+        return Err(api_error(status, &body));
+    }
     while let Some(frame) = stream.frame().await {
         if let Ok(data) = frame?.into_data() {
-            body.extend_from_slice(&data);
+            reader.feed(&data, each).map_err(|e| {
+                kube::Error::Service(format!("the list response is not a list: {e}").into())
+            })?;
         }
     }
-    if status.is_client_error() || status.is_server_error() {
-        let text = String::from_utf8_lossy(body);
-        let s = serde_json::from_str::<kube::core::Status>(&text).unwrap_or_else(|_| {
-            kube::core::Status::failure(text.trim(), "the response is not a Status")
-                .with_code(status.as_u16())
-        });
-        return Err(kube::Error::Api(s.boxed()));
-    }
     Ok(())
+}
+
+/// A complete state of a stream, and how it was read.
+struct Listed {
+    objects: Vec<PrunedObject>,
+    resource_version: String,
+    method: SyncMethod,
+    /// For a streaming list: the watch it came on, which goes on from there.
+    watch: Option<WatchLines>,
+}
+
+/// A watch response, line by line.
+type WatchLines = futures::io::Lines<std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>>>;
+
+/// Why a list did not give a state.
+enum ListStop {
+    /// The server does not serve streaming lists (it refused or ignored the request):
+    /// list instead.
+    Unsupported(String),
+    /// Anything else, handled as for a watch.
+    Stop(Stop),
+}
+
+impl From<Stop> for ListStop {
+    fn from(s: Stop) -> Self {
+        ListStop::Stop(s)
+    }
 }
 
 struct Informer {
@@ -329,8 +436,18 @@ struct Informer {
     path: String,
 }
 
-/// Runs one informer until cancelled. With `resume_from`, it watches from that
-/// resourceVersion without listing first; a 410 then leads to a re-list.
+/// Where an informer starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Start {
+    /// Watch from this resourceVersion without listing first; a 410 then leads to a
+    /// re-list.
+    pub watch_from: Option<String>,
+    /// The resourceVersion of objects the ingest holds for this stream that cannot be
+    /// resumed (collected under another selection): a list never goes back before it.
+    pub floor: Option<String>,
+}
+
+/// Runs one informer until cancelled, from `start`.
 ///
 /// Returns where a successor resumes: the resourceVersion of the last update it
 /// handed to `tx` (`None` when nothing was listed), so a stream restarted with new
@@ -340,7 +457,7 @@ pub(crate) async fn run(
     id: Arc<StreamId>,
     outage: Arc<crate::outage::Outage>,
     config: StreamConfig,
-    resume_from: Option<String>,
+    start: Start,
     tx: mpsc::Sender<Update>,
     cancel: CancellationToken,
 ) -> Option<String> {
@@ -367,7 +484,7 @@ pub(crate) async fn run(
         cancel,
         path,
     };
-    let reached = informer.run(resume_from).await;
+    let reached = informer.run(start).await;
     // A stream that stops holds no outage open.
     informer.outage.forget(&informer.id.name);
     reached
@@ -397,13 +514,19 @@ impl Informer {
         }
     }
 
-    async fn run(&self, resume_from: Option<String>) -> Option<String> {
+    async fn run(&self, start: Start) -> Option<String> {
         let mut backoff = Backoff::new(self.config.backoff_start, self.config.backoff_cap);
-        let mut rv = resume_from;
+        let mut rv = start.watch_from;
+        // The newest resourceVersion the ingest holds for this stream: no list older
+        // than it is applied.
+        let mut held = rv.clone().or(start.floor);
         // The cause last logged for this stream's own (not the cluster's) failures.
         let mut last_logged: Option<String> = None;
         let mut reason = ListReason::Initial;
         let mut last_state = None;
+        let mut watch_list = self.config.watch_list;
+        // Why the stream lists although it asked for streaming lists.
+        let mut fallback: Option<String> = None;
         loop {
             if self.cancel.is_cancelled() {
                 return rv;
@@ -413,34 +536,88 @@ impl Informer {
                     if !self.state(StreamState::Listing, None).await {
                         return None;
                     }
+                    last_state = Some(StreamState::Listing);
+                    let from = ListFrom::choose(held.as_deref(), reason);
                     let span = tracing::info_span!(
                         "list",
                         cluster = %self.id.cluster,
                         resource = %self.id.name,
                         reason = ?reason,
+                        from = ?from,
+                        streaming = watch_list,
                         objects = tracing::field::Empty,
                     );
-                    let listed = self.list().instrument(span.clone()).await;
-                    if let Ok((objects, _)) = &listed {
-                        span.record("objects", i64::try_from(objects.len()).unwrap_or(i64::MAX));
+                    let listed = if watch_list {
+                        self.watch_list(&from).instrument(span.clone()).await
+                    } else {
+                        self.list(&from).instrument(span.clone()).await
+                    };
+                    if let Ok(l) = &listed {
+                        span.record(
+                            "objects",
+                            i64::try_from(l.objects.len()).unwrap_or(i64::MAX),
+                        );
                     }
                     drop(span);
                     match listed {
-                        Ok((objects, list_rv)) => {
+                        Ok(listed) if goes_back(&listed.resource_version, held.as_deref()) => {
+                            // Several API servers behind one address can answer from
+                            // caches at different points; an older one is not applied.
+                            tracing::warn!(
+                                cluster = %self.id.cluster,
+                                resource = %self.id.name,
+                                listed = %listed.resource_version,
+                                held = held.as_deref().unwrap_or_default(),
+                                "the list is older than what is held: not applied, listing again"
+                            );
+                            Stop::Failed(format!(
+                                "the API server answered a list at resourceVersion {}, older than the {} held",
+                                listed.resource_version,
+                                held.as_deref().unwrap_or_default()
+                            ))
+                        }
+                        Ok(listed) => {
                             self.outage.recovered(&self.id.name);
+                            let list_rv = listed.resource_version;
                             let update = Update::Listed {
                                 stream: self.id.clone(),
-                                objects,
+                                objects: listed.objects,
                                 resource_version: list_rv.clone(),
                                 reason,
+                                method: Some(listed.method),
+                                fallback: fallback.clone(),
                             };
                             if !self.send(update).await {
                                 return None;
                             }
-                            rv = Some(list_rv);
+                            held = Some(list_rv.clone());
+                            rv = Some(list_rv.clone());
+                            match listed.watch {
+                                // A streaming list's watch goes on from its state.
+                                Some(lines) => {
+                                    if !self.state(StreamState::Watching, None).await {
+                                        return rv;
+                                    }
+                                    last_state = Some(StreamState::Watching);
+                                    let started = Instant::now();
+                                    let (stop, seen) = self.follow(lines, list_rv).await;
+                                    held = Some(seen.clone());
+                                    rv = Some(seen);
+                                    if started.elapsed() > Duration::from_secs(60) {
+                                        backoff.reset();
+                                    }
+                                    stop
+                                }
+                                None => continue,
+                            }
+                        }
+                        Err(ListStop::Unsupported(why)) => {
+                            tracing::info!(cluster = %self.id.cluster, resource = %self.id.name, why = %why, "streaming lists are not served: listing instead");
+                            watch_list = false;
+                            fallback = Some(why);
                             continue;
                         }
-                        Err(stop) => stop,
+                        Err(ListStop::Stop(stop)) => stop,
                     }
                 }
                 Some(from) => {
@@ -452,6 +629,7 @@ impl Informer {
                     }
                     let started = Instant::now();
                     let (stop, seen) = self.watch(&from).await;
+                    held = Some(seen.clone());
                     rv = Some(seen);
                     // A watch that stayed healthy for a while earns a fresh backoff.
                     if started.elapsed() > Duration::from_secs(60) {
@@ -466,12 +644,17 @@ impl Informer {
                 Stop::Expired => {
                     tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
                     rv = None;
+                    // The history the held version belongs to is gone (compacted, or
+                    // reset by a restore): the consistent list replaces it.
+                    held = None;
                     reason = ListReason::Expired;
                     continue;
                 }
                 Stop::Forbidden(m) => (StreamState::Forbidden, m, self.config.forbidden_retry),
                 Stop::NotFound(m) => (StreamState::NotFound, m, self.config.forbidden_retry),
-                Stop::Failed(m) => (StreamState::Failed, m, backoff.next_delay()),
+                Stop::Failed(m) | Stop::Invalid(m) => {
+                    (StreamState::Failed, m, backoff.next_delay())
+                }
             };
             match state {
                 // The cluster failing: once per outage, for all its streams.
@@ -492,8 +675,18 @@ impl Informer {
         }
     }
 
-    fn list_params(&self) -> ListParams {
-        let mut lp = ListParams::default().limit(self.config.page_size);
+    fn list_params(&self, from: &ListFrom) -> ListParams {
+        let mut lp = ListParams::default();
+        match from {
+            // From the watch cache: unpaged (the cache ignores limit, and a limit
+            // with a resourceVersion would send the read to storage).
+            ListFrom::Cache => lp = lp.match_any(),
+            ListFrom::NotOlderThan(rv) => {
+                lp.resource_version = Some(rv.clone());
+                lp.version_match = Some(kube::api::VersionMatch::NotOlderThan);
+            }
+            ListFrom::Consistent => lp = lp.limit(self.config.page_size),
+        }
         if let Some(l) = &self.config.label_selector {
             lp = lp.labels(l);
         }
@@ -503,47 +696,174 @@ impl Informer {
         lp
     }
 
-    /// Lists every page. An expired continue token restarts the list, so the result is
-    /// always one consistent snapshot.
-    async fn list(&self) -> Result<(Vec<PrunedObject>, String), Stop> {
+    /// Lists every page, pruning each item as its bytes arrive. An expired continue
+    /// token restarts the list, so the result is always one consistent snapshot.
+    async fn list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
         let mut objects = Vec::new();
-        let mut lp = self.list_params();
-        // One buffer for every page's body, reused: pages are large and alike.
-        let mut body = Vec::new();
+        let mut lp = self.list_params(from);
         loop {
             let req = Request::new(&self.path)
                 .list(&lp)
                 .map_err(|e| Stop::Failed(e.to_string()))?;
+            let mut reader = crate::prune::ListReader::new(&self.id.resource, &self.config.pruning);
+            let mut each = |item: Result<PrunedObject, crate::prune::PruneError>| match item {
+                Ok(o) => objects.push(o),
+                Err(e) => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object")
+                }
+            };
             let fetched = tokio::select! {
-                r = fetch(&self.client, req, &mut body) => r.map_err(classify),
+                r = fetch_list(&self.client, req, &mut reader, &mut each) => r.map_err(classify),
                 _ = self.cancel.cancelled() => Err(Stop::Cancelled),
             };
             match fetched {
                 Err(Stop::Expired) if lp.continue_token.is_some() => {
                     objects.clear();
-                    lp = self.list_params();
+                    lp = self.list_params(from);
                     continue;
                 }
                 other => other?,
             }
-            let text = std::str::from_utf8(&body)
-                .map_err(|e| Stop::Failed(format!("list response is not UTF-8: {e}")))?;
-            let meta = prune_list(text, &self.id.resource, &self.config.pruning, &mut |item| {
-                match item {
-                    Ok(o) => objects.push(o),
-                    Err(e) => {
-                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object")
-                    }
-                }
-            })
-            .map_err(|e| Stop::Failed(format!("list response is not a list: {e}")))?;
+            let meta = reader
+                .finish(&mut each)
+                .map_err(|e| Stop::Failed(format!("the list response is not a list: {e}")))?;
             // Room for the rest at once, rather than growing by doubling (the list is
             // held whole until it is applied; a bound, as the count comes from outside).
             let remaining = meta.remaining_item_count.unwrap_or(0).min(1 << 20);
             objects.reserve(usize::try_from(remaining).unwrap_or(0));
             match meta.continue_token.filter(|c| !c.is_empty()) {
+                // Later pages come from storage at the first page's resourceVersion.
                 Some(c) => lp = lp.continue_token(&c),
-                None => return Ok((objects, meta.resource_version)),
+                None => {
+                    return Ok(Listed {
+                        objects,
+                        resource_version: meta.resource_version,
+                        method: from.method(),
+                        watch: None,
+                    });
+                }
+            }
+        }
+    }
+
+    fn watch_params(&self) -> WatchParams {
+        let mut wp = WatchParams::default()
+            .timeout(self.config.watch_timeout.as_secs().clamp(1, 294) as u32);
+        wp.bookmarks = true;
+        wp.label_selector = self.config.label_selector.clone();
+        wp.field_selector = self.config.field_selector.clone();
+        wp
+    }
+
+    /// Opens a watch; its lines, or why it was not opened.
+    async fn open(&self, req: http::Request<Vec<u8>>) -> Result<WatchLines, Stop> {
+        let silence = self.config.watch_timeout + self.config.idle_margin;
+        let opened = tokio::select! {
+            r = tokio::time::timeout(silence, self.client.request_stream(req)) => r,
+            _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+        };
+        match opened {
+            Err(_) => Err(Stop::Failed(format!(
+                "the watch was not answered within {silence:?}"
+            ))),
+            Ok(Err(e)) => Err(classify(e)),
+            Ok(Ok(body)) => {
+                let body: std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>> = Box::pin(body);
+                Ok(body.lines())
+            }
+        }
+    }
+
+    /// A streaming list: the state as ADDED events up to the bookmark that ends them,
+    /// on a watch that then goes on. A server that refuses the request, or sends
+    /// anything else before that bookmark (it ignored the request), does not serve
+    /// streaming lists.
+    async fn watch_list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
+        let mut wp = self.watch_params();
+        wp.send_initial_events = true;
+        let version = match from {
+            ListFrom::NotOlderThan(rv) => rv.as_str(),
+            // Unset: the current state, served from the cache once it has caught up.
+            ListFrom::Cache | ListFrom::Consistent => "",
+        };
+        let req = Request::new(&self.path)
+            .watch(&wp, version)
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        let mut lines = match self.open(req).await {
+            Ok(lines) => lines,
+            // 400 and 422: the server does not take the parameters.
+            Err(Stop::Invalid(m)) => return Err(ListStop::Unsupported(m)),
+            Err(stop) => return Err(stop.into()),
+        };
+        let silence = self.config.watch_timeout + self.config.idle_margin;
+        let mut objects = Vec::new();
+        loop {
+            let next = tokio::select! {
+                r = tokio::time::timeout(silence, lines.next()) => r,
+                _ = self.cancel.cancelled() => return Err(Stop::Cancelled.into()),
+            };
+            let line = match next {
+                Err(_) => {
+                    return Err(Stop::Failed(format!(
+                        "the streaming list sent nothing for {silence:?}"
+                    ))
+                    .into());
+                }
+                Ok(None) => {
+                    return Err(ListStop::Unsupported(
+                        "the server ended the watch without the initial-events-end bookmark".into(),
+                    ));
+                }
+                Ok(Some(Err(e))) => {
+                    return Err(Stop::Failed(format!("the streaming list broke: {e}")).into());
+                }
+                Ok(Some(Ok(line))) => line,
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let event: RawEvent = match serde_json::from_str(&line) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
+                    continue;
+                }
+            };
+            match event.kind.as_str() {
+                "ADDED" => match prune(event.object.get(), &self.id.resource, &self.config.pruning)
+                {
+                    Ok(o) => objects.push(o),
+                    Err(e) => {
+                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
+                    }
+                },
+                "BOOKMARK" => {
+                    let end = serde_json::from_str::<RawBookmark>(event.object.get())
+                        .ok()
+                        .filter(|b| b.metadata.initial_events_end())
+                        .map(|b| b.metadata.resource_version)
+                        .filter(|rv| !rv.is_empty());
+                    return match end {
+                        Some(resource_version) => {
+                            self.outage.recovered(&self.id.name);
+                            Ok(Listed {
+                                objects,
+                                resource_version,
+                                method: SyncMethod::WatchList,
+                                watch: Some(lines),
+                            })
+                        }
+                        None => Err(ListStop::Unsupported(
+                            "the server sent a bookmark without k8s.io/initial-events-end before the initial events ended".into(),
+                        )),
+                    };
+                }
+                "ERROR" => return Err(watch_error(event.object.get(), &line).into()),
+                other => {
+                    return Err(ListStop::Unsupported(format!(
+                        "the server sent a {other} event before the initial events ended"
+                    )));
+                }
             }
         }
     }
@@ -551,34 +871,24 @@ impl Informer {
     /// Watches from `from` until the stream stops; returns why, and the last
     /// resourceVersion seen (where to resume).
     async fn watch(&self, from: &str) -> (Stop, String) {
-        let mut seen = from.to_string();
-        let mut wp = WatchParams::default()
-            .timeout(self.config.watch_timeout.as_secs().clamp(1, 294) as u32);
-        wp.bookmarks = true;
-        wp.label_selector = self.config.label_selector.clone();
-        wp.field_selector = self.config.field_selector.clone();
-        let req = match Request::new(&self.path).watch(&wp, from) {
+        let req = match Request::new(&self.path).watch(&self.watch_params(), from) {
             Ok(r) => r,
-            Err(e) => return (Stop::Failed(e.to_string()), seen),
+            Err(e) => return (Stop::Failed(e.to_string()), from.to_string()),
         };
-        let silence = self.config.watch_timeout + self.config.idle_margin;
-        let opened = tokio::select! {
-            r = tokio::time::timeout(silence, self.client.request_stream(req)) => r,
-            _ = self.cancel.cancelled() => return (Stop::Cancelled, seen),
-        };
-        let body = match opened {
-            Err(_) => {
-                return (
-                    Stop::Failed(format!("the watch was not answered within {silence:?}")),
-                    seen,
-                );
+        match self.open(req).await {
+            Ok(lines) => {
+                // The watch is accepted: the cluster answers this stream again.
+                self.outage.recovered(&self.id.name);
+                self.follow(lines, from.to_string()).await
             }
-            Ok(Err(e)) => return (classify(e), seen),
-            Ok(Ok(body)) => body,
-        };
-        // The watch is accepted: the cluster answers this stream again.
-        self.outage.recovered(&self.id.name);
-        let mut lines = body.lines();
+            Err(stop) => (stop, from.to_string()),
+        }
+    }
+
+    /// Follows an open watch from `seen` until it stops; returns why, and the last
+    /// resourceVersion seen.
+    async fn follow(&self, mut lines: WatchLines, mut seen: String) -> (Stop, String) {
+        let silence = self.config.watch_timeout + self.config.idle_margin;
         loop {
             let next = tokio::select! {
                 r = tokio::time::timeout(silence, lines.next()) => r,
@@ -643,28 +953,7 @@ impl Informer {
                     }
                     _ => continue,
                 },
-                "ERROR" => {
-                    let status: RawStatus =
-                        serde_json::from_str(event.object.get()).unwrap_or(RawStatus {
-                            code: 0,
-                            message: line.clone(),
-                        });
-                    return match status.code {
-                        410 => (Stop::Expired, seen),
-                        401 | 403 => {
-                            let mut s = kube::core::Status::failure(&status.message, "");
-                            s.code = status.code;
-                            (Stop::Forbidden(crate::cause::api_status(&s)), seen)
-                        }
-                        _ => (
-                            Stop::Failed(format!(
-                                "watch error {}: {}",
-                                status.code, status.message
-                            )),
-                            seen,
-                        ),
-                    };
-                }
+                "ERROR" => return (watch_error(event.object.get(), &line), seen),
                 other => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), kind = other, "skipping a watch event of unknown type");
                     continue;
@@ -680,6 +969,23 @@ impl Informer {
     }
 }
 
+/// Why a watch's ERROR event stops it.
+fn watch_error(object: &str, line: &str) -> Stop {
+    let status: RawStatus = serde_json::from_str(object).unwrap_or(RawStatus {
+        code: 0,
+        message: line.to_string(),
+    });
+    match status.code {
+        410 => Stop::Expired,
+        401 | 403 => {
+            let mut s = kube::core::Status::failure(&status.message, "");
+            s.code = status.code;
+            Stop::Forbidden(crate::cause::api_status(&s))
+        }
+        _ => Stop::Failed(format!("watch error {}: {}", status.code, status.message)),
+    }
+}
+
 #[cfg(test)]
 #[path = "stream_tests.rs"]
 mod sim_tests;
@@ -687,6 +993,34 @@ mod sim_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_reads_the_cache_unless_it_must_not_and_never_goes_back() {
+        assert_eq!(ListFrom::choose(None, ListReason::Initial), ListFrom::Cache);
+        assert_eq!(
+            ListFrom::choose(Some(""), ListReason::Initial),
+            ListFrom::Cache
+        );
+        assert_eq!(
+            ListFrom::choose(Some("42"), ListReason::Initial),
+            ListFrom::NotOlderThan("42".into())
+        );
+        assert_eq!(
+            ListFrom::choose(Some("42"), ListReason::Expired),
+            ListFrom::Consistent
+        );
+        assert_eq!(
+            ListFrom::choose(None, ListReason::Expired),
+            ListFrom::Consistent
+        );
+        assert!(goes_back("41", Some("42")));
+        assert!(!goes_back("42", Some("42")));
+        assert!(!goes_back("100", Some("42")));
+        assert!(!goes_back("41", None));
+        // Versions that are not numbers cannot be compared.
+        assert!(!goes_back("abc", Some("42")));
+        assert!(!goes_back("41", Some("xyz")));
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_with_jitter_and_resets() {

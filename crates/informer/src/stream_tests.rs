@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::discovery;
 use crate::source::{self, ClusterSource};
-use crate::stream::{self, StreamConfig, StreamId, StreamState, Update};
+use crate::stream::{self, StreamConfig, StreamId, StreamState, SyncMethod, Update};
 use fleetscope_model::ClusterName;
-use fleetscope_sim::{Cluster, ClusterConfig, SimServer, Verb};
+use fleetscope_sim::{Cluster, ClusterConfig, ListKind, SimServer, Verb, WatchListSupport};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -48,19 +48,25 @@ async fn setup() -> Setup {
     }
 }
 
+/// Starts a stream that lists (no streaming lists), watching from `resume` if given.
 async fn start(
     s: &Setup,
     resource: &str,
     resume: Option<String>,
 ) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
-    start_after(s, resource, resume, || {}).await
+    let start = stream::Start {
+        watch_from: resume,
+        floor: None,
+    };
+    start_after(s, resource, start, false, || {}).await
 }
 
 /// Resolves the type, runs `before` (to inject faults the informer alone should meet), then starts.
 async fn start_after(
     s: &Setup,
     resource: &str,
-    resume: Option<String>,
+    start: stream::Start,
+    watch_list: bool,
     before: impl FnOnce(),
 ) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
     let client = source::connect(&s.source, Duration::from_secs(30), None)
@@ -79,6 +85,7 @@ async fn start_after(
         page_size: 3,
         backoff_start: Duration::from_millis(50),
         forbidden_retry: Duration::from_millis(200),
+        watch_list,
         ..StreamConfig::default()
     };
     tokio::spawn(stream::run(
@@ -86,7 +93,7 @@ async fn start_after(
         id.clone(),
         Arc::new(crate::outage::Outage::new(ClusterName::from("inf"))),
         config,
-        resume,
+        start,
         tx,
         cancel.clone(),
     ));
@@ -141,25 +148,26 @@ async fn wait_state(rx: &mut mpsc::Receiver<Update>, want: StreamState) -> Optio
 }
 
 #[tokio::test]
-async fn lists_in_pages_then_watches_live_changes() {
+async fn a_first_list_reads_the_watch_cache_then_watches_live_changes() {
     let s = setup().await;
+    let c = s.server.cluster().clone();
     let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
     let Update::Listed {
         objects,
         resource_version,
+        method,
         ..
     } = next_data(&mut rx).await
     else {
         panic!("first a list")
     };
-    assert_eq!(objects.len(), 7, "every page");
+    assert_eq!(objects.len(), 7);
+    assert_eq!(resource_version, c.store.resource_version().to_string());
+    assert_eq!(method, Some(SyncMethod::ListFromCache));
     assert_eq!(
-        resource_version,
-        s.server.cluster().store.resource_version().to_string()
-    );
-    assert!(
-        s.server.cluster().requests(Verb::List, "configmaps") >= 3,
-        "pages of 3"
+        (c.lists_of(ListKind::Cache), c.lists_of(ListKind::Quorum)),
+        (1, 0),
+        "one unpaged read from the cache, nothing from storage"
     );
     let v: serde_json::Value = serde_json::from_str(&objects[0].json).unwrap();
     assert_eq!(
@@ -204,17 +212,160 @@ async fn dropped_watches_resume_without_a_list_and_410_relists() {
         "reconnected from the last resourceVersion, no LIST"
     );
 
-    // History gone while the watch is down: 410 on reconnect, then a fresh list.
+    // History gone while the watch is down: 410 on reconnect, then a fresh list, a
+    // consistent one from storage, in pages of 3.
     c.store.delete("configmaps", "a", "cm-1").unwrap();
     c.compact();
+    c.reset_counters();
     c.expire_watches();
-    let Update::Listed { objects, .. } = next_data(&mut rx).await else {
+    let Update::Listed {
+        objects, method, ..
+    } = next_data(&mut rx).await
+    else {
         panic!("a re-list")
     };
     assert!(
         !objects.iter().any(|o| o.name == "cm-1"),
         "the re-list no longer has the deleted object"
     );
+    assert_eq!(method, Some(SyncMethod::ListConsistent));
+    assert_eq!(
+        (c.lists_of(ListKind::Cache), c.lists_of(ListKind::Quorum)),
+        (0, 3),
+        "after a 410, a consistent read in pages"
+    );
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn a_streaming_list_holds_the_state_and_its_watch_goes_on() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    c.reset_counters();
+    let (mut rx, cancel, _) =
+        start_after(&s, "configmaps", stream::Start::default(), true, || {}).await;
+    let Update::Listed {
+        objects,
+        resource_version,
+        method,
+        fallback,
+        ..
+    } = next_data(&mut rx).await
+    else {
+        panic!("first the state")
+    };
+    assert_eq!(objects.len(), 7);
+    assert_eq!(resource_version, c.store.resource_version().to_string());
+    assert_eq!((method, fallback), (Some(SyncMethod::WatchList), None));
+    wait_state(&mut rx, StreamState::Watching).await;
+    create_and_see(&c, &mut rx, "live").await;
+    assert_eq!(c.requests_of(Verb::List), 0, "no LIST at all");
+    assert_eq!(c.lists(ListKind::Streaming, "configmaps"), 1);
+    assert_eq!(
+        c.requests(Verb::Watch, "configmaps"),
+        1,
+        "the streaming list's watch carried the live change"
+    );
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
+    for support in [WatchListSupport::Refused, WatchListSupport::Ignored] {
+        let s = setup().await;
+        let c = s.server.cluster().clone();
+        c.set_watch_list(support);
+        let (mut rx, cancel, _) =
+            start_after(&s, "configmaps", stream::Start::default(), true, || {}).await;
+        if support == WatchListSupport::Ignored {
+            // A server that ignores the request sends the objects as a plain watch
+            // does, then whatever comes: here a modification, which no streaming list
+            // has before its end bookmark.
+            wait_until(|| c.requests(Verb::Watch, "configmaps") == 1).await;
+            c.store
+                .patch(
+                    "configmaps",
+                    "a",
+                    "cm-2",
+                    &json!({"metadata": {"labels": {"x": "1"}}}),
+                )
+                .unwrap();
+        }
+        let Update::Listed {
+            objects,
+            method,
+            fallback,
+            ..
+        } = next_data(&mut rx).await
+        else {
+            panic!("the state")
+        };
+        assert_eq!(objects.len(), 7, "{support:?}");
+        assert_eq!(method, Some(SyncMethod::ListFromCache), "{support:?}");
+        let why = fallback.unwrap_or_default();
+        match support {
+            WatchListSupport::Refused => assert!(why.contains("WatchList feature gate"), "{why}"),
+            _ => assert!(why.contains("before the initial events ended"), "{why}"),
+        }
+        wait_state(&mut rx, StreamState::Watching).await;
+        create_and_see(&c, &mut rx, "live").await;
+        assert_eq!(c.lists_of(ListKind::Cache), 1, "{support:?}");
+        assert_eq!(c.lists_of(ListKind::Quorum), 0, "{support:?}");
+        cancel.cancel();
+    }
+}
+
+#[tokio::test]
+async fn a_list_after_a_changed_selection_is_never_older_than_what_is_held() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    // Held: the state after cm-0 and cm-1 were deleted. The cache trails by 2.
+    c.store.delete("configmaps", "a", "cm-0").unwrap();
+    c.store.delete("configmaps", "a", "cm-1").unwrap();
+    let held = c.store.resource_version();
+    c.set_cache_lag(2);
+    for watch_list in [false, true] {
+        c.reset_counters();
+        let start = stream::Start {
+            watch_from: None,
+            floor: Some(held.to_string()),
+        };
+        let (mut rx, cancel, _) = start_after(&s, "configmaps", start, watch_list, || {}).await;
+        let Update::Listed {
+            objects,
+            resource_version,
+            ..
+        } = next_data(&mut rx).await
+        else {
+            panic!("a list")
+        };
+        assert!(
+            resource_version.parse::<u64>().unwrap() >= held,
+            "listed at {resource_version}, held {held}"
+        );
+        assert!(
+            !objects.iter().any(|o| o.name == "cm-0" || o.name == "cm-1"),
+            "nothing deleted before what is held comes back"
+        );
+        assert_eq!(c.lists_of(ListKind::Quorum), 0, "served from the cache");
+        cancel.cancel();
+    }
+    // With nothing held, the cache's older state is fine: the watch from it brings the rest.
+    c.reset_counters();
+    let (mut rx, cancel, _) = start(&s, "configmaps", None).await;
+    let Update::Listed {
+        objects,
+        resource_version,
+        ..
+    } = next_data(&mut rx).await
+    else {
+        panic!("a list")
+    };
+    assert_eq!(resource_version, (held - 2).to_string());
+    assert_eq!(objects.len(), 7, "the cache's state, before the deletes");
+    for _ in 0..2 {
+        assert!(matches!(next_data(&mut rx).await, Update::Deleted { .. }));
+    }
     cancel.cancel();
 }
 
@@ -259,10 +410,11 @@ async fn forbidden_types_become_state_and_recover() {
 async fn stalled_and_failing_servers_are_retried() {
     let s = setup().await;
     let c = s.server.cluster().clone();
-    let (mut rx, cancel, _) = start_after(&s, "configmaps", None, || {
-        c.fail_requests(500, fleetscope_sim::FailFor::Requests(2))
-    })
-    .await;
+    let (mut rx, cancel, _) =
+        start_after(&s, "configmaps", stream::Start::default(), false, || {
+            c.fail_requests(500, fleetscope_sim::FailFor::Requests(2))
+        })
+        .await;
     wait_state(&mut rx, StreamState::Failed).await;
     assert!(
         matches!(next_data(&mut rx).await, Update::Listed { .. }),
@@ -293,7 +445,7 @@ async fn start_with(
         id,
         outage,
         config,
-        None,
+        stream::Start::default(),
         tx,
         cancel.clone(),
     ));

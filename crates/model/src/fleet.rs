@@ -339,6 +339,34 @@ pub enum StreamState {
     NotFound,
 }
 
+/// How a stream last came to hold its cluster's full state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMethod {
+    /// A streaming list (WatchList): the state as watch events, on the watch that
+    /// then goes on.
+    WatchList,
+    /// A LIST served from the API server's watch cache (`resourceVersion=0`, or not
+    /// older than the resourceVersion held).
+    ListFromCache,
+    /// A consistent LIST from storage, in pages (after a 410, or when nothing better
+    /// is correct).
+    ListConsistent,
+    /// No list: the watch resumed from the stored resourceVersion.
+    Resumed,
+}
+
+impl SyncMethod {
+    /// The method as a label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncMethod::WatchList => "watch-list",
+            SyncMethod::ListFromCache => "list-from-cache",
+            SyncMethod::ListConsistent => "list-consistent",
+            SyncMethod::Resumed => "resumed",
+        }
+    }
+}
+
 /// One (cluster, resource type) stream.
 #[derive(Debug, Clone)]
 pub struct StreamInfo {
@@ -357,6 +385,11 @@ pub struct StreamInfo {
     pub last_error: String,
     /// How far behind its cluster it may be (see the proto's `sync_lag`).
     pub sync_lag: Option<Duration>,
+    /// How it last came to hold the cluster's state; `None` before it has.
+    pub sync_method: Option<SyncMethod>,
+    /// Why it listed although it asked for a streaming list, when it did; empty
+    /// otherwise.
+    pub watch_list_fallback: String,
 }
 
 /// One cluster's status.

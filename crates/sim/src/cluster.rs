@@ -248,6 +248,7 @@ pub struct Inner {
     bytes: Mutex<BTreeMap<Verb, u64>>,
     cache_lag: std::sync::atomic::AtomicU64,
     watch_list: std::sync::atomic::AtomicU8,
+    discovery_failing: std::sync::atomic::AtomicBool,
 }
 
 impl Deref for Cluster {
@@ -290,7 +291,19 @@ impl Cluster {
             bytes: Mutex::new(BTreeMap::new()),
             cache_lag: std::sync::atomic::AtomicU64::new(cache_lag),
             watch_list: std::sync::atomic::AtomicU8::new(watch_list.to_u8()),
+            discovery_failing: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Makes every discovery document (`/api`, `/apis`, group versions, `/version`)
+    /// answer 500 (true) or be served again (false); other requests are unaffected.
+    pub fn fail_discovery(&self, failing: bool) {
+        self.discovery_failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// Whether discovery documents are failing.
+    pub(crate) fn discovery_failing(&self) -> bool {
+        self.discovery_failing.load(Ordering::SeqCst)
     }
 
     /// How many resourceVersions the watch cache trails the store by.

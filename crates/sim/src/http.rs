@@ -195,6 +195,9 @@ async fn serve(
 
     let discovery = |cluster: &Cluster, doc: Option<Value>| {
         cluster.count(Verb::Discovery, "");
+        if cluster.discovery_failing() {
+            return Err(ApiError::internal("discovery is failing (injected)"));
+        }
         let body =
             serde_json::to_vec(&doc.ok_or_else(ApiError::unknown_resource)?).unwrap_or_default();
         cluster.count_bytes(Verb::Discovery, body.len() as u64);

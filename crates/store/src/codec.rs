@@ -7,7 +7,7 @@ use fleetscope_model::{
     ClusterName, EventType, Location, ObjectKey, ResourceType, Revision, StoredObject,
 };
 
-use crate::{EventRecord, ObjectRecord, SnapshotMeta, StreamRecord};
+use crate::{DiscoveryRecord, EventRecord, ObjectRecord, ServedRecord, SnapshotMeta, StreamRecord};
 
 /// Why a record could not be read back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,6 +31,14 @@ pub(crate) const META_SNAPSHOT: &[u8] = b"m:snapshot";
 pub(crate) const CHUNK_PREFIX: &[u8] = b"b:";
 pub(crate) const EVENT_PREFIX: &[u8] = b"e:";
 pub(crate) const STREAM_PREFIX: &[u8] = b"s:";
+pub(crate) const DISCOVERY_PREFIX: &[u8] = b"d:";
+
+/// `d:` cluster: what the cluster's discovery last answered.
+pub(crate) fn discovery_key(cluster: &ClusterName) -> Vec<u8> {
+    let mut k = DISCOVERY_PREFIX.to_vec();
+    k.extend_from_slice(cluster.as_str().as_bytes());
+    k
+}
 
 /// `b:`, the snapshot id and the chunk's index, big-endian: a snapshot's chunks in order.
 pub(crate) fn chunk_key(snapshot: u64, index: u32) -> Vec<u8> {
@@ -489,6 +497,56 @@ pub(crate) fn decode_stream(record: &[u8]) -> Result<StreamRecord, DecodeError> 
         resource_version,
         selection,
     })
+}
+
+pub(crate) fn encode_discovery(d: &DiscoveryRecord) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.str(d.cluster.as_str()).u32(d.served.len() as u32);
+    for s in &d.served {
+        w.str(&s.resource.group)
+            .str(&s.resource.version)
+            .str(&s.resource.plural)
+            .str(&s.resource.kind)
+            .u8(u8::from(s.resource.namespaced))
+            .u8(u8::from(s.watchable))
+            .str(&s.singular)
+            .u32(s.short_names.len() as u32);
+        for n in &s.short_names {
+            w.str(n);
+        }
+    }
+    w.seal()
+}
+
+pub(crate) fn decode_discovery(record: &[u8]) -> Result<DiscoveryRecord, DecodeError> {
+    let mut r = Reader::open(record)?;
+    let cluster = ClusterName::from(r.str()?);
+    let n = r.count()?;
+    let mut served = Vec::with_capacity(n);
+    for _ in 0..n {
+        let resource = ResourceType {
+            group: r.str()?.to_string(),
+            version: r.str()?.to_string(),
+            plural: r.str()?.to_string(),
+            kind: r.str()?.to_string(),
+            namespaced: r.u8()? != 0,
+        };
+        let watchable = r.u8()? != 0;
+        let singular = r.str()?.to_string();
+        let names = r.count()?;
+        let mut short_names = Vec::with_capacity(names);
+        for _ in 0..names {
+            short_names.push(r.str()?.to_string());
+        }
+        served.push(ServedRecord {
+            resource,
+            watchable,
+            short_names,
+            singular,
+        });
+    }
+    r.end()?;
+    Ok(DiscoveryRecord { cluster, served })
 }
 
 pub(crate) fn encode_u64(v: u64) -> Vec<u8> {

@@ -95,6 +95,29 @@ pub struct StreamRecord {
     pub selection: String,
 }
 
+/// What a cluster's discovery last answered, kept so a restart starts its streams
+/// before asking again (as kubectl keeps its discovery cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryRecord {
+    /// The cluster.
+    pub cluster: ClusterName,
+    /// Every type it serves.
+    pub served: Vec<ServedRecord>,
+}
+
+/// One type a cluster serves, as discovery gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedRecord {
+    /// The type.
+    pub resource: ResourceType,
+    /// Whether list and watch are both allowed.
+    pub watchable: bool,
+    /// Its short names.
+    pub short_names: Vec<String>,
+    /// Its singular name.
+    pub singular: String,
+}
+
 /// Which snapshot is current.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SnapshotMeta {
@@ -129,6 +152,8 @@ pub struct Loaded {
     pub clusters: Vec<ClusterName>,
     /// The field-index paths the stored objects' field values were read for.
     pub field_indexes: Option<Vec<String>>,
+    /// What each cluster's discovery last answered.
+    pub discovery: Vec<DiscoveryRecord>,
 }
 
 /// One atomic write: the effect of one or more applied index batches.
@@ -154,6 +179,10 @@ pub struct Batch {
     pub clusters: Option<Vec<ClusterName>>,
     /// The configured field-index paths, when they changed.
     pub field_indexes: Option<Vec<String>>,
+    /// Clusters' new discovery answers.
+    pub discovery: Vec<DiscoveryRecord>,
+    /// Clusters whose discovery answer is to be forgotten (they left the fleet).
+    pub drop_discovery: Vec<ClusterName>,
 }
 
 /// What went wrong with a store.
@@ -263,6 +292,16 @@ pub trait Store: Send + Sync {
                 chunks.push((id, value.to_vec()));
             } else if let Some(first) = codec::parse_event_key(key) {
                 event_records.push((first, value.to_vec()));
+            } else if key.starts_with(codec::DISCOVERY_PREFIX) {
+                let d = codec::decode_discovery(value).map_err(|e| damaged("discovery", key, e))?;
+                if codec::discovery_key(&d.cluster) != key {
+                    return Err(StoreError::Damaged(format!(
+                        "discovery record under {:?} is for {}",
+                        String::from_utf8_lossy(key),
+                        d.cluster
+                    )));
+                }
+                loaded.discovery.push(d);
             } else if key.starts_with(codec::STREAM_PREFIX) {
                 let s = codec::decode_stream(value).map_err(|e| damaged("stream", key, e))?;
                 if codec::stream_key(&s.cluster, &s.resource.name()) != key {
@@ -421,6 +460,15 @@ fn encode_batch(batch: &Batch) -> Writes {
         writes.insert(
             codec::stream_key(&s.cluster, &s.resource.name()),
             Some(codec::encode_stream(s)),
+        );
+    }
+    for cluster in &batch.drop_discovery {
+        writes.insert(codec::discovery_key(cluster), None);
+    }
+    for d in &batch.discovery {
+        writes.insert(
+            codec::discovery_key(&d.cluster),
+            Some(codec::encode_discovery(d)),
         );
     }
     if let Some(clusters) = &batch.clusters {

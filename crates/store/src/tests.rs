@@ -46,7 +46,28 @@ fn first_batch() -> Batch {
         streams: vec![stream("c1", "100")],
         clusters: Some(vec![ClusterName::from("c1")]),
         field_indexes: Some(vec!["spec.nodeName".into()]),
+        discovery: vec![discovery("c1")],
         ..Batch::default()
+    }
+}
+
+fn discovery(cluster: &str) -> DiscoveryRecord {
+    DiscoveryRecord {
+        cluster: ClusterName::from(cluster),
+        served: vec![
+            ServedRecord {
+                resource: pods(),
+                watchable: true,
+                short_names: vec!["po".into()],
+                singular: "pod".into(),
+            },
+            ServedRecord {
+                resource: ResourceType::new("", "v1", "bindings", "Binding", true),
+                watchable: false,
+                short_names: Vec::new(),
+                singular: String::new(),
+            },
+        ],
     }
 }
 
@@ -229,6 +250,32 @@ fn every_damaged_record_is_detected() {
         store.overwrite_raw(&key, original);
     }
     assert!(store.load().is_ok());
+}
+
+#[test]
+fn discovery_answers_are_kept_replaced_and_forgotten() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    assert_eq!(store.load().unwrap().discovery, [discovery("c1")]);
+    let mut newer = discovery("c1");
+    newer.served.truncate(1);
+    store
+        .commit(&Batch {
+            revision: Revision(3),
+            discovery: vec![newer.clone(), discovery("c2")],
+            ..Batch::default()
+        })
+        .unwrap();
+    assert_eq!(store.load().unwrap().discovery, [newer, discovery("c2")]);
+    store
+        .commit(&Batch {
+            revision: Revision(3),
+            drop_discovery: vec![ClusterName::from("c1"), ClusterName::from("c2")],
+            ..Batch::default()
+        })
+        .unwrap();
+    assert!(store.load().unwrap().discovery.is_empty());
 }
 
 #[test]

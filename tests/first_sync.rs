@@ -1,0 +1,246 @@
+//! A first sync as gentle as an API server allows: simulated clusters → the real engine
+//! and server → a real gRPC client. No list reads storage; a server without streaming
+//! lists is listed from its watch cache instead, and each stream says which it got;
+//! discovery is off the critical path (built-in types start at once, a kept discovery
+//! answer starts the rest).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Harness, PATIENCE, test_config};
+use fleetscope::grpc::ServiceConfig;
+use fleetscope::proto::{CountRequest, Query, StreamState, SyncMethod};
+use fleetscope_sim::store::ReadAt;
+use fleetscope_sim::{FleetSpec, ListKind, Verb, WatchListSupport};
+use serde_json::json;
+
+const TYPES: [&str; 3] = ["pods", "configmaps", "deployments.apps"];
+
+/// How many objects of a type the clusters hold now.
+fn truth(h: &Harness, id: &str) -> u64 {
+    h.fleet
+        .servers()
+        .iter()
+        .map(|s| {
+            s.cluster()
+                .store
+                .snapshot(id, ReadAt::Latest)
+                .unwrap()
+                .objects
+                .len() as u64
+        })
+        .sum()
+}
+
+/// Waits until the index holds what the clusters hold of `resource`.
+async fn holds_all(h: &Harness, resource: &str, id: &str) {
+    let mut c = h.client().await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let want = truth(h, id);
+        let got = c
+            .count(CountRequest {
+                query: Some(Query {
+                    resource: resource.into(),
+                    ..Default::default()
+                }),
+                group_by: vec![],
+            })
+            .await
+            .map(|r| r.into_inner().total);
+        if got.as_ref().is_ok_and(|&n| n == want && n > 0) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{resource}: the index holds {got:?}, the clusters {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_first_sync_reads_no_list_from_storage_and_each_stream_says_how_it_synced() {
+    let mut h = Harness::start_with(
+        FleetSpec::numbered(3, 40, 0.0),
+        test_config(&TYPES),
+        ServiceConfig::default(),
+    )
+    .await;
+    h.stop_node().await;
+    // sim-2 refuses streaming lists, as an API server without the WatchList feature;
+    // sim-3's watch cache trails its storage.
+    h.cluster(1).set_watch_list(WatchListSupport::Refused);
+    h.cluster(2).set_cache_lag(5);
+    for s in h.fleet.servers() {
+        s.cluster().reset_counters();
+    }
+    h.start_node(test_config(&TYPES), ServiceConfig::default(), None, &[])
+        .await;
+    h.synced().await;
+    for (resource, id) in [
+        ("pods", "pods"),
+        ("configmaps", "configmaps"),
+        ("deployments.apps", "deployments.apps"),
+    ] {
+        holds_all(&h, resource, id).await;
+    }
+    let clusters = h
+        .wait_clusters(|cs| {
+            cs.iter().all(|c| {
+                c.streams.len() == TYPES.len()
+                    && c.streams.iter().all(|s| {
+                        s.state() == StreamState::Watching
+                            && s.sync_method() != SyncMethod::Unspecified
+                    })
+            })
+        })
+        .await;
+    for c in &clusters {
+        for s in &c.streams {
+            if c.name == "sim-2" {
+                assert_eq!(s.sync_method(), SyncMethod::ListFromCache, "{s:?}");
+                assert!(
+                    s.watch_list_fallback.contains("WatchList feature gate"),
+                    "{s:?}"
+                );
+            } else {
+                assert_eq!(s.sync_method(), SyncMethod::WatchList, "{c:?}");
+                assert_eq!(s.watch_list_fallback, "", "{s:?}");
+            }
+        }
+    }
+    for (i, s) in h.fleet.servers().iter().enumerate() {
+        let c = s.cluster();
+        assert_eq!(
+            c.lists_of(ListKind::Quorum),
+            0,
+            "cluster {i}: no list from storage"
+        );
+        let (lists, streamed) = if i == 1 { (3, 0) } else { (0, 3) };
+        assert_eq!(c.lists_of(ListKind::Cache), lists, "cluster {i}");
+        assert_eq!(c.requests_of(Verb::List), lists, "cluster {i}");
+        assert_eq!(c.lists_of(ListKind::Streaming), streamed, "cluster {i}");
+    }
+    // The simulator's metrics page says the same.
+    let text = h.cluster(1).metrics_text();
+    assert!(
+        text.contains("sim_list_requests_total{kind=\"cache\",resource=\"pods\"} 1"),
+        "{text}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn built_in_types_sync_while_discovery_fails() {
+    let mut h = Harness::start_with(
+        FleetSpec::numbered(2, 30, 0.0),
+        test_config(&TYPES),
+        ServiceConfig::default(),
+    )
+    .await;
+    h.stop_node().await;
+    for s in h.fleet.servers() {
+        s.cluster().fail_discovery(true);
+        s.cluster().reset_counters();
+    }
+    h.start_node(test_config(&TYPES), ServiceConfig::default(), None, &[])
+        .await;
+    for (resource, id) in [
+        ("pods", "pods"),
+        ("configmaps", "configmaps"),
+        ("deployments.apps", "deployments.apps"),
+    ] {
+        holds_all(&h, resource, id).await;
+    }
+    // Discovery was asked and failed; the streams did not wait for it.
+    for s in h.fleet.servers() {
+        assert!(s.cluster().requests_of(Verb::Discovery) > 0);
+    }
+    h.wait_clusters(|cs| {
+        cs.iter().all(|c| {
+            c.last_error.contains("discovery")
+                && c.streams.len() == TYPES.len()
+                && c.streams.iter().all(|s| s.state() == StreamState::Watching)
+        })
+    })
+    .await;
+    // Discovery answers again: the cluster is whole, its streams undisturbed.
+    let streamed: u64 = h
+        .fleet
+        .servers()
+        .iter()
+        .map(|s| s.cluster().lists_of(ListKind::Streaming))
+        .sum();
+    for s in h.fleet.servers() {
+        s.cluster().fail_discovery(false);
+    }
+    h.synced().await;
+    let after: u64 = h
+        .fleet
+        .servers()
+        .iter()
+        .map(|s| s.cluster().lists_of(ListKind::Streaming) + s.cluster().requests_of(Verb::List))
+        .sum();
+    assert_eq!(
+        after, streamed,
+        "discovery confirmed the streams: no list again"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
+    let data = tempfile::tempdir().unwrap();
+    let mut h = Harness::start_persistent(
+        FleetSpec::numbered(1, 20, 0.0),
+        test_config(&["pods"]),
+        data.path(),
+    )
+    .await;
+    let store = &h.cluster(0).store;
+    store.add_resource(fleetscope_sim::ResourceDef::new(
+        "example.com",
+        "v1",
+        "widgets",
+        "Widget",
+        true,
+    ));
+    store
+        .create(
+            "widgets.example.com",
+            Some("team-0"),
+            json!({"metadata": {"name": "w"}}),
+        )
+        .unwrap();
+    // Discovery is asked again every 500 ms: wait for an answer that has widgets (it
+    // is kept in the store as it arrives).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let cluster = fleetscope_model::ClusterName::from("sim-1");
+    while !h
+        .engine
+        .status
+        .cluster(&cluster)
+        .is_some_and(|c| c.served.iter().any(|s| s.resource.plural == "widgets"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "widgets never discovered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.stop_node().await;
+    h.cluster(0).fail_discovery(true);
+    h.start_node(
+        test_config(&["pods", "widgets"]),
+        ServiceConfig::default(),
+        Some(data.path()),
+        &[],
+    )
+    .await;
+    holds_all(&h, "widgets.example.com", "widgets.example.com").await;
+    holds_all(&h, "pods", "pods").await;
+    h.shutdown().await;
+}
