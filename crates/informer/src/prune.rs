@@ -448,6 +448,138 @@ impl<'p> ListReader<'p> {
     }
 }
 
+/// One watch event, read in one pass: an object event's object pruned as it is read.
+#[derive(Debug)]
+pub enum WatchEvent<'a> {
+    /// `ADDED`, `MODIFIED` or `DELETED`, with the object as kept (or why it was not).
+    Object {
+        /// The event's type.
+        kind: ObjectEvent,
+        /// The object.
+        object: Result<PrunedObject, PruneError>,
+    },
+    /// Any other type (`BOOKMARK`, `ERROR`, unknown), with its object as raw JSON.
+    Other {
+        /// The event's type.
+        kind: Cow<'a, str>,
+        /// The object, unread.
+        object: &'a RawValue,
+    },
+}
+
+/// The type of an object event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectEvent {
+    /// Created (or, in a watch from now, present at its start).
+    Added,
+    /// Changed.
+    Modified,
+    /// Deleted: the object's last state.
+    Deleted,
+}
+
+impl ObjectEvent {
+    /// The type as the API server writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectEvent::Added => "ADDED",
+            ObjectEvent::Modified => "MODIFIED",
+            ObjectEvent::Deleted => "DELETED",
+        }
+    }
+
+    fn of(kind: &str) -> Option<Self> {
+        match kind {
+            "ADDED" => Some(ObjectEvent::Added),
+            "MODIFIED" => Some(ObjectEvent::Modified),
+            "DELETED" => Some(ObjectEvent::Deleted),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the watch events of one resource type, each in one pass, reusing its working
+/// space from event to event.
+pub struct EventReader<'p> {
+    pruner: Pruner<'p>,
+    scratch: String,
+}
+
+impl<'p> EventReader<'p> {
+    /// A reader for events of `rt`, pruned with `pruning`.
+    pub fn new(rt: &ResourceType, pruning: &'p Pruning) -> Self {
+        Self {
+            pruner: Pruner::new(rt, pruning),
+            scratch: String::new(),
+        }
+    }
+
+    /// Reads one event line. Fails when the line is not a watch event (a JSON object
+    /// with a string `type` and an `object`).
+    pub fn read<'a>(&mut self, line: &'a str) -> Result<WatchEvent<'a>, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(line);
+        let event = EventSeed {
+            pruner: &self.pruner,
+            out: &mut self.scratch,
+        }
+        .deserialize(&mut de)?;
+        de.end()?;
+        Ok(event)
+    }
+}
+
+/// A watch event: `type` first (as the API server writes it) lets its object be pruned
+/// as it is read; an object before its type is taken raw and pruned after.
+struct EventSeed<'s, 'p> {
+    pruner: &'s Pruner<'p>,
+    out: &'s mut String,
+}
+
+impl<'de> DeserializeSeed<'de> for EventSeed<'_, '_> {
+    type Value = WatchEvent<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventSeed<'_, '_> {
+    type Value = WatchEvent<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a watch event: a JSON object with type and object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        let mut kind: Option<Cow<'de, str>> = None;
+        let mut pruned: Option<Result<PrunedObject, PruneError>> = None;
+        let mut raw: Option<&'de RawValue> = None;
+        while let Some(key) = map.next_key::<Text<'de>>()? {
+            match key.0.as_ref() {
+                "type" => kind = Some(map.next_value::<Text<'de>>()?.0),
+                "object" if kind.as_deref().and_then(ObjectEvent::of).is_some() => {
+                    pruned = Some(map.next_value_seed(ObjectSeed {
+                        pruner: self.pruner,
+                        out: &mut *self.out,
+                    })?);
+                }
+                "object" => raw = Some(map.next_value::<&'de RawValue>()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let kind = kind.ok_or_else(|| A::Error::missing_field("type"))?;
+        match (ObjectEvent::of(&kind), pruned, raw) {
+            (Some(k), Some(object), _) => Ok(WatchEvent::Object { kind: k, object }),
+            (Some(k), None, Some(raw)) => Ok(WatchEvent::Object {
+                kind: k,
+                object: prune_with(self.pruner, self.out, raw.get()),
+            }),
+            (None, _, Some(object)) => Ok(WatchEvent::Other { kind, object }),
+            _ => Err(A::Error::missing_field("object")),
+        }
+    }
+}
+
 /// What every object of one resource type is pruned with.
 struct Pruner<'p> {
     pruning: &'p Pruning,
@@ -1212,6 +1344,58 @@ mod tests {
                     "{broken} in pieces of {size}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn watch_events_are_read_in_one_pass_whatever_their_member_order() {
+        let pruning = Pruning::default();
+        let mut reader = EventReader::new(&pods(), &pruning);
+        let object = r#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"7","managedFields":[{}]},"spec":{}}"#;
+        let whole = prune(object, &pods(), &pruning).unwrap();
+        for line in [
+            format!(r#"{{"type":"MODIFIED","object":{object}}}"#),
+            format!(r#"{{"object":{object},"type":"MODIFIED"}}"#),
+        ] {
+            match reader.read(&line).unwrap() {
+                WatchEvent::Object { kind, object } => {
+                    assert_eq!(kind, ObjectEvent::Modified);
+                    assert_eq!(object.unwrap(), whole);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let bookmark =
+            r#"{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"9"}}}"#;
+        match reader.read(bookmark).unwrap() {
+            WatchEvent::Other { kind, object } => {
+                assert_eq!(kind, "BOOKMARK");
+                assert!(object.get().contains("\"9\""));
+            }
+            other => panic!("{other:?}"),
+        }
+        match reader
+            .read(r#"{"type":"DELETED","object":{"metadata":{}}}"#)
+            .unwrap()
+        {
+            WatchEvent::Object { kind, object } => {
+                assert_eq!(kind, ObjectEvent::Deleted);
+                assert!(
+                    object.is_err(),
+                    "an object without a name is an error for it alone"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            "",
+            "[]",
+            r#"{"type":"ADDED"}"#,
+            r#"{"object":{}}"#,
+            r#"{"type":5,"object":{}}"#,
+            r#"{"type":"ADDED","object":{}} x"#,
+        ] {
+            assert!(reader.read(bad).is_err(), "{bad}");
         }
     }
 

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::prune::{PrunedObject, Pruning, prune};
+use crate::prune::{EventReader, ObjectEvent, PrunedObject, Pruning, WatchEvent};
 
 /// Which stream an update is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -272,14 +272,6 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.next = self.start;
     }
-}
-
-#[derive(Deserialize)]
-struct RawEvent<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(borrow)]
-    object: &'a RawValue,
 }
 
 #[derive(Deserialize)]
@@ -796,6 +788,7 @@ impl Informer {
             Err(stop) => return Err(stop.into()),
         };
         let silence = self.config.watch_timeout + self.config.idle_margin;
+        let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut objects = Vec::new();
         loop {
             let next = tokio::select! {
@@ -822,23 +815,31 @@ impl Informer {
             if line.trim().is_empty() {
                 continue;
             }
-            let event: RawEvent = match serde_json::from_str(&line) {
+            let event = match events.read(&line) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
                     continue;
                 }
             };
-            match event.kind.as_str() {
-                "ADDED" => match prune(event.object.get(), &self.id.resource, &self.config.pruning)
-                {
+            match event {
+                WatchEvent::Object {
+                    kind: ObjectEvent::Added,
+                    object,
+                } => match object {
                     Ok(o) => objects.push(o),
                     Err(e) => {
                         tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
                     }
                 },
-                "BOOKMARK" => {
-                    let end = serde_json::from_str::<RawBookmark>(event.object.get())
+                WatchEvent::Object { kind, .. } => {
+                    return Err(ListStop::Unsupported(format!(
+                        "the server sent a {} event before the initial events ended",
+                        kind.as_str()
+                    )));
+                }
+                WatchEvent::Other { kind, object } if kind == "BOOKMARK" => {
+                    let end = serde_json::from_str::<RawBookmark>(object.get())
                         .ok()
                         .filter(|b| b.metadata.initial_events_end())
                         .map(|b| b.metadata.resource_version)
@@ -858,10 +859,12 @@ impl Informer {
                         )),
                     };
                 }
-                "ERROR" => return Err(watch_error(event.object.get(), &line).into()),
-                other => {
+                WatchEvent::Other { kind, object } if kind == "ERROR" => {
+                    return Err(watch_error(object.get(), &line).into());
+                }
+                WatchEvent::Other { kind, .. } => {
                     return Err(ListStop::Unsupported(format!(
-                        "the server sent a {other} event before the initial events ended"
+                        "the server sent a {kind} event before the initial events ended"
                     )));
                 }
             }
@@ -889,6 +892,7 @@ impl Informer {
     /// resourceVersion seen.
     async fn follow(&self, mut lines: WatchLines, mut seen: String) -> (Stop, String) {
         let silence = self.config.watch_timeout + self.config.idle_margin;
+        let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         loop {
             let next = tokio::select! {
                 r = tokio::time::timeout(silence, lines.next()) => r,
@@ -908,7 +912,7 @@ impl Informer {
             if line.trim().is_empty() {
                 continue;
             }
-            let event: RawEvent = match serde_json::from_str(&line) {
+            let event = match events.read(&line) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
@@ -917,45 +921,47 @@ impl Informer {
             };
             // Where to resume moves only once the update is handed over.
             let mut next_seen = None;
-            let update = match event.kind.as_str() {
-                "ADDED" | "MODIFIED" | "DELETED" => {
-                    match prune(event.object.get(), &self.id.resource, &self.config.pruning) {
-                        Ok(object) => {
-                            if !object.resource_version.is_empty() {
-                                next_seen = Some(object.resource_version.clone());
+            let update = match event {
+                WatchEvent::Object { kind, object } => match object {
+                    Ok(object) => {
+                        if !object.resource_version.is_empty() {
+                            next_seen = Some(object.resource_version.clone());
+                        }
+                        if kind == ObjectEvent::Deleted {
+                            Update::Deleted {
+                                stream: self.id.clone(),
+                                object,
                             }
-                            if event.kind == "DELETED" {
-                                Update::Deleted {
-                                    stream: self.id.clone(),
-                                    object,
-                                }
-                            } else {
-                                Update::Applied {
-                                    stream: self.id.clone(),
-                                    object,
-                                    created: event.kind == "ADDED",
-                                }
+                        } else {
+                            Update::Applied {
+                                stream: self.id.clone(),
+                                object,
+                                created: kind == ObjectEvent::Added,
                             }
                         }
-                        Err(e) => {
-                            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
-                            continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
+                        continue;
+                    }
+                },
+                WatchEvent::Other { kind, object } if kind == "BOOKMARK" => {
+                    match serde_json::from_str::<RawBookmark>(object.get()) {
+                        Ok(b) if !b.metadata.resource_version.is_empty() => {
+                            next_seen = Some(b.metadata.resource_version.clone());
+                            Update::Progress {
+                                stream: self.id.clone(),
+                                resource_version: b.metadata.resource_version,
+                            }
                         }
+                        _ => continue,
                     }
                 }
-                "BOOKMARK" => match serde_json::from_str::<RawBookmark>(event.object.get()) {
-                    Ok(b) if !b.metadata.resource_version.is_empty() => {
-                        next_seen = Some(b.metadata.resource_version.clone());
-                        Update::Progress {
-                            stream: self.id.clone(),
-                            resource_version: b.metadata.resource_version,
-                        }
-                    }
-                    _ => continue,
-                },
-                "ERROR" => return (watch_error(event.object.get(), &line), seen),
-                other => {
-                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), kind = other, "skipping a watch event of unknown type");
+                WatchEvent::Other { kind, object } if kind == "ERROR" => {
+                    return (watch_error(object.get(), &line), seen);
+                }
+                WatchEvent::Other { kind, .. } => {
+                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), kind = %kind, "skipping a watch event of unknown type");
                     continue;
                 }
             };
