@@ -14,7 +14,6 @@ use kube::core::Request;
 use kube::discovery::ApiResource;
 use rand::Rng;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
