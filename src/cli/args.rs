@@ -686,6 +686,15 @@ pub struct FleetArgs {
     /// Changes per second per cluster.
     #[arg(long, default_value_t = 20.0)]
     pub churn: f64,
+    /// How many resourceVersions each cluster's watch cache trails its storage: a
+    /// `resourceVersion=0` list may be that much older than a consistent one.
+    #[arg(long, default_value_t = 0)]
+    pub cache_lag: u64,
+    /// How the clusters answer streaming lists (`sendInitialEvents=true`): `served`,
+    /// `refused` (422, as an API server without the WatchList feature) or `ignored`
+    /// (a plain watch).
+    #[arg(long, default_value = "served", value_parser = ["served", "refused", "ignored"])]
+    pub streaming_lists: String,
 }
 
 impl FleetArgs {
@@ -706,6 +715,12 @@ impl FleetArgs {
             }
             spec.names = self.names.clone();
         }
+        spec.cache_lag = self.cache_lag;
+        spec.watch_list = match self.streaming_lists.as_str() {
+            "refused" => fleetscope_sim::WatchListSupport::Refused,
+            "ignored" => fleetscope_sim::WatchListSupport::Ignored,
+            _ => fleetscope_sim::WatchListSupport::Served,
+        };
         Ok(spec)
     }
 }

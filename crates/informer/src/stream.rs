@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleetscope_model::{ClusterName, ResourceType};
-use futures::{AsyncBufReadExt, StreamExt};
 use kube::Client;
 use kube::Resource;
 use kube::api::{DynamicObject, ListParams, WatchParams};
@@ -399,8 +398,28 @@ struct Listed {
     watch: Option<WatchLines>,
 }
 
-/// A watch response, line by line.
-type WatchLines = futures::io::Lines<std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>>>;
+/// A watch response read line by line into one buffer, reused from line to line.
+struct WatchLines {
+    body: std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>>,
+    line: Vec<u8>,
+}
+
+impl WatchLines {
+    /// The next line, without its line end; `None` at the end of the response.
+    async fn next(&mut self) -> Option<std::io::Result<&str>> {
+        use futures::AsyncBufReadExt;
+        self.line.clear();
+        match self.body.read_until(b'\n', &mut self.line).await {
+            Ok(0) => None,
+            Ok(_) => Some(
+                std::str::from_utf8(&self.line)
+                    .map(|l| l.trim_end_matches(['\n', '\r']))
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            ),
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
 
 /// Why a list did not give a state.
 enum ListStop {
@@ -758,10 +777,10 @@ impl Informer {
                 "the watch was not answered within {silence:?}"
             ))),
             Ok(Err(e)) => Err(classify(e)),
-            Ok(Ok(body)) => {
-                let body: std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>> = Box::pin(body);
-                Ok(body.lines())
-            }
+            Ok(Ok(body)) => Ok(WatchLines {
+                body: Box::pin(body),
+                line: Vec::new(),
+            }),
         }
     }
 
@@ -814,7 +833,7 @@ impl Informer {
             if line.trim().is_empty() {
                 continue;
             }
-            let event = match events.read(&line) {
+            let event = match events.read(line) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
@@ -859,7 +878,7 @@ impl Informer {
                     };
                 }
                 WatchEvent::Other { kind, object } if kind == "ERROR" => {
-                    return Err(watch_error(object.get(), &line).into());
+                    return Err(watch_error(object.get(), line).into());
                 }
                 WatchEvent::Other { kind, .. } => {
                     return Err(ListStop::Unsupported(format!(
@@ -911,7 +930,7 @@ impl Informer {
             if line.trim().is_empty() {
                 continue;
             }
-            let event = match events.read(&line) {
+            let event = match events.read(line) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
@@ -957,7 +976,7 @@ impl Informer {
                     }
                 }
                 WatchEvent::Other { kind, object } if kind == "ERROR" => {
-                    return (watch_error(object.get(), &line), seen);
+                    return (watch_error(object.get(), line), seen);
                 }
                 WatchEvent::Other { kind, .. } => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), kind = %kind, "skipping a watch event of unknown type");

@@ -23,6 +23,10 @@ pub struct FleetSpec {
     pub objects: usize,
     /// Changes per second per cluster.
     pub churn: f64,
+    /// How many resourceVersions each cluster's watch cache trails its storage.
+    pub cache_lag: u64,
+    /// How each cluster answers streaming lists.
+    pub watch_list: crate::cluster::WatchListSupport,
 }
 
 impl FleetSpec {
@@ -32,6 +36,8 @@ impl FleetSpec {
             names: (1..=clusters).map(|i| format!("sim-{i}")).collect(),
             objects,
             churn,
+            cache_lag: 0,
+            watch_list: crate::cluster::WatchListSupport::Served,
         }
     }
 }
@@ -95,7 +101,10 @@ impl SimFleet {
         let mut servers = Vec::new();
         let mut churn = Vec::new();
         for (i, name) in spec.names.iter().enumerate() {
-            let cluster = Cluster::new(ClusterConfig::new(name));
+            let mut config = ClusterConfig::new(name);
+            config.cache_lag = spec.cache_lag;
+            config.watch_list = spec.watch_list;
+            let cluster = Cluster::new(config);
             let workload =
                 Workload::populate(&cluster, &WorkloadSpec::new(spec.objects, i as u64 + 1))
                     .map_err(|e| io::Error::other(format!("populating {name}: {e}")))?;
