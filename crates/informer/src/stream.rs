@@ -160,6 +160,11 @@ pub struct StreamConfig {
     /// Ask for streaming lists (WatchList) and list only when the server refuses or
     /// ignores them. Default true.
     pub watch_list: bool,
+    /// A streaming list silent this long before its initial events have ended is taken
+    /// for a server that ignored the request (a plain watch of a quiet type sends
+    /// nothing): the stream lists instead. Default 10 s (an API server answers from its
+    /// watch cache, waiting at most 3 s for it to catch up).
+    pub watch_list_silence: Duration,
 }
 
 impl StreamConfig {
@@ -194,6 +199,7 @@ impl Default for StreamConfig {
             label_selector: None,
             field_selector: None,
             watch_list: true,
+            watch_list_silence: Duration::from_secs(10),
         }
     }
 }
@@ -805,7 +811,7 @@ impl Informer {
             Err(Stop::Invalid(m)) => return Err(ListStop::Unsupported(m)),
             Err(stop) => return Err(stop.into()),
         };
-        let silence = self.config.watch_timeout + self.config.idle_margin;
+        let silence = self.config.watch_list_silence;
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut objects = Vec::new();
         loop {
@@ -815,10 +821,9 @@ impl Informer {
             };
             let line = match next {
                 Err(_) => {
-                    return Err(Stop::Failed(format!(
-                        "the streaming list sent nothing for {silence:?}"
-                    ))
-                    .into());
+                    return Err(ListStop::Unsupported(format!(
+                        "no initial-events-end bookmark: the server sent nothing for {silence:?} before the initial events ended"
+                    )));
                 }
                 Ok(None) => {
                     return Err(ListStop::Unsupported(

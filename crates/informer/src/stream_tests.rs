@@ -271,25 +271,68 @@ async fn a_streaming_list_holds_the_state_and_its_watch_goes_on() {
 
 #[tokio::test]
 async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
-    for support in [WatchListSupport::Refused, WatchListSupport::Ignored] {
+    // Refused; ignored, found out by a change before any end bookmark; ignored, found
+    // out by silence (a plain watch of a quiet type sends nothing).
+    for (support, change) in [
+        (WatchListSupport::Refused, false),
+        (WatchListSupport::Ignored, true),
+        (WatchListSupport::Ignored, false),
+    ] {
         let s = setup().await;
         let c = s.server.cluster().clone();
         c.set_watch_list(support);
-        let (mut rx, cancel, _) =
-            start_after(&s, "configmaps", stream::Start::default(), true, || {}).await;
-        if support == WatchListSupport::Ignored {
-            // A server that ignores the request sends the objects as a plain watch
-            // does, then whatever comes: here a modification, which no streaming list
-            // has before its end bookmark.
-            wait_until(|| c.requests(Verb::Watch, "configmaps") == 1).await;
-            c.store
-                .patch(
-                    "configmaps",
-                    "a",
-                    "cm-2",
-                    &json!({"metadata": {"labels": {"x": "1"}}}),
-                )
-                .unwrap();
+        let client = source::connect(&s.source, Duration::from_secs(30), None)
+            .await
+            .unwrap()
+            .client;
+        let served = discovery::discover(&client).await.unwrap();
+        let rt = discovery::resolve(&["configmaps".into()], &served)
+            .resources
+            .remove(0);
+        let (tx, mut rx) = mpsc::channel(1024);
+        let cancel = CancellationToken::new();
+        let config = StreamConfig {
+            backoff_start: Duration::from_millis(50),
+            // Long enough never to cut the change case short.
+            watch_list_silence: if change {
+                Duration::from_secs(60)
+            } else {
+                Duration::from_millis(300)
+            },
+            ..StreamConfig::default()
+        };
+        tokio::spawn(stream::run(
+            client,
+            Arc::new(StreamId::new(ClusterName::from("inf"), rt)),
+            Arc::new(crate::outage::Outage::new(ClusterName::from("inf"))),
+            config,
+            stream::Start::default(),
+            tx,
+            cancel.clone(),
+        ));
+        // A server that ignores the request sends the objects as a plain watch does,
+        // then whatever comes: here modifications, which no streaming list has before
+        // its end bookmark (made until the stream has listed, so one reaches the watch
+        // whenever it registers).
+        let patching = CancellationToken::new();
+        if change {
+            let (c, patching) = (c.clone(), patching.clone());
+            tokio::spawn(async move {
+                for i in 0.. {
+                    c.store
+                        .patch(
+                            "configmaps",
+                            "a",
+                            "cm-2",
+                            &json!({"metadata": {"labels": {"x": i.to_string()}}}),
+                        )
+                        .unwrap();
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                        _ = patching.cancelled() => return,
+                    }
+                }
+            });
         }
         let Update::Listed {
             objects,
@@ -300,15 +343,31 @@ async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
         else {
             panic!("the state")
         };
+        patching.cancel();
         assert_eq!(objects.len(), 7, "{support:?}");
         assert_eq!(method, Some(SyncMethod::ListFromCache), "{support:?}");
         let why = fallback.unwrap_or_default();
-        match support {
-            WatchListSupport::Refused => assert!(why.contains("WatchList feature gate"), "{why}"),
-            _ => assert!(why.contains("before the initial events ended"), "{why}"),
+        let expected = match (support, change) {
+            (WatchListSupport::Refused, _) => "WatchList feature gate",
+            (_, true) => "a MODIFIED event before the initial events ended",
+            _ => "sent nothing for",
+        };
+        assert!(why.contains(expected), "{support:?}: {why}");
+        c.store
+            .create(
+                "configmaps",
+                Some("a"),
+                json!({"metadata": {"name": "live"}}),
+            )
+            .unwrap();
+        // Modifications made before the patching stopped may come first.
+        loop {
+            if let Update::Applied { object, .. } = next_data(&mut rx).await
+                && object.name == "live"
+            {
+                break;
+            }
         }
-        wait_state(&mut rx, StreamState::Watching).await;
-        create_and_see(&c, &mut rx, "live").await;
         assert_eq!(c.lists_of(ListKind::Cache), 1, "{support:?}");
         assert_eq!(c.lists_of(ListKind::Quorum), 0, "{support:?}");
         cancel.cancel();
