@@ -323,15 +323,7 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
             use kube::runtime::{WatchStreamExt, reflector, watcher};
             let mut stores = Vec::new();
             for source in fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap() {
-                let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-                let options = kube::config::KubeConfigOptions {
-                    context: Some(source.name.clone()),
-                    ..Default::default()
-                };
-                let config = kube::Config::from_custom_kubeconfig(kc, &options)
-                    .await
-                    .unwrap();
-                let client = kube::Client::try_from(config).unwrap();
+                let client = kube_client(&path, &source.name).await;
                 let (reader, writer) = reflector::store::<Pod>();
                 let stream = reflector(
                     writer,
@@ -360,6 +352,19 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
             );
         }
     }
+}
+
+/// A kube client for one context of a kubeconfig.
+async fn kube_client(path: &std::path::Path, context: &str) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let options = kube::config::KubeConfigOptions {
+        context: Some(context.to_string()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
 }
 
 fn report(
@@ -1013,15 +1018,7 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
         let reads = sources.iter().map(|source| {
             let path = path.clone();
             async move {
-                let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-                let options = kube::config::KubeConfigOptions {
-                    context: Some(source.name.clone()),
-                    ..Default::default()
-                };
-                let config = kube::Config::from_custom_kubeconfig(kc, &options)
-                    .await
-                    .unwrap();
-                let client = kube::Client::try_from(config).unwrap();
+                let client = kube_client(&path, &source.name).await;
                 let request = http::Request::get(format!("/api/v1/{resource}?resourceVersion=0"))
                     .body(kube::client::Body::empty())
                     .unwrap();

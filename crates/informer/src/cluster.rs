@@ -639,16 +639,8 @@ impl Cluster {
             {
                 tracing::info!(resource = %rt.name(), version = %rt.version, "the type is served at another version: listing it there");
                 running.token.cancel();
-                if let Ok(Some(rv)) = running.handle.await {
-                    self.resume.insert(
-                        rt.name(),
-                        ResumePoint {
-                            resource: rt,
-                            resource_version: rv,
-                            selection: running.selection,
-                        },
-                    );
-                }
+                let reached = running.handle.await.ok().flatten();
+                self.keep_reached(rt, running.selection, reached);
                 continue;
             }
             tracing::info!(resource = %rt.name(), "resource type no longer served: dropping its objects");
@@ -744,17 +736,25 @@ impl Cluster {
         for running in self.streams.values() {
             running.token.cancel();
         }
-        for (rt, running) in self.streams.drain() {
-            if let Ok(Some(rv)) = running.handle.await {
-                self.resume.insert(
-                    rt.name(),
-                    ResumePoint {
-                        resource: rt,
-                        resource_version: rv,
-                        selection: running.selection,
-                    },
-                );
-            }
+        let streams: Vec<_> = self.streams.drain().collect();
+        for (rt, running) in streams {
+            let reached = running.handle.await.ok().flatten();
+            self.keep_reached(rt, running.selection, reached);
+        }
+    }
+
+    /// Keeps where a stopped stream reached (if it listed), so the next stream of its
+    /// type resumes there.
+    fn keep_reached(&mut self, rt: ResourceType, selection: String, reached: Option<String>) {
+        if let Some(rv) = reached {
+            self.resume.insert(
+                rt.name(),
+                ResumePoint {
+                    resource: rt,
+                    resource_version: rv,
+                    selection,
+                },
+            );
         }
     }
 }

@@ -835,15 +835,8 @@ impl Informer {
                 }
                 Ok(Some(Ok(line))) => line,
             };
-            if line.trim().is_empty() {
+            let Some(event) = self.event(&mut events, line) else {
                 continue;
-            }
-            let event = match events.read(line) {
-                Ok(e) => e,
-                Err(e) => {
-                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
-                    continue;
-                }
             };
             match event {
                 WatchEvent::Object {
@@ -894,6 +887,21 @@ impl Informer {
         }
     }
 
+    /// One watch line read as an event; `None` for a blank line or one that is not a
+    /// watch event (logged and skipped).
+    fn event<'a>(&self, events: &mut EventReader<'_>, line: &'a str) -> Option<WatchEvent<'a>> {
+        if line.trim().is_empty() {
+            return None;
+        }
+        match events.read(line) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
+                None
+            }
+        }
+    }
+
     /// Watches from `from` until the stream stops; returns why, and the last
     /// resourceVersion seen (where to resume).
     async fn watch(&self, from: &str) -> (Stop, String) {
@@ -932,15 +940,8 @@ impl Informer {
                 }
                 Ok(Some(Ok(line))) => line,
             };
-            if line.trim().is_empty() {
+            let Some(event) = self.event(&mut events, line) else {
                 continue;
-            }
-            let event = match events.read(line) {
-                Ok(e) => e,
-                Err(e) => {
-                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed watch event");
-                    continue;
-                }
             };
             // Where to resume moves only once the update is handed over.
             let mut next_seen = None;

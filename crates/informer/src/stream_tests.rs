@@ -281,16 +281,6 @@ async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
         let s = setup().await;
         let c = s.server.cluster().clone();
         c.set_watch_list(support);
-        let client = source::connect(&s.source, Duration::from_secs(30), None)
-            .await
-            .unwrap()
-            .client;
-        let served = discovery::discover(&client).await.unwrap();
-        let rt = discovery::resolve(&["configmaps".into()], &served)
-            .resources
-            .remove(0);
-        let (tx, mut rx) = mpsc::channel(1024);
-        let cancel = CancellationToken::new();
         let config = StreamConfig {
             backoff_start: Duration::from_millis(50),
             // Long enough never to cut the change case short.
@@ -301,15 +291,7 @@ async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
             },
             ..StreamConfig::default()
         };
-        tokio::spawn(stream::run(
-            client,
-            Arc::new(StreamId::new(ClusterName::from("inf"), rt)),
-            Arc::new(crate::outage::Outage::new(ClusterName::from("inf"))),
-            config,
-            stream::Start::default(),
-            tx,
-            cancel.clone(),
-        ));
+        let (mut rx, cancel) = start_with(&s, "configmaps", config).await;
         // A server that ignores the request sends the objects as a plain watch does,
         // then whatever comes: here modifications, which no streaming list has before
         // its end bookmark (made until the stream has listed, so one reaches the watch

@@ -465,14 +465,30 @@ pub(crate) fn decode_events(record: &[u8]) -> Result<Vec<EventRecord>, DecodeErr
     Ok(out)
 }
 
+/// Writes a resource type's parts.
+fn write_resource<'w>(w: &'w mut Writer, rt: &ResourceType) -> &'w mut Writer {
+    w.str(&rt.group)
+        .str(&rt.version)
+        .str(&rt.plural)
+        .str(&rt.kind)
+        .u8(u8::from(rt.namespaced))
+}
+
+/// Reads what [`write_resource`] wrote.
+fn read_resource(r: &mut Reader<'_>) -> Result<ResourceType, DecodeError> {
+    Ok(ResourceType {
+        group: r.str()?.to_string(),
+        version: r.str()?.to_string(),
+        plural: r.str()?.to_string(),
+        kind: r.str()?.to_string(),
+        namespaced: r.u8()? != 0,
+    })
+}
+
 pub(crate) fn encode_stream(s: &StreamRecord) -> Vec<u8> {
     let mut w = Writer::new();
-    w.str(s.cluster.as_str())
-        .str(&s.resource.group)
-        .str(&s.resource.version)
-        .str(&s.resource.plural)
-        .str(&s.resource.kind)
-        .u8(u8::from(s.resource.namespaced))
+    w.str(s.cluster.as_str());
+    write_resource(&mut w, &s.resource)
         .str(&s.resource_version)
         .str(&s.selection);
     w.seal()
@@ -481,13 +497,7 @@ pub(crate) fn encode_stream(s: &StreamRecord) -> Vec<u8> {
 pub(crate) fn decode_stream(record: &[u8]) -> Result<StreamRecord, DecodeError> {
     let mut r = Reader::open(record)?;
     let cluster = ClusterName::from(r.str()?);
-    let resource = ResourceType {
-        group: r.str()?.to_string(),
-        version: r.str()?.to_string(),
-        plural: r.str()?.to_string(),
-        kind: r.str()?.to_string(),
-        namespaced: r.u8()? != 0,
-    };
+    let resource = read_resource(&mut r)?;
     let resource_version = r.str()?.to_string();
     let selection = r.str()?.to_string();
     r.end()?;
@@ -503,11 +513,7 @@ pub(crate) fn encode_discovery(d: &DiscoveryRecord) -> Vec<u8> {
     let mut w = Writer::new();
     w.str(d.cluster.as_str()).u32(d.served.len() as u32);
     for s in &d.served {
-        w.str(&s.resource.group)
-            .str(&s.resource.version)
-            .str(&s.resource.plural)
-            .str(&s.resource.kind)
-            .u8(u8::from(s.resource.namespaced))
+        write_resource(&mut w, &s.resource)
             .u8(u8::from(s.watchable))
             .str(&s.singular)
             .u32(s.short_names.len() as u32);
@@ -524,13 +530,7 @@ pub(crate) fn decode_discovery(record: &[u8]) -> Result<DiscoveryRecord, DecodeE
     let n = r.count()?;
     let mut served = Vec::with_capacity(n);
     for _ in 0..n {
-        let resource = ResourceType {
-            group: r.str()?.to_string(),
-            version: r.str()?.to_string(),
-            plural: r.str()?.to_string(),
-            kind: r.str()?.to_string(),
-            namespaced: r.u8()? != 0,
-        };
+        let resource = read_resource(&mut r)?;
         let watchable = r.u8()? != 0;
         let singular = r.str()?.to_string();
         let names = r.count()?;
