@@ -694,7 +694,7 @@ impl Cluster {
                         floor: Some(p.resource_version),
                     }
                 }
-                // Stored at another version: listed afresh.
+                // Stored at another version: listed there, never older than it was.
                 Some(p) => stream::Start {
                     watch_from: None,
                     floor: Some(p.resource_version),
