@@ -513,13 +513,20 @@ async fn get_prints_as_kubectl_does_with_the_cluster_first() {
     assert_eq!(lines.filter(|l| l.contains("SYNCED")).count(), 2, "{text}");
     let text = stdout(&run_cli(server, &["clusters", "-o", "wide"]).await);
     assert_eq!(
-        text.lines().filter(|l| l.contains("WATCHING")).count(),
+        text.lines()
+            .filter(|l| l.contains("WATCHING") && l.contains("watch-list"))
+            .count(),
         8,
-        "{text}"
+        "every stream says how it synced: {text}"
     );
+    assert!(text.lines().next().unwrap().contains("SYNCED-BY"), "{text}");
     let text = stdout(&run_cli(server, &["clusters", "-o", "json"]).await);
     let clusters: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(clusters["clusters"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        clusters["clusters"][0]["streams"][0]["syncMethod"],
+        "watch-list"
+    );
     let text = stdout(&run_cli(server, &["store"]).await);
     assert_eq!(text.trim(), "in memory only: nothing is persisted");
     let text = stdout(&run_cli(server, &["store", "-o", "json"]).await);

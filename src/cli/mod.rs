@@ -753,6 +753,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
                 "resource": s.resource, "state": state_name(s.state()), "objects": s.object_count,
                 "resourceVersion": s.resource_version, "lastError": s.last_error,
                 "syncLagSeconds": s.sync_lag.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
+                "syncMethod": sync_method_name(s.sync_method()), "watchListFallback": s.watch_list_fallback,
             })).collect();
             let labels: std::collections::BTreeMap<&String, &String> = c.labels.iter().collect();
             serde_json::json!({
@@ -780,13 +781,19 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
                     s.object_count.to_string(),
                     duration_text(s.sync_lag.as_ref()),
                     s.resource_version.clone(),
-                    s.last_error.clone(),
+                    sync_method_name(s.sync_method()),
+                    if s.last_error.is_empty() && !s.watch_list_fallback.is_empty() {
+                        format!("listed: {}", s.watch_list_fallback)
+                    } else {
+                        s.last_error.clone()
+                    },
                 ]);
             }
             if c.streams.is_empty() {
                 rows.push(vec![
                     c.name.clone(),
                     freshness_name(c.freshness()),
+                    String::new(),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -804,6 +811,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
             "OBJECTS",
             "LAG",
             "RV",
+            "SYNCED-BY",
             "ERROR",
         ]
         .map(String::from)
@@ -857,6 +865,18 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
         );
     }
     Ok(())
+}
+
+/// How a stream synced, as the CLI shows it.
+fn sync_method_name(m: proto::SyncMethod) -> String {
+    match m {
+        proto::SyncMethod::Unspecified => "<none>",
+        proto::SyncMethod::WatchList => "watch-list",
+        proto::SyncMethod::ListFromCache => "list-from-cache",
+        proto::SyncMethod::ListConsistent => "list-consistent",
+        proto::SyncMethod::Resumed => "resumed",
+    }
+    .to_string()
 }
 
 /// `fleetscope store`: the persisted store's figures, one per line.
