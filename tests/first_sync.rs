@@ -244,3 +244,43 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
     holds_all(&h, "pods", "pods").await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery_fails() {
+    let mut h = Harness::start_with(
+        FleetSpec::numbered(1, 20, 0.0),
+        test_config(&["pods"]),
+        ServiceConfig::default(),
+    )
+    .await;
+    h.stop_node().await;
+    let store = &h.cluster(0).store;
+    store.add_resource(fleetscope_sim::ResourceDef::new(
+        "example.com",
+        "v1",
+        "widgets",
+        "Widget",
+        true,
+    ));
+    for name in ["w1", "w2"] {
+        store
+            .create(
+                "widgets.example.com",
+                Some("team-0"),
+                json!({"metadata": {"name": name}}),
+            )
+            .unwrap();
+    }
+    // A full discovery fails at its root; one group version's document is served.
+    h.cluster(0).fail_discovery(true);
+    h.start_node(
+        test_config(&["pods", "example.com/v1/widgets"]),
+        ServiceConfig::default(),
+        None,
+        &[],
+    )
+    .await;
+    holds_all(&h, "widgets.example.com", "widgets.example.com").await;
+    holds_all(&h, "pods", "pods").await;
+    h.shutdown().await;
+}

@@ -450,8 +450,27 @@ impl Cluster {
         // applied to them without asking again.
         let mut known: Option<(Vec<Served>, Option<String>)> = None;
         let mut rediscover = true;
-        // Discovery is off the critical path: streams of known types start now.
-        let (early_served, early) = self.known_types();
+        // Discovery is off the critical path: streams of known types start now; a type
+        // named as group/version/resource is known after one request for its group
+        // version.
+        let (mut early_served, mut early) = self.known_types();
+        for (group, version) in self.named_group_versions(&early) {
+            let answer = tokio::select! {
+                a = discovery::group_version(&conn.client, &group, &version) => a,
+                _ = self.cancel.cancelled() => return Leave::Shutdown,
+            };
+            match answer {
+                Ok(served) => early_served.extend(served),
+                Err(e) => {
+                    tracing::debug!(group = %group, version = %version, error = %crate::source::chain(&e), "the group version is not known yet: its types wait for discovery");
+                }
+            }
+        }
+        for rt in discovery::resolve(&self.config.resources, &early_served).resources {
+            if !early.contains(&rt) {
+                early.push(rt);
+            }
+        }
         self.start_streams(&conn.client, &early_served, &early)
             .await;
         loop {
@@ -584,6 +603,31 @@ impl Cluster {
         }
         resources.sort();
         (served, resources)
+    }
+
+    /// The group versions of configured names of the form `group/version/resource`
+    /// (or `version/resource` for the core group) that `known` does not resolve.
+    fn named_group_versions(&self, known: &[ResourceType]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for spec in &self.config.resources {
+            let parts: Vec<&str> = spec.trim().split('/').collect();
+            let (group, version, plural) = match parts.as_slice() {
+                [g, v, r] => (*g, *v, *r),
+                [v, r] => ("", *v, *r),
+                _ => continue,
+            };
+            let resolved = known.iter().any(|rt| {
+                rt.group == group
+                    && rt.version == version
+                    && (rt.plural.eq_ignore_ascii_case(plural)
+                        || rt.kind.eq_ignore_ascii_case(plural))
+            });
+            let pair = (group.to_string(), version.to_string());
+            if !resolved && !version.is_empty() && !out.contains(&pair) {
+                out.push(pair);
+            }
+        }
+        out
     }
 
     /// Starts streams for newly served types and stops those whose type vanished.

@@ -151,6 +151,25 @@ fn resources_of(list: &Value, group: &str, version: &str) -> Vec<Served> {
     out
 }
 
+/// The types one group version serves (`group` empty for the core group): one request,
+/// for a type named as `group/version/resource` before a full discovery answers.
+pub(crate) async fn group_version(
+    client: &Client,
+    group: &str,
+    version: &str,
+) -> Result<Vec<Served>, kube::Error> {
+    let path = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
+    Ok(resources_of(
+        &get_json(client, &path).await?,
+        group,
+        version,
+    ))
+}
+
 /// Every type a cluster serves, once, in its preferred version (or, for a type its
 /// group's preferred version does not serve, the first version that does), as
 /// kubectl resolves names.

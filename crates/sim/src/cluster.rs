@@ -295,8 +295,9 @@ impl Cluster {
         }))
     }
 
-    /// Makes every discovery document (`/api`, `/apis`, group versions, `/version`)
-    /// answer 500 (true) or be served again (false); other requests are unaffected.
+    /// Makes the root discovery documents (`/version`, `/api`, `/apis`), where a full
+    /// discovery starts, answer 500 (true) or be served again (false); one group
+    /// version's document and every other request are unaffected.
     pub fn fail_discovery(&self, failing: bool) {
         self.discovery_failing.store(failing, Ordering::SeqCst);
     }

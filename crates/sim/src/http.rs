@@ -193,9 +193,9 @@ async fn serve(
         .unwrap_or("127.0.0.1")
         .to_string();
 
-    let discovery = |cluster: &Cluster, doc: Option<Value>| {
+    let discovery = |cluster: &Cluster, doc: Option<Value>, root: bool| {
         cluster.count(Verb::Discovery, "");
-        if cluster.discovery_failing() {
+        if root && cluster.discovery_failing() {
             return Err(ApiError::internal("discovery is failing (injected)"));
         }
         let body =
@@ -205,19 +205,22 @@ async fn serve(
     };
     let defs = || cluster.store.defs();
     match route(&path) {
-        Route::Version => discovery(&cluster, Some(version())),
-        Route::Api => discovery(&cluster, Some(resource::api_versions(&host))),
+        Route::Version => discovery(&cluster, Some(version()), true),
+        Route::Api => discovery(&cluster, Some(resource::api_versions(&host)), true),
         Route::Apis => discovery(
             &cluster,
             Some(resource::api_group_list(defs().iter().map(|d| d.as_ref()))),
+            true,
         ),
         Route::Group(g) => discovery(
             &cluster,
             resource::api_group(defs().iter().map(|d| d.as_ref()), &g),
+            false,
         ),
         Route::GroupVersion(g, v) => discovery(
             &cluster,
             resource::resource_list(defs().iter().map(|d| d.as_ref()), &g, &v),
+            false,
         ),
         Route::NotFound => Err(ApiError::unknown_resource()),
         Route::Resource {
