@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{Harness, PATIENCE, test_config};
 use fleetscope::grpc::ServiceConfig;
-use fleetscope::proto::{CountRequest, Query, StreamState, SyncMethod};
+use fleetscope::proto::{self, CountRequest, Query, StreamState, SyncMethod};
 use fleetscope_sim::store::ReadAt;
 use fleetscope_sim::{FleetSpec, ListKind, Verb, WatchListSupport};
 use serde_json::json;
@@ -282,5 +282,47 @@ async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery
     .await;
     holds_all(&h, "widgets.example.com", "widgets.example.com").await;
     holds_all(&h, "pods", "pods").await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_aggregated_api_that_is_down_keeps_its_types_and_the_cluster_synced() {
+    let h = Harness::start_with(
+        FleetSpec::numbered(1, 40, 0.0),
+        test_config(&TYPES),
+        ServiceConfig::default(),
+    )
+    .await;
+    h.synced().await;
+    holds_all(&h, "deployments.apps", "deployments.apps").await;
+    // apps/v1's discovery document fails, as an aggregated API's does when its server
+    // is down; discovery runs every 500 ms: let it run several rounds.
+    let c = h.cluster(0);
+    c.fail_group_version("apps/v1", true);
+    let before = c.requests_of(Verb::Discovery);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.requests_of(Verb::Discovery) < before + 30 {
+        assert!(tokio::time::Instant::now() < deadline, "discovery stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let clusters = h
+        .wait_clusters(|cs| cs.iter().all(|c| c.streams.len() == TYPES.len()))
+        .await;
+    assert_eq!(
+        clusters[0].freshness(),
+        proto::Freshness::Synced,
+        "{:?}",
+        clusters[0]
+    );
+    holds_all(&h, "deployments.apps", "deployments.apps").await;
+    // Its stream goes on: a change made now is collected.
+    c.store
+        .create(
+            "deployments.apps",
+            Some("team-0"),
+            json!({"metadata": {"name": "made-while-down"}, "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}),
+        )
+        .unwrap();
+    holds_all(&h, "deployments.apps", "deployments.apps").await;
     h.shutdown().await;
 }

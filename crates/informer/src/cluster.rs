@@ -446,6 +446,8 @@ impl Cluster {
         );
         // What was last said about configured names the cluster does not serve.
         let mut missing_said: Vec<(String, String)> = Vec::new();
+        // What was last said about group versions discovery could not read.
+        let mut failed_said: Vec<(String, String)> = Vec::new();
         // The last discovery's answer and the server's version: new settings are
         // applied to them without asking again.
         let mut known: Option<(Vec<Served>, Option<String>)> = None;
@@ -476,11 +478,18 @@ impl Cluster {
         loop {
             if rediscover {
                 let discovered = tokio::select! {
-                    d = discovery::discover(&conn.client) => d,
+                    d = discovery::discover_all(&conn.client) => d,
                     _ = self.cancel.cancelled() => return Leave::Shutdown,
                 };
                 match discovered {
-                    Ok(served) => {
+                    Ok(d) => {
+                        if d.failed != failed_said {
+                            for (gv, why) in &d.failed {
+                                tracing::warn!(group_version = %gv, "discovery could not read a group version; its types are kept as they were: {why}");
+                            }
+                            failed_said.clone_from(&d.failed);
+                        }
+                        let served = self.with_unanswered(d);
                         backoff.reset();
                         let version = tokio::select! {
                             v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
@@ -603,6 +612,32 @@ impl Cluster {
         }
         resources.sort();
         (served, resources)
+    }
+
+    /// A discovery's answer with the types of the group versions that did not answer
+    /// taken as they were (from the last answer, the running streams and the resume
+    /// points): unknown is not gone, so an aggregated API server that is down never
+    /// has its types' objects dropped.
+    fn with_unanswered(&self, d: discovery::Discovered) -> Vec<Served> {
+        let mut served = d.served;
+        let unanswered = |rt: &ResourceType| d.failed.iter().any(|(gv, _)| *gv == rt.api_version());
+        let before = self
+            .served
+            .iter()
+            .cloned()
+            .chain(self.streams.keys().map(|rt| Served::of(rt.clone(), true)))
+            .chain(
+                self.resume
+                    .values()
+                    .map(|p| Served::of(p.resource.clone(), true)),
+            );
+        for s in before {
+            if unanswered(&s.resource) && !served.iter().any(|o| o.resource == s.resource) {
+                served.push(s);
+            }
+        }
+        served.sort_by(|a, b| a.resource.cmp(&b.resource));
+        served
     }
 
     /// The group versions of configured names of the form `group/version/resource`

@@ -173,7 +173,27 @@ pub(crate) async fn group_version(
 /// Every type a cluster serves, once, in its preferred version (or, for a type its
 /// group's preferred version does not serve, the first version that does), as
 /// kubectl resolves names.
+#[cfg(test)]
 pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error> {
+    discover_all(client).await.map(|d| d.served)
+}
+
+/// What a discovery found: the types of every group version that answered, and the
+/// group versions that did not (an aggregated API whose server is down), with why.
+#[derive(Debug, Default)]
+pub(crate) struct Discovered {
+    /// The types served, as [`discover`] gives them.
+    pub served: Vec<Served>,
+    /// `group/version` (or `version` for the core group) of each group version whose
+    /// document failed, with why; its types are unknown, not gone.
+    pub failed: Vec<(String, String)>,
+}
+
+/// Discovery as kubectl does it: a group version whose document fails (an aggregated
+/// API server that is down) is left out and named, and the rest is answered; only the
+/// root documents failing fail it.
+pub(crate) async fn discover_all(client: &Client) -> Result<Discovered, kube::Error> {
+    let mut failed: Vec<(String, String)> = Vec::new();
     let mut out: Vec<Served> = Vec::new();
     let core = get_json(client, "/api").await?;
     for version in core["versions"]
@@ -182,7 +202,13 @@ pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error
         .flatten()
         .filter_map(Value::as_str)
     {
-        let list = get_json(client, &format!("/api/{version}")).await?;
+        let list = match get_json(client, &format!("/api/{version}")).await {
+            Ok(list) => list,
+            Err(e) => {
+                failed.push((version.to_string(), crate::source::chain(&e)));
+                continue;
+            }
+        };
         for s in resources_of(&list, "", version) {
             if !out
                 .iter()
@@ -208,7 +234,13 @@ pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error
         versions.sort_by_key(|v| *v != preferred);
         let mut seen: Vec<Served> = Vec::new();
         for version in versions {
-            let list = get_json(client, &format!("/apis/{name}/{version}")).await?;
+            let list = match get_json(client, &format!("/apis/{name}/{version}")).await {
+                Ok(list) => list,
+                Err(e) => {
+                    failed.push((format!("{name}/{version}"), crate::source::chain(&e)));
+                    continue;
+                }
+            };
             for s in resources_of(&list, name, version) {
                 if !seen.iter().any(|o| o.resource.plural == s.resource.plural) {
                     seen.push(s);
@@ -218,7 +250,10 @@ pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error
         out.extend(seen);
     }
     out.sort_by(|a, b| a.resource.cmp(&b.resource));
-    Ok(out)
+    Ok(Discovered {
+        served: out,
+        failed,
+    })
 }
 
 fn matches_name(spec: &str, served: &Served) -> bool {

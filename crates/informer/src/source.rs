@@ -241,6 +241,11 @@ pub(crate) async fn connect(
             config.auth_info.client_key_data = Some(b64.encode(key).into());
         }
     }
+    // Failures reach the informers, which back off with jitter and report them; kube's
+    // own retrying of 429, 503 and 504 (up to 15 times, minutes apart) would hide a
+    // throttling or unavailable server, and retry a "too large resource version" the
+    // informer answers by listing again.
+    config.default_retry = false;
     let builder =
         kube::client::ClientBuilder::try_from(config).map_err(|e| SourceError::Client {
             cluster: source.name.clone(),

@@ -449,19 +449,23 @@ async fn forbidden_types_become_state_and_recover() {
 
 #[tokio::test]
 async fn stalled_and_failing_servers_are_retried() {
-    let s = setup().await;
-    let c = s.server.cluster().clone();
-    let (mut rx, cancel, _) =
-        start_after(&s, "configmaps", stream::Start::default(), false, || {
-            c.fail_requests(500, fleetscope_sim::FailFor::Requests(2))
-        })
-        .await;
-    wait_state(&mut rx, StreamState::Failed).await;
-    assert!(
-        matches!(next_data(&mut rx).await, Update::Listed { .. }),
-        "backs off, then lists"
-    );
-    cancel.cancel();
+    // A 429 is the informer's to back off from and report, as a 500 is: the client
+    // does not retry it unseen.
+    for code in [500, 429] {
+        let s = setup().await;
+        let c = s.server.cluster().clone();
+        let (mut rx, cancel, _) =
+            start_after(&s, "configmaps", stream::Start::default(), false, || {
+                c.fail_requests(code, fleetscope_sim::FailFor::Requests(2))
+            })
+            .await;
+        wait_state(&mut rx, StreamState::Failed).await;
+        assert!(
+            matches!(next_data(&mut rx).await, Update::Listed { .. }),
+            "{code}: backs off, then lists"
+        );
+        cancel.cancel();
+    }
 }
 
 async fn start_with(

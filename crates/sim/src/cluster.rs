@@ -249,6 +249,8 @@ pub struct Inner {
     cache_lag: std::sync::atomic::AtomicU64,
     watch_list: std::sync::atomic::AtomicU8,
     discovery_failing: std::sync::atomic::AtomicBool,
+    /// Group versions (`apps/v1`, `v1`) whose discovery document fails.
+    failing_group_versions: Mutex<BTreeSet<String>>,
 }
 
 impl Deref for Cluster {
@@ -292,7 +294,30 @@ impl Cluster {
             cache_lag: std::sync::atomic::AtomicU64::new(cache_lag),
             watch_list: std::sync::atomic::AtomicU8::new(watch_list.to_u8()),
             discovery_failing: std::sync::atomic::AtomicBool::new(false),
+            failing_group_versions: Mutex::new(BTreeSet::new()),
         }))
+    }
+
+    /// Makes one group version's discovery document (`apps/v1`, or `v1` for the core
+    /// group) answer 503 (true), as an aggregated API whose server is down does, or be
+    /// served again (false); its resources themselves are unaffected.
+    pub fn fail_group_version(&self, group_version: &str, failing: bool) {
+        let mut set = lock(&self.failing_group_versions);
+        if failing {
+            set.insert(group_version.to_string());
+        } else {
+            set.remove(group_version);
+        }
+    }
+
+    /// Whether a group version's discovery document fails.
+    pub(crate) fn group_version_failing(&self, group: &str, version: &str) -> bool {
+        let gv = if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        };
+        lock(&self.failing_group_versions).contains(&gv)
     }
 
     /// Makes the root discovery documents (`/version`, `/api`, `/apis`), where a full

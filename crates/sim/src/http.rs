@@ -217,6 +217,12 @@ async fn serve(
             resource::api_group(defs().iter().map(|d| d.as_ref()), &g),
             false,
         ),
+        Route::GroupVersion(g, v) if cluster.group_version_failing(&g, &v) => {
+            cluster.count(Verb::Discovery, "");
+            Err(ApiError::service_unavailable(&format!(
+                "the server is currently unable to handle the request ({g}/{v}: injected)"
+            )))
+        }
         Route::GroupVersion(g, v) => discovery(
             &cluster,
             resource::resource_list(defs().iter().map(|d| d.as_ref()), &g, &v),

@@ -277,6 +277,12 @@ impl ApiError {
         )
     }
 
+    /// 503: the server cannot handle the request now, as an aggregated API whose
+    /// server is down answers (fault injection).
+    pub fn service_unavailable(message: &str) -> Self {
+        Self::new(503, "ServiceUnavailable", message, None)
+    }
+
     /// 500: an internal error (fault injection).
     pub fn internal(message: &str) -> Self {
         Self::new(
