@@ -200,21 +200,7 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
         data.path(),
     )
     .await;
-    let store = &h.cluster(0).store;
-    store.add_resource(fleetscope_sim::ResourceDef::new(
-        "example.com",
-        "v1",
-        "widgets",
-        "Widget",
-        true,
-    ));
-    store
-        .create(
-            "widgets.example.com",
-            Some("team-0"),
-            json!({"metadata": {"name": "w"}}),
-        )
-        .unwrap();
+    common::add_widgets(h.cluster(0), &["w"]);
     // Discovery is asked again every 500 ms: wait for an answer that has widgets (it
     // is kept in the store as it arrives).
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -254,23 +240,7 @@ async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery
     )
     .await;
     h.stop_node().await;
-    let store = &h.cluster(0).store;
-    store.add_resource(fleetscope_sim::ResourceDef::new(
-        "example.com",
-        "v1",
-        "widgets",
-        "Widget",
-        true,
-    ));
-    for name in ["w1", "w2"] {
-        store
-            .create(
-                "widgets.example.com",
-                Some("team-0"),
-                json!({"metadata": {"name": name}}),
-            )
-            .unwrap();
-    }
+    common::add_widgets(h.cluster(0), &["w1", "w2"]);
     // A full discovery fails at its root; one group version's document is served.
     h.cluster(0).fail_discovery(true);
     h.start_node(

@@ -931,20 +931,7 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
     );
 
     let store = &h.cluster(0).store;
-    store.add_resource(fleetscope_sim::ResourceDef::new(
-        "example.com",
-        "v1",
-        "widgets",
-        "Widget",
-        true,
-    ));
-    store
-        .create(
-            "widgets.example.com",
-            Some("team-0"),
-            json!({"metadata": {"name": "w"}, "spec": {"size": 3}}),
-        )
-        .unwrap();
+    common::add_widgets(h.cluster(0), &["w"]);
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let r = c

@@ -475,3 +475,25 @@ pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// Makes a cluster serve the custom type `widgets.example.com` (namespaced, `Widget`),
+/// holding one object of each name in namespace `team-0`.
+pub fn add_widgets(cluster: &fleetscope_sim::Cluster, names: &[&str]) {
+    cluster.store.add_resource(fleetscope_sim::ResourceDef::new(
+        "example.com",
+        "v1",
+        "widgets",
+        "Widget",
+        true,
+    ));
+    for name in names {
+        cluster
+            .store
+            .create(
+                "widgets.example.com",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": name}, "spec": {"size": 3}}),
+            )
+            .unwrap();
+    }
+}
