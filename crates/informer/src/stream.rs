@@ -321,6 +321,8 @@ enum Stop {
     NotFound(String),
     /// The request was not taken: 400 or 422.
     Invalid(String),
+    /// Throttled or unavailable (429, 503) with a time to wait before trying again.
+    Throttled(String, Duration),
     /// Anything else.
     Failed(String),
     /// Cancelled.
@@ -328,6 +330,16 @@ enum Stop {
 }
 
 fn classify(e: kube::Error) -> Stop {
+    // The server's own time to wait (`retryAfterSeconds`) is a floor under the backoff.
+    if let kube::Error::Api(s) = &e
+        && (s.code == 429 || s.code == 503)
+    {
+        let after = s.details.as_ref().map_or(0, |d| d.retry_after_seconds);
+        if after > 0 {
+            let after = Duration::from_secs(u64::from(after.min(600)));
+            return Stop::Throttled(crate::source::chain(&e), after);
+        }
+    }
     match e {
         kube::Error::Api(s) if s.code == 410 => Stop::Expired,
         kube::Error::Api(s) if s.code == 401 || s.code == 403 => {
@@ -670,6 +682,9 @@ impl Informer {
                 Stop::NotFound(m) => (StreamState::NotFound, m, self.config.forbidden_retry),
                 Stop::Failed(m) | Stop::Invalid(m) => {
                     (StreamState::Failed, m, backoff.next_delay())
+                }
+                Stop::Throttled(m, after) => {
+                    (StreamState::Failed, m, backoff.next_delay().max(after))
                 }
             };
             match state {

@@ -460,10 +460,20 @@ async fn stalled_and_failing_servers_are_retried() {
             })
             .await;
         wait_state(&mut rx, StreamState::Failed).await;
+        let failed = std::time::Instant::now();
         assert!(
             matches!(next_data(&mut rx).await, Update::Listed { .. }),
             "{code}: backs off, then lists"
         );
+        if code == 429 {
+            // The simulator asks for a second (retryAfterSeconds, as an API server
+            // does); the 50 ms backoff does not cut it short.
+            assert!(
+                failed.elapsed() >= Duration::from_millis(950),
+                "{:?}",
+                failed.elapsed()
+            );
+        }
         cancel.cancel();
     }
 }
