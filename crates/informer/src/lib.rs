@@ -1,7 +1,8 @@
-//! fleetscope's informers: one per (cluster, resource type), each a LIST then a WATCH
-//! that resumes from its last resourceVersion, re-lists on 410 and backs off on
-//! failure, run by one loop per cluster that connects, discovers and follows its
-//! source's settings. They produce [`Update`]s only; what to do with them is the
+//! fleetscope's informers: one per (cluster, resource type), each a streaming list (or
+//! a LIST from the watch cache) then a WATCH that resumes from its last
+//! resourceVersion, re-lists on 410 and backs off on failure, run by one loop per
+//! cluster that connects, starts the streams of the types it already knows, discovers
+//! the rest and follows its source's settings. They produce [`Update`]s only; what to do with them is the
 //! ingest's. This is the only crate that sees kube's types; none crosses its API.
 //!
 //! Entry points:

@@ -1,6 +1,10 @@
-//! One informer: LIST in pages, then WATCH with bookmarks from the list's
-//! resourceVersion; reconnect from the last resourceVersion after timeouts and EOFs;
-//! re-list on 410; back off with jitter on every failure; report state as it changes.
+//! One informer: the cluster's state by a streaming list (WatchList) whose watch then
+//! goes on, or, where the server does not offer one, a LIST from the watch cache and
+//! then a WATCH with bookmarks from the list's resourceVersion (see [`ListFrom`] for
+//! which read, and [`goes_back`] for the list never applied); reconnect from the last
+//! resourceVersion after timeouts and EOFs; re-list on 410 (consistently, from
+//! storage); back off with jitter on every failure, never sooner than a server asks;
+//! report state as it changes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
