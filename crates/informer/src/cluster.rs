@@ -455,23 +455,33 @@ impl Cluster {
         // Discovery is off the critical path: streams of known types start now; a type
         // named as group/version/resource is known after one request for its group
         // version.
-        let (mut early_served, mut early) = self.known_types();
-        for (group, version) in self.named_group_versions(&early) {
-            let answer = tokio::select! {
-                a = discovery::group_version(&conn.client, &group, &version) => a,
-                _ = self.cancel.cancelled() => return Leave::Shutdown,
-            };
-            match answer {
-                Ok(served) => early_served.extend(served),
-                Err(e) => {
-                    tracing::debug!(group = %group, version = %version, error = %crate::source::chain(&e), "the group version is not known yet: its types wait for discovery");
-                }
+        let (mut early_served, mut early, unresolved) = self.known_types(&[]);
+        let mut group_versions: Vec<(String, String)> = Vec::new();
+        for spec in &unresolved {
+            if let Some((group, version, _)) = discovery::versioned(spec.trim())
+                && !version.is_empty()
+                && !group_versions
+                    .iter()
+                    .any(|(g, v)| g == group && v == version)
+            {
+                group_versions.push((group.to_string(), version.to_string()));
             }
         }
-        for rt in discovery::resolve(&self.config.resources, &early_served).resources {
-            if !early.contains(&rt) {
-                early.push(rt);
+        if !group_versions.is_empty() {
+            let mut extra = Vec::new();
+            for (group, version) in group_versions {
+                let answer = tokio::select! {
+                    a = discovery::group_version(&conn.client, &group, &version) => a,
+                    _ = self.cancel.cancelled() => return Leave::Shutdown,
+                };
+                match answer {
+                    Ok(served) => extra.extend(served),
+                    Err(e) => {
+                        tracing::debug!(group = %group, version = %version, error = %crate::source::chain(&e), "the group version is not known yet: its types wait for discovery");
+                    }
+                }
             }
+            (early_served, early, _) = self.known_types(&extra);
         }
         self.start_streams(&conn.client, &early_served, &early)
             .await;
@@ -580,9 +590,11 @@ impl Cluster {
     }
 
     /// The types `config.resources` names that are known before discovery answers,
-    /// with what they were resolved against: the kept discovery answer if any, else
-    /// the resume points' types and, for names (not `*`), the built-in types.
-    fn known_types(&self) -> (Vec<Served>, Vec<ResourceType>) {
+    /// with what they were resolved against, and the names (not `*`) still unresolved.
+    /// `*` is resolved against the kept discovery answer, else the resume points'
+    /// types; names also against the built-in types (when no answer was kept) and
+    /// `extra` (group versions asked for one by one).
+    fn known_types(&self, extra: &[Served]) -> (Vec<Served>, Vec<ResourceType>, Vec<String>) {
         let mut served: Vec<Served> = self.served.clone();
         if served.is_empty() {
             for p in self.resume.values() {
@@ -593,25 +605,25 @@ impl Cluster {
         }
         let mut resources = discovery::resolve(&self.config.resources, &served).resources;
         if self.served.is_empty() {
-            // Built-in types for names only: `*` waits for discovery.
-            let mut with_builtin = served.clone();
-            with_builtin.extend(discovery::builtin());
-            let named: Vec<String> = self
-                .config
-                .resources
-                .iter()
-                .filter(|r| r.trim() != "*")
-                .cloned()
-                .collect();
-            for rt in discovery::resolve(&named, &with_builtin).resources {
-                if !resources.contains(&rt) {
-                    resources.push(rt);
-                }
+            served.extend(discovery::builtin());
+        }
+        served.extend(extra.iter().cloned());
+        let named: Vec<String> = self
+            .config
+            .resources
+            .iter()
+            .filter(|r| r.trim() != "*")
+            .cloned()
+            .collect();
+        let resolved = discovery::resolve(&named, &served);
+        for rt in resolved.resources {
+            if !resources.contains(&rt) {
+                resources.push(rt);
             }
-            served = with_builtin;
         }
         resources.sort();
-        (served, resources)
+        let unresolved = resolved.missing.into_iter().map(|(name, _)| name).collect();
+        (served, resources, unresolved)
     }
 
     /// A discovery's answer with the types of the group versions that did not answer
@@ -638,31 +650,6 @@ impl Cluster {
         }
         served.sort_by(|a, b| a.resource.cmp(&b.resource));
         served
-    }
-
-    /// The group versions of configured names of the form `group/version/resource`
-    /// (or `version/resource` for the core group) that `known` does not resolve.
-    fn named_group_versions(&self, known: &[ResourceType]) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = Vec::new();
-        for spec in &self.config.resources {
-            let parts: Vec<&str> = spec.trim().split('/').collect();
-            let (group, version, plural) = match parts.as_slice() {
-                [g, v, r] => (*g, *v, *r),
-                [v, r] => ("", *v, *r),
-                _ => continue,
-            };
-            let resolved = known.iter().any(|rt| {
-                rt.group == group
-                    && rt.version == version
-                    && (rt.plural.eq_ignore_ascii_case(plural)
-                        || rt.kind.eq_ignore_ascii_case(plural))
-            });
-            let pair = (group.to_string(), version.to_string());
-            if !resolved && !version.is_empty() && !out.contains(&pair) {
-                out.push(pair);
-            }
-        }
-        out
     }
 
     /// Starts streams for newly served types and stops those whose type vanished.

@@ -268,16 +268,25 @@ fn matches_name(spec: &str, served: &Served) -> bool {
             || (!served.singular.is_empty() && n == served.singular)
             || served.short_names.iter().any(|s| s.eq_ignore_ascii_case(n))
     };
+    if spec.contains('/') {
+        return versioned(&spec).is_some_and(|(group, version, name)| {
+            group == rt.group && version == rt.version && names(name)
+        });
+    }
+    match spec.split_once('.') {
+        Some((n, group)) => group == rt.group && names(n),
+        None => names(&spec),
+    }
+}
+
+/// A name given with its version, as (group, version, name): `group/version/name`, or
+/// `version/name` for the core group (group empty); `None` for any other shape.
+pub(crate) fn versioned(spec: &str) -> Option<(&str, &str, &str)> {
     let parts: Vec<&str> = spec.split('/').collect();
     match parts.as_slice() {
-        // group/version/name, or version/name for the core group
-        [group, version, name] => *group == rt.group && *version == rt.version && names(name),
-        [version, name] => rt.group.is_empty() && *version == rt.version && names(name),
-        [name] => match name.split_once('.') {
-            Some((n, group)) => group == rt.group && names(n),
-            None => names(name),
-        },
-        _ => false,
+        [group, version, name] => Some((group, version, name)),
+        [version, name] => Some(("", version, name)),
+        _ => None,
     }
 }
 
