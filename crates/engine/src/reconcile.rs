@@ -313,23 +313,24 @@ impl Report for Reporter {
     }
 
     fn served(&self, cluster: &ClusterName, served: &[Served]) {
-        if let Some(p) = &self.persister {
-            let unchanged = self
-                .status
-                .cluster(cluster)
-                .is_some_and(|c| c.served.as_slice() == served);
-            if !unchanged {
-                p.record_discovery(
-                    cluster.clone(),
-                    Some(fleetscope_store::DiscoveryRecord {
-                        cluster: cluster.clone(),
-                        served: served.iter().map(record_of).collect(),
-                    }),
-                );
+        // Compared where it is kept: an answer like the last is neither copied nor
+        // written to the store again.
+        let mut changed = true;
+        self.status.update(cluster, |c| {
+            changed = c.served.as_slice() != served;
+            if changed {
+                c.served = Arc::new(served.to_vec());
             }
+        });
+        if changed && let Some(p) = &self.persister {
+            p.record_discovery(
+                cluster.clone(),
+                Some(fleetscope_store::DiscoveryRecord {
+                    cluster: cluster.clone(),
+                    served: served.iter().map(record_of).collect(),
+                }),
+            );
         }
-        let served = Arc::new(served.to_vec());
-        self.status.update(cluster, |c| c.served = served);
     }
 
     fn request_counts(

@@ -54,24 +54,6 @@ pub enum WatchListSupport {
     Ignored,
 }
 
-impl WatchListSupport {
-    fn to_u8(self) -> u8 {
-        match self {
-            WatchListSupport::Served => 0,
-            WatchListSupport::Refused => 1,
-            WatchListSupport::Ignored => 2,
-        }
-    }
-
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => WatchListSupport::Refused,
-            2 => WatchListSupport::Ignored,
-            _ => WatchListSupport::Served,
-        }
-    }
-}
-
 /// How a LIST was served, as an API server's watch cache decides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ListKind {
@@ -247,7 +229,7 @@ pub struct Inner {
     /// Response bytes by verb (discovery documents, lists).
     bytes: Mutex<BTreeMap<Verb, u64>>,
     cache_lag: std::sync::atomic::AtomicU64,
-    watch_list: std::sync::atomic::AtomicU8,
+    watch_list: Mutex<WatchListSupport>,
     discovery_failing: std::sync::atomic::AtomicBool,
     /// Group versions (`apps/v1`, `v1`) whose discovery document fails.
     failing_group_versions: Mutex<BTreeSet<String>>,
@@ -292,7 +274,7 @@ impl Cluster {
             lists: Mutex::new(BTreeMap::new()),
             bytes: Mutex::new(BTreeMap::new()),
             cache_lag: std::sync::atomic::AtomicU64::new(cache_lag),
-            watch_list: std::sync::atomic::AtomicU8::new(watch_list.to_u8()),
+            watch_list: Mutex::new(watch_list),
             discovery_failing: std::sync::atomic::AtomicBool::new(false),
             failing_group_versions: Mutex::new(BTreeSet::new()),
         }))
@@ -344,12 +326,12 @@ impl Cluster {
 
     /// How the cluster answers streaming lists.
     pub fn watch_list(&self) -> WatchListSupport {
-        WatchListSupport::from_u8(self.watch_list.load(Ordering::SeqCst))
+        *lock(&self.watch_list)
     }
 
     /// Sets how the cluster answers streaming lists.
     pub fn set_watch_list(&self, support: WatchListSupport) {
-        self.watch_list.store(support.to_u8(), Ordering::SeqCst);
+        *lock(&self.watch_list) = support;
     }
 
     /// The resourceVersion the watch cache is at: the store's, less the lag, never
@@ -361,20 +343,14 @@ impl Cluster {
             .max(self.store.oldest_resource_version())
     }
 
-    /// Counts a LIST served as `kind`, with the bytes of its response.
-    pub(crate) fn count_list(&self, kind: ListKind, resource: &str, bytes: u64) {
+    /// Counts `requests` LISTs served as `kind` and `bytes` of their responses (a
+    /// streaming list is counted when it starts, its bytes once its initial events
+    /// are sent).
+    pub(crate) fn count_list(&self, kind: ListKind, resource: &str, requests: u64, bytes: u64) {
         let mut lists = lock(&self.lists);
         let entry = lists.entry((kind, resource.to_string())).or_default();
-        entry.0 += 1;
+        entry.0 += requests;
         entry.1 += bytes;
-    }
-
-    /// Adds bytes to a streaming list's response (its initial events, as they are sent).
-    pub(crate) fn add_list_bytes(&self, kind: ListKind, resource: &str, bytes: u64) {
-        lock(&self.lists)
-            .entry((kind, resource.to_string()))
-            .or_default()
-            .1 += bytes;
     }
 
     /// Counts response bytes of a verb.

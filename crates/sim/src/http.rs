@@ -522,7 +522,7 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
             serde_json::to_vec(&v).unwrap_or_default()
         }
     };
-    cluster.count_list(kind, &t.def.id(), body.len() as u64);
+    cluster.count_list(kind, &t.def.id(), 1, body.len() as u64);
     cluster.count_bytes(Verb::List, body.len() as u64);
     Ok(json_response(StatusCode::OK, body))
 }

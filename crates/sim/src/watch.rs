@@ -160,7 +160,7 @@ pub(crate) async fn serve(
     match cluster.store.subscribe(&id, from) {
         Ok(sub) => {
             if send_initial == Some(true) {
-                cluster.count_list(ListKind::Streaming, &id, 0);
+                cluster.count_list(ListKind::Streaming, &id, 1, 0);
             }
             let opts = Options {
                 bookmarks,
@@ -313,7 +313,7 @@ async fn run(
             stream.send(Bytes::from(frame)).await?;
         }
         if opts.send_initial {
-            cluster.add_list_bytes(ListKind::Streaming, &stream.def.id(), initial_bytes);
+            cluster.count_list(ListKind::Streaming, &stream.def.id(), 0, initial_bytes);
         }
         for change in &backlog {
             stream.change(change).await?;
