@@ -296,3 +296,56 @@ async fn an_aggregated_api_that_is_down_keeps_its_types_and_the_cluster_synced()
     holds_all(&h, "deployments.apps", "deployments.apps").await;
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_resumes_across_a_sigkill_while_only_the_kept_discovery_answer_knows_its_type()
+{
+    use common::process::Server;
+    use common::subscriber::Subscriber;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 20).await;
+    let sim = fleet.servers()[0].cluster().clone();
+    common::add_widgets(&sim, &["w1", "w2", "w3"]);
+    let data = dir.path().join("data");
+    // `wd` is the short name only discovery gives: neither the built-in types nor the
+    // stored stream (its type, without names) resolve it.
+    let args = ["--resources", "wd", "--data-dir", data.to_str().unwrap()];
+    let log = dir.path().join("serve.log");
+    let widgets = || common::truth(&fleet, "widgets.example.com");
+    let mut server = Server::start(&kubeconfig, &args, &log);
+    let mut sub = Subscriber {
+        initial: true,
+        resource: Some("widgets.example.com".into()),
+        ..Default::default()
+    };
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    // Objects are visible once durable, and the discovery answer that named their type
+    // was kept no later than they were.
+    sub.converge(&mut stream, &widgets()).await;
+
+    // Killed; discovery fails from now on; widgets change while it is down.
+    server.kill();
+    sub.drain(&mut stream).await;
+    sim.fail_discovery(true);
+    sim.store
+        .create(
+            "widgets.example.com",
+            Some("team-0"),
+            json!({"metadata": {"name": "made-while-down"}}),
+        )
+        .unwrap();
+    sim.store
+        .delete("widgets.example.com", "team-0", "w1")
+        .unwrap();
+    let server = Server::start(&kubeconfig, &args, &log);
+    let mut stream = sub.watch(&server.url()).await.unwrap();
+    sub.converge(&mut stream, &widgets()).await;
+    assert!(sub.state.keys().any(|(_, _, n)| n == "made-while-down"));
+    let w1 = ("sim-1".to_string(), "team-0".to_string(), "w1".to_string());
+    assert_eq!(sub.deleted.get(&w1), Some(&1));
+    assert!(
+        sim.requests_of(Verb::Discovery) > 0,
+        "discovery was asked, and failed"
+    );
+    drop(server);
+    fleet.shutdown().await;
+}

@@ -476,16 +476,12 @@ pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Makes a cluster serve the custom type `widgets.example.com` (namespaced, `Widget`),
-/// holding one object of each name in namespace `team-0`.
+/// Makes a cluster serve the custom type `widgets.example.com` (namespaced, `Widget`,
+/// short name `wd`), holding one object of each name in namespace `team-0`.
 pub fn add_widgets(cluster: &fleetscope_sim::Cluster, names: &[&str]) {
-    cluster.store.add_resource(fleetscope_sim::ResourceDef::new(
-        "example.com",
-        "v1",
-        "widgets",
-        "Widget",
-        true,
-    ));
+    let mut def = fleetscope_sim::ResourceDef::new("example.com", "v1", "widgets", "Widget", true);
+    def.short_names = vec!["wd".into()];
+    cluster.store.add_resource(def);
     for name in names {
         cluster
             .store

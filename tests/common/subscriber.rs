@@ -32,6 +32,8 @@ pub struct Subscriber {
     pub events: usize,
     /// How many times each object was given as DELETED.
     pub deleted: BTreeMap<Key, usize>,
+    /// The resource type it watches; configmaps when not given.
+    pub resource: Option<String>,
 }
 
 impl Subscriber {
@@ -83,7 +85,13 @@ impl Subscriber {
                     .map_err(|e| Status::unavailable(e.to_string()))?;
                 client
                     .watch(WatchRequest {
-                        query: Some(configmaps()),
+                        query: Some(match &self.resource {
+                            Some(r) => Query {
+                                resource: r.clone(),
+                                ..Default::default()
+                            },
+                            None => configmaps(),
+                        }),
                         since_revision: self.last.unwrap_or(0),
                         send_initial_events: self.last.is_none(),
                         ..Default::default()
