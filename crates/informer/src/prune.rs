@@ -102,34 +102,12 @@ pub struct ListMeta {
     pub remaining_item_count: Option<u64>,
 }
 
-/// Reads a LIST response page, pruning each item as it is read, in one pass over the
-/// text: nothing is decoded into a tree, and every value kept is copied through as
-/// the text it came as, in its order. `each` receives every item, or why it was not
-/// kept (one malformed item does not spoil the page). Fails only when the page itself
-/// is not a JSON object.
-pub fn prune_list(
-    text: &str,
-    rt: &ResourceType,
-    pruning: &Pruning,
-    each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
-) -> Result<ListMeta, serde_json::Error> {
-    let pruner = Pruner::new(rt, pruning);
-    let mut scratch = String::new();
-    let mut de = serde_json::Deserializer::from_str(text);
-    let meta = ListSeed {
-        pruner: &pruner,
-        out: &mut scratch,
-        each,
-    }
-    .deserialize(&mut de)?;
-    de.end()?;
-    Ok(meta)
-}
-
 /// A LIST response read as its bytes arrive: each item is pruned as soon as its last
 /// byte is in, and the bytes before it are let go, so pruning overlaps the transfer
-/// and the whole body is never held. Gives the same items, errors and metadata as
-/// [`prune_list`] over the whole text, however the bytes are split.
+/// and the whole body is never held. Nothing is decoded into a tree: every value kept
+/// is copied through as the text it came as, in its order; one malformed item is an
+/// error for that item alone. The same items, errors and metadata however the bytes
+/// are split.
 pub struct ListReader<'p> {
     pruner: Pruner<'p>,
     scratch: String,
@@ -594,78 +572,6 @@ impl<'p> Pruner<'p> {
         prefix.push_str(",\"kind\":");
         write_str(&mut prefix, &rt.kind);
         Self { pruning, prefix }
-    }
-}
-
-/// A list page: `metadata` read, `items` pruned one by one, the rest skipped.
-struct ListSeed<'s, 'p> {
-    pruner: &'s Pruner<'p>,
-    out: &'s mut String,
-    each: &'s mut dyn FnMut(Result<PrunedObject, PruneError>),
-}
-
-impl<'de> DeserializeSeed<'de> for ListSeed<'_, '_> {
-    type Value = ListMeta;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<ListMeta, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ListSeed<'_, '_> {
-    type Value = ListMeta;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a list: a JSON object with metadata and items")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ListMeta, A::Error> {
-        let mut meta = ListMeta::default();
-        while let Some(key) = map.next_key::<Text<'de>>()? {
-            match key.0.as_ref() {
-                "metadata" => meta = map.next_value()?,
-                "items" => map.next_value_seed(ItemsSeed {
-                    pruner: self.pruner,
-                    out: &mut *self.out,
-                    each: &mut *self.each,
-                })?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(meta)
-    }
-}
-
-/// A list's `items`: each pruned and handed on as it is read.
-struct ItemsSeed<'s, 'p> {
-    pruner: &'s Pruner<'p>,
-    out: &'s mut String,
-    each: &'s mut dyn FnMut(Result<PrunedObject, PruneError>),
-}
-
-impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ItemsSeed<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an array of objects")
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        // `"items": null` is an empty list.
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(item) = seq.next_element_seed(ObjectSeed {
-            pruner: self.pruner,
-            out: &mut *self.out,
-        })? {
-            (self.each)(item);
-        }
-        Ok(())
     }
 }
 
@@ -1231,13 +1137,7 @@ mod tests {
         let page = format!(
             r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"9","continue":"tok","remainingItemCount":40}},"items":[{good},7,"s",null,[1,{{"a":2}}],{{"metadata":"x"}},{{"metadata":{{}}}},{{"spec":{{}}}},{good}],"extra":{{"k":[]}}}}"#
         );
-        let mut kept = Vec::new();
-        let mut skipped = Vec::new();
-        let meta = prune_list(&page, &pods(), &Pruning::default(), &mut |r| match r {
-            Ok(o) => kept.push(o),
-            Err(e) => skipped.push(e.to_string()),
-        })
-        .unwrap();
+        let (meta, kept, skipped) = read_in_pieces(&page, &[page.len()]).unwrap();
         assert_eq!(
             (
                 meta.resource_version.as_str(),
@@ -1248,18 +1148,21 @@ mod tests {
         );
         let one = prune(good, &pods(), &Pruning::default()).unwrap();
         assert_eq!(kept, [one.clone(), one]);
-        assert_eq!(skipped.len(), 7, "{skipped:?}");
+        assert_eq!(skipped, 7);
         assert_eq!(
             kept[0].json,
             r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","resourceVersion":"5"},"spec":{"x":[1,2]}}"#
         );
 
         let empty = r#"{"metadata":{"resourceVersion":"3"},"items":null}"#;
-        let meta = prune_list(empty, &pods(), &Pruning::default(), &mut |_| panic!()).unwrap();
-        assert_eq!(meta.resource_version, "3");
+        let (meta, kept, skipped) = read_in_pieces(empty, &[empty.len()]).unwrap();
+        assert_eq!(
+            (meta.resource_version.as_str(), kept.len(), skipped),
+            ("3", 0, 0)
+        );
         for broken in ["", "[]", "{\"items\":[{]}", "{\"items\":5}", "{} x"] {
             assert!(
-                prune_list(broken, &pods(), &Pruning::default(), &mut |_| {}).is_err(),
+                read_in_pieces(broken, &[broken.len().max(1)]).is_err(),
                 "{broken}"
             );
         }
@@ -1290,13 +1193,25 @@ mod tests {
         Ok((meta, kept, skipped))
     }
 
+    /// What the whole text holds, read the plain way: the list decoded with its items
+    /// as raw text, each then pruned alone.
     fn read_whole(text: &str) -> Result<(ListMeta, Vec<PrunedObject>, usize), serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Page<'a> {
+            #[serde(default)]
+            metadata: ListMeta,
+            #[serde(borrow, default)]
+            items: Option<Vec<&'a RawValue>>,
+        }
+        let page: Page = serde_json::from_str(text)?;
         let (mut kept, mut skipped) = (Vec::new(), 0);
-        let meta = prune_list(text, &pods(), &Pruning::default(), &mut |r| match r {
-            Ok(o) => kept.push(o),
-            Err(_) => skipped += 1,
-        })?;
-        Ok((meta, kept, skipped))
+        for item in page.items.unwrap_or_default() {
+            match prune(item.get(), &pods(), &Pruning::default()) {
+                Ok(o) => kept.push(o),
+                Err(_) => skipped += 1,
+            }
+        }
+        Ok((page.metadata, kept, skipped))
     }
 
     fn same(
