@@ -632,6 +632,9 @@ impl Cluster {
     /// has its types' objects dropped.
     fn with_unanswered(&self, d: discovery::Discovered) -> Vec<Served> {
         let mut served = d.served;
+        if d.failed.is_empty() {
+            return served;
+        }
         let unanswered = |rt: &ResourceType| d.failed.iter().any(|(gv, _)| *gv == rt.api_version());
         let before = self
             .served
