@@ -192,7 +192,8 @@ fn cpu_time() -> Duration {
 /// The simulated clusters of the sync comparison, in their own process: writes the
 /// kubeconfig into `dir`, prints `ready BYTES`, serves until stdin closes. A line
 /// `reset` on stdin sets the clusters' request counters to zero (answered `ok`);
-/// `counts` prints their sum as `counts KIND=N:BYTES …`.
+/// `counts` prints their sum as `counts KIND=N:BYTES … sim-cpu=MS`, the last the CPU time
+/// the simulated servers used since the reset.
 async fn sim_child(dir: &str, clusters: usize, pods: usize, configmaps: usize) {
     let (servers, _path, list_bytes) =
         pod_clusters(clusters, pods, configmaps, std::path::Path::new(dir)).await;
@@ -203,13 +204,20 @@ async fn sim_child(dir: &str, clusters: usize, pods: usize, configmaps: usize) {
     let _ = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         let stdin = std::io::stdin();
+        let mut cpu_at_reset = cpu_time();
         while stdin.read_line(&mut line).is_ok_and(|n| n > 0) {
             match line.trim() {
                 "reset" => {
                     clusters.iter().for_each(Cluster::reset_counters);
+                    cpu_at_reset = cpu_time();
                     println!("ok");
                 }
-                "counts" => println!("counts {}", request_counts(&clusters)),
+                // The simulated API servers' CPU time since the reset comes last.
+                "counts" => println!(
+                    "counts {} sim-cpu={}",
+                    request_counts(&clusters),
+                    (cpu_time() - cpu_at_reset).as_millis()
+                ),
                 _ => {}
             }
             let _ = std::io::stdout().flush();
@@ -950,6 +958,9 @@ fn first_sync() {
     ] {
         let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut requests: BTreeMap<String, String> = BTreeMap::new();
+        // CPU time per run: the side's own, and the simulated API servers'.
+        let mut cpu: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut sim_cpu: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut bytes = 0.0;
         for _ in 0..runs {
             for which in &contenders {
@@ -967,18 +978,19 @@ fn first_sync() {
                 ) {
                     let f: Vec<f64> = f.split(' ').map(|x| x.parse().unwrap()).collect();
                     times.entry(which.clone()).or_default().push(f[0]);
+                    cpu.entry(which.clone()).or_default().push(f[2]);
                     if f[1] > 0.0 {
                         bytes = f[1];
                     }
                 }
                 let counts = ask("counts");
-                requests.insert(
-                    which.clone(),
-                    counts
-                        .strip_prefix("counts ")
-                        .unwrap_or(&counts)
-                        .to_string(),
-                );
+                let counts = counts.strip_prefix("counts ").unwrap_or(&counts);
+                let (counts, sim) = counts.rsplit_once(" sim-cpu=").unwrap();
+                sim_cpu
+                    .entry(which.clone())
+                    .or_default()
+                    .push(sim.parse::<f64>().unwrap() / 1e3);
+                requests.insert(which.clone(), counts.to_string());
             }
         }
         let floor = times.get("floor").map(|t| median(t).0);
@@ -994,10 +1006,12 @@ fn first_sync() {
                 _ => String::new(),
             };
             println!(
-                "    {which:<22} median of {runs}: {:.0} ms ({:.0}–{:.0}){ratio}; requests: {}",
+                "    {which:<22} median of {runs}: {:.0} ms ({:.0}–{:.0}){ratio}; CPU {:.0} ms, the simulated API servers' {:.0} ms; requests: {}",
                 m * 1e3,
                 lo * 1e3,
                 hi * 1e3,
+                median(&cpu[which]).0 * 1e3,
+                median(&sim_cpu[which]).0 * 1e3,
                 requests.get(which).map_or("", String::as_str)
             );
         }
@@ -1033,7 +1047,11 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
             }
         });
         let bytes: usize = futures::future::join_all(reads).await.into_iter().sum();
-        println!("#first {} {bytes}", started.elapsed().as_secs_f64());
+        println!(
+            "#first {} {bytes} {}",
+            started.elapsed().as_secs_f64(),
+            cpu_time().as_secs_f64()
+        );
         return;
     }
     let mut config = EngineConfig {
@@ -1049,7 +1067,11 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
         Engine::start(sources, config)
     };
     wait_synced(&engine, resource, total).await;
-    println!("#first {} 0", started.elapsed().as_secs_f64());
+    println!(
+        "#first {} 0 {}",
+        started.elapsed().as_secs_f64(),
+        cpu_time().as_secs_f64()
+    );
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -39,18 +39,26 @@ pub struct StoredObject {
 impl StoredObject {
     /// The object as JSON with `kind` and `apiVersion` first, as GET and watch events carry it.
     pub fn with_type_meta(&self, def: &ResourceDef) -> Vec<u8> {
-        let head = format!(
-            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\"",
-            def.kind,
-            def.api_version()
-        );
-        let mut out = Vec::with_capacity(head.len() + self.body.len() + 1);
-        out.extend_from_slice(head.as_bytes());
+        let mut out = Vec::with_capacity(self.body.len() + 64);
+        self.write_with_type_meta(def, &mut out);
+        out
+    }
+
+    /// Appends [`Self::with_type_meta`] to `out`, without an allocation of its own.
+    pub fn write_with_type_meta(&self, def: &ResourceDef, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"kind\":\"");
+        out.extend_from_slice(def.kind.as_bytes());
+        out.extend_from_slice(b"\",\"apiVersion\":\"");
+        if !def.group.is_empty() {
+            out.extend_from_slice(def.group.as_bytes());
+            out.push(b'/');
+        }
+        out.extend_from_slice(def.version.as_bytes());
+        out.push(b'"');
         if self.body.len() > 2 {
             out.push(b',');
         }
         out.extend_from_slice(&self.body[1..]);
-        out
     }
 
     /// The object decoded.

@@ -197,15 +197,29 @@ fn error_event(e: &ApiError) -> Bytes {
 }
 
 fn object_event(kind: &str, def: &ResourceDef, obj: &StoredObject, repr: Repr) -> Bytes {
-    let mut out = format!("{{\"type\":\"{kind}\",\"object\":").into_bytes();
+    let mut out = Vec::with_capacity(obj.body.len() + 96);
+    write_object_event(&mut out, kind, def, obj, repr);
+    Bytes::from(out)
+}
+
+/// Appends one watch event line to `out`.
+fn write_object_event(
+    out: &mut Vec<u8>,
+    kind: &str,
+    def: &ResourceDef,
+    obj: &StoredObject,
+    repr: Repr,
+) {
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
     match repr {
         Repr::Metadata => {
             out.extend_from_slice(&serde_json::to_vec(&partial_metadata(obj)).unwrap_or_default())
         }
-        Repr::Full | Repr::Table => out.extend_from_slice(&obj.with_type_meta(def)),
+        Repr::Full | Repr::Table => obj.write_with_type_meta(def, out),
     }
     out.extend_from_slice(b"}\n");
-    Bytes::from(out)
 }
 
 fn bookmark_event(def: &ResourceDef, rv: u64, initial_end: bool) -> Bytes {
@@ -296,13 +310,17 @@ async fn run(
     let end = async {
         // The initial events go out in frames of up to 64 KiB, as the apiserver's
         // writer gathers events while more are waiting.
-        let mut frame: Vec<u8> = Vec::new();
+        const FRAME: usize = 64 << 10;
+        let mut frame: Vec<u8> = Vec::with_capacity(FRAME + (8 << 10));
         let mut initial_bytes = 0u64;
         for obj in initial.iter().filter(|o| stream.filter.matches(o)) {
-            frame.extend_from_slice(&object_event("ADDED", &stream.def, obj, stream.repr));
-            if frame.len() >= 64 << 10 {
+            write_object_event(&mut frame, "ADDED", &stream.def, obj, stream.repr);
+            if frame.len() >= FRAME {
                 initial_bytes += frame.len() as u64;
-                stream.send(Bytes::from(std::mem::take(&mut frame))).await?;
+                let next = Vec::with_capacity(FRAME + (8 << 10));
+                stream
+                    .send(Bytes::from(std::mem::replace(&mut frame, next)))
+                    .await?;
             }
         }
         if opts.send_initial {
