@@ -695,6 +695,10 @@ pub struct FleetArgs {
     /// (a plain watch).
     #[arg(long, default_value = "served", value_parser = ["served", "refused", "ignored"])]
     pub streaming_lists: String,
+    /// How long each cluster waits before answering a request, as a distant API server
+    /// would (e.g. 20ms); none by default.
+    #[arg(long, default_value = "0s", value_parser = crate::config::parse_duration)]
+    pub latency: Duration,
 }
 
 impl FleetArgs {
@@ -716,6 +720,7 @@ impl FleetArgs {
             spec.names = self.names.clone();
         }
         spec.cache_lag = self.cache_lag;
+        spec.latency = self.latency;
         spec.watch_list = match self.streaming_lists.as_str() {
             "refused" => fleetscope_sim::WatchListSupport::Refused,
             "ignored" => fleetscope_sim::WatchListSupport::Ignored,
@@ -774,5 +779,33 @@ mod tests {
             let e = host_port(bad).unwrap_err();
             assert!(e.contains("HOST:PORT"), "{bad}: {e}");
         }
+    }
+
+    fn sim_spec(args: &[&str]) -> Result<FleetSpec, String> {
+        let cli = Cli::try_parse_from([&["fleetscope", "sim"], args].concat())
+            .map_err(|e| e.to_string())?;
+        let Command::Sim(sim) = cli.command else {
+            panic!("not sim")
+        };
+        sim.fleet.spec().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn simulated_clusters_take_a_latency_a_cache_lag_and_a_streaming_list_answer() {
+        let spec = sim_spec(&[
+            "--latency",
+            "20ms",
+            "--cache-lag",
+            "3",
+            "--streaming-lists",
+            "refused",
+        ])
+        .unwrap();
+        assert_eq!(spec.latency, std::time::Duration::from_millis(20));
+        assert_eq!(spec.cache_lag, 3);
+        assert_eq!(spec.watch_list, fleetscope_sim::WatchListSupport::Refused);
+        assert_eq!(sim_spec(&[]).unwrap().latency, std::time::Duration::ZERO);
+        let e = sim_spec(&["--latency", "soon"]).unwrap_err();
+        assert!(e.contains("--latency") && e.contains("soon"), "{e}");
     }
 }

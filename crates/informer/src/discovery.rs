@@ -189,36 +189,28 @@ pub(crate) struct Discovered {
     pub failed: Vec<(String, String)>,
 }
 
-/// Discovery as kubectl does it: a group version whose document fails (an aggregated
-/// API server that is down) is left out and named, and the rest is answered; only the
-/// root documents failing fail it.
+/// How many group-version documents one discovery asks for at once. kube's client
+/// speaks HTTP/1.1, so each one in flight holds a connection of its own (kept in the
+/// pool afterwards, for the lists and watches).
+const DISCOVERY_CONCURRENCY: usize = 8;
+
+/// Discovery as kubectl does it: the root documents, then every group version's
+/// document, several at once; a group version whose document fails (an aggregated API
+/// server that is down) is left out and named, and the rest is answered; only the root
+/// documents failing fail it.
 pub(crate) async fn discover_all(client: &Client) -> Result<Discovered, kube::Error> {
-    let mut failed: Vec<(String, String)> = Vec::new();
-    let mut out: Vec<Served> = Vec::new();
-    let core = get_json(client, "/api").await?;
-    for version in core["versions"]
+    use futures::StreamExt;
+    let (core, groups) =
+        futures::future::try_join(get_json(client, "/api"), get_json(client, "/apis")).await?;
+    // (group, version) of every document, in the order their types are taken: the
+    // core group, then each group with its preferred version first.
+    let mut wanted: Vec<(String, String)> = core["versions"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
-    {
-        let list = match get_json(client, &format!("/api/{version}")).await {
-            Ok(list) => list,
-            Err(e) => {
-                failed.push((version.to_string(), crate::source::chain(&e)));
-                continue;
-            }
-        };
-        for s in resources_of(&list, "", version) {
-            if !out
-                .iter()
-                .any(|o| o.resource.group.is_empty() && o.resource.plural == s.resource.plural)
-            {
-                out.push(s);
-            }
-        }
-    }
-    let groups = get_json(client, "/apis").await?;
+        .map(|v| (String::new(), v.to_string()))
+        .collect();
     for g in groups["groups"].as_array().into_iter().flatten() {
         let name = g["name"].as_str().unwrap_or_default();
         let preferred = g["preferredVersion"]["version"]
@@ -232,22 +224,53 @@ pub(crate) async fn discover_all(client: &Client) -> Result<Discovered, kube::Er
             .collect();
         // The preferred version first, then the others in the server's order.
         versions.sort_by_key(|v| *v != preferred);
-        let mut seen: Vec<Served> = Vec::new();
-        for version in versions {
-            let list = match get_json(client, &format!("/apis/{name}/{version}")).await {
-                Ok(list) => list,
-                Err(e) => {
-                    failed.push((format!("{name}/{version}"), crate::source::chain(&e)));
-                    continue;
-                }
-            };
-            for s in resources_of(&list, name, version) {
-                if !seen.iter().any(|o| o.resource.plural == s.resource.plural) {
-                    seen.push(s);
-                }
+        wanted.extend(
+            versions
+                .into_iter()
+                .map(|v| (name.to_string(), v.to_string())),
+        );
+    }
+    // Answers come back in the order asked, whichever arrives first.
+    let answers: Vec<_> = futures::stream::iter(wanted)
+        .map(|(group, version)| {
+            let client = client.clone();
+            async move {
+                let path = if group.is_empty() {
+                    format!("/api/{version}")
+                } else {
+                    format!("/apis/{group}/{version}")
+                };
+                let answer = get_json(&client, &path).await;
+                (group, version, answer)
+            }
+        })
+        .buffered(DISCOVERY_CONCURRENCY)
+        .collect()
+        .await;
+    let mut failed: Vec<(String, String)> = Vec::new();
+    let mut out: Vec<Served> = Vec::new();
+    for (group, version, answer) in answers {
+        let list = match answer {
+            Ok(list) => list,
+            Err(e) => {
+                let gv = if group.is_empty() {
+                    version.to_string()
+                } else {
+                    format!("{group}/{version}")
+                };
+                failed.push((gv, crate::source::chain(&e)));
+                continue;
+            }
+        };
+        // Within one group, a type is taken from the first version that serves it.
+        for s in resources_of(&list, &group, &version) {
+            if !out
+                .iter()
+                .any(|o| o.resource.group == group && o.resource.plural == s.resource.plural)
+            {
+                out.push(s);
             }
         }
-        out.extend(seen);
     }
     out.sort_by(|a, b| a.resource.cmp(&b.resource));
     Ok(Discovered {

@@ -662,3 +662,29 @@ async fn a_stopping_engine_is_never_taken_for_a_cluster_leaving() {
         );
     }
 }
+
+#[tokio::test]
+async fn discovery_asks_for_group_versions_several_at_once() {
+    let s = setup().await;
+    let cluster = s.server.cluster().clone();
+    let client = source::connect(&s.source, Duration::from_secs(30), None)
+        .await
+        .unwrap()
+        .client;
+    // Held documents are answered only once released: a discovery asking for one at a
+    // time would never have two in flight.
+    cluster.hold_group_versions(true);
+    let discovering = tokio::spawn(async move { discovery::discover_all(&client).await });
+    wait_until(|| cluster.group_versions_in_flight() >= 2).await;
+    cluster.hold_group_versions(false);
+    let found = discovering.await.unwrap().unwrap();
+    assert!(found.failed.is_empty(), "{:?}", found.failed);
+    let names: Vec<String> = found.served.iter().map(|s| s.resource.name()).collect();
+    for want in ["pods", "configmaps", "deployments.apps", "namespaces"] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    // Each type once, from its group's preferred version.
+    let mut unique = names.clone();
+    unique.dedup();
+    assert_eq!(unique, names);
+}

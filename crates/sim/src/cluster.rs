@@ -39,6 +39,9 @@ pub struct ClusterConfig {
     /// How the cluster answers a streaming list (`sendInitialEvents=true`). Default
     /// [`WatchListSupport::Served`].
     pub watch_list: WatchListSupport,
+    /// How long every request waits before it is answered, as a round trip to a
+    /// distant API server does (the connection's own handshakes aside). Default none.
+    pub latency: Duration,
 }
 
 /// How a cluster answers a watch that asks for its initial events (a streaming list,
@@ -93,6 +96,7 @@ impl ClusterConfig {
             tls: true,
             cache_lag: 0,
             watch_list: WatchListSupport::Served,
+            latency: Duration::ZERO,
         }
     }
 }
@@ -233,6 +237,11 @@ pub struct Inner {
     discovery_failing: std::sync::atomic::AtomicBool,
     /// Group versions (`apps/v1`, `v1`) whose discovery document fails.
     failing_group_versions: Mutex<BTreeSet<String>>,
+    latency: Mutex<Duration>,
+    /// Whether group-version discovery documents are held back until released.
+    group_versions_held: watch::Sender<bool>,
+    /// Group-version discovery documents being answered (or held) now.
+    group_versions_in_flight: AtomicUsize,
 }
 
 impl Deref for Cluster {
@@ -258,7 +267,9 @@ impl Cluster {
         let (control, _) = broadcast::channel(16);
         let (frozen, _) = watch::channel(false);
         let (stall_release, _) = watch::channel(0);
-        let (cache_lag, watch_list) = (config.cache_lag, config.watch_list);
+        let (cache_lag, watch_list, latency) =
+            (config.cache_lag, config.watch_list, config.latency);
+        let (group_versions_held, _) = watch::channel(false);
         Cluster(Arc::new(Inner {
             tokens: Mutex::new(config.tokens.clone()),
             config,
@@ -277,7 +288,49 @@ impl Cluster {
             watch_list: Mutex::new(watch_list),
             discovery_failing: std::sync::atomic::AtomicBool::new(false),
             failing_group_versions: Mutex::new(BTreeSet::new()),
+            latency: Mutex::new(latency),
+            group_versions_held,
+            group_versions_in_flight: AtomicUsize::new(0),
         }))
+    }
+
+    /// How long every request waits before it is answered.
+    pub fn latency(&self) -> Duration {
+        *lock(&self.latency)
+    }
+
+    /// Sets how long every request waits before it is answered (a round trip to a
+    /// distant API server); zero answers at once.
+    pub fn set_latency(&self, latency: Duration) {
+        *lock(&self.latency) = latency;
+    }
+
+    /// Holds every group-version discovery document (`/api/v1`, `/apis/apps/v1`) back
+    /// until released (false), so a test sees how many a client asks for at once.
+    pub fn hold_group_versions(&self, held: bool) {
+        self.group_versions_held.send_replace(held);
+    }
+
+    /// How many group-version discovery documents are being answered (or held) now.
+    pub fn group_versions_in_flight(&self) -> usize {
+        self.group_versions_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Answers one group-version document with `answer` once nothing holds it back,
+    /// counted in flight meanwhile.
+    pub(crate) async fn group_version_document<T>(&self, answer: impl FnOnce() -> T) -> T {
+        struct InFlight<'a>(&'a AtomicUsize);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.group_versions_in_flight.fetch_add(1, Ordering::SeqCst);
+        let _in_flight = InFlight(&self.group_versions_in_flight);
+        let mut held = self.group_versions_held.subscribe();
+        // The sender lives as long as the cluster, so this wait ends when released.
+        let _ = held.wait_for(|h| !*h).await;
+        answer()
     }
 
     /// Makes one group version's discovery document (`apps/v1`, or `v1` for the core

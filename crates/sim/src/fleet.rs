@@ -27,6 +27,8 @@ pub struct FleetSpec {
     pub cache_lag: u64,
     /// How each cluster answers streaming lists.
     pub watch_list: crate::cluster::WatchListSupport,
+    /// How long each cluster waits before answering a request (a distant API server).
+    pub latency: std::time::Duration,
 }
 
 impl FleetSpec {
@@ -38,6 +40,7 @@ impl FleetSpec {
             churn,
             cache_lag: 0,
             watch_list: crate::cluster::WatchListSupport::Served,
+            latency: std::time::Duration::ZERO,
         }
     }
 }
@@ -103,6 +106,7 @@ impl SimFleet {
         for (i, name) in spec.names.iter().enumerate() {
             let mut config = ClusterConfig::new(name);
             config.cache_lag = spec.cache_lag;
+            config.latency = spec.latency;
             config.watch_list = spec.watch_list;
             let cluster = Cluster::new(config);
             let workload =

@@ -131,6 +131,10 @@ pub(crate) async fn handle(
     conn: CancellationToken,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    let latency = cluster.latency();
+    if !latency.is_zero() && req.uri().path() != "/metrics" {
+        tokio::time::sleep(latency).await;
+    }
     Ok(match serve(cluster, conn, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -217,17 +221,21 @@ async fn serve(
             resource::api_group(defs().iter().map(|d| d.as_ref()), &g),
             false,
         ),
-        Route::GroupVersion(g, v) if cluster.group_version_failing(&g, &v) => {
-            cluster.count(Verb::Discovery, "");
-            Err(ApiError::service_unavailable(&format!(
-                "the server is currently unable to handle the request ({g}/{v}: injected)"
-            )))
-        }
-        Route::GroupVersion(g, v) => discovery(
-            &cluster,
-            resource::resource_list(defs().iter().map(|d| d.as_ref()), &g, &v),
-            false,
-        ),
+        Route::GroupVersion(g, v) => cluster
+            .group_version_document(|| {
+                if cluster.group_version_failing(&g, &v) {
+                    cluster.count(Verb::Discovery, "");
+                    return Err(ApiError::service_unavailable(&format!(
+                        "the server is currently unable to handle the request ({g}/{v}: injected)"
+                    )));
+                }
+                discovery(
+                    &cluster,
+                    resource::resource_list(defs().iter().map(|d| d.as_ref()), &g, &v),
+                    false,
+                )
+            })
+            .await,
         Route::NotFound => Err(ApiError::unknown_resource()),
         Route::Resource {
             group,

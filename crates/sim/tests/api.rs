@@ -1040,3 +1040,44 @@ async fn a_server_without_watch_list_refuses_it_or_ignores_it() {
     assert!(events.iter().all(|e| e["type"] == "ADDED"));
     assert_eq!(c.lists_of(ListKind::Streaming), 0);
 }
+
+#[tokio::test]
+async fn a_distant_cluster_answers_after_its_latency() {
+    let server = start(ClusterConfig::new("far")).await;
+    let api = Api::new(&server);
+    server.cluster().set_latency(Duration::from_millis(300));
+    let asked = std::time::Instant::now();
+    assert_eq!(api.get("/api/v1/namespaces").await.status, StatusCode::OK);
+    assert!(asked.elapsed() >= Duration::from_millis(300));
+    server.cluster().set_latency(Duration::ZERO);
+    assert_eq!(server.cluster().latency(), Duration::ZERO);
+}
+
+#[tokio::test]
+async fn held_group_version_documents_wait_until_released_and_are_counted_in_flight() {
+    let server = start(ClusterConfig::new("held")).await;
+    let cluster = server.cluster().clone();
+    cluster.hold_group_versions(true);
+    let ask = |path: &'static str| {
+        let api = Api::new(&server);
+        tokio::spawn(async move { api.get(path).await })
+    };
+    let (core, apps) = (ask("/api/v1"), ask("/apis/apps/v1"));
+    // The root documents are not held.
+    assert_eq!(Api::new(&server).get("/apis").await.status, StatusCode::OK);
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while cluster.group_versions_in_flight() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both documents in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!core.is_finished() && !apps.is_finished());
+    cluster.hold_group_versions(false);
+    for reply in [core.await.unwrap(), apps.await.unwrap()] {
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.json()["kind"], "APIResourceList");
+    }
+    assert_eq!(cluster.group_versions_in_flight(), 0);
+}
