@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use fleetscope_index::{Event, Index, Object, ObjectInput, Restored, RestoredEvent, Staged, State};
 use fleetscope_model::{ClusterName, EventType, ResourceType, Revision};
 use fleetscope_store::{
-    Batch, EventRecord, Loaded, ObjectRecord, SnapshotMeta, Store, StreamRecord,
+    Batch, EventRun, Loaded, ObjectRecord, SnapshotMeta, Store, StoredEvent, StreamRecord,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -211,22 +211,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn to_record(o: &Object) -> ObjectRecord {
-    ObjectRecord {
-        key: o.key.clone(),
-        revision: o.revision,
-        json: o.json.to_string(),
-        labels: o
-            .labels()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        owners: o.owners().iter().map(|u| u.to_string()).collect(),
-        fields: o
-            .fields()
-            .iter()
-            .map(|(p, v)| (p.to_string(), v.to_string()))
-            .collect(),
+/// An index event as the log writes it: a modification keeps its previous state (a
+/// filter needs it to see the transition), other events only their object.
+struct Logged<'e>(&'e Arc<Event>);
+
+impl StoredEvent for Logged<'_> {
+    type Object = Object;
+    fn revision(&self) -> Revision {
+        self.0.revision
+    }
+    fn kind(&self) -> EventType {
+        self.0.kind
+    }
+    fn object(&self) -> &Object {
+        &self.0.object
+    }
+    fn prev(&self) -> Option<&Object> {
+        match self.0.kind {
+            EventType::Modified => self.0.prev.as_deref(),
+            _ => None,
+        }
     }
 }
 
@@ -798,35 +802,21 @@ impl Persister {
             bytes -= p.events[skip].json_bytes();
             skip += 1;
         }
-        // Runs of at most a chunk's size, each one record.
-        let mut run: Vec<EventRecord> = Vec::new();
+        // Runs of at most a chunk's size, each one record, encoded straight from the
+        // index's events: nothing is copied first.
+        let mut start = skip;
         let mut run_bytes = 0;
-        for e in p.events.iter().skip(skip) {
-            let size = e.json_bytes();
-            run.push(EventRecord {
-                revision: e.revision,
-                kind: e.kind,
-                object: to_record(&e.object),
-                prev: match e.kind {
-                    EventType::Modified => e.prev.as_deref().map(to_record),
-                    _ => None,
-                },
-            });
-            run_bytes += size;
-            if run_bytes >= fleetscope_store::CHUNK_BYTES {
-                let done = std::mem::take(&mut run);
-                disk.push(
-                    done[0].revision.0,
-                    done[done.len() - 1].revision.0,
-                    run_bytes,
-                );
-                batch.events.push(done);
+        for (i, e) in p.events.iter().enumerate().skip(skip) {
+            run_bytes += e.json_bytes();
+            let last = i + 1 == p.events.len();
+            if run_bytes >= fleetscope_store::CHUNK_BYTES || last {
+                if let Some(run) = EventRun::encode(p.events.range(start..=i).map(Logged)) {
+                    disk.push(run.first().0, run.last().0, run_bytes);
+                    batch.events.push(run);
+                }
+                start = i + 1;
                 run_bytes = 0;
             }
-        }
-        if !run.is_empty() {
-            disk.push(run[0].revision.0, run[run.len() - 1].revision.0, run_bytes);
-            batch.events.push(run);
         }
         disk.change_log = disk
             .records

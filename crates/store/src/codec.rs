@@ -7,7 +7,10 @@ use fleetscope_model::{
     ClusterName, EventType, Location, ObjectKey, ResourceType, Revision, StoredObject,
 };
 
-use crate::{DiscoveryRecord, EventRecord, ObjectRecord, ServedRecord, SnapshotMeta, StreamRecord};
+use crate::{
+    DiscoveryRecord, EventRecord, ObjectRecord, ServedRecord, SnapshotMeta, StoredEvent,
+    StreamRecord,
+};
 
 /// Why a record could not be read back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -398,11 +401,11 @@ fn kind_code(kind: EventType) -> u8 {
 }
 
 impl Writer {
-    fn event(&mut self, e: &EventRecord) -> &mut Self {
-        self.u64(e.revision.0)
-            .u8(kind_code(e.kind))
-            .object(&e.object);
-        match &e.prev {
+    fn event(&mut self, e: &impl StoredEvent) -> &mut Self {
+        self.u64(e.revision().0)
+            .u8(kind_code(e.kind()))
+            .object(e.object());
+        match e.prev() {
             Some(p) => self.u8(1).object(p),
             None => self.u8(0),
         }
@@ -433,14 +436,25 @@ impl Reader<'_> {
     }
 }
 
-/// Consecutive events in one record, keyed by the first one's revision.
-pub(crate) fn encode_events(events: &[EventRecord]) -> Vec<u8> {
+/// Consecutive events in one record, keyed by the first one's revision: each encoded
+/// from where it is held, nothing copied first. `None` for no events.
+pub(crate) fn encode_events<E: StoredEvent>(
+    events: impl IntoIterator<Item = E>,
+) -> Option<(Revision, Revision, Vec<u8>)> {
     let mut w = Writer::new();
-    w.u32(events.len() as u32);
+    // The count goes first; it is known at the end.
+    w.u32(0);
+    let mut n: u32 = 0;
+    let mut range = None;
     for e in events {
-        w.event(e);
+        let r = e.revision();
+        range = Some(range.map_or((r, r), |(first, _)| (first, r)));
+        w.event(&e);
+        n += 1;
     }
-    w.seal_compressed()
+    w.0[4..8].copy_from_slice(&n.to_le_bytes());
+    let (first, last) = range?;
+    Some((first, last, w.seal_compressed()))
 }
 
 pub(crate) fn decode_events(record: &[u8]) -> Result<Vec<EventRecord>, DecodeError> {

@@ -82,6 +82,67 @@ impl EventRecord {
     }
 }
 
+/// An event as the log writes it, read where it is held (the index's events, or an
+/// [`EventRecord`]).
+pub trait StoredEvent {
+    /// What the event's object states are.
+    type Object: StoredObject;
+    /// The revision the change was given.
+    fn revision(&self) -> Revision;
+    /// What happened.
+    fn kind(&self) -> EventType;
+    /// The object after the change; for a delete, its last state.
+    fn object(&self) -> &Self::Object;
+    /// The object before the change, when kept.
+    fn prev(&self) -> Option<&Self::Object>;
+}
+
+impl StoredEvent for &EventRecord {
+    type Object = ObjectRecord;
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+    fn kind(&self) -> EventType {
+        self.kind
+    }
+    fn object(&self) -> &ObjectRecord {
+        &self.object
+    }
+    fn prev(&self) -> Option<&ObjectRecord> {
+        self.prev.as_ref()
+    }
+}
+
+/// Consecutive events encoded as one record of the log (keyed by the first one's
+/// revision), ready to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRun {
+    first: Revision,
+    last: Revision,
+    record: Vec<u8>,
+}
+
+impl EventRun {
+    /// Encodes consecutive events, each from where it is held; `None` for none.
+    pub fn encode<E: StoredEvent>(events: impl IntoIterator<Item = E>) -> Option<Self> {
+        codec::encode_events(events).map(|(first, last, record)| Self {
+            first,
+            last,
+            record,
+        })
+    }
+
+    /// The revision of the run's first event (its key in the log).
+    pub fn first(&self) -> Revision {
+        self.first
+    }
+
+    /// The revision of the run's last event.
+    pub fn last(&self) -> Revision {
+        self.last
+    }
+}
+
 /// Where one stream (a resource type in a cluster) can resume its watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamRecord {
@@ -168,7 +229,7 @@ pub struct Batch {
     pub discard_snapshots: Vec<SnapshotMeta>,
     /// Events to add to the log, in consecutive runs: each run is one record, keyed by
     /// its first revision (the unit [`Batch::drop_events`] later removes).
-    pub events: Vec<Vec<EventRecord>>,
+    pub events: Vec<EventRun>,
     /// Event records to drop (the log's trimmed head), by their first revision.
     pub drop_events: Vec<u64>,
     /// Streams' new resume points.
@@ -447,11 +508,8 @@ fn encode_batch(batch: &Batch) -> Writes {
     for r in &batch.drop_events {
         writes.insert(codec::event_key(Revision(*r)), None);
     }
-    for run in batch.events.iter().filter(|r| !r.is_empty()) {
-        writes.insert(
-            codec::event_key(run[0].revision),
-            Some(codec::encode_events(run)),
-        );
+    for run in &batch.events {
+        writes.insert(codec::event_key(run.first), Some(run.record.clone()));
     }
     for (cluster, resource) in &batch.drop_streams {
         writes.insert(codec::stream_key(cluster, resource), None);

@@ -29,20 +29,23 @@ fn stream(cluster: &str, rv: &str) -> StreamRecord {
     }
 }
 
+/// Consecutive events as one record of the log.
+fn run(events: Vec<EventRecord>) -> EventRun {
+    EventRun::encode(&events).unwrap()
+}
+
 /// Three objects created, with a stream, at revision 3.
 fn first_batch() -> Batch {
     Batch {
         revision: Revision(3),
-        events: vec![
-            (1..=3)
-                .map(|i| EventRecord {
-                    revision: Revision(i),
-                    kind: EventType::Added,
-                    object: object("c1", "ns", &format!("p{i}"), i),
-                    prev: None,
-                })
-                .collect(),
-        ],
+        events: vec![run((1..=3)
+            .map(|i| EventRecord {
+                revision: Revision(i),
+                kind: EventType::Added,
+                object: object("c1", "ns", &format!("p{i}"), i),
+                prev: None,
+            })
+            .collect())],
         streams: vec![stream("c1", "100")],
         clusters: Some(vec![ClusterName::from("c1")]),
         field_indexes: Some(vec!["spec.nodeName".into()]),
@@ -77,7 +80,7 @@ fn second_batch() -> Batch {
     let gone = object("c1", "ns", "p2", 5);
     Batch {
         revision: Revision(5),
-        events: vec![vec![
+        events: vec![run(vec![
             EventRecord {
                 revision: Revision(4),
                 kind: EventType::Modified,
@@ -90,7 +93,7 @@ fn second_batch() -> Batch {
                 object: gone,
                 prev: None,
             },
-        ]],
+        ])],
         streams: vec![stream("c1", "105")],
         ..Batch::default()
     }
@@ -158,12 +161,12 @@ fn memory_store_round_trips_batches() {
     // A newer snapshot replaces the old one's chunks; changes after it replay on top.
     let third = Batch {
         revision: Revision(6),
-        events: vec![vec![EventRecord {
+        events: vec![run(vec![EventRecord {
             revision: Revision(6),
             kind: EventType::Added,
             object: object("c1", "ns", "p0", 6),
             prev: None,
-        }]],
+        }])],
         ..Batch::default()
     };
     store.commit(&third).unwrap();
@@ -511,7 +514,7 @@ proptest! {
         next.prev = None;
         let events = vec![e, next];
         if revision < u64::MAX {
-            prop_assert_eq!(codec::decode_events(&codec::encode_events(&events)).unwrap(), events);
+            prop_assert_eq!(codec::decode_events(&codec::encode_events(&events).unwrap().2).unwrap(), events);
         }
     }
 
@@ -582,12 +585,12 @@ fn compaction_reclaims_space_and_keeps_every_record() {
             .store
             .commit(&Batch {
                 revision: Revision(4),
-                events: vec![vec![EventRecord {
+                events: vec![run(vec![EventRecord {
                     revision: Revision(4),
                     kind: EventType::Added,
                     object: added.clone(),
                     prev: None,
-                }]],
+                }])],
                 streams: vec![stream("c1", "104")],
                 ..Batch::default()
             })
@@ -627,12 +630,12 @@ fn writes_made_while_a_compaction_copies_the_store_are_kept() {
         store
             .commit(&Batch {
                 revision: Revision(revision),
-                events: vec![vec![EventRecord {
+                events: vec![run(vec![EventRecord {
                     revision: Revision(revision),
                     kind: EventType::Added,
                     object: added.clone(),
                     prev: None,
-                }]],
+                }])],
                 streams: vec![stream("c1", &revision.to_string())],
                 ..Batch::default()
             })
