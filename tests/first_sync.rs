@@ -349,3 +349,59 @@ async fn a_subscriber_resumes_across_a_sigkill_while_only_the_kept_discovery_ans
     drop(server);
     fleet.shutdown().await;
 }
+
+/// A cluster removed at run time takes its kept discovery answer with it: the store
+/// holds answers for the clusters in the fleet only, not until the next start.
+#[tokio::test]
+async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store() {
+    use fleetscope::engine::{Engine, SourceSet, Stored};
+    let fleet = fleetscope_sim::SimFleet::start(&FleetSpec::numbered(2, 10, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let sources = fleetscope::sources::resolve(&[kubeconfig], &[]).unwrap();
+    let data = dir.path().join("data");
+    let opened = fleetscope_store::SledStore::open(&data).unwrap();
+    let (desired, rx) = tokio::sync::watch::channel(SourceSet::of(sources.clone()));
+    let engine = Engine::start_live(
+        rx,
+        test_config(&["pods"]),
+        Some(Stored {
+            store: std::sync::Arc::new(opened.store),
+            loaded: opened.loaded,
+        }),
+    );
+    let discovered = |name: &str| {
+        engine
+            .status
+            .cluster(&fleetscope_model::ClusterName::from(name))
+            .is_some_and(|c| !c.served.is_empty())
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !(discovered("sim-1") && discovered("sim-2")) {
+        assert!(tokio::time::Instant::now() < deadline, "both discovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    desired.send_replace(SourceSet::of(
+        sources.into_iter().filter(|s| s.name == "sim-1").collect(),
+    ));
+    let gone = fleetscope_model::ClusterName::from("sim-2");
+    while engine.status.cluster(&gone).is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "sim-2 left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine.shutdown(Duration::from_secs(10)).await;
+    drop(engine);
+    // What the store holds, read as it is on disk (not through a start, which drops
+    // the answers of clusters no longer configured).
+    let kept: Vec<String> = fleetscope_store::SledStore::open(&data)
+        .unwrap()
+        .loaded
+        .discovery
+        .iter()
+        .map(|d| d.cluster.to_string())
+        .collect();
+    assert_eq!(kept, ["sim-1"]);
+}

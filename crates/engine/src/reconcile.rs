@@ -114,6 +114,11 @@ pub(crate) async fn run(mut members: Members, mut desired: watch::Receiver<Sourc
             if let Some(m) = running.remove(&name) {
                 tracing::info!(cluster = %name, "cluster removed from the fleet: stopping its streams");
                 members.status.update(&name, |c| c.leaving = true);
+                // Its kept discovery answer goes with it (a late answer from its loop is
+                // not kept: the cluster is leaving).
+                if let Some(p) = &members.persister {
+                    p.record_discovery(name.clone(), None);
+                }
                 // Dropping the sender tells its loop to stop and say so.
                 drop(m.source);
                 leaving.insert(name, m.done);
@@ -317,7 +322,7 @@ impl Report for Reporter {
         // written to the store again.
         let mut changed = true;
         self.status.update(cluster, |c| {
-            changed = c.served.as_slice() != served;
+            changed = c.served.as_slice() != served && !c.leaving;
             if changed {
                 c.served = Arc::new(served.to_vec());
             }
