@@ -303,6 +303,15 @@ struct RawBookmarkMeta {
     annotations: std::collections::BTreeMap<String, String>,
 }
 
+/// A BOOKMARK event's object read as a bookmark: `None` for one without a
+/// resourceVersion (nothing to resume from), or for anything else.
+fn bookmark(object: &str) -> Option<RawBookmarkMeta> {
+    serde_json::from_str::<RawBookmark>(object)
+        .ok()
+        .map(|b| b.metadata)
+        .filter(|m| !m.resource_version.is_empty())
+}
+
 impl RawBookmarkMeta {
     /// Whether this bookmark ends a streaming list's initial events.
     fn initial_events_end(&self) -> bool {
@@ -741,11 +750,8 @@ impl Informer {
                 .list(&lp)
                 .map_err(|e| Stop::Failed(e.to_string()))?;
             let mut reader = crate::prune::ListReader::new(&self.id.resource, &self.config.pruning);
-            let mut each = |item: Result<PrunedObject, crate::prune::PruneError>| match item {
-                Ok(o) => objects.push(o),
-                Err(e) => {
-                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object")
-                }
+            let mut each = |item: Result<PrunedObject, crate::prune::PruneError>| {
+                objects.extend(self.kept(item));
             };
             let fetched = tokio::select! {
                 r = fetch_list(&self.client, req, &mut reader, &mut each) => r.map_err(classify),
@@ -861,12 +867,7 @@ impl Informer {
                 WatchEvent::Object {
                     kind: ObjectEvent::Added,
                     object,
-                } => match object {
-                    Ok(o) => objects.push(o),
-                    Err(e) => {
-                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
-                    }
-                },
+                } => objects.extend(self.kept(object)),
                 WatchEvent::Object { kind, .. } => {
                     return Err(ListStop::Unsupported(format!(
                         "the server sent a {} event before the initial events ended",
@@ -874,11 +875,9 @@ impl Informer {
                     )));
                 }
                 WatchEvent::Other { kind, object } if kind == "BOOKMARK" => {
-                    let end = serde_json::from_str::<RawBookmark>(object.get())
-                        .ok()
-                        .filter(|b| b.metadata.initial_events_end())
-                        .map(|b| b.metadata.resource_version)
-                        .filter(|rv| !rv.is_empty());
+                    let end = bookmark(object.get())
+                        .filter(RawBookmarkMeta::initial_events_end)
+                        .map(|b| b.resource_version);
                     return match end {
                         Some(resource_version) => {
                             self.outage.recovered(&self.id.name);
@@ -919,6 +918,16 @@ impl Informer {
                 None
             }
         }
+    }
+
+    /// An object as kept, or `None` (logged) for one that was not: one malformed object
+    /// is skipped alone, wherever it arrives.
+    fn kept(&self, object: Result<PrunedObject, crate::prune::PruneError>) -> Option<PrunedObject> {
+        object
+            .map_err(|e| {
+                tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
+            })
+            .ok()
     }
 
     /// Watches from `from` until the stream stops; returns why, and the last
@@ -965,8 +974,8 @@ impl Informer {
             // Where to resume moves only once the update is handed over.
             let mut next_seen = None;
             let update = match event {
-                WatchEvent::Object { kind, object } => match object {
-                    Ok(object) => {
+                WatchEvent::Object { kind, object } => match self.kept(object) {
+                    Some(object) => {
                         if !object.resource_version.is_empty() {
                             next_seen = Some(object.resource_version.clone());
                         }
@@ -983,21 +992,16 @@ impl Informer {
                             }
                         }
                     }
-                    Err(e) => {
-                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
-                        continue;
-                    }
+                    None => continue,
                 },
                 WatchEvent::Other { kind, object } if kind == "BOOKMARK" => {
-                    match serde_json::from_str::<RawBookmark>(object.get()) {
-                        Ok(b) if !b.metadata.resource_version.is_empty() => {
-                            next_seen = Some(b.metadata.resource_version.clone());
-                            Update::Progress {
-                                stream: self.id.clone(),
-                                resource_version: b.metadata.resource_version,
-                            }
-                        }
-                        _ => continue,
+                    let Some(b) = bookmark(object.get()) else {
+                        continue;
+                    };
+                    next_seen = Some(b.resource_version.clone());
+                    Update::Progress {
+                        stream: self.id.clone(),
+                        resource_version: b.resource_version,
                     }
                 }
                 WatchEvent::Other { kind, object } if kind == "ERROR" => {
