@@ -405,3 +405,42 @@ async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store()
         .collect();
     assert_eq!(kept, ["sim-1"]);
 }
+
+/// Streams that wait on discovery (`*`, nothing kept) have it ask for several group
+/// versions at once; the types it finds then sync.
+#[tokio::test]
+async fn discovery_that_streams_wait_on_asks_for_several_group_versions_at_once() {
+    use fleetscope::engine::Engine;
+    let fleet = fleetscope_sim::SimFleet::start(&FleetSpec::numbered(1, 10, 0.0))
+        .await
+        .unwrap();
+    let cluster = fleet.servers()[0].cluster().clone();
+    // Held documents are answered only once released: a discovery asking for one at a
+    // time would never have two in flight.
+    cluster.hold_group_versions(true);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let engine = Engine::start(
+        fleetscope::sources::resolve(&[kubeconfig], &[]).unwrap(),
+        test_config(&["*"]),
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cluster.group_versions_in_flight() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two group versions asked for at once"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.hold_group_versions(false);
+    let name = fleetscope_model::ClusterName::from("sim-1");
+    while !engine.status.cluster(&name).is_some_and(|c| {
+        c.freshness(None).0 == fleetscope::status::Freshness::Synced
+            && c.streams.keys().any(|r| r == "deployments.apps")
+    }) {
+        assert!(tokio::time::Instant::now() < deadline, "every type synced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine.shutdown(Duration::from_secs(10)).await;
+}

@@ -455,7 +455,7 @@ impl Cluster {
         // Discovery is off the critical path: streams of known types start now; a type
         // named as group/version/resource is known after one request for its group
         // version.
-        let (mut early_served, mut early, unresolved) = self.known_types(&[]);
+        let (mut early_served, mut early, mut unresolved) = self.known_types(&[]);
         let mut group_versions: Vec<(String, String)> = Vec::new();
         for spec in &unresolved {
             if let Some((group, version, _)) = discovery::versioned(spec.trim())
@@ -481,14 +481,24 @@ impl Cluster {
                     }
                 }
             }
-            (early_served, early, _) = self.known_types(&extra);
+            (early_served, early, unresolved) = self.known_types(&extra);
         }
         self.start_streams(&conn.client, &early_served, &early)
             .await;
+        // Until discovery first answers, configured names it alone resolves (and `*`
+        // without a kept answer) wait on it: it asks for several group versions at
+        // once. Otherwise it runs beside the streams, one request at a time.
+        let every_type = self.config.resources.iter().any(|r| r.trim() == "*");
+        let mut waited_on = !unresolved.is_empty() || (every_type && self.served.is_empty());
         loop {
             if rediscover {
+                let concurrency = if waited_on {
+                    discovery::DISCOVERY_CONCURRENCY
+                } else {
+                    1
+                };
                 let discovered = tokio::select! {
-                    d = discovery::discover_all(&conn.client) => d,
+                    d = discovery::discover_all(&conn.client, concurrency) => d,
                     _ = self.cancel.cancelled() => return Leave::Shutdown,
                 };
                 match discovered {
@@ -500,6 +510,7 @@ impl Cluster {
                             failed_said.clone_from(&d.failed);
                         }
                         let served = self.with_unanswered(d);
+                        waited_on = false;
                         backoff.reset();
                         let version = tokio::select! {
                             v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),

@@ -175,7 +175,9 @@ pub(crate) async fn group_version(
 /// kubectl resolves names.
 #[cfg(test)]
 pub(crate) async fn discover(client: &Client) -> Result<Vec<Served>, kube::Error> {
-    discover_all(client).await.map(|d| d.served)
+    discover_all(client, DISCOVERY_CONCURRENCY)
+        .await
+        .map(|d| d.served)
 }
 
 /// What a discovery found: the types of every group version that answered, and the
@@ -189,16 +191,20 @@ pub(crate) struct Discovered {
     pub failed: Vec<(String, String)>,
 }
 
-/// How many group-version documents one discovery asks for at once. kube's client
-/// speaks HTTP/1.1, so each one in flight holds a connection of its own (kept in the
-/// pool afterwards, for the lists and watches).
-const DISCOVERY_CONCURRENCY: usize = 8;
+/// How many group-version documents a discovery that streams wait on asks for at once.
+/// kube's client speaks HTTP/1.1, so each one in flight holds a connection of its own
+/// (kept in the pool afterwards, for the lists and watches); a discovery nothing waits
+/// on asks for one at a time, beside the streams.
+pub(crate) const DISCOVERY_CONCURRENCY: usize = 8;
 
 /// Discovery as kubectl does it: the root documents, then every group version's
-/// document, several at once; a group version whose document fails (an aggregated API
-/// server that is down) is left out and named, and the rest is answered; only the root
-/// documents failing fail it.
-pub(crate) async fn discover_all(client: &Client) -> Result<Discovered, kube::Error> {
+/// document, up to `concurrency` at once; a group version whose document fails (an
+/// aggregated API server that is down) is left out and named, and the rest is
+/// answered; only the root documents failing fail it.
+pub(crate) async fn discover_all(
+    client: &Client,
+    concurrency: usize,
+) -> Result<Discovered, kube::Error> {
     use futures::StreamExt;
     let (core, groups) =
         futures::future::try_join(get_json(client, "/api"), get_json(client, "/apis")).await?;
@@ -244,7 +250,7 @@ pub(crate) async fn discover_all(client: &Client) -> Result<Discovered, kube::Er
                 (group, version, answer)
             }
         })
-        .buffered(DISCOVERY_CONCURRENCY)
+        .buffered(concurrency.max(1))
         .collect()
         .await;
     let mut failed: Vec<(String, String)> = Vec::new();

@@ -674,7 +674,9 @@ async fn discovery_asks_for_group_versions_several_at_once() {
     // Held documents are answered only once released: a discovery asking for one at a
     // time would never have two in flight.
     cluster.hold_group_versions(true);
-    let discovering = tokio::spawn(async move { discovery::discover_all(&client).await });
+    let discovering = tokio::spawn(async move {
+        discovery::discover_all(&client, discovery::DISCOVERY_CONCURRENCY).await
+    });
     wait_until(|| cluster.group_versions_in_flight() >= 2).await;
     cluster.hold_group_versions(false);
     let found = discovering.await.unwrap().unwrap();
