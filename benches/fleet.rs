@@ -928,7 +928,7 @@ static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 /// and each run of each side in a process of its own, timed from its start.
 fn first_sync() {
     use std::io::{BufRead, Write};
-    let clusters = 4;
+    let clusters = env_usize("FLEET_BENCH_CLUSTERS", 4).max(1);
     let pods = env_usize("FLEET_BENCH_PODS", 25_000);
     let configmaps = env_usize("FLEET_BENCH_CONFIGMAPS", 3_880);
     println!(
@@ -1065,6 +1065,8 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
         ..EngineConfig::default()
     };
     config.stream.watch_list = which != "fleetscope-list";
+    // FLEET_BENCH_LIST_PART: objects per part of a first streaming list (0: whole).
+    config.stream.list_part = env_usize("FLEET_BENCH_LIST_PART", config.stream.list_part);
     let data = tempfile::tempdir().unwrap();
     let engine = if which == "fleetscope-persisted" {
         let opened = fleetscope_store::SledStore::open(data.path()).unwrap();

@@ -42,6 +42,8 @@ pub fn test_config(resources: &[&str]) -> EngineConfig {
     config.stream.backoff_cap = Duration::from_millis(500);
     config.stream.forbidden_retry = Duration::from_millis(300);
     config.stream.page_size = 100;
+    // First lists reach the index in parts of a few objects, as large ones do.
+    config.stream.list_part = 3;
     config.rediscovery = Duration::from_millis(500);
     config
 }

@@ -2,7 +2,7 @@
 //! visible in memory at once or, with a store, once durable; and the stream progress
 //! each batch implies, reported to the status table when the batch is visible.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use fleetscope_index::{Change, Index, ObjectInput};
@@ -82,6 +82,22 @@ impl<'a> StreamKeys<'a> {
     }
 }
 
+/// A first list arriving in parts ([`Update::ListPart`]).
+struct Parts {
+    /// Which list.
+    list: u64,
+    state: PartsState,
+}
+
+enum PartsState {
+    /// Nothing of the stream was held when the list began: its parts go into the
+    /// index as they arrive.
+    Applied,
+    /// Something was: the parts are gathered and the whole list replaces what is held
+    /// at its end, as a re-list does.
+    Gathered(Vec<ObjectInput>),
+}
+
 /// An object as the index takes it: everything it needs was read in the prune pass.
 fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectInput {
     ObjectInput {
@@ -105,6 +121,8 @@ pub(crate) async fn ingest(
     keep_removed: bool,
     cancel: CancellationToken,
 ) {
+    // First lists arriving in parts, by stream.
+    let mut parts: HashMap<(ClusterName, Arc<str>), Parts> = HashMap::new();
     loop {
         let first = tokio::select! {
             u = rx.recv() => match u { Some(u) => u, None => return },
@@ -132,9 +150,53 @@ pub(crate) async fn ingest(
         };
         // Resume points of streams that end with their cluster.
         let mut dropped = Vec::new();
+        // Streams whose objects this batch changes (not yet staged).
+        let mut touched: HashSet<(ClusterName, Arc<str>)> = HashSet::new();
         for u in updates {
             match u {
+                Update::ListPart {
+                    stream,
+                    list,
+                    objects,
+                } => {
+                    let id = (stream.cluster.clone(), stream.name.clone());
+                    let mut keys = StreamKeys::new(&stream);
+                    let objects: Vec<ObjectInput> = objects
+                        .into_iter()
+                        .map(|o| to_input(keys.key(&o), o))
+                        .collect();
+                    let state = match parts.remove(&id) {
+                        Some(p) if p.list == list => p.state,
+                        // A new list: applied as it arrives only if nothing of the
+                        // stream is held (nor staged, nor changed by this batch, nor
+                        // left by an abandoned list); otherwise gathered and diffed
+                        // against what is held at its end, as any re-list.
+                        earlier => {
+                            if earlier.is_none()
+                                && !touched.contains(&id)
+                                && !index.holds_any(&stream.name, &stream.cluster)
+                            {
+                                PartsState::Applied
+                            } else {
+                                PartsState::Gathered(Vec::new())
+                            }
+                        }
+                    };
+                    let state = match state {
+                        PartsState::Applied => {
+                            changes.push(Change::Add(objects));
+                            PartsState::Applied
+                        }
+                        PartsState::Gathered(mut held) => {
+                            held.extend(objects);
+                            PartsState::Gathered(held)
+                        }
+                    };
+                    touched.insert(id.clone());
+                    parts.insert(id, Parts { list, state });
+                }
                 Update::ClusterGone { cluster } => {
+                    parts.retain(|(c, _), _| *c != cluster);
                     if cancel.is_cancelled() {
                         // Stopping is not leaving: what is stored stays for the next start.
                         tracing::debug!(%cluster, "cluster loop ended by the engine stopping");
@@ -158,6 +220,7 @@ pub(crate) async fn ingest(
                 Update::Listed {
                     stream,
                     objects,
+                    parts: listed_parts,
                     resource_version,
                     reason,
                     method,
@@ -174,16 +237,41 @@ pub(crate) async fn ingest(
                         ListReason::Expired => count(&stream, &|c| c.expired_lists += 1),
                         ListReason::Dropped => {}
                     }
+                    let id = (stream.cluster.clone(), stream.name.clone());
                     let mut keys = StreamKeys::new(&stream);
-                    let objects = objects
+                    let mut objects: Vec<ObjectInput> = objects
                         .into_iter()
                         .map(|o| to_input(keys.key(&o), o))
                         .collect();
-                    changes.push(Change::Replace {
-                        resource: stream.name.to_string(),
-                        cluster: stream.cluster.clone(),
-                        objects,
-                    });
+                    let earlier = parts.remove(&id);
+                    match (earlier, listed_parts) {
+                        // Its parts are in the index already, and nothing else of the
+                        // stream was: the rest is added, nothing is gone.
+                        (
+                            Some(Parts {
+                                list,
+                                state: PartsState::Applied,
+                            }),
+                            Some(n),
+                        ) if list == n => changes.push(Change::Add(objects)),
+                        (earlier, _) => {
+                            if let Some(Parts {
+                                list,
+                                state: PartsState::Gathered(mut gathered),
+                            }) = earlier
+                                && Some(list) == listed_parts
+                            {
+                                gathered.append(&mut objects);
+                                objects = gathered;
+                            }
+                            changes.push(Change::Replace {
+                                resource: stream.name.to_string(),
+                                cluster: stream.cluster.clone(),
+                                objects,
+                            });
+                        }
+                    }
+                    touched.insert(id);
                     if resource_version.is_empty() {
                         after.push((stream, Progress::Dropped));
                     } else {
@@ -202,11 +290,13 @@ pub(crate) async fn ingest(
                     }
                     let rv = object.resource_version.clone();
                     let key = stream_key(&stream, &object);
+                    touched.insert((stream.cluster.clone(), stream.name.clone()));
                     changes.push(Change::Upsert(to_input(key, object)));
                     after.push((stream, Progress::Event(rv)));
                 }
                 Update::Deleted { stream, object } => {
                     count(&stream, &|c| c.deleted += 1);
+                    touched.insert((stream.cluster.clone(), stream.name.clone()));
                     changes.push(Change::Delete(stream_key(&stream, &object)));
                     after.push((stream, Progress::Event(object.resource_version)));
                 }

@@ -89,6 +89,10 @@ pub enum Change {
         /// Every object the list returned.
         objects: Vec<ObjectInput>,
     },
+    /// Objects arriving together (a part of a first list): each created, or replaced
+    /// when already held, as [`Change::Upsert`] would; those not held go in at once,
+    /// as a first list's do.
+    Add(Vec<ObjectInput>),
     /// Remove every object of a cluster.
     RemoveCluster(ClusterName),
 }
@@ -303,6 +307,21 @@ impl Index {
                         events.extend(state.upsert(input, interner));
                     }
                 }
+                Change::Add(objects) => {
+                    let (held, mut new): (Vec<ObjectInput>, Vec<ObjectInput>) = objects
+                        .into_iter()
+                        .map(|mut o| {
+                            o.key = interner.key(&o.key);
+                            o
+                        })
+                        .partition(|o| state.get(&o.key).is_some());
+                    // The last of one key wins, as upserts in order would have it.
+                    in_key_order(&mut new, |o| &o.key);
+                    state.add_new(new, interner, &mut events);
+                    for input in held {
+                        events.extend(state.upsert(input, interner));
+                    }
+                }
                 Change::RemoveCluster(cluster) => {
                     for resource in state.resources_of(&cluster) {
                         for key in state.keys_of(&resource, &cluster) {
@@ -320,6 +339,13 @@ impl Index {
             state: Some(Arc::new(state.clone())),
             events,
         }
+    }
+
+    /// Whether anything of one resource type in one cluster is held, staged changes
+    /// included.
+    pub fn holds_any(&self, resource: &str, cluster: &ClusterName) -> bool {
+        let writer = lock(&self.writer);
+        writer.0.holds_any(resource, cluster)
     }
 
     /// Makes staged batches visible: the state they reach, and their events to

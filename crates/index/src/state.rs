@@ -574,6 +574,15 @@ impl State {
         Some(Event::new(revision, EventType::Deleted, last, Some(prev)))
     }
 
+    /// Whether anything is held for one (resource, cluster).
+    pub(crate) fn holds_any(&self, resource: &str, cluster: &ClusterName) -> bool {
+        let lo = ObjectKey::new(resource, cluster, "", "");
+        self.objects
+            .range(lo..)
+            .next()
+            .is_some_and(|e| *e.0.key.resource == *resource && e.0.key.cluster == *cluster)
+    }
+
     /// The keys held for one (resource, cluster).
     pub(crate) fn keys_of(&self, resource: &str, cluster: &ClusterName) -> Vec<ObjectKey> {
         let lo = ObjectKey::new(resource, cluster, "", "");

@@ -895,6 +895,11 @@ enum Op {
     RemoveCluster {
         cluster: u8,
     },
+    /// Objects arriving together (a part of a first list), any of them held or not.
+    Add {
+        cluster: u8,
+        items: Vec<(u8, u8, u64, u8)>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -903,6 +908,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..3u8, 0..2u8, 0..6u8).prop_map(|(cluster, ns, name)| Op::Delete { cluster, ns, name }),
         1 => (0..3u8, proptest::collection::vec((0..2u8, 0..6u8, 0..4u64, 0..3u8), 0..6)).prop_map(|(cluster, keep)| Op::Relist { cluster, keep }),
         1 => (0..3u8).prop_map(|cluster| Op::RemoveCluster { cluster }),
+        1 => (0..3u8, proptest::collection::vec((0..2u8, 0..6u8, 0..4u64, 0..3u8), 0..6)).prop_map(|(cluster, items)| Op::Add { cluster, items }),
     ]
 }
 
@@ -967,6 +973,17 @@ proptest! {
                     let c: ClusterName = format!("c{cluster}").into();
                     model.retain(|k, _| k.cluster != c);
                     Change::RemoveCluster(c)
+                }
+                Op::Add { cluster, items } => {
+                    // In any order, a key possibly twice (the last wins), some held.
+                    let objects: Vec<ObjectInput> = items
+                        .into_iter()
+                        .map(|(ns, name, rv, app)| mk(cluster, ns, name, rv, app))
+                        .collect();
+                    for i in &objects {
+                        model.insert(i.key.clone(), i.clone());
+                    }
+                    Change::Add(objects)
                 }
             };
             let events = idx.apply([change]);
@@ -1041,4 +1058,22 @@ fn an_object_is_held_in_nine_words() {
     // Key (location, name), revision, JSON, shared terms and a sole owner's uid: with
     // the shared pointer's count, 80 bytes, an allocator size class of its own.
     assert_eq!(std::mem::size_of::<Object>(), 72);
+}
+
+#[test]
+fn holds_any_sees_staged_objects_of_one_type_in_one_cluster() {
+    let idx = index();
+    let c1: ClusterName = "c1".into();
+    assert!(!idx.holds_any("pods", &c1));
+    let staged = idx.stage([Change::Add(vec![input("pods", "c1", "ns", "p", 1, &[])])]);
+    assert!(idx.holds_any("pods", &c1), "staged, not yet published");
+    assert!(!idx.holds_any("pods", &"c2".into()));
+    assert!(!idx.holds_any("configmaps", &c1));
+    assert!(
+        !idx.holds_any("pod", &c1),
+        "a prefix of the name is another type"
+    );
+    idx.publish(staged);
+    idx.apply([Change::Delete(ObjectKey::new("pods", &c1, "ns", "p"))]);
+    assert!(!idx.holds_any("pods", &c1));
 }

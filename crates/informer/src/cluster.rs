@@ -735,6 +735,7 @@ impl Cluster {
                 .send(Update::Listed {
                     stream: id,
                     objects: Vec::new(),
+                    parts: None,
                     resource_version: String::new(),
                     reason: crate::stream::ListReason::Dropped,
                     method: None,

@@ -61,12 +61,26 @@ pub use fleetscope_model::fleet::{StreamState, SyncMethod};
 /// What an informer tells the ingest.
 #[derive(Debug, Clone)]
 pub enum Update {
+    /// Part of a list still arriving, sent ahead of its end so the index is built
+    /// while the rest is transferred: the list's objects are the parts with this
+    /// `list` number, then the [`Update::Listed`] that names it. Only a first list,
+    /// with nothing held for the stream, is sent in parts.
+    ListPart {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// Which list this is part of (unique within the process).
+        list: u64,
+        /// Objects of the list, in the order they came.
+        objects: Vec<PrunedObject>,
+    },
     /// A complete (re-)list: the full set of the stream's objects.
     Listed {
         /// The stream.
         stream: Arc<StreamId>,
-        /// Every object listed.
+        /// Every object listed, or the last of them when parts were sent ahead.
         objects: Vec<PrunedObject>,
+        /// The list's number when parts of it were sent ahead ([`Update::ListPart`]).
+        parts: Option<u64>,
         /// The list's resourceVersion.
         resource_version: String,
         /// Why the stream listed.
@@ -169,6 +183,10 @@ pub struct StreamConfig {
     /// nothing): the stream lists instead. Default 10 s (an API server answers from its
     /// watch cache, waiting at most 3 s for it to catch up).
     pub watch_list_silence: Duration,
+    /// A first streaming list (nothing held for the stream) is handed over in parts of
+    /// this many objects as they arrive, so the index is built beside the transfer;
+    /// 0 hands it over whole. Default 4,096.
+    pub list_part: usize,
 }
 
 impl StreamConfig {
@@ -204,9 +222,14 @@ impl Default for StreamConfig {
             field_selector: None,
             watch_list: true,
             watch_list_silence: Duration::from_secs(10),
+            list_part: 4096,
         }
     }
 }
+
+/// Numbers lists sent in parts, so the parts of an abandoned list are never taken for
+/// the next one's.
+static LIST_NUMBER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Where a list reads from: what the stream holds decides it, as client-go's
 /// reflector decides it.
@@ -422,7 +445,12 @@ async fn fetch_list(
 
 /// A complete state of a stream, and how it was read.
 struct Listed {
+    /// The objects, or the last of them when parts were sent ahead.
     objects: Vec<PrunedObject>,
+    /// The list's number when parts of it were sent ahead.
+    parts: Option<u64>,
+    /// How many objects the list held, parts sent ahead included.
+    count: usize,
     resource_version: String,
     method: SyncMethod,
     /// For a streaming list: the watch it came on, which goes on from there.
@@ -588,16 +616,19 @@ impl Informer {
                         streaming = watch_list,
                         objects = tracing::field::Empty,
                     );
+                    // A first list goes to the index in parts as it arrives; any other
+                    // (a re-list after a 410 included) is applied whole, diffed against
+                    // what is held. The ingest checks again that nothing is held.
+                    let first = reason == ListReason::Initial && held.is_none();
+                    let parts = (first && self.config.list_part > 0)
+                        .then(|| LIST_NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
                     let listed = if watch_list {
-                        self.watch_list(&from).instrument(span.clone()).await
+                        self.watch_list(&from, parts).instrument(span.clone()).await
                     } else {
                         self.list(&from).instrument(span.clone()).await
                     };
                     if let Ok(l) = &listed {
-                        span.record(
-                            "objects",
-                            i64::try_from(l.objects.len()).unwrap_or(i64::MAX),
-                        );
+                        span.record("objects", i64::try_from(l.count).unwrap_or(i64::MAX));
                     }
                     drop(span);
                     match listed {
@@ -623,6 +654,7 @@ impl Informer {
                             let update = Update::Listed {
                                 stream: self.id.clone(),
                                 objects: listed.objects,
+                                parts: listed.parts,
                                 resource_version: list_rv.clone(),
                                 reason,
                                 method: Some(listed.method),
@@ -777,7 +809,9 @@ impl Informer {
                 Some(c) => lp = lp.continue_token(&c),
                 None => {
                     return Ok(Listed {
+                        count: objects.len(),
                         objects,
+                        parts: None,
                         resource_version: meta.resource_version,
                         method: from.method(),
                         watch: None,
@@ -819,7 +853,7 @@ impl Informer {
     /// on a watch that then goes on. A server that refuses the request, or sends
     /// anything else before that bookmark (it ignored the request), does not serve
     /// streaming lists.
-    async fn watch_list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
+    async fn watch_list(&self, from: &ListFrom, parts: Option<u64>) -> Result<Listed, ListStop> {
         let mut wp = self.watch_params();
         wp.send_initial_events = true;
         let version = match from {
@@ -839,6 +873,8 @@ impl Informer {
         let silence = self.config.watch_list_silence;
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut objects = Vec::new();
+        // Objects sent ahead in parts.
+        let mut sent = 0;
         loop {
             let next = tokio::select! {
                 r = tokio::time::timeout(silence, lines.next()) => r,
@@ -867,7 +903,23 @@ impl Informer {
                 WatchEvent::Object {
                     kind: ObjectEvent::Added,
                     object,
-                } => objects.extend(self.kept(object)),
+                } => {
+                    objects.extend(self.kept(object));
+                    if let Some(list) = parts
+                        && objects.len() >= self.config.list_part
+                    {
+                        let part = std::mem::take(&mut objects);
+                        sent += part.len();
+                        let part = Update::ListPart {
+                            stream: self.id.clone(),
+                            list,
+                            objects: part,
+                        };
+                        if !self.send(part).await {
+                            return Err(Stop::Cancelled.into());
+                        }
+                    }
+                }
                 WatchEvent::Object { kind, .. } => {
                     return Err(ListStop::Unsupported(format!(
                         "the server sent a {} event before the initial events ended",
@@ -882,7 +934,9 @@ impl Informer {
                         Some(resource_version) => {
                             self.outage.recovered(&self.id.name);
                             Ok(Listed {
+                                count: sent + objects.len(),
                                 objects,
+                                parts: parts.filter(|_| sent > 0),
                                 resource_version,
                                 method: SyncMethod::WatchList,
                                 watch: Some(lines),

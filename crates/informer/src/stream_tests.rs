@@ -69,6 +69,18 @@ async fn start_after(
     watch_list: bool,
     before: impl FnOnce(),
 ) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
+    start_in_parts(s, resource, start, watch_list, 0, before).await
+}
+
+/// As `start_after`, a first streaming list handed over in parts of `list_part` objects.
+async fn start_in_parts(
+    s: &Setup,
+    resource: &str,
+    start: stream::Start,
+    watch_list: bool,
+    list_part: usize,
+    before: impl FnOnce(),
+) -> (mpsc::Receiver<Update>, CancellationToken, Arc<StreamId>) {
     let client = source::connect(&s.source, Duration::from_secs(30), None)
         .await
         .unwrap()
@@ -86,6 +98,7 @@ async fn start_after(
         backoff_start: Duration::from_millis(50),
         forbidden_retry: Duration::from_millis(200),
         watch_list,
+        list_part,
         ..StreamConfig::default()
     };
     tokio::spawn(stream::run(
@@ -689,4 +702,70 @@ async fn discovery_asks_for_group_versions_several_at_once() {
     let mut unique = names.clone();
     unique.dedup();
     assert_eq!(unique, names);
+}
+
+#[tokio::test]
+async fn a_first_streaming_list_is_handed_over_in_parts_as_it_arrives() {
+    let s = setup().await;
+    let (mut rx, cancel, _) =
+        start_in_parts(&s, "configmaps", stream::Start::default(), true, 3, || {}).await;
+    let mut names = Vec::new();
+    let mut lists = Vec::new();
+    for _ in 0..2 {
+        let Update::ListPart { list, objects, .. } = next_data(&mut rx).await else {
+            panic!("first the parts")
+        };
+        assert_eq!(objects.len(), 3);
+        names.extend(objects.into_iter().map(|o| o.name));
+        lists.push(list);
+    }
+    let Update::Listed {
+        objects,
+        parts,
+        method,
+        ..
+    } = next_data(&mut rx).await
+    else {
+        panic!("then the rest")
+    };
+    names.extend(objects.into_iter().map(|o| o.name));
+    assert_eq!(method, Some(SyncMethod::WatchList));
+    assert_eq!(
+        parts,
+        Some(lists[0]),
+        "the end names the list its parts belong to"
+    );
+    assert_eq!(lists[0], lists[1]);
+    names.sort();
+    let want: Vec<String> = (0..7).map(|i| format!("cm-{i}")).collect();
+    assert_eq!(names, want);
+    wait_state(&mut rx, StreamState::Watching).await;
+    create_and_see(s.server.cluster(), &mut rx, "live").await;
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn a_list_with_something_held_is_handed_over_whole() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let (mut rx, cancel, _) =
+        start_in_parts(&s, "configmaps", stream::Start::default(), true, 3, || {}).await;
+    loop {
+        if let Update::Listed { parts, .. } = next_data(&mut rx).await {
+            assert!(parts.is_some(), "the first list came in parts");
+            break;
+        }
+    }
+    wait_state(&mut rx, StreamState::Watching).await;
+    // A 410: the re-list, with the first list held, is applied whole (diffed against
+    // what is held at its end), never in parts.
+    c.expire_watches();
+    match next_data(&mut rx).await {
+        Update::Listed { objects, parts, .. } => {
+            assert_eq!(parts, None);
+            assert_eq!(objects.len(), 7);
+        }
+        other => panic!("a whole re-list, not {other:?}"),
+    }
+    cancel.cancel();
 }
