@@ -494,4 +494,125 @@ mod tests {
             assert_eq!(index.snapshot().len(), 1, "round {round}");
         }
     }
+
+    fn configmap(name: &str) -> PrunedObject {
+        PrunedObject {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            resource_version: "1".into(),
+            json: format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns"}}}}"#),
+            labels: Vec::new(),
+            owners: Vec::new(),
+            fields: Vec::new(),
+        }
+    }
+
+    fn held_names(index: &Index) -> Vec<String> {
+        index
+            .snapshot()
+            .iter()
+            .map(|o| o.key.name.to_string())
+            .collect()
+    }
+
+    /// Runs the ingest over `updates`, in batches of `batch`, until they are applied.
+    async fn ingest_all(index: &Arc<Index>, updates: Vec<Update>, batch: usize) {
+        let (tx, rx) = mpsc::channel(updates.len().max(1));
+        for u in updates {
+            tx.send(u).await.unwrap();
+        }
+        drop(tx);
+        ingest(
+            index.clone(),
+            StatusTable::default(),
+            None,
+            rx,
+            batch,
+            false,
+            CancellationToken::new(),
+        )
+        .await;
+    }
+
+    /// A first list in parts: applied as they arrive, the rest added at its end. A list
+    /// whose parts follow an abandoned one's is gathered and replaces what is held, so
+    /// what the abandoned list left is deleted; so is a list whose stream held objects.
+    #[tokio::test]
+    async fn lists_in_parts_are_applied_as_they_arrive_only_over_nothing_held() {
+        let stream = Arc::new(StreamId::new(
+            ClusterName::from("c1"),
+            ResourceType::new("", "v1", "configmaps", "ConfigMap", true),
+        ));
+        let part = |list: u64, names: &[&str]| Update::ListPart {
+            stream: stream.clone(),
+            list,
+            objects: names.iter().map(|n| configmap(n)).collect(),
+        };
+        let listed = |parts: Option<u64>, names: &[&str]| Update::Listed {
+            stream: stream.clone(),
+            objects: names.iter().map(|n| configmap(n)).collect(),
+            parts,
+            resource_version: "9".into(),
+            reason: ListReason::Initial,
+            method: None,
+            fallback: None,
+        };
+        for batch in [1, 64] {
+            // Parts of list 1 are applied as they come; its end adds the rest.
+            let index = Arc::new(Index::new(Default::default()));
+            ingest_all(&index, vec![part(1, &["a", "b"])], batch).await;
+            assert_eq!(held_names(&index), ["a", "b"], "batch {batch}");
+            let index = Arc::new(Index::new(Default::default()));
+            ingest_all(
+                &index,
+                vec![
+                    part(1, &["a", "b"]),
+                    part(1, &["c"]),
+                    listed(Some(1), &["d"]),
+                ],
+                batch,
+            )
+            .await;
+            assert_eq!(held_names(&index), ["a", "b", "c", "d"], "batch {batch}");
+            // List 1 abandoned after a part; list 2 is gathered and replaces it whole.
+            let index = Arc::new(Index::new(Default::default()));
+            ingest_all(
+                &index,
+                vec![
+                    part(1, &["a", "b"]),
+                    part(2, &["b", "c"]),
+                    listed(Some(2), &["d"]),
+                ],
+                batch,
+            )
+            .await;
+            assert_eq!(held_names(&index), ["b", "c", "d"], "batch {batch}");
+            // List 1 abandoned after a part, then listed whole (a fall back to LIST).
+            let index = Arc::new(Index::new(Default::default()));
+            ingest_all(
+                &index,
+                vec![part(1, &["a", "b"]), listed(None, &["b", "c"])],
+                batch,
+            )
+            .await;
+            assert_eq!(held_names(&index), ["b", "c"], "batch {batch}");
+            // Something held: the parts wait for the end, which replaces what is held.
+            let index = Arc::new(Index::new(Default::default()));
+            ingest_all(&index, vec![listed(None, &["old", "b"])], batch).await;
+            ingest_all(&index, vec![part(3, &["a"])], batch).await;
+            assert_eq!(
+                held_names(&index),
+                ["b", "old"],
+                "not applied before its end"
+            );
+            ingest_all(
+                &index,
+                vec![part(3, &["a"]), listed(Some(3), &["c"])],
+                batch,
+            )
+            .await;
+            assert_eq!(held_names(&index), ["a", "c"], "batch {batch}");
+        }
+    }
 }
