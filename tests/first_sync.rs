@@ -444,3 +444,97 @@ async fn discovery_that_streams_wait_on_asks_for_several_group_versions_at_once(
     }
     engine.shutdown(Duration::from_secs(10)).await;
 }
+
+/// A SIGKILL between the parts of a first list: what was durable of it is kept without
+/// a resume point, so the next start lists again and replaces what it holds. A
+/// subscriber resuming from its last revision hears of each change once: the objects
+/// it had, never again; one deleted while `serve` was down, as DELETED; the rest, as
+/// ADDED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_between_the_parts_of_a_first_list_loses_and_repeats_nothing() {
+    use common::process::Server;
+    use common::subscriber::Subscriber;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
+    let sim = fleet.servers()[0].cluster().clone();
+    sim.store
+        .create("namespaces", None, json!({"metadata": {"name": "many"}}))
+        .unwrap();
+    for i in 0..20_000 {
+        sim.store
+            .create(
+                "configmaps",
+                Some("many"),
+                json!({"metadata": {"name": format!("cm-{i:05}")}, "data": {"i": i.to_string()}}),
+            )
+            .unwrap();
+    }
+    let truth = || common::truth(&fleet, "configmaps");
+    let total = truth().len();
+    let log = dir.path().join("serve.log");
+    // Kill as soon as the subscriber holds part of the list; a list that completed
+    // first (a fast machine) is tried again in a new data directory.
+    for attempt in 0..5 {
+        let data = dir.path().join(format!("data-{attempt}"));
+        let args = [
+            "--resources",
+            "configmaps",
+            "--list-part",
+            "1",
+            "--data-dir",
+            data.to_str().unwrap(),
+            // A debug-build subscriber reading a whole list's events is not to be
+            // ended for slowness.
+            "--subscriber-buffer",
+            "1000000",
+        ];
+        let mut server = Server::start(&kubeconfig, &args, &log);
+        let mut sub = Subscriber {
+            initial: true,
+            ..Default::default()
+        };
+        let mut stream = sub.watch(&server.url()).await.unwrap();
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while sub.state.is_empty() {
+            match tokio::time::timeout_at(deadline, stream.message()).await {
+                Ok(Ok(Some(e))) => sub.apply(&e),
+                other => panic!("no object in time: {other:?}"),
+            }
+        }
+        server.kill();
+        sub.drain(&mut stream).await;
+        if sub.state.len() == total || sub.last.is_none() {
+            // The list ended before the kill, or the subscriber has no position.
+            continue;
+        }
+        // While it is down: one object it holds is deleted, one is created.
+        let (_, _, held) = sub.state.keys().next().unwrap().clone();
+        sim.store.delete("configmaps", "many", &held).unwrap();
+        sim.store
+            .create(
+                "configmaps",
+                Some("many"),
+                json!({"metadata": {"name": "made-while-down"}}),
+            )
+            .unwrap();
+        let before = sub.state.clone();
+        let added_before = sub.events;
+        let server = Server::start(&kubeconfig, &args, &log);
+        let mut stream = sub.watch(&server.url()).await.unwrap();
+        sub.converge(&mut stream, &truth()).await;
+        let gone = ("sim-1".to_string(), "many".to_string(), held);
+        assert_eq!(sub.deleted.get(&gone), Some(&1));
+        assert_eq!(sub.deleted.len(), 1, "nothing else was deleted");
+        // Each object it did not have came once; the ones it had, never again.
+        assert_eq!(
+            sub.events - added_before,
+            1 + (truth().len() - (before.len() - 1)),
+            "{} objects held before the kill, {} now",
+            before.len(),
+            truth().len()
+        );
+        drop(server);
+        fleet.shutdown().await;
+        return;
+    }
+    panic!("the kill never landed between the parts of the first list");
+}

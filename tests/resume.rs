@@ -71,7 +71,9 @@ impl Setup {
     }
 
     fn serve(&self, args: &[&str]) -> Server {
-        let mut all = vec!["--resources", "configmaps"];
+        // First lists reach the index in parts of a few objects, so kills land between
+        // parts as well as between lists.
+        let mut all = vec!["--resources", "configmaps", "--list-part", "3"];
         all.extend_from_slice(args);
         Server::start(&self.kubeconfig(), &all, &self.log())
     }

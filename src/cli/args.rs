@@ -461,6 +461,10 @@ pub struct EngineArgs {
     /// or ignore them (true), or always list (false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub watch_list: bool,
+    /// A first streaming list reaches the index in parts of this many objects as they
+    /// arrive (0: whole, at its end).
+    #[arg(long, default_value_t = 4096)]
+    pub list_part: usize,
     /// Events kept for resuming watches.
     #[arg(long, default_value_t = 100_000)]
     pub event_log: usize,
@@ -615,6 +619,7 @@ impl EngineArgs {
             stream: fleetscope_informer::StreamConfig {
                 page_size: self.page_size,
                 watch_list: self.watch_list,
+                list_part: self.list_part,
                 pruning: fleetscope_informer::Pruning {
                     managed_fields: !self.keep_managed_fields,
                     annotations: self.prune_annotations.clone(),

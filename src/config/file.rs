@@ -258,6 +258,8 @@ pub struct InformerFile {
     pub page_size: Option<u32>,
     /// Ask for streaming lists (`--watch-list`).
     pub watch_list: Option<bool>,
+    /// Objects per part of a first streaming list (`--list-part`).
+    pub list_part: Option<usize>,
     /// The longest an exec credential plugin may run (`--exec-timeout`).
     pub exec_timeout: Option<String>,
 }
@@ -328,6 +330,7 @@ const KEYS: &[&str] = &[
     "informer",
     "pageSize",
     "watchList",
+    "listPart",
     "execTimeout",
     "retention",
     "events",
@@ -385,6 +388,7 @@ const KEY_OF: &[(&str, &str)] = &[
     ("prune_annotations", "pruning.annotations"),
     ("page_size", "informer.pageSize"),
     ("watch_list", "informer.watchList"),
+    ("list_part", "informer.listPart"),
     ("exec_timeout", "informer.execTimeout"),
     ("event_log", "retention.events"),
     ("event_log_mib", "retention.eventsMib"),
@@ -676,6 +680,9 @@ impl FileConfig {
             }
             if let Some(v) = i.watch_list {
                 give("informer.watchList", "watch_list", one(&v));
+            }
+            if let Some(v) = i.list_part {
+                give("informer.listPart", "list_part", one(&v));
             }
             if let Some(v) = &i.exec_timeout {
                 give("informer.execTimeout", "exec_timeout", one(v));
