@@ -934,10 +934,14 @@ async fn bad_security_input_stops_serve_naming_the_file_and_key() {
          contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\ncurrent-context: c\n",
     )
     .unwrap();
+    // The address to serve on is taken: an error naming a file, not the address, shows
+    // the files were read before any port was bound.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
     let run = |args: &[&str]| {
         let out = std::process::Command::new(BIN)
             .arg("serve")
-            .args(["--no-persist", "--listen", "127.0.0.1:0", "--kubeconfig"])
+            .args(["--no-persist", "--listen", &listen, "--kubeconfig"])
             .arg(&kubeconfig)
             .args(args)
             .output()

@@ -172,6 +172,8 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                 .join("fleetscope"),
         ),
     };
+    // Bad security files, like a bad kubeconfig, are an error before any port is bound.
+    check_security(&args.security, &kubeconfig_paths)?;
     // What serve writes (the store, its key) is for its own user only.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let listener = server::bind(&args.listen).await?;
