@@ -468,12 +468,13 @@ impl Cluster {
             }
         }
         if !group_versions.is_empty() {
+            // Streams wait on these: asked for together.
+            let answers = tokio::select! {
+                a = discovery::group_versions(&conn.client, group_versions, discovery::DISCOVERY_CONCURRENCY) => a,
+                _ = self.cancel.cancelled() => return Leave::Shutdown,
+            };
             let mut extra = Vec::new();
-            for (group, version) in group_versions {
-                let answer = tokio::select! {
-                    a = discovery::group_version(&conn.client, &group, &version) => a,
-                    _ = self.cancel.cancelled() => return Leave::Shutdown,
-                };
+            for (group, version, answer) in answers {
                 match answer {
                     Ok(served) => extra.extend(served),
                     Err(e) => {

@@ -170,6 +170,27 @@ pub(crate) async fn group_version(
     ))
 }
 
+/// The types of several group versions, up to `concurrency` documents at once; the
+/// answers in the order asked, whichever arrives first.
+pub(crate) async fn group_versions(
+    client: &Client,
+    wanted: Vec<(String, String)>,
+    concurrency: usize,
+) -> Vec<(String, String, Result<Vec<Served>, kube::Error>)> {
+    use futures::StreamExt;
+    futures::stream::iter(wanted)
+        .map(|(group, version)| {
+            let client = client.clone();
+            async move {
+                let answer = group_version(&client, &group, &version).await;
+                (group, version, answer)
+            }
+        })
+        .buffered(concurrency.max(1))
+        .collect()
+        .await
+}
+
 /// Every type a cluster serves, once, in its preferred version (or, for a type its
 /// group's preferred version does not serve, the first version that does), as
 /// kubectl resolves names.
@@ -205,7 +226,6 @@ pub(crate) async fn discover_all(
     client: &Client,
     concurrency: usize,
 ) -> Result<Discovered, kube::Error> {
-    use futures::StreamExt;
     let (core, groups) =
         futures::future::try_join(get_json(client, "/api"), get_json(client, "/apis")).await?;
     // (group, version) of every document, in the order their types are taken: the
@@ -236,31 +256,14 @@ pub(crate) async fn discover_all(
                 .map(|v| (name.to_string(), v.to_string())),
         );
     }
-    // Answers come back in the order asked, whichever arrives first.
-    let answers: Vec<_> = futures::stream::iter(wanted)
-        .map(|(group, version)| {
-            let client = client.clone();
-            async move {
-                let path = if group.is_empty() {
-                    format!("/api/{version}")
-                } else {
-                    format!("/apis/{group}/{version}")
-                };
-                let answer = get_json(&client, &path).await;
-                (group, version, answer)
-            }
-        })
-        .buffered(concurrency.max(1))
-        .collect()
-        .await;
     let mut failed: Vec<(String, String)> = Vec::new();
     let mut out: Vec<Served> = Vec::new();
-    for (group, version, answer) in answers {
-        let list = match answer {
-            Ok(list) => list,
+    for (group, version, answer) in group_versions(client, wanted, concurrency).await {
+        let listed = match answer {
+            Ok(listed) => listed,
             Err(e) => {
                 let gv = if group.is_empty() {
-                    version.to_string()
+                    version
                 } else {
                     format!("{group}/{version}")
                 };
@@ -269,7 +272,7 @@ pub(crate) async fn discover_all(
             }
         };
         // Within one group, a type is taken from the first version that serves it.
-        for s in resources_of(&list, &group, &version) {
+        for s in listed {
             if !out
                 .iter()
                 .any(|o| o.resource.group == group && o.resource.plural == s.resource.plural)
