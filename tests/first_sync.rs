@@ -205,18 +205,13 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
     // is kept in the store as it arrives).
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let cluster = fleetscope_model::ClusterName::from("sim-1");
-    while !h
-        .engine
-        .status
-        .cluster(&cluster)
-        .is_some_and(|c| c.served.iter().any(|s| s.resource.plural == "widgets"))
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "widgets never discovered"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until(deadline, "widgets never discovered", || {
+        h.engine
+            .status
+            .cluster(&cluster)
+            .is_some_and(|c| c.served.iter().any(|s| s.resource.plural == "widgets"))
+    })
+    .await;
     h.stop_node().await;
     h.cluster(0).fail_discovery(true);
     h.start_node(
@@ -271,10 +266,10 @@ async fn an_aggregated_api_that_is_down_keeps_its_types_and_the_cluster_synced()
     c.fail_group_version("apps/v1", true);
     let before = c.requests_of(Verb::Discovery);
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while c.requests_of(Verb::Discovery) < before + 30 {
-        assert!(tokio::time::Instant::now() < deadline, "discovery stopped");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until(deadline, "discovery stopped", || {
+        c.requests_of(Verb::Discovery) >= before + 30
+    })
+    .await;
     let clusters = h
         .wait_clusters(|cs| cs.iter().all(|c| c.streams.len() == TYPES.len()))
         .await;
@@ -380,18 +375,18 @@ async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store()
             .is_some_and(|c| !c.served.is_empty())
     };
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !(discovered("sim-1") && discovered("sim-2")) {
-        assert!(tokio::time::Instant::now() < deadline, "both discovered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until(deadline, "both discovered", || {
+        discovered("sim-1") && discovered("sim-2")
+    })
+    .await;
     desired.send_replace(SourceSet::of(
         sources.into_iter().filter(|s| s.name == "sim-1").collect(),
     ));
     let gone = fleetscope_model::ClusterName::from("sim-2");
-    while engine.status.cluster(&gone).is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "sim-2 left");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until(deadline, "sim-2 left", || {
+        engine.status.cluster(&gone).is_none()
+    })
+    .await;
     engine.shutdown(Duration::from_secs(10)).await;
     drop(engine);
     // What the store holds, read as it is on disk (not through a start, which drops
@@ -426,22 +421,19 @@ async fn discovery_that_streams_wait_on_asks_for_several_group_versions_at_once(
         test_config(&["*"]),
     );
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while cluster.group_versions_in_flight() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "two group versions asked for at once"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::until(deadline, "two group versions asked for at once", || {
+        cluster.group_versions_in_flight() >= 2
+    })
+    .await;
     cluster.hold_group_versions(false);
     let name = fleetscope_model::ClusterName::from("sim-1");
-    while !engine.status.cluster(&name).is_some_and(|c| {
-        c.freshness(None).0 == fleetscope::status::Freshness::Synced
-            && c.streams.keys().any(|r| r == "deployments.apps")
-    }) {
-        assert!(tokio::time::Instant::now() < deadline, "every type synced");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::until(deadline, "every type synced", || {
+        engine.status.cluster(&name).is_some_and(|c| {
+            c.freshness(None).0 == fleetscope::status::Freshness::Synced
+                && c.streams.keys().any(|r| r == "deployments.apps")
+        })
+    })
+    .await;
     engine.shutdown(Duration::from_secs(10)).await;
 }
 

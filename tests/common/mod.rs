@@ -421,6 +421,15 @@ pub async fn kube_client(kubeconfig: &std::path::Path, context: &str) -> kube::C
     kube::Client::try_from(config).unwrap()
 }
 
+/// Waits until `cond` holds (a readiness signal the test can read), failing with
+/// `what` once `deadline` has passed.
+pub async fn until(deadline: tokio::time::Instant, what: &str, cond: impl Fn() -> bool) {
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The server's ListClusters answer.
 pub async fn list_clusters(c: &mut FleetClient<Channel>) -> proto::ListClustersResponse {
     c.list_clusters(ListClustersRequest::default())

@@ -98,6 +98,15 @@ enum PartsState {
     Gathered(Vec<ObjectInput>),
 }
 
+/// A list's objects as the index takes them, keyed in the stream.
+fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<ObjectInput> {
+    let mut keys = StreamKeys::new(stream);
+    objects
+        .into_iter()
+        .map(|o| to_input(keys.key(&o), o))
+        .collect()
+}
+
 /// An object as the index takes it: everything it needs was read in the prune pass.
 fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectInput {
     ObjectInput {
@@ -160,11 +169,7 @@ pub(crate) async fn ingest(
                     objects,
                 } => {
                     let id = (stream.cluster.clone(), stream.name.clone());
-                    let mut keys = StreamKeys::new(&stream);
-                    let objects: Vec<ObjectInput> = objects
-                        .into_iter()
-                        .map(|o| to_input(keys.key(&o), o))
-                        .collect();
+                    let objects = inputs(&stream, objects);
                     let state = match parts.remove(&id) {
                         Some(p) if p.list == list => p.state,
                         // A new list: applied as it arrives only if nothing of the
@@ -238,11 +243,7 @@ pub(crate) async fn ingest(
                         ListReason::Dropped => {}
                     }
                     let id = (stream.cluster.clone(), stream.name.clone());
-                    let mut keys = StreamKeys::new(&stream);
-                    let mut objects: Vec<ObjectInput> = objects
-                        .into_iter()
-                        .map(|o| to_input(keys.key(&o), o))
-                        .collect();
+                    let mut objects = inputs(&stream, objects);
                     let earlier = parts.remove(&id);
                     match (earlier, listed_parts) {
                         // Its parts are in the index already, and nothing else of the
@@ -456,6 +457,7 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persist::tests::names;
 
     /// A cluster loop that ends as the engine stops may say its cluster is gone (it
     /// sees its source dropped): the ingest, stopping, deletes nothing for it.
@@ -508,14 +510,6 @@ mod tests {
         }
     }
 
-    fn held_names(index: &Index) -> Vec<String> {
-        index
-            .snapshot()
-            .iter()
-            .map(|o| o.key.name.to_string())
-            .collect()
-    }
-
     /// Runs the ingest over `updates`, in batches of `batch`, until they are applied.
     async fn ingest_all(index: &Arc<Index>, updates: Vec<Update>, batch: usize) {
         let (tx, rx) = mpsc::channel(updates.len().max(1));
@@ -562,7 +556,7 @@ mod tests {
             // Parts of list 1 are applied as they come; its end adds the rest.
             let index = Arc::new(Index::new(Default::default()));
             ingest_all(&index, vec![part(1, &["a", "b"])], batch).await;
-            assert_eq!(held_names(&index), ["a", "b"], "batch {batch}");
+            assert_eq!(names(&index), ["a", "b"], "batch {batch}");
             let index = Arc::new(Index::new(Default::default()));
             ingest_all(
                 &index,
@@ -574,7 +568,7 @@ mod tests {
                 batch,
             )
             .await;
-            assert_eq!(held_names(&index), ["a", "b", "c", "d"], "batch {batch}");
+            assert_eq!(names(&index), ["a", "b", "c", "d"], "batch {batch}");
             // List 1 abandoned after a part; list 2 is gathered and replaces it whole.
             let index = Arc::new(Index::new(Default::default()));
             ingest_all(
@@ -587,7 +581,7 @@ mod tests {
                 batch,
             )
             .await;
-            assert_eq!(held_names(&index), ["b", "c", "d"], "batch {batch}");
+            assert_eq!(names(&index), ["b", "c", "d"], "batch {batch}");
             // List 1 abandoned after a part, then listed whole (a fall back to LIST).
             let index = Arc::new(Index::new(Default::default()));
             ingest_all(
@@ -596,23 +590,19 @@ mod tests {
                 batch,
             )
             .await;
-            assert_eq!(held_names(&index), ["b", "c"], "batch {batch}");
+            assert_eq!(names(&index), ["b", "c"], "batch {batch}");
             // Something held: the parts wait for the end, which replaces what is held.
             let index = Arc::new(Index::new(Default::default()));
             ingest_all(&index, vec![listed(None, &["old", "b"])], batch).await;
             ingest_all(&index, vec![part(3, &["a"])], batch).await;
-            assert_eq!(
-                held_names(&index),
-                ["b", "old"],
-                "not applied before its end"
-            );
+            assert_eq!(names(&index), ["b", "old"], "not applied before its end");
             ingest_all(
                 &index,
                 vec![part(3, &["a"]), listed(Some(3), &["c"])],
                 batch,
             )
             .await;
-            assert_eq!(held_names(&index), ["a", "c"], "batch {batch}");
+            assert_eq!(names(&index), ["a", "c"], "batch {batch}");
         }
     }
 }

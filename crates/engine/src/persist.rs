@@ -855,7 +855,7 @@ fn write_snapshot(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use fleetscope_index::Change;
@@ -920,7 +920,8 @@ mod tests {
             .collect()
     }
 
-    fn names(index: &Index) -> Vec<String> {
+    /// The names of the objects an index holds, in key order.
+    pub(crate) fn names(index: &Index) -> Vec<String> {
         index
             .snapshot()
             .iter()
