@@ -131,6 +131,11 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// [`Setup::start`] with more arguments for `serve`.
+    async fn start_with(more: &[&str]) -> Self {
         let fleet = SimFleet::start(&FleetSpec::numbered(2, 80, 0.0))
             .await
             .unwrap();
@@ -154,6 +159,8 @@ impl Setup {
         std::fs::write(dir.path().join("wrong.token"), "guess").unwrap();
         let policy_file = dir.path().join("policy.yaml");
         std::fs::write(&policy_file, policy("team-0")).unwrap();
+        let config = dir.path().join("config.yaml");
+        std::fs::write(&config, "informer:\n  pageSize: 500\n").unwrap();
         let log = dir.path().join("serve.log");
         let p = |p: &Path| p.display().to_string();
         let metrics_port = free_port();
@@ -161,6 +168,8 @@ impl Setup {
         let server = Server::start(
             &kubeconfig,
             &[
+                "--config",
+                &p(&config),
                 "--metrics-listen",
                 &metrics_listen,
                 "--no-persist",
@@ -176,7 +185,10 @@ impl Setup {
                 &p(&tokens),
                 "--policy",
                 &p(&policy_file),
-            ],
+            ]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect::<Vec<_>>(),
             &log,
         );
         let s = Self {
@@ -274,6 +286,11 @@ impl Setup {
 /// The status of an HTTPS GET of `path` on `port`, verified with `ca`, with a bearer
 /// token if given.
 async fn https_get(port: u16, ca: &Path, path: &str, token: Option<&str>) -> u16 {
+    https_fetch(port, ca, path, token).await.0
+}
+
+/// The status and body of an HTTPS GET (see [`https_get`]).
+async fn https_fetch(port: u16, ca: &Path, path: &str, token: Option<&str>) -> (u16, String) {
     use rustls::pki_types::pem::PemObject as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut roots = rustls::RootCertStore::empty();
@@ -302,10 +319,13 @@ async fn https_get(port: u16, ca: &Path, path: &str, token: Option<&str>) -> u16
     let mut response = Vec::new();
     let _ = tls.read_to_end(&mut response).await;
     let text = String::from_utf8_lossy(&response);
-    text.split_whitespace()
+    let code = text
+        .split_whitespace()
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {text}"))
+        .unwrap_or_else(|| panic!("not an HTTP response: {text}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (code, body.to_string())
 }
 
 enum Who {
@@ -1071,8 +1091,14 @@ async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cac
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
     }
     assert!(reviews() - before <= 1, "refusals are cached");
-    // Revoked at the cluster: refused once the cached answer expires.
+    // Revoked at the cluster: refused once the cached answer expires, and a Watch
+    // she opened before is ended.
+    let mut dora_w = watching(&mut dora).await;
+    let revoked = tokio::time::Instant::now();
     cluster.revoke_token("dora-token");
+    let (status, took) = ended(&mut dora_w, revoked).await;
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    eprintln!("a Watch whose token a review no longer accepts ended {took:?} after the revocation");
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         match count(&mut dora).await {
@@ -1355,4 +1381,324 @@ async fn a_subscriber_held_to_a_grant_resumes_across_a_sigkill_seeing_only_its_g
     );
     drop(server);
     fleet.shutdown().await;
+}
+
+/// How a stream ends: the status it ends with and how long after `since` it came.
+async fn ended(
+    w: &mut tonic::Streaming<proto::WatchEvent>,
+    since: tokio::time::Instant,
+) -> (tonic::Status, Duration) {
+    loop {
+        match tokio::time::timeout(PATIENCE, w.message())
+            .await
+            .expect("the stream ends in time")
+        {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => return (status, since.elapsed()),
+        }
+    }
+}
+
+/// A Watch of configmaps with frequent bookmarks, read up to its initial state's end.
+async fn watching(c: &mut Client) -> tonic::Streaming<proto::WatchEvent> {
+    let mut w = c
+        .watch(proto::WatchRequest {
+            query: Some(configmaps(&[])),
+            send_initial_events: true,
+            bookmark_interval: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 200_000_000,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while next_object(&mut w, &mut Vec::new()).await.0 != EventType::InitialEventsEnd {}
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_watch_ends_when_its_identity_is_revoked_or_left_with_no_grant() {
+    let s = Setup::start().await;
+    // A certificate that expires while its stream runs.
+    let lifetime = Duration::from_secs(6);
+    let expires = time::OffsetDateTime::now_utc() + lifetime;
+    s.ca.issue("eve", |p| {
+        p.distinguished_name.push(DnType::CommonName, "eve");
+        p.distinguished_name
+            .push(DnType::OrganizationName, "team-a");
+        p.not_after = expires;
+    });
+    let started = tokio::time::Instant::now();
+    let mut eve = s.client(Who::Cert("eve")).await.unwrap();
+    let mut eve_w = watching(&mut eve).await;
+    let mut bob = s.client(Who::Token("bob")).await.unwrap();
+    let mut bob_w = watching(&mut bob).await;
+    let mut alice = s.client(Who::Cert("alice")).await.unwrap();
+    let mut alice_w = watching(&mut alice).await;
+    let mut carol = s.client(Who::Token("carol")).await.unwrap();
+
+    // Bob's token is taken out of the tokens file: his running Watch ends.
+    replace(
+        &s.path("tokens.yaml"),
+        &tokens_file(&[("carol-token", "carol", &[])]),
+    );
+    let (status, took) = ended(&mut bob_w, tokio::time::Instant::now()).await;
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("revoked"), "{}", status.message());
+    eprintln!("a revoked token's Watch ended {took:?} after the tokens file changed");
+
+    // Eve's certificate expires: her Watch ends.
+    let (status, took) = ended(&mut eve_w, started).await;
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{}", status.message());
+    assert!(
+        took >= lifetime - Duration::from_secs(1),
+        "not before it expires: {took:?}"
+    );
+    eprintln!(
+        "an expiring certificate's Watch ended {:?} after it expired",
+        took.saturating_sub(lifetime)
+    );
+
+    // A policy that grants team-a nothing: alice's Watch is denied, not kept on
+    // bookmarks; carol, granted nothing, cannot start one.
+    std::fs::write(
+        s.path("policy.yaml"),
+        "grants:\n  - subjects: [{user: bob}]\n    clusters: [\"*\"]\n    namespaces: [\"*\"]\n    resources: [\"*\"]\n    verbs: [\"*\"]\n",
+    )
+    .unwrap();
+    let (status, took) = ended(&mut alice_w, tokio::time::Instant::now()).await;
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    eprintln!("a Watch left with no grant ended {took:?} after the policy changed");
+    let refused = carol
+        .watch(proto::WatchRequest {
+            query: Some(configmaps(&[])),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(refused), tonic::Code::NotFound);
+}
+
+/// A Secret applied with kubectl: its values in `data` and again in the last-applied
+/// annotation.
+fn applied_secret(name: &str) -> Secret {
+    let applied = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "team-0"},
+        "data": {"password": "aHVudGVyMg=="}
+    });
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": applied.to_string(),
+            "example.com/foo": "pruned"
+        }},
+        "data": {"password": "aHVudGVyMg=="}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projection() {
+    // Pruning one more annotation must not bring kubectl's last-applied one back.
+    let s = Setup::start_with(&["--prune-annotation", "example.com/foo"]).await;
+    let kube = kube::Api::<Secret>::namespaced(
+        common::kube_client(&s.kubeconfig, "sim-1").await,
+        "team-0",
+    );
+    kube.create(&Default::default(), &applied_secret("before"))
+        .await
+        .unwrap();
+    let mut alice = s.client(Who::Cert("alice")).await.unwrap();
+    let mut bob = s.client(Who::Token("bob")).await.unwrap();
+    let secrets = |projection: proto::Projection| proto::Query {
+        resource: "secrets".into(),
+        namespaces: vec!["team-0".into()],
+        projection: projection as i32,
+        ..Default::default()
+    };
+    let mut seen: Vec<String> = Vec::new();
+    let mut watches = Vec::new();
+    for projection in [proto::Projection::Full, proto::Projection::Metadata] {
+        // The initial events carry `before` (once it is synced), the live ones `after`.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let w = loop {
+            let mut w = alice
+                .watch(proto::WatchRequest {
+                    query: Some(secrets(projection)),
+                    send_initial_events: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut names = Vec::new();
+            loop {
+                let e = w.message().await.unwrap().unwrap();
+                if let Some(o) = &e.object {
+                    names.push(o.name.clone());
+                    seen.push(o.json.clone());
+                }
+                if e.r#type == EventType::InitialEventsEnd as i32 {
+                    break;
+                }
+            }
+            if names.contains(&"before".to_string()) {
+                break w;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the secret is synced"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        watches.push(w);
+        let list = alice
+            .list(proto::ListRequest {
+                query: Some(secrets(projection)),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(list.items.iter().any(|o| o.name == "before"));
+        seen.extend(list.items.into_iter().map(|o| o.json));
+    }
+    kube.create(&Default::default(), &applied_secret("after"))
+        .await
+        .unwrap();
+    for w in &mut watches {
+        loop {
+            let e = tokio::time::timeout(PATIENCE, w.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if let Some(o) = e.object {
+                seen.push(o.json);
+                if o.name == "after" {
+                    break;
+                }
+            }
+        }
+    }
+    for name in ["before", "after"] {
+        let got = alice
+            .get(proto::GetRequest {
+                resource: "secrets".into(),
+                cluster: "sim-1".into(),
+                namespace: "team-0".into(),
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        seen.push(got.object.unwrap().json);
+    }
+    // Watch (initial and live) and List in both projections, and Get.
+    assert!(seen.len() >= 2 * 4, "every answer was read: {}", seen.len());
+    for json in &seen {
+        assert!(
+            !json.contains("aHVudGVyMg"),
+            "a value reached team-a: {json}"
+        );
+        assert!(
+            !json.contains("example.com/foo"),
+            "the annotation asked for is pruned: {json}"
+        );
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert!(
+            v["metadata"]["annotations"]
+                .get("kubectl.kubernetes.io/last-applied-configuration")
+                .is_none(),
+            "{json}"
+        );
+    }
+    // Bob may read the values: he does, where they belong.
+    let got = bob
+        .get(proto::GetRequest {
+            resource: "secrets".into(),
+            cluster: "sim-1".into(),
+            namespace: "team-0".into(),
+            name: "after".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v: serde_json::Value = serde_json::from_str(&got.object.unwrap().json).unwrap();
+    assert_eq!(v["data"]["password"], "aHVudGVyMg==");
+}
+
+/// Reloads of each input so far, as `/metrics` counts them.
+async fn reloads(s: &Setup) -> Vec<(String, u64)> {
+    let (code, body) = https_fetch(s.metrics_port, &s.ca.ca(), "/metrics", Some("bob-token")).await;
+    assert_eq!(code, 200, "{body}");
+    let counts: Vec<(String, u64)> = body
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("fleetscope_config_reloads_total{input=\"")?;
+            let (input, value) = rest.split_once("\"} ")?;
+            Some((input.to_string(), value.trim().parse().ok()?))
+        })
+        .collect();
+    assert_eq!(counts.len(), 4, "{body}");
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followed_files_reload_only_when_their_content_changes() {
+    let s = Setup::start().await;
+    let before = reloads(&s).await;
+    // Every followed file read, one rewritten with the same content, then 10 idle
+    // seconds: no input reloads.
+    for f in [
+        "config.yaml",
+        "kubeconfig",
+        "tokens.yaml",
+        "policy.yaml",
+        "server.pem",
+        "server.key",
+        "one-ca.pem",
+    ] {
+        std::fs::read(s.path(f)).unwrap();
+    }
+    let same = std::fs::read_to_string(s.path("tokens.yaml")).unwrap();
+    std::fs::write(s.path("tokens.yaml"), &same).unwrap();
+    // Another file of the same directory changes: none of its followers reloads.
+    std::fs::write(s.path("unrelated.txt"), "x").unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        reloads(&s).await,
+        before,
+        "nothing changed, nothing reloads"
+    );
+    // A real change reloads the one input it belongs to, once.
+    let mut text = std::fs::read_to_string(s.path("policy.yaml")).unwrap();
+    text.push_str("# changed\n");
+    replace(&s.path("policy.yaml"), &text);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let after = loop {
+        let now = reloads(&s).await;
+        if now != before {
+            break now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the policy reloads");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let changed: Vec<_> = before
+        .iter()
+        .zip(&after)
+        .filter(|(a, b)| a != b)
+        .map(|(_, (input, n))| (input.as_str(), *n))
+        .collect();
+    let policy_before = before.iter().find(|(i, _)| i == "policy").unwrap().1;
+    assert_eq!(
+        changed,
+        [("policy", policy_before + 1)],
+        "{before:?} → {after:?}"
+    );
 }

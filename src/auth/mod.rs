@@ -234,16 +234,25 @@ async fn reload_files(
     mut reload: mpsc::Receiver<()>,
     stop: CancellationToken,
 ) {
-    let paths: Vec<PathBuf> = files.tokens.iter().chain(&files.policy).cloned().collect();
-    let (changed_tx, mut changed) = mpsc::channel::<()>(1);
-    let _watcher = crate::config::reload::watch_files(&paths, changed_tx);
+    // One watcher per file, so a change reloads only the file that changed.
+    let (tokens_changed_tx, mut tokens_changed) = mpsc::channel::<()>(1);
+    let (policy_changed_tx, mut policy_changed) = mpsc::channel::<()>(1);
+    let watch = |path: &Option<PathBuf>, tx| {
+        path.as_ref()
+            .and_then(|p| crate::config::reload::watch_files(std::slice::from_ref(p), tx))
+    };
+    let _tokens_watcher = watch(&files.tokens, tokens_changed_tx);
+    let _policy_watcher = watch(&files.policy, policy_changed_tx);
     loop {
-        let why = tokio::select! {
-            Some(()) = changed.recv() => "a watched file changed",
-            Some(()) = reload.recv() => "SIGHUP",
+        let (why, reload_tokens, reload_policy) = tokio::select! {
+            Some(()) = tokens_changed.recv() => ("a watched file changed", tokens.as_ref(), None),
+            Some(()) = policy_changed.recv() => ("a watched file changed", None, policy.as_ref()),
+            Some(()) = reload.recv() => ("SIGHUP", tokens.as_ref(), policy.as_ref()),
             _ = stop.cancelled() => return,
         };
-        if let (Some(path), Some(tx)) = (&files.tokens, &tokens) {
+        if let (Some(path), Some(tx)) = (&files.tokens, reload_tokens) {
+            let counts = &crate::config::reload::RELOADS;
+            crate::config::reload::ReloadCounts::count(&counts.tokens);
             match Tokens::load(path) {
                 Ok(t) => {
                     let n = t.len();
@@ -255,7 +264,9 @@ async fn reload_files(
                 }
             }
         }
-        if let (Some(path), Some(tx)) = (&files.policy, &policy) {
+        if let (Some(path), Some(tx)) = (&files.policy, reload_policy) {
+            let counts = &crate::config::reload::RELOADS;
+            crate::config::reload::ReloadCounts::count(&counts.policy);
             match PolicyGrants::load(path) {
                 Ok(p) => {
                     let n = p.len();
@@ -266,6 +277,49 @@ async fn reload_files(
                     tracing::error!(reason = why, error = %e, "the policy cannot be reloaded: the last good one stays in force")
                 }
             }
+        }
+    }
+}
+
+/// How often a running stream's credentials are checked again.
+pub const REVALIDATE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How a caller's identity was established, kept so a stream that outlives the
+/// moment of its admission can be held to it.
+#[derive(Clone)]
+enum Credential {
+    /// Nothing was presented (no authentication is configured).
+    None,
+    /// A bearer token.
+    Token(Arc<str>),
+    /// A verified client certificate, valid until its `notAfter` if it could be read.
+    Certificate(Option<std::time::SystemTime>),
+}
+
+/// An admitted caller: its access, and the credential it was admitted by.
+#[derive(Debug)]
+pub struct Admitted {
+    /// What the caller may read.
+    pub access: Access,
+    subject: Subject,
+    credential: Credential,
+}
+
+/// The token of an `Authorization` header's value: the scheme is case-insensitive
+/// (RFC 7235), the token not empty.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+impl std::fmt::Debug for Credential {
+    // A token is never written out.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::None => f.write_str("None"),
+            Credential::Token(_) => f.write_str("Token(..)"),
+            Credential::Certificate(at) => f.debug_tuple("Certificate").field(at).finish(),
         }
     }
 }
@@ -337,39 +391,87 @@ impl Guard {
         Ok(s)
     }
 
-    /// Who the caller is.
+    /// Who the caller is, and by which credential.
     async fn subject(
         &self,
         headers: &http::HeaderMap,
         peer: Option<&PeerInfo>,
-    ) -> Result<Subject, tonic::Status> {
+    ) -> Result<(Subject, Credential), tonic::Status> {
         if let Some(value) = headers.get(http::header::AUTHORIZATION) {
-            let token = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .ok_or_else(|| {
-                    tonic::Status::unauthenticated("the authorization header is not `Bearer TOKEN`")
-                })?;
-            return self.bearer(token).await;
+            let token = value.to_str().ok().and_then(bearer_token).ok_or_else(|| {
+                tonic::Status::unauthenticated("the authorization header is not `Bearer TOKEN`")
+            })?;
+            let subject = self.bearer(token).await?;
+            return Ok((subject, Credential::Token(token.into())));
         }
-        match peer.and_then(|p| p.certificate.as_ref()) {
-            Some(Ok(s)) if self.client_certs => {
+        match peer.and_then(|p| p.certificate.as_ref().map(|c| (c, p.certificate_expires))) {
+            Some((Ok(s), expires)) if self.client_certs => {
                 let mut s = s.clone();
                 s.groups.push(AUTHENTICATED.into());
-                Ok(s)
+                Ok((s, Credential::Certificate(expires)))
             }
-            Some(Err(why)) if self.client_certs => Err(tonic::Status::unauthenticated(why.clone())),
+            Some((Err(why), _)) if self.client_certs => {
+                Err(tonic::Status::unauthenticated(why.clone()))
+            }
             _ if self.authenticates() => Err(tonic::Status::unauthenticated(format!(
                 "no credentials: expected {}",
                 self.expected()
             ))),
-            _ => Ok(Subject {
-                user: ANONYMOUS.into(),
-                groups: vec![UNAUTHENTICATED.into()],
-            }),
+            _ => Ok((
+                Subject {
+                    user: ANONYMOUS.into(),
+                    groups: vec![UNAUTHENTICATED.into()],
+                },
+                Credential::None,
+            )),
+        }
+    }
+
+    /// Whether `credential` still establishes `subject`: a token still listed (or
+    /// still reviewed) as the same identity, a certificate not expired. A review
+    /// that cannot be made now is not a revocation: the stream goes on.
+    async fn still_valid(
+        &self,
+        credential: &Credential,
+        subject: &Subject,
+    ) -> Result<(), tonic::Status> {
+        match credential {
+            Credential::None => Ok(()),
+            Credential::Certificate(expires) => match expires {
+                Some(at) if std::time::SystemTime::now() >= *at => {
+                    Err(tonic::Status::unauthenticated(format!(
+                        "the client certificate expired at {}: reconnect with a valid one",
+                        jiff::Timestamp::try_from(*at)
+                            .map(|t| t.to_string())
+                            .unwrap_or_default()
+                    )))
+                }
+                _ => Ok(()),
+            },
+            Credential::Token(token) => match self.bearer(token).await {
+                Ok(now) if &now == subject => Ok(()),
+                Ok(_) => Err(tonic::Status::unauthenticated(
+                    "the bearer token now stands for another identity: reconnect",
+                )),
+                Err(e) if e.code() == tonic::Code::Unavailable => Ok(()),
+                Err(_) => Err(tonic::Status::unauthenticated(
+                    "the bearer token was revoked while the stream ran",
+                )),
+            },
+        }
+    }
+
+    /// Resolves, with the status to end on, once `credential` no longer establishes
+    /// `subject`; checked every [`REVALIDATE_EVERY`].
+    async fn revoked(self: Arc<Self>, credential: Credential, subject: Subject) -> tonic::Status {
+        let mut ticks = tokio::time::interval(REVALIDATE_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            if let Err(why) = self.still_valid(&credential, &subject).await {
+                tracing::info!(subject = %subject, reason = why.message(), "a stream's credentials are no longer valid: ended");
+                return why;
+            }
         }
     }
 
@@ -380,19 +482,26 @@ impl Guard {
         path: &str,
         headers: &http::HeaderMap,
         peer: Option<&PeerInfo>,
-    ) -> Result<Option<Access>, tonic::Status> {
+    ) -> Result<Option<Admitted>, tonic::Status> {
         let service = service_of(path);
         match service {
             Service::Health if self.open_health => return Ok(None),
             Service::Reflection if self.open_reflection => return Ok(None),
             _ => {}
         }
-        let subject = self.subject(headers, peer).await?;
+        let (subject, credential) = self.subject(headers, peer).await?;
+        let admitted = |policy: &watch::Receiver<Arc<dyn Policy>>| {
+            Some(Admitted {
+                access: Access::new(subject.clone(), policy.clone()),
+                subject: subject.clone(),
+                credential: credential.clone(),
+            })
+        };
         if let Some(policy) = &self.policy {
-            return Ok(Some(Access::new(subject, policy.clone())));
+            return Ok(admitted(policy));
         }
         if peer.is_some_and(PeerInfo::is_loopback) {
-            return Ok(Some(Access::new(subject, self.everything.clone())));
+            return Ok(admitted(&self.everything));
         }
         Err(tonic::Status::permission_denied(
             "no policy is configured (--policy): only callers on the server's own host are served",
@@ -408,7 +517,7 @@ impl Guard {
         headers: &http::HeaderMap,
         peer: Option<&PeerInfo>,
     ) -> Result<(), tonic::Status> {
-        self.subject(headers, peer).await?;
+        let _ = self.subject(headers, peer).await?;
         if self.policy.is_none() && !peer.is_some_and(PeerInfo::is_loopback) {
             return Err(tonic::Status::permission_denied(
                 "no policy is configured (--policy): metrics are served to this host only",
@@ -482,9 +591,19 @@ where
                 )
                 .await;
             match admitted {
-                Ok(access) => {
-                    if let Some(access) = access {
+                Ok(admitted) => {
+                    if let Some(a) = admitted {
+                        let Admitted {
+                            access,
+                            subject,
+                            credential,
+                        } = a;
+                        let guard = guard.clone();
+                        let revocation = crate::grpc::Revocation::new(move || {
+                            Box::pin(guard.clone().revoked(credential.clone(), subject.clone()))
+                        });
                         request.extensions_mut().insert(access);
+                        request.extensions_mut().insert(revocation);
                     }
                     inner.call(request).await
                 }
@@ -506,6 +625,7 @@ mod tests {
             remote: Some(addr.parse().unwrap()),
             tls: true,
             certificate,
+            certificate_expires: None,
         }
     }
 
@@ -519,7 +639,8 @@ mod tests {
             .admit(FLEET, &h, Some(&peer("127.0.0.1:5", None)))
             .await
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .access;
         assert_eq!(a.subject().user, ANONYMOUS);
         let e = g
             .admit(FLEET, &h, Some(&peer("10.0.0.1:5", None)))
@@ -564,7 +685,8 @@ mod tests {
             .admit(FLEET, &h, Some(&peer("127.0.0.1:5", Some(Ok(alice)))))
             .await
             .unwrap()
-            .unwrap();
+            .unwrap()
+            .access;
         assert_eq!(a.subject().user, "alice");
         assert_eq!(a.subject().groups, ["ops", AUTHENTICATED]);
         // Reflection needs an identity unless open; health does not.
@@ -585,5 +707,40 @@ mod tests {
         basic.insert(http::header::AUTHORIZATION, "Basic eDp5".parse().unwrap());
         let e = g.admit(FLEET, &basic, None).await.unwrap_err();
         assert!(e.message().contains("Bearer TOKEN"), "{}", e.message());
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_needs_a_token() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc "), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Basic abc"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_of_an_expired_certificate_is_revoked_when_it_expires() {
+        let g = Arc::new(Guard {
+            client_certs: true,
+            ..Guard::default()
+        });
+        let alice = Subject {
+            user: "alice".into(),
+            groups: vec![],
+        };
+        let soon = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+        let status = g
+            .clone()
+            .revoked(Credential::Certificate(Some(soon)), alice.clone())
+            .await;
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(status.message().contains("expired"), "{}", status.message());
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+        assert!(
+            g.still_valid(&Credential::Certificate(Some(later)), &alice)
+                .await
+                .is_ok()
+        );
     }
 }

@@ -443,13 +443,14 @@ pub struct EngineArgs {
     /// Keep metadata.managedFields (pruned by default).
     #[arg(long)]
     pub keep_managed_fields: bool,
-    /// Annotations to prune from every object; repeatable. Default: kubectl's last-applied-configuration.
-    #[arg(
-        long = "prune-annotation",
-        value_name = "KEY",
-        default_value = "kubectl.kubernetes.io/last-applied-configuration"
-    )]
+    /// Annotations to prune from every object, added to kubectl's
+    /// last-applied-configuration (pruned unless --keep-last-applied); repeatable.
+    #[arg(long = "prune-annotation", value_name = "KEY")]
     pub prune_annotations: Vec<String>,
+    /// Keep kubectl's last-applied-configuration annotation (pruned by default; on
+    /// Secrets it is always pruned: it holds their values).
+    #[arg(long)]
+    pub keep_last_applied: bool,
     /// A JSON path to index for field selectors and counts (e.g. `spec.nodeName`); repeatable.
     #[arg(long = "field-index", value_name = "PATH")]
     pub field_indexes: Vec<String>,
@@ -622,7 +623,10 @@ impl EngineArgs {
                 list_part: self.list_part,
                 pruning: fleetscope_informer::Pruning {
                     managed_fields: !self.keep_managed_fields,
-                    annotations: self.prune_annotations.clone(),
+                    annotations: fleetscope_informer::Pruning::annotations_with(
+                        !self.keep_last_applied,
+                        &self.prune_annotations,
+                    ),
                     ..Default::default()
                 },
                 ..Default::default()

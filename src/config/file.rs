@@ -246,8 +246,12 @@ impl<'de> Deserialize<'de> for Resources {
 pub struct PruningFile {
     /// `keep` or `drop` (default) `metadata.managedFields` (`--keep-managed-fields`).
     pub managed_fields: Option<String>,
-    /// Annotations pruned from every object (`--prune-annotation`).
+    /// Annotations pruned from every object, besides kubectl's last-applied one
+    /// (`--prune-annotation`).
     pub annotations: Option<Vec<String>>,
+    /// `keep` or `drop` (default) kubectl's last-applied annotation
+    /// (`--keep-last-applied`); dropped from Secrets whatever this says.
+    pub last_applied: Option<String>,
 }
 
 /// `informer:`.
@@ -327,6 +331,7 @@ const KEYS: &[&str] = &[
     "fieldIndexes",
     "pruning",
     "annotations",
+    "lastApplied",
     "informer",
     "pageSize",
     "watchList",
@@ -386,6 +391,7 @@ const KEY_OF: &[(&str, &str)] = &[
     ("field_indexes", "fieldIndexes"),
     ("keep_managed_fields", "pruning.managedFields"),
     ("prune_annotations", "pruning.annotations"),
+    ("keep_last_applied", "pruning.lastApplied"),
     ("page_size", "informer.pageSize"),
     ("watch_list", "informer.watchList"),
     ("list_part", "informer.listPart"),
@@ -672,6 +678,10 @@ impl FileConfig {
             }
             if let Some(v) = &p.annotations {
                 give("pruning.annotations", "prune_annotations", v.clone());
+            }
+            if let Some(v) = &p.last_applied {
+                let drop = keep_or_drop(v).map_err(|m| bad("pruning.lastApplied", m))?;
+                give("pruning.lastApplied", "keep_last_applied", one(&!drop));
             }
         }
         if let Some(i) = &self.informer {

@@ -73,20 +73,9 @@ impl KubeconfigSources {
         Ok(clusters)
     }
 
-    /// The directories to watch: each file's.
-    pub fn directories(&self) -> Vec<PathBuf> {
-        let mut dirs: Vec<PathBuf> = self
-            .paths
-            .iter()
-            .map(|p| {
-                p.parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .map_or_else(|| PathBuf::from("."), |d| d.to_path_buf())
-            })
-            .collect();
-        dirs.sort();
-        dirs.dedup();
-        dirs
+    /// The kubeconfig files followed.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.paths
     }
 }
 

@@ -101,15 +101,16 @@ impl Reloader {
         cancel: CancellationToken,
     ) {
         let (changed_tx, mut changed) = mpsc::channel::<()>(1);
-        let mut watched = self.directories();
-        // Kept alive while reloading; replaced when the directories change.
-        let mut _watcher = watch_directories(&watched, changed_tx.clone());
+        let mut watched = self.files();
+        // Kept alive while reloading; replaced when the files followed change.
+        let mut _watcher = watch_files(&watched, changed_tx.clone());
         loop {
             let why = tokio::select! {
                 Some(()) = changed.recv() => "a watched file changed",
                 Some(()) = hangups.recv() => "SIGHUP",
                 _ = cancel.cancelled() => return,
             };
+            ReloadCounts::count(&RELOADS.config);
             if let Err(e) = self.reload_config(plan, why) {
                 tracing::error!(reason = why, error = %e, "the configuration cannot be reloaded: the last good one stays in force");
                 let now = SystemTime::now();
@@ -119,9 +120,9 @@ impl Reloader {
                 continue;
             }
             kubeconfig::apply(&self.sources, &self.desired, why);
-            let now_watched = self.directories();
+            let now_watched = self.files();
             if now_watched != watched {
-                _watcher = watch_directories(&now_watched, changed_tx.clone());
+                _watcher = watch_files(&now_watched, changed_tx.clone());
                 watched = now_watched;
             }
         }
@@ -162,14 +163,15 @@ impl Reloader {
     }
 
     /// The directories to watch: each kubeconfig's and the configuration file's.
-    fn directories(&self) -> Vec<PathBuf> {
-        let mut dirs = self.sources.directories();
+    /// The files followed: the kubeconfigs and the configuration file.
+    fn files(&self) -> Vec<PathBuf> {
+        let mut files = self.sources.files().to_vec();
         if let Some(c) = &self.config {
-            dirs.push(parent(&c.path));
+            files.push(c.path.clone());
         }
-        dirs.sort();
-        dirs.dedup();
-        dirs
+        files.sort();
+        files.dedup();
+        files
     }
 }
 
@@ -186,26 +188,46 @@ pub(crate) type Watcher = notify_debouncer_full::Debouncer<
     notify_debouncer_full::RecommendedCache,
 >;
 
-/// Watches the directories of `files` (a Secret volume replaces its files by
-/// renaming a directory), signalling `changed` (debounced) on any change in them.
+/// Watches `files`, signalling `changed` (debounced) when the content of one of them
+/// changed: written, created, removed or renamed over, directly or by Kubernetes'
+/// `..data` swap of a Secret or ConfigMap volume. Each file's directory is watched
+/// (a rename over a file is an event of its directory); opening or reading a file is
+/// no change, and neither is a write that leaves every followed file's content as it
+/// was, so a reload (which reads them) never causes the next.
 pub(crate) fn watch_files(files: &[PathBuf], changed: mpsc::Sender<()>) -> Option<Watcher> {
+    use notify_debouncer_full::notify::{EventKind, RecursiveMode};
+    let mut files: Vec<PathBuf> = files.to_vec();
+    files.sort();
+    files.dedup();
     let mut dirs: Vec<PathBuf> = files.iter().map(|f| parent(f)).collect();
     dirs.sort();
     dirs.dedup();
-    watch_directories(&dirs, changed)
-}
-
-/// Watches directories, signalling `changed` (debounced) on any change in them.
-fn watch_directories(dirs: &[PathBuf], changed: mpsc::Sender<()>) -> Option<Watcher> {
-    use notify_debouncer_full::notify::RecursiveMode;
     if dirs.is_empty() {
         return None;
     }
+    let names: Vec<std::ffi::OsString> = files
+        .iter()
+        .filter_map(|f| f.file_name().map(ToOwned::to_owned))
+        .collect();
+    let follows = move |path: &Path| {
+        path.file_name()
+            .is_some_and(|n| n == KUBERNETES_SWAP || names.iter().any(|f| f == n))
+    };
+    let mut seen = fingerprint(&files);
     let mut debouncer = match notify_debouncer_full::new_debouncer(
         DEBOUNCE,
         None,
         move |result: notify_debouncer_full::DebounceEventResult| {
-            if matches!(&result, Ok(events) if !events.is_empty()) {
+            let Ok(events) = result else { return };
+            let touched = events.iter().any(|e| {
+                !matches!(e.kind, EventKind::Access(_)) && e.paths.iter().any(|p| follows(p))
+            });
+            if !touched {
+                return;
+            }
+            let now = fingerprint(&files);
+            if now != seen {
+                seen = now;
                 // A reload is already due when this is full.
                 let _ = changed.try_send(());
             }
@@ -217,10 +239,70 @@ fn watch_directories(dirs: &[PathBuf], changed: mpsc::Sender<()>) -> Option<Watc
             return None;
         }
     };
-    for dir in dirs {
+    for dir in &dirs {
         if let Err(e) = debouncer.watch(dir, RecursiveMode::NonRecursive) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a directory: its files reload on SIGHUP only");
         }
     }
     Some(debouncer)
 }
+
+/// The link a Kubernetes Secret or ConfigMap volume swaps to publish new files.
+const KUBERNETES_SWAP: &str = "..data";
+
+/// What the followed files hold now: a hash of each one's content (`None` when it
+/// cannot be read).
+fn fingerprint(files: &[PathBuf]) -> Vec<Option<u64>> {
+    use std::hash::{Hash, Hasher};
+    files
+        .iter()
+        .map(|f| {
+            std::fs::read(f).ok().map(|bytes| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                bytes.hash(&mut h);
+                h.finish()
+            })
+        })
+        .collect()
+}
+
+/// How many times each input of `serve` was reloaded since start (the configuration
+/// file with the kubeconfigs, the tokens file, the policy, the TLS files), for
+/// metrics: a reload that did not follow a change would show here.
+#[derive(Debug, Default)]
+pub struct ReloadCounts {
+    /// The configuration file and kubeconfigs.
+    pub config: std::sync::atomic::AtomicU64,
+    /// The tokens file.
+    pub tokens: std::sync::atomic::AtomicU64,
+    /// The policy file.
+    pub policy: std::sync::atomic::AtomicU64,
+    /// The TLS certificate, key and client CA.
+    pub tls: std::sync::atomic::AtomicU64,
+}
+
+impl ReloadCounts {
+    /// Counts one reload of `input`.
+    pub fn count(input: &std::sync::atomic::AtomicU64) {
+        input.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Each input's name and count.
+    pub fn read(&self) -> [(&'static str, u64); 4] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            ("config", self.config.load(Relaxed)),
+            ("tokens", self.tokens.load(Relaxed)),
+            ("policy", self.policy.load(Relaxed)),
+            ("tls", self.tls.load(Relaxed)),
+        ]
+    }
+}
+
+/// The reloads of this process.
+pub static RELOADS: ReloadCounts = ReloadCounts {
+    config: std::sync::atomic::AtomicU64::new(0),
+    tokens: std::sync::atomic::AtomicU64::new(0),
+    policy: std::sync::atomic::AtomicU64::new(0),
+    tls: std::sync::atomic::AtomicU64::new(0),
+};

@@ -20,7 +20,7 @@ pub use status::echo;
 use status::status;
 pub use token::{TokenKey, random_secret};
 use token::{decode_token, encode_token};
-pub use watch::{Subscribers, WatchStream};
+pub use watch::{Revocation, Subscribers, WatchStream};
 
 use crate::proto;
 use crate::proto::fleet_server;
@@ -252,6 +252,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let access = access(&request)?;
+        let revocation = request.extensions().get::<Revocation>().cloned();
         let r = request.into_inner();
         let query = r.query.unwrap_or_default();
         let interval = r
@@ -287,6 +288,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             interval,
             self.shutdown.clone(),
             place,
+            revocation,
         )))
     }
 

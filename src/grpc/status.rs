@@ -13,6 +13,7 @@ pub(crate) fn status(e: FleetError) -> Status {
         FleetError::OutOfRange(m) => Status::out_of_range(bounded(m)),
         FleetError::ResourceExhausted(m) => Status::resource_exhausted(bounded(m)),
         FleetError::DeadlineExceeded(m) => Status::deadline_exceeded(bounded(m)),
+        FleetError::PermissionDenied(m) => Status::permission_denied(bounded(m)),
     }
 }
 

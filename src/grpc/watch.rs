@@ -54,6 +54,33 @@ fn event(e: WatchEvent) -> proto::WatchEvent {
     }
 }
 
+/// What ends a stream whose caller's credentials stop being valid while it runs (a
+/// token revoked, a certificate expired): each call gives a future resolving, with the
+/// status to end on, once they are no longer valid. The authentication layer puts
+/// one in every request's extensions; a request without one is held to nothing more
+/// than its start.
+#[derive(Clone)]
+pub struct Revocation(Arc<dyn Fn() -> futures::future::BoxFuture<'static, Status> + Send + Sync>);
+
+impl Revocation {
+    /// A revocation watched by `revoked`.
+    pub fn new(
+        revoked: impl Fn() -> futures::future::BoxFuture<'static, Status> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Arc::new(revoked))
+    }
+
+    fn revoked(&self) -> futures::future::BoxFuture<'static, Status> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Revocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Revocation")
+    }
+}
+
 /// The Watch streams a service has open (in all and per caller) and has ended.
 #[derive(Debug, Default)]
 pub struct Subscribers {
@@ -111,22 +138,31 @@ impl Drop for Joined {
 }
 
 /// The wire stream of `watch`: its events, and a bookmark each `interval`; counted
-/// (by `joined`) while it is open.
+/// (by `joined`) while it is open; ended with the status `revocation` gives once the
+/// caller's credentials stop being valid.
 pub(crate) fn stream(
     mut watch: Watch,
     interval: Duration,
     shutdown: CancellationToken,
     joined: Joined,
+    revocation: Option<Revocation>,
 ) -> WatchStream {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopped = Box::pin(shutdown.cancelled_owned());
+    let mut revoked = revocation.map(|r| r.revoked());
+    let mut ended = false;
     Box::pin(futures::stream::poll_fn(move |cx| {
         let _counted = &joined;
-        if stopped.as_mut().poll(cx).is_ready() {
+        if ended || stopped.as_mut().poll(cx).is_ready() {
             return Poll::Ready(None);
         }
+        if let Some(Poll::Ready(why)) = revoked.as_mut().map(|r| r.as_mut().poll(cx)) {
+            ended = true;
+            return Poll::Ready(Some(Err(why)));
+        }
         if let Poll::Ready(item) = watch.poll_next_unpin(cx) {
+            ended = !matches!(item, Some(Ok(_)));
             return Poll::Ready(item.map(|r| r.map(event).map_err(status)));
         }
         while ticks.poll_tick(cx).is_ready() {
@@ -135,6 +171,7 @@ pub(crate) fn stream(
             }
             // An event came first: it is yielded now, the bookmark waits a tick.
             if let Poll::Ready(item) = watch.poll_next_unpin(cx) {
+                ended = !matches!(item, Some(Ok(_)));
                 return Poll::Ready(item.map(|r| r.map(event).map_err(status)));
             }
         }

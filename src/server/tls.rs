@@ -123,6 +123,14 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsE
     Ok(Arc::new(config))
 }
 
+/// When a client certificate stops being valid (its `notAfter`), if it can be read.
+pub fn certificate_expiry(der: &[u8]) -> Option<std::time::SystemTime> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
 /// Who a client certificate names: the first URI SAN (a SPIFFE ID), else the subject
 /// CN; groups from the subject's O values.
 pub fn certificate_subject(der: &[u8]) -> Result<Subject, String> {
@@ -164,6 +172,9 @@ pub struct PeerInfo {
     /// Who the client certificate names, when one was presented and verified, or why
     /// it names no one.
     pub certificate: Option<Result<Subject, String>>,
+    /// When the client certificate stops being valid (its `notAfter`): a stream
+    /// it authenticated ends then.
+    pub certificate_expires: Option<std::time::SystemTime>,
 }
 
 impl PeerInfo {
@@ -397,20 +408,21 @@ async fn handshake(
             remote: Some(remote),
             tls: false,
             certificate: None,
+            certificate_expires: None,
         };
         return Ok((Io::Plain(tcp), info));
     };
     let stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await?;
-    let certificate = stream
+    let leaf = stream
         .get_ref()
         .1
         .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| certificate_subject(c.as_ref()));
+        .and_then(|c| c.first());
     let info = PeerInfo {
         remote: Some(remote),
         tls: true,
-        certificate,
+        certificate: leaf.map(|c| certificate_subject(c.as_ref())),
+        certificate_expires: leaf.and_then(|c| certificate_expiry(c.as_ref())),
     };
     Ok((Io::Tls(Box::new(stream)), info))
 }
@@ -433,6 +445,8 @@ pub fn reloading(
                 Some(()) = reload.recv() => "SIGHUP",
                 _ = stop.cancelled() => return,
             };
+            let counts = &crate::config::reload::RELOADS;
+            crate::config::reload::ReloadCounts::count(&counts.tls);
             match server_config(&files) {
                 Ok(config) => {
                     tx.send_replace(config);

@@ -143,6 +143,15 @@ impl Collector for FleetCollector {
             MetricType::Counter,
             ConstCounter::new(subscribers.ended()),
         )?;
+        family(
+            &mut e,
+            "fleetscope_config_reloads",
+            "Reloads of each input of serve (config: the configuration file and kubeconfigs; tokens; policy; tls), each after its files' content changed or on SIGHUP.",
+            MetricType::Counter,
+            crate::config::reload::RELOADS
+                .read()
+                .map(|(input, n)| (vec![("input", input.to_string())], ConstCounter::new(n))),
+        )?;
         let Some(engine) = self.0.engine.get() else {
             // Starting: the engine's figures come once it is.
             return Ok(());

@@ -54,7 +54,10 @@ pub(crate) fn holds_secrets(resource: &str) -> bool {
 
 /// A Secret as shown to a caller the policy does not reveal its values to: every
 /// value of `data` and `stringData` emptied (the keys stay, so a caller can see what
-/// a Secret holds), and the annotation `fleetscope.io/redacted` saying so.
+/// a Secret holds), every other copy of them dropped (kubectl's last-applied
+/// annotation holds the whole Secret as applied), and the annotation
+/// `fleetscope.io/redacted` saying what was taken. A metadata-only Secret is
+/// redacted too: its annotations are the copy it carries.
 pub(crate) fn redact_secret(object: &mut FleetObject) {
     let Ok(serde_json::Value::Object(mut v)) = serde_json::from_str(&object.json) else {
         // Not an object: nothing of it is shown.
@@ -69,6 +72,18 @@ pub(crate) fn redact_secret(object: &mut FleetObject) {
             }
             redacted.push(field);
         }
+    }
+    let annotations = match v.get_mut("metadata") {
+        Some(serde_json::Value::Object(meta)) => match meta.get_mut("annotations") {
+            Some(serde_json::Value::Object(a)) => Some(a),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(a) = annotations
+        && a.remove(LAST_APPLIED).is_some()
+    {
+        redacted.push(LAST_APPLIED);
     }
     if redacted.is_empty() {
         return;
@@ -86,6 +101,9 @@ pub(crate) fn redact_secret(object: &mut FleetObject) {
     }
     object.json = serde_json::Value::Object(v).to_string();
 }
+
+/// kubectl's record of an object as last applied: on a Secret, its values.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The annotation a redacted Secret carries: which of its fields were emptied.
 pub const REDACTED_ANNOTATION: &str = "fleetscope.io/redacted";

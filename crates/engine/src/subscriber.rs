@@ -226,7 +226,7 @@ impl Producer {
         }
         if before == after {
             self.scopes = after;
-            return true;
+            return self.still_granted().await;
         }
         let mut changed = false;
         let query = self.query.clone();
@@ -269,7 +269,28 @@ impl Producer {
         if changed {
             tracing::debug!(subscriber = %self.access.subject(), revision = %at, "a new policy changed what a Watch may see");
         }
-        true
+        self.still_granted().await
+    }
+
+    /// Whether the policy in force still grants the subscriber this Watch in some
+    /// cluster of the fleet; if not, it is ended with `PERMISSION_DENIED` rather than
+    /// left streaming bookmarks that reveal the fleet's revision.
+    async fn still_granted(&mut self) -> bool {
+        let (policy, subject, resource) = (&self.policy, self.access.subject(), &self.resource);
+        let granted = self.status.any_cluster(|name, labels| {
+            !policy
+                .namespaces(subject, Verb::Watch, resource, ClusterRef { name, labels })
+                .is_none()
+        });
+        if !granted {
+            tracing::info!(subscriber = %subject, resource = %resource.name(), "a new policy grants a Watch nothing: ended");
+            self.end(FleetError::PermissionDenied(format!(
+                "the policy in force no longer grants {subject} a Watch of {} in any cluster",
+                resource.name()
+            )))
+            .await;
+        }
+        granted
     }
 
     /// Puts a pending policy in force once everything up to its snapshot has been
@@ -892,6 +913,32 @@ mod tests {
             "data,stringData"
         );
         assert!(!o.json.contains("aHVudGVyMg"));
+    }
+
+    #[test]
+    fn a_redacted_secret_loses_its_last_applied_copy_in_full_and_metadata_form() {
+        let applied = r#"{\"apiVersion\":\"v1\",\"data\":{\"password\":\"aHVudGVyMg==\"},\"kind\":\"Secret\"}"#;
+        for body in [r#","data":{"password":"aHVudGVyMg=="}"#, ""] {
+            let mut o = fleetscope_model::fleet::FleetObject {
+                key: ObjectKey::new("secrets", &ClusterName::from("a"), "ns", "s"),
+                revision: Revision(1),
+                uid: String::new(),
+                resource_version: String::new(),
+                json: format!(
+                    r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","annotations":{{"kubectl.kubernetes.io/last-applied-configuration":"{applied}","keep":"me"}}}}{body}}}"#
+                ),
+            };
+            crate::fleet::redact_secret(&mut o);
+            assert!(!o.json.contains("aHVudGVyMg"), "{}", o.json);
+            let v: serde_json::Value = serde_json::from_str(&o.json).unwrap();
+            let a = &v["metadata"]["annotations"];
+            assert_eq!(a["keep"], "me");
+            let said = a["fleetscope.io/redacted"].as_str().unwrap();
+            assert!(
+                said.ends_with("kubectl.kubernetes.io/last-applied-configuration"),
+                "{said}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -257,8 +257,27 @@ fn stream_config(config: &ClusterConfig, rt: &ResourceType, served: &[Served]) -
             stream.pruning.managed_fields = drop;
         }
         if let Some(annotations) = &s.prune_annotations {
-            stream.pruning.annotations = annotations.clone();
+            for a in annotations {
+                if !stream.pruning.annotations.contains(a) {
+                    stream.pruning.annotations.push(a.clone());
+                }
+            }
         }
+    }
+    // A Secret's last-applied annotation holds its values: never kept, whatever the
+    // settings, so redaction has one copy of them to hide.
+    if rt.group.is_empty()
+        && rt.plural == "secrets"
+        && !stream
+            .pruning
+            .annotations
+            .iter()
+            .any(|a| a == crate::prune::LAST_APPLIED)
+    {
+        stream
+            .pruning
+            .annotations
+            .push(crate::prune::LAST_APPLIED.into());
     }
     stream
 }

@@ -26,9 +26,30 @@ impl Default for Pruning {
     fn default() -> Self {
         Self {
             managed_fields: true,
-            annotations: vec!["kubectl.kubernetes.io/last-applied-configuration".into()],
+            annotations: vec![LAST_APPLIED.into()],
             field_indexes: Vec::new(),
         }
+    }
+}
+
+/// kubectl's record of an object as last applied: pruned by default, and always from
+/// Secrets, whose values it holds.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+impl Pruning {
+    /// The annotations pruned: [`LAST_APPLIED`] unless `keep_last_applied` is false,
+    /// and `more`.
+    pub fn annotations_with(last_applied: bool, more: &[String]) -> Vec<String> {
+        let mut all: Vec<String> = last_applied
+            .then(|| LAST_APPLIED.to_string())
+            .into_iter()
+            .collect();
+        for a in more {
+            if !all.contains(a) {
+                all.push(a.clone());
+            }
+        }
+        all
     }
 }
 

@@ -39,6 +39,10 @@ pub enum FleetError {
     /// The request's evaluation took longer than allowed; narrow it, or retry.
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// The caller is no longer granted what a running request needs (a Watch whose
+    /// every grant a new policy took away).
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 /// How objects are returned.
