@@ -505,7 +505,13 @@ async fn get_latencies(
 async fn serve_index(engine: &Arc<Engine>) -> String {
     let listener = server::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let service = FleetService::new(engine.clone(), ServiceConfig::default(), engine.cancelled());
+    // Every subscriber of a round is the same caller: room for all of them, and the
+    // one that never reads.
+    let config = ServiceConfig {
+        max_watches_per_caller: env_usize("FLEET_BENCH_SUBSCRIBERS", 1000) + 1,
+        ..ServiceConfig::default()
+    };
+    let service = FleetService::new(engine.clone(), config, engine.cancelled());
     let cancel = engine.cancelled();
     tokio::spawn(server::serve(listener, service, async {}, async move {
         cancel.cancelled().await

@@ -198,33 +198,28 @@ async fn hostile_requests_are_bounded_and_answered_clearly() {
     let e = watch(&mut c).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted);
     assert!(e.message().contains("2 Watch streams"), "{}", e.message());
+    // A stream the client ends leaves the count at once: its place is taken again
+    // without retrying, and so are all of them after every one is dropped.
     drop(first);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let _third = loop {
-        match watch(&mut c).await {
-            Ok(w) => break w.into_inner(),
-            Err(e) if e.code() == Code::ResourceExhausted => {
-                assert!(tokio::time::Instant::now() < deadline, "the place is freed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let third = watch(&mut c).await.unwrap().into_inner();
     drop(_second);
-    drop(_third);
-
-    // A Watch never read is ended by the server once its events stay unread.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let mut unread = loop {
-        match watch(&mut c).await {
-            Ok(w) => break w.into_inner(),
-            Err(e) if e.code() == Code::ResourceExhausted => {
-                assert!(tokio::time::Instant::now() < deadline, "places are freed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    drop(third);
+    let again = [
+        watch(&mut c).await.unwrap().into_inner(),
+        watch(&mut c).await.unwrap().into_inner(),
+    ];
+    drop(again);
+    // The same after the client's whole connection goes away, as on a reconnect.
+    let mut other = FleetClient::connect(server.url()).await.unwrap();
+    let held = [
+        watch(&mut other).await.unwrap().into_inner(),
+        watch(&mut other).await.unwrap().into_inner(),
+    ];
+    drop(held);
+    drop(other);
+    let mut unread = watch(&mut c).await.unwrap().into_inner();
+    let _also = watch(&mut c).await.unwrap().into_inner();
+    drop(_also);
     let store = &fleet.servers()[0].cluster().store;
     let filler = "x".repeat(4096);
     let mut i = 0;
@@ -352,6 +347,72 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
     c.list_clusters(proto::ListClustersRequest::default())
         .await
         .unwrap();
+    drop(server);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_drops_its_watches_opens_as_many_again_at_once() {
+    const CAP: usize = 300;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 20).await;
+    let log = dir.path().join("serve.log");
+    let cap = CAP.to_string();
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--grpc-max-watches-per-caller",
+            &cap,
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let open = |channel: tonic::transport::Channel, n: usize| async move {
+        let mut streams = Vec::new();
+        for _ in 0..n {
+            let mut c = FleetClient::new(channel.clone());
+            let w = c
+                .watch(WatchRequest {
+                    query: Some(configmaps()),
+                    ..Default::default()
+                })
+                .await;
+            streams.push(w.map(tonic::Response::into_inner));
+        }
+        streams
+    };
+    let connect = || async {
+        tonic::transport::Channel::from_shared(server.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    };
+    // Three rounds: the cap opened, every stream dropped (the last time with its
+    // connection, as a client that reconnects), the cap opened again at once.
+    let mut channel = connect().await;
+    for round in 0..3 {
+        let streams = open(channel.clone(), CAP).await;
+        let refused: Vec<_> = streams.iter().filter_map(|s| s.as_ref().err()).collect();
+        assert!(
+            refused.is_empty(),
+            "round {round}: {} refused, first: {:?}",
+            refused.len(),
+            refused.first()
+        );
+        let over = open(channel.clone(), 1).await.pop().unwrap();
+        assert_eq!(
+            over.unwrap_err().code(),
+            Code::ResourceExhausted,
+            "the cap holds"
+        );
+        drop(streams);
+        if round == 1 {
+            channel = connect().await;
+        }
+    }
     drop(server);
     fleet.shutdown().await;
 }

@@ -265,6 +265,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         let place = self
             .subscribers
             .admit(&caller, self.config.max_watches_per_caller)
+            .await
             .ok_or_else(|| {
                 Status::resource_exhausted(format!(
                     "{} has {} Watch streams open, the most one caller may: end one first",

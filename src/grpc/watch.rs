@@ -86,8 +86,27 @@ impl std::fmt::Debug for Revocation {
 pub struct Subscribers {
     active: AtomicI64,
     ended: AtomicU64,
-    by_caller: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    /// Per caller: streams open, and admissions waiting for a place.
+    by_caller: std::sync::Mutex<std::collections::HashMap<String, Places>>,
+    /// Woken whenever a stream ends and frees its place.
+    freed: tokio::sync::Notify,
 }
+
+/// One caller's streams.
+#[derive(Debug, Default)]
+struct Places {
+    open: usize,
+    waiting: usize,
+}
+
+/// How long an admission at the cap waits for a place: a client that ends its
+/// streams and opens new ones at once (a reconnect) finds the places of the ones it
+/// ended, whose teardown reaches the server a moment after.
+const ADMIT_WAIT: Duration = Duration::from_secs(2);
+
+/// The most admissions of one caller waiting for a place at once; more are refused
+/// at once, so a caller at its cap cannot hold many requests in flight.
+const MAX_WAITING: usize = 16;
 
 impl Subscribers {
     /// Streams open now.
@@ -100,14 +119,50 @@ impl Subscribers {
         self.ended.load(Ordering::Relaxed)
     }
 
-    /// A place for one more stream of `caller`, if it has fewer than `max` open.
-    pub(crate) fn admit(self: &Arc<Self>, caller: &str, max: usize) -> Option<Joined> {
+    /// A place for one more stream of `caller`, if it has fewer than `max` open, or
+    /// comes to have within [`ADMIT_WAIT`].
+    pub(crate) async fn admit(self: &Arc<Self>, caller: &str, max: usize) -> Option<Joined> {
+        let deadline = tokio::time::Instant::now() + ADMIT_WAIT;
+        let mut waiting = false;
+        let joined = loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Registered before the count is read, so a place freed in between wakes it.
+            freed.as_mut().enable();
+            match self.try_admit(caller, max, &mut waiting) {
+                Some(joined) => break Some(joined),
+                None if !waiting => return None,
+                None => {}
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                break None;
+            }
+        };
+        if waiting {
+            let mut by_caller = self.by_caller.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = by_caller.get_mut(caller) {
+                p.waiting = p.waiting.saturating_sub(1);
+                if p.open == 0 && p.waiting == 0 {
+                    by_caller.remove(caller);
+                }
+            }
+        }
+        joined
+    }
+
+    /// A place now, if there is one; otherwise, the admission waits (`waiting` set)
+    /// unless too many of the caller's already do.
+    fn try_admit(self: &Arc<Self>, caller: &str, max: usize, waiting: &mut bool) -> Option<Joined> {
         let mut by_caller = self.by_caller.lock().unwrap_or_else(|e| e.into_inner());
-        let open = by_caller.entry(caller.to_string()).or_default();
-        if *open >= max {
+        let places = by_caller.entry(caller.to_string()).or_default();
+        if places.open >= max {
+            if !*waiting && places.waiting < MAX_WAITING {
+                places.waiting += 1;
+                *waiting = true;
+            }
             return None;
         }
-        *open += 1;
+        places.open += 1;
         self.active.fetch_add(1, Ordering::Relaxed);
         Some(Joined {
             subscribers: self.clone(),
@@ -128,12 +183,14 @@ impl Drop for Joined {
         s.active.fetch_sub(1, Ordering::Relaxed);
         s.ended.fetch_add(1, Ordering::Relaxed);
         let mut by_caller = s.by_caller.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(open) = by_caller.get_mut(&self.caller) {
-            *open = open.saturating_sub(1);
-            if *open == 0 {
+        if let Some(p) = by_caller.get_mut(&self.caller) {
+            p.open = p.open.saturating_sub(1);
+            if p.open == 0 && p.waiting == 0 {
                 by_caller.remove(&self.caller);
             }
         }
+        drop(by_caller);
+        s.freed.notify_waiters();
     }
 }
 
