@@ -15,7 +15,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line with every cause, the way people read errors at a terminal.
-            eprintln!("fleetscope: {e:#}");
+            eprintln!("fleetscope: {}", one_line(&e));
             let locked = e.chain().any(|c| {
                 matches!(
                     c.downcast_ref::<fleetscope_store::StoreError>(),
@@ -29,6 +29,23 @@ async fn main() -> std::process::ExitCode {
             }
         }
     }
+}
+
+/// Every cause of `e` on one line, each once: a library's message that already
+/// repeats the cause it chains is not followed by that cause again.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 async fn run_cli() -> anyhow::Result<()> {

@@ -197,6 +197,25 @@ fn serve_refuses_bad_kubeconfigs_and_patterns_by_name() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot listen on 127.0.0.1:"), "{stderr}");
     assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
+    // An unreadable kubeconfig (missing, a directory): its path once, as given, and
+    // the operating system's reason once.
+    let dir = tempfile::tempdir().unwrap();
+    for path in [dir.path().join("missing"), dir.path().to_path_buf()] {
+        let out = Command::new(BIN)
+            .args(["serve", "--no-persist", "--kubeconfig"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let expected = format!(
+            "fleetscope: kubeconfig {}: cannot be read: ",
+            path.display()
+        );
+        assert!(stderr.starts_with(&expected), "{stderr}");
+        assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
+        assert!(!stderr.contains('"'), "{stderr}");
+    }
 }
 
 /// Runs the binary with `args` and `--server`, off the async workers.

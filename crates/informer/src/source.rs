@@ -8,7 +8,16 @@ use kube::config::Kubeconfig;
 /// A kubeconfig that cannot be used, or a context selection that matches nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The file could not be read or parsed.
+    /// The file could not be read.
+    #[error("kubeconfig {path}: cannot be read")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file could not be parsed.
     #[error("kubeconfig {path}")]
     Kubeconfig {
         /// The file.
@@ -196,9 +205,16 @@ fn pattern(text: &str) -> Result<glob::Pattern, SourceError> {
 }
 
 fn read(path: &Path) -> Result<Kubeconfig, SourceError> {
-    Kubeconfig::read_from(path).map_err(|source| SourceError::Kubeconfig {
-        path: path.to_path_buf(),
-        source,
+    Kubeconfig::read_from(path).map_err(|source| match source {
+        // kube's message repeats the cause it chains, and quotes the path twice.
+        kube::config::KubeconfigError::ReadConfig(source, _) => SourceError::Read {
+            path: path.to_path_buf(),
+            source,
+        },
+        source => SourceError::Kubeconfig {
+            path: path.to_path_buf(),
+            source,
+        },
     })
 }
 

@@ -140,7 +140,7 @@ impl SledStore {
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         loop {
             // sled may panic on some damage rather than return an error: contain that here.
-            let opened = std::panic::catch_unwind(|| {
+            let opened = contained(|| {
                 sled::Config::new()
                     .path(path)
                     .mode(sled::Mode::LowSpace)
@@ -180,8 +180,22 @@ impl SledStore {
                 // Anything else sled reports while reading its own files is damage.
                 _ => Err(StoreError::Damaged(format!("sled cannot open it: {e}"))),
             },
+            // sled's own text of this one ends with an empty backtrace.
+            Ok(Err(sled::Error::Corruption { at, .. })) => Err(StoreError::Damaged(match at {
+                Some(at) => format!("sled found corrupted data at {at}"),
+                None => "sled found corrupted data".into(),
+            })),
             Ok(Err(e)) => Err(StoreError::Damaged(format!("sled cannot open it: {e}"))),
-            Err(_) => Err(StoreError::Damaged("sled failed while opening it".into())),
+            Err(payload) => {
+                let why = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(StoreError::Damaged(format!(
+                    "sled failed while opening it: {why}"
+                )))
+            }
         }
     }
 
@@ -429,5 +443,40 @@ impl Store for SledStore {
 
     fn compact(&self) -> Result<Option<(u64, u64)>, StoreError> {
         SledStore::compact(self).map(Some)
+    }
+}
+
+thread_local! {
+    /// Set while a panic on this thread is contained and reported as an error.
+    static CONTAINING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into an error its caller reports in one line: the
+/// process's panic hook (a backtrace of many lines) stays silent for it, and for it
+/// only.
+fn contained<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINING.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    CONTAINING.with(|c| c.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINING.with(|c| c.set(false));
+    result
+}
+
+#[cfg(test)]
+mod contained_tests {
+    #[test]
+    fn a_contained_panic_is_an_error_carrying_its_message() {
+        let r = super::contained(|| -> u8 { panic!("sled: bad page") });
+        let payload = r.unwrap_err();
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"sled: bad page"));
+        assert_eq!(super::contained(|| 7).unwrap(), 7);
     }
 }

@@ -225,6 +225,14 @@ fn parse_term(input: &str, start: usize, term: &str) -> Result<FieldRequirement,
             format!("field path '{path}' must not contain spaces or '\\'"),
         ));
     }
+    if let Some(bad) = path.find(['[', ']']) {
+        return Err(err(
+            start + bad,
+            format!(
+                "field path '{path}' uses brackets, which field selectors do not take: an array element is a dotted index, e.g. 'spec.containers.0.name'"
+            ),
+        ));
+    }
     if path.starts_with('.') || path.ends_with('.') || path.contains("..") {
         return Err(err(
             start,
@@ -313,5 +321,10 @@ mod tests {
             let e = FieldSelector::parse(bad).unwrap_err();
             assert!(e.to_string().contains("empty segment"), "{bad}: {e}");
         }
+        let e = FieldSelector::parse("spec.containers[0].name=x").unwrap_err();
+        assert_eq!(e.position, 15);
+        assert!(e.to_string().contains("spec.containers.0.name"), "{e}");
+        assert!(FieldSelector::parse("a]=x").is_err());
+        assert!(FieldSelector::parse("spec.containers.0.name=x").is_ok());
     }
 }
