@@ -1702,3 +1702,76 @@ async fn followed_files_reload_only_when_their_content_changes() {
         "{before:?} → {after:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewing_cluster_that_stops_answering_makes_new_tokens_unavailable_and_keeps_reviewed_ones()
+ {
+    use fleetscope_sim::Token;
+    use tonic_types::StatusExt as _;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 40).await;
+    let reviewer = fleet.servers()[1].cluster();
+    for (token, user) in [("dora-token", "dora"), ("erin-token", "erin")] {
+        reviewer.add_token(Token::new(token, user).with_groups(&["team-a"]));
+        std::fs::write(dir.path().join(format!("{user}.token")), token).unwrap();
+    }
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(&policy_file, policy("team-0")).unwrap();
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--policy",
+            policy_file.to_str().unwrap(),
+            "--token-review-context",
+            "sim-2",
+            "--token-review-ttl",
+            "1h",
+            "--token-review-timeout",
+            "2s",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let arg = |who: &str| ServerArg {
+        server: server.url(),
+        ca: None,
+        cert: None,
+        key: None,
+        token_file: Some(dir.path().join(format!("{who}.token"))),
+        tls_server_name: None,
+    };
+    let count = |mut c: Client| async move {
+        c.count(proto::CountRequest {
+            query: Some(configmaps(&[])),
+            ..Default::default()
+        })
+        .await
+    };
+    let dora = connect(&arg("dora")).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while count(dora.clone()).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "dora is served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The reviewing cluster accepts connections but answers nothing any more.
+    reviewer.set_latency(Duration::from_secs(3600));
+    let erin = connect(&arg("erin")).await.unwrap();
+    let asked = tokio::time::Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(30), count(erin))
+        .await
+        .expect("answered before a 30 s client deadline")
+        .unwrap_err();
+    let took = asked.elapsed();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("sim-2"), "{}", e.message());
+    let retry = e.get_details_retry_info().expect("a retry hint");
+    assert!(retry.retry_delay.is_some_and(|d| !d.is_zero()), "{retry:?}");
+    eprintln!("a review the cluster never answers is UNAVAILABLE after {took:?}");
+    // Dora, reviewed before, is still served from the cache.
+    count(dora).await.unwrap();
+    drop(server);
+    fleet.shutdown().await;
+}

@@ -281,6 +281,10 @@ async fn reload_files(
     }
 }
 
+/// How long a caller whose token could not be reviewed is told to wait before
+/// retrying (google.rpc.RetryInfo).
+const REVIEW_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How often a running stream's credentials are checked again.
 pub const REVALIDATE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -376,10 +380,14 @@ impl Guard {
             .and_then(|t| t.borrow().subject(token).cloned());
         let found = match (listed, &self.reviewer) {
             (Some(s), _) => Some(s),
-            (None, Some(r)) => r
-                .subject(token)
-                .await
-                .map_err(|e| tonic::Status::unavailable(e.to_string()))?,
+            (None, Some(r)) => r.subject(token).await.map_err(|e| {
+                use tonic_types::StatusExt as _;
+                tonic::Status::with_error_details(
+                    tonic::Code::Unavailable,
+                    e.to_string(),
+                    tonic_types::ErrorDetails::with_retry_info(Some(REVIEW_RETRY)),
+                )
+            })?,
             (None, None) => None,
         };
         let mut s = found.ok_or_else(|| {

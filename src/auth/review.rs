@@ -21,12 +21,15 @@ pub struct Reviewer {
     reviewer: TokenReviewer,
     ttl: Duration,
     negative_ttl: Duration,
+    timeout: Duration,
     cache: Mutex<Cache>,
 }
 
 /// Why a token could not be checked now: a transient state, retryable.
 #[derive(Debug, thiserror::Error)]
-#[error("checking the bearer token with cluster {cluster} failed: {message}; retry")]
+#[error(
+    "checking the bearer token with cluster {cluster} failed: {message}; retry in a few seconds"
+)]
 pub struct ReviewFailed {
     /// The reviewing cluster.
     pub cluster: String,
@@ -35,13 +38,19 @@ pub struct ReviewFailed {
 }
 
 impl Reviewer {
-    /// Reviews with `reviewer`, keeping a good answer for `ttl` and a refusal for
-    /// `negative_ttl`.
-    pub fn new(reviewer: TokenReviewer, ttl: Duration, negative_ttl: Duration) -> Self {
+    /// Reviews with `reviewer`, within `timeout`, keeping a good answer for `ttl` and
+    /// a refusal for `negative_ttl`.
+    pub fn new(
+        reviewer: TokenReviewer,
+        ttl: Duration,
+        negative_ttl: Duration,
+        timeout: Duration,
+    ) -> Self {
         Self {
             reviewer,
             ttl,
             negative_ttl,
+            timeout,
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -58,14 +67,14 @@ impl Reviewer {
                 return Ok(answer.clone());
             }
         }
-        let reviewed = self
-            .reviewer
-            .review(token)
+        let failed = |message: String| ReviewFailed {
+            cluster: self.reviewer.cluster().to_string(),
+            message,
+        };
+        let reviewed = tokio::time::timeout(self.timeout, self.reviewer.review(token))
             .await
-            .map_err(|e| ReviewFailed {
-                cluster: self.reviewer.cluster().to_string(),
-                message: fleetscope_informer::source::chain(&e),
-            })?;
+            .map_err(|_| failed(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| failed(fleetscope_informer::source::chain(&e)))?;
         let (answer, ttl) = match reviewed {
             Reviewed::Authenticated { user, groups } => (Some(Subject { user, groups }), self.ttl),
             Reviewed::Refused(why) => {

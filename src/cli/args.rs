@@ -388,6 +388,11 @@ pub struct SecurityArgs {
     /// How long a token the reviewing cluster refused is refused without asking again.
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     pub token_review_negative_ttl: Duration,
+    /// The longest a TokenReview may take: a reviewing cluster that does not answer
+    /// in time makes the call UNAVAILABLE (retryable), and tokens it reviewed before
+    /// are still served from the cache.
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    pub token_review_timeout: Duration,
     /// The audiences a reviewed token must be for (repeatable; default: the API server's).
     #[arg(long = "token-review-audience", value_name = "AUDIENCE")]
     pub token_review_audiences: Vec<String>,

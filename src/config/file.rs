@@ -131,6 +131,8 @@ pub struct TokenReviewFile {
     pub ttl: Option<String>,
     /// How long a refused token is refused (`--token-review-negative-ttl`).
     pub negative_ttl: Option<String>,
+    /// The longest a review may take (`--token-review-timeout`).
+    pub timeout: Option<String>,
     /// The audiences (`--token-review-audience`).
     pub audiences: Option<Vec<String>>,
 }
@@ -371,6 +373,7 @@ const KEYS: &[&str] = &[
     "context",
     "ttl",
     "negativeTtl",
+    "timeout",
     "audiences",
     "rbacAuthorization",
 ];
@@ -423,6 +426,7 @@ const KEY_OF: &[(&str, &str)] = &[
     ("open_reflection", "security.openReflection"),
     ("token_review_context", "security.tokenReview.context"),
     ("token_review_ttl", "security.tokenReview.ttl"),
+    ("token_review_timeout", "security.tokenReview.timeout"),
     (
         "token_review_negative_ttl",
         "security.tokenReview.negativeTtl",
@@ -809,6 +813,13 @@ impl FileConfig {
                 }
                 if let Some(v) = &r.ttl {
                     give("security.tokenReview.ttl", "token_review_ttl", one(v));
+                }
+                if let Some(v) = &r.timeout {
+                    give(
+                        "security.tokenReview.timeout",
+                        "token_review_timeout",
+                        one(v),
+                    );
                 }
                 if let Some(v) = &r.negative_ttl {
                     give(

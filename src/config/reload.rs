@@ -63,6 +63,7 @@ const AT_RESTART: &[&str] = &[
     "--token-review-context",
     "--token-review-ttl",
     "--token-review-negative-ttl",
+    "--token-review-timeout",
     "--token-review-audience",
     "--rbac-authorization",
 ];

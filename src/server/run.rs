@@ -552,6 +552,7 @@ fn secure(
             ),
             args.token_review_ttl,
             args.token_review_negative_ttl,
+            args.token_review_timeout,
         )),
     };
     let hups = server::hangups("the tokens and the policy").map_err(RunError::Signal)?;
