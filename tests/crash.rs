@@ -230,3 +230,177 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
     assert!(compactions > 0, "the runs compacted the store");
     fleet.shutdown().await;
 }
+
+/// A tmpfs of its own (root is needed to mount one: the test says so if it cannot),
+/// unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(path).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("mount runs");
+        assert!(
+            out.status.success(),
+            "this test fills a small tmpfs and needs to mount one (as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(path.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .output();
+    }
+}
+
+/// The store's error and the cluster's freshness, as a client reads them.
+async fn store_state(port: u16) -> Option<(String, i32, String)> {
+    let mut c = FleetClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .ok()?;
+    let r = c
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await
+        .ok()?
+        .into_inner();
+    let cluster = r.clusters.first()?;
+    let store = c
+        .get_store(fleetscope::proto::GetStoreRequest::default())
+        .await
+        .ok()?
+        .into_inner();
+    assert_eq!(
+        r.store_error, store.last_error,
+        "ListClusters and GetStore agree"
+    );
+    assert_eq!(r.store_error.is_empty(), store.failing_since.is_none());
+    Some((r.store_error, cluster.freshness, cluster.last_error.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_makes_answers_stale_and_writes_resume_once_space_frees() {
+    use fleetscope::proto::Freshness;
+    let fleet = SimFleet::start(&FleetSpec::numbered(1, 100, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let disk = Tmpfs::mount(&dir.path().join("disk"), "3m");
+    let data = dir.path().join("disk").join("data");
+    let log = dir.path().join("serve.log");
+    let args = [
+        "--resources",
+        "configmaps",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let mut server = Server::start(&kubeconfig, &args, &log);
+    let churn = Churn::start(
+        &fleet,
+        &ChurnSpec {
+            names: 400,
+            bytes: 4096,
+            delete_every: 9,
+            pause: Duration::from_millis(2),
+        },
+    );
+    // The disk fills: every answer says it is not current, none reads SYNCED.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some((error, freshness, why)) = store_state(server.port).await
+            && !error.is_empty()
+        {
+            assert_eq!(freshness, Freshness::Stale as i32, "{why}");
+            assert!(why.contains("store"), "{why}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the disk fills");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..10 {
+        let (error, freshness, _) = store_state(server.port).await.unwrap();
+        assert!(!error.is_empty(), "still full");
+        assert_ne!(
+            freshness,
+            Freshness::Synced as i32,
+            "never SYNCED while writes fail"
+        );
+        let mut c = FleetClient::connect(server.url()).await.unwrap();
+        let page = c
+            .list(ListRequest {
+                query: Some(Query {
+                    resource: "configmaps".into(),
+                    ..Default::default()
+                }),
+                limit: 1,
+                page_token: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.partial, "a List says it is partial");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Space frees: writes resume by themselves, and answers are current again.
+    disk.resize("64m");
+    let freed = tokio::time::Instant::now();
+    let deadline = freed + PATIENCE;
+    loop {
+        if let Some((error, freshness, _)) = store_state(server.port).await
+            && error.is_empty()
+            && freshness == Freshness::Synced as i32
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "writes resume: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "writes resumed and answers were current {:?} after space freed",
+        freed.elapsed()
+    );
+    churn.stop().await;
+    let expected = truth(&fleet, "configmaps");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while listed(server.port, "configmaps").await.as_ref() != Some(&expected) {
+        assert!(tokio::time::Instant::now() < deadline, "converges");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What it wrote after the stall is whole on disk: a SIGKILL and a restart serve it.
+    server.kill();
+    let server = Server::start(&kubeconfig, &args, &log);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while listed(server.port, "configmaps").await.as_ref() != Some(&expected) {
+        assert!(tokio::time::Instant::now() < deadline, "restarts whole");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(server);
+    drop(disk);
+    fleet.shutdown().await;
+}

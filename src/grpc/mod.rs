@@ -311,6 +311,12 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 .map(|(e, _)| e.clone())
                 .unwrap_or_default(),
             sources_error_time: answer.sources_error.map(|(_, at)| convert::timestamp(at)),
+            store_error: answer
+                .store_error
+                .as_ref()
+                .map(|(e, _)| e.clone())
+                .unwrap_or_default(),
+            store_error_time: answer.store_error.map(|(_, at)| convert::timestamp(at)),
         }))
     }
 
@@ -369,6 +375,8 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             compactions: s.compactions,
             last_compaction: convert::duration(s.last_compaction),
             last_error: s.last_error.unwrap_or_default(),
+            failing_since: s.failing_since.map(convert::timestamp),
+            write_errors: s.write_errors,
         }))
     }
 }

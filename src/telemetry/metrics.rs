@@ -292,6 +292,20 @@ impl Collector for FleetCollector {
             )?;
             single(
                 &mut e,
+                "fleetscope_store_write_failing",
+                "1 while the store's writes fail (nothing newer than the last write is visible; writes are retried), 0 while they succeed.",
+                MetricType::Gauge,
+                ConstGauge::new(i64::from(s.last_error.is_some())),
+            )?;
+            single(
+                &mut e,
+                "fleetscope_store_write_errors",
+                "Store writes that failed (each is retried).",
+                MetricType::Counter,
+                ConstCounter::new(s.write_errors),
+            )?;
+            single(
+                &mut e,
                 "fleetscope_store_writes",
                 "Store writes (each durable before what it holds is visible).",
                 MetricType::Counter,

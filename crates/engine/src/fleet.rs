@@ -541,6 +541,7 @@ impl Fleet for Engine {
             clusters,
             sources_loaded: sources.loaded_at,
             sources_error: sources.error,
+            store_error: self.status.store_stall().map(|s| (s.error, s.since)),
         })
     }
 

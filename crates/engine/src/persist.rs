@@ -593,7 +593,10 @@ impl Persister {
                 *lock(&self.disk) = disk;
                 let mut s = lock(&self.stats);
                 if s.last_error.take().is_some() {
-                    tracing::info!("store writes succeed again");
+                    let since = s.failing_since.take();
+                    let failed_for = since.and_then(|t| t.elapsed().ok()).unwrap_or_default();
+                    tracing::info!(failed_for = ?failed_for, "store writes succeed again: answers are current again");
+                    self.status.set_store_stall(None);
                 }
                 s.flushes += 1;
                 s.events_written += events;
@@ -612,9 +615,17 @@ impl Persister {
                 }
                 let mut s = lock(&self.stats);
                 if s.last_error.as_deref() != Some(e.as_str()) {
-                    tracing::error!(error = %e, "store write failed: changes are kept in memory and retried");
+                    tracing::error!(error = %e, "store write failed: changes are kept in memory and retried; answers are not current until a write succeeds");
                 }
                 s.last_error = Some(e.clone());
+                s.write_errors += 1;
+                let since = *s
+                    .failing_since
+                    .get_or_insert_with(std::time::SystemTime::now);
+                self.status.set_store_stall(Some(crate::status::StoreStall {
+                    error: e.clone(),
+                    since,
+                }));
                 drop(s);
                 lock(&self.pending).restore_under(taken);
                 Err(FlushError(e))
@@ -660,7 +671,12 @@ impl Persister {
                 Ok(ready) => *lock(&this.snapshot_ready) = Some(ready),
                 Err(e) => {
                     this.covered.store(0, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");
+                    // While the writes fail too, their error says it (once).
+                    if lock(&this.stats).last_error.is_none() {
+                        tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");
+                    } else {
+                        tracing::debug!(error = %e, "writing a snapshot failed while the store's writes fail");
+                    }
                 }
             }
             this.wake.notify_one();

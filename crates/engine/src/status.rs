@@ -137,6 +137,9 @@ pub struct ClusterStatus {
     pub requests: Arc<fleetscope_informer::requests::RequestCounts>,
     /// What it served at its last discovery, with short and singular names.
     pub served: Arc<Vec<fleetscope_informer::discovery::Served>>,
+    /// Set (when read) while the store's writes fail: nothing newer than the last
+    /// write is visible, so no answer is current.
+    pub store_stall: Option<StoreStall>,
 }
 
 impl ClusterStatus {
@@ -148,6 +151,32 @@ impl ClusterStatus {
 
     /// Freshness for one resource type (or the whole cluster with `None`), with the time it went stale and why.
     pub fn freshness(&self, resource: Option<&str>) -> (Freshness, Option<SystemTime>, String) {
+        let (freshness, since, why) = self.freshness_of_streams(resource);
+        match &self.store_stall {
+            Some(stall)
+                if matches!(
+                    freshness,
+                    Freshness::Synced | Freshness::Restored | Freshness::Syncing
+                ) =>
+            {
+                (
+                    Freshness::Stale,
+                    Some(stall.since),
+                    format!(
+                        "the store cannot be written ({}): answers hold only what was written before; retried until it succeeds",
+                        stall.error
+                    ),
+                )
+            }
+            _ => (freshness, since, why),
+        }
+    }
+
+    /// [`ClusterStatus::freshness`] as its streams have it, whatever the store does.
+    fn freshness_of_streams(
+        &self,
+        resource: Option<&str>,
+    ) -> (Freshness, Option<SystemTime>, String) {
         if let Some(why) = &self.kept {
             return (Freshness::Stale, self.error_since, why.clone());
         }
@@ -247,6 +276,7 @@ pub struct StatusTable {
     inner: Arc<RwLock<BTreeMap<ClusterName, ClusterStatus>>>,
     sources: Arc<RwLock<SourcesStatus>>,
     changes: broadcast::Sender<ClusterFreshness>,
+    store: Arc<RwLock<Option<StoreStall>>>,
 }
 
 impl Default for StatusTable {
@@ -255,8 +285,19 @@ impl Default for StatusTable {
             inner: Arc::default(),
             sources: Arc::default(),
             changes: broadcast::channel(1024).0,
+            store: Arc::default(),
         }
     }
+}
+
+/// Why nothing new is visible: the store's writes fail, and what is not durable is
+/// not shown, so every cluster's answers are as of the last write that succeeded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreStall {
+    /// The write's error.
+    pub error: String,
+    /// Since when writes fail.
+    pub since: SystemTime,
 }
 
 impl StatusTable {
@@ -278,6 +319,7 @@ impl StatusTable {
             loaded_at: SystemTime::now(),
             requests: Arc::default(),
             served: Arc::default(),
+            store_stall: None,
         };
         self.write().insert(name.clone(), status);
         let _ = self.changes.send(ClusterFreshness {
@@ -356,21 +398,57 @@ impl StatusTable {
 
     /// Every cluster's status, ordered by name.
     pub fn clusters(&self) -> Vec<ClusterStatus> {
+        let stall = self.store_stall();
         self.inner
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .cloned()
+            .map(|c| ClusterStatus {
+                store_stall: stall.clone(),
+                ..c.clone()
+            })
             .collect()
     }
 
     /// One cluster's status.
     pub fn cluster(&self, name: &ClusterName) -> Option<ClusterStatus> {
+        let stall = self.store_stall();
         self.inner
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .cloned()
+            .map(|mut c| {
+                c.store_stall = stall;
+                c
+            })
+    }
+
+    /// Whether the store's writes fail now, and why.
+    pub fn store_stall(&self) -> Option<StoreStall> {
+        self.store.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records that the store's writes fail (or succeed again, `None`); every
+    /// cluster's freshness says so to running Watches when it changes.
+    pub fn set_store_stall(&self, stall: Option<StoreStall>) {
+        let changed = {
+            let mut s = self.store.write().unwrap_or_else(|e| e.into_inner());
+            let changed = s.is_some() != stall.is_some();
+            *s = stall;
+            changed
+        };
+        if changed {
+            for c in self.clusters() {
+                let (freshness, stale_since, message) = c.freshness(None);
+                let _ = self.changes.send(ClusterFreshness {
+                    cluster: c.name.clone(),
+                    freshness,
+                    stale_since,
+                    message,
+                });
+            }
+        }
     }
 
     /// Every cluster's labels, by name (read without copying the clusters' streams).

@@ -428,6 +428,8 @@ pub struct ClustersAnswer {
     pub sources_loaded: Option<SystemTime>,
     /// Why the last reload failed, and when (the sources before stay in force).
     pub sources_error: Option<(String, SystemTime)>,
+    /// Why the store's writes fail, and since when (nothing newer is visible).
+    pub store_error: Option<(String, SystemTime)>,
 }
 
 /// One collected resource type, with its object counts per cluster.
@@ -454,6 +456,11 @@ pub struct StoreStats {
     pub pending: usize,
     /// The last write error, if the last write failed.
     pub last_error: Option<String>,
+    /// Since when writes have been failing (the first failure of the current run of
+    /// failures); `None` while they succeed.
+    pub failing_since: Option<std::time::SystemTime>,
+    /// Write errors, in all.
+    pub write_errors: u64,
     /// Events held in the persisted log.
     pub logged_events: usize,
     /// Events written, in all.

@@ -347,7 +347,9 @@ fn remove_unfinished_sled_snapshots(path: &Path) -> Result<(), StoreError> {
         let name = name.to_string_lossy();
         if name.starts_with("snap.") && name.ends_with(".generating") {
             let file = entry.path();
-            tracing::warn!(file = %file.display(), "removing sled's unfinished snapshot, left by a process that was killed");
+            // Left by a process that was killed, or by a write that failed (a full
+            // disk, when the store is opened again): harmless, and not news.
+            tracing::debug!(file = %file.display(), "removing sled's unfinished snapshot file");
             std::fs::remove_file(&file).map_err(io("cannot remove", &file))?;
         }
     }
@@ -420,7 +422,7 @@ impl Store for SledStore {
     }
 
     fn write(&self, writes: Writes) -> Result<(), StoreError> {
-        self.with_db(|db| {
+        let written = self.with_db(|db| {
             // Held across the write: a compaction's journal is in the database's order.
             let mut journal = self.journal();
             match journal.as_mut() {
@@ -433,7 +435,19 @@ impl Store for SledStore {
             drop(journal);
             db.flush().map_err(engine)?;
             Ok(())
-        })
+        });
+        if written.is_err() {
+            // sled keeps the first I/O error of an open database (a full disk) and
+            // fails every later operation with it: the database is opened again, from
+            // what is on disk, before the next write, so writes resume once they can.
+            // Not while a compaction copies it: the compaction's switch replaces it
+            // (or, failing, leaves it for the next failed write to reopen).
+            let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+            if self.journal().is_none() {
+                slot.take();
+            }
+        }
+        written
     }
 
     fn size_on_disk(&self) -> u64 {
