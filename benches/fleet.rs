@@ -1,6 +1,6 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
-//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|persist`
+//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|watch-load|persist`
 //! runs one (`sync` includes `first-sync`) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
@@ -927,6 +927,158 @@ async fn fanout() {
     );
 }
 
+/// Gets of one object by another client, each 10 ms for `run`, on a thread and
+/// runtime of their own (as another process would be): each one's latency.
+fn probe_gets(url: String, run: Duration) -> std::thread::JoinHandle<Vec<Duration>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut client = FleetClient::connect(url).await.unwrap();
+            let mut took = Vec::new();
+            let until = Instant::now() + run;
+            while Instant::now() < until {
+                let t = Instant::now();
+                client
+                    .get(GetRequest {
+                        resource: "pods".into(),
+                        cluster: "c-0".into(),
+                        namespace: "ns-1".into(),
+                        name: "pod-1".into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                took.push(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            took
+        })
+    })
+}
+
+/// Another client's Get while one caller runs many Watches with heavy filters (a
+/// 256-term field selector on an unindexed path) and initial events, over loopback
+/// gRPC, with changes arriving: the Watches' filters run on the query threads, so
+/// the Get's latency stays close to its latency at rest.
+async fn watch_load() {
+    let clusters = 5;
+    let pods = env_usize("FLEET_BENCH_WATCH_LOAD_PODS", 1000);
+    let watches = env_usize("FLEET_BENCH_WATCH_LOAD_WATCHES", 200);
+    let seconds = env_usize("FLEET_BENCH_WATCH_LOAD_SECONDS", 20) as u64;
+    println!(
+        "watch load: {watches} Watches of one caller, each a 256-term field selector on spec.nodeName with initial events, over {} pods in {clusters} clusters, 100 changes/s; another client's Get every 10 ms",
+        clusters * pods
+    );
+    let engine = Arc::new(Engine::start(Vec::new(), EngineConfig::default()));
+    let names: Vec<ClusterName> = (0..clusters)
+        .map(|c| ClusterName::from(format!("c-{c}")))
+        .collect();
+    for n in &names {
+        engine.status.add_cluster(n, "bench", BTreeMap::new());
+        engine.status.update_stream(n, &pods_type(), |_| {});
+        let staged = engine
+            .index
+            .stage((0..pods).map(|i| Change::Upsert(input(n, i))));
+        engine.index.publish(staged);
+    }
+    let url = serve_index(&engine).await;
+    let at_rest = probe_gets(url.clone(), Duration::from_secs(5));
+    let mut at_rest = tokio::task::spawn_blocking(move || at_rest.join().unwrap())
+        .await
+        .unwrap();
+    // The Watches: their own thread and runtime, draining every stream.
+    let selector: String = (0..256)
+        .map(|i| format!("spec.nodeName!=node-x{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let delivered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let load = {
+        let (url, stop, delivered) = (url.clone(), stop.clone(), delivered.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let channel = tonic::transport::Channel::from_shared(url)
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap();
+                let mut tasks = Vec::new();
+                for _ in 0..watches {
+                    let mut client = FleetClient::new(channel.clone());
+                    let mut stream = client
+                        .watch(WatchRequest {
+                            query: Some(Query {
+                                resource: "pods".into(),
+                                field_selector: selector.clone(),
+                                ..Default::default()
+                            }),
+                            send_initial_events: true,
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    let delivered = delivered.clone();
+                    tasks.push(tokio::spawn(async move {
+                        while let Some(Ok(_)) = stream.next().await {
+                            delivered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }));
+                }
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                for t in tasks {
+                    t.abort();
+                }
+            });
+        })
+    };
+    let loaded = probe_gets(url, Duration::from_secs(seconds));
+    let cpu = cpu_time();
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_millis(10));
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        ticks.tick().await;
+        let n = &names[i % clusters];
+        let staged = engine
+            .index
+            .stage([Change::Upsert(input_at(n, i % pods, pods + i))]);
+        engine.index.publish(staged);
+        i += 1;
+    }
+    let mut loaded = tokio::task::spawn_blocking(move || loaded.join().unwrap())
+        .await
+        .unwrap();
+    let cores = (cpu_time() - cpu).as_secs_f64() / started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::task::spawn_blocking(move || load.join().unwrap())
+        .await
+        .unwrap();
+    println!(
+        "  Get at rest: p50 {:?}, p99 {:?} ({} calls)",
+        percentile(&mut at_rest, 0.5),
+        percentile(&mut at_rest, 0.99),
+        at_rest.len()
+    );
+    println!(
+        "  Get under the load: p50 {:?}, p99 {:?} ({} calls; goal p99 < 20 ms); the process used {cores:.2} cores, the Watches received {} events",
+        percentile(&mut loaded, 0.5),
+        percentile(&mut loaded, 0.99),
+        loaded.len(),
+        delivered.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
 /// When this process started: taken first thing in `main`.
 static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
@@ -1175,6 +1327,9 @@ fn main() {
     }
     if part.is_empty() || part == "fanout" {
         rt.block_on(fanout());
+    }
+    if part.is_empty() || part == "watch-load" {
+        rt.block_on(watch_load());
     }
     // The persistence parts each run in a process of their own, as deployed.
     let persist_parts = ["restart", "ingest", "churn"]

@@ -115,6 +115,9 @@ fn policy(namespace: &str) -> String {
     resources: ["*"]
     verbs: ["*"]
     secretData: true
+  - subjects: [{{user: bob}}]
+    nonResourceURLs: ["/metrics", "/store"]
+    verbs: [get]
 "#
     )
 }
@@ -446,6 +449,29 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         https_get(s.metrics_port, &ca, "/metrics", Some("bob-token")).await,
         200
     );
+    // Metrics and the store's figures name every cluster: they need a grant of their
+    // own, which carol (granted nothing) and alice (granted objects) lack.
+    assert_eq!(
+        https_get(s.metrics_port, &ca, "/metrics", Some("carol-token")).await,
+        403
+    );
+    for who in [Who::Token("carol"), Who::Cert("alice")] {
+        let e = s
+            .client(who)
+            .await
+            .unwrap()
+            .get_store(proto::GetStoreRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("/store"), "{}", e.message());
+    }
+    s.client(Who::Token("bob"))
+        .await
+        .unwrap()
+        .get_store(proto::GetStoreRequest::default())
+        .await
+        .unwrap();
 
     // Tokens: a wrong one is refused.
     let mut wrong = s.client(Who::Token("wrong")).await.unwrap();
@@ -1142,6 +1168,25 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
             .await
             .unwrap();
     }
+    // What a real cluster binds every authenticated user to: discovery, self-reviews.
+    kube::Api::<ClusterRole>::all(sim1.clone())
+        .create(
+            &Default::default(),
+            &json(serde_json::json!({"metadata": {"name": "system:discovery"}, "rules": [
+                {"nonResourceURLs": ["/api", "/apis", "/version"], "verbs": ["get"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews"], "verbs": ["create"]}]})),
+        )
+        .await
+        .unwrap();
+    kube::Api::<ClusterRoleBinding>::all(sim1.clone())
+        .create(
+            &Default::default(),
+            &json(serde_json::json!({"metadata": {"name": "system:discovery"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:discovery"},
+                "subjects": [{"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}]})),
+        )
+        .await
+        .unwrap();
     // sim-1: configmaps of team-0 only; sim-2: every configmap.
     kube::Api::<RoleBinding>::namespaced(sim1.clone(), "team-0")
         .create(
@@ -1259,6 +1304,31 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
     deleted.sort();
     sim1_seen.sort();
     assert_eq!(deleted, sim1_seen);
+    // Left with only what every authenticated user is bound to there, sim-1 does not
+    // exist for her: not listed, and a Get in it names no cluster.
+    let listed: Vec<String> = c
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .clusters
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(listed, ["sim-2"]);
+    let gone = sim1_seen[0].split('/').collect::<Vec<_>>();
+    let e = c
+        .get(proto::GetRequest {
+            resource: "configmaps".into(),
+            cluster: "sim-1".into(),
+            namespace: gone[1].into(),
+            name: gone[2].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().contains("no cluster named"), "{}", e.message());
     drop(server);
     fleet.shutdown().await;
 }
@@ -1774,4 +1844,193 @@ async fn a_reviewing_cluster_that_stops_answering_makes_new_tokens_unavailable_a
     count(dora).await.unwrap();
     drop(server);
     fleet.shutdown().await;
+}
+
+/// A TLS connection from `from` (a loopback address) without a client certificate,
+/// which sends the HTTP/2 preface and an empty SETTINGS frame when `speak`, and
+/// nothing more.
+async fn raw_tls(
+    port: u16,
+    ca: &Path,
+    from: &str,
+    speak: bool,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls::pki_types::pem::PemObject as _;
+    use tokio::io::AsyncWriteExt as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(format!("{from}:0").parse().unwrap())?;
+    let tcp = socket
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    if speak {
+        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await?;
+        tls.flush().await?;
+    }
+    Ok(tls)
+}
+
+/// Reads a connection to its end: the types of the HTTP/2 frames the server sent
+/// (empty when it was closed before sending any, or refused at once).
+async fn frames_until_closed(
+    mut s: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    read: Vec<u8>,
+) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let mut bytes = read;
+    let _ = tokio::time::timeout(PATIENCE, s.read_to_end(&mut bytes))
+        .await
+        .expect("the server closes the connection");
+    let mut types = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = (usize::from(bytes[at]) << 16)
+            | (usize::from(bytes[at + 1]) << 8)
+            | usize::from(bytes[at + 2]);
+        types.push(bytes[at + 3]);
+        at += 9 + len;
+    }
+    types
+}
+
+/// A counter of `/metrics`, by its exposed name and labels.
+async fn counter(s: &Setup, series: &str) -> u64 {
+    let (_, body) = https_fetch(s.metrics_port, &s.ca.ca(), "/metrics", Some("bob-token")).await;
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{series} not in {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out() {
+    const GOAWAY: u8 = 0x7;
+    let s = Setup::start_with(&[
+        "--grpc-max-connections",
+        "16",
+        "--grpc-max-connections-per-address",
+        "8",
+        "--grpc-handshake-timeout",
+        "2s",
+        "--grpc-idle-timeout",
+        "3s",
+    ])
+    .await;
+    let (port, ca) = (s.server.port, s.ca.ca());
+    // Silent after the TLS handshake: closed when the handshake time is up.
+    let silent = raw_tls(port, &ca, "127.0.0.2", false).await.unwrap();
+    let asked = tokio::time::Instant::now();
+    assert!(frames_until_closed(silent, Vec::new()).await.is_empty());
+    eprintln!(
+        "a connection silent after its TLS handshake was closed after {:?}",
+        asked.elapsed()
+    );
+    // One address holds at most 8; two more hold 6 (14, the places without a client
+    // certificate): the next one without is refused, and the two kept places let
+    // alice (with one) in.
+    let mut idlers = Vec::new();
+    for (from, n) in [("127.0.0.2", 10), ("127.0.0.3", 6)] {
+        for _ in 0..n {
+            if let Ok(c) = raw_tls(port, &ca, from, true).await {
+                idlers.push(c);
+            }
+        }
+    }
+    // The two past the address cap were closed at once.
+    let mut held = Vec::new();
+    for c in idlers {
+        use tokio::io::AsyncReadExt as _;
+        let mut c = c;
+        let mut first = vec![0u8; 9];
+        if let Ok(Ok(_)) = tokio::time::timeout(PATIENCE, c.read_exact(&mut first)).await {
+            held.push((c, first));
+        }
+    }
+    assert_eq!(held.len(), 14, "8 from one address, 6 from another");
+    let idlers = held;
+    let refused_address = counter(
+        &s,
+        "fleetscope_grpc_connections_refused_total{reason=\"address_cap\"}",
+    )
+    .await;
+    assert!(
+        refused_address >= 2,
+        "the address cap refused {refused_address}"
+    );
+    let over = raw_tls(port, &ca, "127.0.0.4", true).await;
+    if let Ok(c) = over {
+        assert!(
+            !frames_until_closed(c, Vec::new()).await.contains(&0x4),
+            "refused before HTTP/2"
+        );
+    }
+    let refused_kept = counter(
+        &s,
+        "fleetscope_grpc_connections_refused_total{reason=\"reserved\"}",
+    )
+    .await;
+    assert!(refused_kept >= 1, "the kept places refused {refused_kept}");
+    let mut alice = s.client(Who::Cert("alice")).await.unwrap();
+    alice
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap();
+    // A Watch keeps its connection: idle is a connection without a call.
+    let mut bob = s.client(Who::Token("bob")).await;
+    assert!(
+        bob.is_err()
+            || bob
+                .as_mut()
+                .unwrap()
+                .list_clusters(proto::ListClustersRequest::default())
+                .await
+                .is_err(),
+        "every place without a certificate is taken"
+    );
+    let mut w = watching(&mut alice).await;
+    // Idle for the idle timeout: every idle connection gets a GOAWAY and is closed.
+    let idle_since = tokio::time::Instant::now();
+    for (c, read) in idlers {
+        let frames = frames_until_closed(c, read).await;
+        assert!(frames.contains(&GOAWAY), "a GOAWAY first: {frames:?}");
+    }
+    eprintln!(
+        "idle connections were closed with a GOAWAY {:?} after they idled",
+        idle_since.elapsed()
+    );
+    assert!(counter(&s, "fleetscope_grpc_connections_closed_idle_total").await >= 14);
+    // Their places are free again; the Watch opened before goes on.
+    let mut bob = s.client(Who::Token("bob")).await.unwrap();
+    bob.list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap();
+    let mut bookmarks = Vec::new();
+    s.create_configmap("sim-1", "team-0", "after-idle").await;
+    loop {
+        let (_, name, _) = next_object(&mut w, &mut bookmarks).await;
+        if name.ends_with("after-idle") {
+            break;
+        }
+    }
 }

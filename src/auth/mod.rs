@@ -145,6 +145,12 @@ impl Policy for Grants {
                 .as_ref()
                 .is_some_and(|r| r.sees_cluster(who, cluster))
     }
+
+    fn endpoint(&self, who: &Subject, path: &str) -> bool {
+        // Only the policy file grants fleetscope's own endpoints: a cluster's RBAC
+        // speaks of that cluster.
+        self.file.as_ref().is_some_and(|p| p.endpoint(who, path))
+    }
 }
 
 /// The grants in force and where running requests follow them: each part replaced
@@ -518,20 +524,27 @@ impl Guard {
 }
 
 impl Guard {
-    /// Admits a scrape of `/metrics`: the caller authenticated as for gRPC (no grant
-    /// needed); without a policy, only from this host.
+    /// Admits a scrape of `/metrics`: the caller authenticated as for gRPC and granted
+    /// the endpoint by the policy; without a policy, only from this host.
     pub async fn admit_metrics(
         &self,
         headers: &http::HeaderMap,
         peer: Option<&PeerInfo>,
     ) -> Result<(), tonic::Status> {
-        let _ = self.subject(headers, peer).await?;
-        if self.policy.is_none() && !peer.is_some_and(PeerInfo::is_loopback) {
-            return Err(tonic::Status::permission_denied(
+        let (subject, _) = self.subject(headers, peer).await?;
+        let path = fleetscope_model::access::METRICS_ENDPOINT;
+        match &self.policy {
+            Some(policy) if !policy.borrow().endpoint(&subject, path) => {
+                Err(tonic::Status::permission_denied(format!(
+                    "{subject} may not read {path}: a grant of nonResourceURLs [{path:?}] is needed"
+                )))
+            }
+            Some(_) => Ok(()),
+            None if peer.is_some_and(PeerInfo::is_loopback) => Ok(()),
+            None => Err(tonic::Status::permission_denied(
                 "no policy is configured (--policy): metrics are served to this host only",
-            ));
+            )),
         }
-        Ok(())
     }
 }
 
@@ -634,6 +647,7 @@ mod tests {
             tls: true,
             certificate,
             certificate_expires: None,
+            streams: None,
         }
     }
 

@@ -14,7 +14,16 @@
 //!     resources: ["pods", "deployments.apps", "*.batch"]
 //!     verbs: [get, list, watch]       # or ["*"]
 //!     secretData: false               # Secrets' values shown (else redacted)
+//!   - name: Prometheus scrapes fleetscope
+//!     subjects: [{user: prometheus}]
+//!     nonResourceURLs: ["/metrics"]   # and "/store" (GetStore), or "*"
+//!     verbs: [get]
 //! ```
+//!
+//! A grant names either resource types (with clusters and namespaces) or
+//! `nonResourceURLs`, fleetscope's own endpoints, as Kubernetes RBAC rules do: `/metrics`
+//! shows every cluster's name and figures, and `/store` the store's, so each needs a
+//! grant of its own.
 
 use std::path::Path;
 
@@ -38,6 +47,13 @@ const KEYS: &[&str] = &[
     "resources",
     "verbs",
     "secretData",
+    "nonResourceURLs",
+];
+
+/// The endpoints a grant's `nonResourceURLs` may name.
+const ENDPOINTS: &[&str] = &[
+    fleetscope_model::access::METRICS_ENDPOINT,
+    fleetscope_model::access::STORE_ENDPOINT,
 ];
 
 #[derive(Debug, Deserialize)]
@@ -60,10 +76,13 @@ struct GrantFile {
     namespaces: Vec<String>,
     #[serde(default)]
     cluster_scoped: bool,
+    #[serde(default)]
     resources: Vec<String>,
     verbs: Vec<String>,
     #[serde(default)]
     secret_data: bool,
+    #[serde(default, rename = "nonResourceURLs")]
+    non_resource_urls: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,6 +109,8 @@ struct Grant {
     resources: Vec<String>,
     verbs: Vec<Verb>,
     secret_data: bool,
+    /// fleetscope's own endpoints granted (a grant of these names no resources).
+    endpoints: Vec<String>,
 }
 
 impl Grant {
@@ -122,6 +143,51 @@ fn resource_matches(entry: &str, rt: &ResourceType) -> bool {
         Some(_) => false,
         None => entry == rt.plural,
     }
+}
+
+/// Checks a policy's resource entry: one that could never match a type (a kind, a
+/// short or singular name, a version where the group goes) is refused, naming the
+/// plural it most likely means.
+fn resource_entry(r: &str) -> Result<(), String> {
+    let expected = "expected a resource type such as pods, deployments.apps, *.batch or *";
+    if r == "*" || r.strip_prefix("*.").is_some_and(|g| !g.is_empty()) {
+        return Ok(());
+    }
+    if fleetscope_model::check_resource_name(r).is_err() || r.contains('/') {
+        return Err(format!("{r:?}: {expected}"));
+    }
+    let (plural, group) = r.split_once('.').unwrap_or((r, ""));
+    let is_version = |g: &str| {
+        g.strip_prefix('v')
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+    };
+    if group.split('.').next().is_some_and(is_version) {
+        return Err(format!(
+            "{r:?}: a resource entry is plural.group, without a version (e.g. {plural} or deployments.apps)"
+        ));
+    }
+    let named = |s: &fleetscope_informer::discovery::Served| {
+        (s.resource.kind == plural
+            || s.singular == plural.to_ascii_lowercase()
+            || s.short_names.iter().any(|n| n == plural))
+            && (group.is_empty() || s.resource.group == group)
+            && s.resource.plural != plural
+    };
+    if let Some(s) = fleetscope_informer::discovery::builtin()
+        .iter()
+        .find(|s| named(s))
+    {
+        return Err(format!(
+            "{r:?} is not a resource entry: policies name types by plural, here {:?}",
+            s.resource.name()
+        ));
+    }
+    if plural.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(format!(
+            "{r:?}: resource types are lower-case plurals (pods, not Pod): {expected}"
+        ));
+    }
+    Ok(())
 }
 
 /// A policy file's grants.
@@ -181,10 +247,9 @@ impl PolicyGrants {
         Ok(Self { grants })
     }
 
-    fn grant(path: &Path, i: usize, g: GrantFile) -> Result<Grant, FileError> {
+    fn grant(path: &Path, i: usize, mut g: GrantFile) -> Result<Grant, FileError> {
         let at = |key: &str| format!("grants[{i}].{key}");
-        let subjects = g
-            .subjects
+        let subjects = std::mem::take(&mut g.subjects)
             .into_iter()
             .enumerate()
             .map(|(j, s)| match (s.user, s.group) {
@@ -203,6 +268,9 @@ impl PolicyGrants {
                 at("subjects"),
                 "a grant is for at least one user or group",
             ));
+        }
+        if !g.non_resource_urls.is_empty() {
+            return Self::endpoint_grant(path, i, g, subjects);
         }
         if g.clusters.is_empty() && g.cluster_selector.is_empty() {
             return Err(value(
@@ -237,18 +305,7 @@ impl PolicyGrants {
             ));
         }
         for (j, r) in g.resources.iter().enumerate() {
-            let valid = r == "*"
-                || r.strip_prefix("*.").is_some_and(|g| !g.is_empty())
-                || fleetscope_model::check_resource_name(r).is_ok() && !r.contains('/');
-            if !valid {
-                return Err(value(
-                    path,
-                    at(&format!("resources[{j}]")),
-                    format!(
-                        "{r:?}: expected a resource type such as pods, deployments.apps, *.batch or *"
-                    ),
-                ));
-            }
+            resource_entry(r).map_err(|m| value(path, at(&format!("resources[{j}]")), m))?;
         }
         let mut verbs = Vec::new();
         for (j, v) in g.verbs.iter().enumerate() {
@@ -282,6 +339,63 @@ impl PolicyGrants {
             resources: g.resources,
             verbs,
             secret_data: g.secret_data,
+            endpoints: Vec::new(),
+        })
+    }
+
+    /// A grant of `nonResourceURLs`: fleetscope's own endpoints, read with `get`.
+    fn endpoint_grant(
+        path: &Path,
+        i: usize,
+        g: GrantFile,
+        subjects: Vec<Who>,
+    ) -> Result<Grant, FileError> {
+        let at = |key: &str| format!("grants[{i}].{key}");
+        let mixed = [
+            ("clusters", !g.clusters.is_empty()),
+            ("clusterSelector", !g.cluster_selector.is_empty()),
+            ("namespaces", !g.namespaces.is_empty()),
+            ("clusterScoped", g.cluster_scoped),
+            ("resources", !g.resources.is_empty()),
+            ("secretData", g.secret_data),
+        ];
+        if let Some((key, _)) = mixed.iter().find(|(_, given)| *given) {
+            return Err(value(
+                path,
+                at(key),
+                "a grant of nonResourceURLs names no resources, clusters or namespaces: give those in a grant of their own",
+            ));
+        }
+        for (j, u) in g.non_resource_urls.iter().enumerate() {
+            if u != "*" && !ENDPOINTS.contains(&u.as_str()) {
+                return Err(value(
+                    path,
+                    at(&format!("nonResourceURLs[{j}]")),
+                    format!("{u:?}: expected one of {} or *", ENDPOINTS.join(", ")),
+                ));
+            }
+        }
+        for (j, v) in g.verbs.iter().enumerate() {
+            if v != "get" && v != "*" {
+                return Err(value(
+                    path,
+                    at(&format!("verbs[{j}]")),
+                    format!("{v:?}: nonResourceURLs are read with get (or *)"),
+                ));
+            }
+        }
+        if g.verbs.is_empty() {
+            return Err(value(path, at("verbs"), "name the verb: get"));
+        }
+        Ok(Grant {
+            subjects,
+            clusters: Vec::new(),
+            cluster_selector: LabelSelector::default(),
+            namespaces: Namespaces::None,
+            resources: Vec::new(),
+            verbs: Vec::new(),
+            secret_data: false,
+            endpoints: g.non_resource_urls,
         })
     }
 
@@ -329,7 +443,13 @@ impl Policy for PolicyGrants {
     fn sees_cluster(&self, who: &Subject, cluster: ClusterRef<'_>) -> bool {
         self.grants
             .iter()
-            .any(|g| g.is_for(who) && g.covers_cluster(cluster))
+            .any(|g| g.endpoints.is_empty() && g.is_for(who) && g.covers_cluster(cluster))
+    }
+
+    fn endpoint(&self, who: &Subject, path: &str) -> bool {
+        self.grants
+            .iter()
+            .any(|g| g.is_for(who) && g.endpoints.iter().any(|e| e == "*" || e == path))
     }
 }
 
@@ -624,5 +744,75 @@ grants:
             let expected = grants.iter().any(|g| g.allows(&who, verb, resource, cluster, env, ns));
             prop_assert_eq!(p.namespaces(&who, v, &rt, c).allows(ns), expected, "{}", text);
         }
+    }
+
+    #[test]
+    fn resource_entries_that_could_never_match_are_refused_naming_the_plural() {
+        let grant = |r: &str| {
+            format!(
+                "grants:\n  - subjects: [{{user: a}}]\n    clusters: [x]\n    namespaces: [y]\n    resources: [pods, {r}]\n    verbs: [get]\n"
+            )
+        };
+        for (entry, says) in [
+            ("Pod", "\"pods\""),
+            ("po", "\"pods\""),
+            ("deployment", "\"deployments.apps\""),
+            ("deploy.apps", "\"deployments.apps\""),
+            ("secrets.v1", "without a version"),
+            ("Widget", "lower-case plurals"),
+        ] {
+            let e = error(&grant(entry));
+            assert!(
+                e.contains("grants[0].resources[1]") && e.contains(says),
+                "{entry}: {e}"
+            );
+        }
+        for fine in [
+            "widgets.example.com",
+            "\"*.batch\"",
+            "deployments.apps",
+            "\"*\"",
+            "nodes",
+        ] {
+            policy(&grant(fine));
+        }
+    }
+
+    #[test]
+    fn endpoints_need_a_grant_of_their_own_which_grants_nothing_else() {
+        let p = policy(
+            "grants:\n  - subjects: [{user: prom}]\n    nonResourceURLs: [/metrics]\n    verbs: [get]\n  - subjects: [{user: ops}]\n    nonResourceURLs: [\"*\"]\n    verbs: [\"*\"]\n",
+        );
+        let (prom, ops, other) = (user("prom", &[]), user("ops", &[]), user("x", &[]));
+        assert!(p.endpoint(&prom, "/metrics"));
+        assert!(!p.endpoint(&prom, "/store"));
+        assert!(p.endpoint(&ops, "/store") && p.endpoint(&ops, "/metrics"));
+        assert!(!p.endpoint(&other, "/metrics"));
+        let name = ClusterName::from("prod-1");
+        let labels = BTreeMap::new();
+        let c = ClusterRef {
+            name: &name,
+            labels: &labels,
+        };
+        assert!(
+            !p.sees_cluster(&prom, c),
+            "an endpoint grant shows no cluster"
+        );
+        assert!(p.namespaces(&prom, Verb::List, &pods(), c).is_none());
+        let e = error(
+            "grants:\n  - subjects: [{user: a}]\n    nonResourceURLs: [/metrics]\n    clusters: [x]\n    verbs: [get]\n",
+        );
+        assert!(e.contains("grants[0].clusters"), "{e}");
+        let e = error(
+            "grants:\n  - subjects: [{user: a}]\n    nonResourceURLs: [/healthz]\n    verbs: [get]\n",
+        );
+        assert!(
+            e.contains("grants[0].nonResourceURLs[0]") && e.contains("/metrics"),
+            "{e}"
+        );
+        let e = error(
+            "grants:\n  - subjects: [{user: a}]\n    nonResourceURLs: [/metrics]\n    verbs: [list]\n",
+        );
+        assert!(e.contains("grants[0].verbs[0]"), "{e}");
     }
 }

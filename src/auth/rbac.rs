@@ -44,6 +44,24 @@ struct Rule {
 }
 
 impl Rule {
+    /// Whether the rule lets anyone read objects of some type here: `get`, `list` or
+    /// `watch` on resources (not only named objects, not only `nonResourceURLs` or
+    /// self-reviews such as the bindings every authenticated user has).
+    fn reads_objects(&self) -> bool {
+        const READS: [&str; 4] = ["get", "list", "watch", "*"];
+        const REVIEWS: [&str; 3] = [
+            "selfsubjectaccessreviews",
+            "selfsubjectrulesreviews",
+            "selfsubjectreviews",
+        ];
+        self.resource_names.is_empty()
+            && self.verbs.iter().any(|v| READS.contains(&v.as_str()))
+            && self
+                .resources
+                .iter()
+                .any(|r| !REVIEWS.contains(&r.as_str()))
+    }
+
     fn allows(&self, verb: &str, rt: &ResourceType) -> bool {
         let any = |v: &[String], x: &str| v.iter().any(|i| i == "*" || i == x);
         self.resource_names.is_empty()
@@ -280,11 +298,13 @@ impl Rbac {
             .allows(namespace)
     }
 
-    /// Whether anything in `cluster` is bound to the subject.
+    /// Whether the subject may read objects of some type in `cluster`: a binding
+    /// that lets it only discover APIs or review itself (as every authenticated user
+    /// may) does not make a cluster visible.
     pub fn sees_cluster(&self, who: &Subject, cluster: ClusterRef<'_>) -> bool {
+        let reads = |g: &Grant| g.is_for(who) && g.rules.iter().any(Rule::reads_objects);
         self.clusters.get(cluster.name).is_some_and(|c| {
-            c.everywhere.iter().any(|g| g.is_for(who))
-                || c.namespaced.values().flatten().any(|g| g.is_for(who))
+            c.everywhere.iter().any(reads) || c.namespaced.values().flatten().any(reads)
         })
     }
 }
@@ -400,6 +420,17 @@ mod tests {
                 "subjects": [{"kind": "User", "name": "erin"}]})),
             object("a", TYPES[1], "", json!({"metadata": {"name": "broken"}, "roleRef": 7})),
             object("b", TYPES[0], "", reader),
+            // What every authenticated user is bound to: discovery and self-reviews.
+            object("b", TYPES[0], "", json!({"metadata": {"name": "system:discovery"}, "rules": [
+                {"nonResourceURLs": ["/api", "/apis", "/version"], "verbs": ["get"]}]})),
+            object("b", TYPES[0], "", json!({"metadata": {"name": "system:basic-user"}, "rules": [
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]}]})),
+            object("b", TYPES[1], "", json!({"metadata": {"name": "system:discovery"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:discovery"},
+                "subjects": [{"kind": "Group", "name": "system:authenticated"}]})),
+            object("b", TYPES[1], "", json!({"metadata": {"name": "system:basic-user"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:basic-user"},
+                "subjects": [{"kind": "Group", "name": "system:authenticated"}]})),
             object("b", TYPES[1], "", json!({"metadata": {"name": "devs-cm"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"},
                 "subjects": [{"kind": "Group", "name": "devs"}]})),
@@ -452,6 +483,7 @@ mod tests {
         assert!(rbac.secret_data(&erin, at(&a, &none), "team-0"));
         assert!(!rbac.secret_data(&erin, at(&a, &none), "team-1"));
         assert!(rbac.sees_cluster(&erin, at(&a, &none)));
+        // Bound in b only to what every authenticated user is: b does not exist for her.
         assert!(!rbac.sees_cluster(&erin, at(&b, &none)));
         assert!(!rbac.sees_cluster(&who("eve", &[]), at(&a, &none)));
     }

@@ -494,13 +494,21 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub grpc_max_in_flight: u64,
     /// Connections open at once (gRPC and metrics each); a connection beyond is closed
-    /// at once, with a log line.
+    /// at once, with a log line. With mutual TLS, an eighth of them is kept for
+    /// connections with a client certificate.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub grpc_max_connections: u64,
-    /// How long a new connection may take to complete its TLS handshake (in plaintext,
-    /// to begin speaking HTTP/2) before it is closed.
+    /// Connections one peer address may have open at once (gRPC and metrics each).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_connections_per_address: u64,
+    /// How long a new connection may take to complete its TLS handshake and begin
+    /// speaking HTTP/2 before it is closed.
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     pub grpc_handshake_timeout: Duration,
+    /// How long a gRPC connection may have no call open before it is closed with an
+    /// HTTP/2 GOAWAY (clients open a new connection for their next call).
+    #[arg(long, default_value = "5m", value_parser = crate::config::parse_duration)]
+    pub grpc_idle_timeout: Duration,
     /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
     /// with the processes it started, and its cluster reported as failing.
     #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
@@ -669,10 +677,16 @@ impl EngineArgs {
         }
     }
 
-    pub fn admission(&self) -> crate::server::tls::Admission {
+    /// How connections are admitted; with `keep_for_certificates` (mutual TLS), some
+    /// places are kept for connections with a client certificate.
+    pub fn admission(&self, keep_for_certificates: bool) -> crate::server::tls::Admission {
         crate::server::tls::Admission {
             max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
+            keep_for_certificates,
+            max_connections_per_address: usize::try_from(self.grpc_max_connections_per_address)
+                .unwrap_or(usize::MAX),
             handshake_timeout: self.grpc_handshake_timeout,
+            idle_timeout: self.grpc_idle_timeout,
         }
     }
 

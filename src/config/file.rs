@@ -149,6 +149,10 @@ pub struct GrpcFile {
     pub max_connections: Option<u64>,
     /// How long a connection may take to its handshake (`--grpc-handshake-timeout`).
     pub handshake_timeout: Option<String>,
+    /// Connections one address may have open (`--grpc-max-connections-per-address`).
+    pub max_connections_per_address: Option<u64>,
+    /// How long a connection may have no call open (`--grpc-idle-timeout`).
+    pub idle_timeout: Option<String>,
     /// The longest a List page or Count may take to evaluate (`--query-timeout`).
     pub query_timeout: Option<String>,
     /// Watch streams one caller may have open (`--grpc-max-watches-per-caller`).
@@ -357,6 +361,8 @@ const KEYS: &[&str] = &[
     "maxInFlight",
     "maxConnections",
     "handshakeTimeout",
+    "maxConnectionsPerAddress",
+    "idleTimeout",
     "queryTimeout",
     "maxWatchesPerCaller",
     "stallTimeout",
@@ -413,6 +419,11 @@ const KEY_OF: &[(&str, &str)] = &[
     ("grpc_max_in_flight", "grpc.maxInFlight"),
     ("grpc_max_connections", "grpc.maxConnections"),
     ("grpc_handshake_timeout", "grpc.handshakeTimeout"),
+    (
+        "grpc_max_connections_per_address",
+        "grpc.maxConnectionsPerAddress",
+    ),
+    ("grpc_idle_timeout", "grpc.idleTimeout"),
     ("query_timeout", "grpc.queryTimeout"),
     ("grpc_max_watches_per_caller", "grpc.maxWatchesPerCaller"),
     ("watch_stall_timeout", "watch.stallTimeout"),
@@ -762,6 +773,16 @@ impl FileConfig {
             }
             if let Some(v) = &g.handshake_timeout {
                 give("grpc.handshakeTimeout", "grpc_handshake_timeout", one(v));
+            }
+            if let Some(v) = g.max_connections_per_address {
+                give(
+                    "grpc.maxConnectionsPerAddress",
+                    "grpc_max_connections_per_address",
+                    one(&v),
+                );
+            }
+            if let Some(v) = &g.idle_timeout {
+                give("grpc.idleTimeout", "grpc_idle_timeout", one(v));
             }
             if let Some(v) = &g.query_timeout {
                 give("grpc.queryTimeout", "query_timeout", one(v));

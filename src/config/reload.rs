@@ -52,6 +52,8 @@ const AT_RESTART: &[&str] = &[
     "--query-timeout",
     "--watch-stall-timeout",
     "--grpc-handshake-timeout",
+    "--grpc-max-connections-per-address",
+    "--grpc-idle-timeout",
     "--tls-cert",
     "--tls-key",
     "--client-ca",

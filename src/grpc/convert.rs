@@ -122,6 +122,10 @@ pub(crate) fn query(q: &proto::Query) -> Result<Query, FleetError> {
     sized("query.label_selector", &q.label_selector)?;
     sized("query.field_selector", &q.field_selector)?;
     let clusters = cluster_filter(&q.clusters, &q.cluster_selector)?;
+    // Parsed once more to count its terms: a cluster filter keeps its selector whole.
+    if let Ok(selector) = LabelSelector::parse(&q.cluster_selector) {
+        termed("query.cluster_selector", label_terms(&selector))?;
+    }
     let labels = LabelSelector::parse(&q.label_selector)
         .map_err(|e| FleetError::InvalidArgument(format!("query.label_selector: {e}")))?;
     termed("query.label_selector", label_terms(&labels))?;
@@ -271,6 +275,14 @@ mod tests {
                 .join(",")
         }));
         assert!(m.contains("300 terms") && m.contains("256"), "{m}");
+        let m = refused(pods(|q| {
+            let values: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
+            q.cluster_selector = format!("region in ({})", values.join(","));
+        }));
+        assert!(
+            m.starts_with("query.cluster_selector") && m.contains("256"),
+            "{m}"
+        );
         let m = refused(pods(|q| {
             let values: Vec<String> = (0..300).map(|i| format!("v{i}")).collect();
             q.label_selector = format!("app in ({})", values.join(","));

@@ -357,9 +357,8 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         &self,
         request: Request<proto::GetStoreRequest>,
     ) -> Result<Response<proto::GetStoreResponse>, Status> {
-        // Any identity the server admits may read the store's figures.
-        access(&request)?;
-        let Some(s) = self.fleet.store().await.map_err(status)? else {
+        let access = access(&request)?;
+        let Some(s) = self.fleet.store(&access).await.map_err(status)? else {
             return Ok(Response::new(proto::GetStoreResponse::default()));
         };
         Ok(Response::new(proto::GetStoreResponse {

@@ -1,6 +1,7 @@
 //! The gRPC server: the Fleet service, standard health checking and server reflection
 //! (v1 and v1alpha, so grpcurl of any age can `list` and `describe`).
 
+pub mod idle;
 pub mod limits;
 pub mod run;
 pub mod tls;
@@ -135,6 +136,8 @@ pub async fn serve_with<F: Fleet>(
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         // Counted first, so a shed request is counted as the UNAVAILABLE it gets.
         .layer(metrics)
+        // Each request's stream is counted on its connection, so an idle one closes.
+        .layer(idle::StreamsLayer)
         .layer(WireErrorsLayer)
         .layer(ShedLayer::new(limits.max_in_flight))
         .layer(AuthLayer::new(security.guard))

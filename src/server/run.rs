@@ -564,7 +564,7 @@ fn secure(
     Ok(server::Security {
         tls,
         guard,
-        admission: engine.admission(),
+        admission: engine.admission(args.client_ca.is_some()),
     })
 }
 

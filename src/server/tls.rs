@@ -19,6 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::idle::{self, ConnStreams, Frames, PREFACE};
+
 /// The files a TLS server is configured from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -175,6 +177,9 @@ pub struct PeerInfo {
     /// When the client certificate stops being valid (its `notAfter`): a stream
     /// it authenticated ends then.
     pub certificate_expires: Option<std::time::SystemTime>,
+    /// The streams the connection has open (gRPC connections only), for closing it
+    /// once idle.
+    pub streams: Option<Arc<ConnStreams>>,
 }
 
 impl PeerInfo {
@@ -189,11 +194,103 @@ enum Io {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// An admitted connection: counted against the cap until it closes.
+impl Io {
+    fn read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+
+    fn write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+}
+
+/// What an HTTP/2 connection follows to close itself once idle (see [`super::idle`]).
+struct Idle {
+    streams: Arc<ConnStreams>,
+    timeout: Duration,
+    incoming: Frames,
+    outgoing: Frames,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The GOAWAY being written, and how much of it is.
+    goaway: Option<(Vec<u8>, usize)>,
+    /// Written: the connection reads as ended.
+    closed: bool,
+}
+
+impl Idle {
+    /// Decides whether the connection has idled long enough (arming the timer that
+    /// wakes it when it will have), and if so, and the server is between frames,
+    /// begins the GOAWAY.
+    fn check(&mut self, cx: &mut Context<'_>, remote: Option<SocketAddr>) {
+        if self.goaway.is_some() || self.closed {
+            return;
+        }
+        self.streams.register(cx);
+        let Some(deadline) = self.streams.idle_deadline(self.timeout, self.timeout) else {
+            return;
+        };
+        if tokio::time::Instant::now() < deadline {
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            if timer.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
+            }
+            return;
+        }
+        if self.outgoing.between_frames() {
+            idle::CLOSED_IDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(remote = ?remote, idle = ?self.timeout, "closing an idle connection (GOAWAY)");
+            self.goaway = Some((idle::goaway(self.incoming.last_stream(), "idle"), 0));
+        }
+    }
+
+    /// Writes what is left of the GOAWAY: ready once it is written and flushed.
+    fn send_goaway(&mut self, io: &mut Io, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let Some((frame, written)) = &mut self.goaway else {
+            return Poll::Ready(Ok(()));
+        };
+        while *written < frame.len() {
+            match io.write(cx, &frame[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => *written += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        std::task::ready!(io.flush(cx))?;
+        self.goaway = None;
+        self.closed = true;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// An admitted connection: counted against the caps until it closes.
 pub struct Conn {
     io: Io,
     info: PeerInfo,
-    _admitted: tokio::sync::OwnedSemaphorePermit,
+    /// Bytes read to see the client begin to speak, given to the server first.
+    prefix: Vec<u8>,
+    idle: Option<Idle>,
+    _admitted: Admitted,
 }
 
 impl tonic::transport::server::Connected for Conn {
@@ -210,10 +307,30 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        let this = &mut *self;
+        if let Some(idle) = &mut this.idle {
+            idle.check(cx, this.info.remote);
+            std::task::ready!(idle.send_goaway(&mut this.io, cx))?;
+            if idle.closed {
+                // The server reads the end of the connection, and closes it.
+                return Poll::Ready(Ok(()));
+            }
         }
+        if !this.prefix.is_empty() {
+            let n = this.prefix.len().min(buf.remaining());
+            let taken: Vec<u8> = this.prefix.drain(..n).collect();
+            buf.put_slice(&taken);
+            if let Some(idle) = &mut this.idle {
+                idle.incoming.saw(&taken);
+            }
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let read = this.io.read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(idle)) = (&read, &mut this.idle) {
+            idle.incoming.saw(&buf.filled()[before..]);
+        }
+        read
     }
 }
 
@@ -223,24 +340,20 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        let this = &mut *self;
+        if let Some(idle) = &mut this.idle {
+            // A GOAWAY begun is written whole before any other frame.
+            std::task::ready!(idle.send_goaway(&mut this.io, cx))?;
         }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        let written = this.io.write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some(idle)) = (&written, &mut this.idle) {
+            idle.outgoing.saw(&buf[..*n]);
+            if idle.outgoing.between_frames() {
+                // An expiry that waited for the end of a frame is due now.
+                cx.waker().wake_by_ref();
+            }
         }
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        written
     }
 
     fn poll_write_vectored(
@@ -248,16 +361,46 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match &mut self.io {
+        let this = &mut *self;
+        if let Some(idle) = &mut this.idle {
+            std::task::ready!(idle.send_goaway(&mut this.io, cx))?;
+        }
+        let written = match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        };
+        if let (Poll::Ready(Ok(n)), Some(idle)) = (&written, &mut this.idle) {
+            let mut left = *n;
+            for b in bufs {
+                if left == 0 {
+                    break;
+                }
+                let take = left.min(b.len());
+                idle.outgoing.saw(&b[..take]);
+                left -= take;
+            }
+            if idle.outgoing.between_frames() {
+                cx.waker().wake_by_ref();
+            }
         }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
         match &self.io {
             Io::Plain(s) => s.is_write_vectored(),
             Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.io.flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -267,22 +410,166 @@ impl AsyncWrite for Conn {
 pub struct Admission {
     /// Connections open at once; one more is closed at once, with a log line.
     pub max_connections: usize,
-    /// How long a connection may take to complete its TLS handshake (or, in plaintext,
-    /// to send its first bytes) before it is closed.
+    /// Whether an eighth of `max_connections` (at least one) is kept for connections
+    /// that present a client certificate (with mutual TLS): others may not take the
+    /// last places.
+    pub keep_for_certificates: bool,
+    /// Connections one peer address may have open at once.
+    pub max_connections_per_address: usize,
+    /// How long a connection may take to complete its TLS handshake and send its
+    /// first bytes (the HTTP/2 preface) before it is closed.
     pub handshake_timeout: Duration,
+    /// How long a gRPC connection may have no stream open before it is closed with an
+    /// HTTP/2 GOAWAY (clients open a new one for their next call).
+    pub idle_timeout: Duration,
 }
 
 impl Default for Admission {
     fn default() -> Self {
         Self {
             max_connections: 4096,
+            keep_for_certificates: false,
+            max_connections_per_address: 256,
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
 
-/// How long between two "connection cap reached" log lines.
+impl Admission {
+    /// The places connections without a client certificate may take.
+    fn without_certificate(&self) -> usize {
+        let max = self.max_connections.max(1);
+        if !self.keep_for_certificates {
+            return max;
+        }
+        max - (max / 8).max(1).min(max - 1)
+    }
+}
+
+/// How long between two log lines about refused connections, per reason.
 const CAP_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Why a connection was refused at admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_connections` are open.
+    Cap,
+    /// Its address has `max_connections_per_address` open.
+    AddressCap,
+    /// Without a client certificate, and only the places kept for those with one
+    /// are left.
+    Unauthenticated,
+}
+
+impl Refusal {
+    /// Every reason.
+    pub const ALL: [Refusal; 3] = [Refusal::Cap, Refusal::AddressCap, Refusal::Unauthenticated];
+
+    /// The reason as metrics label it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Cap => "cap",
+            Refusal::AddressCap => "address_cap",
+            Refusal::Unauthenticated => "reserved",
+        }
+    }
+
+    fn log(self, admission: &Admission, remote: SocketAddr, refused: u64) {
+        match self {
+            Refusal::Cap => tracing::warn!(
+                max_connections = admission.max_connections,
+                refused,
+                %remote,
+                "connection cap reached: closing new connections until some close (--grpc-max-connections)"
+            ),
+            Refusal::AddressCap => tracing::warn!(
+                max_connections_per_address = admission.max_connections_per_address,
+                refused,
+                %remote,
+                "one address has its most connections open: closing its new ones (--grpc-max-connections-per-address)"
+            ),
+            Refusal::Unauthenticated => tracing::warn!(
+                max_connections = admission.max_connections,
+                kept = admission.max_connections.saturating_sub(admission.without_certificate()),
+                refused,
+                %remote,
+                "only the connection places kept for callers with a client certificate are left: closing new connections without one"
+            ),
+        }
+    }
+}
+
+/// Connections refused since start, by reason (in the order of [`Refusal::ALL`]).
+pub static REFUSED: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// Counts a refusal and logs it, at most once per [`CAP_LOG_EVERY`] per reason.
+#[derive(Default)]
+struct Refusals {
+    last_log: [Option<tokio::time::Instant>; 3],
+    since_log: [u64; 3],
+}
+
+impl Refusals {
+    fn refuse(&mut self, why: Refusal, admission: &Admission, remote: SocketAddr) {
+        let i = why as usize;
+        REFUSED[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.since_log[i] += 1;
+        if self.last_log[i].is_none_or(|t| t.elapsed() >= CAP_LOG_EVERY) {
+            why.log(admission, remote, self.since_log[i]);
+            self.last_log[i] = Some(tokio::time::Instant::now());
+            self.since_log[i] = 0;
+        }
+    }
+}
+
+/// The open connections per peer address.
+type ByAddress = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// What a connection holds while open: its place under the cap, under its address's
+/// cap, and among those without a client certificate.
+struct Admitted {
+    _place: tokio::sync::OwnedSemaphorePermit,
+    _address: AddressPlace,
+    _uncertified: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A connection's place under its address's cap, given back when dropped.
+struct AddressPlace {
+    open: ByAddress,
+    ip: std::net::IpAddr,
+}
+
+impl AddressPlace {
+    fn take(open: &ByAddress, ip: std::net::IpAddr, max: usize) -> Option<Self> {
+        let mut map = open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(ip).or_default();
+        if *n >= max.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            open: open.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut map = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// The protocol a listener speaks, as TLS negotiates it (ALPN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,9 +591,16 @@ pub fn incoming(
 ) -> impl futures::Stream<Item = Result<Conn, std::io::Error>> + Send + 'static {
     let (tx, rx) = mpsc::channel::<Result<Conn, std::io::Error>>(64);
     let open = Arc::new(Semaphore::new(admission.max_connections.max(1)));
+    let uncertified = Arc::new(Semaphore::new(admission.without_certificate()));
+    let by_address = ByAddress::default();
+    let refusals = Arc::new(std::sync::Mutex::new(Refusals::default()));
+    let refuse = move |why: Refusal, remote: SocketAddr| {
+        refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refuse(why, &admission, remote);
+    };
     tokio::spawn(async move {
-        let mut last_cap_log: Option<tokio::time::Instant> = None;
-        let mut refused = 0u64;
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -323,19 +617,16 @@ pub fn incoming(
                     continue;
                 }
             };
-            let Ok(admitted) = open.clone().try_acquire_owned() else {
-                refused += 1;
-                if last_cap_log.is_none_or(|t| t.elapsed() >= CAP_LOG_EVERY) {
-                    tracing::warn!(
-                        max_connections = admission.max_connections,
-                        refused,
-                        %remote,
-                        "connection cap reached: closing new connections until some close (--grpc-max-connections)"
-                    );
-                    last_cap_log = Some(tokio::time::Instant::now());
-                    refused = 0;
-                }
-                drop(tcp);
+            let Ok(place) = open.clone().try_acquire_owned() else {
+                refuse(Refusal::Cap, remote);
+                continue;
+            };
+            let Some(address) = AddressPlace::take(
+                &by_address,
+                remote.ip(),
+                admission.max_connections_per_address,
+            ) else {
+                refuse(Refusal::AddressCap, remote);
                 continue;
             };
             let _ = tcp.set_nodelay(true);
@@ -351,50 +642,87 @@ pub fn incoming(
                 }
             });
             let tx = tx.clone();
+            let uncertified = uncertified.clone();
+            let refuse = refuse.clone();
             tokio::spawn(async move {
                 let handshake = handshake(tcp, remote, tls, protocol);
-                match tokio::time::timeout(admission.handshake_timeout, handshake).await {
-                    Ok(Ok((io, info))) => {
-                        let _ = tx
-                            .send(Ok(Conn {
-                                io,
-                                info,
-                                _admitted: admitted,
-                            }))
-                            .await;
-                    }
+                let (io, mut info, prefix) = match tokio::time::timeout(
+                    admission.handshake_timeout,
+                    handshake,
+                )
+                .await
+                {
+                    Ok(Ok(done)) => done,
                     Ok(Err(e)) => {
-                        tracing::debug!(%remote, error = %e, "connection closed during its handshake")
+                        tracing::debug!(%remote, error = %e, "connection closed during its handshake");
+                        return;
                     }
-                    Err(_) => tracing::debug!(
-                        %remote,
-                        timeout = ?admission.handshake_timeout,
-                        "connection closed: no handshake in time"
-                    ),
-                }
+                    Err(_) => {
+                        tracing::debug!(
+                            %remote,
+                            timeout = ?admission.handshake_timeout,
+                            "connection closed: no handshake and first bytes in time"
+                        );
+                        return;
+                    }
+                };
+                let uncertified = if matches!(info.certificate, Some(Ok(_))) {
+                    None
+                } else {
+                    match uncertified.try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        Err(_) => return refuse(Refusal::Unauthenticated, remote),
+                    }
+                };
+                let idle = (protocol == Protocol::Http2).then(|| {
+                    let streams = Arc::new(ConnStreams::default());
+                    info.streams = Some(streams.clone());
+                    Idle {
+                        streams,
+                        timeout: admission.idle_timeout,
+                        incoming: Frames::from_client(),
+                        outgoing: Frames::default(),
+                        timer: None,
+                        goaway: None,
+                        closed: false,
+                    }
+                });
+                let _ = tx
+                    .send(Ok(Conn {
+                        io,
+                        info,
+                        prefix,
+                        idle,
+                        _admitted: Admitted {
+                            _place: place,
+                            _address: address,
+                            _uncertified: uncertified,
+                        },
+                    }))
+                    .await;
             });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// The HTTP/2 connection preface's length: a plaintext client that has sent this much
-/// has begun to speak.
-const PREFACE: usize = 24;
-
+/// Completes a connection's handshake and waits for the client's first bytes
+/// (HTTP/2's whole preface, or the start of an HTTP/1 request), so that a client
+/// that connects and says nothing is closed within the handshake timeout: the peer,
+/// and the bytes read (in TLS) for the server to read first.
 async fn handshake(
     tcp: TcpStream,
     remote: SocketAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
     protocol: Protocol,
-) -> std::io::Result<(Io, PeerInfo)> {
+) -> std::io::Result<(Io, PeerInfo, Vec<u8>)> {
+    use tokio::io::AsyncReadExt as _;
+    let need = match protocol {
+        Protocol::Http2 => PREFACE,
+        Protocol::Http1 => 1,
+    };
     let Some(config) = tls else {
-        // Wait for the first bytes without taking them (hyper reads them): HTTP/2's
-        // whole preface, or any start of an HTTP/1 request (which may be short).
-        let need = match protocol {
-            Protocol::Http2 => PREFACE,
-            Protocol::Http1 => 1,
-        };
+        // Wait for the first bytes without taking them (hyper reads them).
         let mut buf = [0u8; PREFACE];
         loop {
             let n = tcp.peek(&mut buf).await?;
@@ -409,10 +737,11 @@ async fn handshake(
             tls: false,
             certificate: None,
             certificate_expires: None,
+            streams: None,
         };
-        return Ok((Io::Plain(tcp), info));
+        return Ok((Io::Plain(tcp), info, Vec::new()));
     };
-    let stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await?;
+    let mut stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await?;
     let leaf = stream
         .get_ref()
         .1
@@ -423,8 +752,18 @@ async fn handshake(
         tls: true,
         certificate: leaf.map(|c| certificate_subject(c.as_ref())),
         certificate_expires: leaf.and_then(|c| certificate_expiry(c.as_ref())),
+        streams: None,
     };
-    Ok((Io::Tls(Box::new(stream)), info))
+    let mut prefix = vec![0u8; need];
+    let mut filled = 0;
+    while filled < need {
+        match stream.read(&mut prefix[filled..]).await? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    prefix.truncate(filled);
+    Ok((Io::Tls(Box::new(stream)), info, prefix))
 }
 
 /// The TLS configuration in force, read again whenever one of its files changes or

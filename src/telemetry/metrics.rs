@@ -145,6 +145,30 @@ impl Collector for FleetCollector {
         )?;
         family(
             &mut e,
+            "fleetscope_grpc_connections_refused",
+            "Connections closed at admission (gRPC and metrics listeners), by reason: cap (--grpc-max-connections), address_cap (--grpc-max-connections-per-address), reserved (only the places kept for callers with a client certificate were left).",
+            MetricType::Counter,
+            crate::server::tls::Refusal::ALL
+                .iter()
+                .zip(&crate::server::tls::REFUSED)
+                .map(|(why, n)| {
+                    (
+                        vec![("reason", why.as_str().to_string())],
+                        ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed)),
+                    )
+                }),
+        )?;
+        single(
+            &mut e,
+            "fleetscope_grpc_connections_closed_idle",
+            "gRPC connections closed with a GOAWAY after --grpc-idle-timeout with no call open.",
+            MetricType::Counter,
+            ConstCounter::new(
+                crate::server::idle::CLOSED_IDLE.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+        )?;
+        family(
+            &mut e,
             "fleetscope_config_reloads",
             "Reloads of each input of serve (config: the configuration file and kubeconfigs; tokens; policy; tls), each after its files' content changed or on SIGHUP.",
             MetricType::Counter,

@@ -583,7 +583,14 @@ impl Fleet for Engine {
             .collect())
     }
 
-    async fn store(&self) -> Result<Option<StoreStats>, FleetError> {
+    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+        let path = fleetscope_model::access::STORE_ENDPOINT;
+        if !access.policy().endpoint(access.subject(), path) {
+            return Err(FleetError::PermissionDenied(format!(
+                "{} may not read the store's figures: a grant of nonResourceURLs [{path:?}] is needed",
+                access.subject()
+            )));
+        }
         Ok(self.store_stats())
     }
 }

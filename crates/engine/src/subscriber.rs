@@ -7,6 +7,12 @@
 //! Every event is checked against the policy in force: when a new policy takes away
 //! (or grants) some of what a subscriber watches, the objects leaving its grant are
 //! `Deleted` for it, and those entering it `Added`, at the revision it has reached.
+//!
+//! Filters are evaluated on the engine's query threads, as List and Count are, not on
+//! the async workers: the initial objects a page at a time, and the live events of a
+//! costly filter (a field selector, or many label terms) a batch at a time. So many
+//! Watches with heavy filters take their turn with the queries and never hold up
+//! another client's call.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -52,7 +58,9 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
     let stalled: Arc<std::sync::Mutex<Option<FleetError>>> = Arc::default();
     let producer = Producer {
         reached: reached.clone(),
-        query,
+        costly: costly(&query),
+        query: Arc::new(query),
+        pool: engine.queries.clone(),
         projection: r.projection,
         filter: r.query.clusters,
         labels: engine.status.all_labels(),
@@ -92,9 +100,22 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
 /// What a producer hands over.
 type Delivery = Result<WatchEvent, FleetError>;
 
+/// Objects of the initial state evaluated per turn on a query thread.
+const INITIAL_PAGE: usize = 1024;
+
+/// Whether evaluating `query` against each live event is worth a query thread: a
+/// field selector (which may read the object's JSON), or more than a few label terms.
+fn costly(query: &fleetscope_index::Query) -> bool {
+    !query.fields.is_empty() || query.labels.requirements().len() > 8
+}
+
 /// One subscriber's producer.
 struct Producer {
-    query: fleetscope_index::Query,
+    query: Arc<fleetscope_index::Query>,
+    /// Whether `query`'s live evaluation runs on a query thread.
+    costly: bool,
+    /// The engine's query threads' places.
+    pool: Arc<tokio::sync::Semaphore>,
     projection: Projection,
     filter: ClusterFilter,
     /// Labels of the clusters seen, kept after a cluster leaves (its DELETEDs are
@@ -185,13 +206,14 @@ impl Producer {
         shown(object, self.policy.as_ref(), self.access.subject(), labels)
     }
 
-    /// What a change means to this subscriber, if anything.
-    fn event(&mut self, e: &Event) -> Option<WatchEvent> {
+    /// What a change means to this subscriber, if anything, given what it means to
+    /// its filter (`kind`, from [`Producer::transitions`]).
+    fn event(&mut self, e: &Event, kind: Option<EventType>) -> Option<WatchEvent> {
         let key = &e.object.key;
         if !self.selects(&key.cluster) || !self.granted(&key.cluster, &key.namespace) {
             return None;
         }
-        let kind = transition(&self.query, e)?;
+        let kind = kind?;
         Some(WatchEvent::Object {
             kind,
             object: self.show(fleet_object(
@@ -201,6 +223,35 @@ impl Producer {
             )),
             revision: e.revision,
         })
+    }
+
+    /// What each event means to the filter: evaluated here when that is cheap, on a
+    /// query thread when the filter is costly. `None` once the engine stops.
+    async fn transitions(&self, events: &[Arc<Event>]) -> Option<Vec<Option<EventType>>> {
+        if !self.costly {
+            return Some(events.iter().map(|e| transition(&self.query, e)).collect());
+        }
+        let (query, events) = (self.query.clone(), events.to_vec());
+        self.on_pool(move || events.iter().map(|e| transition(&query, e)).collect())
+            .await
+    }
+
+    /// Runs `work` on one of the engine's query threads, once one is free; `None`
+    /// when the engine stops first.
+    async fn on_pool<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let place = tokio::select! {
+            p = self.pool.clone().acquire_owned() => p.ok()?,
+            _ = self.cancel.cancelled() => return None,
+        };
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            work()
+        })
+        .await
+        .ok()
     }
 
     /// Puts a new policy in force, at the revision of `snapshot`, which the subscriber
@@ -345,14 +396,41 @@ impl Producer {
     async fn run(mut self, subscription: Subscription) {
         let Subscription { snapshot, mut feed } = subscription;
         if let Some(initial) = self.initial.take() {
-            for o in snapshot.matching(&initial, None) {
-                let e = WatchEvent::Object {
-                    kind: EventType::Added,
-                    object: self.show(fleet_object(o, self.projection, None)),
-                    revision: o.revision,
-                };
-                if !self.send(e).await {
+            let initial = Arc::new(initial);
+            let mut after: Option<fleetscope_model::ObjectKey> = None;
+            loop {
+                let (state, query, from, projection) = (
+                    snapshot.clone(),
+                    initial.clone(),
+                    after.take(),
+                    self.projection,
+                );
+                let Some(page) = self
+                    .on_pool(move || {
+                        state
+                            .matching(&query, from.as_ref())
+                            .take(INITIAL_PAGE)
+                            .map(|o| (fleet_object(o, projection, None), o.revision))
+                            .collect::<Vec<_>>()
+                    })
+                    .await
+                else {
                     return;
+                };
+                let more = page.len() == INITIAL_PAGE;
+                for (object, revision) in page {
+                    after = Some(object.key.clone());
+                    let e = WatchEvent::Object {
+                        kind: EventType::Added,
+                        object: self.show(object),
+                        revision,
+                    };
+                    if !self.send(e).await {
+                        return;
+                    }
+                }
+                if !more {
+                    break;
                 }
             }
             let at = snapshot.revision();
@@ -370,12 +448,15 @@ impl Producer {
                 _ = self.tx.closed() => return,
                 r = feed.next() => match r {
                     Ok(events) => {
-                        for e in &events {
+                        let Some(kinds) = self.transitions(&events).await else {
+                            return;
+                        };
+                        for (e, kind) in events.iter().zip(kinds) {
                             // Changes after a new policy's snapshot are checked against it.
                             if !self.maybe_switch(Revision(e.revision.0.saturating_sub(1))).await {
                                 return;
                             }
-                            if let Some(ev) = self.event(e)
+                            if let Some(ev) = self.event(e, kind)
                                 && !self.send(ev).await
                             {
                                 return;

@@ -169,7 +169,21 @@ pub trait Policy: Send + Sync + 'static {
 
     /// Whether the subject is granted anything at all in `cluster`.
     fn sees_cluster(&self, who: &Subject, cluster: ClusterRef<'_>) -> bool;
+    /// Whether the subject may read an endpoint that is not a resource (its path:
+    /// [`METRICS_ENDPOINT`], [`STORE_ENDPOINT`]), as Kubernetes RBAC grants
+    /// `nonResourceURLs`. Nothing is granted unless a policy says so.
+    fn endpoint(&self, who: &Subject, path: &str) -> bool {
+        let _ = (who, path);
+        false
+    }
 }
+
+/// The Prometheus endpoint, as policies name it: it shows every cluster's name and
+/// figures, so it needs a grant of its own.
+pub const METRICS_ENDPOINT: &str = "/metrics";
+
+/// The store's figures (`GetStore`), as policies name them.
+pub const STORE_ENDPOINT: &str = "/store";
 
 /// The policy that grants everything to everyone.
 #[derive(Debug, Clone, Copy, Default)]
@@ -183,6 +197,9 @@ impl Policy for Everything {
         true
     }
     fn sees_cluster(&self, _: &Subject, _: ClusterRef<'_>) -> bool {
+        true
+    }
+    fn endpoint(&self, _: &Subject, _: &str) -> bool {
         true
     }
 }

@@ -557,8 +557,12 @@ pub trait Fleet: Send + Sync + 'static {
         &self,
         access: &Access,
     ) -> impl Future<Output = Result<Vec<ResourceTypeInfo>, FleetError>> + Send;
-    /// Store figures; `None` when running in memory.
-    fn store(&self) -> impl Future<Output = Result<Option<StoreStats>, FleetError>> + Send;
+    /// Store figures; `None` when running in memory. Only for a caller granted
+    /// [`crate::access::STORE_ENDPOINT`]: others are `PermissionDenied`.
+    fn store(
+        &self,
+        access: &Access,
+    ) -> impl Future<Output = Result<Option<StoreStats>, FleetError>> + Send;
 }
 
 /// A fleet that is not there yet (a store still loading): every call is
@@ -618,8 +622,8 @@ impl<F: Fleet> Fleet for Deferred<F> {
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         self.ready()?.resource_types(access).await
     }
-    async fn store(&self) -> Result<Option<StoreStats>, FleetError> {
-        self.ready()?.store().await
+    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+        self.ready()?.store(access).await
     }
 }
 

@@ -814,6 +814,21 @@ fn resolve_namespace(
 }
 
 fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
+    // RBAC objects are named as path segments (`system:discovery`), as the API server
+    // validates them (ValidateRBACName).
+    if def.group == "rbac.authorization.k8s.io" {
+        return if name.is_empty() || name == "." || name == ".." || name.contains(['/', '%']) {
+            Err(ApiError::invalid(
+                &def.kind,
+                name,
+                format!(
+                    "metadata.name: Invalid value: \"{name}\": may not be '.' or '..', and may not contain '/' or '%'"
+                ),
+            ))
+        } else {
+            Ok(())
+        };
+    }
     let ok = name.len() <= 253
         && name.split('.').all(|p| {
             !p.is_empty()
