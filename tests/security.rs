@@ -154,9 +154,12 @@ impl Setup {
             tokens_file(&[
                 ("bob-token", "bob", &["ops"]),
                 ("carol-token", "carol", &[]),
+                // Named as alice's certificate, in her group: another identity.
+                ("alice-token", "alice", &["team-a"]),
             ]),
         )
         .unwrap();
+        std::fs::write(dir.path().join("alice.token"), "alice-token").unwrap();
         std::fs::write(dir.path().join("bob.token"), "bob-token\n").unwrap();
         std::fs::write(dir.path().join("carol.token"), "carol-token").unwrap();
         std::fs::write(dir.path().join("wrong.token"), "guess").unwrap();
@@ -530,6 +533,18 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // Bound to the whole identity: the same user and groups by a token are another.
+    let e = s
+        .client(Who::Token("alice"))
+        .await
+        .unwrap()
+        .list(proto::ListRequest {
+            page_token: first.next_page_token.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(
         alice
             .list(proto::ListRequest {

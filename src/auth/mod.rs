@@ -323,6 +323,17 @@ fn bearer_token(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+impl Credential {
+    /// How it authenticates, as callers' identities are keyed.
+    fn kind(&self) -> &'static str {
+        match self {
+            Credential::None => "none",
+            Credential::Token(_) => "token",
+            Credential::Certificate(_) => "certificate",
+        }
+    }
+}
+
 impl std::fmt::Debug for Credential {
     // A token is never written out.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -506,7 +517,8 @@ impl Guard {
         let (subject, credential) = self.subject(headers, peer).await?;
         let admitted = |policy: &watch::Receiver<Arc<dyn Policy>>| {
             Some(Admitted {
-                access: Access::new(subject.clone(), policy.clone()),
+                access: Access::new(subject.clone(), policy.clone())
+                    .authenticated_by(credential.kind()),
                 subject: subject.clone(),
                 credential: credential.clone(),
             })

@@ -144,7 +144,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         request: Request<proto::ListRequest>,
     ) -> Result<Response<proto::ListResponse>, Status> {
         let access = access(&request)?;
-        let caller = access.subject().user.clone();
+        let caller = access.caller();
         let r = request.into_inner();
         // A continued list carries its query and snapshot in the token.
         let (query, after) = if r.page_token.is_empty() {
@@ -261,7 +261,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             .filter(|d| !d.is_zero())
             .unwrap_or(self.config.bookmark_interval)
             .max(Duration::from_millis(10));
-        let caller = access.subject().user.clone();
+        let caller = access.caller();
         let place = self
             .subscribers
             .admit(&caller, self.config.max_watches_per_caller)
@@ -269,7 +269,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             .ok_or_else(|| {
                 Status::resource_exhausted(format!(
                     "{} has {} Watch streams open, the most one caller may: end one first",
-                    echo(&caller),
+                    echo(&access.subject().user),
                     self.config.max_watches_per_caller
                 ))
             })?;

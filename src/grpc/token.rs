@@ -66,7 +66,8 @@ const MAX_TOKEN: usize = 64 * 1024;
 fn signature(key: &TokenKey, payload: &[u8], caller: &str) -> ring::hmac::Tag {
     let mut ctx = ring::hmac::Context::with_key(&key.0);
     ctx.update(payload);
-    // A separator no user name holds, so (payload, caller) pairs cannot collide.
+    // A separator the payload (JSON) never holds, so (payload, caller) pairs cannot
+    // collide.
     ctx.update(&[0]);
     ctx.update(caller.as_bytes());
     ctx.sign()

@@ -442,7 +442,7 @@ impl Fleet for Engine {
         }
         if page.next.is_some() {
             // The next page reads this snapshot too, for as long as tokens live.
-            self.index.pin(snapshot.clone(), &r.access.subject().user);
+            self.index.pin(snapshot.clone(), &r.access.caller());
         }
         let items = page
             .items

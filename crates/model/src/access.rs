@@ -210,6 +210,8 @@ impl Policy for Everything {
 pub struct Access {
     subject: Arc<Subject>,
     policy: tokio::sync::watch::Receiver<Arc<dyn Policy>>,
+    /// How the subject was authenticated (`certificate`, `token`, `none`).
+    via: &'static str,
 }
 
 impl fmt::Debug for Access {
@@ -234,7 +236,30 @@ impl Access {
         Self {
             subject: Arc::new(subject),
             policy,
+            via: "",
         }
+    }
+
+    /// This access, saying how its subject was authenticated (`certificate`,
+    /// `token`, `none`): part of [`Access::caller`].
+    pub fn authenticated_by(mut self, via: &'static str) -> Self {
+        self.via = via;
+        self
+    }
+
+    /// The whole identity, as what is bound to a caller is keyed (page tokens, page
+    /// pins, the Watch cap): how it was authenticated, the user and every group, so
+    /// a user of one name by another means, or in other groups, is another caller.
+    pub fn caller(&self) -> String {
+        let mut groups: Vec<&str> = self.subject.groups.iter().map(String::as_str).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        // Each part with its length before it: no name can pass for two.
+        let mut key = self.via.to_string();
+        for part in std::iter::once(self.subject.user.as_str()).chain(groups) {
+            key.push_str(&format!("/{}:{part}", part.len()));
+        }
+        key
     }
 
     /// A caller granted everything, under a policy that never changes.
@@ -383,5 +408,36 @@ mod tests {
         assert!(reach.allows(&name, "a"));
         assert!(!reach.allows(&name, "b"));
         assert!(!reach.allows(&ClusterName::from("other"), "a"));
+    }
+
+    #[test]
+    fn a_caller_is_its_whole_identity() {
+        let access = |user: &str, groups: &[&str], via| {
+            Access::new(
+                Subject {
+                    user: user.into(),
+                    groups: groups.iter().map(|g| g.to_string()).collect(),
+                },
+                Access::everything().policy,
+            )
+            .authenticated_by(via)
+        };
+        let alice = access("alice", &["a", "b"], "certificate");
+        assert_eq!(
+            alice.caller(),
+            access("alice", &["b", "a"], "certificate").caller()
+        );
+        assert_ne!(
+            alice.caller(),
+            access("alice", &["a", "b"], "token").caller()
+        );
+        assert_ne!(
+            alice.caller(),
+            access("alice", &["a"], "certificate").caller()
+        );
+        assert_ne!(
+            access("a", &["b"], "token").caller(),
+            access("a\0b", &[], "token").caller()
+        );
     }
 }
