@@ -667,7 +667,9 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
         .into_inner()
         .total;
     assert_eq!(count, held);
+    // Neither a LIST nor a streaming list (a WATCH that sends the state first).
     assert_eq!(cluster.requests_of(fleetscope_sim::Verb::List), 0);
+    assert_eq!(cluster.lists_of(fleetscope_sim::ListKind::Streaming), 0);
     // The store reports itself.
     let out = Command::new(BIN)
         .args(["store", "--server", &format!("http://{addr}")])

@@ -74,7 +74,8 @@ async fn listed(port: u16, resource: &str) -> Option<BTreeMap<(String, String, S
 }
 
 /// Opens the store as the killed process left it and checks each stream's objects
-/// against its cluster's history at the stored resourceVersion.
+/// against its cluster's history at the stored resourceVersion; returns how many
+/// streams of the churned type (configmaps) were checked.
 fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
     let opened = fleetscope_store::SledStore::open(data).expect("the store opens after SIGKILL");
     assert!(
@@ -127,7 +128,10 @@ fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
             s.cluster,
             s.resource.name()
         );
-        checked += 1;
+        // The pods do not change: only a churned stream's check says anything.
+        if s.resource.plural == "configmaps" {
+            checked += 1;
+        }
     }
     // Objects are never stored for a stream whose resume point is not.
     for (k, objects) in &held {
@@ -199,9 +203,12 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
         server.kill();
     }
     checked += check_store(&data, &fleet);
+    // Two churned streams (one per cluster) after each of the kills: most of them
+    // must be checkable (the simulated history reaches back to the stored point).
     assert!(
         checked >= RESTARTS,
-        "stores were checked ({checked} streams)"
+        "churned streams were checked after the kills: {checked} of {}",
+        2 * RESTARTS
     );
 
     // With the load stopped, one more start converges to the clusters.

@@ -94,3 +94,50 @@ async fn an_outage_is_logged_once_when_it_begins_and_once_when_it_ends() {
     server.kill();
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_api_server_answers_malformed_json_reads_as_an_error_saying_so() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 40).await;
+    // sim-2 answers every list and watch of configmaps with a body that is not JSON.
+    fleet.servers()[1].cluster().garble(Some("configmaps"));
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &["--no-persist", "--resources", "configmaps,namespaces"],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    let r = common::wait_for_clusters(&mut c, "sim-2 in error, sim-1 synced", |r| {
+        let freshness = |name: &str| {
+            r.clusters
+                .iter()
+                .find(|c| c.name == name)
+                .map(|c| c.freshness)
+        };
+        freshness("sim-1") == Some(proto::Freshness::Synced as i32)
+            && freshness("sim-2") == Some(proto::Freshness::Error as i32)
+    })
+    .await;
+    let sim2 = r.clusters.iter().find(|c| c.name == "sim-2").unwrap();
+    assert!(!sim2.last_error.is_empty(), "{sim2:#?}");
+    assert!(
+        !sim2.last_error.contains("initial list in progress"),
+        "{sim2:#?}"
+    );
+    let stream = streams_of(&r, "sim-2")
+        .into_iter()
+        .find(|s| s.resource == "configmaps")
+        .unwrap();
+    assert!(!stream.last_error.is_empty(), "{stream:#?}");
+    // The API server mends: the stream syncs and the error goes.
+    fleet.servers()[1].cluster().garble(None);
+    common::wait_for_clusters(&mut c, "sim-2 synced", |r| {
+        r.clusters
+            .iter()
+            .all(|c| c.freshness == proto::Freshness::Synced as i32 && c.last_error.is_empty())
+    })
+    .await;
+    drop(server);
+    fleet.shutdown().await;
+}

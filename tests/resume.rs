@@ -256,7 +256,8 @@ async fn assert_token_refused(url: &str, token: &str, code: Code) {
     loop {
         let mut client = match FleetClient::connect(url.to_string()).await {
             Ok(c) => c,
-            Err(_) => {
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "never came up: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }

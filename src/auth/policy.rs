@@ -815,4 +815,15 @@ grants:
         );
         assert!(e.contains("grants[0].verbs[0]"), "{e}");
     }
+
+    proptest! {
+        /// The policy file is operator input: any text near its shape is a clear error
+        /// or a policy, never a panic.
+        #[test]
+        fn any_policy_text_parses_or_is_an_error(
+            text in "(grants:\n)?(  - (subjects|clusters|namespaces|resources|verbs|nonResourceURLs|clusterSelector|clusterScoped|secretData): [a-zA-Z0-9*./\\[\\] ,{}:=!-]{0,60}\n){0,6}\\PC{0,20}",
+        ) {
+            let _ = PolicyGrants::parse(Path::new("policy.yaml"), &text);
+        }
+    }
 }

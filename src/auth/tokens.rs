@@ -194,4 +194,15 @@ mod tests {
         assert!(m.contains("tokens[1].sha256") && m.contains("twice"), "{m}");
         assert!(e("").contains("empty"));
     }
+
+    proptest::proptest! {
+        /// The tokens file is operator input: any text is a clear error or a file,
+        /// never a panic.
+        #[test]
+        fn any_tokens_file_text_parses_or_is_an_error(
+            text in "(tokens:\n)?(  - (name|sha256|groups): [a-z0-9\\[\\] ,{}:]{0,70}\n){0,4}\\PC{0,20}",
+        ) {
+            let _ = Tokens::parse(Path::new("tokens.yaml"), &text);
+        }
+    }
 }

@@ -180,4 +180,28 @@ mod tests {
             assert!(e.message().len() < 300, "the token is not echoed");
         }
     }
+
+    proptest::proptest! {
+        /// A page token is untrusted input: any text, and any change to a real one,
+        /// is refused with INVALID_ARGUMENT, never a panic and never read.
+        #[test]
+        fn any_text_or_altered_token_is_refused_without_a_panic(
+            text in "\\PC{0,200}",
+            at in 0usize..400,
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let key = TokenKey::random();
+            let e = decode_token(&key, "alice", &text).unwrap_err();
+            proptest::prop_assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            let good = token(&key, "alice");
+            let mut altered = good.clone().into_bytes();
+            let i = at % altered.len();
+            if altered[i] != byte {
+                altered[i] = byte;
+                if let Ok(altered) = String::from_utf8(altered) {
+                    proptest::prop_assert!(decode_token(&key, "alice", &altered).is_err());
+                }
+            }
+        }
+    }
 }

@@ -487,6 +487,21 @@ pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Lists of each simulated cluster's state, however made: LIST requests and
+/// streaming lists (WATCHes that send the state first), as a restart or a reconnect
+/// that resumes must make none of either.
+pub fn lists(fleet: &SimFleet) -> Vec<u64> {
+    fleet
+        .servers()
+        .iter()
+        .map(|s| {
+            let c = s.cluster();
+            c.requests_of(fleetscope_sim::Verb::List)
+                + c.lists_of(fleetscope_sim::ListKind::Streaming)
+        })
+        .collect()
+}
+
 /// Makes a cluster serve the custom type `widgets.example.com` (namespaced, `Widget`,
 /// short name `wd`), holding one object of each name in namespace `team-0`.
 pub fn add_widgets(cluster: &fleetscope_sim::Cluster, names: &[&str]) {

@@ -90,11 +90,15 @@ impl StreamStatus {
         self.current_at.map(|t| t.elapsed())
     }
 
-    /// The stream's freshness.
+    /// The stream's freshness. One that has failed and never synced since is in
+    /// error (with its error), whether it is backing off or trying again.
     pub fn freshness(&self) -> Freshness {
         match self.state {
             StreamState::Forbidden | StreamState::NotFound => Freshness::Error,
             StreamState::Failed if self.synced_once => Freshness::Stale,
+            _ if !self.synced_once && !self.restored && self.last_error.is_some() => {
+                Freshness::Error
+            }
             _ if self.restored => Freshness::Restored,
             StreamState::Watching if self.synced_once => Freshness::Synced,
             _ if self.synced_once => Freshness::Stale,
@@ -637,5 +641,32 @@ impl StatusTable {
                 s.current_at = Some(Instant::now());
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_failing_before_its_first_sync_reads_as_an_error_with_its_error() {
+        let table = StatusTable::default();
+        let name = ClusterName::from("a");
+        let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+        table.add_cluster(&name, "test", BTreeMap::new());
+        table.stream_state(&name, &pods, StreamState::Listing, None);
+        let c = table.cluster(&name).unwrap();
+        assert_eq!(c.freshness(None).0, Freshness::Syncing);
+        // The list fails (a body that is not JSON), and is tried again.
+        let why = "list failed: expected value at line 1 column 1".to_string();
+        table.stream_state(&name, &pods, StreamState::Failed, Some(why.clone()));
+        table.stream_state(&name, &pods, StreamState::Listing, None);
+        let (freshness, _, message) = table.cluster(&name).unwrap().freshness(None);
+        assert_eq!((freshness, message), (Freshness::Error, why));
+        // Listed at last: synced, the error gone.
+        table.stream_listed(&name, &pods, "7");
+        let c = table.cluster(&name).unwrap();
+        let (freshness, _, message) = c.freshness(Some(&pods.name()));
+        assert_eq!((freshness, message.as_str()), (Freshness::Synced, ""));
     }
 }

@@ -83,6 +83,10 @@ pub enum PruneError {
     /// metadata.name is missing or empty.
     #[error("metadata.name is missing")]
     NoName,
+    /// A key appears twice in the object or its metadata: readers differ on which
+    /// one counts (the first, the last), so the object is not kept.
+    #[error("the key {0:?} appears twice")]
+    DuplicateKey(String),
 }
 
 /// Prunes one object given as JSON text.
@@ -658,7 +662,14 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
         out.push_str(&self.pruner.prefix);
         let mut found = Found::default();
         let mut metadata: Option<Result<(), PruneError>> = None;
+        let mut keys: Vec<Cow<'de, str>> = Vec::new();
+        let mut duplicate: Option<String> = None;
         while let Some(key) = map.next_key::<Text<'de>>()? {
+            if keys.contains(&key.0) {
+                duplicate.get_or_insert_with(|| key.0.to_string());
+            } else {
+                keys.push(key.0.clone());
+            }
             match key.0.as_ref() {
                 // Filled in from the resource type.
                 "apiVersion" | "kind" => {
@@ -681,6 +692,9 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
         }
         out.push('}');
         let done = || {
+            if let Some(key) = duplicate {
+                return Err(PruneError::DuplicateKey(key));
+            }
             metadata.ok_or_else(|| PruneError::NotAnObject("metadata is missing".into()))??;
             if found.name.is_empty() {
                 return Err(PruneError::NoName);
@@ -734,7 +748,14 @@ impl<'de> Visitor<'de> for MetadataSeed<'_> {
         let out = self.out;
         out.push('{');
         let mut first = true;
+        let mut keys: Vec<Cow<'de, str>> = Vec::new();
+        let mut duplicate: Option<String> = None;
         while let Some(key) = map.next_key::<Text<'de>>()? {
+            if keys.contains(&key.0) {
+                duplicate.get_or_insert_with(|| format!("metadata.{}", key.0));
+            } else {
+                keys.push(key.0.clone());
+            }
             let kept_annotations;
             let value = match key.0.as_ref() {
                 "managedFields" if self.pruning.managed_fields => {
@@ -765,7 +786,10 @@ impl<'de> Visitor<'de> for MetadataSeed<'_> {
             write_member(out, &key.0, value);
         }
         out.push('}');
-        Ok(Ok(()))
+        Ok(match duplicate {
+            Some(key) => Err(PruneError::DuplicateKey(key)),
+            None => Ok(()),
+        })
     }
 }
 
@@ -1055,6 +1079,40 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_object_with_a_key_twice_is_refused_naming_the_key() {
+        for (raw, key) in [
+            (
+                r#"{"metadata":{"name":"a"},"metadata":{"name":"b"}}"#,
+                "metadata",
+            ),
+            (
+                r#"{"metadata":{"name":"a"},"spec":{},"spec":{"x":1}}"#,
+                "spec",
+            ),
+            (r#"{"metadata":{"name":"a","name":"b"}}"#, "metadata.name"),
+            (
+                r#"{"metadata":{"name":"a","labels":{},"labels":{"x":"y"}}}"#,
+                "metadata.labels",
+            ),
+        ] {
+            let e = prune(raw, &pods(), &Pruning::default()).unwrap_err();
+            assert!(
+                matches!(&e, PruneError::DuplicateKey(k) if k == key),
+                "{raw}: {e}"
+            );
+        }
+        // Keys of nested objects are the reader's concern, not the object's identity.
+        assert!(
+            prune(
+                r#"{"metadata":{"name":"a"},"spec":{"x":1,"y":2}}"#,
+                &pods(),
+                &Pruning::default()
+            )
+            .is_ok()
+        );
+    }
+
     /// What pruning means, said on decoded trees: the object without managedFields
     /// and the pruned annotations (and without annotations once none is left), with
     /// apiVersion and kind of its type.
@@ -1156,7 +1214,7 @@ mod tests {
     fn a_list_page_is_pruned_item_by_item_and_bad_items_are_skipped_alone() {
         let good = r#"{"metadata":{"name":"a","namespace":"n","resourceVersion":"5","managedFields":[{"m":1}]},"spec":{"x":[1,2]}}"#;
         let page = format!(
-            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"9","continue":"tok","remainingItemCount":40}},"items":[{good},7,"s",null,[1,{{"a":2}}],{{"metadata":"x"}},{{"metadata":{{}}}},{{"spec":{{}}}},{good}],"extra":{{"k":[]}}}}"#
+            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"9","continue":"tok","remainingItemCount":40}},"items":[{good},7,"s",null,[1,{{"a":2}}],{{"metadata":"x"}},{{"metadata":{{}}}},{{"spec":{{}}}},{{"metadata":{{"name":"d"}},"metadata":{{"name":"e"}}}},{good}],"extra":{{"k":[]}}}}"#
         );
         let (meta, kept, skipped) = read_in_pieces(&page, &[page.len()]).unwrap();
         assert_eq!(
@@ -1169,7 +1227,7 @@ mod tests {
         );
         let one = prune(good, &pods(), &Pruning::default()).unwrap();
         assert_eq!(kept, [one.clone(), one]);
-        assert_eq!(skipped, 7);
+        assert_eq!(skipped, 8);
         assert_eq!(
             kept[0].json,
             r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","resourceVersion":"5"},"spec":{"x":[1,2]}}"#
@@ -1377,6 +1435,19 @@ mod tests {
                 .map(|o| o.iter().map(|r| r["uid"].as_str().unwrap().to_string()).collect())
                 .unwrap_or_default();
             prop_assert_eq!(p.owners, owners);
+        }
+    }
+
+    proptest! {
+        /// A watch line is a cluster's input: any text is read or refused, never a
+        /// panic; any line that reads is an event with its object's name kept.
+        #[test]
+        fn any_watch_line_is_read_or_refused_without_a_panic(
+            line in "\\{\"type\":\"(ADDED|MODIFIED|DELETED|BOOKMARK|ERROR)\",\"object\":\\{[\"a-z:{}\\[\\],0-9]{0,80}\\}\\}|\\PC{0,80}",
+        ) {
+            let pruning = Pruning::default();
+            let mut reader = EventReader::new(&pods(), &pruning);
+            let _ = reader.read(&line);
         }
     }
 }

@@ -466,4 +466,21 @@ mod tests {
         let e = resolve(&[path], &["nope-*".into()]).unwrap_err();
         assert!(e.to_string().contains("sim-1, sim-2, prod"), "{e}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// A kubeconfig is operator input: any file is sources or an error naming it,
+        /// never a panic.
+        #[test]
+        fn any_kubeconfig_text_resolves_or_names_the_file(
+            text in "(apiVersion: v1\n)?(kind: Config\n)?((clusters|contexts|users|current-context): [a-z0-9\\[\\]{}:, -]{0,60}\n){0,5}\\PC{0,30}",
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("kubeconfig");
+            std::fs::write(&path, &text).unwrap();
+            if let Err(e) = resolve(std::slice::from_ref(&path), &[]) {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
 }

@@ -213,6 +213,9 @@ pub(crate) struct Faults {
     pub(crate) stalls_pending: AtomicUsize,
     pub(crate) stall_release: watch::Sender<u64>,
     failure: Mutex<Option<Failure>>,
+    /// A resource (plural) whose lists and watches are answered with a body that is
+    /// not JSON.
+    garbled: Mutex<Option<String>>,
 }
 
 /// A simulated cluster. Cheap to clone; every clone is the same cluster.
@@ -280,6 +283,7 @@ impl Cluster {
                 stalls_pending: AtomicUsize::new(0),
                 stall_release,
                 failure: Mutex::new(None),
+                garbled: Mutex::new(None),
             },
             counters: Mutex::new(BTreeMap::new()),
             lists: Mutex::new(BTreeMap::new()),
@@ -641,6 +645,19 @@ impl Cluster {
             until,
             remaining,
         });
+    }
+
+    /// Answers every list and watch of `resource` (a plural, `None` to stop) with
+    /// 200 and a body that is not JSON, as a broken API server or proxy might.
+    pub fn garble(&self, resource: Option<&str>) {
+        *lock(&self.faults.garbled) = resource.map(str::to_string);
+    }
+
+    /// Whether a request of `path` is answered garbled.
+    pub(crate) fn garbles(&self, path: &str) -> bool {
+        lock(&self.faults.garbled)
+            .as_deref()
+            .is_some_and(|r| path.rsplit('/').next() == Some(r))
     }
 
     /// Stops injected failures.

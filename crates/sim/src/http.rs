@@ -178,6 +178,12 @@ async fn serve(
     if let Some(e) = cluster.injected_failure() {
         return Err(e);
     }
+    if cluster.garbles(&path) {
+        return Ok(crate::request::json_response(
+            StatusCode::OK,
+            b"{\"kind\":\"List\",\"items\":[{\"metadata\":{\"name\": garbled".to_vec(),
+        ));
+    }
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
