@@ -1127,3 +1127,79 @@ async fn an_object_nested_two_hundred_levels_deep_is_matched_and_projected_corre
     );
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_selector_picks_clusters_by_their_labels_and_bad_ones_are_refused() {
+    use common::process::Server;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(3, 30).await;
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--cluster-label",
+            "sim-1:env=prod,region=eu",
+            "--cluster-label",
+            "sim-2:env=prod,region=us",
+            "--cluster-label",
+            "sim-3:env=dev",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = fleetscope::proto::fleet_client::FleetClient::connect(server.url())
+        .await
+        .unwrap();
+    common::wait_for_clusters(&mut c, "synced", |r| {
+        r.clusters.len() == 3
+            && r.clusters
+                .iter()
+                .all(|c| c.freshness == proto::Freshness::Synced as i32)
+    })
+    .await;
+    let clusters_of = |selector: &str| {
+        let mut c = c.clone();
+        let selector = selector.to_string();
+        async move {
+            let r = c
+                .count(proto::CountRequest {
+                    query: Some(proto::Query {
+                        resource: "configmaps".into(),
+                        cluster_selector: selector,
+                        ..Default::default()
+                    }),
+                    group_by: vec!["cluster".into()],
+                })
+                .await?
+                .into_inner();
+            Ok::<_, tonic::Status>(
+                r.groups
+                    .into_iter()
+                    .map(|g| g.key[0].clone())
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    assert_eq!(clusters_of("env=prod").await.unwrap(), ["sim-1", "sim-2"]);
+    assert_eq!(clusters_of("env=prod,region!=us").await.unwrap(), ["sim-1"]);
+    assert_eq!(clusters_of("env in (dev)").await.unwrap(), ["sim-3"]);
+    assert_eq!(clusters_of("!region").await.unwrap(), ["sim-3"]);
+    assert!(clusters_of("env=staging").await.unwrap().is_empty());
+    let e = clusters_of("env in (prod").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("query.cluster_selector"),
+        "{}",
+        e.message()
+    );
+    let many: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
+    let e = clusters_of(&format!("region in ({})", many.join(",")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("256"), "{}", e.message());
+    drop(server);
+    fleet.shutdown().await;
+}

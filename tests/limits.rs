@@ -280,6 +280,7 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
     use tokio::io::AsyncReadExt as _;
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 20).await;
     let log = dir.path().join("serve.log");
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
     let server = Server::start(
         &kubeconfig,
         &[
@@ -290,9 +291,30 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
             "2",
             "--grpc-handshake-timeout",
             "2s",
+            "--metrics-listen",
+            &metrics,
         ],
         &log,
     );
+    // The connections the cap refused, as /metrics counts them.
+    let refused = || {
+        let metrics = metrics.clone();
+        async move {
+            use tokio::io::AsyncWriteExt as _;
+            let mut s = tokio::net::TcpStream::connect(&metrics).await.ok()?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut body = String::new();
+            s.read_to_string(&mut body).await.ok()?;
+            body.lines().find_map(|l| {
+                l.strip_prefix("fleetscope_grpc_connections_refused_total{reason=\"cap\"} ")?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        }
+    };
     common::wait_serving(&server.url()).await;
     let addr = format!("127.0.0.1:{}", server.port);
     // Until the socket closes (EOF or reset).
@@ -312,13 +334,10 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
         .await
         .unwrap();
     let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    // Past the cap: closed at once, and said so in the log.
+    // Past the cap: closed at once, and counted.
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("connection cap reached")
-    {
-        assert!(tokio::time::Instant::now() < deadline, "the cap is logged");
+    while refused().await.unwrap_or(0) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the cap is counted");
         let mut over = tokio::net::TcpStream::connect(&addr).await.unwrap();
         closed(&mut over).await;
     }
@@ -413,6 +432,59 @@ async fn a_caller_that_drops_its_watches_opens_as_many_again_at_once() {
             channel = connect().await;
         }
     }
+    drop(server);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_of_more_groups_than_the_limit_is_refused_and_a_coarser_one_answered() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
+    let store = &fleet.servers()[0].cluster().store;
+    let over = fleetscope::grpc::MAX_GROUPS + 1;
+    for i in 0..over {
+        store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": format!("g-{i}")}}),
+            )
+            .unwrap();
+    }
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &["--no-persist", "--resources", "configmaps"],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    let count = |group_by: &str| {
+        let mut c = c.clone();
+        let group_by = group_by.to_string();
+        async move {
+            c.count(proto::CountRequest {
+                query: Some(configmaps()),
+                group_by: vec![group_by],
+            })
+            .await
+        }
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match count("namespace").await {
+            Ok(r) if r.get_ref().total as usize >= over => break,
+            _ => {
+                assert!(tokio::time::Instant::now() < deadline, "synced");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let e = count("field:metadata.name").await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("50000"), "{}", e.message());
+    c.list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap();
     drop(server);
     fleet.shutdown().await;
 }

@@ -289,6 +289,22 @@ impl Setup {
     }
 }
 
+/// A TLS client configuration trusting the CA in `ca`, presenting no certificate.
+fn trusting(ca: &Path) -> rustls::ClientConfig {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth()
+}
+
 /// The status of an HTTPS GET of `path` on `port`, verified with `ca`, with a bearer
 /// token if given.
 async fn https_get(port: u16, ca: &Path, path: &str, token: Option<&str>) -> u16 {
@@ -297,19 +313,8 @@ async fn https_get(port: u16, ca: &Path, path: &str, token: Option<&str>) -> u16
 
 /// The status and body of an HTTPS GET (see [`https_get`]).
 async fn https_fetch(port: u16, ca: &Path, path: &str, token: Option<&str>) -> (u16, String) {
-    use rustls::pki_types::pem::PemObject as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = trusting(ca);
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
@@ -1166,8 +1171,10 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
     // One identity known to both clusters (as with OIDC).
     for s in fleet.servers() {
         s.cluster().add_token(Token::new("erin-token", "erin"));
+        s.cluster().add_token(Token::new("fred-token", "fred"));
     }
     std::fs::write(dir.path().join("erin.token"), "erin-token").unwrap();
+    std::fs::write(dir.path().join("fred.token"), "fred-token").unwrap();
     fn json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
         serde_json::from_value(v).unwrap()
     }
@@ -1214,6 +1221,26 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
         .create(
             &Default::default(),
             &json(serde_json::json!({"metadata": {"name": "erin"}, "roleRef": role_ref, "subjects": erin})),
+        )
+        .await
+        .unwrap();
+    // fred reads every type of every group in sim-2, through `*`.
+    kube::Api::<ClusterRole>::all(sim2.clone())
+        .create(
+            &Default::default(),
+            &json(
+                serde_json::json!({"metadata": {"name": "reads-everything"}, "rules": [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    kube::Api::<ClusterRoleBinding>::all(sim2.clone())
+        .create(
+            &Default::default(),
+            &json(serde_json::json!({"metadata": {"name": "fred"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "reads-everything"},
+                "subjects": [{"kind": "User", "name": "fred", "apiGroup": "rbac.authorization.k8s.io"}]})),
         )
         .await
         .unwrap();
@@ -1283,6 +1310,30 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A `*` rule grants every type there, and nothing elsewhere.
+    let mut fred = connect(&ServerArg {
+        server: server.url(),
+        ca: None,
+        cert: None,
+        key: None,
+        token_file: Some(dir.path().join("fred.token")),
+        tls_server_name: None,
+    })
+    .await
+    .unwrap();
+    let groups = fred
+        .count(proto::CountRequest {
+            query: Some(configmaps(&[])),
+            group_by: vec!["cluster".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .groups
+        .into_iter()
+        .map(|g| (g.key, g.count))
+        .collect::<Vec<_>>();
+    assert_eq!(groups, [want[1].clone()]);
     // A running Watch follows a change of a cluster's RBAC.
     let mut w = c
         .watch(proto::WatchRequest {
@@ -1820,8 +1871,9 @@ async fn a_reviewing_cluster_that_stops_answering_makes_new_tokens_unavailable_a
         &log,
     );
     common::wait_serving(&server.url()).await;
+    let url = server.url();
     let arg = |who: &str| ServerArg {
-        server: server.url(),
+        server: url.clone(),
         ca: None,
         cert: None,
         key: None,
@@ -1858,6 +1910,61 @@ async fn a_reviewing_cluster_that_stops_answering_makes_new_tokens_unavailable_a
     // Dora, reviewed before, is still served from the cache.
     count(dora).await.unwrap();
     drop(server);
+    // With a review allowed longer than a request: the request's bound answers first.
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--policy",
+            policy_file.to_str().unwrap(),
+            "--token-review-context",
+            "sim-2",
+            "--token-review-timeout",
+            "30s",
+            "--grpc-request-timeout",
+            "1s",
+        ],
+        &log,
+    );
+    // Not ready while sim-2 never answers its discovery: wait for the listener only.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let erin = loop {
+        match connect(&ServerArg {
+            server: server.url(),
+            ..arg("erin")
+        })
+        .await
+        {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never listened: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let asked = tokio::time::Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(30), count(erin))
+        .await
+        .expect("answered before a 30 s client deadline")
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+        ),
+        "{e:?}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        asked.elapsed()
+    );
+    drop(server);
     fleet.shutdown().await;
 }
 
@@ -1870,19 +1977,8 @@ async fn raw_tls(
     from: &str,
     speak: bool,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    use rustls::pki_types::pem::PemObject as _;
     use tokio::io::AsyncWriteExt as _;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut config = trusting(ca);
     config.alpn_protocols = vec![b"h2".to_vec()];
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.bind(format!("{from}:0").parse().unwrap())?;

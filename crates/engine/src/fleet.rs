@@ -531,6 +531,14 @@ impl Fleet for Engine {
                         *counts.entry(resource.to_string()).or_default() += n as u64;
                     }
                 }
+                // Configured names a cluster does not serve (a CRD not installed) are
+                // named only to a caller who may read every type collected there: to
+                // others, a name and its error tell of types they are not granted.
+                let sees_all =
+                    !granted.is_empty() && granted.values().all(|g| matches!(g, Namespaces::All));
+                if !sees_all {
+                    c.missing.clear();
+                }
                 c.streams
                     .retain(|name, _| granted.get(name).is_some_and(|g| !g.is_none()));
                 Some(cluster_info(c, &counts))

@@ -907,6 +907,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_type_a_cluster_does_not_serve_is_named_only_to_who_reads_everything_there() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        e.index.apply([pod_in("a", "team", "p1")]);
+        e.status.update(&ClusterName::from("a"), |c| {
+            c.missing = vec![("widgets.example.com".into(), "not served".into())];
+        });
+        let everything = fleetscope_model::Access::everything();
+        let (narrow, _policy) = held_to(vec![("a", "team")]);
+        for (access, named) in [(everything, true), (narrow, false)] {
+            let answer = e.clusters(ClusterFilter::default(), &access).await.unwrap();
+            let text = format!("{:?}", answer.clusters);
+            assert_eq!(text.contains("widgets"), named, "{text}");
+        }
+    }
+
+    #[tokio::test]
     async fn list_count_and_get_answer_only_the_grant() {
         use fleetscope_model::fleet::{CountRequest, GetRequest, ListRequest};
         let e = engine(1000);
