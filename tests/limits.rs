@@ -488,3 +488,84 @@ async fn a_count_of_more_groups_than_the_limit_is_refused_and_a_coarser_one_answ
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_client_stops_answering_leaves_the_count_after_the_keepalive() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 20).await;
+    let log = dir.path().join("serve.log");
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--grpc-max-watches-per-caller",
+            "1",
+            "--grpc-keepalive-interval",
+            "1s",
+            "--grpc-keepalive-timeout",
+            "1s",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    let watch = |c: &mut FleetClient<tonic::transport::Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.watch(WatchRequest {
+                query: Some(configmaps()),
+                ..Default::default()
+            })
+            .await
+        }
+    };
+    // Another process holds the caller's one Watch, then hangs (SIGSTOP): it answers
+    // nothing any more, not even HTTP/2 PINGs.
+    let mut held = std::process::Command::new(common::process::BIN)
+        .args(["watch", "configmaps", "--server", &server.url()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match watch(&mut c).await {
+            Err(e) if e.code() == Code::ResourceExhausted => break,
+            Ok(w) => drop(w),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the other process watches"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &held.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let hung = tokio::time::Instant::now();
+    let deadline = hung + PATIENCE;
+    let _mine = loop {
+        match watch(&mut c).await {
+            Ok(w) => break w,
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the hung client's Watch never left"
+                );
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    eprintln!(
+        "a hung client's Watch left the count {:?} after it hung",
+        hung.elapsed()
+    );
+    let _ = held.kill();
+    let _ = held.wait();
+    drop(server);
+    fleet.shutdown().await;
+}

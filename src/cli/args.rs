@@ -509,6 +509,14 @@ pub struct EngineArgs {
     /// HTTP/2 GOAWAY (clients open a new connection for their next call).
     #[arg(long, default_value = "5m", value_parser = crate::config::parse_duration)]
     pub grpc_idle_timeout: Duration,
+    /// An HTTP/2 PING after this much silence on a gRPC connection; one not answered
+    /// within --grpc-keepalive-timeout closes the connection and ends its streams (a
+    /// client that vanished leaves the Watch count).
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub grpc_keepalive_interval: Duration,
+    /// See --grpc-keepalive-interval.
+    #[arg(long, default_value = "20s", value_parser = crate::config::parse_duration)]
+    pub grpc_keepalive_timeout: Duration,
     /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
     /// with the processes it started, and its cluster reported as failing.
     #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
@@ -673,6 +681,8 @@ impl EngineArgs {
         crate::server::limits::Limits {
             request_timeout: self.grpc_request_timeout,
             max_in_flight: usize::try_from(self.grpc_max_in_flight).unwrap_or(usize::MAX),
+            keepalive_interval: self.grpc_keepalive_interval,
+            keepalive_timeout: self.grpc_keepalive_timeout,
             ..Default::default()
         }
     }

@@ -153,6 +153,10 @@ pub struct GrpcFile {
     pub max_connections_per_address: Option<u64>,
     /// How long a connection may have no call open (`--grpc-idle-timeout`).
     pub idle_timeout: Option<String>,
+    /// Silence before a keepalive PING (`--grpc-keepalive-interval`).
+    pub keepalive_interval: Option<String>,
+    /// How long a PING may go unanswered (`--grpc-keepalive-timeout`).
+    pub keepalive_timeout: Option<String>,
     /// The longest a List page or Count may take to evaluate (`--query-timeout`).
     pub query_timeout: Option<String>,
     /// Watch streams one caller may have open (`--grpc-max-watches-per-caller`).
@@ -363,6 +367,8 @@ const KEYS: &[&str] = &[
     "handshakeTimeout",
     "maxConnectionsPerAddress",
     "idleTimeout",
+    "keepaliveInterval",
+    "keepaliveTimeout",
     "queryTimeout",
     "maxWatchesPerCaller",
     "stallTimeout",
@@ -424,6 +430,8 @@ const KEY_OF: &[(&str, &str)] = &[
         "grpc.maxConnectionsPerAddress",
     ),
     ("grpc_idle_timeout", "grpc.idleTimeout"),
+    ("grpc_keepalive_interval", "grpc.keepaliveInterval"),
+    ("grpc_keepalive_timeout", "grpc.keepaliveTimeout"),
     ("query_timeout", "grpc.queryTimeout"),
     ("grpc_max_watches_per_caller", "grpc.maxWatchesPerCaller"),
     ("watch_stall_timeout", "watch.stallTimeout"),
@@ -783,6 +791,12 @@ impl FileConfig {
             }
             if let Some(v) = &g.idle_timeout {
                 give("grpc.idleTimeout", "grpc_idle_timeout", one(v));
+            }
+            if let Some(v) = &g.keepalive_interval {
+                give("grpc.keepaliveInterval", "grpc_keepalive_interval", one(v));
+            }
+            if let Some(v) = &g.keepalive_timeout {
+                give("grpc.keepaliveTimeout", "grpc_keepalive_timeout", one(v));
             }
             if let Some(v) = &g.query_timeout {
                 give("grpc.queryTimeout", "query_timeout", one(v));

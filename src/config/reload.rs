@@ -54,6 +54,8 @@ const AT_RESTART: &[&str] = &[
     "--grpc-handshake-timeout",
     "--grpc-max-connections-per-address",
     "--grpc-idle-timeout",
+    "--grpc-keepalive-interval",
+    "--grpc-keepalive-timeout",
     "--tls-cert",
     "--tls-key",
     "--client-ca",
