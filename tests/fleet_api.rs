@@ -1200,6 +1200,24 @@ async fn a_cluster_selector_picks_clusters_by_their_labels_and_bad_ones_are_refu
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("256"), "{}", e.message());
+    // A bracketed index is no field path, as the API server says too.
+    let e = c
+        .count(proto::CountRequest {
+            query: Some(proto::Query {
+                resource: "configmaps".into(),
+                field_selector: "spec.containers[0].name=x".into(),
+                ..Default::default()
+            }),
+            group_by: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("spec.containers.0.name"),
+        "{}",
+        e.message()
+    );
     drop(server);
     fleet.shutdown().await;
 }

@@ -481,6 +481,15 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         .await
         .unwrap();
 
+    // The bearer scheme is case-insensitive (RFC 7235).
+    let mut nobody = s.client(Who::Nobody).await.unwrap();
+    let mut request = tonic::Request::new(proto::ListClustersRequest::default());
+    request
+        .metadata_mut()
+        .insert("authorization", "bearer bob-token".parse().unwrap());
+    let r = nobody.list_clusters(request).await.unwrap().into_inner();
+    assert_eq!(r.clusters.len(), 2, "bob sees both clusters");
+
     // Tokens: a wrong one is refused.
     let mut wrong = s.client(Who::Token("wrong")).await.unwrap();
     let e = count_configmaps(&mut wrong).await.unwrap_err();
