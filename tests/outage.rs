@@ -91,6 +91,10 @@ async fn an_outage_is_logged_once_when_it_begins_and_once_when_it_ends() {
         lines("stream failed").is_empty(),
         "no line per stream: {text}"
     );
+    // Nor a line per failed request from kube's client: the one ERROR is fleetscope's.
+    let errors = lines(" ERROR ");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(lines("kube_client").is_empty(), "{text}");
     server.kill();
     fleet.shutdown().await;
 }
@@ -138,6 +142,74 @@ async fn a_stream_whose_api_server_answers_malformed_json_reads_as_an_error_sayi
             .all(|c| c.freshness == proto::Freshness::Synced as i32 && c.last_error.is_empty())
     })
     .await;
+    drop(server);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_unreachable_from_the_start_is_logged_once_not_per_request() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut contexts = fleet.contexts();
+    contexts.push(fleetscope_sim::Context {
+        name: "gone".into(),
+        server: format!("http://127.0.0.1:{}", common::process::free_port()),
+        token: "t".into(),
+        ca_pem: None,
+    });
+    fleetscope_sim::write_kubeconfig(&kubeconfig, &contexts).unwrap();
+    let log = dir.path().join("serve.log");
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--metrics-listen",
+            &metrics,
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    // Several requests to it have failed (it is retried with backoff).
+    let failed = || {
+        let metrics = metrics.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(&metrics).await.ok()?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut body = String::new();
+            s.read_to_string(&mut body).await.ok()?;
+            Some(
+                body.lines()
+                    .filter(|l| l.starts_with("fleetscope_rest_client_requests_total{cluster=\"gone\",code=\"<error>\""))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                    .sum::<u64>(),
+            )
+        }
+    };
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    while failed().await.unwrap_or(0) < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests to it fail"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert_eq!(
+        errors.len(),
+        1,
+        "one line for the cluster, none per request: {errors:#?}"
+    );
+    assert!(errors[0].contains("gone"), "{}", errors[0]);
     drop(server);
     fleet.shutdown().await;
 }
