@@ -512,7 +512,49 @@ async fn get_prints_as_kubectl_does_with_the_cluster_first() {
     let pods: u64 = (0..2)
         .map(|i| h.cluster(i).store.count("pods") as u64)
         .sum();
-    assert_eq!(counted["total"], pods);
+    assert_eq!(counted["total"], pods.to_string());
+    // Read as jq 1.6 and JavaScript read JSON (every number a double), the revision
+    // is still exact: 64-bit integers are strings, as proto3's JSON mapping has them.
+    let revision = h
+        .client()
+        .await
+        .count(fleetscope::proto::CountRequest {
+            query: Some(fleetscope::proto::Query {
+                resource: "pods".into(),
+                ..Default::default()
+            }),
+            group_by: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .revision;
+    let read = Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys; d=json.load(sys.stdin, parse_int=float); print(d['revision'])",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut p| {
+            use std::io::Write as _;
+            p.stdin.take().unwrap().write_all(text.as_bytes())?;
+            p.wait_with_output()
+        })
+        .expect("python3 reads JSON as a float-based parser would");
+    let read: u64 = String::from_utf8_lossy(&read.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        revision > 1 << 53,
+        "revisions are past a double's precision: {revision}"
+    );
+    assert_eq!(
+        read, revision,
+        "the revision as a float-based reader reads it"
+    );
     assert_eq!(counted["groups"][0]["key"]["cluster"], "sim-1");
     let text = stdout(&run_cli(server, &["clusters"]).await);
     let mut lines = text.lines();
@@ -856,10 +898,11 @@ async fn watch_json_resumes_by_itself_across_a_server_crash() {
                 .unwrap_or_else(|_| panic!("no ADDED of {name}"));
             let e: serde_json::Value =
                 serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
-            assert!(e["type"].is_string() && e["revision"].is_u64(), "{line}");
+            let revision = e["revision"].as_str().and_then(|r| r.parse::<u64>().ok());
+            assert!(e["type"].is_string() && revision.is_some(), "{line}");
             if e["type"] == "ADDED" && e["object"]["metadata"]["name"] == name {
                 assert_eq!(e["cluster"], "sim-1", "{line}");
-                return e["revision"].as_u64().unwrap();
+                return revision.unwrap_or_default();
             }
         }
     };

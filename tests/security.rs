@@ -772,7 +772,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
     );
     let counted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        counted["total"].as_u64().unwrap() as usize,
+        counted["total"].as_str().unwrap().parse::<usize>().unwrap(),
         everything.len()
     );
     // https:// never falls back to plaintext, and http:// never carries TLS flags.

@@ -598,12 +598,14 @@ pub async fn count(client: &mut Client, args: args::CountArgs) -> Result<(), Cli
                     .cloned()
                     .zip(g.key.iter().cloned().map(serde_json::Value::String))
                     .collect();
-                serde_json::json!({"key": key, "count": g.count})
+                serde_json::json!({"key": key, "count": g.count.to_string()})
             })
             .collect();
         print(&output::to_json(&serde_json::json!({
             "resource": query.resource, "groupBy": args.group_by, "groups": groups,
-            "total": r.total, "revision": r.revision,
+            // 64-bit integers as strings, as the proto3 JSON mapping writes them: a
+            // revision is about 1.8 × 10^18, past what a double (jq, JavaScript) holds.
+            "total": r.total.to_string(), "revision": r.revision.to_string(),
         })));
         return Ok(());
     }
@@ -658,7 +660,7 @@ async fn watch_event(
     let format = &print_args.output;
     if !format.is_table() {
         if *format == Format::Json {
-            let mut line = serde_json::json!({"type": kind, "revision": e.revision});
+            let mut line = serde_json::json!({"type": kind, "revision": e.revision.to_string()});
             if let Some(o) = &e.object {
                 line["cluster"] = o.cluster.clone().into();
                 line["object"] = serde_json::from_str(&o.json).unwrap_or_default();
@@ -750,7 +752,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
     if args.output == "json" {
         let clusters: Vec<serde_json::Value> = r.clusters.iter().map(|c| {
             let streams: Vec<serde_json::Value> = c.streams.iter().map(|s| serde_json::json!({
-                "resource": s.resource, "state": state_name(s.state()), "objects": s.object_count,
+                "resource": s.resource, "state": state_name(s.state()), "objects": s.object_count.to_string(),
                 "resourceVersion": s.resource_version, "lastError": s.last_error,
                 "syncLagSeconds": s.sync_lag.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
                 "syncMethod": sync_method_name(s.sync_method()), "watchListFallback": s.watch_list_fallback,
@@ -891,11 +893,11 @@ pub async fn store(client: &mut Client, args: args::StoreArgs) -> Result<(), Cli
                 .map_or(0.0, |d| d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6)
         };
         print(&output::to_json(&serde_json::json!({
-            "persisted": r.persisted, "sizeOnDiskBytes": r.size_on_disk_bytes,
-            "pendingChanges": r.pending_changes, "writes": r.flushes,
+            "persisted": r.persisted, "sizeOnDiskBytes": r.size_on_disk_bytes.to_string(),
+            "pendingChanges": r.pending_changes.to_string(), "writes": r.flushes.to_string(),
             "lastWriteMs": ms(&r.last_flush), "longestWriteMs": ms(&r.max_flush),
-            "eventsWritten": r.events_written, "eventsInLog": r.logged_events,
-            "snapshots": r.snapshots, "compactions": r.compactions,
+            "eventsWritten": r.events_written.to_string(), "eventsInLog": r.logged_events.to_string(),
+            "snapshots": r.snapshots.to_string(), "compactions": r.compactions.to_string(),
             "lastCompactionMs": ms(&r.last_compaction), "lastError": r.last_error,
         })));
         return Ok(());
