@@ -498,6 +498,12 @@ async fn get_prints_as_kubectl_does_with_the_cluster_first() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sort-by"));
 
+    // kubectl's --context is answered with what to type here.
+    let out = run_cli(server, &["get", "pods", "--context", "sim-1"]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cluster sim-1"), "{err}");
+
     // count, clusters and store, as tables and as JSON.
     let text = stdout(&run_cli(server, &["count", "pods", "--group-by", "cluster"]).await);
     assert!(text.contains("sim-1") && text.contains("TOTAL"), "{text}");

@@ -265,6 +265,23 @@ async fn get_count_and_bad_requests() {
         .into_inner();
     assert_eq!(got.object.unwrap().uid, some.uid);
     assert_eq!(got.cluster.unwrap().freshness(), proto::Freshness::Synced);
+    // Without a cluster: said to be required, not "no cluster named \"\"".
+    let e = c
+        .get(GetRequest {
+            cluster: String::new(),
+            resource: "pods".into(),
+            namespace: some.namespace.clone(),
+            name: some.name.clone(),
+            projection: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("cluster is required"),
+        "{}",
+        e.message()
+    );
     let missing = c
         .get(GetRequest {
             cluster: "sim-1".into(),

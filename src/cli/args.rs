@@ -182,11 +182,22 @@ pub struct QueryArgs {
     /// Label selector over cluster labels.
     #[arg(long = "cluster-selector", default_value = "")]
     pub cluster_selector: String,
+    /// kubectl's --context, which fleetscope takes as the slip it is: clusters are
+    /// named with --cluster here (each kubeconfig context is a cluster).
+    #[arg(long = "context", hide = true, value_name = "CONTEXT", value_parser = context_is_a_cluster)]
+    pub context: Option<String>,
     /// Only apiVersion, kind and metadata.
     #[arg(long)]
     pub metadata_only: bool,
     #[command(flatten)]
     pub server: ServerArg,
+}
+
+/// Refuses `--context NAME`, saying what to type instead.
+fn context_is_a_cluster(name: &str) -> Result<String, String> {
+    Err(format!(
+        "fleetscope names clusters with --cluster (each kubeconfig context is a cluster): try --cluster {name}"
+    ))
 }
 
 impl QueryArgs {

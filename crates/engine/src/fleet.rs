@@ -366,6 +366,11 @@ impl Engine {
 
 impl Fleet for Engine {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
+        if r.cluster.is_empty() {
+            return Err(FleetError::InvalidArgument(
+                "cluster is required: Get reads one object of one cluster (ListClusters names them); to find an object by name in every cluster, List with field_selector metadata.name=NAME".into(),
+            ));
+        }
         let rt = self.resolve_resource(&r.resource, &r.access)?;
         let cluster = ClusterName::from(r.cluster.as_str());
         let policy = r.access.policy();
