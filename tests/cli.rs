@@ -26,15 +26,24 @@ impl Drop for Running {
 
 /// Reads the child's stdout until a line containing `marker`; returns that line.
 fn wait_for_line(child: &mut Child, marker: &str) -> String {
+    wait_for_lines(child, marker).pop().unwrap_or_default()
+}
+
+/// Reads the child's stdout until a line containing `marker`; returns every line up
+/// to it.
+fn wait_for_lines(child: &mut Child, marker: &str) -> Vec<String> {
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let marker = marker.to_string();
     // Keeps reading to the end, so the child never writes into a closed pipe.
     std::thread::spawn(move || {
+        let mut read = Vec::new();
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { return };
-            if line.contains(&marker) {
-                let _ = tx.send(line);
+            let found = line.contains(&marker);
+            read.push(line);
+            if found {
+                let _ = tx.send(std::mem::take(&mut read));
             }
         }
     });
@@ -61,7 +70,12 @@ async fn demo_starts_clusters_and_a_healthy_server() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let line = wait_for_line(&mut child, "gRPC server on ");
+    let banner = wait_for_lines(&mut child, "Ctrl-C stops it");
+    let line = banner
+        .iter()
+        .find(|l| l.contains("gRPC server on "))
+        .cloned()
+        .unwrap();
     let _running = Running(child);
     let addr = line
         .split("gRPC server on ")
@@ -79,6 +93,44 @@ async fn demo_starts_clusters_and_a_healthy_server() {
             .all(|s| *s == ServingStatus::NotServing as i32),
         "{before:?}"
     );
+    // The CLI commands it prints run as printed, in a shell, after its export (not
+    // `watch`, which goes on).
+    let cli: Vec<&str> = banner
+        .iter()
+        .skip_while(|l| !l.contains("with the fleetscope CLI"))
+        .skip(1)
+        .map(|l| l.trim())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let export = cli
+        .iter()
+        .find(|l| l.starts_with("export FLEETSCOPE_SERVER="))
+        .unwrap();
+    let runs: Vec<&&str> = cli
+        .iter()
+        .filter(|l| !l.starts_with("export") && !l.starts_with("kubectl") && !l.contains(" watch "))
+        .collect();
+    assert_eq!(runs.len(), 3, "{cli:#?}");
+    for command in runs {
+        let out = tokio::task::spawn_blocking({
+            let script = format!("{export}\n{command}");
+            move || {
+                Command::new("sh")
+                    .args(["-c", &script])
+                    .env("PATH", "/usr/bin:/bin")
+                    .output()
+                    .unwrap()
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stdout.is_empty(), "{command} printed nothing");
+    }
 }
 
 #[tokio::test]

@@ -568,6 +568,33 @@ fn secure(
     })
 }
 
+/// How a person at a shell runs this binary: `fleetscope` when that is what PATH
+/// finds, else its path (quoted for the shell when it needs to be).
+fn this_binary() -> String {
+    let exe = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
+    let on_path = exe.as_ref().is_some_and(|exe| {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths)
+                .any(|d| d.join("fleetscope").canonicalize().ok().as_ref() == Some(exe))
+        })
+    });
+    match exe {
+        Some(_) if on_path => "fleetscope".into(),
+        Some(exe) => {
+            let path = exe.display().to_string();
+            if path
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c))
+            {
+                path
+            } else {
+                format!("'{}'", path.replace('\'', r"'\''"))
+            }
+        }
+        None => "fleetscope".into(),
+    }
+}
+
 /// Makes the data directory private to this user (0700, its files 0600): it holds
 /// the clusters' objects, Secrets among them when they are collected. A directory
 /// made by an earlier version with wider modes is narrowed.
@@ -673,13 +700,20 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
          grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\"}},\"group_by\":[\"cluster\",\"field:status.phase\"]}}' {addr} fleetscope.v1.Fleet/Count\n  \
          grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"configmaps\"}}}}' {addr} fleetscope.v1.Fleet/Watch\n  \
          grpcurl -plaintext {addr} grpc.health.v1.Health/Check\n\n\
-         or with the fleetscope CLI:\n  \
-         fleetscope clusters --server http://{addr}\n  \
-         fleetscope get pods -l app=web --cluster 'sim-*' --server http://{addr}\n  \
-         fleetscope count pods --group-by cluster,field:status.phase --server http://{addr}\n  \
-         fleetscope watch configmaps -n team-0 --server http://{addr}\n  \
+         or with the fleetscope CLI (this binary{install}):\n  \
+         export FLEETSCOPE_SERVER=http://{addr}\n  \
+         {cli} clusters\n  \
+         {cli} get pods -l app=web --cluster 'sim-*'\n  \
+         {cli} count pods --group-by cluster,field:status.phase\n  \
+         {cli} watch configmaps -n team-0\n  \
          kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
          Ctrl-C stops it.",
+        cli = this_binary(),
+        install = if this_binary() == "fleetscope" {
+            ""
+        } else {
+            "; `cargo install --path .` puts it on your PATH as fleetscope"
+        },
         n = fleet.servers().len(),
         objects = args.fleet.objects,
         churn = args.fleet.churn,
