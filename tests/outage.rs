@@ -210,6 +210,18 @@ async fn a_cluster_unreachable_from_the_start_is_logged_once_not_per_request() {
         "one line for the cluster, none per request: {errors:#?}"
     );
     assert!(errors[0].contains("gone"), "{}", errors[0]);
+    // A count drawing on it says so, as a list does.
+    let out = std::process::Command::new(common::process::BIN)
+        .args(["count", "configmaps", "--server", &server.url()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning: cluster gone is"), "{err}");
     drop(server);
     fleet.shutdown().await;
 }

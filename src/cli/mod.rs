@@ -233,18 +233,7 @@ async fn list_all(
             .into_inner();
         if revision == 0 {
             revision = page.revision;
-            for f in page
-                .clusters
-                .iter()
-                .filter(|f| f.freshness() != proto::Freshness::Synced)
-            {
-                eprintln!(
-                    "warning: cluster {} is {}: {}",
-                    f.cluster,
-                    freshness_name(f.freshness()),
-                    f.message
-                );
-            }
+            warn_not_current(&page.clusters);
         }
         items.extend(page.items.iter().map(Item::from_proto));
         if page.next_page_token.is_empty() {
@@ -576,6 +565,21 @@ fn retryable(s: &tonic::Status) -> bool {
     )
 }
 
+/// Says on stderr, as kubectl warns, which clusters an answer drew on are not current.
+fn warn_not_current(clusters: &[proto::ClusterFreshness]) {
+    for f in clusters
+        .iter()
+        .filter(|f| f.freshness() != proto::Freshness::Synced)
+    {
+        eprintln!(
+            "warning: cluster {} is {}: {}",
+            f.cluster,
+            freshness_name(f.freshness()),
+            f.message
+        );
+    }
+}
+
 /// `count`: grouped counts.
 pub async fn count(client: &mut Client, args: args::CountArgs) -> Result<(), ClientError> {
     let query = args.query.query();
@@ -587,6 +591,8 @@ pub async fn count(client: &mut Client, args: args::CountArgs) -> Result<(), Cli
         .await
         .map_err(|s| resource_error(&query.resource, s))?
         .into_inner();
+    // A count over a cluster that failed or is syncing is not the cluster's count.
+    warn_not_current(&r.clusters);
     if args.output == "json" {
         let groups: Vec<serde_json::Value> = r
             .groups
