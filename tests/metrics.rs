@@ -108,6 +108,29 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         })
     })
     .await;
+    // The process's own figures, as every Prometheus client exposes them.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = sample(&body, "process_start_time_seconds").unwrap();
+    assert!(
+        started <= now + 1.0 && started > now - 600.0,
+        "{started} against {now}"
+    );
+    assert!(sample(&body, "process_resident_memory_bytes").unwrap() > 1e6);
+    assert!(sample(&body, "process_virtual_memory_bytes").unwrap() > 1e6);
+    assert!(sample(&body, "process_open_fds").unwrap() >= 3.0);
+    assert!(
+        sample(&body, "process_max_fds").unwrap() >= sample(&body, "process_open_fds").unwrap()
+    );
+    assert!(sample(&body, "process_cpu_seconds_total").unwrap() > 0.0);
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains(&format!("metrics on http://{metrics}/metrics")),
+        "the start-up line names the listener as served"
+    );
     assert_eq!(
         sample(
             &body,

@@ -446,6 +446,14 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
 
     // The metrics listener: the same TLS; probes open, metrics for identities only.
     let ca = s.ca.ca();
+    let started = std::fs::read_to_string(&s.log).unwrap();
+    assert!(
+        started.contains(&format!(
+            "metrics on https://127.0.0.1:{}/metrics",
+            s.metrics_port
+        )),
+        "the start-up line names the scheme served"
+    );
     assert_eq!(https_get(s.metrics_port, &ca, "/readyz", None).await, 200);
     assert_eq!(https_get(s.metrics_port, &ca, "/livez", None).await, 200);
     assert_eq!(https_get(s.metrics_port, &ca, "/metrics", None).await, 401);

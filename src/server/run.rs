@@ -325,7 +325,12 @@ async fn run(
         });
         counted = GrpcLayer::new(grpc);
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!("metrics on http://{addr}/metrics (and /healthz, /readyz)");
+            let scheme = if security.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            tracing::info!("metrics on {scheme}://{addr}/metrics (and /healthz, /readyz)");
         }
         tokio::spawn(telemetry::metrics::serve(
             listener,

@@ -116,6 +116,79 @@ fn unix_seconds(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The process's figures, as every Prometheus client library exposes them
+/// (`process_*`), read from /proc at each scrape; none where /proc is not there.
+fn process(e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Ok(());
+    };
+    // The fields after the command's closing parenthesis, from the state (field 3).
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let number = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Clock ticks are 100 a second on Linux; pages 4 KiB where it runs.
+    const TICKS: f64 = 100.0;
+    let page = 4096.0;
+    let (utime, stime, starttime, vsize, rss) =
+        (number(11), number(12), number(19), number(20), number(21));
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let open_fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()) as f64;
+    let max_fds = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    single(
+        e,
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds.",
+        MetricType::Counter,
+        ConstCounter::new((utime + stime) / TICKS),
+    )?;
+    for (name, help, value) in [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            rss * page,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            vsize,
+        ),
+        (
+            "process_open_fds",
+            "Number of open file descriptors.",
+            open_fds,
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            max_fds,
+        ),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            boot + starttime / TICKS,
+        ),
+    ] {
+        single(e, name, help, MetricType::Gauge, ConstGauge::new(value))?;
+    }
+    Ok(())
+}
+
 impl Collector for FleetCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
@@ -143,6 +216,7 @@ impl Collector for FleetCollector {
             MetricType::Counter,
             ConstCounter::new(subscribers.ended()),
         )?;
+        process(&mut e)?;
         family(
             &mut e,
             "fleetscope_grpc_connections_refused",
