@@ -443,6 +443,77 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
             .await
             .expect_err("a certificate from another CA is refused");
     }
+    // Each of these connection mistakes is told what is wrong and what to try.
+    let cli_error = |args: Vec<String>| {
+        let out = std::process::Command::new(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let p = |p: PathBuf| p.display().to_string();
+    let tls_url = format!("https://127.0.0.1:{}", s.server.port);
+    // A plaintext HTTP server, as a proxy or another service would be.
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_url = format!("https://{}", plain.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt as _;
+        while let Ok((mut c, _)) = plain.accept().await {
+            let _ = c
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    for (args, says) in [
+        (
+            vec![
+                "clusters".to_string(),
+                "--server".into(),
+                format!("http://127.0.0.1:{}", s.server.port),
+            ],
+            "use https://",
+        ),
+        (
+            vec!["clusters".into(), "--server".into(), tls_url.clone()],
+            "--ca",
+        ),
+        (
+            vec![
+                "clusters".into(),
+                "--server".into(),
+                plain_url,
+                "--ca".into(),
+                p(s.ca.ca()),
+            ],
+            "does not speak TLS",
+        ),
+        (
+            vec![
+                "clusters".into(),
+                "--server".into(),
+                format!("http://127.0.0.1:{}", free_port()),
+            ],
+            "nothing listens there",
+        ),
+        (
+            vec![
+                "clusters".into(),
+                "--server".into(),
+                tls_url,
+                "--ca".into(),
+                p(s.ca.ca()),
+                "--cert".into(),
+                p(s.path("mallory.pem")),
+                "--key".into(),
+                p(s.path("mallory.key")),
+            ],
+            "client CA",
+        ),
+    ] {
+        let err = cli_error(args.clone());
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 
     // The metrics listener: the same TLS; probes open, metrics for identities only.
     let ca = s.ca.ca();

@@ -27,7 +27,10 @@ use crate::proto::{
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The server could not be reached.
-    #[error("cannot reach the fleetscope server at {server}")]
+    #[error(
+        "cannot reach the fleetscope server at {server}{}",
+        connect_hint(server, source)
+    )]
     Connect {
         /// The address.
         server: String,
@@ -36,11 +39,63 @@ pub enum ClientError {
         source: tonic::transport::Error,
     },
     /// The server refused the request.
-    #[error("{:?}: {}", .0.code(), .0.message())]
+    #[error("{:?}: {}{}", .0.code(), .0.message(), rpc_hint(.0))]
     Rpc(Box<tonic::Status>),
     /// A failure worded for a person, as kubectl words it.
     #[error("{0}")]
     Message(String),
+}
+
+/// Every cause of `e`, on one line.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// What to try when a connection to `server` failed as `e` says.
+fn connect_hint(server: &str, e: &tonic::transport::Error) -> String {
+    let why = causes(e);
+    let tls = server.starts_with("https://");
+    let hint = if why.contains("Connection refused") {
+        "nothing listens there: is `fleetscope serve` (or `demo`) running at that address? (--server, FLEETSCOPE_SERVER)"
+    } else if tls && (why.contains("InvalidContentType") || why.contains("corrupt message")) {
+        "the server does not speak TLS there: try http://"
+    } else if why.contains("UnknownIssuer") || why.contains("invalid peer certificate") {
+        "the server's certificate is not signed by a CA this client trusts: pass the CA that signed it with --ca"
+    } else if why.contains("NoApplicationProtocol") {
+        "the server there does not speak HTTP/2 (gRPC): is it fleetscope's gRPC address, not another service's?"
+    } else if why.contains("NotValidForName") {
+        "the server's certificate does not name that host: connect by a name it holds, or set --tls-server-name"
+    } else if why.contains("UnknownCA")
+        || why.contains("BadCertificate")
+        || why.contains("CertificateRequired")
+    {
+        "the server refused the client certificate: use one signed by the server's client CA (--cert, --key)"
+    } else {
+        return String::new();
+    };
+    format!(" ({hint})")
+}
+
+/// What to try after a call failed as `s` says, when the connection, not the server,
+/// failed: a plaintext client reaching a TLS server, or a TLS client whose certificate
+/// the server refused mid-handshake, sees only a transport error.
+fn rpc_hint(s: &tonic::Status) -> &'static str {
+    let m = s.message();
+    let transport = (s.code() == tonic::Code::Unknown
+        && (m.contains("transport error") || m.contains("h2 protocol error")))
+        || (s.code() == tonic::Code::Cancelled && m.contains("operation was canceled"));
+    if transport {
+        " (the connection failed: if the server serves TLS, use https:// with --ca; if it asks for a client certificate, pass one signed by its client CA with --cert and --key)"
+    } else {
+        ""
+    }
 }
 
 impl From<tonic::Status> for ClientError {
