@@ -297,23 +297,13 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
         &log,
     );
     // The connections the cap refused, as /metrics counts them.
-    let refused = || {
-        let metrics = metrics.clone();
-        async move {
-            use tokio::io::AsyncWriteExt as _;
-            let mut s = tokio::net::TcpStream::connect(&metrics).await.ok()?;
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await
-                .ok()?;
-            let mut body = String::new();
-            s.read_to_string(&mut body).await.ok()?;
-            body.lines().find_map(|l| {
-                l.strip_prefix("fleetscope_grpc_connections_refused_total{reason=\"cap\"} ")?
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-        }
+    let refused = || async {
+        common::scrape(&metrics).await?.lines().find_map(|l| {
+            l.strip_prefix("fleetscope_grpc_connections_refused_total{reason=\"cap\"} ")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
     };
     common::wait_serving(&server.url()).await;
     let addr = format!("127.0.0.1:{}", server.port);

@@ -148,7 +148,6 @@ async fn a_stream_whose_api_server_answers_malformed_json_reads_as_an_error_sayi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_unreachable_from_the_start_is_logged_once_not_per_request() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
         .await
         .unwrap();
@@ -177,22 +176,18 @@ async fn a_cluster_unreachable_from_the_start_is_logged_once_not_per_request() {
     );
     common::wait_serving(&server.url()).await;
     // Several requests to it have failed (it is retried with backoff).
-    let failed = || {
-        let metrics = metrics.clone();
-        async move {
-            let mut s = tokio::net::TcpStream::connect(&metrics).await.ok()?;
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .await
-                .ok()?;
-            let mut body = String::new();
-            s.read_to_string(&mut body).await.ok()?;
-            Some(
-                body.lines()
-                    .filter(|l| l.starts_with("fleetscope_rest_client_requests_total{cluster=\"gone\",code=\"<error>\""))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                    .sum::<u64>(),
-            )
-        }
+    let failed = || async {
+        let body = common::scrape(&metrics).await?;
+        Some(
+            body.lines()
+                .filter(|l| {
+                    l.starts_with(
+                        "fleetscope_rest_client_requests_total{cluster=\"gone\",code=\"<error>\"",
+                    )
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum::<u64>(),
+        )
     };
     let deadline = tokio::time::Instant::now() + common::PATIENCE;
     while failed().await.unwrap_or(0) < 3 {

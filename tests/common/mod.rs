@@ -487,6 +487,18 @@ pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The text of `/metrics` at `addr` (plain HTTP), or `None` while nothing answers.
+pub async fn scrape(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.ok()?;
+    Some(body)
+}
+
 /// Lists of each simulated cluster's state, however made: LIST requests and
 /// streaming lists (WATCHes that send the state first), as a restart or a reconnect
 /// that resumes must make none of either.
