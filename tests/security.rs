@@ -1147,7 +1147,9 @@ async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cac
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 60).await;
     let cluster = fleet.servers()[0].cluster();
     cluster.add_token(Token::new("dora-token", "dora").with_groups(&["team-a"]));
+    cluster.add_token(Token::new("ella-token", "ella").with_groups(&["team-a"]));
     std::fs::write(dir.path().join("dora.token"), "dora-token").unwrap();
+    std::fs::write(dir.path().join("ella.token"), "ella-token").unwrap();
     std::fs::write(dir.path().join("nobody.token"), "nobody-token").unwrap();
     let policy_file = dir.path().join("policy.yaml");
     std::fs::write(&policy_file, policy("team-0")).unwrap();
@@ -1217,6 +1219,16 @@ async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cac
         count(&mut dora).await.unwrap();
     }
     assert!(reviews() - before <= 1, "answers are cached");
+    // Many calls of one token not yet reviewed cost one review, not one each.
+    let ella = connect(&arg("ella")).await.unwrap();
+    let before = reviews();
+    let calls: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(count(&mut ella.clone())))
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(reviews() - before, 1, "one review for twenty calls at once");
     // A token the cluster does not know is refused, and the refusal cached too.
     let mut nobody = connect(&arg("nobody")).await.unwrap();
     let before = reviews();

@@ -4,7 +4,7 @@
 //! the cluster one review per TTL.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleetscope_informer::review::{Reviewed, TokenReviewer};
@@ -23,6 +23,9 @@ pub struct Reviewer {
     negative_ttl: Duration,
     timeout: Duration,
     cache: Mutex<Cache>,
+    /// Reviews under way, by the token's SHA-256: callers of one token wait for its one
+    /// review (a thousand Watches of one token ask once when its answer expires).
+    reviewing: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Why a token could not be checked now: a transient state, retryable.
@@ -52,21 +55,50 @@ impl Reviewer {
             negative_ttl,
             timeout,
             cache: Mutex::new(HashMap::new()),
+            reviewing: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The answer cached for `key`, if it is still good.
+    fn cached(&self, key: &[u8; 32]) -> Option<Option<Subject>> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .get(key)
+            .filter(|(until, _)| *until > Instant::now())
+            .map(|(_, answer)| answer.clone())
     }
 
     /// Who `token` stands for (`None`: no one), from the cache or a review.
     pub async fn subject(&self, token: &str) -> Result<Option<Subject>, ReviewFailed> {
         let key = super::tokens::hash(token);
-        let now = Instant::now();
-        {
-            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((until, answer)) = cache.get(&key)
-                && *until > now
-            {
-                return Ok(answer.clone());
-            }
+        if let Some(answer) = self.cached(&key) {
+            return Ok(answer);
         }
+        // One review per token at a time: the others wait for it, then read its answer.
+        let turn = self
+            .reviewing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default()
+            .clone();
+        let _turn = turn.lock().await;
+        let answered = self.cached(&key);
+        let result = match answered {
+            Some(answer) => Ok(answer),
+            None => self.review(token, key).await,
+        };
+        let mut reviewing = self.reviewing.lock().unwrap_or_else(|e| e.into_inner());
+        // The last one out takes the entry away (the map holds one, and this `turn`).
+        if Arc::strong_count(&turn) <= 2 {
+            reviewing.remove(&key);
+        }
+        result
+    }
+
+    /// Reviews `token` (whose SHA-256 is `key`) and caches the answer.
+    async fn review(&self, token: &str, key: [u8; 32]) -> Result<Option<Subject>, ReviewFailed> {
+        let now = Instant::now();
         let failed = |message: String| ReviewFailed {
             cluster: self.reviewer.cluster().to_string(),
             message,
