@@ -87,10 +87,19 @@ fn connect_hint(server: &str, e: &tonic::transport::Error) -> String {
 /// failed: a plaintext client reaching a TLS server, or a TLS client whose certificate
 /// the server refused mid-handshake, sees only a transport error.
 fn rpc_hint(s: &tonic::Status) -> &'static str {
+    use tonic::Code;
     let m = s.message();
-    let transport = (s.code() == tonic::Code::Unknown
-        && (m.contains("transport error") || m.contains("h2 protocol error")))
-        || (s.code() == tonic::Code::Cancelled && m.contains("operation was canceled"));
+    // How tonic words a connection that broke under a call, with one of these codes.
+    let transport = matches!(
+        s.code(),
+        Code::Unknown | Code::Internal | Code::Cancelled | Code::Unavailable
+    ) && [
+        "transport error",
+        "h2 protocol error",
+        "operation was canceled",
+    ]
+    .iter()
+    .any(|w| m.contains(w));
     if transport {
         " (the connection failed: if the server serves TLS, use https:// with --ca; if it asks for a client certificate, pass one signed by its client CA with --cert and --key)"
     } else {
