@@ -444,25 +444,37 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
             .expect_err("a certificate from another CA is refused");
     }
     // Each of these connection mistakes is told what is wrong and what to try.
-    let cli_error = |args: Vec<String>| {
-        let out = std::process::Command::new(BIN)
+    // Run off the async workers, and bounded: a CLI that hangs fails the test.
+    let cli_error = |args: Vec<String>| async move {
+        let mut child = tokio::process::Command::new(BIN)
             .args(&args)
-            .output()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
             .unwrap();
-        assert!(!out.status.success(), "{args:?}");
-        String::from_utf8_lossy(&out.stderr).to_string()
+        let mut err = String::new();
+        use tokio::io::AsyncReadExt as _;
+        let mut stderr = child.stderr.take().unwrap();
+        let status = tokio::time::timeout(PATIENCE, async {
+            let _ = stderr.read_to_string(&mut err).await;
+            child.wait().await.unwrap()
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} hung"));
+        assert!(!status.success(), "{args:?}");
+        err
     };
     let p = |p: PathBuf| p.display().to_string();
     let tls_url = format!("https://127.0.0.1:{}", s.server.port);
-    // A plaintext HTTP server, as a proxy or another service would be.
-    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // A plaintext HTTP server, as a proxy or another service would be: a thread of
+    // its own, so nothing here waits on the test's runtime.
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let plain_url = format!("https://{}", plain.local_addr().unwrap());
-    tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt as _;
-        while let Ok((mut c, _)) = plain.accept().await {
-            let _ = c
-                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
-                .await;
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        for mut c in plain.incoming().flatten() {
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
         }
     });
     for (args, says) in [
@@ -511,7 +523,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
             "client CA",
         ),
     ] {
-        let err = cli_error(args.clone());
+        let err = cli_error(args.clone()).await;
         assert!(err.contains(says), "{args:?}: {err}");
     }
 
