@@ -693,6 +693,8 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     collect_rbac(&mut config, args.security.rbac_authorization);
     let addr = listener.local_addr().map_err(RunError::Listen)?;
     let kc = kubeconfig.display();
+    // Resolved once: it reads PATH and the file system.
+    let cli = this_binary();
     say!(
         "fleetscope demo\n\n\
          {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\
@@ -713,8 +715,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
          {cli} watch configmaps -n team-0\n  \
          kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
          Ctrl-C stops it.",
-        cli = this_binary(),
-        install = if this_binary() == "fleetscope" {
+        install = if cli == "fleetscope" {
             ""
         } else {
             "; `cargo install --path .` puts it on your PATH as fleetscope"
