@@ -155,10 +155,23 @@ pub async fn credential(exec: &ExecConfig, timeout: Duration) -> Result<Credenti
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|source| ExecError::Start {
-        plugin: plugin.clone(),
-        source,
-    })?;
+    // A plugin file just written (an installer updating it, or another thread of this
+    // process forking while it was open for writing) is briefly busy: try again.
+    let mut tries = 0;
+    let mut child = loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            spawned => {
+                break spawned.map_err(|source| ExecError::Start {
+                    plugin: plugin.clone(),
+                    source,
+                })?;
+            }
+        }
+    };
     let _group = Group(
         child
             .id()
