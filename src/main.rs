@@ -73,6 +73,10 @@ async fn run_cli() -> anyhow::Result<()> {
             let mut c = cli::connect(&args.query.server).await?;
             Ok(cli::get(&mut c, args).await?)
         }
+        args::Command::Describe(args) => {
+            let mut c = cli::connect(&args.query.server).await?;
+            Ok(cli::describe(&mut c, args).await?)
+        }
         args::Command::Count(args) => {
             let mut c = cli::connect(&args.query.server).await?;
             Ok(cli::count(&mut c, args).await?)

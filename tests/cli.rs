@@ -358,6 +358,16 @@ async fn get_prints_as_kubectl_does_with_the_cluster_first() {
         first[2].contains('/') && first[8].starts_with("app="),
         "{first:?}"
     );
+    // describe where events are not collected: said so, the object still described.
+    let text = stdout(
+        &run_cli(
+            server,
+            &["describe", "deploy", "-n", "team-0", "--cluster", "sim-1"],
+        )
+        .await,
+    );
+    assert!(text.contains("Kind:        Deployment\n"), "{text}");
+    assert!(text.contains("Events:      <not collected"), "{text}");
     let text = stdout(
         &run_cli(
             server,
@@ -996,4 +1006,164 @@ async fn watch_json_resumes_by_itself_across_a_server_crash() {
     drop(watch);
     drop(server);
     fleet.shutdown().await;
+}
+
+/// Runs the CLI until its output satisfies `done` (at most PATIENCE), returning it.
+async fn cli_until(server: &str, args: &[&str], done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let out = run_cli(server, args).await;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if out.status.success() && done(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fleetscope {}: {text}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn get_takes_several_types_and_type_slash_name_and_describe_shows_events() {
+    let h = common::Harness::start_with(
+        fleetscope_sim::FleetSpec::numbered(1, 100, 0.0),
+        common::test_config(&["pods", "services", "deployments.apps", "events"]),
+        Default::default(),
+    )
+    .await;
+    h.synced().await;
+    let server = h.url();
+    let server = server.trim_start_matches("http://");
+
+    // A Deployment made in the cluster: its controllers make a ReplicaSet, two pods
+    // and the events about them, as a real cluster's do.
+    let cluster = h.fleet.servers()[0].cluster();
+    cluster
+        .store
+        .create(
+            "namespaces",
+            None,
+            serde_json::json!({"metadata": {"name": "shop"}}),
+        )
+        .unwrap();
+    cluster
+        .store
+        .create(
+            "deployments.apps",
+            Some("shop"),
+            serde_json::json!({
+                "metadata": {"name": "cart", "labels": {"app": "cart"}},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "cart"}},
+                    "template": {"metadata": {"labels": {"app": "cart"}},
+                        "spec": {"containers": [{"name": "cart", "image": "cart:1"}]}}},
+            }),
+        )
+        .unwrap();
+    cluster
+        .store
+        .create(
+            "services",
+            Some("shop"),
+            serde_json::json!({"metadata": {"name": "cart"}, "spec": {"selector": {"app": "cart"}, "ports": [{"port": 80}]}}),
+        )
+        .unwrap();
+
+    // Several types: a table each, in the order named, names prefixed with their type.
+    let text = cli_until(server, &["get", "pods,svc", "-n", "shop"], |t| {
+        t.matches("pod/cart-").count() == 2 && t.contains("service/cart")
+    })
+    .await;
+    let tables: Vec<&str> = text.split("\n\n").collect();
+    assert_eq!(tables.len(), 2, "{text}");
+    assert!(
+        tables[0].starts_with("CLUSTER") && tables[0].contains("STATUS"),
+        "{text}"
+    );
+    assert!(
+        tables[1].starts_with("CLUSTER") && tables[1].contains("CLUSTER-IP"),
+        "{text}"
+    );
+    assert!(
+        !tables[0].contains("service/") && !tables[1].contains("pod/"),
+        "{text}"
+    );
+
+    // TYPE/NAME, several at once; one missing is named, the others still print.
+    let pod = text
+        .split_whitespace()
+        .find(|w| w.starts_with("pod/cart-"))
+        .unwrap()
+        .to_string();
+    let text = stdout(
+        &run_cli(
+            server,
+            &["get", &pod, "svc/cart", "-n", "shop", "-o", "name"],
+        )
+        .await,
+    );
+    assert_eq!(text, format!("sim-1/{pod}\nsim-1/service/cart\n"));
+    let out = run_cli(server, &["get", "deploy/cart", "deploy/nope", "-n", "shop"]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("deployment.apps/cart"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(r#"Error from server (NotFound): deploy "nope" not found"#),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // JSON: one List of every object named.
+    let list: serde_json::Value = serde_json::from_slice(
+        &run_cli(
+            server,
+            &["get", "deploy/cart", "svc/cart", "-n", "shop", "-o", "json"],
+        )
+        .await
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    // What kubectl refuses, refused alike.
+    for (args, expected) in [
+        (
+            &["get", "pods", "pod/x"][..],
+            "no need to specify a resource type",
+        ),
+        (&["get", "pods,svc", "-w"][..], "watch is only supported"),
+        (&["get", "pods,", "-n", "shop"][..], "empty resource type"),
+    ] {
+        let out = run_cli(server, args).await;
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+
+    // describe: the object with its cluster, fields, and the events from its cluster.
+    let text = cli_until(server, &["describe", "deploy/cart", "-n", "shop"], |t| {
+        t.contains("ScalingReplicaSet") && t.contains("Available Replicas:  2")
+    })
+    .await;
+    assert!(
+        text.starts_with("Cluster:     sim-1\nName:        cart\nNamespace:   shop\n"),
+        "{text}"
+    );
+    assert!(text.contains("Kind:        Deployment\n"), "{text}");
+    assert!(
+        text.contains("Normal")
+            && text.contains("deployment-controller")
+            && text.contains("Scaled up replica set cart-"),
+        "{text}"
+    );
+    let text = cli_until(server, &["describe", "pods", "-n", "shop"], |t| {
+        t.matches("Cluster:     sim-1").count() == 2
+    })
+    .await;
+    assert!(text.contains("Node Name:  node-"), "{text}");
+    let out = run_cli(server, &["describe", "svc", "nope", "-n", "shop"]).await;
+    assert!(!out.status.success());
+    h.shutdown().await;
 }

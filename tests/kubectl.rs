@@ -3,7 +3,10 @@
 //! `create` of each generator (protobuf bodies), `create -f` and `apply -f` with
 //! validation on (OpenAPI, and a misspelt field refused by the server), `apply` again (a strategic merge patch; a merge patch for a
 //! custom resource), `replace`, `edit`, `patch --type=json|merge|strategic`, `scale`,
-//! `label`, `annotate`, `delete`, and `--dry-run=server` changing nothing.
+//! `label`, `annotate`, `delete`, and `--dry-run=server` changing nothing; and the
+//! controllers at work: `rollout status` of a Deployment, its ReplicaSets and pods,
+//! scaling, a deleted pod replaced, events for `describe`, the garbage collector and
+//! a namespace deletion taking everything in it.
 //!
 //! kubectl is not a build dependency: without it on the PATH the test says so and
 //! checks nothing else.
@@ -436,4 +439,219 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
         k.ok(&["get", "--raw", "/openapi/v3"])
             .contains("apis/apps/v1")
     );
+}
+
+/// Waits (at most 30 s) until `done` holds, re-checking as the controllers work.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The objects of type `id` in `namespace`, as the cluster holds them.
+fn held_in(fleet: &SimFleet, id: &str, namespace: &str) -> Vec<Value> {
+    let store = &fleet.servers()[0].cluster().store;
+    store
+        .snapshot(id, fleetscope_sim::store::ReadAt::Latest)
+        .unwrap()
+        .objects
+        .values()
+        .filter(|o| o.namespace == namespace)
+        .map(|o| o.value())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_sees_a_clusters_controllers_at_work() {
+    assert!(
+        kubectl_installed(),
+        "kubectl is needed for this test (Debian: apt-get install kubernetes-client; .ci/run installs it)"
+    );
+    let fleet = SimFleet::start(&FleetSpec::numbered(1, 40, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let k = std::sync::Arc::new(Kubectl {
+        kubeconfig,
+        dir: dir.path().to_path_buf(),
+    });
+    let fleet = std::sync::Arc::new(fleet);
+    let (k2, f2) = (k.clone(), fleet.clone());
+    tokio::task::spawn_blocking(move || controllers(&k2, &f2))
+        .await
+        .unwrap();
+    if let Ok(fleet) = std::sync::Arc::try_unwrap(fleet) {
+        fleet.shutdown().await;
+    }
+}
+
+fn controllers(k: &Kubectl, fleet: &SimFleet) {
+    let pods = |ns: &str| held_in(fleet, "pods", ns);
+    let running = |ns: &str| {
+        pods(ns)
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count()
+    };
+
+    // Deployment → ReplicaSet → Pods, and `rollout status` finishes.
+    k.ok(&["create", "namespace", "shop"]);
+    k.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "-n",
+        "shop",
+        "--image",
+        "nginx:1",
+        "--replicas",
+        "3",
+    ]);
+    let out = k.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "shop",
+        "--timeout",
+        "60s",
+    ]);
+    assert!(out.contains("successfully rolled out"), "{out}");
+    assert_eq!(running("shop"), 3);
+    let rs = held_in(fleet, "replicasets.apps", "shop");
+    assert_eq!(rs.len(), 1);
+    let first_rs = rs[0]["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(first_rs.starts_with("web-"), "{first_rs}");
+    for pod in pods("shop") {
+        assert_eq!(
+            pod["metadata"]["ownerReferences"][0]["name"],
+            first_rs.as_str()
+        );
+        assert!(pod["spec"]["nodeName"].is_string(), "{pod}");
+    }
+    let deployment = held(fleet, "deployments.apps", "shop", "web").unwrap();
+    assert_eq!(deployment["status"]["availableReplicas"], 3);
+    assert_eq!(
+        deployment["status"]["observedGeneration"],
+        deployment["metadata"]["generation"]
+    );
+    let table = k.ok(&["get", "pods", "-n", "shop"]);
+    assert_eq!(table.matches("Running").count(), 3, "{table}");
+
+    // A new template: a new ReplicaSet, the old one scaled to zero.
+    k.ok(&[
+        "set",
+        "image",
+        "deployment/web",
+        "nginx=nginx:2",
+        "-n",
+        "shop",
+    ]);
+    let out = k.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "shop",
+        "--timeout",
+        "60s",
+    ]);
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let rs = held_in(fleet, "replicasets.apps", "shop");
+    assert_eq!(rs.len(), 2);
+    for r in &rs {
+        let old = r["metadata"]["name"] == first_rs.as_str();
+        assert_eq!(r["spec"]["replicas"], if old { 0 } else { 3 }, "{r}");
+    }
+    eventually("three pods of nginx:2 only", || {
+        let p = pods("shop");
+        p.len() == 3
+            && p.iter()
+                .all(|p| p["spec"]["containers"][0]["image"] == "nginx:2")
+    });
+    let history = k.ok(&["rollout", "history", "deployment/web", "-n", "shop"]);
+    assert!(history.contains('2'), "{history}");
+
+    // Scaling, and a deleted pod replaced.
+    k.ok(&["scale", "deployment/web", "--replicas", "1", "-n", "shop"]);
+    k.ok(&[
+        "rollout",
+        "status",
+        "deployment/web",
+        "-n",
+        "shop",
+        "--timeout",
+        "60s",
+    ]);
+    eventually("one pod", || pods("shop").len() == 1);
+    let victim = pods("shop")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    k.ok(&["delete", "pod", &victim, "-n", "shop"]);
+    eventually("a replacement pod", || {
+        let p = pods("shop");
+        p.len() == 1 && p[0]["metadata"]["name"] != victim.as_str()
+    });
+
+    // Events, as kubectl describe reads them.
+    let described = k.ok(&["describe", "deployment", "web", "-n", "shop"]);
+    assert!(
+        described.contains("ScalingReplicaSet") && described.contains("Scaled down replica set"),
+        "{described}"
+    );
+    let events = k.ok(&["get", "events", "-n", "shop"]);
+    assert!(events.contains("SuccessfulCreate"), "{events}");
+
+    // The garbage collector: a deleted Deployment takes its ReplicaSets and pods.
+    k.ok(&["delete", "deployment", "web", "-n", "shop"]);
+    eventually("no replica sets or pods left", || {
+        held_in(fleet, "replicasets.apps", "shop").is_empty() && pods("shop").is_empty()
+    });
+
+    // The namespace controller: a deleted namespace takes everything in it.
+    k.ok(&["create", "namespace", "doomed"]);
+    k.ok(&[
+        "create",
+        "configmap",
+        "settings",
+        "-n",
+        "doomed",
+        "--from-literal=a=1",
+    ]);
+    k.ok(&[
+        "create",
+        "deployment",
+        "api",
+        "-n",
+        "doomed",
+        "--image",
+        "api:1",
+    ]);
+    k.ok(&[
+        "rollout",
+        "status",
+        "deployment/api",
+        "-n",
+        "doomed",
+        "--timeout",
+        "60s",
+    ]);
+    assert_eq!(running("doomed"), 1);
+    k.ok(&["delete", "namespace", "doomed"]);
+    eventually("namespace doomed emptied", || {
+        fleet.servers()[0]
+            .cluster()
+            .store
+            .defs()
+            .iter()
+            .filter(|d| d.namespaced)
+            .all(|d| held_in(fleet, &d.id(), "doomed").is_empty())
+    });
+    let out = k.ok(&["get", "all", "-n", "doomed"]);
+    assert!(out.trim().is_empty(), "{out}");
 }

@@ -100,6 +100,8 @@ pub enum Command {
     Sim(SimArgs),
     /// List objects across the fleet, or get one by name.
     Get(GetArgs),
+    /// Show objects in detail, with their cluster and the events about them.
+    Describe(DescribeArgs),
     /// Count objects across the fleet, grouped.
     Count(CountArgs),
     /// Stream changes across the fleet.
@@ -162,7 +164,8 @@ pub struct ServerArg {
 
 #[derive(Debug, Args)]
 pub struct QueryArgs {
-    /// The resource type, kubectl-style: pods, po, pod, deployments.apps, deploy, apps/v1/deployments, Deployment.
+    /// The resource type, kubectl-style: pods, po, pod, deployments.apps, deploy, apps/v1/deployments, Deployment
+    /// (`get` and `describe` also take several, `pods,svc`, and TYPE/NAME).
     pub resource: String,
     /// Namespaces; repeatable. Default: all.
     #[arg(short = 'n', long = "namespace")]
@@ -240,13 +243,16 @@ pub struct PrintArgs {
   fleetscope get pods -A                                   every pod in every cluster
   fleetscope get po -l app=web --cluster 'prod-*' -o wide  with IP and NODE
   fleetscope get deploy web -n payments                    one name, looked up across the fleet
+  fleetscope get pods,svc -n payments                      several types, a table each
+  fleetscope get pod/web-1 svc/web                         TYPE/NAME, as many as you like
   fleetscope get nodes -o custom-columns=NAME:.metadata.name,KUBELET:.status.nodeInfo.kubeletVersion
   fleetscope get pods --sort-by .metadata.creationTimestamp -w")]
 pub struct GetArgs {
     #[command(flatten)]
     pub query: QueryArgs,
-    /// An object's name: looked up across the selected clusters and namespaces.
-    pub name: Option<String>,
+    /// Objects' names, looked up across the selected clusters and namespaces (or
+    /// TYPE/NAME when the type is given that way).
+    pub names: Vec<String>,
     #[command(flatten)]
     pub print: PrintArgs,
     /// Sort by a JSONPath (`.metadata.creationTimestamp`, `{.status.restartCount}`).
@@ -258,6 +264,20 @@ pub struct GetArgs {
     /// At most this many objects.
     #[arg(long)]
     pub limit: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  fleetscope describe deploy web -n payments               every cluster holding it
+  fleetscope describe pod/web-1 --cluster prod-eu-1
+  fleetscope describe nodes                                every node of the fleet
+
+Events are shown when the fleet collects them (events among the resources).")]
+pub struct DescribeArgs {
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// Objects' names (or TYPE/NAME); none: every object of the type.
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 #[allow(missing_docs)]
 pub mod args;
 pub mod columns;
+mod describe;
 pub mod jsonpath;
 pub mod output;
 
@@ -12,6 +13,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::{Duration, SystemTime};
 
+pub use describe::describe;
 use output::{Format, Item, Table};
 use tokio_stream::StreamExt;
 use tonic::service::Interceptor;
@@ -376,6 +378,7 @@ async fn table_for(
         show_labels: print.show_labels,
         label_columns: print.label_columns.clone(),
         event,
+        typed_names: false,
     }
 }
 
@@ -403,38 +406,189 @@ fn print_items(items: &[Item], format: &Format, single: bool) {
     }
 }
 
-/// `get`: a list (every page), or objects by name across the selected clusters and
-/// namespaces; then, with `-w`, changes as they arrive.
-pub async fn get(client: &mut Client, args: args::GetArgs) -> Result<(), ClientError> {
-    let mut query = args.query.query();
-    if let Some(name) = &args.name {
-        let by_name = format!("metadata.name={name}");
-        query.field_selector = if query.field_selector.is_empty() {
-            by_name
-        } else {
-            format!("{},{by_name}", query.field_selector)
-        };
+/// What `get` and `describe` name, as kubectl reads it: `TYPE[,TYPE...] [NAME...]`
+/// or `TYPE/NAME...`; each type with the name asked of it (none: every object).
+fn targets(resource: &str, names: &[String]) -> Result<Vec<Target>, ClientError> {
+    let slashed = |s: &str| s.contains('/') && s.matches('/').count() == 1;
+    if slashed(resource) {
+        let mut out = Vec::new();
+        for arg in std::iter::once(resource).chain(names.iter().map(String::as_str)) {
+            match arg.split_once('/') {
+                Some((kind, name))
+                    if !kind.is_empty() && !name.is_empty() && !kind.contains(',') =>
+                {
+                    out.push(Target {
+                        resource: kind.to_string(),
+                        name: Some(name.to_string()),
+                    });
+                }
+                _ => {
+                    return Err(ClientError::Message(format!(
+                        "error: arguments in resource/name form must have a single resource and name: {arg:?}"
+                    )));
+                }
+            }
+        }
+        return Ok(out);
     }
+    if names.iter().any(|n| n.contains('/')) {
+        return Err(ClientError::Message(
+            "error: there is no need to specify a resource type as a separate argument when passing arguments in resource/name form (e.g. 'fleetscope get pod/web' instead of 'fleetscope get pod pod/web')".into(),
+        ));
+    }
+    let mut out = Vec::new();
+    for kind in resource.split(',') {
+        if kind.is_empty() {
+            return Err(ClientError::Message(format!(
+                "error: {resource:?} names an empty resource type: give TYPE[,TYPE...]"
+            )));
+        }
+        if names.is_empty() {
+            out.push(Target {
+                resource: kind.to_string(),
+                name: None,
+            });
+        }
+        for name in names {
+            out.push(Target {
+                resource: kind.to_string(),
+                name: Some(name.clone()),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// One type, and one name of it or every object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    resource: String,
+    name: Option<String>,
+}
+
+impl Target {
+    /// The query: the command's, for this type and name.
+    fn query(&self, q: &args::QueryArgs) -> Query {
+        let mut query = q.query();
+        query.resource = self.resource.clone();
+        if let Some(name) = &self.name {
+            let by_name = format!("metadata.name={name}");
+            query.field_selector = if query.field_selector.is_empty() {
+                by_name
+            } else {
+                format!("{},{by_name}", query.field_selector)
+            };
+        }
+        query
+    }
+
+    /// kubectl's refusal of a name nothing holds.
+    fn not_found(&self, q: &args::QueryArgs) -> Option<String> {
+        self.name.as_ref().map(|name| {
+            format!(
+                "Error from server (NotFound): {} {name:?} not found{}",
+                self.resource,
+                where_looked(q)
+            )
+        })
+    }
+}
+
+/// `get`: a list (every page), or objects by name across the selected clusters and
+/// namespaces; then, with `-w`, changes as they arrive. Several types (or TYPE/NAME
+/// arguments) print a table per type, each name prefixed with its type.
+pub async fn get(client: &mut Client, args: args::GetArgs) -> Result<(), ClientError> {
+    let targets = targets(&args.query.resource, &args.names)?;
     let sort_by = args
         .sort_by
         .as_deref()
         .map(jsonpath::Template::parse)
         .transpose()
         .map_err(|e| ClientError::Message(format!("--sort-by: {e}")))?;
+    if let [target] = &targets[..] {
+        return get_one(client, &args, target, sort_by.as_ref()).await;
+    }
+    if args.watch {
+        return Err(ClientError::Message(format!(
+            "error: watch is only supported on individual resources and resource collections, but {} resources were found",
+            targets.len()
+        )));
+    }
+    // Items by type, in the order the types were named.
+    let mut groups: Vec<(String, Vec<Item>)> = Vec::new();
+    let mut missing = Vec::new();
+    for target in &targets {
+        let Listed { items, .. } = list_all(client, &target.query(&args.query), args.limit).await?;
+        if items.is_empty()
+            && let Some(m) = target.not_found(&args.query)
+        {
+            missing.push(m);
+        }
+        match groups.iter_mut().find(|(r, _)| *r == target.resource) {
+            Some((_, held)) => held.extend(items),
+            None => groups.push((target.resource.clone(), items)),
+        }
+    }
+    for (_, items) in &mut groups {
+        if let Some(by) = &sort_by {
+            output::sort(items, by);
+        }
+    }
+    groups.retain(|(_, items)| !items.is_empty());
+    if groups.is_empty() && missing.is_empty() {
+        eprintln!("No resources found{}.", where_looked(&args.query));
+        return Ok(());
+    }
+    let format = &args.print.output;
+    if format.is_table() {
+        let one_namespace = args.query.namespaces.len() == 1;
+        let now = SystemTime::now();
+        for (i, (_, items)) in groups.iter().enumerate() {
+            let mut table = table_for(client, items, &args.print, one_namespace, false).await;
+            table.typed_names = true;
+            let rows: Vec<Vec<String>> = items.iter().map(|i| table.row(i, now, None)).collect();
+            let header = table.header();
+            if i > 0 {
+                print("\n");
+            }
+            print(&output::align(
+                (!args.print.no_headers).then_some(&header[..]),
+                &rows,
+            ));
+        }
+    } else {
+        let all: Vec<Item> = groups.into_iter().flat_map(|(_, items)| items).collect();
+        if !all.is_empty() || missing.is_empty() {
+            print_items(&all, format, false);
+        }
+    }
+    if !missing.is_empty() {
+        return Err(ClientError::Message(missing.join("\n")));
+    }
+    Ok(())
+}
+
+/// `get` of one type (and one name, or all).
+async fn get_one(
+    client: &mut Client,
+    args: &args::GetArgs,
+    target: &Target,
+    sort_by: Option<&jsonpath::Template>,
+) -> Result<(), ClientError> {
+    let query = target.query(&args.query);
     let Listed {
         mut items,
         revision,
     } = list_all(client, &query, args.limit).await?;
-    if let Some(by) = &sort_by {
+    if let Some(by) = sort_by {
         output::sort(&mut items, by);
     }
-    let resource = &args.query.resource;
-    if let Some(name) = &args.name {
+    let resource = &target.resource;
+    if let Some(name) = &target.name {
         if items.is_empty() {
-            return Err(ClientError::Message(format!(
-                "Error from server (NotFound): {resource} {name:?} not found{}",
-                where_looked(&args.query)
-            )));
+            return Err(ClientError::Message(
+                target.not_found(&args.query).unwrap_or_default(),
+            ));
         }
         let places = output::places(&items);
         if items.len() > 1 {
@@ -462,7 +616,7 @@ pub async fn get(client: &mut Client, args: args::GetArgs) -> Result<(), ClientE
         ));
         Some(table)
     } else {
-        print_items(&items, format, args.name.is_some());
+        print_items(&items, format, target.name.is_some());
         None
     };
     if !args.watch {

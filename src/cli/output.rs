@@ -133,6 +133,11 @@ impl Item {
 
     /// `CLUSTER/kind.group/NAME`, as kubectl's `-o name` with the cluster first.
     pub fn qualified_name(&self) -> String {
+        format!("{}/{}", self.cluster, self.typed_name())
+    }
+
+    /// `kind[.group]/name`, as kubectl names an object among several types.
+    pub fn typed_name(&self) -> String {
         let kind = self.object["kind"]
             .as_str()
             .unwrap_or_default()
@@ -142,7 +147,7 @@ impl Item {
             .split_once('.')
             .map(|(_, g)| format!(".{g}"))
             .unwrap_or_default();
-        format!("{}/{kind}{group}/{}", self.cluster, self.name)
+        format!("{kind}{group}/{}", self.name)
     }
 }
 
@@ -185,6 +190,8 @@ pub struct Table {
     pub label_columns: Vec<String>,
     /// A leading EVENT column (for watch rows).
     pub event: bool,
+    /// Names as `kind/name` (several types in one answer).
+    pub typed_names: bool,
 }
 
 impl Table {
@@ -239,7 +246,11 @@ impl Table {
         if self.namespace {
             r.push(item.namespace.clone());
         }
-        r.push(item.name.clone());
+        r.push(if self.typed_names {
+            item.typed_name()
+        } else {
+            item.name.clone()
+        });
         for c in self.columns.iter().filter(|c| self.wide || !c.wide) {
             r.push((c.cell)(&item.object, now));
         }

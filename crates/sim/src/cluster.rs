@@ -245,6 +245,9 @@ pub struct Inner {
     group_versions_held: watch::Sender<bool>,
     /// Group-version discovery documents being answered (or held) now.
     group_versions_in_flight: AtomicUsize,
+    /// The uids of the deployments a [`crate::Workload`] made and keeps itself (with
+    /// their replica sets and pods): the controllers leave them alone.
+    pub(crate) workload_deployments: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Deref for Cluster {
@@ -295,6 +298,7 @@ impl Cluster {
             latency: Mutex::new(latency),
             group_versions_held,
             group_versions_in_flight: AtomicUsize::new(0),
+            workload_deployments: Mutex::new(Default::default()),
         }))
     }
 

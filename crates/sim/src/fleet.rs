@@ -1,4 +1,4 @@
-//! Several simulated clusters on loopback, with a workload and churn each, and the
+//! Several simulated clusters on loopback, with a workload, churn and controllers each, and the
 //! kubeconfig that reaches them: what `fleetscope sim` and `fleetscope demo` run.
 
 use std::io;
@@ -48,6 +48,7 @@ impl FleetSpec {
 /// Running simulated clusters.
 pub struct SimFleet {
     servers: Vec<SimServer>,
+    /// Churn and controllers.
     churn: Vec<JoinHandle<()>>,
     cancel: CancellationToken,
 }
@@ -98,7 +99,8 @@ pub fn write_kubeconfig(path: &Path, contexts: &[Context]) -> io::Result<()> {
 }
 
 impl SimFleet {
-    /// Starts the clusters on free loopback ports, populates them and starts churn.
+    /// Starts the clusters on free loopback ports, populates them and starts their
+    /// controllers and churn.
     pub async fn start(spec: &FleetSpec) -> io::Result<Self> {
         let cancel = CancellationToken::new();
         let mut servers = Vec::new();
@@ -113,6 +115,11 @@ impl SimFleet {
                 Workload::populate(&cluster, &WorkloadSpec::new(spec.objects, i as u64 + 1))
                     .map_err(|e| io::Error::other(format!("populating {name}: {e}")))?;
             let server = SimServer::start_local(cluster.clone()).await?;
+            let span = tracing::info_span!("sim_controllers", cluster = %name);
+            churn.push(tokio::spawn(
+                crate::controllers::run_controllers(cluster.clone(), cancel.child_token())
+                    .instrument(span),
+            ));
             let span = tracing::info_span!("sim_churn", cluster = %name);
             churn.push(tokio::spawn(
                 workload

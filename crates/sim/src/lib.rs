@@ -7,9 +7,13 @@
 //!   writes through [`Cluster::store`], fault injection and request counters.
 //! - [`SimServer::start`]: serves a cluster over HTTP, and can go offline, come back and restart.
 //! - [`Workload::populate`] and [`Workload::churn`]: realistic objects and a change rate.
-//! - [`SimFleet::start`]: several clusters with workloads, and the kubeconfig reaching them.
+//! - [`run_controllers`]: the namespace, deployment, replicaset and garbage-collection
+//!   controllers a real cluster runs.
+//! - [`SimFleet::start`]: several clusters with workloads and controllers, and the
+//!   kubeconfig reaching them.
 
 mod cluster;
+mod controllers;
 mod fleet;
 mod http;
 mod openapi;
@@ -29,6 +33,7 @@ mod workload;
 pub use cluster::{
     Cluster, ClusterConfig, FailFor, Inner, ListKind, Token, Verb, WatchListSupport,
 };
+pub use controllers::run_controllers;
 pub use fleet::{Context, FleetSpec, SimFleet, kubeconfig, write_kubeconfig};
 pub use resource::ResourceDef;
 pub use server::SimServer;

@@ -131,7 +131,7 @@ impl ResourceDef {
 }
 
 /// The resource types every simulated cluster starts with: core/v1 namespaces, pods,
-/// configmaps, services, nodes and secrets; apps/v1 deployments and replicasets;
+/// configmaps, services, nodes, secrets and events; apps/v1 deployments and replicasets;
 /// rbac.authorization.k8s.io/v1 roles, cluster roles and their bindings; and
 /// `crontabs.stable.example.com`, a custom resource, to prove nothing is hard-wired.
 pub fn builtin() -> Vec<ResourceDef> {
@@ -159,6 +159,16 @@ pub fn builtin() -> Vec<ResourceDef> {
             .short(&["no"])
             .fields(&["spec.unschedulable"]),
         ResourceDef::new("", "v1", "secrets", "Secret", true).fields(&["type"]),
+        ResourceDef::new("", "v1", "events", "Event", true)
+            .short(&["ev"])
+            .fields(&[
+                "involvedObject.kind",
+                "involvedObject.name",
+                "involvedObject.namespace",
+                "involvedObject.uid",
+                "reason",
+                "type",
+            ]),
         ResourceDef::new("apps", "v1", "deployments", "Deployment", true)
             .short(&["deploy"])
             .all(),

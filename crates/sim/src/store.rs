@@ -187,7 +187,7 @@ pub struct Store {
     cluster_name: String,
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     jiff::Timestamp::now()
         .round(jiff::Unit::Second)
         .map(|t| t.to_string())
@@ -243,6 +243,12 @@ impl Store {
 
     fn write(&self) -> RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every change from now on, as watches receive them (a receiver that falls more
+    /// than the watch buffer behind is told how many it missed).
+    pub fn changes(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
     }
 
     /// The current resourceVersion.

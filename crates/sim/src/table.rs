@@ -113,6 +113,25 @@ fn columns(def: &ResourceDef) -> Vec<Value> {
             ));
             cols.push(age);
         }
+        ("", "events") => {
+            cols.push(column(
+                "Last Seen",
+                "string",
+                "",
+                "When the event last happened.",
+                0,
+            ));
+            cols.push(column("Type", "string", "", "Normal or Warning.", 0));
+            cols.push(column("Reason", "string", "", "Why the event happened.", 0));
+            cols.push(column(
+                "Object",
+                "string",
+                "",
+                "The object the event is about.",
+                0,
+            ));
+            cols.push(column("Message", "string", "", "What happened.", 0));
+        }
         ("apps", "deployments" | "replicasets") => {
             cols.push(column(
                 "Ready",
@@ -171,6 +190,18 @@ fn cells(def: &ResourceDef, v: &Value) -> Vec<Value> {
             json!(text(v, &["spec", "type"])),
             json!(text(v, &["spec", "clusterIP"])),
             age,
+        ],
+        ("", "events") => vec![
+            name,
+            json!(self::age(v["lastTimestamp"].as_str())),
+            json!(text(v, &["type"])),
+            json!(text(v, &["reason"])),
+            json!(format!(
+                "{}/{}",
+                text(v, &["involvedObject", "kind"]).to_lowercase(),
+                text(v, &["involvedObject", "name"])
+            )),
+            json!(text(v, &["message"])),
         ],
         ("apps", "deployments" | "replicasets") => {
             let want = v["spec"]["replicas"].as_i64().unwrap_or(1);

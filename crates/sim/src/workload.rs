@@ -164,6 +164,11 @@ impl Workload {
                 "spec": {"replicas": 3, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": app, "image": format!("registry.example.com/{app}:1.0")}]}}},
                 "status": {"replicas": 3, "readyReplicas": 3, "availableReplicas": 3, "updatedReplicas": 3},
             }))?;
+            cluster
+                .workload_deployments
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(deploy.uid.clone());
             let rs_name = format!("{name}-{hash}");
             let rs = store.create("replicasets.apps", Some(ns), json!({
                 "metadata": {"name": rs_name, "labels": {"app": app, "pod-template-hash": hash},
