@@ -1,8 +1,16 @@
 # Helpers shared by the CI steps that run containers (sourced, not run).
 
-# podman, buildah and runc from Debian's packages, and the settings that make them
-# work without a daemon here (deploy/image/containers.conf).
+# podman, buildah and runc from Debian's packages (and jq, curl, openssl), and the
+# settings that make them work without a daemon here (deploy/image/containers.conf).
 ensure_podman() {
+  local missing=()
+  for tool in jq curl openssl; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing ${missing[*]} (Debian)"
+    apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
   if ! command -v podman >/dev/null 2>&1 || ! command -v buildah >/dev/null 2>&1 ||
     ! command -v runc >/dev/null 2>&1; then
     echo "== installing podman, buildah, runc (Debian)"
