@@ -509,7 +509,7 @@ async fn serve_index(engine: &Arc<Engine>) -> String {
     // one that never reads.
     let config = ServiceConfig {
         max_watches_per_caller: env_usize("FLEET_BENCH_SUBSCRIBERS", 1000) + 1,
-        ..ServiceConfig::default()
+        ..ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap())
     };
     let service = FleetService::new(engine.clone(), config, engine.cancelled());
     let cancel = engine.cancelled();

@@ -66,7 +66,7 @@ async fn a_first_sync_reads_no_list_from_storage_and_each_stream_says_how_it_syn
     let mut h = Harness::start_with(
         FleetSpec::numbered(3, 40, 0.0),
         test_config(&TYPES),
-        ServiceConfig::default(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
     )
     .await;
     h.stop_node().await;
@@ -77,8 +77,13 @@ async fn a_first_sync_reads_no_list_from_storage_and_each_stream_says_how_it_syn
     for s in h.fleet.servers() {
         s.cluster().reset_counters();
     }
-    h.start_node(test_config(&TYPES), ServiceConfig::default(), None, &[])
-        .await;
+    h.start_node(
+        test_config(&TYPES),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        None,
+        &[],
+    )
+    .await;
     h.synced().await;
     for (resource, id) in [
         ("pods", "pods"),
@@ -138,7 +143,7 @@ async fn built_in_types_sync_while_discovery_fails() {
     let mut h = Harness::start_with(
         FleetSpec::numbered(2, 30, 0.0),
         test_config(&TYPES),
-        ServiceConfig::default(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
     )
     .await;
     h.stop_node().await;
@@ -146,8 +151,13 @@ async fn built_in_types_sync_while_discovery_fails() {
         s.cluster().fail_discovery(true);
         s.cluster().reset_counters();
     }
-    h.start_node(test_config(&TYPES), ServiceConfig::default(), None, &[])
-        .await;
+    h.start_node(
+        test_config(&TYPES),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        None,
+        &[],
+    )
+    .await;
     for (resource, id) in [
         ("pods", "pods"),
         ("configmaps", "configmaps"),
@@ -216,7 +226,7 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
     h.cluster(0).fail_discovery(true);
     h.start_node(
         test_config(&["pods", "widgets"]),
-        ServiceConfig::default(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
         Some(data.path()),
         &[],
     )
@@ -231,7 +241,7 @@ async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery
     let mut h = Harness::start_with(
         FleetSpec::numbered(1, 20, 0.0),
         test_config(&["pods"]),
-        ServiceConfig::default(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
     )
     .await;
     h.stop_node().await;
@@ -240,7 +250,7 @@ async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery
     h.cluster(0).fail_discovery(true);
     h.start_node(
         test_config(&["pods", "example.com/v1/widgets"]),
-        ServiceConfig::default(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
         None,
         &[],
     )
@@ -255,7 +265,7 @@ async fn an_aggregated_api_that_is_down_keeps_its_types_and_the_cluster_synced()
     let h = Harness::start_with(
         FleetSpec::numbered(1, 40, 0.0),
         test_config(&TYPES),
-        ServiceConfig::default(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
     )
     .await;
     h.synced().await;

@@ -192,7 +192,11 @@ async fn while_the_store_loads_every_call_is_unavailable_and_health_is_not_servi
     let fleet = std::sync::Arc::new(fleetscope_model::fleet::Deferred::<
         fleetscope::engine::Engine,
     >::default());
-    let service = FleetService::new(fleet.clone(), ServiceConfig::default(), stop.clone());
+    let service = FleetService::new(
+        fleet.clone(),
+        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        stop.clone(),
+    );
     let (ready, readied) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(fleetscope::server::serve(
         listener,
@@ -262,7 +266,7 @@ async fn a_type_not_yet_known_while_a_cluster_is_being_discovered_is_unavailable
     let url = format!("http://{}", listener.local_addr().unwrap());
     let service = fleetscope::grpc::FleetService::new(
         engine.clone(),
-        fleetscope::grpc::ServiceConfig::default(),
+        fleetscope::grpc::ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
         engine.cancelled(),
     );
     let ready = {

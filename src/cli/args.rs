@@ -731,12 +731,13 @@ impl EngineArgs {
         }
     }
 
-    pub fn service(&self) -> ServiceConfig {
+    /// The Fleet service's settings, page tokens signed with `token_key`.
+    pub fn service(&self, token_key: crate::grpc::TokenKey) -> ServiceConfig {
         ServiceConfig {
             bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
             max_watches_per_caller: usize::try_from(self.grpc_max_watches_per_caller)
                 .unwrap_or(usize::MAX),
-            ..Default::default()
+            ..ServiceConfig::new(token_key)
         }
     }
 }

@@ -18,7 +18,7 @@ mod watch;
 
 pub use status::echo;
 use status::status;
-pub use token::{TokenKey, random_secret};
+pub use token::{RandomUnavailable, TokenKey, random_secret};
 use token::{decode_token, encode_token};
 pub use watch::{Revocation, Subscribers, WatchStream};
 
@@ -42,20 +42,22 @@ pub struct ServiceConfig {
     /// The most bytes of objects in one List page. Default 3 MiB, so a page stays
     /// under the 4 MiB message size gRPC clients accept by default.
     pub max_page_bytes: usize,
-    /// The key page tokens are signed with. Default: a random one.
+    /// The key page tokens are signed with.
     pub token_key: TokenKey,
     /// Watch streams one caller may have open at once. Default 1,000.
     pub max_watches_per_caller: usize,
 }
 
-impl Default for ServiceConfig {
-    fn default() -> Self {
+impl ServiceConfig {
+    /// The defaults, signing page tokens with `token_key` (there is no default key:
+    /// a start makes or loads one, and stops if it cannot).
+    pub fn new(token_key: TokenKey) -> Self {
         Self {
             default_limit: 500,
             max_limit: 10_000,
             bookmark_interval: Duration::from_secs(30),
             max_page_bytes: 3 << 20,
-            token_key: TokenKey::random(),
+            token_key,
             max_watches_per_caller: 1000,
         }
     }

@@ -28,25 +28,25 @@ impl TokenKey {
     }
 
     /// A fresh random key (tokens then live as long as the process).
-    pub fn random() -> Self {
-        Self::new(&random_secret())
+    pub fn random() -> Result<Self, RandomUnavailable> {
+        Ok(Self::new(&random_secret()?))
     }
 }
+
+/// The system's random generator failed: no key can be made, and a predictable one
+/// would let anyone forge page tokens, so the start stops.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the system's random generator failed, so no key for page tokens can be made")]
+pub struct RandomUnavailable;
 
 /// 32 random bytes from the system's generator.
-pub fn random_secret() -> [u8; 32] {
+pub fn random_secret() -> Result<[u8; 32], RandomUnavailable> {
     use ring::rand::SecureRandom as _;
     let mut secret = [0u8; 32];
-    // The system generator does not fail on the platforms fleetscope runs on; if it
-    // did, a zero key still signs (tokens then only bind to the caller and query).
-    let _ = ring::rand::SystemRandom::new().fill(&mut secret);
-    secret
-}
-
-impl Default for TokenKey {
-    fn default() -> Self {
-        Self::random()
-    }
+    ring::rand::SystemRandom::new()
+        .fill(&mut secret)
+        .map_err(|_| RandomUnavailable)?;
+    Ok(secret)
 }
 
 /// What a page token carries: the snapshot's revision, the query, and where to continue.
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_token_reads_back_for_its_caller_only() {
-        let key = TokenKey::random();
+        let key = TokenKey::random().unwrap();
         let t = token(&key, "alice");
         let (r, q, after) = decode_token(&key, "alice", &t).unwrap();
         assert_eq!(
@@ -154,12 +154,12 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().contains("this caller"), "{}", e.message());
         // Another server's key.
-        assert!(decode_token(&TokenKey::random(), "alice", &t).is_err());
+        assert!(decode_token(&TokenKey::random().unwrap(), "alice", &t).is_err());
     }
 
     #[test]
     fn an_altered_or_forged_token_is_invalid_not_expired() {
-        let key = TokenKey::random();
+        let key = TokenKey::random().unwrap();
         let t = token(&key, "alice");
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let (payload, tag) = t.split_once('.').unwrap();
@@ -190,7 +190,7 @@ mod tests {
             at in 0usize..400,
             byte in proptest::prelude::any::<u8>(),
         ) {
-            let key = TokenKey::random();
+            let key = TokenKey::random().unwrap();
             let e = decode_token(&key, "alice", &text).unwrap_err();
             proptest::prop_assert_eq!(e.code(), tonic::Code::InvalidArgument);
             let good = token(&key, "alice");

@@ -33,6 +33,9 @@ macro_rules! say {
 /// Why a command could not start or ended in failure.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// No key for page tokens can be made.
+    #[error(transparent)]
+    Random(#[from] crate::grpc::RandomUnavailable),
     /// A flag's value cannot be used.
     #[error(transparent)]
     Args(#[from] ArgsError),
@@ -177,11 +180,14 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     // What serve writes (the store, its key) is for its own user only.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let listener = server::bind(&args.listen).await?;
-    let mut service = args.engine.service();
-    if let Some(dir) = &data_dir {
-        private(dir)?;
-        service.token_key = token_key(dir)?;
-    }
+    let key = match &data_dir {
+        Some(dir) => {
+            private(dir)?;
+            token_key(dir)?
+        }
+        None => crate::grpc::TokenKey::random()?,
+    };
+    let service = args.engine.service(key);
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
     let start = move || {
         let engine = match data_dir {
@@ -668,7 +674,7 @@ fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
     {
         return Ok(crate::grpc::TokenKey::new(&secret));
     }
-    let secret = crate::grpc::random_secret();
+    let secret = crate::grpc::random_secret()?;
     std::fs::write(&path, secret).map_err(write)?;
     Ok(crate::grpc::TokenKey::new(&secret))
 }
@@ -750,7 +756,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         metrics,
         move || Ok(Engine::start(clusters, config)),
         Serving {
-            service: args.engine.service(),
+            service: args.engine.service(crate::grpc::TokenKey::random()?),
             limits: args.engine.limits(),
             security,
         },

@@ -54,7 +54,7 @@ impl Harness {
         Self::start_with(
             FleetSpec::numbered(clusters, objects, 0.0),
             test_config(&["pods", "configmaps", "deployments.apps"]),
-            ServiceConfig::default(),
+            ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
         )
         .await
     }
@@ -69,7 +69,13 @@ impl Harness {
         config: EngineConfig,
         data_dir: &std::path::Path,
     ) -> Self {
-        Self::start_full(spec, config, ServiceConfig::default(), Some(data_dir)).await
+        Self::start_full(
+            spec,
+            config,
+            ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+            Some(data_dir),
+        )
+        .await
     }
 
     async fn start_full(

@@ -579,7 +579,7 @@ mod tests {
     async fn live(e: &Engine, query: Query) -> fleetscope_model::fleet::Watch {
         e.watch(WatchRequest {
             query,
-            ..Default::default()
+            ..WatchRequest::for_caller(fleetscope_model::Access::everything())
         })
         .await
         .unwrap()
@@ -624,7 +624,7 @@ mod tests {
             .watch(WatchRequest {
                 query: query(&[], ""),
                 since: Some(start),
-                ..Default::default()
+                ..WatchRequest::for_caller(fleetscope_model::Access::everything())
             })
             .await
             .unwrap();
@@ -647,7 +647,7 @@ mod tests {
             .watch(WatchRequest {
                 query: query(&[], "app=web"),
                 initial: true,
-                ..Default::default()
+                ..WatchRequest::for_caller(fleetscope_model::Access::everything())
             })
             .await
             .unwrap();
@@ -752,7 +752,7 @@ mod tests {
             .watch(WatchRequest {
                 query: query(&[], ""),
                 since: Some(start),
-                ..Default::default()
+                ..WatchRequest::for_caller(fleetscope_model::Access::everything())
             })
             .await
             .err()
@@ -866,8 +866,7 @@ mod tests {
             .watch(WatchRequest {
                 query: query(&[], ""),
                 initial: true,
-                access,
-                ..Default::default()
+                ..WatchRequest::for_caller(access)
             })
             .await
             .unwrap();
@@ -940,8 +939,7 @@ mod tests {
                 query: query(&[], ""),
                 limit: 100,
                 max_bytes: usize::MAX,
-                access: access.clone(),
-                ..Default::default()
+                ..ListRequest::for_caller(access.clone())
             })
             .await
             .unwrap();
@@ -967,8 +965,7 @@ mod tests {
             cluster: cluster.into(),
             namespace: namespace.into(),
             name: name.into(),
-            access: access.clone(),
-            ..Default::default()
+            ..GetRequest::for_caller(access.clone())
         };
         assert!(e.get(get("a", "team", "p1")).await.is_ok());
         // Not granted reads exactly as not there.
@@ -1095,7 +1092,7 @@ mod tests {
         let count = e
             .count(CountRequest {
                 query: q.clone(),
-                ..Default::default()
+                ..CountRequest::for_caller(fleetscope_model::Access::everything())
             })
             .await
             .unwrap_err();
@@ -1105,7 +1102,7 @@ mod tests {
                 query: q,
                 limit: 10_000,
                 max_bytes: usize::MAX,
-                ..Default::default()
+                ..ListRequest::for_caller(fleetscope_model::Access::everything())
             })
             .await
             .unwrap_err();

@@ -222,14 +222,6 @@ impl fmt::Debug for Access {
     }
 }
 
-impl Default for Access {
-    /// Everything: for callers inside the process (tests, benchmarks, the CLI's own
-    /// in-process fleet). Front ends serving the network build theirs with [`Access::new`].
-    fn default() -> Self {
-        Self::everything()
-    }
-}
-
 impl Access {
     /// `subject`, held to the policy `policy` carries now and to each one it carries later.
     pub fn new(subject: Subject, policy: tokio::sync::watch::Receiver<Arc<dyn Policy>>) -> Self {
@@ -262,7 +254,10 @@ impl Access {
         key
     }
 
-    /// A caller granted everything, under a policy that never changes.
+    /// A caller granted everything, under a policy that never changes: for callers
+    /// inside the process (tests, benchmarks), always named as such. There is no
+    /// default access: every request says whose it is, so none is served with every
+    /// grant by being built without thought.
     pub fn everything() -> Self {
         let (_, policy) = tokio::sync::watch::channel(Arc::new(Everything) as Arc<dyn Policy>);
         Self::new(Subject::unrestricted(), policy)

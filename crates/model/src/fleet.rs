@@ -115,7 +115,7 @@ pub struct ClusterFreshness {
 }
 
 /// Get one object.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GetRequest {
     /// The resource type, kubectl-style.
     pub resource: String,
@@ -131,6 +131,20 @@ pub struct GetRequest {
     pub access: Access,
 }
 
+impl GetRequest {
+    /// A request of the caller `access`, every other field empty.
+    pub fn for_caller(access: Access) -> Self {
+        Self {
+            resource: String::new(),
+            cluster: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            projection: Projection::default(),
+            access,
+        }
+    }
+}
+
 /// One object, and how current its cluster is.
 #[derive(Debug, Clone)]
 pub struct GetAnswer {
@@ -143,7 +157,7 @@ pub struct GetAnswer {
 }
 
 /// One page of a list.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ListRequest {
     /// What to list.
     pub query: Query,
@@ -158,6 +172,20 @@ pub struct ListRequest {
     pub after: Option<(Revision, ObjectKey)>,
     /// Who asks, and the policy they are held to.
     pub access: Access,
+}
+
+impl ListRequest {
+    /// A request of the caller `access`, every other field empty.
+    pub fn for_caller(access: Access) -> Self {
+        Self {
+            query: Query::default(),
+            projection: Projection::default(),
+            limit: 0,
+            max_bytes: 0,
+            after: None,
+            access,
+        }
+    }
 }
 
 /// A page of objects from one snapshot.
@@ -206,7 +234,7 @@ impl GroupBy {
 }
 
 /// Count objects, grouped.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CountRequest {
     /// What to count.
     pub query: Query,
@@ -214,6 +242,17 @@ pub struct CountRequest {
     pub group_by: Vec<GroupBy>,
     /// Who asks, and the policy they are held to.
     pub access: Access,
+}
+
+impl CountRequest {
+    /// A request of the caller `access`, every other field empty.
+    pub fn for_caller(access: Access) -> Self {
+        Self {
+            query: Query::default(),
+            group_by: Vec::new(),
+            access,
+        }
+    }
 }
 
 /// Counts from one snapshot.
@@ -232,7 +271,7 @@ pub struct CountAnswer {
 }
 
 /// Stream changes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct WatchRequest {
     /// Which objects.
     pub query: Query,
@@ -244,6 +283,19 @@ pub struct WatchRequest {
     pub initial: bool,
     /// Who asks, and the policy they are held to.
     pub access: Access,
+}
+
+impl WatchRequest {
+    /// A request of the caller `access`, every other field empty.
+    pub fn for_caller(access: Access) -> Self {
+        Self {
+            query: Query::default(),
+            projection: Projection::default(),
+            since: None,
+            initial: false,
+            access,
+        }
+    }
 }
 
 /// What a Watch delivers.
