@@ -556,6 +556,8 @@ async fn watch_sends_initial_state_then_live_transitions_in_order_and_resumes() 
         .await
         .unwrap_err();
     assert_eq!(future.code(), Code::OutOfRange);
+    let info = error_info(&future);
+    assert_eq!(info.reason, "REVISION_IN_FUTURE");
     h.shutdown().await;
 }
 
@@ -601,6 +603,12 @@ async fn watch_from_a_revision_older_than_the_log_is_out_of_range() {
         .unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange);
     assert!(e.message().contains("list again"), "{}", e.message());
+    // A program reads where the log starts from the status's details, not its text.
+    let info = error_info(&e);
+    assert_eq!(info.reason, "REVISION_COMPACTED");
+    let oldest: u64 = info.metadata["oldest_revision"].parse().unwrap();
+    assert!(oldest > 1, "{oldest}");
+    assert!(e.message().contains(&oldest.to_string()), "{}", e.message());
     h.shutdown().await;
 }
 
@@ -795,10 +803,11 @@ async fn a_slow_subscriber_is_ended_without_slowing_a_fast_one() {
         }
     }
     // The slow one, read only now, finds its stream ended with a resumable error.
+    let mut last = 0;
     let outcome = tokio::time::timeout(PATIENCE, async {
         loop {
             match slow.next().await {
-                Some(Ok(_)) => continue,
+                Some(Ok(e)) => last = e.revision.max(last),
                 Some(Err(status)) => return Some(status),
                 None => return None,
             }
@@ -808,6 +817,18 @@ async fn a_slow_subscriber_is_ended_without_slowing_a_fast_one() {
     .unwrap();
     let status = outcome.expect("ended with an error");
     assert_eq!(status.code(), Code::ResourceExhausted);
+    // Where to resume, for a program: the last revision the stream delivered.
+    let info = error_info(&status);
+    assert_eq!(info.domain, "fleetscope.io");
+    assert!(
+        ["WATCH_BEHIND", "WATCH_STALLED"].contains(&info.reason.as_str()),
+        "{info:?}"
+    );
+    assert_eq!(info.metadata["resume_from"], last.to_string(), "{info:?}");
+    {
+        use tonic_types::StatusExt as _;
+        assert!(status.get_details_retry_info().is_some());
+    }
     assert!(
         status.message().contains("since_revision="),
         "{}",
@@ -1237,4 +1258,12 @@ async fn a_cluster_selector_picks_clusters_by_their_labels_and_bad_ones_are_refu
     );
     drop(server);
     fleet.shutdown().await;
+}
+
+/// The `google.rpc.ErrorInfo` a status carries.
+fn error_info(status: &tonic::Status) -> tonic_types::ErrorInfo {
+    use tonic_types::StatusExt as _;
+    status
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo in {status:?}"))
 }

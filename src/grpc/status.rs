@@ -1,21 +1,68 @@
 //! The one mapping from the fleet's errors to gRPC status codes.
 
+use std::collections::HashMap;
+
 use fleetscope_model::FleetError;
-use tonic::Status;
+use fleetscope_model::fleet::reason;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt as _};
 
 /// The status a fleet error is answered with. Its message is cut to a bound: an error
 /// about a large input never repeats all of it (clients refuse oversized metadata).
+///
+/// What a program needs is in standard details (`google.rpc`), never only in the
+/// message: `ErrorInfo` (domain `fleetscope.io`, the reason, and `oldest_revision` or
+/// `resume_from` in its metadata) for revisions out of range and Watches ended behind,
+/// and `RetryInfo` where retrying helps (a server starting, a Watch to resume).
 pub(crate) fn status(e: FleetError) -> Status {
     match e {
-        FleetError::Unavailable(m) => Status::unavailable(bounded(m)),
+        FleetError::Unavailable(m) => Status::with_error_details(
+            Code::Unavailable,
+            bounded(m),
+            ErrorDetails::with_retry_info(Some(RETRY_UNAVAILABLE)),
+        ),
         FleetError::InvalidArgument(m) => Status::invalid_argument(bounded(m)),
         FleetError::NotFound(m) => Status::not_found(bounded(m)),
-        FleetError::OutOfRange(m) => Status::out_of_range(bounded(m)),
-        FleetError::ResourceExhausted(m) => Status::resource_exhausted(bounded(m)),
+        FleetError::OutOfRange {
+            message,
+            reason: code,
+            oldest,
+        } => {
+            let metadata = oldest
+                .map(|o| ("oldest_revision".to_string(), o.to_string()))
+                .into_iter()
+                .collect::<HashMap<_, _>>();
+            Status::with_error_details(
+                Code::OutOfRange,
+                bounded(message),
+                ErrorDetails::with_error_info(code, reason::DOMAIN, metadata),
+            )
+        }
+        FleetError::ResourceExhausted {
+            message,
+            reason: code,
+            resume_from,
+        } => {
+            let metadata = resume_from
+                .map(|r| ("resume_from".to_string(), r.to_string()))
+                .into_iter()
+                .collect::<HashMap<_, _>>();
+            let mut details = ErrorDetails::with_error_info(code, reason::DOMAIN, metadata);
+            if resume_from.is_some() {
+                details.set_retry_info(Some(RETRY_RESUME));
+            }
+            Status::with_error_details(Code::ResourceExhausted, bounded(message), details)
+        }
         FleetError::DeadlineExceeded(m) => Status::deadline_exceeded(bounded(m)),
         FleetError::PermissionDenied(m) => Status::permission_denied(bounded(m)),
     }
 }
+
+/// How soon a call refused while the server starts may be retried.
+const RETRY_UNAVAILABLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How soon a Watch ended behind may resume.
+const RETRY_RESUME: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The most bytes of an error message.
 const MAX_MESSAGE: usize = 1024;

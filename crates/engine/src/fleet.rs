@@ -356,9 +356,13 @@ impl Engine {
         match after {
             None => Ok(self.index.snapshot()),
             Some((revision, _)) => self.index.pinned(*revision).ok_or_else(|| {
-                FleetError::OutOfRange(format!(
-                    "the page token expired: its snapshot at revision {revision} is no longer held; start the list again"
-                ))
+                FleetError::OutOfRange {
+                    message: format!(
+                        "the page token expired: its snapshot at revision {revision} is no longer held; start the list again"
+                    ),
+                    reason: fleetscope_model::fleet::reason::PAGE_SNAPSHOT_RELEASED,
+                    oldest: None,
+                }
             }),
         }
     }

@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fleetscope_index::{Event, FeedError, Index, State, Subscription, transition};
+use fleetscope_index::{Event, FeedError, Index, IndexError, State, Subscription, transition};
 use fleetscope_model::access::{ClusterRef, Namespaces, Policy};
-use fleetscope_model::fleet::{FleetObject, Projection, Watch, WatchEvent, WatchRequest};
+use fleetscope_model::fleet::{FleetObject, Projection, Watch, WatchEvent, WatchRequest, reason};
 use fleetscope_model::{
     Access, ClusterFilter, ClusterName, EventType, FleetError, ResourceType, Revision, Verb,
 };
@@ -33,16 +33,15 @@ use crate::status::{ClusterFreshness, StatusTable};
 
 /// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
 /// spawns its producer.
+///
+/// (A revision the index cannot resume from is refused by [`refused`].)
 pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetError> {
     let mut access = r.access;
     // The policy in force now is the one the start is held to; a later one is a change.
     let policy = access.policy_seen();
     let (resource, built) = engine.build(&r.query, &access, Verb::Watch)?;
     let since = if r.initial { None } else { r.since };
-    let subscription = engine
-        .index
-        .subscribe(since)
-        .map_err(|e| FleetError::OutOfRange(e.to_string()))?;
+    let subscription = engine.index.subscribe(since).map_err(refused)?;
     // The cluster filter is evaluated per event against the live fleet, so a
     // matching cluster added later is followed too; the index query reads all.
     let initial = r.initial.then(|| built.query.clone());
@@ -369,10 +368,14 @@ impl Producer {
                 let reached = self.reached.load(Ordering::Acquire);
                 tracing::info!(stall = ?self.stall, %reached, "a Watch left its events unread: ended");
                 *self.stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(
-                    FleetError::ResourceExhausted(format!(
-                        "the Watch left its events unread for {:?} and was ended; last delivered revision {reached}: resume with since_revision={reached}",
-                        self.stall
-                    )),
+                    FleetError::ResourceExhausted {
+                        message: format!(
+                            "the Watch left its events unread for {:?} and was ended; last delivered revision {reached}: resume with since_revision={reached}",
+                            self.stall
+                        ),
+                        reason: reason::WATCH_STALLED,
+                        resume_from: Some(fleetscope_model::Revision(reached)),
+                    },
                 );
                 false
             }
@@ -468,11 +471,19 @@ impl Producer {
                         // The position moves past changes that did not match too.
                         self.reach(feed.reached());
                     }
-                    Err(e @ FeedError::Behind { .. }) => {
-                        return self.end(FleetError::ResourceExhausted(e.to_string())).await;
+                    Err(e @ FeedError::Behind { reached, .. }) => {
+                        return self.end(FleetError::ResourceExhausted {
+                            message: e.to_string(),
+                            reason: reason::WATCH_BEHIND,
+                            resume_from: Some(reached),
+                        }).await;
                     }
-                    Err(e @ FeedError::Expired { .. }) => {
-                        return self.end(FleetError::OutOfRange(e.to_string())).await;
+                    Err(e @ FeedError::Expired { oldest, .. }) => {
+                        return self.end(FleetError::OutOfRange {
+                            message: e.to_string(),
+                            reason: reason::REVISION_COMPACTED,
+                            oldest: Some(oldest),
+                        }).await;
                     }
                     Err(FeedError::Closed) => return,
                 },
@@ -505,6 +516,22 @@ impl Producer {
                 }
             }
         }
+    }
+}
+
+/// A revision the index cannot start a Watch from, as the fleet refuses it.
+fn refused(e: IndexError) -> FleetError {
+    match e {
+        IndexError::Expired { oldest, .. } => FleetError::OutOfRange {
+            message: e.to_string(),
+            reason: reason::REVISION_COMPACTED,
+            oldest: Some(oldest),
+        },
+        IndexError::Future { .. } => FleetError::OutOfRange {
+            message: e.to_string(),
+            reason: reason::REVISION_IN_FUTURE,
+            oldest: None,
+        },
     }
 }
 
@@ -734,7 +761,10 @@ mod tests {
         })
         .await
         .expect("ended in time");
-        assert!(matches!(ended, FleetError::ResourceExhausted(_)), "{ended}");
+        assert!(
+            matches!(ended, FleetError::ResourceExhausted { .. }),
+            "{ended}"
+        );
         assert!(ended.to_string().contains("since_revision="), "{ended}");
     }
 
@@ -757,7 +787,10 @@ mod tests {
             .await
             .err()
             .expect("refused");
-        assert!(matches!(refused, FleetError::OutOfRange(_)), "{refused}");
+        assert!(
+            matches!(refused, FleetError::OutOfRange { .. }),
+            "{refused}"
+        );
     }
 
     #[tokio::test]
@@ -1072,7 +1105,10 @@ mod tests {
             }
         };
         assert!(delivered > 0 && delivered < 50, "{delivered}");
-        assert!(matches!(ended, FleetError::ResourceExhausted(_)), "{ended}");
+        assert!(
+            matches!(ended, FleetError::ResourceExhausted { .. }),
+            "{ended}"
+        );
         assert!(ended.to_string().contains("since_revision="), "{ended}");
         assert!(w.next().await.is_none());
     }

@@ -29,13 +29,28 @@ pub enum FleetError {
     /// No such cluster, resource type or object.
     #[error("{0}")]
     NotFound(String),
-    /// A revision or page token older than what is held: list again.
-    #[error("{0}")]
-    OutOfRange(String),
-    /// A Watch fell too far behind and was ended (it may resume from its last
-    /// revision), or a request asked for more than the server gives one request.
-    #[error("{0}")]
-    ResourceExhausted(String),
+    /// A revision or page token outside what is held: list again.
+    #[error("{message}")]
+    OutOfRange {
+        /// What happened and what to do, for a person.
+        message: String,
+        /// Which case, for a program: one of [`reason`]'s `REVISION_*`/`PAGE_*` codes.
+        reason: &'static str,
+        /// The oldest revision a Watch can resume from now, when known.
+        oldest: Option<Revision>,
+    },
+    /// A Watch fell too far behind and was ended (it may resume from `resume_from`),
+    /// or a request asked for more than the server gives one request.
+    #[error("{message}")]
+    ResourceExhausted {
+        /// What happened and what to do, for a person.
+        message: String,
+        /// Which case, for a program: one of [`reason`]'s `WATCH_*` codes.
+        reason: &'static str,
+        /// The revision a Watch resumes from without losing an event: the last one it
+        /// delivered.
+        resume_from: Option<Revision>,
+    },
     /// The request's evaluation took longer than allowed; narrow it, or retry.
     #[error("{0}")]
     DeadlineExceeded(String),
@@ -43,6 +58,23 @@ pub enum FleetError {
     /// every grant a new policy took away).
     #[error("{0}")]
     PermissionDenied(String),
+}
+
+/// The machine-readable reasons of [`FleetError`]s (gRPC `google.rpc.ErrorInfo.reason`,
+/// domain [`reason::DOMAIN`]).
+pub mod reason {
+    /// The domain every reason belongs to.
+    pub const DOMAIN: &str = "fleetscope.io";
+    /// A revision older than the event log holds (metadata: `oldest_revision`).
+    pub const REVISION_COMPACTED: &str = "REVISION_COMPACTED";
+    /// A revision newer than any applied.
+    pub const REVISION_IN_FUTURE: &str = "REVISION_IN_FUTURE";
+    /// A page token whose snapshot is no longer held.
+    pub const PAGE_SNAPSHOT_RELEASED: &str = "PAGE_SNAPSHOT_RELEASED";
+    /// A Watch fell further behind than its buffer (metadata: `resume_from`).
+    pub const WATCH_BEHIND: &str = "WATCH_BEHIND";
+    /// A Watch left its events unread too long (metadata: `resume_from`).
+    pub const WATCH_STALLED: &str = "WATCH_STALLED";
 }
 
 /// How objects are returned.
