@@ -12,6 +12,7 @@ pub mod config;
 pub mod grpc;
 pub mod proto;
 pub mod server;
+pub mod tasks;
 pub mod telemetry;
 
 pub use fleetscope_engine as engine;

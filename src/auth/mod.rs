@@ -209,18 +209,24 @@ pub fn guard(
     if let (Some(fleet), Some(in_force)) = (cluster_rbac, &in_force) {
         let in_force = in_force.clone();
         let publish = move |r: Arc<rbac::Rbac>| in_force.update(|g| g.rbac = Some(r));
-        tokio::spawn(rbac::follow(
-            fleet,
-            publish,
-            std::time::Duration::from_millis(100),
-            stop.clone(),
-        ));
+        crate::tasks::spawn(
+            "rbac-follower",
+            rbac::follow(
+                fleet,
+                publish,
+                std::time::Duration::from_millis(100),
+                stop.clone(),
+            ),
+        );
         tracing::info!("each cluster's RBAC grants what it grants there");
     }
     let watched: Vec<PathBuf> = files.tokens.iter().chain(&files.policy).cloned().collect();
     if !watched.is_empty() {
         let files = files.clone();
-        tokio::spawn(reload_files(files, tokens_tx, in_force, reload, stop));
+        crate::tasks::spawn(
+            "credentials-reloader",
+            reload_files(files, tokens_tx, in_force, reload, stop),
+        );
     }
     Ok(Guard {
         tokens: tokens_rx,

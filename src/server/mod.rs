@@ -100,7 +100,7 @@ pub async fn serve_with<F: Fleet>(
     health
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
-    let readiness = tokio::spawn(async move {
+    let readiness = crate::tasks::spawn("readiness", async move {
         ready.await;
         health.set_serving::<FleetServer<FleetService<F>>>().await;
         health
@@ -181,8 +181,13 @@ pub async fn shutdown_signal() {
 pub fn hangups(what: &'static str) -> std::io::Result<tokio::sync::mpsc::Receiver<()>> {
     let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        while signal.recv().await.is_some() {
+    crate::tasks::spawn("sighup", async move {
+        loop {
+            tokio::select! {
+                received = signal.recv() => if received.is_none() { return },
+                // Whoever reloaded on it has stopped.
+                _ = tx.closed() => return,
+            }
             tracing::info!("SIGHUP: reloading {what}");
             // A reload already pending covers this one.
             if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = tx.try_send(()) {

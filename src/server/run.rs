@@ -218,11 +218,14 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         desired: desired_tx,
         settings: settings_tx,
     };
-    let reloader = tokio::spawn(reloader.run(
-        |args| plan(args).map_err(|e| crate::sources::chain(&e)),
-        hangups,
-        reload.clone(),
-    ));
+    let reloader = crate::tasks::spawn(
+        "config-reloader",
+        reloader.run(
+            |args| plan(args).map_err(|e| crate::sources::chain(&e)),
+            hangups,
+            reload.clone(),
+        ),
+    );
     let metrics = bind_metrics(&args.engine).await?;
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     let security = secure(
@@ -338,13 +341,16 @@ async fn run(
             };
             tracing::info!("metrics on {scheme}://{addr}/metrics (and /healthz, /readyz)");
         }
-        tokio::spawn(telemetry::metrics::serve(
-            listener,
-            std::sync::Arc::new(registry),
-            fleet.clone(),
-            security.clone(),
-            stop.clone(),
-        ));
+        crate::tasks::spawn(
+            "metrics-listener",
+            telemetry::metrics::serve(
+                listener,
+                std::sync::Arc::new(registry),
+                fleet.clone(),
+                security.clone(),
+                stop.clone(),
+            ),
+        );
     }
     let (started_tx, started) = tokio::sync::oneshot::channel::<std::sync::Arc<Engine>>();
     let ready = async move {
@@ -354,26 +360,29 @@ async fn run(
             Err(_) => std::future::pending().await,
         }
     };
-    let server = tokio::spawn(server::serve_with(
-        listener,
-        service.clone(),
-        ready,
-        {
-            let stop = stop.clone();
-            async move { stop.cancelled().await }
-        },
-        counted,
-        limits,
-        security,
-    ));
-    let signal = tokio::spawn({
+    let server = crate::tasks::spawn(
+        "grpc-server",
+        server::serve_with(
+            listener,
+            service.clone(),
+            ready,
+            {
+                let stop = stop.clone();
+                async move { stop.cancelled().await }
+            },
+            counted,
+            limits,
+            security,
+        ),
+    );
+    let signal = crate::tasks::spawn("shutdown-signal", {
         let stop = stop.clone();
         async move {
             server::shutdown_signal().await;
             stop.cancel();
         }
     });
-    let starting = tokio::task::spawn_blocking(start);
+    let starting = crate::tasks::spawn_blocking("engine-start", start);
     let engine = tokio::select! {
         e = starting => e?,
         _ = stop.cancelled() => {
@@ -395,7 +404,7 @@ async fn run(
     if let Some(mut settings) = settings {
         let engine = engine.clone();
         let stop = stop.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn("settings", async move {
             // Settings reloaded while the engine started are applied first.
             loop {
                 if settings.has_changed().unwrap_or(false) {
@@ -427,6 +436,9 @@ async fn run(
     };
     engine
         .shutdown(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await;
+    // Every other task (listeners, reloaders, connections) ends with `stop`.
+    let _ = crate::tasks::shutdown(deadline.saturating_duration_since(tokio::time::Instant::now()))
         .await;
     served?;
     Ok(())

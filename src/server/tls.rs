@@ -600,7 +600,7 @@ pub fn incoming(
             .unwrap_or_else(|e| e.into_inner())
             .refuse(why, &admission, remote);
     };
-    tokio::spawn(async move {
+    crate::tasks::spawn("grpc-accept", async move {
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -644,7 +644,7 @@ pub fn incoming(
             let tx = tx.clone();
             let uncertified = uncertified.clone();
             let refuse = refuse.clone();
-            tokio::spawn(async move {
+            crate::tasks::spawn("grpc-connection", async move {
                 let handshake = handshake(tcp, remote, tls, protocol);
                 let (io, mut info, prefix) = match tokio::time::timeout(
                     admission.handshake_timeout,
@@ -775,7 +775,7 @@ pub fn reloading(
     stop: CancellationToken,
 ) -> watch::Receiver<Arc<rustls::ServerConfig>> {
     let (tx, rx) = watch::channel(first);
-    tokio::spawn(async move {
+    crate::tasks::spawn("tls-reloader", async move {
         let (changed_tx, mut changed) = mpsc::channel::<()>(1);
         let _watcher = crate::config::reload::watch_files(&files.paths(), changed_tx);
         loop {

@@ -491,7 +491,7 @@ pub async fn serve(
             }
         });
         let stop = stop.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn("metrics-connection", async move {
             let io = hyper_util::rt::TokioIo::new(stream);
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
             tokio::select! {

@@ -78,7 +78,14 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         stall: engine.subscriber_stall,
         stalled: stalled.clone(),
     };
-    tokio::spawn(producer.run(subscription));
+    // Tracked with the engine's tasks: a shutdown waits for it (it ends with the
+    // engine's cancellation, or when its subscriber goes).
+    let span =
+        tracing::info_span!("task", task = "watch-producer", resource = %producer.resource.name());
+    engine.tasks.spawn(tracing::Instrument::instrument(
+        producer.run(subscription),
+        span,
+    ));
     let mut rx = rx;
     Ok(Watch::new(
         futures::stream::poll_fn(move |cx| match rx.poll_recv(cx) {
