@@ -426,3 +426,79 @@ fn the_watched_cluster_rbac_parses_and_only_reads() {
         }
     }
 }
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == ' ' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The `](target)` links of a Markdown text.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        if let Some(end) = rest.find(')') {
+            let target = &rest[..end];
+            if !target.contains(char::is_whitespace) {
+                out.push(target.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_of_the_readme_and_the_docs_reaches_a_file_and_a_heading() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![root.join("README.md")];
+    for e in std::fs::read_dir(root.join("docs")).unwrap() {
+        pages.push(e.unwrap().path());
+    }
+    let headings = |path: &Path| -> BTreeSet<String> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with('#'))
+            .map(|l| anchor(l.trim_start_matches('#')))
+            .collect()
+    };
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for target in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (file, fragment) = match target.split_once('#') {
+                Some((f, a)) => (f, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let file = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(file)
+            };
+            assert!(file.exists(), "{}: {target} names no file", page.display());
+            if let Some(a) = fragment {
+                assert!(
+                    headings(&file).contains(a),
+                    "{}: {target} names no heading of {}",
+                    page.display(),
+                    file.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "only {checked} links checked");
+    // The front page stays a front page.
+    let readme = std::fs::metadata(root.join("README.md")).unwrap().len();
+    assert!(readme <= 15 * 1024, "README.md is {readme} bytes");
+}
