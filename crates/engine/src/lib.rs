@@ -13,9 +13,11 @@
 mod fleet;
 mod ingest;
 pub mod persist;
+mod plan;
 mod reconcile;
 pub mod status;
 mod subscriber;
+mod view;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -28,8 +28,8 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
-use crate::fleet::{fleet_object, shown};
 use crate::status::{ClusterFreshness, StatusTable};
+use crate::view::{fleet_object, shown};
 
 /// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
 /// spawns its producer.
@@ -1039,7 +1039,7 @@ mod tests {
             resource_version: String::new(),
             json: r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"password":"aHVudGVyMg=="},"stringData":{"token":"t0p"}}"#.into(),
         };
-        crate::fleet::redact_secret(&mut o);
+        crate::view::redact_secret(&mut o);
         let v: serde_json::Value = serde_json::from_str(&o.json).unwrap();
         assert_eq!(v["data"]["password"], "");
         assert_eq!(v["stringData"]["token"], "");
@@ -1063,7 +1063,7 @@ mod tests {
                     r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","annotations":{{"kubectl.kubernetes.io/last-applied-configuration":"{applied}","keep":"me"}}}}{body}}}"#
                 ),
             };
-            crate::fleet::redact_secret(&mut o);
+            crate::view::redact_secret(&mut o);
             assert!(!o.json.contains("aHVudGVyMg"), "{}", o.json);
             let v: serde_json::Value = serde_json::from_str(&o.json).unwrap();
             let a = &v["metadata"]["annotations"];
