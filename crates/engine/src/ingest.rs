@@ -130,193 +130,84 @@ pub(crate) async fn ingest(
     keep_removed: bool,
     cancel: CancellationToken,
 ) {
-    // First lists arriving in parts, by stream.
-    let mut parts: HashMap<(ClusterName, Arc<str>), Parts> = HashMap::new();
+    let mut writer = Writer {
+        index,
+        status,
+        keep_removed,
+        cancel,
+        parts: HashMap::new(),
+    };
     loop {
         let first = tokio::select! {
             u = rx.recv() => match u { Some(u) => u, None => return },
-            _ = cancel.cancelled() => return,
+            _ = writer.cancel.cancelled() => return,
         };
-        let mut updates = vec![first];
-        while updates.len() < batch {
+        let mut b = Batch::default();
+        writer.take(&mut b, first);
+        let mut taken = 1;
+        while taken < batch {
             match rx.try_recv() {
-                Ok(u) => updates.push(u),
+                Ok(u) => writer.take(&mut b, u),
                 Err(_) => break,
             }
+            taken += 1;
         }
-        let mut changes = Vec::with_capacity(updates.len());
-        // Status is recorded after the batch is applied, so it never runs ahead of the index.
-        let mut after: Vec<(Arc<StreamId>, Progress)> = Vec::with_capacity(updates.len());
-        let mut gone: Vec<ClusterName> = Vec::new();
-        // What each stream received in this batch, for metrics.
-        let mut counts: HashMap<(ClusterName, Arc<str>), (ResourceType, StreamCounts)> =
-            HashMap::new();
-        let mut count = |stream: &StreamId, f: &dyn Fn(&mut StreamCounts)| {
-            let (_, c) = counts
-                .entry((stream.cluster.clone(), stream.name.clone()))
-                .or_insert_with(|| (stream.resource.clone(), StreamCounts::default()));
-            f(c);
-        };
-        // Resume points of streams that end with their cluster.
-        let mut dropped = Vec::new();
-        // Streams whose objects this batch changes (not yet staged).
-        let mut touched: HashSet<(ClusterName, Arc<str>)> = HashSet::new();
-        for u in updates {
-            match u {
-                Update::ListPart {
-                    stream,
-                    list,
-                    objects,
-                } => {
-                    let id = (stream.cluster.clone(), stream.name.clone());
-                    let objects = inputs(&stream, objects);
-                    let state = match parts.remove(&id) {
-                        Some(p) if p.list == list => p.state,
-                        // A new list: applied as it arrives only if nothing of the
-                        // stream is held (nor staged, nor changed by this batch, nor
-                        // left by an abandoned list); otherwise gathered and diffed
-                        // against what is held at its end, as any re-list.
-                        earlier => {
-                            if earlier.is_none()
-                                && !touched.contains(&id)
-                                && !index.holds_any(&stream.name, &stream.cluster)
-                            {
-                                PartsState::Applied
-                            } else {
-                                PartsState::Gathered(Vec::new())
-                            }
-                        }
-                    };
-                    let state = match state {
-                        PartsState::Applied => {
-                            changes.push(Change::Add(objects));
-                            PartsState::Applied
-                        }
-                        PartsState::Gathered(mut held) => {
-                            held.extend(objects);
-                            PartsState::Gathered(held)
-                        }
-                    };
-                    touched.insert(id.clone());
-                    parts.insert(id, Parts { list, state });
-                }
-                Update::ClusterGone { cluster } => {
-                    parts.retain(|(c, _), _| *c != cluster);
-                    if cancel.is_cancelled() {
-                        // Stopping is not leaving: what is stored stays for the next start.
-                        tracing::debug!(%cluster, "cluster loop ended by the engine stopping");
-                        continue;
-                    }
-                    if keep_removed {
-                        tracing::info!(%cluster, "cluster no longer configured: keeping its objects");
-                    } else {
-                        tracing::info!(%cluster, "cluster no longer configured: deleting its objects");
-                        changes.push(Change::RemoveCluster(cluster.clone()));
-                        if let Some(c) = status.cluster(&cluster) {
-                            dropped.extend(
-                                c.streams
-                                    .values()
-                                    .map(|(rt, _)| (cluster.clone(), rt.clone(), None)),
-                            );
-                        }
-                    }
-                    gone.push(cluster);
-                }
-                Update::Listed {
-                    stream,
-                    objects,
-                    parts: listed_parts,
-                    resource_version,
-                    reason,
-                    method,
-                    fallback,
-                } => {
-                    if method.is_some() {
-                        status.update_stream(&stream.cluster, &stream.resource, |s| {
-                            s.sync_method = method;
-                            s.watch_list_fallback = fallback;
-                        });
-                    }
-                    match reason {
-                        ListReason::Initial => count(&stream, &|c| c.initial_lists += 1),
-                        ListReason::Expired => count(&stream, &|c| c.expired_lists += 1),
-                        ListReason::Dropped => {}
-                    }
-                    let id = (stream.cluster.clone(), stream.name.clone());
-                    let mut objects = inputs(&stream, objects);
-                    let earlier = parts.remove(&id);
-                    match (earlier, listed_parts) {
-                        // Its parts are in the index already, and nothing else of the
-                        // stream was: the rest is added, nothing is gone.
-                        (
-                            Some(Parts {
-                                list,
-                                state: PartsState::Applied,
-                            }),
-                            Some(n),
-                        ) if list == n => changes.push(Change::Add(objects)),
-                        (earlier, _) => {
-                            if let Some(Parts {
-                                list,
-                                state: PartsState::Gathered(mut gathered),
-                            }) = earlier
-                                && Some(list) == listed_parts
-                            {
-                                gathered.append(&mut objects);
-                                objects = gathered;
-                            }
-                            changes.push(Change::Replace {
-                                resource: stream.name.to_string(),
-                                cluster: stream.cluster.clone(),
-                                objects,
-                            });
-                        }
-                    }
-                    touched.insert(id);
-                    if resource_version.is_empty() {
-                        after.push((stream, Progress::Dropped));
-                    } else {
-                        after.push((stream, Progress::Listed(resource_version)));
-                    }
-                }
-                Update::Applied {
-                    stream,
-                    object,
-                    created,
-                } => {
-                    if created {
-                        count(&stream, &|c| c.added += 1);
-                    } else {
-                        count(&stream, &|c| c.modified += 1);
-                    }
-                    let rv = object.resource_version.clone();
-                    let key = stream_key(&stream, &object);
-                    touched.insert((stream.cluster.clone(), stream.name.clone()));
-                    changes.push(Change::Upsert(to_input(key, object)));
-                    after.push((stream, Progress::Event(rv)));
-                }
-                Update::Deleted { stream, object } => {
-                    count(&stream, &|c| c.deleted += 1);
-                    touched.insert((stream.cluster.clone(), stream.name.clone()));
-                    changes.push(Change::Delete(stream_key(&stream, &object)));
-                    after.push((stream, Progress::Event(object.resource_version)));
-                }
-                Update::Progress {
-                    stream,
-                    resource_version,
-                } => after.push((stream, Progress::Bookmark(resource_version))),
-                Update::State {
-                    stream,
-                    state,
-                    error,
-                } => after.push((stream, Progress::State(state, error))),
-            }
-        }
-        for ((cluster, _), (rt, c)) in counts {
-            status.update_stream(&cluster, &rt, |s| s.counts.add(&c));
-        }
-        // The resume points the batch implies, written with its events.
-        let resume_points: Vec<_> = after
+        writer.finish(b, persister.as_deref()).await;
+    }
+}
+
+/// What the writer keeps between batches.
+struct Writer {
+    index: Arc<Index>,
+    status: StatusTable,
+    /// Whether a cluster no longer configured keeps its objects.
+    keep_removed: bool,
+    /// Set when the engine stops.
+    cancel: CancellationToken,
+    /// First lists arriving in parts, by stream.
+    parts: HashMap<StreamKey, Parts>,
+}
+
+/// A stream by cluster and resource name.
+type StreamKey = (ClusterName, Arc<str>);
+
+fn key_of(stream: &StreamId) -> StreamKey {
+    (stream.cluster.clone(), stream.name.clone())
+}
+
+/// Where a stream resumes (its resourceVersion and selection), or `None`: it lists.
+type ResumePoint = (ClusterName, ResourceType, Option<(String, Arc<str>)>);
+
+/// One batch in the making.
+#[derive(Default)]
+struct Batch {
+    /// The index changes, in order.
+    changes: Vec<Change>,
+    /// The progress each stream made, recorded once the batch is applied, so status
+    /// never runs ahead of the index.
+    after: Vec<(Arc<StreamId>, Progress)>,
+    /// Clusters no longer configured.
+    gone: Vec<ClusterName>,
+    /// What each stream received, for metrics.
+    counts: HashMap<StreamKey, (ResourceType, StreamCounts)>,
+    /// Resume points of streams that end with their cluster.
+    dropped: Vec<ResumePoint>,
+    /// Streams whose objects this batch changes (not yet staged).
+    touched: HashSet<StreamKey>,
+}
+
+impl Batch {
+    fn count(&mut self, stream: &StreamId, f: impl FnOnce(&mut StreamCounts)) {
+        let (_, c) = self
+            .counts
+            .entry(key_of(stream))
+            .or_insert_with(|| (stream.resource.clone(), StreamCounts::default()));
+        f(c);
+    }
+
+    /// The resume points the batch implies, written with its events.
+    fn resume_points(&self) -> Vec<ResumePoint> {
+        self.after
             .iter()
             .filter_map(|(stream, progress)| {
                 let rv = match progress {
@@ -330,27 +221,222 @@ pub(crate) async fn ingest(
                 };
                 Some((stream.cluster.clone(), stream.resource.clone(), rv))
             })
-            .chain(dropped)
-            .collect();
+            .chain(self.dropped.iter().cloned())
+            .collect()
+    }
+}
+
+impl Writer {
+    /// Adds one update to the batch.
+    fn take(&mut self, b: &mut Batch, u: Update) {
+        match u {
+            Update::ListPart {
+                stream,
+                list,
+                objects,
+            } => self.list_part(b, &stream, list, objects),
+            Update::ClusterGone { cluster } => self.cluster_gone(b, cluster),
+            Update::Listed {
+                stream,
+                objects,
+                parts,
+                resource_version,
+                reason,
+                method,
+                fallback,
+            } => {
+                if method.is_some() {
+                    self.status
+                        .update_stream(&stream.cluster, &stream.resource, |s| {
+                            s.sync_method = method;
+                            s.watch_list_fallback = fallback;
+                        });
+                }
+                self.listed(b, stream, objects, parts, resource_version, reason);
+            }
+            Update::Applied {
+                stream,
+                object,
+                created,
+            } => applied(b, stream, object, created),
+            Update::Deleted { stream, object } => deleted(b, stream, object),
+            Update::Progress {
+                stream,
+                resource_version,
+            } => b.after.push((stream, Progress::Bookmark(resource_version))),
+            Update::State {
+                stream,
+                state,
+                error,
+            } => b.after.push((stream, Progress::State(state, error))),
+        }
+    }
+
+    /// A part of a first list: applied as it arrives only if nothing of the stream is
+    /// held (nor staged, nor changed by this batch, nor left by an abandoned list);
+    /// otherwise gathered and diffed against what is held at its end, as any re-list.
+    fn list_part(
+        &mut self,
+        b: &mut Batch,
+        stream: &StreamId,
+        list: u64,
+        objects: Vec<PrunedObject>,
+    ) {
+        let id = key_of(stream);
+        let objects = inputs(stream, objects);
+        let state = match self.parts.remove(&id) {
+            Some(p) if p.list == list => p.state,
+            earlier => {
+                if earlier.is_none()
+                    && !b.touched.contains(&id)
+                    && !self.index.holds_any(&stream.name, &stream.cluster)
+                {
+                    PartsState::Applied
+                } else {
+                    PartsState::Gathered(Vec::new())
+                }
+            }
+        };
+        let state = match state {
+            PartsState::Applied => {
+                b.changes.push(Change::Add(objects));
+                PartsState::Applied
+            }
+            PartsState::Gathered(mut held) => {
+                held.extend(objects);
+                PartsState::Gathered(held)
+            }
+        };
+        b.touched.insert(id.clone());
+        self.parts.insert(id, Parts { list, state });
+    }
+
+    /// A cluster no longer configured: its objects deleted (unless kept), its streams'
+    /// resume points dropped. The engine stopping is not a cluster leaving: what is
+    /// stored stays for the next start.
+    fn cluster_gone(&mut self, b: &mut Batch, cluster: ClusterName) {
+        self.parts.retain(|(c, _), _| *c != cluster);
+        if self.cancel.is_cancelled() {
+            tracing::debug!(%cluster, "cluster loop ended by the engine stopping");
+            return;
+        }
+        if self.keep_removed {
+            tracing::info!(%cluster, "cluster no longer configured: keeping its objects");
+        } else {
+            tracing::info!(%cluster, "cluster no longer configured: deleting its objects");
+            b.changes.push(Change::RemoveCluster(cluster.clone()));
+            if let Some(c) = self.status.cluster(&cluster) {
+                b.dropped.extend(
+                    c.streams
+                        .values()
+                        .map(|(rt, _)| (cluster.clone(), rt.clone(), None)),
+                );
+            }
+        }
+        b.gone.push(cluster);
+    }
+
+    /// A whole list (or the end of one in parts): what it holds replaces the stream's
+    /// objects, except after parts applied over nothing, when the rest is added.
+    fn listed(
+        &mut self,
+        b: &mut Batch,
+        stream: Arc<StreamId>,
+        objects: Vec<PrunedObject>,
+        listed_parts: Option<u64>,
+        resource_version: String,
+        reason: ListReason,
+    ) {
+        match reason {
+            ListReason::Initial => b.count(&stream, |c| c.initial_lists += 1),
+            ListReason::Expired => b.count(&stream, |c| c.expired_lists += 1),
+            ListReason::Dropped => {}
+        }
+        let id = key_of(&stream);
+        let mut objects = inputs(&stream, objects);
+        match (self.parts.remove(&id), listed_parts) {
+            (
+                Some(Parts {
+                    list,
+                    state: PartsState::Applied,
+                }),
+                Some(n),
+            ) if list == n => b.changes.push(Change::Add(objects)),
+            (earlier, _) => {
+                if let Some(Parts {
+                    list,
+                    state: PartsState::Gathered(mut gathered),
+                }) = earlier
+                    && Some(list) == listed_parts
+                {
+                    gathered.append(&mut objects);
+                    objects = gathered;
+                }
+                b.changes.push(Change::Replace {
+                    resource: stream.name.to_string(),
+                    cluster: stream.cluster.clone(),
+                    objects,
+                });
+            }
+        }
+        b.touched.insert(id);
+        let progress = if resource_version.is_empty() {
+            Progress::Dropped
+        } else {
+            Progress::Listed(resource_version)
+        };
+        b.after.push((stream, progress));
+    }
+
+    /// Applies the batch: visible at once in memory, or once durable with a store,
+    /// with the stream progress it implies.
+    async fn finish(&self, b: Batch, persister: Option<&Persister>) {
+        for ((cluster, _), (rt, c)) in &b.counts {
+            self.status.update_stream(cluster, rt, |s| s.counts.add(c));
+        }
+        let resume_points = b.resume_points();
         let mut log = ProgressLog::default();
-        for (stream, progress) in after {
+        for (stream, progress) in b.after {
             log.push(stream, progress);
         }
-        for cluster in gone {
-            log.gone(cluster, keep_removed);
+        for cluster in b.gone {
+            log.gone(cluster, self.keep_removed);
         }
-        match &persister {
+        match persister {
             // Visible once durable: the persister publishes the batch and its progress.
             Some(p) => {
-                p.record(index.stage(changes), resume_points, log);
+                p.record(self.index.stage(b.changes), resume_points, log);
                 p.backpressure().await;
             }
             None => {
-                index.apply(changes);
-                log.apply(&status);
+                self.index.apply(b.changes);
+                log.apply(&self.status);
             }
         }
     }
+}
+
+/// An object created or updated by a watch event.
+fn applied(b: &mut Batch, stream: Arc<StreamId>, object: PrunedObject, created: bool) {
+    if created {
+        b.count(&stream, |c| c.added += 1);
+    } else {
+        b.count(&stream, |c| c.modified += 1);
+    }
+    let rv = object.resource_version.clone();
+    let key = stream_key(&stream, &object);
+    b.touched.insert(key_of(&stream));
+    b.changes.push(Change::Upsert(to_input(key, object)));
+    b.after.push((stream, Progress::Event(rv)));
+}
+
+/// An object deleted by a watch event.
+fn deleted(b: &mut Batch, stream: Arc<StreamId>, object: PrunedObject) {
+    b.count(&stream, |c| c.deleted += 1);
+    b.touched.insert(key_of(&stream));
+    b.changes.push(Change::Delete(stream_key(&stream, &object)));
+    b.after
+        .push((stream, Progress::Event(object.resource_version)));
 }
 
 /// Stream progress in the order it happened, waiting to be reported with the batch
@@ -604,5 +690,138 @@ mod tests {
             .await;
             assert_eq!(names(&index), ["a", "c"], "batch {batch}");
         }
+    }
+
+    fn writer(keep_removed: bool) -> Writer {
+        Writer {
+            index: Arc::new(Index::new(Default::default())),
+            status: StatusTable::default(),
+            keep_removed,
+            cancel: CancellationToken::new(),
+            parts: HashMap::new(),
+        }
+    }
+
+    fn stream() -> Arc<StreamId> {
+        Arc::new(StreamId::new(
+            ClusterName::from("c1"),
+            ResourceType::new("", "v1", "configmaps", "ConfigMap", true),
+        ))
+    }
+
+    #[test]
+    fn watch_events_are_upserts_and_deletes_with_their_progress_and_counts() {
+        let (s, mut b) = (stream(), Batch::default());
+        let mut updated = configmap("a");
+        updated.resource_version = "7".into();
+        applied(&mut b, s.clone(), configmap("a"), true);
+        applied(&mut b, s.clone(), updated, false);
+        deleted(&mut b, s.clone(), configmap("b"));
+        assert!(matches!(
+            &b.changes[..],
+            [Change::Upsert(_), Change::Upsert(_), Change::Delete(k)] if &*k.name == "b"
+        ));
+        let rvs: Vec<_> = b
+            .after
+            .iter()
+            .map(|(_, p)| match p {
+                Progress::Event(rv) => rv.as_str(),
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(rvs, ["1", "7", "1"]);
+        let (_, c) = &b.counts[&key_of(&s)];
+        assert_eq!((c.added, c.modified, c.deleted), (1, 1, 1));
+        assert!(b.touched.contains(&key_of(&s)));
+        assert_eq!(b.resume_points().len(), 3);
+    }
+
+    #[test]
+    fn a_cluster_gone_is_deleted_unless_kept_and_never_while_stopping() {
+        let cluster = ClusterName::from("c1");
+        let mut w = writer(false);
+        let mut b = Batch::default();
+        w.cluster_gone(&mut b, cluster.clone());
+        assert!(matches!(&b.changes[..], [Change::RemoveCluster(c)] if *c == cluster));
+        assert_eq!(b.gone, std::slice::from_ref(&cluster));
+        let mut w = writer(true);
+        let mut b = Batch::default();
+        w.cluster_gone(&mut b, cluster.clone());
+        assert!(b.changes.is_empty());
+        assert_eq!(b.gone, std::slice::from_ref(&cluster));
+        let mut w = writer(false);
+        w.cancel.cancel();
+        let mut b = Batch::default();
+        w.cluster_gone(&mut b, cluster);
+        assert!(b.changes.is_empty() && b.gone.is_empty());
+    }
+
+    #[test]
+    fn a_list_replaces_the_stream_and_says_where_it_resumes() {
+        let s = stream();
+        let mut w = writer(false);
+        let mut b = Batch::default();
+        w.listed(
+            &mut b,
+            s.clone(),
+            vec![configmap("a")],
+            None,
+            "9".into(),
+            ListReason::Expired,
+        );
+        assert!(matches!(&b.changes[..], [Change::Replace { objects, .. }] if objects.len() == 1));
+        assert!(matches!(&b.after[..], [(_, Progress::Listed(rv))] if rv == "9"));
+        assert_eq!(b.counts[&key_of(&s)].1.expired_lists, 1);
+        assert_eq!(
+            b.resume_points(),
+            [(
+                s.cluster.clone(),
+                s.resource.clone(),
+                Some(("9".to_string(), s.selection.clone()))
+            )]
+        );
+        // No resourceVersion: the type is gone; its resume point is dropped.
+        let mut b = Batch::default();
+        w.listed(
+            &mut b,
+            s.clone(),
+            Vec::new(),
+            None,
+            String::new(),
+            ListReason::Dropped,
+        );
+        assert!(matches!(&b.after[..], [(_, Progress::Dropped)]));
+        assert_eq!(
+            b.resume_points(),
+            [(s.cluster.clone(), s.resource.clone(), None)]
+        );
+        // A state change is progress, not a resume point.
+        let mut b = Batch::default();
+        w.take(
+            &mut b,
+            Update::State {
+                stream: s.clone(),
+                state: fleetscope_informer::StreamState::Failed,
+                error: Some("boom".into()),
+            },
+        );
+        assert!(b.resume_points().is_empty() && b.changes.is_empty());
+    }
+
+    #[test]
+    fn parts_over_nothing_held_are_added_and_over_something_held_gathered() {
+        let s = stream();
+        let mut w = writer(false);
+        let mut b = Batch::default();
+        w.list_part(&mut b, &s, 1, vec![configmap("a")]);
+        w.list_part(&mut b, &s, 1, vec![configmap("b")]);
+        assert!(matches!(&b.changes[..], [Change::Add(_), Change::Add(_)]));
+        // A new list while the first's parts are in this batch: gathered.
+        w.list_part(&mut b, &s, 2, vec![configmap("c")]);
+        assert_eq!(b.changes.len(), 2);
+        assert!(matches!(
+            &w.parts[&key_of(&s)],
+            Parts { list: 2, state: PartsState::Gathered(g) } if g.len() == 1
+        ));
     }
 }
