@@ -2,8 +2,10 @@
 //! Kubernetes evaluates it, so a user sees through fleetscope what
 //! `kubectl auth can-i VERB RESOURCE -n NS --context CLUSTER` allows. fleetscope
 //! collects every cluster's Roles, ClusterRoles, RoleBindings and ClusterRoleBindings
-//! like any other type, and compiles them again whenever one changes: a binding
-//! removed in a cluster takes its objects out of running Watch streams at once.
+//! like any other type, follows them through the `Fleet` seam's own Watch (so this
+//! works unchanged over any implementation of the seam), and compiles them again
+//! whenever one changes: a binding removed in a cluster takes its objects out of
+//! running Watch streams at once.
 //!
 //! Rules are matched on API group, resource and verb (`*` for any). A rule naming
 //! `resourceNames` grants only those objects in Kubernetes; fleetscope grants by
@@ -16,10 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleetscope_engine::Engine;
 use fleetscope_model::access::{ClusterRef, Namespaces, Subject};
-use fleetscope_model::fleet::Deferred;
-use fleetscope_model::{ClusterName, ResourceType};
+use fleetscope_model::fleet::{FleetObject, Query, WatchEvent, WatchRequest};
+use fleetscope_model::{Access, ClusterName, EventType, Fleet, ObjectKey, ResourceType};
+use futures::StreamExt as _;
 use serde::Deserialize;
 
 /// The RBAC types, by the names fleetscope collects them under.
@@ -188,14 +190,13 @@ fn parse<T: serde::de::DeserializeOwned>(json: &str, what: &str) -> Option<T> {
 }
 
 impl Rbac {
-    /// Compiles the RBAC objects of `engine`'s index.
-    pub fn compile(engine: &Engine) -> Self {
-        let snapshot = engine.index.snapshot();
+    /// Compiles the RBAC objects `held`.
+    pub fn compile(held: &Held) -> Self {
         let objects = |resource: &str| {
-            let q = fleetscope_index::Query::all(resource);
-            snapshot
-                .matching(&q, None)
-                .map(|o| (o.key.cluster.clone(), o.json.to_string()))
+            held.0
+                .iter()
+                .filter(|(key, _)| &*key.resource == resource)
+                .map(|(key, json)| (key.cluster.clone(), json.clone()))
                 .collect::<Vec<_>>()
         };
         let mut cluster_roles: HashMap<(ClusterName, String), Arc<Vec<Rule>>> = HashMap::new();
@@ -309,54 +310,117 @@ impl Rbac {
     }
 }
 
-/// Compiles the fleet's RBAC whenever an RBAC object changes (at most once per
-/// `settle`), handing each new compilation to `publish`, until `stop`.
-pub async fn follow(
-    fleet: Arc<Deferred<Engine>>,
+/// The fleet's RBAC objects, by key: their JSON.
+#[derive(Debug, Default, Clone)]
+pub struct Held(BTreeMap<ObjectKey, String>);
+
+impl Held {
+    /// Records a change to one of them.
+    fn apply(&mut self, kind: EventType, object: FleetObject) {
+        match kind {
+            EventType::Deleted => {
+                self.0.remove(&object.key);
+            }
+            EventType::Added | EventType::Modified => {
+                self.0.insert(object.key, object.json);
+            }
+        }
+    }
+}
+
+impl FromIterator<(ObjectKey, String)> for Held {
+    fn from_iter<T: IntoIterator<Item = (ObjectKey, String)>>(iter: T) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+/// How long to wait before watching again when the fleet cannot be watched yet (it
+/// is starting) or a Watch ended.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// Follows the fleet's RBAC objects through the seam's own Watch (so it works the
+/// same behind a router as over one engine), compiling them once all are known and
+/// again whenever one changes (at most once per `settle`), handing each compilation
+/// to `publish`, until `stop`.
+pub async fn follow<F: Fleet>(
+    fleet: Arc<F>,
     publish: impl Fn(Arc<Rbac>) + Send + 'static,
     settle: Duration,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    // The engine starts after the server: wait for it.
-    let engine = loop {
-        if let Some(e) = fleet.get() {
-            break e.clone();
+    loop {
+        // One Watch per type, each from its current objects.
+        let mut watches = Vec::new();
+        for resource in TYPES {
+            let request = WatchRequest {
+                query: Query {
+                    resource: resource.to_string(),
+                    ..Default::default()
+                },
+                initial: true,
+                // The compiled grants are fleetscope's own reading of every cluster.
+                ..WatchRequest::for_caller(Access::everything())
+            };
+            match fleet.watch(request).await {
+                Ok(w) => watches.push(w),
+                Err(e) => {
+                    tracing::debug!(error = %e, resource, "RBAC objects cannot be watched yet: retrying");
+                    break;
+                }
+            }
+        }
+        if watches.len() == TYPES.len() {
+            let mut events = futures::stream::select_all(
+                watches
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, w)| w.map(move |e| (i, e))),
+            );
+            let mut held = Held::default();
+            let mut initial = [false; TYPES.len()];
+            let mut due: Option<tokio::time::Instant> = None;
+            loop {
+                let next = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    next = events.next() => next,
+                    _ = async {
+                        match due {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        due = None;
+                        publish(Arc::new(Rbac::compile(&held)));
+                        continue;
+                    }
+                };
+                match next {
+                    Some((_, Ok(WatchEvent::Object { kind, object, .. }))) => {
+                        held.apply(kind, object);
+                        // Changes come in bursts (a cluster listed, a chart applied).
+                        if initial.iter().all(|d| *d) && due.is_none() {
+                            due = Some(tokio::time::Instant::now() + settle);
+                        }
+                    }
+                    Some((i, Ok(WatchEvent::InitialEventsEnd(_)))) => {
+                        initial[i] = true;
+                        if initial.iter().all(|d| *d) {
+                            publish(Arc::new(Rbac::compile(&held)));
+                        }
+                    }
+                    Some((_, Ok(WatchEvent::ClusterStatus { .. }))) => {}
+                    // Ended (fell behind, the log moved on): from the present again.
+                    Some((_, Err(e))) => {
+                        tracing::debug!(error = %e, "an RBAC Watch ended: watching again");
+                        break;
+                    }
+                    None => break,
+                }
+            }
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = tokio::time::sleep(RETRY) => {}
             _ = stop.cancelled() => return,
-        }
-    };
-    loop {
-        let Ok(subscription) = engine.index.subscribe(None) else {
-            return;
-        };
-        publish(Arc::new(Rbac::compile(&engine)));
-        let mut feed = subscription.feed;
-        drop(subscription.snapshot);
-        loop {
-            let events = tokio::select! {
-                r = feed.next() => r,
-                _ = stop.cancelled() => return,
-            };
-            match events {
-                Ok(events) => {
-                    if events
-                        .iter()
-                        .any(|e| TYPES.contains(&&*e.object.key.resource))
-                    {
-                        // Changes come in bursts (a cluster listed, a chart applied).
-                        tokio::select! {
-                            _ = tokio::time::sleep(settle) => {}
-                            _ = stop.cancelled() => return,
-                        }
-                        publish(Arc::new(Rbac::compile(&engine)));
-                    }
-                }
-                // Fell behind or the log moved on: compile from the present again.
-                Err(fleetscope_index::FeedError::Closed) => return,
-                Err(_) => break,
-            }
         }
     }
 }
@@ -365,26 +429,25 @@ pub async fn follow(
 mod tests {
     use std::collections::BTreeMap;
 
-    use fleetscope_engine::EngineConfig;
-    use fleetscope_index::{Change, ObjectInput};
-    use fleetscope_model::ObjectKey;
     use serde_json::json;
 
     use super::*;
 
-    fn object(cluster: &str, resource: &str, namespace: &str, body: serde_json::Value) -> Change {
+    fn object(
+        cluster: &str,
+        resource: &str,
+        namespace: &str,
+        body: serde_json::Value,
+    ) -> (ObjectKey, String) {
         let name = body["metadata"]["name"].as_str().unwrap().to_string();
         let mut body = body;
         if !namespace.is_empty() {
             body["metadata"]["namespace"] = json!(namespace);
         }
-        Change::Upsert(ObjectInput {
-            key: ObjectKey::new(resource, &ClusterName::from(cluster), namespace, &name),
-            json: body.to_string(),
-            labels: Vec::new(),
-            owners: Vec::new(),
-            fields: Vec::new(),
-        })
+        (
+            ObjectKey::new(resource, &ClusterName::from(cluster), namespace, &name),
+            body.to_string(),
+        )
     }
 
     fn who(user: &str, groups: &[&str]) -> Subject {
@@ -398,12 +461,11 @@ mod tests {
         ClusterRef { name, labels }
     }
 
-    #[tokio::test]
-    async fn bindings_grant_what_kubernetes_rbac_grants() {
-        let engine = Engine::start(Vec::new(), EngineConfig::default());
+    #[test]
+    fn bindings_grant_what_kubernetes_rbac_grants() {
         let reader = json!({"metadata": {"name": "cm-reader"}, "rules": [
             {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "watch"]}]});
-        engine.index.apply([
+        let held: Held = [
             object("a", TYPES[0], "", reader.clone()),
             object("a", TYPES[0], "", json!({"metadata": {"name": "named"}, "rules": [
                 {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"], "resourceNames": ["one"]}]})),
@@ -434,8 +496,10 @@ mod tests {
             object("b", TYPES[1], "", json!({"metadata": {"name": "devs-cm"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-reader"},
                 "subjects": [{"kind": "Group", "name": "devs"}]})),
-        ]);
-        let rbac = Rbac::compile(&engine);
+        ]
+        .into_iter()
+        .collect();
+        let rbac = Rbac::compile(&held);
         let none = BTreeMap::new();
         let (a, b) = (ClusterName::from("a"), ClusterName::from("b"));
         let cm = ResourceType::new("", "v1", "configmaps", "ConfigMap", true);
