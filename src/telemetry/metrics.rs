@@ -254,10 +254,12 @@ impl Collector for FleetCollector {
             // Starting: the engine's figures come once it is.
             return Ok(());
         };
-        let streams: Vec<_> = engine
-            .status
-            .clusters()
-            .into_iter()
+        // One summary, read at once: what the engine reports to operators.
+        let observed = engine.observe();
+        let streams: Vec<_> = observed
+            .clusters
+            .iter()
+            .cloned()
             .flat_map(|c| {
                 let cluster = c.name.to_string();
                 c.streams
@@ -271,15 +273,17 @@ impl Collector for FleetCollector {
                 ("resource", resource.to_string()),
             ]
         };
-        let snapshot = engine.index.snapshot();
         family(
             &mut e,
             "fleetscope_objects",
             "Objects held, by cluster and resource type.",
             MetricType::Gauge,
-            snapshot
-                .counts()
-                .map(|(r, c, n)| (labels(c.as_str(), r), ConstGauge::new(n as i64))),
+            observed.objects.iter().map(|(r, c, n)| {
+                (
+                    labels(c.as_str(), r),
+                    ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX)),
+                )
+            }),
         )?;
         family(
             &mut e,
@@ -336,7 +340,7 @@ impl Collector for FleetCollector {
                 })
             }),
         )?;
-        let clusters = engine.status.clusters();
+        let clusters = &observed.clusters;
         family(
             &mut e,
             "fleetscope_rest_client_requests",
@@ -355,7 +359,7 @@ impl Collector for FleetCollector {
                 })
             }),
         )?;
-        let sources = engine.status.sources();
+        let sources = &observed.sources;
         single(
             &mut e,
             "fleetscope_config_last_reload_successful",
@@ -372,7 +376,7 @@ impl Collector for FleetCollector {
                 ConstGauge::new(unix_seconds(at)),
             )?;
         }
-        if let Some(s) = engine.store_stats() {
+        if let Some(s) = &observed.store {
             let one = ConstGauge::new;
             single(
                 &mut e,
@@ -538,7 +542,7 @@ fn answer(
         }
         "/healthz" | "/livez" => text(StatusCode::OK, PLAIN, "ok\n".into()),
         "/readyz" => match engine.get() {
-            Some(e) if e.is_ready() => text(StatusCode::OK, PLAIN, "ok\n".into()),
+            Some(e) if e.observe().ready => text(StatusCode::OK, PLAIN, "ok\n".into()),
             Some(_) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 PLAIN,

@@ -125,6 +125,22 @@ pub struct Stored {
     pub loaded: fleetscope_store::Loaded,
 }
 
+/// What [`Engine::observe`] reports.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// Objects held, by resource type and cluster.
+    pub objects: Vec<(String, ClusterName, u64)>,
+    /// Every cluster's status, with its streams.
+    pub clusters: Vec<status::ClusterStatus>,
+    /// The cluster sources in force: when loaded, and the last reload's error.
+    pub sources: status::SourcesStatus,
+    /// The store's figures, when persisting.
+    pub store: Option<persist::PersistStats>,
+    /// Whether the engine is ready (the store loaded, every cluster discovered or
+    /// failed).
+    pub ready: bool,
+}
+
 /// The running engine: the index, the status table, and the tasks feeding them.
 pub struct Engine {
     /// The merged index.
@@ -345,6 +361,24 @@ impl Engine {
     /// Persistence figures, when running with a store.
     pub fn store_stats(&self) -> Option<persist::PersistStats> {
         self.persister.as_ref().map(|p| p.stats())
+    }
+
+    /// One summary of the engine for operators (metrics, readiness), read at once:
+    /// objects held by type and cluster, every cluster's status with its streams,
+    /// the cluster sources in force, the store's figures, and whether it is ready.
+    pub fn observe(&self) -> Observation {
+        let snapshot = self.index.snapshot();
+        let objects = snapshot
+            .counts()
+            .map(|(resource, cluster, n)| (resource.to_string(), cluster.clone(), n as u64))
+            .collect();
+        Observation {
+            objects,
+            clusters: self.status.clusters(),
+            sources: self.status.sources(),
+            store: self.store_stats(),
+            ready: self.is_ready(),
+        }
     }
 
     /// The persister, when running with a store.
