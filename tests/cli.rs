@@ -298,7 +298,7 @@ async fn get_prints_as_kubectl_does_with_the_cluster_first() {
     let h = common::Harness::start_with(
         fleetscope_sim::FleetSpec::numbered(2, 200, 0.0),
         common::test_config(&["pods", "configmaps", "deployments.apps", "nodes"]),
-        fleetscope::grpc::ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;
@@ -1032,7 +1032,7 @@ async fn get_takes_several_types_and_type_slash_name_and_describe_shows_events()
     let h = common::Harness::start_with(
         fleetscope_sim::FleetSpec::numbered(1, 100, 0.0),
         common::test_config(&["pods", "services", "deployments.apps", "events"]),
-        fleetscope::grpc::ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;

@@ -10,7 +10,6 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, PATIENCE, test_config};
-use fleetscope::grpc::ServiceConfig;
 use fleetscope::proto::{self, CountRequest, Query, StreamState, SyncMethod};
 use fleetscope_sim::store::ReadAt;
 use fleetscope_sim::{FleetSpec, ListKind, Verb, WatchListSupport};
@@ -66,7 +65,7 @@ async fn a_first_sync_reads_no_list_from_storage_and_each_stream_says_how_it_syn
     let mut h = Harness::start_with(
         FleetSpec::numbered(3, 40, 0.0),
         test_config(&TYPES),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.stop_node().await;
@@ -77,13 +76,8 @@ async fn a_first_sync_reads_no_list_from_storage_and_each_stream_says_how_it_syn
     for s in h.fleet.servers() {
         s.cluster().reset_counters();
     }
-    h.start_node(
-        test_config(&TYPES),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        None,
-        &[],
-    )
-    .await;
+    h.start_node(test_config(&TYPES), common::service_config(), None, &[])
+        .await;
     h.synced().await;
     for (resource, id) in [
         ("pods", "pods"),
@@ -143,7 +137,7 @@ async fn built_in_types_sync_while_discovery_fails() {
     let mut h = Harness::start_with(
         FleetSpec::numbered(2, 30, 0.0),
         test_config(&TYPES),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.stop_node().await;
@@ -151,13 +145,8 @@ async fn built_in_types_sync_while_discovery_fails() {
         s.cluster().fail_discovery(true);
         s.cluster().reset_counters();
     }
-    h.start_node(
-        test_config(&TYPES),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        None,
-        &[],
-    )
-    .await;
+    h.start_node(test_config(&TYPES), common::service_config(), None, &[])
+        .await;
     for (resource, id) in [
         ("pods", "pods"),
         ("configmaps", "configmaps"),
@@ -226,7 +215,7 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
     h.cluster(0).fail_discovery(true);
     h.start_node(
         test_config(&["pods", "widgets"]),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
         Some(data.path()),
         &[],
     )
@@ -241,7 +230,7 @@ async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery
     let mut h = Harness::start_with(
         FleetSpec::numbered(1, 20, 0.0),
         test_config(&["pods"]),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.stop_node().await;
@@ -250,7 +239,7 @@ async fn a_custom_type_named_by_group_version_and_resource_syncs_while_discovery
     h.cluster(0).fail_discovery(true);
     h.start_node(
         test_config(&["pods", "example.com/v1/widgets"]),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
         None,
         &[],
     )
@@ -265,7 +254,7 @@ async fn an_aggregated_api_that_is_down_keeps_its_types_and_the_cluster_synced()
     let h = Harness::start_with(
         FleetSpec::numbered(1, 40, 0.0),
         test_config(&TYPES),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;

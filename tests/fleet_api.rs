@@ -49,7 +49,7 @@ async fn start_with_small_subscriber_buffers() -> Harness {
     Harness::start_with(
         FleetSpec::numbered(1, 100, 0.0),
         config,
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await
 }
@@ -568,7 +568,7 @@ async fn watch_from_a_revision_older_than_the_log_is_out_of_range() {
     let h = Harness::start_with(
         FleetSpec::numbered(1, 100, 0.0),
         config,
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;
@@ -751,7 +751,7 @@ async fn forbidden_type_is_status_while_others_sync() {
     let h = Harness::start_with(
         spec,
         test_config(&["pods", "configmaps"]),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     let cluster = h.cluster(0);
@@ -884,7 +884,7 @@ async fn a_configured_type_no_cluster_serves_is_said_not_silent() {
     let h = Harness::start_with(
         FleetSpec::numbered(1, 20, 0.0),
         test_config(&["configmaps", "widgets.example.com"]),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;
@@ -923,7 +923,7 @@ async fn bookmarks_carry_the_current_revision() {
         test_config(&["configmaps"]),
         ServiceConfig {
             bookmark_interval: Duration::from_millis(50),
-            ..ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap())
+            ..common::service_config()
         },
     )
     .await;
@@ -946,7 +946,7 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
     let h = Harness::start_with(
         FleetSpec::numbered(1, 100, 0.0),
         test_config(&["*"]),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;
@@ -1055,7 +1055,7 @@ async fn scopes_narrow_a_type_to_a_namespace_and_selectors_server_side() {
     let h = Harness::start_with(
         FleetSpec::numbered(1, 800, 0.0),
         config,
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
     )
     .await;
     h.synced().await;

@@ -185,18 +185,14 @@ fn count_request(resource: &str) -> fleetscope::proto::CountRequest {
 
 #[tokio::test]
 async fn while_the_store_loads_every_call_is_unavailable_and_health_is_not_serving() {
-    use fleetscope::grpc::{FleetService, ServiceConfig};
+    use fleetscope::grpc::FleetService;
     let listener = fleetscope::server::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(fleetscope_model::fleet::Deferred::<
         fleetscope::engine::Engine,
     >::default());
-    let service = FleetService::new(
-        fleet.clone(),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        stop.clone(),
-    );
+    let service = FleetService::new(fleet.clone(), common::service_config(), stop.clone());
     let (ready, readied) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(fleetscope::server::serve(
         listener,
@@ -266,7 +262,7 @@ async fn a_type_not_yet_known_while_a_cluster_is_being_discovered_is_unavailable
     let url = format!("http://{}", listener.local_addr().unwrap());
     let service = fleetscope::grpc::FleetService::new(
         engine.clone(),
-        fleetscope::grpc::ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
         engine.cancelled(),
     );
     let ready = {

@@ -96,8 +96,9 @@ spec:
           image: side:1
 ";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_is_a_full_client_of_a_simulated_cluster() {
+/// Runs `commands` with the real kubectl against one simulated cluster (with its
+/// workload and controllers), off the async workers (kubectl blocks on the cluster).
+async fn with_kubectl(commands: fn(&Kubectl, &SimFleet)) {
     assert!(
         kubectl_installed(),
         "kubectl is needed for this test (Debian: apt-get install kubernetes-client; .ci/run installs it)"
@@ -108,20 +109,23 @@ async fn kubectl_is_a_full_client_of_a_simulated_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     fleet.write_kubeconfig(&kubeconfig).unwrap();
-    let k = Kubectl {
+    let k = std::sync::Arc::new(Kubectl {
         kubeconfig,
         dir: dir.path().to_path_buf(),
-    };
-    // kubectl blocks on the cluster: run it off the async workers.
-    let k = std::sync::Arc::new(k);
+    });
     let fleet = std::sync::Arc::new(fleet);
     let (k2, f2) = (k.clone(), fleet.clone());
-    tokio::task::spawn_blocking(move || playground(&k2, &f2))
+    tokio::task::spawn_blocking(move || commands(&k2, &f2))
         .await
         .unwrap();
     if let Ok(fleet) = std::sync::Arc::try_unwrap(fleet) {
         fleet.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_is_a_full_client_of_a_simulated_cluster() {
+    with_kubectl(playground).await;
 }
 
 fn playground(k: &Kubectl, fleet: &SimFleet) {
@@ -465,28 +469,21 @@ fn held_in(fleet: &SimFleet, id: &str, namespace: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_sees_a_clusters_controllers_at_work() {
-    assert!(
-        kubectl_installed(),
-        "kubectl is needed for this test (Debian: apt-get install kubernetes-client; .ci/run installs it)"
-    );
-    let fleet = SimFleet::start(&FleetSpec::numbered(1, 40, 0.0))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    fleet.write_kubeconfig(&kubeconfig).unwrap();
-    let k = std::sync::Arc::new(Kubectl {
-        kubeconfig,
-        dir: dir.path().to_path_buf(),
-    });
-    let fleet = std::sync::Arc::new(fleet);
-    let (k2, f2) = (k.clone(), fleet.clone());
-    tokio::task::spawn_blocking(move || controllers(&k2, &f2))
-        .await
-        .unwrap();
-    if let Ok(fleet) = std::sync::Arc::try_unwrap(fleet) {
-        fleet.shutdown().await;
-    }
+    with_kubectl(controllers).await;
+}
+
+/// `kubectl rollout status` of a Deployment finishes, saying it rolled out.
+fn rolled_out(k: &Kubectl, namespace: &str, deployment: &str) {
+    let out = k.ok(&[
+        "rollout",
+        "status",
+        &format!("deployment/{deployment}"),
+        "-n",
+        namespace,
+        "--timeout",
+        "60s",
+    ]);
+    assert!(out.contains("successfully rolled out"), "{out}");
 }
 
 fn controllers(k: &Kubectl, fleet: &SimFleet) {
@@ -511,16 +508,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
         "--replicas",
         "3",
     ]);
-    let out = k.ok(&[
-        "rollout",
-        "status",
-        "deployment/web",
-        "-n",
-        "shop",
-        "--timeout",
-        "60s",
-    ]);
-    assert!(out.contains("successfully rolled out"), "{out}");
+    rolled_out(k, "shop", "web");
     assert_eq!(running("shop"), 3);
     let rs = held_in(fleet, "replicasets.apps", "shop");
     assert_eq!(rs.len(), 1);
@@ -551,16 +539,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
         "-n",
         "shop",
     ]);
-    let out = k.ok(&[
-        "rollout",
-        "status",
-        "deployment/web",
-        "-n",
-        "shop",
-        "--timeout",
-        "60s",
-    ]);
-    assert!(out.contains("successfully rolled out"), "{out}");
+    rolled_out(k, "shop", "web");
     let rs = held_in(fleet, "replicasets.apps", "shop");
     assert_eq!(rs.len(), 2);
     for r in &rs {
@@ -578,15 +557,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
 
     // Scaling, and a deleted pod replaced.
     k.ok(&["scale", "deployment/web", "--replicas", "1", "-n", "shop"]);
-    k.ok(&[
-        "rollout",
-        "status",
-        "deployment/web",
-        "-n",
-        "shop",
-        "--timeout",
-        "60s",
-    ]);
+    rolled_out(k, "shop", "web");
     eventually("one pod", || pods("shop").len() == 1);
     let victim = pods("shop")[0]["metadata"]["name"]
         .as_str()
@@ -632,15 +603,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
         "--image",
         "api:1",
     ]);
-    k.ok(&[
-        "rollout",
-        "status",
-        "deployment/api",
-        "-n",
-        "doomed",
-        "--timeout",
-        "60s",
-    ]);
+    rolled_out(k, "doomed", "api");
     assert_eq!(running("doomed"), 1);
     k.ok(&["delete", "namespace", "doomed"]);
     eventually("namespace doomed emptied", || {

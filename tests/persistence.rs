@@ -7,7 +7,6 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{Harness, PATIENCE, test_config};
-use fleetscope::grpc::ServiceConfig;
 use fleetscope::proto::{
     self, EventType, ListClustersRequest, ListRequest, Query, WatchEvent, WatchRequest,
 };
@@ -164,13 +163,8 @@ async fn a_restart_serves_at_once_and_resumes_every_watch_without_listing() {
         s.cluster().reset_counters();
     }
 
-    h.start_node(
-        config(),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        Some(data.path()),
-        &[],
-    )
-    .await;
+    h.start_node(config(), common::service_config(), Some(data.path()), &[])
+        .await;
     // Served at once, from the store: the same objects, before any watch has caught up.
     for (t, (objects, revision)) in TYPES.iter().zip(&before) {
         let (now, now_revision) = served(&h, t).await;
@@ -224,13 +218,8 @@ async fn repeated_clean_restarts_keep_every_cluster_and_never_list() {
         for s in h.fleet.servers() {
             s.cluster().reset_counters();
         }
-        h.start_node(
-            config(),
-            ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-            Some(data.path()),
-            &[],
-        )
-        .await;
+        h.start_node(config(), common::service_config(), Some(data.path()), &[])
+            .await;
         for (t, (objects, _)) in TYPES.iter().zip(&before) {
             assert_eq!(&served(&h, t).await.0, objects, "round {round}: {t}");
         }
@@ -298,13 +287,8 @@ async fn missed_changes_reach_a_resumed_watch(expire_history: bool) {
     for s in h.fleet.servers() {
         s.cluster().reset_counters();
     }
-    h.start_node(
-        config(),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        Some(data.path()),
-        &[],
-    )
-    .await;
+    h.start_node(config(), common::service_config(), Some(data.path()), &[])
+        .await;
     // A watch from before the restart resumes after it.
     let mut stream = watch_from(&h, "configmaps", revision).await;
     converged(&h).await;
@@ -367,7 +351,7 @@ async fn clusters_gone_from_the_configuration_are_deleted_at_start_unless_kept()
     keep.keep_removed_clusters = true;
     h.start_node(
         keep,
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
         Some(data.path()),
         &["sim-1"],
     )
@@ -383,7 +367,7 @@ async fn clusters_gone_from_the_configuration_are_deleted_at_start_unless_kept()
     // Then removed: subscribers resuming from before see every object as DELETED.
     h.start_node(
         config(),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
         Some(data.path()),
         &["sim-1"],
     )
@@ -404,7 +388,7 @@ async fn clusters_gone_from_the_configuration_are_deleted_at_start_unless_kept()
     // And it stays removed across another restart.
     h.start_node(
         config(),
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+        common::service_config(),
         Some(data.path()),
         &["sim-1"],
     )
@@ -540,13 +524,8 @@ async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
     for s in h.fleet.servers() {
         s.cluster().reset_counters();
     }
-    h.start_node(
-        cfg,
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        Some(data.path()),
-        &[],
-    )
-    .await;
+    h.start_node(cfg, common::service_config(), Some(data.path()), &[])
+        .await;
     for (t, (objects, _)) in TYPES.iter().zip(&before) {
         assert_eq!(&served(&h, t).await.0, objects, "{t}");
     }
@@ -578,13 +557,8 @@ async fn a_stream_configured_to_select_differently_lists_again_and_drops_what_it
     let mut narrowed = config();
     narrowed.scopes =
         vec![fleetscope::engine::Scope::parse("configmaps:namespace=team-0").unwrap()];
-    h.start_node(
-        narrowed,
-        ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-        Some(data.path()),
-        &[],
-    )
-    .await;
+    h.start_node(narrowed, common::service_config(), Some(data.path()), &[])
+        .await;
     // The narrowed stream lists (pods and deployments resume their watches); what
     // it no longer selects reaches a resumed Watch as DELETEDs.
     let mut stream = watch_from(&h, "configmaps", revision).await;

@@ -32,6 +32,11 @@ pub struct Harness {
     task: Option<ServerTask>,
 }
 
+/// The Fleet service's default settings, page tokens signed with a fresh key.
+pub fn service_config() -> ServiceConfig {
+    ServiceConfig::new(fleetscope::grpc::TokenKey::random().expect("the system's random generator"))
+}
+
 /// Engine settings for tests: quick retries, so faults heal within the patience bound.
 pub fn test_config(resources: &[&str]) -> EngineConfig {
     let mut config = EngineConfig {
@@ -54,7 +59,7 @@ impl Harness {
         Self::start_with(
             FleetSpec::numbered(clusters, objects, 0.0),
             test_config(&["pods", "configmaps", "deployments.apps"]),
-            ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
+            service_config(),
         )
         .await
     }
@@ -69,13 +74,7 @@ impl Harness {
         config: EngineConfig,
         data_dir: &std::path::Path,
     ) -> Self {
-        Self::start_full(
-            spec,
-            config,
-            ServiceConfig::new(fleetscope::grpc::TokenKey::random().unwrap()),
-            Some(data_dir),
-        )
-        .await
+        Self::start_full(spec, config, service_config(), Some(data_dir)).await
     }
 
     async fn start_full(
