@@ -529,3 +529,32 @@ async fn a_sigkill_between_the_parts_of_a_first_list_loses_and_repeats_nothing()
     }
     panic!("the kill never landed between the parts of the first list");
 }
+
+/// A cluster whose API server accepts and never answers its discovery does not hold
+/// readiness back beyond the engine's patience: the server reports SERVING, the other
+/// cluster is served, and the hung one reads as syncing until it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_cluster_does_not_hold_readiness_back() {
+    let mut h = Harness::start_with(
+        FleetSpec::numbered(2, 40, 0.0),
+        test_config(&["configmaps"]),
+        common::service_config(),
+    )
+    .await;
+    h.stop_node().await;
+    // sim-2's discovery documents are held: started again, it never finishes
+    // discovering.
+    h.cluster(1).hold_group_versions(true);
+    let mut config = test_config(&["configmaps"]);
+    config.ready_patience = Duration::from_millis(500);
+    h.start_node(config, common::service_config(), None, &[])
+        .await;
+    common::wait_serving(&h.url()).await;
+    let clusters = common::list_clusters(&mut h.client().await).await.clusters;
+    let hung = clusters.iter().find(|c| c.name == "sim-2").unwrap();
+    assert_ne!(hung.freshness(), proto::Freshness::Synced, "{hung:?}");
+    assert!(h.cluster(1).group_versions_in_flight() > 0, "{hung:?}");
+    h.cluster(1).hold_group_versions(false);
+    h.synced().await;
+    h.shutdown().await;
+}

@@ -75,6 +75,11 @@ pub struct EngineConfig {
     /// How long a Watch may leave its events unread (its buffer full) before it is
     /// ended with `RESOURCE_EXHAUSTED` and the revision to resume from. Default 60 s.
     pub subscriber_stall: Duration,
+    /// How long readiness waits for a cluster's first discovery: one that has not
+    /// answered by then (a hung API server that accepts and never answers) no longer
+    /// holds the server back; it is reported as syncing until it answers or fails.
+    /// Default 30 s.
+    pub ready_patience: Duration,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +103,7 @@ impl Default for EngineConfig {
             query_timeout: Duration::from_secs(10),
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             subscriber_stall: Duration::from_secs(60),
+            ready_patience: Duration::from_secs(30),
         }
     }
 }
@@ -164,6 +170,8 @@ pub struct Engine {
     pub(crate) query_timeout: Duration,
     /// See [`EngineConfig::subscriber_stall`].
     pub(crate) subscriber_stall: Duration,
+    /// See [`EngineConfig::ready_patience`].
+    ready_patience: Duration,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -303,6 +311,7 @@ impl Engine {
             queries: Arc::new(tokio::sync::Semaphore::new(config.query_threads.max(1))),
             query_timeout: config.query_timeout,
             subscriber_stall: config.subscriber_stall,
+            ready_patience: config.ready_patience,
             cancel,
             tasks,
         }
@@ -353,9 +362,15 @@ impl Engine {
 
     /// Whether the engine can answer for its fleet: its index was restored from a
     /// store, or every cluster has been discovered once (or has failed: an
-    /// unreachable cluster is reported, not waited for).
+    /// unreachable cluster is reported, not waited for), or has had
+    /// [`EngineConfig::ready_patience`] to answer (a hung one is not waited for either).
     pub fn is_ready(&self) -> bool {
-        self.restored || !self.status.clusters().iter().any(|c| c.discovering())
+        self.restored
+            || !self
+                .status
+                .clusters()
+                .iter()
+                .any(|c| c.discovering() && c.joined.elapsed() < self.ready_patience)
     }
 
     /// Persistence figures, when running with a store.

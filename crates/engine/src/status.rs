@@ -137,6 +137,8 @@ pub struct ClusterStatus {
     pub source: String,
     /// When its settings were last (re)loaded.
     pub loaded_at: SystemTime,
+    /// When it joined the fleet (readiness waits for its first discovery a while).
+    pub joined: std::time::Instant,
     /// Its requests to its API server, by method and code.
     pub requests: Arc<fleetscope_informer::requests::RequestCounts>,
     /// What it served at its last discovery, with short and singular names.
@@ -321,6 +323,7 @@ impl StatusTable {
             discovered: false,
             source: source.to_string(),
             loaded_at: SystemTime::now(),
+            joined: std::time::Instant::now(),
             requests: Arc::default(),
             served: Arc::default(),
             store_stall: None,
