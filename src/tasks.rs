@@ -58,7 +58,8 @@ where
     F::Output: Send + 'static,
 {
     let running = Running::start(name);
-    let span = tracing::info_span!("task", task = name);
+    // Each task's span is its own root: a task started by another outlives it.
+    let span = tracing::info_span!(parent: None, "task", task = name);
     TASKS.tracker.spawn(
         async move {
             let _running = running;
@@ -68,17 +69,17 @@ where
     )
 }
 
-/// Runs `f` on the blocking threads as a task named `name`.
+/// Runs `f` on the blocking threads as a task named `name` (in a shutdown that finds
+/// it still running).
 pub fn spawn_blocking<F, R>(name: &'static str, f: F) -> JoinHandle<R>
 where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
 {
     let running = Running::start(name);
-    let span = tracing::info_span!("task", task = name);
+    // Not entered: what `f` starts (an engine's tasks) has spans of its own.
     TASKS.tracker.spawn_blocking(move || {
         let _running = running;
-        let _entered = span.enter();
         f()
     })
 }

@@ -246,6 +246,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
             service,
             limits: args.engine.limits(),
             security,
+            reloads: reload.clone(),
         },
         Some(settings),
     )
@@ -305,6 +306,9 @@ struct Serving {
     service: ServiceConfig,
     limits: server::limits::Limits,
     security: server::Security,
+    /// Stops the reloaders (configuration, credentials, TLS, RBAC): cancelled when
+    /// the shutdown begins, so they end with the rest.
+    reloads: tokio_util::sync::CancellationToken,
 }
 
 /// Serves at once, starts the engine with `start` (off the async workers: it may load
@@ -323,6 +327,7 @@ async fn run(
         service,
         limits,
         security,
+        reloads,
     } = how;
     let stop = tokio_util::sync::CancellationToken::new();
     let service = FleetService::new(fleet.clone(), service, stop.clone());
@@ -419,6 +424,7 @@ async fn run(
         });
     }
     stop.cancelled().await;
+    reloads.cancel();
     // Whatever a cluster, a client or a credential plugin is doing, the process ends
     // within the grace period (and a little for the final store write's own bound).
     std::thread::spawn(|| {
@@ -771,6 +777,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
             service: args.engine.service(crate::grpc::TokenKey::random()?),
             limits: args.engine.limits(),
             security,
+            reloads: stop_reloads.clone(),
         },
         None,
     )
