@@ -125,6 +125,18 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         sample(&body, "process_max_fds").unwrap() >= sample(&body, "process_open_fds").unwrap()
     );
     assert!(sample(&body, "process_cpu_seconds_total").unwrap() > 0.0);
+    // The server's tasks, by name: an accept loop per listener (gRPC, metrics), this
+    // scrape's connection.
+    assert_eq!(
+        sample(&body, "fleetscope_tasks{task=\"grpc-accept\"}"),
+        Some(2.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "fleetscope_tasks{task=\"metrics-listener\"}"),
+        Some(1.0)
+    );
+    assert!(sample(&body, "fleetscope_tasks{task=\"metrics-connection\"}").unwrap() >= 1.0);
     assert!(
         std::fs::read_to_string(&log)
             .unwrap()

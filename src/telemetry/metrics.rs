@@ -250,6 +250,18 @@ impl Collector for FleetCollector {
                 .read()
                 .map(|(input, n)| (vec![("input", input.to_string())], ConstCounter::new(n))),
         )?;
+        family(
+            &mut e,
+            "fleetscope_tasks",
+            "Tasks of the server running now, by name (listeners, connections, reloaders, readiness, signals); the engine's own are not counted here.",
+            MetricType::Gauge,
+            crate::tasks::running().into_iter().map(|(task, n)| {
+                (
+                    vec![("task", task.to_string())],
+                    ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)),
+                )
+            }),
+        )?;
         let Some(engine) = self.0.engine.get() else {
             // Starting: the engine's figures come once it is.
             return Ok(());
