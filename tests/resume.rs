@@ -534,18 +534,6 @@ fn spoil_sled_snapshot(db: &Path) {
     std::fs::write(&snap, out).unwrap();
 }
 
-/// Waits until `url` accepts connections (the process has bound its port).
-async fn listening(url: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while FleetClient::connect(url.to_string()).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{url} never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Lists until the server holds every configmap of the clusters.
 async fn list_in_full(setup: &Setup, url: &str) -> BTreeMap<Key, String> {
     let want = common::truth(&setup.fleet, "configmaps").len();
@@ -572,7 +560,7 @@ async fn a_store_sled_panics_on_is_moved_aside_with_one_log_line_and_no_backtrac
     // log has grown), each run ended by SIGKILL.
     for _ in 0..2 {
         let mut server = setup.serve(&args);
-        listening(&server.url()).await;
+        common::wait_serving(&server.url()).await;
         list_in_full(&setup, &server.url()).await;
         server.kill();
     }
@@ -580,7 +568,7 @@ async fn a_store_sled_panics_on_is_moved_aside_with_one_log_line_and_no_backtrac
     let before = std::fs::read_to_string(setup.log()).unwrap().len();
     let mut server = setup.serve(&args);
     // It serves, relisted from the clusters.
-    listening(&server.url()).await;
+    common::wait_serving(&server.url()).await;
     list_in_full(&setup, &server.url()).await;
     server.kill();
     let log = std::fs::read_to_string(setup.log()).unwrap()[before..].to_string();

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use serde_json::Value;
 
 use super::columns::age_of;
+use super::jsonpath::text;
 use super::output::Item;
 use super::{Client, ClientError, Listed, args, list_all, print, targets, where_looked};
 use crate::proto::Query;
@@ -114,12 +115,7 @@ fn render(item: &Item, events: &Events, now: SystemTime) -> String {
             .as_object()
             .map(|m| {
                 m.iter()
-                    .map(|(k, v)| {
-                        format!(
-                            "{k}{sep}{}",
-                            v.as_str().map_or(v.to_string(), str::to_string)
-                        )
-                    })
+                    .map(|(k, v)| format!("{k}{sep}{}", text(v)))
                     .collect()
             })
             .unwrap_or_default();
@@ -227,10 +223,6 @@ fn render(item: &Item, events: &Events, now: SystemTime) -> String {
         }
     }
     out
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().map_or_else(|| v.to_string(), str::to_string)
 }
 
 /// `creationTimestamp` → `Creation Timestamp`, as kubectl titles a field.

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use fleetscope_model::FleetError;
 use fleetscope_model::fleet::reason;
+use fleetscope_model::{FleetError, Revision};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
@@ -27,27 +27,17 @@ pub(crate) fn status(e: FleetError) -> Status {
             message,
             reason: code,
             oldest,
-        } => {
-            let metadata = oldest
-                .map(|o| ("oldest_revision".to_string(), o.to_string()))
-                .into_iter()
-                .collect::<HashMap<_, _>>();
-            Status::with_error_details(
-                Code::OutOfRange,
-                bounded(message),
-                ErrorDetails::with_error_info(code, reason::DOMAIN, metadata),
-            )
-        }
+        } => Status::with_error_details(
+            Code::OutOfRange,
+            bounded(message),
+            error_info(code, "oldest_revision", oldest),
+        ),
         FleetError::ResourceExhausted {
             message,
             reason: code,
             resume_from,
         } => {
-            let metadata = resume_from
-                .map(|r| ("resume_from".to_string(), r.to_string()))
-                .into_iter()
-                .collect::<HashMap<_, _>>();
-            let mut details = ErrorDetails::with_error_info(code, reason::DOMAIN, metadata);
+            let mut details = error_info(code, "resume_from", resume_from);
             if resume_from.is_some() {
                 details.set_retry_info(Some(RETRY_RESUME));
             }
@@ -56,6 +46,15 @@ pub(crate) fn status(e: FleetError) -> Status {
         FleetError::DeadlineExceeded(m) => Status::deadline_exceeded(bounded(m)),
         FleetError::PermissionDenied(m) => Status::permission_denied(bounded(m)),
     }
+}
+
+/// An `ErrorInfo` of fleetscope's domain: `code`, and `revision` under `key` when known.
+fn error_info(code: &str, key: &str, revision: Option<Revision>) -> ErrorDetails {
+    let metadata: HashMap<String, String> = revision
+        .map(|r| (key.to_string(), r.to_string()))
+        .into_iter()
+        .collect();
+    ErrorDetails::with_error_info(code, reason::DOMAIN, metadata)
 }
 
 /// How soon a call refused while the server starts may be retried.
