@@ -53,20 +53,27 @@ async fn run_cli() -> anyhow::Result<()> {
     // With a configuration file, the command line is parsed again with the file's
     // values as the flags' defaults (flag > environment > file > default).
     let mut config = None;
-    if let Some(path) = config::resolve::config_file(&parsed).map(std::path::Path::to_path_buf) {
+    if let args::Command::Serve(serve) = &parsed.command
+        && let Some(path) = serve.config.clone()
+    {
         let argv = config::resolve::serve_argv();
-        let resolved = config::resolve::resolve(&argv, &path)?;
-        parsed = resolved.cli;
+        let command = <args::Cli as clap::CommandFactory>::command();
+        let resolved = config::resolve::resolve(command.clone(), &argv, &path)?;
+        parsed = <args::Cli as clap::FromArgMatches>::from_arg_matches(&resolved.matches)?;
         config = Some(config::reload::ConfigFile {
             path,
             argv,
+            command,
             last: resolved.rows,
         });
     }
-    let _telemetry = telemetry::init(parsed.log_format);
+    let _telemetry = telemetry::init(parsed.global.log_format);
     match parsed.command {
         args::Command::Serve(args) => Ok(run::serve(args, config).await?),
-        args::Command::Config(args::ConfigCommand::Check { file }) => Ok(run::config_check(&file)?),
+        args::Command::Config(args::ConfigCommand::Check { file }) => Ok(run::config_check(
+            &file,
+            <args::Cli as clap::CommandFactory>::command(),
+        )?),
         args::Command::Demo(args) => Ok(run::demo(args).await?),
         args::Command::Sim(args) => Ok(run::sim(args).await?),
         args::Command::Get(args) => {

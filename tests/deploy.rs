@@ -231,7 +231,14 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
     };
     let text = &config_map("fleetscope.yaml");
     let file = fleetscope::config::file::parse(Path::new("fleetscope.yaml"), text).unwrap();
-    file.given(Path::new("fleetscope.yaml")).unwrap();
+    // A setting's values in the file, by its key.
+    let setting = |key: &str| -> Vec<String> {
+        file.iter()
+            .find(|g| g.key == key)
+            .map(|g| g.values.clone())
+            .unwrap_or_default()
+    };
+    let one = |key: &str| setting(key).first().cloned();
     let port_of = |addr: &Option<String>| -> i32 {
         addr.as_deref()
             .unwrap()
@@ -241,7 +248,7 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
             .parse()
             .unwrap()
     };
-    let (grpc_port, metrics_port) = (port_of(&file.listen), port_of(&file.metrics_listen));
+    let (grpc_port, metrics_port) = (port_of(&one("listen")), port_of(&one("metricsListen")));
 
     let sts: StatefulSet = typed(find(&objects, "StatefulSet"));
     let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
@@ -302,10 +309,9 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
             .mount_path
             .clone()
     };
-    let store = file.store.as_ref().unwrap();
     assert_eq!(
         Path::new(&mount("data")),
-        store.data_dir.as_deref().unwrap()
+        Path::new(&one("store.dataDir").unwrap())
     );
     let config_path = c.args.as_ref().unwrap().last().unwrap().clone();
     assert_eq!(
@@ -314,20 +320,22 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
     );
     // TLS, tokens and the policy are read from where they are mounted; the policy
     // shipped is valid; the TLS Secret is cert-manager's.
-    let security = file.security.as_ref().expect("the example is secured");
-    for (path, volume) in [
-        (&security.tls_cert, "tls"),
-        (&security.tls_key, "tls"),
-        (&security.client_ca, "tls"),
-        (&security.tokens_file, "tokens"),
-        (&security.policy, "policy"),
+    for (key, volume) in [
+        ("security.tlsCert", "tls"),
+        ("security.tlsKey", "tls"),
+        ("security.clientCa", "tls"),
+        ("security.tokensFile", "tokens"),
+        ("security.policy", "policy"),
     ] {
-        let path = path.as_ref().unwrap();
-        assert!(path.starts_with(mount(volume)), "{path:?} in {volume}");
+        let path = one(key).unwrap_or_else(|| panic!("the example sets {key}"));
+        assert!(
+            Path::new(&path).starts_with(mount(volume)),
+            "{path:?} in {volume}"
+        );
     }
-    assert_eq!(security.insecure_listen, Some(false));
-    let policy_path = security.policy.as_ref().unwrap();
-    fleetscope::auth::policy::PolicyGrants::parse(policy_path, &config_map("policy.yaml"))
+    assert_eq!(one("security.insecureListen").as_deref(), Some("false"));
+    let policy_path = std::path::PathBuf::from(one("security.policy").unwrap());
+    fleetscope::auth::policy::PolicyGrants::parse(&policy_path, &config_map("policy.yaml"))
         .expect("the shipped policy is valid");
     let volume = |name: &str| {
         pod.volumes
@@ -344,9 +352,9 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
             && o["spec"]["usages"][0] == "server auth"),
         "cert-manager issues the server's Secret {tls_secret}"
     );
-    for kubeconfig in file.kubeconfigs.as_ref().unwrap() {
+    for kubeconfig in setting("kubeconfigs") {
         assert!(
-            kubeconfig.starts_with(mount("kubeconfig")),
+            Path::new(&kubeconfig).starts_with(mount("kubeconfig")),
             "{kubeconfig:?}"
         );
     }
@@ -396,14 +404,7 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
             }
         }
     }
-    let collected: BTreeSet<String> = file
-        .resources
-        .as_ref()
-        .unwrap()
-        .0
-        .iter()
-        .map(|(name, _)| name.clone())
-        .collect();
+    let collected: BTreeSet<String> = setting("resources").into_iter().collect();
     assert_eq!(granted, collected);
     let binding: ClusterRoleBinding = typed(find(&objects, "ClusterRoleBinding"));
     assert_eq!(

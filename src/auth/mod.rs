@@ -30,7 +30,7 @@ use fleetscope_model::access::{Everything, Policy, Subject};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::file::FileError;
+use crate::config::yaml::FileError;
 use crate::server::tls::PeerInfo;
 use policy::PolicyGrants;
 use tokens::Tokens;

@@ -4,9 +4,12 @@
 //! of both ([`reload`]).
 
 pub mod file;
+pub mod flags;
 pub mod kubeconfig;
 pub mod reload;
 pub mod resolve;
+pub mod settings;
+pub mod yaml;
 
 /// Parses a duration as people write it: `30s`, `500ms`, `2m`, `1h 30m`, or a bare
 /// number of seconds.

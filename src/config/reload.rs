@@ -20,57 +20,14 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::flags::ServeArgs;
 use super::kubeconfig::{self, KubeconfigSources};
 use super::resolve::{self, Row, value};
-use crate::cli::args::{Command, ServeArgs};
+use super::settings::Applies;
 use crate::engine::{EngineConfig, SourceSet};
 
 /// How long file events settle before a reload.
 const DEBOUNCE: Duration = Duration::from_millis(300);
-
-/// `serve` settings that a running process cannot change: a new value waits for the
-/// next restart.
-const AT_RESTART: &[&str] = &[
-    "--listen",
-    "--metrics-listen",
-    "--log-format",
-    "--data-dir",
-    "--no-persist",
-    "--event-log",
-    "--event-log-mib",
-    "--event-log-disk-share",
-    "--subscriber-buffer",
-    "--bookmark-seconds",
-    "--field-index",
-    "--keep-removed-clusters",
-    "--compact-share",
-    "--compact-min-mib",
-    "--grpc-request-timeout",
-    "--grpc-max-in-flight",
-    "--grpc-max-connections",
-    "--grpc-max-watches-per-caller",
-    "--query-timeout",
-    "--watch-stall-timeout",
-    "--grpc-handshake-timeout",
-    "--grpc-max-connections-per-address",
-    "--grpc-idle-timeout",
-    "--grpc-keepalive-interval",
-    "--grpc-keepalive-timeout",
-    "--tls-cert",
-    "--tls-key",
-    "--client-ca",
-    "--tokens-file",
-    "--policy",
-    "--insecure-listen",
-    "--open-health",
-    "--open-reflection",
-    "--token-review-context",
-    "--token-review-ttl",
-    "--token-review-negative-ttl",
-    "--token-review-timeout",
-    "--token-review-audience",
-    "--rbac-authorization",
-];
 
 /// The configuration file in use and the command line it is resolved with.
 pub struct ConfigFile {
@@ -78,6 +35,8 @@ pub struct ConfigFile {
     pub path: PathBuf,
     /// The process's command line.
     pub argv: Vec<OsString>,
+    /// The command line's definition.
+    pub command: clap::Command,
     /// The settings of the last good resolution.
     pub last: Vec<Row>,
 }
@@ -138,14 +97,16 @@ impl Reloader {
         let Some(config) = &mut self.config else {
             return Ok(());
         };
-        let resolved = resolve::resolve(&config.argv, &config.path).map_err(|e| e.to_string())?;
-        let Command::Serve(args) = &resolved.cli.command else {
+        let resolved = resolve::resolve(config.command.clone(), &config.argv, &config.path)
+            .map_err(|e| e.to_string())?;
+        let Some(args) = resolved.serve().map_err(|e| e.to_string())? else {
             return Err("the command line is not `serve`".into());
         };
-        let (sources, engine) = plan(args)?;
-        for flag in AT_RESTART {
-            let (was, now) = (value(&config.last, flag), value(&resolved.rows, flag));
-            if was != now {
+        let (sources, engine) = plan(&args)?;
+        for row in resolved.rows.iter() {
+            let flag = row.flag.as_str();
+            let (was, now) = (value(&config.last, flag), Some(row.value.as_str()));
+            if row.applies == Some(Applies::Restart) && was != now {
                 tracing::warn!(
                     setting = flag,
                     was = was.unwrap_or(""),

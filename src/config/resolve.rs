@@ -6,11 +6,12 @@
 use std::ffi::OsString;
 use std::path::Path;
 
+use clap::FromArgMatches;
 use clap::parser::ValueSource;
-use clap::{CommandFactory, FromArgMatches};
 
 use super::file::{self, FileError, Given};
-use crate::cli::args::{Cli, Command};
+use super::flags::{ServeArgs, serve_settings};
+use super::settings::Applies;
 
 /// Why a command line and configuration file cannot be resolved.
 #[derive(Debug, thiserror::Error)]
@@ -34,13 +35,15 @@ pub struct Row {
     pub value: String,
     /// `flag`, `env NAME`, `file` or `default`.
     pub source: String,
+    /// When a new value applies; `None` for a flag the file does not set.
+    pub applies: Option<Applies>,
 }
 
 /// A resolved command line.
 #[derive(Debug)]
 pub struct Resolved {
-    /// The command, with the file's values in place.
-    pub cli: Cli,
+    /// The command line's matches, with the file's values in place.
+    pub matches: clap::ArgMatches,
     /// Every `serve` setting, for `config check` and for telling what a reload changed.
     pub rows: Vec<Row>,
 }
@@ -49,6 +52,15 @@ impl Resolved {
     /// The value of a flag (`--page-size`).
     pub fn value(&self, flag: &str) -> Option<&str> {
         value(&self.rows, flag)
+    }
+
+    /// The `serve` flags, when the command is `serve`.
+    pub fn serve(&self) -> Result<Option<ServeArgs>, ResolveError> {
+        self.matches
+            .subcommand_matches("serve")
+            .map(ServeArgs::from_arg_matches)
+            .transpose()
+            .map_err(|e| ResolveError::Args(first_line(&e)))
     }
 }
 
@@ -59,14 +71,18 @@ pub fn value<'a>(rows: &'a [Row], flag: &str) -> Option<&'a str> {
         .map(|r| r.value.as_str())
 }
 
-/// Resolves `argv` (a `serve` command line) with the configuration file at `path`.
-pub fn resolve(argv: &[OsString], path: &Path) -> Result<Resolved, ResolveError> {
-    let given = file::read(path)?.given(path)?;
-    let mut cmd = with_defaults(Cli::command(), &given);
+/// Resolves `argv` (a `serve` command line of `command`, the whole command line's
+/// definition) with the configuration file at `path`.
+pub fn resolve(
+    command: clap::Command,
+    argv: &[OsString],
+    path: &Path,
+) -> Result<Resolved, ResolveError> {
+    let given = file::read(path)?;
+    let mut cmd = with_defaults(command, &given);
     let matches = cmd
         .try_get_matches_from_mut(argv)
         .map_err(|e| attribute(e, &cmd, &given, path))?;
-    let cli = Cli::from_arg_matches(&matches).map_err(|e| ResolveError::Args(first_line(&e)))?;
     let mut rows = Vec::new();
     if let (Some(serve), Some(sub)) = (
         matches.subcommand_matches("serve"),
@@ -99,15 +115,17 @@ pub fn resolve(argv: &[OsString], path: &Path) -> Result<Resolved, ResolveError>
                 }
                 _ => "default".to_string(),
             };
+            let setting = serve_settings().find(|s| s.id == id);
             rows.push(Row {
-                key: file::key_of(id),
+                key: setting.map_or("-", |s| s.key),
                 flag: format!("--{long}"),
                 value,
                 source,
+                applies: setting.map(|s| s.applies),
             });
         }
     }
-    Ok(Resolved { cli, rows })
+    Ok(Resolved { matches, rows })
 }
 
 /// The command with the file's values as its flags' defaults.
@@ -172,14 +190,6 @@ pub fn serve_argv() -> Vec<OsString> {
     std::env::args_os().collect()
 }
 
-/// Whether a parsed command is `serve` with a configuration file.
-pub fn config_file(cli: &Cli) -> Option<&Path> {
-    match &cli.command {
-        Command::Serve(args) => args.config.as_deref(),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +199,17 @@ mod tests {
         v.push(file.into());
         v.extend(extra.iter().map(OsString::from));
         v
+    }
+
+    /// `fleetscope serve`'s definition alone.
+    fn command() -> clap::Command {
+        use clap::Args as _;
+        let top = super::super::flags::GlobalArgs::augment_args(clap::Command::new("fleetscope"));
+        top.subcommand(ServeArgs::augment_args(clap::Command::new("serve")))
+    }
+
+    fn resolve(argv: &[OsString], path: &Path) -> Result<Resolved, ResolveError> {
+        super::resolve(command(), argv, path)
     }
 
     fn write(text: &str) -> tempfile::NamedTempFile {
@@ -211,10 +232,14 @@ mod tests {
         assert_eq!(row("--listen").source, "file");
         assert_eq!(row("--event-log").source, "default");
         assert_eq!(row("--scope").value, "pods:namespace=a");
-        assert_eq!(r.cli.log_format, crate::telemetry::LogFormat::Json);
-        let Command::Serve(args) = &r.cli.command else {
-            panic!("serve")
-        };
+        assert_eq!(
+            r.matches
+                .get_one::<crate::telemetry::LogFormat>("log_format"),
+            Some(&crate::telemetry::LogFormat::Json)
+        );
+        assert_eq!(row("--page-size").applies, Some(Applies::Collection));
+        assert_eq!(row("--listen").applies, Some(Applies::Restart));
+        let args = r.serve().unwrap().unwrap();
         assert_eq!(args.engine.page_size, 70);
         assert_eq!(args.engine.resources, ["pods"]);
     }

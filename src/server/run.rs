@@ -9,7 +9,7 @@ use std::time::Duration;
 use fleetscope_model::fleet::Deferred;
 use fleetscope_sim::SimFleet;
 
-use crate::cli::args::{
+use crate::config::flags::{
     ArgsError, DemoArgs, EngineArgs, FleetArgs, SecurityArgs, ServeArgs, SimArgs,
 };
 use crate::config::kubeconfig::{KubeconfigSources, LoadError};
@@ -80,7 +80,7 @@ pub enum RunError {
     Tls(#[from] server::tls::TlsError),
     /// The tokens or policy file cannot be used: nothing is served under it.
     #[error(transparent)]
-    Security(#[from] crate::config::file::FileError),
+    Security(#[from] crate::config::yaml::FileError),
     /// A file could not be written.
     #[error("writing {}", path.display())]
     Write {
@@ -260,14 +260,14 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
 /// resolve it in this environment, each value with its source; then the same checks
 /// `serve` makes before it starts (selectors, labels, aliases, the kubeconfigs and
 /// context patterns), changing nothing.
-pub fn config_check(file: &std::path::Path) -> Result<(), RunError> {
+pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<(), RunError> {
     let argv: Vec<std::ffi::OsString> = vec![
         "fleetscope".into(),
         "serve".into(),
         "--config".into(),
         file.into(),
     ];
-    let resolved = crate::config::resolve::resolve(&argv, file)?;
+    let resolved = crate::config::resolve::resolve(command, &argv, file)?;
     let width = |f: fn(&Row) -> usize| resolved.rows.iter().map(f).max().unwrap_or(0);
     let (kw, fw, vw) = (
         width(|r| r.key.len()).max(3),
@@ -285,10 +285,10 @@ pub fn config_check(file: &std::path::Path) -> Result<(), RunError> {
             r.source
         );
     }
-    let crate::cli::args::Command::Serve(args) = &resolved.cli.command else {
+    let Some(args) = resolved.serve()? else {
         return Ok(());
     };
-    let (sources, _) = plan(args)?;
+    let (sources, _) = plan(&args)?;
     let clusters = sources.load()?;
     check_security(&args.security, &sources.paths)?;
     let names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();

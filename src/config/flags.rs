@@ -1,0 +1,732 @@
+//! `serve`'s, `demo`'s and `sim`'s flags: each setting of `serve` is declared once, on
+//! its field (see [`super::settings`]): the flag, its environment variable, its
+//! default and its documentation in the `#[arg]` and doc comment, its key in the
+//! configuration file and when a change applies in the `[key, kind, applies]` before
+//! it. The file reader, `config check`, the unknown-key hints and the reload all read
+//! that one declaration.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use fleetscope_sim::FleetSpec;
+
+use super::settings::Setting;
+use crate::engine::{ClusterLabels, EngineConfig, Scope, ScopeError};
+use crate::grpc::ServiceConfig;
+use crate::telemetry::LogFormat;
+
+/// A flag whose value cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// A value that does not make sense, named with its flag.
+    #[error("{0}")]
+    Invalid(String),
+    /// A `--scope` that does not parse.
+    #[error("--scope {scope:?}")]
+    Scope {
+        /// The flag's value.
+        scope: String,
+        /// Why.
+        #[source]
+        source: ScopeError,
+    },
+}
+
+/// A `host:port` address: an IP address or a name (`localhost:50051`, `[::1]:50051`).
+pub fn host_port(s: &str) -> Result<String, String> {
+    let expected =
+        || format!("{s:?} is not HOST:PORT (e.g. 127.0.0.1:50051, localhost:50051, [::1]:50051)");
+    let (host, port) = s.rsplit_once(':').ok_or_else(expected)?;
+    port.parse::<u16>().map_err(|_| expected())?;
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    let valid = match bare {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        }
+    };
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err(expected())
+    }
+}
+
+fn ensure(holds: bool, message: &str) -> Result<(), ArgsError> {
+    if holds {
+        Ok(())
+    } else {
+        Err(ArgsError::Invalid(message.to_string()))
+    }
+}
+
+/// MiB as bytes.
+pub fn mib(n: u64) -> usize {
+    usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+}
+
+/// Persistence defaults, with the unwritten backlog bounded like the event log.
+pub fn persist_config(event_log_mib: u64) -> crate::persist::PersistConfig {
+    crate::persist::PersistConfig {
+        max_pending_bytes: mib(event_log_mib),
+        ..Default::default()
+    }
+}
+
+crate::settings! {
+/// The flags of every command.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    ["logFormat", Text, Restart]
+    /// Log line format.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETSCOPE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+}
+
+/// Every setting of `serve`, in the order of its flags.
+pub fn serve_settings() -> impl Iterator<Item = &'static Setting> {
+    [
+        GlobalArgs::SETTINGS,
+        ServeArgs::SETTINGS,
+        EngineArgs::SETTINGS,
+        PersistArgs::SETTINGS,
+        SecurityArgs::SETTINGS,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+crate::settings! {
+/// `serve`'s flags.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A YAML configuration file for every setting below and per-resource settings;
+    /// flags and environment variables override it. Reloaded when it changes and on SIGHUP.
+    #[arg(long, env = "FLEETSCOPE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    ["kubeconfigs", Texts, Sources]
+    /// A kubeconfig file; repeat for several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
+    #[arg(long = "kubeconfig", value_name = "FILE")]
+    pub kubeconfigs: Vec<PathBuf>,
+    ["contexts", Texts, Sources]
+    /// Contexts to watch, by name or glob (`prod-*`); repeat for several. Default: every context.
+    #[arg(long = "context", value_name = "PATTERN")]
+    pub contexts: Vec<String>,
+    ["listen", Text, Restart]
+    /// The gRPC listen address.
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    pub listen: String,
+    ["inCluster.enabled", Bool, Sources]
+    /// Also watch the cluster fleetscope runs in, through its service account.
+    #[arg(long, env = "FLEETSCOPE_IN_CLUSTER")]
+    pub in_cluster: bool,
+    ["inCluster.name", Text, Sources]
+    /// The name of the in-cluster source.
+    #[arg(long, default_value = "in-cluster")]
+    pub in_cluster_name: String,
+    ["clusters.aliases", Pairs, Sources]
+    /// Another name for a context's cluster: `CONTEXT=NAME`; repeatable.
+    #[arg(long = "cluster-alias", value_name = "CONTEXT=NAME")]
+    pub cluster_aliases: Vec<String>,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub persist: PersistArgs,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+}
+
+crate::settings! {
+/// How the server is secured: shared by `serve` and `demo`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct SecurityArgs {
+    ["security.tlsCert", Text, Restart]
+    /// Serve TLS with this certificate chain (PEM); reloaded when it changes.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    ["security.tlsKey", Text, Restart]
+    /// The TLS certificate's private key (PEM); reloaded when it changes.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    ["security.clientCa", Text, Restart]
+    /// Mutual TLS: client certificates signed by these CAs (PEM) identify callers (the
+    /// URI SAN, else the CN; groups from O). Needs --tls-cert.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_CLIENT_CA",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub client_ca: Option<PathBuf>,
+    ["security.tokensFile", Text, Restart]
+    /// Bearer tokens, by SHA-256, each with a name and groups (YAML); reloaded when it changes.
+    #[arg(long, env = "FLEETSCOPE_TOKENS_FILE", value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+    ["security.policy", Text, Restart]
+    /// The grants (YAML); reloaded when it changes and on SIGHUP. Without one, only
+    /// callers on this host are served.
+    #[arg(long, env = "FLEETSCOPE_POLICY", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    ["security.insecureListen", Bool, Restart]
+    /// Allow plaintext on an address other than loopback (the gRPC and metrics listeners).
+    #[arg(long, env = "FLEETSCOPE_INSECURE_LISTEN")]
+    pub insecure_listen: bool,
+    ["security.openHealth", Bool, Restart]
+    /// Serve gRPC health checking to anyone (true) or to authenticated callers only.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub open_health: bool,
+    ["security.openReflection", Bool, Restart]
+    /// Serve gRPC reflection to anyone (true) or to authenticated callers only.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub open_reflection: bool,
+    ["security.tokenReview.context", Text, Restart]
+    /// Check bearer tokens the tokens file does not know with a TokenReview at this
+    /// cluster: a context of the kubeconfigs, or `in-cluster`. Its credentials need
+    /// `create` on `tokenreviews.authentication.k8s.io`.
+    #[arg(long, env = "FLEETSCOPE_TOKEN_REVIEW_CONTEXT", value_name = "CONTEXT")]
+    pub token_review_context: Option<String>,
+    ["security.tokenReview.ttl", Duration, Restart]
+    /// How long a token the reviewing cluster accepted is trusted without asking again.
+    #[arg(long, default_value = "2m", value_parser = crate::config::parse_duration)]
+    pub token_review_ttl: Duration,
+    ["security.tokenReview.negativeTtl", Duration, Restart]
+    /// How long a token the reviewing cluster refused is refused without asking again.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub token_review_negative_ttl: Duration,
+    ["security.tokenReview.timeout", Duration, Restart]
+    /// The longest a TokenReview may take: a reviewing cluster that does not answer
+    /// in time makes the call UNAVAILABLE (retryable), and tokens it reviewed before
+    /// are still served from the cache.
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    pub token_review_timeout: Duration,
+    ["security.tokenReview.audiences", Texts, Restart]
+    /// The audiences a reviewed token must be for (repeatable; default: the API server's).
+    #[arg(long = "token-review-audience", value_name = "AUDIENCE")]
+    pub token_review_audiences: Vec<String>,
+    ["security.rbacAuthorization", Bool, Restart]
+    /// Grant what each cluster's own RBAC grants the caller there (its Roles,
+    /// ClusterRoles and bindings are collected), beside the policy file's grants.
+    #[arg(long, env = "FLEETSCOPE_RBAC_AUTHORIZATION")]
+    pub rbac_authorization: bool,
+}
+}
+
+impl SecurityArgs {
+    /// The TLS files, when TLS is configured.
+    pub fn tls(&self) -> Option<crate::server::tls::TlsFiles> {
+        Some(crate::server::tls::TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.client_ca.clone(),
+        })
+    }
+
+    /// The files authentication and the policy are read from.
+    pub fn files(&self) -> crate::auth::SecurityFiles {
+        crate::auth::SecurityFiles {
+            tokens: self.tokens_file.clone(),
+            policy: self.policy.clone(),
+            client_certs: self.client_ca.is_some(),
+            open_health: self.open_health,
+            open_reflection: self.open_reflection,
+        }
+    }
+}
+
+crate::settings! {
+/// What to collect and how: shared by `serve` and `demo`.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    ["metricsListen", Text, Restart]
+    /// Serve Prometheus metrics at /metrics (with /healthz and /readyz) on this
+    /// `host:port`; off unless set.
+    #[arg(long, env = "FLEETSCOPE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = host_port)]
+    pub metrics_listen: Option<String>,
+    ["resources", Resources, Collection]
+    /// Resource types to collect, kubectl-style (`pods`, `deployments.apps`, `apps/v1/deployments`), comma-separated; `*` for every watchable type.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_RESOURCES",
+        value_delimiter = ',',
+        default_value = "pods,configmaps,services,nodes,namespaces,deployments.apps,replicasets.apps"
+    )]
+    pub resources: Vec<String>,
+    ["clusters.labels", LabelRules, Collection]
+    /// Labels for clusters, for cluster selectors: `GLOB:key=value,key=value`; repeatable.
+    #[arg(long = "cluster-label", value_name = "GLOB:LABELS")]
+    pub cluster_labels: Vec<String>,
+    ["resources.*", Derived, Collection]
+    /// Narrow one type: `RESOURCE:namespace=NS;labels=SELECTOR;fields=SELECTOR;managedFields=keep|drop;pruneAnnotations=KEY,KEY` (parts optional); repeatable.
+    #[arg(long = "scope", value_name = "RESOURCE:OPTIONS")]
+    pub scopes: Vec<String>,
+    ["pruning.managedFields", Keep, Collection]
+    /// Keep metadata.managedFields (pruned by default).
+    #[arg(long)]
+    pub keep_managed_fields: bool,
+    ["pruning.annotations", Texts, Collection]
+    /// Annotations to prune from every object, added to kubectl's
+    /// last-applied-configuration (pruned unless --keep-last-applied); repeatable.
+    #[arg(long = "prune-annotation", value_name = "KEY")]
+    pub prune_annotations: Vec<String>,
+    ["pruning.lastApplied", Keep, Collection]
+    /// Keep kubectl's last-applied-configuration annotation (pruned by default; on
+    /// Secrets it is always pruned: it holds their values).
+    #[arg(long)]
+    pub keep_last_applied: bool,
+    ["fieldIndexes", Texts, Restart]
+    /// A JSON path to index for field selectors and counts (e.g. `spec.nodeName`); repeatable.
+    #[arg(long = "field-index", value_name = "PATH")]
+    pub field_indexes: Vec<String>,
+    ["informer.pageSize", Count, Collection]
+    /// LIST page size towards the clusters (for consistent lists from storage; lists
+    /// from the watch cache are not paged).
+    #[arg(long, default_value_t = 500)]
+    pub page_size: u32,
+    ["informer.watchList", Bool, Collection]
+    /// Ask API servers for streaming lists (WatchList) and list only where they refuse
+    /// or ignore them (true), or always list (false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub watch_list: bool,
+    ["informer.listPart", Count, Collection]
+    /// A first streaming list reaches the index in parts of this many objects as they
+    /// arrive (0: whole, at its end).
+    #[arg(long, default_value_t = 4096)]
+    pub list_part: usize,
+    ["retention.events", Count, Restart]
+    /// Events kept for resuming watches.
+    #[arg(long, default_value_t = 100_000)]
+    pub event_log: usize,
+    ["retention.eventsMib", Count, Restart]
+    /// The most the kept events may hold, in MiB of JSON (an object and, for a
+    /// modification, its previous state), in memory; also what the store may gather
+    /// unwritten before the ingest waits for it.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub event_log_mib: u64,
+    ["watch.subscriberBuffer", Count, Restart]
+    /// Events a Watch subscriber may fall behind before it is ended.
+    #[arg(long, default_value_t = 10_000)]
+    pub subscriber_buffer: usize,
+    ["watch.bookmarkInterval", Seconds, Restart]
+    /// Seconds between Watch bookmarks.
+    #[arg(long, default_value_t = 30)]
+    pub bookmark_seconds: u64,
+    ["grpc.requestTimeout", Duration, Restart]
+    /// The longest a gRPC request may take to its response (a Watch: to its first
+    /// message); a client's own deadline may be shorter.
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub grpc_request_timeout: Duration,
+    ["grpc.maxInFlight", Count, Restart]
+    /// gRPC requests handled at once, across all connections; more are refused at once
+    /// with UNAVAILABLE (retryable). Health checks are never refused.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_in_flight: u64,
+    ["grpc.maxConnections", Count, Restart]
+    /// Connections open at once (gRPC and metrics each); a connection beyond is closed
+    /// at once, with a log line. With mutual TLS, an eighth of them is kept for
+    /// connections with a client certificate.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_connections: u64,
+    ["grpc.maxConnectionsPerAddress", Count, Restart]
+    /// Connections one peer address may have open at once (gRPC and metrics each).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_connections_per_address: u64,
+    ["grpc.handshakeTimeout", Duration, Restart]
+    /// How long a new connection may take to complete its TLS handshake and begin
+    /// speaking HTTP/2 before it is closed.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub grpc_handshake_timeout: Duration,
+    ["grpc.idleTimeout", Duration, Restart]
+    /// How long a gRPC connection may have no call open before it is closed with an
+    /// HTTP/2 GOAWAY (clients open a new connection for their next call).
+    #[arg(long, default_value = "5m", value_parser = crate::config::parse_duration)]
+    pub grpc_idle_timeout: Duration,
+    ["grpc.keepaliveInterval", Duration, Restart]
+    /// An HTTP/2 PING after this much silence on a gRPC connection; one not answered
+    /// within --grpc-keepalive-timeout closes the connection and ends its streams (a
+    /// client that vanished leaves the Watch count).
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub grpc_keepalive_interval: Duration,
+    ["grpc.keepaliveTimeout", Duration, Restart]
+    /// See --grpc-keepalive-interval.
+    #[arg(long, default_value = "20s", value_parser = crate::config::parse_duration)]
+    pub grpc_keepalive_timeout: Duration,
+    ["informer.execTimeout", Duration, Collection]
+    /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
+    /// with the processes it started, and its cluster reported as failing.
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub exec_timeout: Duration,
+    ["grpc.queryTimeout", Duration, Restart]
+    /// The longest one List page or Count may take to evaluate; past it the request
+    /// is DEADLINE_EXCEEDED.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub query_timeout: Duration,
+    ["watch.stallTimeout", Duration, Restart]
+    /// How long a Watch may leave its events unread before the server ends it
+    /// (RESOURCE_EXHAUSTED, with the revision to resume from).
+    #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
+    pub watch_stall_timeout: Duration,
+    ["grpc.maxWatchesPerCaller", Count, Restart]
+    /// Watch streams one caller (identity) may have open at once; one more is
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_watches_per_caller: u64,
+}
+}
+
+crate::settings! {
+/// Where and how `serve` keeps its state across restarts.
+#[derive(Debug, Args)]
+pub struct PersistArgs {
+    ["store.dataDir", Text, Restart]
+    /// The data directory. Default: the platform's user data directory + /fleetscope
+    /// (~/.local/share/fleetscope on Linux).
+    #[arg(long, env = "FLEETSCOPE_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    ["store.persist", Not, Restart]
+    /// Run in memory only: nothing is written, every start lists every cluster.
+    #[arg(long, env = "FLEETSCOPE_NO_PERSIST", conflicts_with = "data_dir")]
+    pub no_persist: bool,
+    ["store.keepRemovedClusters", Bool, Restart]
+    /// Keep the objects of clusters no longer configured (at start, and when a context
+    /// leaves a kubeconfig while running), instead of deleting them.
+    #[arg(long)]
+    pub keep_removed_clusters: bool,
+    /// No longer used: each store write starts as soon as the previous one ends, and
+    /// a change is visible once its write is durable. Accepted so that existing
+    /// command lines keep working.
+    #[arg(long, hide = true)]
+    pub flush_ms: Option<u64>,
+    ["retention.diskShare", Number, Restart]
+    /// The persisted event log's size limit, as a share of the held objects' JSON size.
+    #[arg(long, default_value_t = 0.5)]
+    pub event_log_disk_share: f64,
+    ["store.compactShare", Number, Restart]
+    /// Compact the store (copy its live records to a fresh file) once its size on disk
+    /// passes this share of the held objects' JSON size (and 1.5 × its size after the
+    /// last compaction). The copy briefly takes its own space beside the store.
+    #[arg(long, default_value_t = 1.0)]
+    pub compact_share: f64,
+    ["store.compactMinMib", Count, Restart]
+    /// The size on disk, in MiB, below which the store is never compacted.
+    #[arg(long, default_value_t = 4)]
+    pub compact_min_mib: u64,
+}
+}
+
+impl ServeArgs {
+    /// The `--cluster-alias` flags as context → name.
+    pub fn aliases(&self) -> Result<BTreeMap<String, String>, ArgsError> {
+        let mut aliases = BTreeMap::new();
+        for spec in &self.cluster_aliases {
+            let (context, name) = spec
+                .split_once('=')
+                .map(|(c, n)| (c.trim(), n.trim()))
+                .filter(|(c, n)| !c.is_empty() && !n.is_empty())
+                .ok_or_else(|| {
+                    ArgsError::Invalid(format!("--cluster-alias {spec:?}: expected CONTEXT=NAME"))
+                })?;
+            ensure(
+                !name.contains(['/', '*', '?', '[', ',']),
+                &format!(
+                    "--cluster-alias {spec:?}: {name:?} is not a usable cluster name (no '/', ',' or glob characters)"
+                ),
+            )?;
+            if aliases.values().any(|n| n == name) {
+                return Err(ArgsError::Invalid(format!(
+                    "--cluster-alias {spec:?}: two contexts cannot both be named {name:?}"
+                )));
+            }
+            aliases.insert(context.to_string(), name.to_string());
+        }
+        Ok(aliases)
+    }
+}
+
+impl EngineArgs {
+    /// The engine's settings, checked.
+    pub fn config(&self) -> Result<EngineConfig, ArgsError> {
+        let mut cluster_labels = Vec::new();
+        for spec in &self.cluster_labels {
+            let (pattern, labels) = spec.split_once(':').ok_or_else(|| {
+                ArgsError::Invalid(format!(
+                    "--cluster-label {spec:?}: expected GLOB:key=value[,key=value]"
+                ))
+            })?;
+            let pattern = glob::Pattern::new(pattern).map_err(|e| {
+                ArgsError::Invalid(format!(
+                    "--cluster-label {spec:?}: {pattern:?} is not a glob: {e}"
+                ))
+            })?;
+            let mut parsed = BTreeMap::new();
+            for pair in labels.split(',').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once('=').ok_or_else(|| {
+                    ArgsError::Invalid(format!(
+                        "--cluster-label {spec:?}: {pair:?} is not key=value"
+                    ))
+                })?;
+                parsed.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            cluster_labels.push(ClusterLabels {
+                pattern,
+                labels: parsed,
+            });
+        }
+        ensure(
+            self.resources.iter().any(|r| !r.trim().is_empty()),
+            "--resources names no resource type",
+        )?;
+        for r in self.resources.iter().map(|r| r.trim()) {
+            if !r.is_empty() && r != "*" {
+                fleetscope_model::check_resource_name(r)
+                    .map_err(|e| ArgsError::Invalid(format!("--resources: {e}")))?;
+            }
+        }
+        ensure(self.page_size > 0, "--page-size must be at least 1")?;
+        Ok(EngineConfig {
+            resources: self.resources.clone(),
+            cluster_labels,
+            stream: fleetscope_informer::StreamConfig {
+                page_size: self.page_size,
+                watch_list: self.watch_list,
+                list_part: self.list_part,
+                pruning: fleetscope_informer::Pruning {
+                    managed_fields: !self.keep_managed_fields,
+                    annotations: fleetscope_informer::Pruning::annotations_with(
+                        !self.keep_last_applied,
+                        &self.prune_annotations,
+                    ),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            scopes: self
+                .scopes
+                .iter()
+                .map(|s| {
+                    Scope::parse(s).map_err(|source| ArgsError::Scope {
+                        scope: s.clone(),
+                        source,
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            exec_timeout: self.exec_timeout,
+            persist: persist_config(self.event_log_mib),
+            index: fleetscope_index::Config {
+                log_bytes: mib(self.event_log_mib),
+                log_retention: self.event_log.max(1),
+                subscriber_buffer: self.subscriber_buffer.max(1),
+                field_indexes: self.field_indexes.clone(),
+                ..Default::default()
+            },
+            query_timeout: self.query_timeout,
+            subscriber_stall: self.watch_stall_timeout,
+            ..Default::default()
+        })
+    }
+
+    /// The gRPC server's limits.
+    pub fn limits(&self) -> crate::server::limits::Limits {
+        crate::server::limits::Limits {
+            request_timeout: self.grpc_request_timeout,
+            max_in_flight: usize::try_from(self.grpc_max_in_flight).unwrap_or(usize::MAX),
+            keepalive_interval: self.grpc_keepalive_interval,
+            keepalive_timeout: self.grpc_keepalive_timeout,
+            ..Default::default()
+        }
+    }
+
+    /// How connections are admitted; with `keep_for_certificates` (mutual TLS), some
+    /// places are kept for connections with a client certificate.
+    pub fn admission(&self, keep_for_certificates: bool) -> crate::server::tls::Admission {
+        crate::server::tls::Admission {
+            max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
+            keep_for_certificates,
+            max_connections_per_address: usize::try_from(self.grpc_max_connections_per_address)
+                .unwrap_or(usize::MAX),
+            handshake_timeout: self.grpc_handshake_timeout,
+            idle_timeout: self.grpc_idle_timeout,
+        }
+    }
+
+    /// The Fleet service's settings, page tokens signed with `token_key`.
+    pub fn service(&self, token_key: crate::grpc::TokenKey) -> ServiceConfig {
+        ServiceConfig {
+            bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
+            max_watches_per_caller: usize::try_from(self.grpc_max_watches_per_caller)
+                .unwrap_or(usize::MAX),
+            ..ServiceConfig::new(token_key)
+        }
+    }
+}
+
+/// The simulated clusters of `demo` and `sim`.
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// How many clusters.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub clusters: u16,
+    /// Cluster names, comma-separated (overrides --clusters); default sim-1 … sim-N.
+    #[arg(long, value_delimiter = ',')]
+    pub names: Vec<String>,
+    /// About how many objects per cluster.
+    #[arg(long, default_value_t = 2000)]
+    pub objects: usize,
+    /// Changes per second per cluster.
+    #[arg(long, default_value_t = 20.0)]
+    pub churn: f64,
+    /// How many resourceVersions each cluster's watch cache trails its storage: a
+    /// `resourceVersion=0` list may be that much older than a consistent one.
+    #[arg(long, default_value_t = 0)]
+    pub cache_lag: u64,
+    /// How the clusters answer streaming lists (`sendInitialEvents=true`): `served`,
+    /// `refused` (422, as an API server without the WatchList feature) or `ignored`
+    /// (a plain watch).
+    #[arg(long, default_value = "served", value_parser = ["served", "refused", "ignored"])]
+    pub streaming_lists: String,
+    /// How long each cluster waits before answering a request, as a distant API server
+    /// would (e.g. 20ms); none by default.
+    #[arg(long, default_value = "0s", value_parser = crate::config::parse_duration)]
+    pub latency: Duration,
+}
+
+impl FleetArgs {
+    /// The simulated fleet, checked.
+    pub fn spec(&self) -> Result<FleetSpec, ArgsError> {
+        ensure(
+            self.churn.is_finite() && self.churn >= 0.0,
+            "--churn must be a number of changes per second, 0 or more",
+        )?;
+        let mut spec = FleetSpec::numbered(self.clusters.into(), self.objects, self.churn);
+        if !self.names.is_empty() {
+            for n in &self.names {
+                ensure(
+                    !n.is_empty()
+                        && n.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'),
+                    "--names: {n:?} is not a usable context name (letters, digits, '-', '_', '.')",
+                )?;
+            }
+            spec.names = self.names.clone();
+        }
+        spec.cache_lag = self.cache_lag;
+        spec.latency = self.latency;
+        spec.watch_list = match self.streaming_lists.as_str() {
+            "refused" => fleetscope_sim::WatchListSupport::Refused,
+            "ignored" => fleetscope_sim::WatchListSupport::Ignored,
+            _ => fleetscope_sim::WatchListSupport::Served,
+        };
+        Ok(spec)
+    }
+}
+
+/// `demo`'s flags.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The gRPC listen address.
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    pub listen: String,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+/// `sim`'s flags.
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Where to write the kubeconfig with one context per cluster.
+    #[arg(long, default_value = "sim.kubeconfig")]
+    pub kubeconfig_out: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_are_host_and_port() {
+        for ok in [
+            "127.0.0.1:50051",
+            "localhost:50051",
+            "[::1]:0",
+            "0.0.0.0:8080",
+            "fleet-0.fleet:1",
+        ] {
+            assert_eq!(host_port(ok).as_deref(), Ok(ok), "{ok}");
+        }
+        for bad in [
+            "50051",
+            "localhost",
+            "localhost:http",
+            ":50051",
+            "[::1:80",
+            "a b:1",
+            "host:70000",
+        ] {
+            let e = host_port(bad).unwrap_err();
+            assert!(e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    fn sim_spec(args: &[&str]) -> Result<FleetSpec, String> {
+        use clap::FromArgMatches as _;
+        let matches = SimArgs::augment_args(clap::Command::new("sim"))
+            .try_get_matches_from([&["sim"], args].concat())
+            .map_err(|e| e.to_string())?;
+        let sim = SimArgs::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+        sim.fleet.spec().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn simulated_clusters_take_a_latency_a_cache_lag_and_a_streaming_list_answer() {
+        let spec = sim_spec(&[
+            "--latency",
+            "20ms",
+            "--cache-lag",
+            "3",
+            "--streaming-lists",
+            "refused",
+        ])
+        .unwrap();
+        assert_eq!(spec.latency, std::time::Duration::from_millis(20));
+        assert_eq!(spec.cache_lag, 3);
+        assert_eq!(spec.watch_list, fleetscope_sim::WatchListSupport::Refused);
+        assert_eq!(sim_spec(&[]).unwrap().latency, std::time::Duration::ZERO);
+        let e = sim_spec(&["--latency", "soon"]).unwrap_err();
+        assert!(e.contains("--latency") && e.contains("soon"), "{e}");
+    }
+}
