@@ -70,6 +70,12 @@ async fn run_cli() -> anyhow::Result<()> {
     let _telemetry = telemetry::init(parsed.global.log_format);
     match parsed.command {
         args::Command::Serve(args) => Ok(run::serve(args, config).await?),
+        args::Command::Config(args::ConfigCommand::Settings { output }) => {
+            let mut command = <args::Cli as clap::CommandFactory>::command();
+            command.build();
+            run::config_settings(&command, &output);
+            Ok(())
+        }
         args::Command::Config(args::ConfigCommand::Check { file }) => Ok(run::config_check(
             &file,
             <args::Cli as clap::CommandFactory>::command(),

@@ -225,7 +225,9 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
         &SECOND.replace("namespace: team-1", "nmespace: team-1"),
     );
     let r = common::wait_for_clusters(&mut c, "the reload error", |r| {
+        let input = r.inputs.iter().find(|i| i.name == "config");
         r.sources_error.contains("resources.configmaps.nmespace")
+            && input.is_some_and(|i| i.error.contains("resources.configmaps.nmespace"))
     })
     .await;
     let error = r.sources_error.clone();
@@ -249,7 +251,11 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
 
     // Fixed, with a setting that needs a restart: applied, and the log says so.
     replace(&file, &format!("{SECOND}retention:\n  events: 5000\n"));
-    common::wait_for_clusters(&mut c, "the error cleared", |r| r.sources_error.is_empty()).await;
+    common::wait_for_clusters(&mut c, "the error cleared", |r| {
+        let input = r.inputs.iter().find(|i| i.name == "config");
+        r.sources_error.is_empty() && input.is_some_and(|i| i.error.is_empty())
+    })
+    .await;
     let body = scrape(&metrics).await;
     assert!(
         body.contains("fleetscope_config_last_reload_successful 1"),

@@ -246,9 +246,17 @@ async fn contexts_added_changed_removed_and_broken_reload_without_disturbing_the
     // A file that does not parse: reported, and the last good set stays.
     replace(&s.kubeconfig, "clusters: [this is not: a kubeconfig");
     let r = common::wait_for_clusters(&mut c, "the broken file reported", |r| {
-        !r.sources_error.is_empty()
+        let input = r.inputs.iter().find(|i| i.name == "sources");
+        !r.sources_error.is_empty() && input.is_some_and(|i| !i.error.is_empty())
     })
     .await;
+    let input = r.inputs.iter().find(|i| i.name == "sources").unwrap();
+    assert_eq!(input.files, [s.kubeconfig.display().to_string()]);
+    assert_eq!(input.error, r.sources_error);
+    assert!(
+        input.reloads >= 3,
+        "added, changed, removed, broken: {input:?}"
+    );
     assert!(
         r.sources_error
             .contains(&s.kubeconfig.display().to_string()),

@@ -1025,16 +1025,32 @@ async fn every_watch_event_is_checked_against_the_policy_in_force() {
         "grants:\n  - subjects: [{user: x}]\n    verbs: [read]\n",
     );
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !std::fs::read_to_string(&s.log)
-        .unwrap_or_default()
-        .contains("the policy cannot be reloaded")
-    {
+    let failed = loop {
+        let r = alice
+            .list_clusters(proto::ListClustersRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let policy = r.inputs.into_iter().find(|i| i.name == "policy").unwrap();
+        if !policy.error.is_empty() {
+            break policy;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the bad policy is reported"
+            "the bad policy is reported: {policy:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    assert!(
+        failed.error.contains("policy.yaml") && failed.error_time.is_some(),
+        "{failed:?}"
+    );
+    assert!(
+        std::fs::read_to_string(&s.log)
+            .unwrap_or_default()
+            .contains("the policy cannot be reloaded"),
+        "and the log says so"
+    );
     s.create_configmap("sim-1", "team-1", "still-granted").await;
     let (t, name, _) = next_object(&mut w, &mut bookmarks).await;
     assert_eq!(
@@ -1894,7 +1910,11 @@ async fn reloads(s: &Setup) -> Vec<(String, u64)> {
             Some((input.to_string(), value.trim().parse().ok()?))
         })
         .collect();
-    assert_eq!(counts.len(), 4, "{body}");
+    assert_eq!(
+        counts.len(),
+        5,
+        "config, sources, tokens, policy, tls: {body}"
+    );
     counts
 }
 

@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 
 use fleetscope_model::Access;
 use fleetscope_model::access::{Everything, Policy, Subject};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::yaml::FileError;
@@ -169,15 +169,13 @@ impl GrantsInForce {
 }
 
 /// Loads the security files: an error names the file and key, and nothing is served.
-/// Then they are read again whenever they change or `reload` fires; a file that fails
-/// then keeps the last good version in force and says why.
+/// Returns the guard and what reads its files again (see [`Reloadable`]).
 pub fn guard(
     files: &SecurityFiles,
     reviewer: Option<review::Reviewer>,
     cluster_rbac: Option<Arc<fleetscope_model::fleet::Deferred<fleetscope_engine::Engine>>>,
-    reload: mpsc::Receiver<()>,
     stop: CancellationToken,
-) -> Result<Guard, LoadError> {
+) -> Result<(Guard, Reloadable), LoadError> {
     let tokens = files.tokens.as_ref().map(|p| Tokens::load(p)).transpose()?;
     let policy = files
         .policy
@@ -220,15 +218,19 @@ pub fn guard(
         );
         tracing::info!("each cluster's RBAC grants what it grants there");
     }
-    let watched: Vec<PathBuf> = files.tokens.iter().chain(&files.policy).cloned().collect();
-    if !watched.is_empty() {
-        let files = files.clone();
-        crate::tasks::spawn(
-            "credentials-reloader",
-            reload_files(files, tokens_tx, in_force, reload, stop),
-        );
-    }
-    Ok(Guard {
+    let reloadable = Reloadable {
+        tokens: files
+            .tokens
+            .clone()
+            .zip(tokens_tx)
+            .map(|(path, tx)| TokensReload { path, tx }),
+        policy: files
+            .policy
+            .clone()
+            .zip(in_force)
+            .map(|(path, in_force)| PolicyReload { path, in_force }),
+    };
+    let guard = Guard {
         tokens: tokens_rx,
         reviewer: reviewer.map(Arc::new),
         client_certs: files.client_certs,
@@ -236,60 +238,65 @@ pub fn guard(
         open_health: files.open_health,
         open_reflection: files.open_reflection,
         ..Guard::default()
-    })
+    };
+    Ok((guard, reloadable))
 }
 
-async fn reload_files(
-    files: SecurityFiles,
-    tokens: Option<watch::Sender<Arc<Tokens>>>,
-    policy: Option<Arc<GrantsInForce>>,
-    mut reload: mpsc::Receiver<()>,
-    stop: CancellationToken,
-) {
-    // One watcher per file, so a change reloads only the file that changed.
-    let (tokens_changed_tx, mut tokens_changed) = mpsc::channel::<()>(1);
-    let (policy_changed_tx, mut policy_changed) = mpsc::channel::<()>(1);
-    let watch = |path: &Option<PathBuf>, tx| {
-        path.as_ref()
-            .and_then(|p| crate::config::reload::watch_files(std::slice::from_ref(p), tx))
-    };
-    let _tokens_watcher = watch(&files.tokens, tokens_changed_tx);
-    let _policy_watcher = watch(&files.policy, policy_changed_tx);
-    loop {
-        let (why, reload_tokens, reload_policy) = tokio::select! {
-            Some(()) = tokens_changed.recv() => ("a watched file changed", tokens.as_ref(), None),
-            Some(()) = policy_changed.recv() => ("a watched file changed", None, policy.as_ref()),
-            Some(()) = reload.recv() => ("SIGHUP", tokens.as_ref(), policy.as_ref()),
-            _ = stop.cancelled() => return,
-        };
-        if let (Some(path), Some(tx)) = (&files.tokens, reload_tokens) {
-            let counts = &crate::config::reload::RELOADS;
-            crate::config::reload::ReloadCounts::count(&counts.tokens);
-            match Tokens::load(path) {
-                Ok(t) => {
-                    let n = t.len();
-                    tx.send_replace(Arc::new(t));
-                    tracing::info!(reason = why, file = %path.display(), tokens = n, "tokens reloaded");
-                }
-                Err(e) => {
-                    tracing::error!(reason = why, error = %e, "the tokens file cannot be reloaded: the last good one stays in force")
-                }
-            }
-        }
-        if let (Some(path), Some(tx)) = (&files.policy, reload_policy) {
-            let counts = &crate::config::reload::RELOADS;
-            crate::config::reload::ReloadCounts::count(&counts.policy);
-            match PolicyGrants::load(path) {
-                Ok(p) => {
-                    let n = p.len();
-                    tx.update(|g| g.file = Some(Arc::new(p)));
-                    tracing::info!(reason = why, file = %path.display(), grants = n, "policy reloaded: running Watch streams follow it");
-                }
-                Err(e) => {
-                    tracing::error!(reason = why, error = %e, "the policy cannot be reloaded: the last good one stays in force")
-                }
-            }
-        }
+/// What reads the security files of a [`Guard`] again: a file that fails keeps the
+/// last good version in force.
+pub struct Reloadable {
+    /// The tokens file, when there is one.
+    pub tokens: Option<TokensReload>,
+    /// The policy file, when there is one.
+    pub policy: Option<PolicyReload>,
+}
+
+/// Reads the tokens file again into the tokens in force.
+pub struct TokensReload {
+    path: PathBuf,
+    tx: watch::Sender<Arc<Tokens>>,
+}
+
+impl TokensReload {
+    /// The file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Reads it again: what is in force now, or why it cannot be used.
+    pub fn reload(&self) -> Result<String, String> {
+        let tokens = Tokens::load(&self.path).map_err(|e| e.to_string())?;
+        let n = tokens.len();
+        self.tx.send_replace(Arc::new(tokens));
+        Ok(format!(
+            "tokens reloaded from {}: {n} token(s)",
+            self.path.display()
+        ))
+    }
+}
+
+/// Reads the policy file again into the grants in force; running Watch streams
+/// follow them.
+pub struct PolicyReload {
+    path: PathBuf,
+    in_force: Arc<GrantsInForce>,
+}
+
+impl PolicyReload {
+    /// The file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Reads it again: what is in force now, or why it cannot be used.
+    pub fn reload(&self) -> Result<String, String> {
+        let policy = PolicyGrants::load(&self.path).map_err(|e| e.to_string())?;
+        let n = policy.len();
+        self.in_force.update(|g| g.file = Some(Arc::new(policy)));
+        Ok(format!(
+            "policy reloaded from {}: {n} grant(s); running Watch streams follow it",
+            self.path.display()
+        ))
     }
 }
 

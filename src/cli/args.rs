@@ -60,6 +60,14 @@ pub enum ConfigCommand {
         /// The configuration file.
         file: PathBuf,
     },
+    /// Print every setting of `serve`: its key in the configuration file, its flag,
+    /// its environment variable, its default and whether a change applies live or at
+    /// the next restart.
+    Settings {
+        /// Output format: table or markdown (with each setting's description).
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "markdown"])]
+        output: String,
+    },
 }
 
 #[derive(Debug, Args, Clone)]

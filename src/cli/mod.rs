@@ -992,6 +992,14 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
         if !r.sources_error.is_empty() {
             doc["sourcesError"] = r.sources_error.clone().into();
         }
+        let inputs: Vec<serde_json::Value> = r.inputs.iter().map(|i| serde_json::json!({
+            "name": i.name, "files": i.files, "reloads": i.reloads.to_string(),
+            "loadedTime": i.loaded_time.as_ref().and_then(|t| jiff::Timestamp::new(t.seconds, t.nanos).ok()).map(|t| t.to_string()),
+            "error": i.error,
+        })).collect();
+        if !inputs.is_empty() {
+            doc["inputs"] = inputs.into();
+        }
         print(&output::to_json(&doc));
         return Ok(());
     }
@@ -1089,6 +1097,15 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
             "warning: the last reload failed (the configuration before it stays in force): {}",
             r.sources_error
         );
+    }
+    // The configuration's and the kubeconfigs' failures are in sources_error.
+    for i in r.inputs.iter().filter(|i| !i.error.is_empty()) {
+        if !matches!(i.name.as_str(), "config" | "sources") {
+            eprintln!(
+                "warning: the last reload of {} failed (the version before it stays in force): {}",
+                i.name, i.error
+            );
+        }
     }
     Ok(())
 }

@@ -79,19 +79,20 @@ impl KubeconfigSources {
     }
 }
 
-/// Loads the sources again and hands a changed set to the engine.
-pub fn apply(sources: &KubeconfigSources, desired: &watch::Sender<SourceSet>, why: &str) {
+/// Loads the sources again and hands a changed set to the engine: what changed (for
+/// the log; `None` when nothing did), or why they cannot be loaded (also handed to
+/// the engine, for `ListClusters`; the last good set stays in force).
+pub fn apply(
+    sources: &KubeconfigSources,
+    desired: &watch::Sender<SourceSet>,
+) -> Result<Option<String>, String> {
     let now = SystemTime::now();
     match sources.load() {
         Ok(clusters) => {
-            desired.send_if_modified(|set| {
+            let n = clusters.len();
+            let changed = desired.send_if_modified(|set| {
                 let same = set.clusters == clusters && set.error.is_none();
                 if !same {
-                    tracing::info!(
-                        reason = why,
-                        clusters = clusters.len(),
-                        "cluster sources reloaded"
-                    );
                     *set = SourceSet {
                         clusters,
                         loaded_at: Some(now),
@@ -100,11 +101,12 @@ pub fn apply(sources: &KubeconfigSources, desired: &watch::Sender<SourceSet>, wh
                 }
                 !same
             });
+            Ok(changed.then(|| format!("cluster sources reloaded: {n} cluster(s)")))
         }
         Err(e) => {
             let why_not = crate::sources::chain(&e);
-            tracing::error!(reason = why, error = %why_not, "the cluster sources cannot be reloaded: the last good ones stay in force");
-            desired.send_modify(|set| set.error = Some((why_not, now)));
+            desired.send_modify(|set| set.error = Some((why_not.clone(), now)));
+            Err(why_not)
         }
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod file;
 pub mod flags;
+pub mod inputs;
 pub mod kubeconfig;
 pub mod reload;
 pub mod resolve;

@@ -1,26 +1,34 @@
-//! The reload of `serve`'s inputs while it runs: the kubeconfig files and the
-//! configuration file. Each file's directory is watched (editors and Kubernetes
-//! Secret and ConfigMap volumes replace files by rename), changes are debounced, and
-//! SIGHUP reloads too.
+//! The reload of `serve`'s inputs while it runs, in one place: the configuration
+//! file, the kubeconfigs (the cluster sources), the tokens file, the policy and the
+//! TLS files. One [`Reloads`] hub follows them all: one debounced watcher over the
+//! directories of the files it follows (editors and Kubernetes Secret and ConfigMap
+//! volumes replace files by rename; a change is the content of a followed file, or
+//! Kubernetes' `..data` swap, never another file of the directory) and one SIGHUP
+//! stream (every input reloads). Each input publishes its status (when the version
+//! in force was loaded, how many reloads, why the last one failed), served in
+//! `ListClusters` and the metrics.
 //!
 //! A configuration file that changes is resolved again with the same command line
 //! and environment (flags still win). What it changes applies at once: the cluster
 //! sources (kubeconfigs, contexts, aliases) and what each cluster collects and how
 //! (resources, scopes, pruning, cluster labels, exec timeout), leaving unaffected
-//! streams undisturbed. Settings that shape the process (listen addresses, the data
-//! directory, buffer and retention sizes, field indexes) take effect at the next
-//! restart, and the reload says so. A file that fails to resolve keeps the last good
-//! configuration in force and says why: an error log line,
-//! `fleetscope_config_last_reload_successful` 0, and the reason in `ListClusters`.
+//! streams undisturbed. Settings declared to apply at restart ([`super::flags`])
+//! take effect at the next restart, and the reload says so. An input that fails to
+//! reload keeps its last good version in force and says why: an error log line, its
+//! status, and for the configuration and the kubeconfigs `sources_error` in
+//! `ListClusters`.
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::flags::ServeArgs;
+pub use super::inputs::{InputStatus, Inputs, no_inputs};
 use super::kubeconfig::{self, KubeconfigSources};
 use super::resolve::{self, Row, value};
 use super::settings::Applies;
@@ -28,6 +36,170 @@ use crate::engine::{EngineConfig, SourceSet};
 
 /// How long file events settle before a reload.
 const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// What a reload did.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    /// What changed, for the log; `None` when nothing did (nothing is logged).
+    pub said: Option<String>,
+    /// The input's files from now on, when they changed.
+    pub files: Option<Vec<PathBuf>>,
+    /// Inputs to reload after this one (the cluster sources after the configuration).
+    pub then: Vec<&'static str>,
+}
+
+impl Reloaded {
+    /// A reload that changed what `said` says.
+    pub fn said(said: impl Into<String>) -> Self {
+        Self {
+            said: Some(said.into()),
+            ..Self::default()
+        }
+    }
+}
+
+/// Reads an input again (`why` says what asked); an error keeps the version in force.
+pub type Reload = Box<dyn FnMut(&str) -> Result<Reloaded, String> + Send>;
+
+struct Input {
+    name: &'static str,
+    /// How log lines name it (`the policy`).
+    what: &'static str,
+    files: Vec<PathBuf>,
+    reload: Reload,
+}
+
+/// Every input that reloads, the one watcher of their files and SIGHUP.
+pub struct Reloads {
+    inputs: Vec<Input>,
+    status: watch::Sender<Vec<InputStatus>>,
+}
+
+impl Default for Reloads {
+    fn default() -> Self {
+        Self {
+            inputs: Vec::new(),
+            status: watch::channel(Vec::new()).0,
+        }
+    }
+}
+
+impl Reloads {
+    /// Follows an input loaded just now from `files`: `reload` reads it again when
+    /// one of them changes and on SIGHUP. Inputs reload in the order they are followed.
+    pub fn follow(
+        &mut self,
+        name: &'static str,
+        what: &'static str,
+        files: Vec<PathBuf>,
+        reload: Reload,
+    ) {
+        let status = InputStatus {
+            input: name,
+            files: files.clone(),
+            loaded_at: SystemTime::now(),
+            reloads: 0,
+            error: None,
+        };
+        self.status.send_modify(|s| s.push(status));
+        self.inputs.push(Input {
+            name,
+            what,
+            files,
+            reload,
+        });
+    }
+
+    /// The status of every input, as it changes.
+    pub fn status(&self) -> Inputs {
+        self.status.subscribe()
+    }
+
+    /// Reloads whenever a followed file changes or `hangups` fires, until `cancel`.
+    pub async fn run(mut self, mut hangups: mpsc::Receiver<()>, cancel: CancellationToken) {
+        let (changed_tx, mut changed) = mpsc::unbounded_channel::<Vec<PathBuf>>();
+        let mut followed = self.files();
+        // Kept alive while reloading; replaced when the files followed change.
+        let mut _watcher = watch_files(&followed, changed_tx.clone());
+        loop {
+            let (why, due): (&str, Vec<usize>) = tokio::select! {
+                Some(paths) = changed.recv() => ("a watched file changed", self.following(&paths)),
+                Some(()) = hangups.recv() => ("SIGHUP", (0..self.inputs.len()).collect()),
+                _ = cancel.cancelled() => return,
+            };
+            self.reload(due, why);
+            let now = self.files();
+            if now != followed {
+                _watcher = watch_files(&now, changed_tx.clone());
+                followed = now;
+            }
+        }
+    }
+
+    /// The inputs that follow one of `paths`.
+    fn following(&self, paths: &[PathBuf]) -> Vec<usize> {
+        (0..self.inputs.len())
+            .filter(|&i| self.inputs[i].files.iter().any(|f| paths.contains(f)))
+            .collect()
+    }
+
+    /// Reloads the inputs `due` (by index), then those they name, each once.
+    fn reload(&mut self, due: Vec<usize>, why: &str) {
+        let mut queue: VecDeque<usize> = due.into();
+        let mut done = Vec::new();
+        while let Some(i) = queue.pop_front() {
+            if done.contains(&i) {
+                continue;
+            }
+            done.push(i);
+            let input = &mut self.inputs[i];
+            let result = (input.reload)(why);
+            let now = SystemTime::now();
+            let (name, what) = (input.name, input.what);
+            match result {
+                Ok(reloaded) => {
+                    if let Some(said) = &reloaded.said {
+                        tracing::info!(input = name, reason = why, "{said}");
+                    }
+                    if let Some(files) = reloaded.files {
+                        input.files = files;
+                    }
+                    let files = input.files.clone();
+                    self.status.send_modify(|s| {
+                        if let Some(s) = s.iter_mut().find(|s| s.input == name) {
+                            s.reloads += 1;
+                            s.files = files;
+                            s.loaded_at = now;
+                            s.error = None;
+                        }
+                    });
+                    for then in reloaded.then {
+                        if let Some(j) = self.inputs.iter().position(|i| i.name == then) {
+                            queue.push_back(j);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(input = name, reason = why, error = %e, "{what} cannot be reloaded: the last good one stays in force");
+                    self.status.send_modify(|s| {
+                        if let Some(s) = s.iter_mut().find(|s| s.input == name) {
+                            s.reloads += 1;
+                            s.error = Some((e, now));
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Every file followed.
+    fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.inputs.iter().flat_map(|i| i.files.clone()).collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+}
 
 /// The configuration file in use and the command line it is resolved with.
 pub struct ConfigFile {
@@ -41,104 +213,92 @@ pub struct ConfigFile {
     pub last: Vec<Row>,
 }
 
-/// What `serve` reloads and where the results go.
-pub struct Reloader {
-    /// The cluster sources in force.
-    pub sources: KubeconfigSources,
-    /// The configuration file, when `serve` has one.
-    pub config: Option<ConfigFile>,
-    /// The engine's desired clusters.
-    pub desired: watch::Sender<SourceSet>,
-    /// The engine's settings, followed by the engine once it runs.
-    pub settings: watch::Sender<EngineConfig>,
-}
-
 /// The kubeconfig sources and engine settings of resolved `serve` flags.
 pub type Plan = fn(&ServeArgs) -> Result<(KubeconfigSources, EngineConfig), String>;
 
-impl Reloader {
-    /// Reloads whenever a watched file changes or `hangups` fires, until `cancel`.
-    pub async fn run(
-        mut self,
-        plan: Plan,
-        mut hangups: mpsc::Receiver<()>,
-        cancel: CancellationToken,
-    ) {
-        let (changed_tx, mut changed) = mpsc::channel::<()>(1);
-        let mut watched = self.files();
-        // Kept alive while reloading; replaced when the files followed change.
-        let mut _watcher = watch_files(&watched, changed_tx.clone());
-        loop {
-            let why = tokio::select! {
-                Some(()) = changed.recv() => "a watched file changed",
-                Some(()) = hangups.recv() => "SIGHUP",
-                _ = cancel.cancelled() => return,
-            };
-            ReloadCounts::count(&RELOADS.config);
-            if let Err(e) = self.reload_config(plan, why) {
-                tracing::error!(reason = why, error = %e, "the configuration cannot be reloaded: the last good one stays in force");
+/// The configuration file as an input: resolved again, it hands new cluster sources
+/// to `sources` (then reloaded) and new engine settings to `settings`.
+pub fn config_input(
+    mut config: ConfigFile,
+    plan: Plan,
+    sources: Arc<Mutex<KubeconfigSources>>,
+    settings: watch::Sender<EngineConfig>,
+    desired: watch::Sender<SourceSet>,
+) -> Reload {
+    Box::new(move |_why| {
+        let result = reload_config(&mut config, plan);
+        let (new_sources, engine, changed) = match result {
+            Ok(r) => r,
+            Err(e) => {
                 let now = SystemTime::now();
-                self.desired.send_modify(|set| {
+                desired.send_modify(|set| {
                     set.error = Some((format!("configuration file: {e}"), now));
                 });
-                continue;
+                return Err(e);
             }
-            kubeconfig::apply(&self.sources, &self.desired, why);
-            let now_watched = self.files();
-            if now_watched != watched {
-                _watcher = watch_files(&now_watched, changed_tx.clone());
-                watched = now_watched;
-            }
-        }
-    }
-
-    /// Resolves the configuration file again and hands on what changed.
-    fn reload_config(&mut self, plan: Plan, why: &str) -> Result<(), String> {
-        let Some(config) = &mut self.config else {
-            return Ok(());
         };
-        let resolved = resolve::resolve(config.command.clone(), &config.argv, &config.path)
-            .map_err(|e| e.to_string())?;
-        let Some(args) = resolved.serve().map_err(|e| e.to_string())? else {
-            return Err("the command line is not `serve`".into());
-        };
-        let (sources, engine) = plan(&args)?;
-        for row in resolved.rows.iter() {
-            let flag = row.flag.as_str();
-            let (was, now) = (value(&config.last, flag), Some(row.value.as_str()));
-            if row.applies == Some(Applies::Restart) && was != now {
-                tracing::warn!(
-                    setting = flag,
-                    was = was.unwrap_or(""),
-                    now = now.unwrap_or(""),
-                    "changed in the configuration file: takes effect at the next restart"
-                );
-            }
-        }
-        let changed: Vec<&str> = resolved
-            .rows
-            .iter()
-            .filter(|r| value(&config.last, &r.flag) != Some(r.value.as_str()))
-            .map(|r| r.key)
-            .collect();
-        tracing::info!(reason = why, file = %config.path.display(), changed = ?changed, "configuration reloaded");
-        config.last = resolved.rows;
-        self.sources = sources;
-        self.settings.send_replace(engine);
-        Ok(())
-    }
+        *sources.lock().unwrap_or_else(|e| e.into_inner()) = new_sources;
+        settings.send_replace(engine);
+        Ok(Reloaded {
+            said: Some(format!(
+                "configuration reloaded from {}: changed {changed:?}",
+                config.path.display()
+            )),
+            files: None,
+            then: vec!["sources"],
+        })
+    })
+}
 
-    /// The directories to watch: each kubeconfig's and the configuration file's.
-    /// The files followed: the kubeconfigs and the configuration file.
-    fn files(&self) -> Vec<PathBuf> {
-        let mut files = self.sources.files().to_vec();
-        if let Some(c) = &self.config {
-            files.push(c.path.clone());
+/// Resolves the configuration file again: the new sources and engine settings, and
+/// the keys that changed. A setting that applies at restart is logged.
+fn reload_config(
+    config: &mut ConfigFile,
+    plan: Plan,
+) -> Result<(KubeconfigSources, EngineConfig, Vec<&'static str>), String> {
+    let resolved = resolve::resolve(config.command.clone(), &config.argv, &config.path)
+        .map_err(|e| e.to_string())?;
+    let Some(args) = resolved.serve().map_err(|e| e.to_string())? else {
+        return Err("the command line is not `serve`".into());
+    };
+    let (sources, engine) = plan(&args)?;
+    for row in &resolved.rows {
+        let flag = row.flag.as_str();
+        let (was, now) = (value(&config.last, flag), Some(row.value.as_str()));
+        if row.applies == Some(Applies::Restart) && was != now {
+            tracing::warn!(
+                setting = flag,
+                was = was.unwrap_or(""),
+                now = now.unwrap_or(""),
+                "changed in the configuration file: takes effect at the next restart"
+            );
         }
-        files.sort();
-        files.dedup();
-        files
     }
+    let changed: Vec<&'static str> = resolved
+        .rows
+        .iter()
+        .filter(|r| value(&config.last, &r.flag) != Some(r.value.as_str()))
+        .map(|r| r.key)
+        .collect();
+    config.last = resolved.rows;
+    Ok((sources, engine, changed))
+}
+
+/// The kubeconfigs as an input: the sources in force loaded again, a changed set
+/// handed to the engine.
+pub fn sources_input(
+    sources: Arc<Mutex<KubeconfigSources>>,
+    desired: watch::Sender<SourceSet>,
+) -> Reload {
+    Box::new(move |_why| {
+        let sources = sources.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let said = kubeconfig::apply(&sources, &desired)?;
+        Ok(Reloaded {
+            said,
+            files: Some(sources.files().to_vec()),
+            then: Vec::new(),
+        })
+    })
 }
 
 /// A file's directory (`.` for a bare name).
@@ -149,18 +309,17 @@ fn parent(path: &Path) -> PathBuf {
 }
 
 /// A file watcher, kept alive while it is wanted.
-pub(crate) type Watcher = notify_debouncer_full::Debouncer<
+type Watcher = notify_debouncer_full::Debouncer<
     notify_debouncer_full::notify::RecommendedWatcher,
     notify_debouncer_full::RecommendedCache,
 >;
 
-/// Watches `files`, signalling `changed` (debounced) when the content of one of them
-/// changed: written, created, removed or renamed over, directly or by Kubernetes'
+/// Watches `files`, sending `changed` (debounced) those whose content changed: written, created, removed or renamed over, directly or by Kubernetes'
 /// `..data` swap of a Secret or ConfigMap volume. Each file's directory is watched
 /// (a rename over a file is an event of its directory); opening or reading a file is
 /// no change, and neither is a write that leaves every followed file's content as it
 /// was, so a reload (which reads them) never causes the next.
-pub(crate) fn watch_files(files: &[PathBuf], changed: mpsc::Sender<()>) -> Option<Watcher> {
+fn watch_files(files: &[PathBuf], changed: mpsc::UnboundedSender<Vec<PathBuf>>) -> Option<Watcher> {
     use notify_debouncer_full::notify::{EventKind, RecursiveMode};
     let mut files: Vec<PathBuf> = files.to_vec();
     files.sort();
@@ -192,10 +351,16 @@ pub(crate) fn watch_files(files: &[PathBuf], changed: mpsc::Sender<()>) -> Optio
                 return;
             }
             let now = fingerprint(&files);
-            if now != seen {
-                seen = now;
-                // A reload is already due when this is full.
-                let _ = changed.try_send(());
+            let differ: Vec<PathBuf> = files
+                .iter()
+                .zip(now.iter().zip(&seen))
+                .filter(|(_, (a, b))| a != b)
+                .map(|(f, _)| f.clone())
+                .collect();
+            seen = now;
+            if !differ.is_empty() {
+                // Closed only when the hub has stopped.
+                let _ = changed.send(differ);
             }
         },
     ) {
@@ -231,44 +396,3 @@ fn fingerprint(files: &[PathBuf]) -> Vec<Option<u64>> {
         })
         .collect()
 }
-
-/// How many times each input of `serve` was reloaded since start (the configuration
-/// file with the kubeconfigs, the tokens file, the policy, the TLS files), for
-/// metrics: a reload that did not follow a change would show here.
-#[derive(Debug, Default)]
-pub struct ReloadCounts {
-    /// The configuration file and kubeconfigs.
-    pub config: std::sync::atomic::AtomicU64,
-    /// The tokens file.
-    pub tokens: std::sync::atomic::AtomicU64,
-    /// The policy file.
-    pub policy: std::sync::atomic::AtomicU64,
-    /// The TLS certificate, key and client CA.
-    pub tls: std::sync::atomic::AtomicU64,
-}
-
-impl ReloadCounts {
-    /// Counts one reload of `input`.
-    pub fn count(input: &std::sync::atomic::AtomicU64) {
-        input.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Each input's name and count.
-    pub fn read(&self) -> [(&'static str, u64); 4] {
-        use std::sync::atomic::Ordering::Relaxed;
-        [
-            ("config", self.config.load(Relaxed)),
-            ("tokens", self.tokens.load(Relaxed)),
-            ("policy", self.policy.load(Relaxed)),
-            ("tls", self.tls.load(Relaxed)),
-        ]
-    }
-}
-
-/// The reloads of this process.
-pub static RELOADS: ReloadCounts = ReloadCounts {
-    config: std::sync::atomic::AtomicU64::new(0),
-    tokens: std::sync::atomic::AtomicU64::new(0),
-    policy: std::sync::atomic::AtomicU64::new(0),
-    tls: std::sync::atomic::AtomicU64::new(0),
-};

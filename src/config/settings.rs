@@ -155,3 +155,78 @@ macro_rules! settings {
 pub fn of<'a>(settings: &'a [Setting], id: &str) -> Option<&'a Setting> {
     settings.iter().find(|s| s.id == id)
 }
+
+/// One setting as the reference shows it: everything its declaration gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// Its key in the configuration file.
+    pub key: &'static str,
+    /// Its flag (`--page-size`).
+    pub flag: String,
+    /// Its environment variable, if it has one.
+    pub env: Option<String>,
+    /// Its default, as the flag takes it (several joined with `,`); empty for none.
+    pub default: String,
+    /// `live` or `restart`.
+    pub applies: &'static str,
+    /// Its documentation's first sentence.
+    pub help: String,
+}
+
+/// Every setting of `settings` described from its declaration and its argument in
+/// `serve` (the `serve` subcommand of a built command, so global flags are in it).
+pub fn describe<'a>(
+    serve: &clap::Command,
+    settings: impl Iterator<Item = &'a Setting>,
+) -> Vec<Described> {
+    settings
+        .filter_map(|s| {
+            let arg = serve.get_arguments().find(|a| a.get_id() == s.id)?;
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let first = help
+                .split_once(". ")
+                .map_or(help.trim_end_matches('.'), |(first, _)| first)
+                .replace('\n', " ");
+            Some(Described {
+                key: s.key,
+                flag: format!("--{}", arg.get_long()?),
+                env: arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+                default: arg
+                    .get_default_values()
+                    .iter()
+                    .map(|v| v.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                applies: s.applies.as_str(),
+                help: first,
+            })
+        })
+        .collect()
+}
+
+/// The settings as a Markdown table, as `docs/operating.md` shows them.
+pub fn markdown(described: &[Described]) -> String {
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut out = String::from(
+        "| key | flag | environment | default | applies | what |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    for d in described {
+        let code = |s: &str| {
+            if s.is_empty() {
+                String::new()
+            } else {
+                format!("`{}`", cell(s))
+            }
+        };
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} | {} | {} | {} |\n",
+            d.key,
+            d.flag,
+            code(d.env.as_deref().unwrap_or("")),
+            code(&d.default),
+            d.applies,
+            cell(&d.help)
+        ));
+    }
+    out
+}

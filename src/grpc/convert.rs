@@ -241,6 +241,18 @@ pub(crate) fn cluster(c: ClusterInfo) -> proto::Cluster {
     }
 }
 
+/// An input of the server that reloads, and how its last reload went.
+pub fn input(i: &crate::config::inputs::InputStatus) -> proto::ServerInput {
+    proto::ServerInput {
+        name: i.input.to_string(),
+        files: i.files.iter().map(|f| f.display().to_string()).collect(),
+        loaded_time: Some(timestamp(i.loaded_at)),
+        reloads: i.reloads,
+        error: i.error.as_ref().map(|(e, _)| e.clone()).unwrap_or_default(),
+        error_time: i.error.as_ref().map(|(_, at)| timestamp(*at)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

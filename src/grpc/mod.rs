@@ -46,6 +46,9 @@ pub struct ServiceConfig {
     pub token_key: TokenKey,
     /// Watch streams one caller may have open at once. Default 1,000.
     pub max_watches_per_caller: usize,
+    /// The status of the server's inputs that reload, served in `ListClusters`.
+    /// Default: none.
+    pub inputs: crate::config::inputs::Inputs,
 }
 
 impl ServiceConfig {
@@ -59,6 +62,7 @@ impl ServiceConfig {
             max_page_bytes: 3 << 20,
             token_key,
             max_watches_per_caller: 1000,
+            inputs: crate::config::inputs::no_inputs(),
         }
     }
 }
@@ -319,6 +323,13 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 .map(|(e, _)| e.clone())
                 .unwrap_or_default(),
             store_error_time: answer.store_error.map(|(_, at)| convert::timestamp(at)),
+            inputs: self
+                .config
+                .inputs
+                .borrow()
+                .iter()
+                .map(convert::input)
+                .collect(),
         }))
     }
 

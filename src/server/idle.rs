@@ -4,93 +4,17 @@
 //! cannot keep others out.
 //!
 //! The streams a connection has open are counted by [`StreamsLayer`], in front of
-//! every service; the connection itself ([`super::tls::Conn`]) follows the HTTP/2
+//! every service; the connection itself (`super::tls::Conn`) follows the HTTP/2
 //! frames it carries (only their 9-byte headers: lengths, types, stream ids), so that
 //! it can write a GOAWAY between two of the server's frames, naming the last stream
 //! the client opened, and then end the connection.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use futures::task::AtomicWaker;
-
-/// The streams one connection has open, and since when it has had none.
-#[derive(Debug)]
-pub struct ConnStreams {
-    active: AtomicUsize,
-    /// Milliseconds since `epoch` at which the last stream ended (or the connection
-    /// began).
-    idle_since_ms: AtomicU64,
-    epoch: tokio::time::Instant,
-    /// Whether a stream was ever opened on the connection.
-    used: std::sync::atomic::AtomicBool,
-    /// The connection's task, woken when its last stream ends so that it starts to
-    /// count its idle time.
-    waker: AtomicWaker,
-}
-
-impl Default for ConnStreams {
-    fn default() -> Self {
-        Self {
-            active: AtomicUsize::new(0),
-            idle_since_ms: AtomicU64::new(0),
-            epoch: tokio::time::Instant::now(),
-            used: std::sync::atomic::AtomicBool::new(false),
-            waker: AtomicWaker::new(),
-        }
-    }
-}
-
-impl ConnStreams {
-    /// One more stream, counted until the guard is dropped.
-    pub fn open(self: &Arc<Self>) -> StreamGuard {
-        self.active.fetch_add(1, Ordering::AcqRel);
-        self.used.store(true, Ordering::Release);
-        StreamGuard(self.clone())
-    }
-
-    /// When the connection becomes idle long enough to close, given the time a
-    /// connection may idle before its first stream and after one: `None` while a
-    /// stream is open.
-    pub(crate) fn idle_deadline(
-        &self,
-        before_first: Duration,
-        after: Duration,
-    ) -> Option<tokio::time::Instant> {
-        if self.active.load(Ordering::Acquire) > 0 {
-            return None;
-        }
-        let since = self.epoch + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
-        let bound = if self.used.load(Ordering::Acquire) {
-            after
-        } else {
-            before_first
-        };
-        Some(since + bound)
-    }
-
-    pub(crate) fn register(&self, cx: &Context<'_>) {
-        self.waker.register(cx.waker());
-    }
-}
-
-/// One open stream of a connection.
-#[derive(Debug)]
-pub struct StreamGuard(Arc<ConnStreams>);
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        let s = &self.0;
-        let ms = u64::try_from(s.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        s.idle_since_ms.store(ms, Ordering::Release);
-        if s.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-            s.waker.wake();
-        }
-    }
-}
+use super::peer::{ConnStreams, PeerInfo, StreamGuard};
 
 /// Follows HTTP/2 frames in one direction of a connection by their headers.
 #[derive(Debug, Default)]
@@ -208,7 +132,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let guard = request
             .extensions()
-            .get::<super::tls::PeerInfo>()
+            .get::<PeerInfo>()
             .and_then(|p| p.streams.as_ref())
             .map(ConnStreams::open);
         let response = self.inner.call(request);
@@ -256,6 +180,8 @@ impl http_body::Body for Counted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
 
     fn frame(kind: u8, stream: u32, payload: usize) -> Vec<u8> {
         let mut f = u32::try_from(payload).unwrap().to_be_bytes()[1..].to_vec();

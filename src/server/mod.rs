@@ -3,6 +3,7 @@
 
 pub mod idle;
 pub mod limits;
+pub mod peer;
 pub mod run;
 pub mod tls;
 
@@ -176,9 +177,9 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-/// SIGHUP, as a stream of requests to reload `what`: once this returns, SIGHUP no
-/// longer ends the process (its default), whatever the process is doing.
-pub fn hangups(what: &'static str) -> std::io::Result<tokio::sync::mpsc::Receiver<()>> {
+/// SIGHUP, as a stream of requests to reload every input: once this returns, SIGHUP
+/// no longer ends the process (its default), whatever the process is doing.
+pub fn hangups() -> std::io::Result<tokio::sync::mpsc::Receiver<()>> {
     let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     crate::tasks::spawn("sighup", async move {
@@ -188,7 +189,7 @@ pub fn hangups(what: &'static str) -> std::io::Result<tokio::sync::mpsc::Receive
                 // Whoever reloaded on it has stopped.
                 _ = tx.closed() => return,
             }
-            tracing::info!("SIGHUP: reloading {what}");
+            tracing::info!("SIGHUP: reloading every input");
             // A reload already pending covers this one.
             if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = tx.try_send(()) {
                 return;

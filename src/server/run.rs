@@ -13,7 +13,7 @@ use crate::config::flags::{
     ArgsError, DemoArgs, EngineArgs, FleetArgs, SecurityArgs, ServeArgs, SimArgs,
 };
 use crate::config::kubeconfig::{KubeconfigSources, LoadError};
-use crate::config::reload::{ConfigFile, Reloader};
+use crate::config::reload::{self, ConfigFile, Reloads};
 use crate::config::resolve::{ResolveError, Row};
 use crate::engine::{Engine, EngineConfig, SourceSet, Stored};
 use crate::grpc::{FleetService, ServiceConfig};
@@ -149,8 +149,8 @@ fn collect_rbac(config: &mut EngineConfig, on: bool) {
 /// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
 /// until SIGTERM. `config` is the configuration file's resolution, when there is one.
 pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), RunError> {
-    // SIGHUP reloads the cluster sources; it never ends the process, from here on.
-    let hangups = server::hangups("the cluster sources").map_err(RunError::Signal)?;
+    // SIGHUP reloads every input; it never ends the process, from here on.
+    let hangups = server::hangups().map_err(RunError::Signal)?;
     let (sources, config_now) = plan(&args)?;
     let kubeconfig_paths = sources.paths.clone();
     // A bad kubeconfig at start is an error before any port is bound.
@@ -187,7 +187,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         }
         None => crate::grpc::TokenKey::random()?,
     };
-    let service = args.engine.service(key);
+    let mut service = args.engine.service(key);
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
     let start = move || {
         let engine = match data_dir {
@@ -212,19 +212,28 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         Ok(engine)
     };
     let reload = tokio_util::sync::CancellationToken::new();
-    let reloader = Reloader {
-        sources,
-        config,
-        desired: desired_tx,
-        settings: settings_tx,
-    };
-    let reloader = crate::tasks::spawn(
-        "config-reloader",
-        reloader.run(
-            |args| plan(args).map_err(|e| crate::sources::chain(&e)),
-            hangups,
-            reload.clone(),
-        ),
+    let mut reloads = Reloads::default();
+    let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
+    if let Some(config) = config {
+        let path = config.path.clone();
+        reloads.follow(
+            "config",
+            "the configuration",
+            vec![path],
+            reload::config_input(
+                config,
+                |args| plan(args).map_err(|e| crate::sources::chain(&e)),
+                sources.clone(),
+                settings_tx,
+                desired_tx.clone(),
+            ),
+        );
+    }
+    reloads.follow(
+        "sources",
+        "the cluster sources",
+        kubeconfig_paths.clone(),
+        reload::sources_input(sources, desired_tx),
     );
     let metrics = bind_metrics(&args.engine).await?;
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
@@ -233,10 +242,12 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         &fleet,
         &kubeconfig_paths,
         &args.engine,
-        &listener,
-        metrics.as_ref(),
+        (&listener, metrics.as_ref()),
         &reload,
+        &mut reloads,
     )?;
+    service.inputs = reloads.status();
+    let reloader = crate::tasks::spawn("reloader", reloads.run(hangups, reload.clone()));
     let result = run(
         fleet,
         listener,
@@ -301,6 +312,47 @@ pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<()
     Ok(())
 }
 
+/// `fleetscope config settings`: every setting of `serve` from its declaration, as an
+/// aligned table or (`markdown`) the reference `docs/operating.md` holds.
+pub fn config_settings(command: &clap::Command, output: &str) {
+    let Some(serve) = command.find_subcommand("serve") else {
+        return;
+    };
+    let described =
+        crate::config::settings::describe(serve, crate::config::flags::serve_settings());
+    if output == "markdown" {
+        say!(
+            "{}",
+            crate::config::settings::markdown(&described).trim_end()
+        );
+        return;
+    }
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let rows: Vec<Vec<String>> = described
+        .iter()
+        .map(|d| {
+            vec![
+                d.key.to_string(),
+                d.flag.clone(),
+                dash(d.env.as_deref().unwrap_or("")),
+                dash(&d.default),
+                d.applies.to_string(),
+            ]
+        })
+        .collect();
+    let header = ["KEY", "FLAG", "ENV", "DEFAULT", "APPLIES"].map(String::from);
+    say!(
+        "{}",
+        crate::cli::output::align(Some(&header), &rows).trim_end()
+    );
+}
+
 /// How the server serves: the service's settings, its limits and its security.
 struct Serving {
     service: ServiceConfig,
@@ -330,12 +382,14 @@ async fn run(
         reloads,
     } = how;
     let stop = tokio_util::sync::CancellationToken::new();
+    let inputs = service.inputs.clone();
     let service = FleetService::new(fleet.clone(), service, stop.clone());
     let mut counted = GrpcLayer::off();
     if let Some(listener) = metrics {
         let (registry, grpc) = telemetry::metrics::registry(telemetry::metrics::Sources {
             engine: fleet.clone(),
             subscribers: service.subscribers(),
+            inputs,
         });
         counted = GrpcLayer::new(grpc);
         if let Ok(addr) = listener.local_addr() {
@@ -538,9 +592,9 @@ fn secure(
     fleet: &std::sync::Arc<Deferred<Engine>>,
     kubeconfigs: &[PathBuf],
     engine: &EngineArgs,
-    listener: &tokio::net::TcpListener,
-    metrics: Option<&tokio::net::TcpListener>,
+    (listener, metrics): (&tokio::net::TcpListener, Option<&tokio::net::TcpListener>),
     stop: &tokio_util::sync::CancellationToken,
+    reloads: &mut Reloads,
 ) -> Result<server::Security, RunError> {
     paired(args)?;
     let tls_files = args.tls();
@@ -567,8 +621,14 @@ fn secure(
         Some(files) => {
             let first = server::tls::server_config(&files)?;
             tracing::info!(cert = %files.cert.display(), mutual = files.client_ca.is_some(), "TLS on");
-            let hups = server::hangups("the TLS certificate").map_err(RunError::Signal)?;
-            Some(server::tls::reloading(files, first, hups, stop.clone()))
+            let (in_force, tls) = server::tls::in_force(files, first);
+            reloads.follow(
+                "tls",
+                "the TLS files",
+                tls.paths(),
+                Box::new(move |_| tls.reload().map(reload::Reloaded::said)),
+            );
+            Some(in_force)
         }
     };
     let reviewer = match &args.token_review_context {
@@ -584,9 +644,24 @@ fn secure(
             args.token_review_timeout,
         )),
     };
-    let hups = server::hangups("the tokens and the policy").map_err(RunError::Signal)?;
     let rbac = args.rbac_authorization.then(|| fleet.clone());
-    let guard = crate::auth::guard(&args.files(), reviewer, rbac, hups, stop.clone())?;
+    let (guard, files) = crate::auth::guard(&args.files(), reviewer, rbac, stop.clone())?;
+    if let Some(tokens) = files.tokens {
+        reloads.follow(
+            "tokens",
+            "the tokens file",
+            vec![tokens.path().to_path_buf()],
+            Box::new(move |_| tokens.reload().map(reload::Reloaded::said)),
+        );
+    }
+    if let Some(policy) = files.policy {
+        reloads.follow(
+            "policy",
+            "the policy",
+            vec![policy.path().to_path_buf()],
+            Box::new(move |_| policy.reload().map(reload::Reloaded::said)),
+        );
+    }
     if args.policy.is_none() {
         tracing::info!("no policy (--policy): only callers on this host are served");
     }
@@ -752,14 +827,15 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     let metrics = bind_metrics(&args.engine).await?;
     let stop_reloads = tokio_util::sync::CancellationToken::new();
     let fleet_view = std::sync::Arc::new(Deferred::<Engine>::default());
+    let mut reloads = Reloads::default();
     let security = secure(
         &args.security,
         &fleet_view,
         std::slice::from_ref(&kubeconfig),
         &args.engine,
-        &listener,
-        metrics.as_ref(),
+        (&listener, metrics.as_ref()),
         &stop_reloads,
+        &mut reloads,
     );
     let security = match security {
         Ok(s) => s,
@@ -768,13 +844,17 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
             return Err(e);
         }
     };
+    let mut service = args.engine.service(crate::grpc::TokenKey::random()?);
+    service.inputs = reloads.status();
+    let hangups = server::hangups().map_err(RunError::Signal)?;
+    crate::tasks::spawn("reloader", reloads.run(hangups, stop_reloads.clone()));
     let result = run(
         fleet_view,
         listener,
         metrics,
         move || Ok(Engine::start(clusters, config)),
         Serving {
-            service: args.engine.service(crate::grpc::TokenKey::random()?),
+            service,
             limits: args.engine.limits(),
             security,
             reloads: stop_reloads.clone(),

@@ -19,7 +19,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::idle::{self, ConnStreams, Frames, PREFACE};
+use super::idle::{self, Frames, PREFACE};
+use super::peer::ConnStreams;
+pub use super::peer::PeerInfo;
 
 /// The files a TLS server is configured from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,31 +164,6 @@ pub fn certificate_subject(der: &[u8]) -> Result<Subject, String> {
         .filter_map(|a| a.as_str().ok().map(str::to_string))
         .collect();
     Ok(Subject { user, groups })
-}
-
-/// What the server knows of a connection's peer, in every request's extensions.
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// The peer's address.
-    pub remote: Option<SocketAddr>,
-    /// Whether the connection is TLS.
-    pub tls: bool,
-    /// Who the client certificate names, when one was presented and verified, or why
-    /// it names no one.
-    pub certificate: Option<Result<Subject, String>>,
-    /// When the client certificate stops being valid (its `notAfter`): a stream
-    /// it authenticated ends then.
-    pub certificate_expires: Option<std::time::SystemTime>,
-    /// The streams the connection has open (gRPC connections only), for closing it
-    /// once idle.
-    pub streams: Option<Arc<ConnStreams>>,
-}
-
-impl PeerInfo {
-    /// Whether the peer is on this host.
-    pub fn is_loopback(&self) -> bool {
-        self.remote.is_some_and(|a| a.ip().is_loopback())
-    }
 }
 
 enum Io {
@@ -766,38 +743,37 @@ async fn handshake(
     Ok((Io::Tls(Box::new(stream)), info, prefix))
 }
 
-/// The TLS configuration in force, read again whenever one of its files changes or
-/// `reload` fires; a change that fails keeps the last good configuration and says why.
-pub fn reloading(
+/// The TLS configuration in force (starting with `first`), and what reads its files
+/// again: a change that fails keeps the last good configuration.
+pub fn in_force(
     files: TlsFiles,
     first: Arc<rustls::ServerConfig>,
-    mut reload: mpsc::Receiver<()>,
-    stop: CancellationToken,
-) -> watch::Receiver<Arc<rustls::ServerConfig>> {
+) -> (watch::Receiver<Arc<rustls::ServerConfig>>, TlsReload) {
     let (tx, rx) = watch::channel(first);
-    crate::tasks::spawn("tls-reloader", async move {
-        let (changed_tx, mut changed) = mpsc::channel::<()>(1);
-        let _watcher = crate::config::reload::watch_files(&files.paths(), changed_tx);
-        loop {
-            let why = tokio::select! {
-                Some(()) = changed.recv() => "a TLS file changed",
-                Some(()) = reload.recv() => "SIGHUP",
-                _ = stop.cancelled() => return,
-            };
-            let counts = &crate::config::reload::RELOADS;
-            crate::config::reload::ReloadCounts::count(&counts.tls);
-            match server_config(&files) {
-                Ok(config) => {
-                    tx.send_replace(config);
-                    tracing::info!(reason = why, cert = %files.cert.display(), "TLS certificate reloaded: new connections use it");
-                }
-                Err(e) => {
-                    tracing::error!(reason = why, error = %e, "the TLS files cannot be reloaded: the last good certificate stays in use");
-                }
-            }
-        }
-    });
-    rx
+    (rx, TlsReload { files, tx })
+}
+
+/// Reads the TLS files again into the configuration in force.
+pub struct TlsReload {
+    files: TlsFiles,
+    tx: watch::Sender<Arc<rustls::ServerConfig>>,
+}
+
+impl TlsReload {
+    /// The files.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.paths()
+    }
+
+    /// Reads them again: what is in force now, or why they cannot be used.
+    pub fn reload(&self) -> Result<String, String> {
+        let config = server_config(&self.files).map_err(|e| e.to_string())?;
+        self.tx.send_replace(config);
+        Ok(format!(
+            "TLS certificate reloaded from {}: new connections use it",
+            self.files.cert.display()
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ pub struct Sources {
     pub engine: Arc<Deferred<Engine>>,
     /// The service's Watch streams.
     pub subscribers: Arc<Subscribers>,
+    /// The server's inputs that reload.
+    pub inputs: crate::config::inputs::Inputs,
 }
 
 impl std::fmt::Debug for Sources {
@@ -241,14 +243,40 @@ impl Collector for FleetCollector {
                 crate::server::idle::CLOSED_IDLE.load(std::sync::atomic::Ordering::Relaxed),
             ),
         )?;
+        let inputs = self.0.inputs.borrow().clone();
+        let by_input = |value: fn(&crate::config::inputs::InputStatus) -> f64| {
+            inputs.iter().map(move |i| {
+                (
+                    vec![("input", i.input.to_string())],
+                    ConstGauge::new(value(i)),
+                )
+            })
+        };
         family(
             &mut e,
             "fleetscope_config_reloads",
-            "Reloads of each input of serve (config: the configuration file and kubeconfigs; tokens; policy; tls), each after its files' content changed or on SIGHUP.",
+            "Reloads of each input of the server (config: the configuration file; sources: the kubeconfigs; tokens; policy; tls), each after its files' content changed or on SIGHUP.",
             MetricType::Counter,
-            crate::config::reload::RELOADS
-                .read()
-                .map(|(input, n)| (vec![("input", input.to_string())], ConstCounter::new(n))),
+            inputs.iter().map(|i| {
+                (
+                    vec![("input", i.input.to_string())],
+                    ConstCounter::new(i.reloads),
+                )
+            }),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_config_input_last_reload_successful",
+            "1 when the last reload of the input succeeded (or it was not reloaded yet), 0 when it failed: the version before stays in force.",
+            MetricType::Gauge,
+            by_input(|i| f64::from(u8::from(i.error.is_none()))),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_config_input_loaded_timestamp_seconds",
+            "When the version of the input in force was loaded, in seconds since the epoch.",
+            MetricType::Gauge,
+            by_input(|i| unix_seconds(i.loaded_at)),
         )?;
         family(
             &mut e,
