@@ -309,10 +309,10 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
                 Engine::start_with_store(sources, config, Arc::new(opened.store), opened.loaded)
             };
             wait_synced(&engine, "pods", total).await;
-            held = engine.index.snapshot().len();
+            held = engine.index_for_tests().snapshot().len();
             let elapsed = start.elapsed();
             let grown = rss().saturating_sub(before);
-            let pruned = held_json(&engine.index);
+            let pruned = held_json(engine.index_for_tests());
             let cpu = cpu_time() - cpu_before;
             report(
                 if which == "fleetscope" {
@@ -564,9 +564,13 @@ async fn scale() {
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
     for n in &names {
-        engine.status.add_cluster(n, "bench", BTreeMap::new());
+        engine
+            .status_for_tests()
+            .add_cluster(n, "bench", BTreeMap::new());
         // The type is known once a cluster collects it.
-        engine.status.update_stream(n, &pods_type(), |_| {});
+        engine
+            .status_for_tests()
+            .update_stream(n, &pods_type(), |_| {});
     }
     // As the informers feed it: each cluster's pods as one list (a first sync), or,
     // with FLEET_BENCH_SCALE_FEED=events, one watch event per pod, the clusters'
@@ -614,7 +618,7 @@ async fn scale() {
             }]
         };
         let a = Instant::now();
-        engine.index.apply(changes);
+        engine.index_for_tests().apply(changes);
         applying += a.elapsed();
     }
     let load = t.elapsed();
@@ -774,9 +778,13 @@ async fn fanout_round(
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
     for n in &names {
-        engine.status.add_cluster(n, "bench", BTreeMap::new());
+        engine
+            .status_for_tests()
+            .add_cluster(n, "bench", BTreeMap::new());
         // The type is known once a cluster collects it.
-        engine.status.update_stream(n, &pods_type(), |_| {});
+        engine
+            .status_for_tests()
+            .update_stream(n, &pods_type(), |_| {});
     }
     let url = serve_index(&engine).await;
     let applied: Arc<std::sync::Mutex<BTreeMap<u64, Instant>>> = Arc::default();
@@ -857,14 +865,14 @@ async fn fanout_round(
         ticks.tick().await;
         let o = input_at(&names[i % 10], i % 5000, n + i);
         let t = Instant::now();
-        let staged = engine.index.stage([Change::Upsert(o)]);
+        let staged = engine.index_for_tests().stage([Change::Upsert(o)]);
         if let Some(e) = staged.events.first() {
             applied.lock().unwrap().insert(e.revision.0, t);
         }
         // As the ingest does: published at once in memory, once durable with a store.
         match engine.persister() {
             Some(p) => p.record(staged, [], ProgressLog::default()),
-            None => engine.index.publish(staged),
+            None => engine.index_for_tests().publish(staged),
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -977,12 +985,16 @@ async fn watch_load() {
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
     for n in &names {
-        engine.status.add_cluster(n, "bench", BTreeMap::new());
-        engine.status.update_stream(n, &pods_type(), |_| {});
+        engine
+            .status_for_tests()
+            .add_cluster(n, "bench", BTreeMap::new());
+        engine
+            .status_for_tests()
+            .update_stream(n, &pods_type(), |_| {});
         let staged = engine
-            .index
+            .index_for_tests()
             .stage((0..pods).map(|i| Change::Upsert(input(n, i))));
-        engine.index.publish(staged);
+        engine.index_for_tests().publish(staged);
     }
     let url = serve_index(&engine).await;
     let at_rest = probe_gets(url.clone(), Duration::from_secs(5));
@@ -1049,10 +1061,11 @@ async fn watch_load() {
     while started.elapsed() < Duration::from_secs(seconds) {
         ticks.tick().await;
         let n = &names[i % clusters];
-        let staged = engine
-            .index
-            .stage([Change::Upsert(input_at(n, i % pods, pods + i))]);
-        engine.index.publish(staged);
+        let staged =
+            engine
+                .index_for_tests()
+                .stage([Change::Upsert(input_at(n, i % pods, pods + i))]);
+        engine.index_for_tests().publish(staged);
         i += 1;
     }
     let mut loaded = tokio::task::spawn_blocking(move || loaded.join().unwrap())
@@ -1235,7 +1248,7 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
     if all {
         // Every cluster synced as a whole: discovery answered and every stream listed.
         while !engine
-            .status
+            .status_for_tests()
             .clusters()
             .iter()
             .all(|c| c.freshness(None).0 == fleetscope::status::Freshness::Synced)
@@ -1380,11 +1393,11 @@ fn held_json(index: &fleetscope_index::Index) -> usize {
 async fn wait_synced(engine: &Engine, resource: &str, total: usize) {
     loop {
         let synced = engine
-            .status
+            .status_for_tests()
             .clusters()
             .iter()
             .all(|c| c.freshness(Some(resource)).0 == fleetscope::status::Freshness::Synced);
-        if synced && engine.index.snapshot().len() == total {
+        if synced && engine.index_for_tests().snapshot().len() == total {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1394,7 +1407,7 @@ async fn wait_synced(engine: &Engine, resource: &str, total: usize) {
 /// Waits until everything staged is durable and published.
 async fn wait_written(engine: &Engine) {
     let persister = engine.persister().unwrap();
-    published(&engine.index, &persister).await;
+    published(engine.index_for_tests(), &persister).await;
 }
 
 /// The restart part: the simulated clusters in a process of their own, and the cold
@@ -1470,7 +1483,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
         let cold = t.elapsed();
         wait_written(&engine).await;
         let written = t.elapsed();
-        let json = held_json(&engine.index);
+        let json = held_json(engine.index_for_tests());
         engine.shutdown(Duration::from_secs(30)).await;
         let disk = dir_size(&data);
         let lists = sim_lists(&sources).await - lists_before;

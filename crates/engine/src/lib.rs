@@ -150,9 +150,9 @@ pub struct Observation {
 /// The running engine: the index, the status table, and the tasks feeding them.
 pub struct Engine {
     /// The merged index.
-    pub index: Arc<Index>,
+    pub(crate) index: Arc<Index>,
     /// Cluster and stream health, and what is collected where.
-    pub status: StatusTable,
+    pub(crate) status: StatusTable,
     persister: Option<Arc<Persister>>,
     /// Whether the index was restored from a store holding data.
     restored: bool,
@@ -376,6 +376,21 @@ impl Engine {
     /// Persistence figures, when running with a store.
     pub fn store_stats(&self) -> Option<persist::PersistStats> {
         self.persister.as_ref().map(|p| p.stats())
+    }
+
+    /// The merged index, for tests and benchmarks that drive the engine's parts
+    /// directly; everything else reads the engine through [`Fleet`] and
+    /// [`Engine::observe`], so that it works the same behind any implementation of
+    /// the seam.
+    #[doc(hidden)]
+    pub fn index_for_tests(&self) -> &Arc<Index> {
+        &self.index
+    }
+
+    /// The status table, for tests and benchmarks (see [`Engine::index_for_tests`]).
+    #[doc(hidden)]
+    pub fn status_for_tests(&self) -> &StatusTable {
+        &self.status
     }
 
     /// One summary of the engine for operators (metrics, readiness), read at once:

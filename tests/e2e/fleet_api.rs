@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -930,7 +930,7 @@ async fn bookmarks_carry_the_current_revision() {
     h.synced().await;
     let mut c = h.client().await;
     let mut stream = watch_all(&mut c, "configmaps").await;
-    let revision = h.engine.index.snapshot().revision().0;
+    let revision = h.engine.index_for_tests().snapshot().revision().0;
     let b = loop {
         let e = next_event(&mut stream).await;
         if e.r#type() == EventType::Bookmark {
@@ -1029,7 +1029,7 @@ async fn an_in_cluster_source_outside_a_cluster_is_reported_not_fatal() {
     );
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let status = loop {
-        let s = engine.status.cluster(&"home".into()).unwrap();
+        let s = engine.status_for_tests().cluster(&"home".into()).unwrap();
         if s.error.is_some() {
             break s;
         }

@@ -2,7 +2,7 @@
 //! data directory → a real gRPC client, stopped and started again over the same store.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
@@ -418,7 +418,7 @@ async fn a_store_that_cannot_write_shows_nothing_unwritten_and_catches_up() {
         store.clone(),
         fleetscope_store::Loaded::default(),
     );
-    let held = |e: &fleetscope::engine::Engine| e.index.snapshot().len();
+    let held = |e: &fleetscope::engine::Engine| e.index_for_tests().snapshot().len();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let stats = engine.store_stats().unwrap();
@@ -435,7 +435,7 @@ async fn a_store_that_cannot_write_shows_nothing_unwritten_and_catches_up() {
     }
     assert_eq!(store.load().unwrap().objects.len(), 0);
     assert_eq!(held(&engine), 0, "nothing unwritten is visible");
-    let empty = engine.index.snapshot().revision();
+    let empty = engine.index_for_tests().snapshot().revision();
     assert!(
         engine.persister().unwrap().recorded() > empty,
         "changes are staged beyond what is published"
@@ -451,11 +451,14 @@ async fn a_store_that_cannot_write_shows_nothing_unwritten_and_catches_up() {
         assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert!(engine.index.snapshot().revision() > empty);
+    assert!(engine.index_for_tests().snapshot().revision() > empty);
     engine.shutdown(std::time::Duration::from_secs(10)).await;
     let loaded = store.load().unwrap();
     assert_eq!(loaded.objects.len(), held(&engine));
-    assert_eq!(loaded.revision, engine.index.snapshot().revision());
+    assert_eq!(
+        loaded.revision,
+        engine.index_for_tests().snapshot().revision()
+    );
     h.shutdown().await;
 }
 

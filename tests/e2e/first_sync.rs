@@ -5,7 +5,7 @@
 //! answer starts the rest).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -206,7 +206,7 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
     let cluster = fleetscope_model::ClusterName::from("sim-1");
     common::until(deadline, "widgets never discovered", || {
         h.engine
-            .status
+            .status_for_tests()
             .cluster(&cluster)
             .is_some_and(|c| c.served.iter().any(|s| s.resource.plural == "widgets"))
     })
@@ -369,7 +369,7 @@ async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store()
     );
     let discovered = |name: &str| {
         engine
-            .status
+            .status_for_tests()
             .cluster(&fleetscope_model::ClusterName::from(name))
             .is_some_and(|c| !c.served.is_empty())
     };
@@ -383,7 +383,7 @@ async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store()
     ));
     let gone = fleetscope_model::ClusterName::from("sim-2");
     common::until(deadline, "sim-2 left", || {
-        engine.status.cluster(&gone).is_none()
+        engine.status_for_tests().cluster(&gone).is_none()
     })
     .await;
     engine.shutdown(Duration::from_secs(10)).await;
@@ -427,7 +427,7 @@ async fn discovery_that_streams_wait_on_asks_for_several_group_versions_at_once(
     cluster.hold_group_versions(false);
     let name = fleetscope_model::ClusterName::from("sim-1");
     common::until(deadline, "every type synced", || {
-        engine.status.cluster(&name).is_some_and(|c| {
+        engine.status_for_tests().cluster(&name).is_some_and(|c| {
             c.freshness(None).0 == fleetscope::status::Freshness::Synced
                 && c.streams.keys().any(|r| r == "deployments.apps")
         })

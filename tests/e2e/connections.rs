@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ async fn tls_and_connection_failures_name_their_cause() {
     for (name, cause) in expect {
         loop {
             let error = engine
-                .status
+                .status_for_tests()
                 .cluster(&name.into())
                 .and_then(|c| c.error)
                 .unwrap_or_default();
@@ -70,7 +70,10 @@ async fn tls_and_connection_failures_name_their_cause() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    let healthy = engine.status.cluster(&a.name.as_str().into()).unwrap();
+    let healthy = engine
+        .status_for_tests()
+        .cluster(&a.name.as_str().into())
+        .unwrap();
     assert!(healthy.error.is_none(), "{:?}", healthy.error);
     engine.shutdown(Duration::from_secs(5)).await;
     fleet.shutdown().await;

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{Harness, PATIENCE};
 use tokio_stream::StreamExt;
