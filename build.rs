@@ -5,6 +5,7 @@ use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=build.rs");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     let descriptors = protox::compile(["fleetscope/v1/fleet.proto"], ["proto"])?;
     let descriptor_path = out_dir.join("fleetscope_descriptor.bin");
@@ -17,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
+        // Written by hand so that its JSON is shared, not copied per caller.
+        .extern_path(".fleetscope.v1.Object", "crate::proto::wire::Object")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -312,7 +312,7 @@ impl Rbac {
 
 /// The fleet's RBAC objects, by key: their JSON.
 #[derive(Debug, Default, Clone)]
-pub struct Held(BTreeMap<ObjectKey, String>);
+pub struct Held(BTreeMap<ObjectKey, fleetscope_model::Json>);
 
 impl Held {
     /// Records a change to one of them.
@@ -328,9 +328,9 @@ impl Held {
     }
 }
 
-impl FromIterator<(ObjectKey, String)> for Held {
-    fn from_iter<T: IntoIterator<Item = (ObjectKey, String)>>(iter: T) -> Self {
-        Self(iter.into_iter().collect())
+impl<J: Into<fleetscope_model::Json>> FromIterator<(ObjectKey, J)> for Held {
+    fn from_iter<T: IntoIterator<Item = (ObjectKey, J)>>(iter: T) -> Self {
+        Self(iter.into_iter().map(|(k, j)| (k, j.into())).collect())
     }
 }
 

@@ -154,27 +154,20 @@ pub async fn serve_with<F: Fleet>(
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Ctrl-C (SIGINT) and SIGTERM, listened for from the moment this returns (so their
+/// default, ending the process at once, no longer applies even before the returned
+/// future is first polled); the future resolves on either.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
-    tracing::info!("shutdown requested");
+        tracing::info!("shutdown requested");
+    })
 }
 
 /// SIGHUP, as a stream of requests to reload every input: once this returns, SIGHUP

@@ -66,8 +66,8 @@ pub enum RunError {
     /// A task of the server ended abnormally.
     #[error("a server task failed")]
     Task(#[from] tokio::task::JoinError),
-    /// SIGHUP could not be taken over.
-    #[error("listening for SIGHUP")]
+    /// SIGHUP, SIGINT or SIGTERM could not be taken over.
+    #[error("listening for signals")]
     Signal(#[source] std::io::Error),
     /// The listen address could not be read back.
     #[error("reading the listen address")]
@@ -381,6 +381,8 @@ async fn run(
         security,
         reloads,
     } = how;
+    // From here on SIGTERM shuts down in order, whatever is starting.
+    let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let inputs = service.inputs.clone();
     let service = FleetService::new(fleet.clone(), service, stop.clone());
@@ -437,7 +439,7 @@ async fn run(
     let signal = crate::tasks::spawn("shutdown-signal", {
         let stop = stop.clone();
         async move {
-            server::shutdown_signal().await;
+            shutdown.await;
             stop.cancel();
         }
     });
@@ -547,7 +549,7 @@ pub async fn sim(args: SimArgs) -> Result<(), RunError> {
     say!(
         "\nTry:\n  kubectl --kubeconfig {kc} --context {first} get pods -A\n  kubectl --kubeconfig {kc} --context {first} get --raw '/api/v1/configmaps?watch=1'\n\nCtrl-C stops them."
     );
-    server::shutdown_signal().await;
+    server::shutdown_signal().map_err(RunError::Signal)?.await;
     fleet.shutdown().await;
     Ok(())
 }

@@ -1804,7 +1804,7 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
                 let e = w.message().await.unwrap().unwrap();
                 if let Some(o) = &e.object {
                     names.push(o.name.clone());
-                    seen.push(o.json.clone());
+                    seen.push(o.json.to_string());
                 }
                 if e.r#type == EventType::InitialEventsEnd as i32 {
                     break;
@@ -1829,7 +1829,7 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
             .unwrap()
             .into_inner();
         assert!(list.items.iter().any(|o| o.name == "before"));
-        seen.extend(list.items.into_iter().map(|o| o.json));
+        seen.extend(list.items.into_iter().map(|o| o.json.to_string()));
     }
     kube.create(&Default::default(), &applied_secret("after"))
         .await
@@ -1842,7 +1842,7 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
                 .unwrap()
                 .unwrap();
             if let Some(o) = e.object {
-                seen.push(o.json);
+                seen.push(o.json.to_string());
                 if o.name == "after" {
                     break;
                 }
@@ -1861,7 +1861,7 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
             .await
             .unwrap()
             .into_inner();
-        seen.push(got.object.unwrap().json);
+        seen.push(got.object.unwrap().json.to_string());
     }
     // Watch (initial and live) and List in both projections, and Get.
     assert!(seen.len() >= 2 * 4, "every answer was read: {}", seen.len());

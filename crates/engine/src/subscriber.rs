@@ -1061,7 +1061,7 @@ mod tests {
                 resource_version: String::new(),
                 json: format!(
                     r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","annotations":{{"kubectl.kubernetes.io/last-applied-configuration":"{applied}","keep":"me"}}}}{body}}}"#
-                ),
+                ).into(),
             };
             crate::view::redact_secret(&mut o);
             assert!(!o.json.contains("aHVudGVyMg"), "{}", o.json);

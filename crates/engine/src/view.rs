@@ -16,7 +16,7 @@ pub(crate) fn fleet_object(
 ) -> FleetObject {
     let json = match projection {
         Projection::Metadata => o.metadata_json(),
-        Projection::Full => o.json.to_string(),
+        Projection::Full => o.json.clone(),
     };
     let (uid, resource_version) = match meta {
         Some((uid, rv)) => (uid.to_string(), rv.to_string()),
@@ -87,7 +87,7 @@ pub(crate) fn redact_secret(object: &mut FleetObject) {
             );
         }
     }
-    object.json = serde_json::Value::Object(v).to_string();
+    object.json = serde_json::Value::Object(v).to_string().into();
 }
 
 /// kubectl's record of an object as last applied: on a Secret, its values.
@@ -133,7 +133,7 @@ mod tests {
             revision: Revision(1),
             uid: String::new(),
             resource_version: String::new(),
-            json: body.to_string(),
+            json: body.to_string().into(),
         }
     }
 

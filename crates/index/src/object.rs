@@ -135,8 +135,9 @@ pub struct Object {
     pub key: ObjectKey,
     /// The revision of the change that produced this state.
     pub revision: Revision,
-    /// The pruned object as JSON, with apiVersion and kind.
-    pub json: Box<str>,
+    /// The pruned object as JSON, with apiVersion and kind; shared with every answer
+    /// and event that carries it.
+    pub json: fleetscope_model::Json,
     terms: Arc<Terms>,
     /// The uid of the object's owner, when it has exactly one (most have).
     owner: Option<Arc<str>>,
@@ -252,13 +253,8 @@ impl Object {
         Self {
             key,
             revision,
-            // Held in exactly its length: a fresh allocation rather than a shrunk one,
-            // which would leave the allocation's tail as a hole between live objects.
-            json: if input.json.len() == input.json.capacity() {
-                input.json.into_boxed_str()
-            } else {
-                Box::from(input.json.as_str())
-            },
+            // Held in exactly its length, in an allocation of its own.
+            json: fleetscope_model::Json::from(input.json.as_str()),
             terms: interner.terms(terms),
             owner,
         }
@@ -334,8 +330,8 @@ impl Object {
 
     /// `apiVersion`, `kind` and `metadata` alone, as JSON (for the metadata projection);
     /// read at any nesting depth of the rest of the object.
-    pub fn metadata_json(&self) -> String {
-        metadata_json(&self.json).unwrap_or_else(|| self.json.to_string())
+    pub fn metadata_json(&self) -> fleetscope_model::Json {
+        metadata_json(&self.json).map_or_else(|| self.json.clone(), fleetscope_model::Json::from)
     }
 
     /// The value of a field path: from the key or a field index when possible, else

@@ -113,8 +113,9 @@ pub struct FleetObject {
     pub uid: String,
     /// metadata.resourceVersion in its cluster.
     pub resource_version: String,
-    /// The object (or its metadata, by projection) as JSON.
-    pub json: String,
+    /// The object (or its metadata, by projection) as JSON, shared with the index
+    /// when it is the whole object as held.
+    pub json: crate::Json,
 }
 
 /// How current fleetscope's copy of a cluster (or of one of its streams) is. Ordered

@@ -15,6 +15,7 @@ pub mod access;
 mod clusters;
 pub mod fleet;
 mod identity;
+mod json;
 pub mod selector;
 
 /// An object's stored state, read in place: what the store writes of an object,
@@ -41,4 +42,5 @@ pub use identity::{
     ClusterName, EventType, Location, ObjectKey, ResourceNameError, ResourceType, Revision,
     check_resource_name,
 };
+pub use json::Json;
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

@@ -1,0 +1,196 @@
+//! `fleetscope.v1.Object` on the wire, written by hand so that its JSON is the
+//! index's own shared text ([`Json`]): an answer or a Watch event is encoded straight
+//! from it, never copied into a string per caller first. The other messages are
+//! generated and hold this one (`extern_path` in `build.rs`); the wire format is the
+//! proto's, field for field (a test compares it with a generated twin).
+
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{self, DecodeContext, WireType};
+
+use fleetscope_model::Json;
+
+/// One object: its identity, its revisions and its JSON. See `proto/fleetscope/v1`.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
+pub struct Object {
+    /// The cluster's name.
+    pub cluster: String,
+    /// The resource type, as plural.group.
+    pub resource: String,
+    /// The namespace; empty for cluster-scoped objects.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// metadata.uid.
+    pub uid: String,
+    /// metadata.resourceVersion in its cluster.
+    pub resource_version: String,
+    /// The fleet revision of the change that produced this state.
+    pub revision: u64,
+    /// The object as JSON.
+    pub json: Json,
+}
+
+/// The tag of `json`.
+const JSON: u32 = 8;
+
+impl Object {
+    fn strings(&self) -> [(u32, &String); 6] {
+        [
+            (1, &self.cluster),
+            (2, &self.resource),
+            (3, &self.namespace),
+            (4, &self.name),
+            (5, &self.uid),
+            (6, &self.resource_version),
+        ]
+    }
+}
+
+impl prost::Message for Object {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        for (tag, value) in self.strings() {
+            if !value.is_empty() {
+                encoding::string::encode(tag, value, buf);
+            }
+        }
+        if self.revision != 0 {
+            encoding::uint64::encode(7, &self.revision, buf);
+        }
+        if !self.json.is_empty() {
+            encoding::encode_key(JSON, WireType::LengthDelimited, buf);
+            encoding::encode_varint(self.json.len() as u64, buf);
+            buf.put_slice(self.json.as_bytes());
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        let field = match tag {
+            1 => &mut self.cluster,
+            2 => &mut self.resource,
+            3 => &mut self.namespace,
+            4 => &mut self.name,
+            5 => &mut self.uid,
+            6 => &mut self.resource_version,
+            7 => return encoding::uint64::merge(wire_type, &mut self.revision, buf, ctx),
+            JSON => {
+                let mut text = String::new();
+                encoding::string::merge(wire_type, &mut text, buf, ctx)?;
+                self.json = Json::from(text);
+                return Ok(());
+            }
+            _ => return encoding::skip_field(wire_type, tag, buf, ctx),
+        };
+        encoding::string::merge(wire_type, field, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let strings: usize = self
+            .strings()
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(tag, v)| encoding::string::encoded_len(*tag, v))
+            .sum();
+        let revision = if self.revision == 0 {
+            0
+        } else {
+            encoding::uint64::encoded_len(7, &self.revision)
+        };
+        let json = if self.json.is_empty() {
+            0
+        } else {
+            encoding::key_len(JSON)
+                + encoding::encoded_len_varint(self.json.len() as u64)
+                + self.json.len()
+        };
+        strings + revision + json
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+
+    /// `fleetscope.v1.Object` as prost would generate it.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Generated {
+        #[prost(string, tag = "1")]
+        cluster: String,
+        #[prost(string, tag = "2")]
+        resource: String,
+        #[prost(string, tag = "3")]
+        namespace: String,
+        #[prost(string, tag = "4")]
+        name: String,
+        #[prost(string, tag = "5")]
+        uid: String,
+        #[prost(string, tag = "6")]
+        resource_version: String,
+        #[prost(uint64, tag = "7")]
+        revision: u64,
+        #[prost(string, tag = "8")]
+        json: String,
+    }
+
+    fn pair(json: &str, revision: u64, name: &str) -> (Object, Generated) {
+        (
+            Object {
+                cluster: "c".into(),
+                resource: "pods".into(),
+                namespace: String::new(),
+                name: name.into(),
+                uid: "u".into(),
+                resource_version: "7".into(),
+                revision,
+                json: json.into(),
+            },
+            Generated {
+                cluster: "c".into(),
+                resource: "pods".into(),
+                namespace: String::new(),
+                name: name.into(),
+                uid: "u".into(),
+                resource_version: "7".into(),
+                revision,
+                json: json.into(),
+            },
+        )
+    }
+
+    #[test]
+    fn the_wire_is_the_generated_messages() {
+        for (json, revision, name) in [
+            ("{\"a\":1}", 42, "n"),
+            ("", 0, ""),
+            (&"x".repeat(300) as &str, u64::MAX, "é"),
+        ] {
+            let (ours, theirs) = pair(json, revision, name);
+            assert_eq!(ours.encode_to_vec(), theirs.encode_to_vec());
+            assert_eq!(ours.encoded_len(), theirs.encoded_len());
+            let back = Object::decode(theirs.encode_to_vec().as_slice()).unwrap();
+            assert_eq!(back, ours);
+        }
+    }
+
+    #[test]
+    fn bad_input_is_a_decode_error_and_unknown_fields_are_skipped() {
+        // json (tag 8) that is not UTF-8.
+        assert!(Object::decode(&[0x42, 0x01, 0xff][..]).is_err());
+        // Truncated.
+        assert!(Object::decode(&[0x42, 0x05, b'a'][..]).is_err());
+        // An unknown field 9 (a varint), then name.
+        let o = Object::decode(&[0x48, 0x01, 0x22, 0x01, b'p'][..]).unwrap();
+        assert_eq!(o.name, "p");
+    }
+}
