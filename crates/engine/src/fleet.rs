@@ -218,8 +218,8 @@ impl Fleet for Engine {
         let who = access.subject();
         Ok(self
             .status
+            .catalogue()
             .types()
-            .into_values()
             .filter_map(|rt| {
                 let name = rt.name();
                 // Per cluster, the namespaces the caller may list; a type granted
@@ -228,7 +228,7 @@ impl Fleet for Engine {
                     .iter()
                     .map(|(c, l)| {
                         let here = ClusterRef { name: c, labels: l };
-                        (c, policy.namespaces(who, Verb::List, &rt, here))
+                        (c, policy.namespaces(who, Verb::List, rt, here))
                     })
                     .filter(|(_, g)| !g.is_none())
                     .collect();
@@ -242,7 +242,7 @@ impl Fleet for Engine {
                     }
                 }
                 Some(ResourceTypeInfo {
-                    resource: rt,
+                    resource: rt.clone(),
                     clusters: counts.into_iter().collect(),
                 })
             })

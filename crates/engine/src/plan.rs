@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use fleetscope_index::State;
-use fleetscope_informer::discovery::{self, Served};
 use fleetscope_model::access::ClusterRef;
 use fleetscope_model::fleet::{ClusterFreshness, Query};
 use fleetscope_model::{Access, ClusterFilter, FleetError, ObjectKey, ResourceType, Verb};
@@ -62,30 +61,13 @@ impl Engine {
         }
         fleetscope_model::check_resource_name(name.trim())
             .map_err(|e| FleetError::InvalidArgument(format!("query.resource: {e}")))?;
-        let types = self.status.types();
-        let names = self.status.type_names();
-        let served: Vec<Served> = types
-            .values()
-            .map(|rt| {
-                let (short_names, singular) = names
-                    .get(&(rt.group.clone(), rt.plural.clone()))
-                    .cloned()
-                    .unwrap_or_default();
-                Served {
-                    short_names,
-                    singular,
-                    ..Served::of(rt.clone(), true)
-                }
-            })
-            .collect();
-        let resolved = discovery::resolve(&[name.to_string()], &served);
-        let granted = resolved
-            .resources
-            .into_iter()
-            .next()
+        let catalogue = self.status.catalogue();
+        // A type the caller is granted nowhere is answered as one not collected.
+        let granted = catalogue
+            .resolve(name)
             .filter(|rt| self.granted_somewhere(access, rt));
         if let Some(rt) = granted {
-            return Ok(rt);
+            return Ok(rt.clone());
         }
         // Not known yet is not unknown: a cluster still being discovered may serve it.
         let discovering: Vec<String> = self
@@ -102,9 +84,10 @@ impl Engine {
             )));
         }
         let lower = name.to_ascii_lowercase();
-        let types: BTreeMap<String, ResourceType> = types
-            .into_iter()
-            .filter(|(_, rt)| self.granted_somewhere(access, rt))
+        let types: BTreeMap<String, &ResourceType> = catalogue
+            .types()
+            .filter(|rt| self.granted_somewhere(access, rt))
+            .map(|rt| (rt.name(), rt))
             .collect();
         let mut close: Vec<(usize, &String)> = types
             .keys()

@@ -5,6 +5,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime};
 
 use fleetscope_informer::StreamState;
+use fleetscope_model::catalogue::{Catalogue, Named};
 use fleetscope_model::{ClusterName, ResourceType};
 use tokio::sync::broadcast;
 
@@ -283,6 +284,10 @@ pub struct StatusTable {
     sources: Arc<RwLock<SourcesStatus>>,
     changes: broadcast::Sender<ClusterFreshness>,
     store: Arc<RwLock<Option<StoreStall>>>,
+    /// The types collected somewhere, with their names: built when first asked for
+    /// after what is collected changed (a stream or a cluster added or removed, a
+    /// cluster's discovery answered), then shared by every query until it changes again.
+    catalogue: Arc<std::sync::Mutex<Option<Arc<Catalogue>>>>,
 }
 
 impl Default for StatusTable {
@@ -292,6 +297,7 @@ impl Default for StatusTable {
             sources: Arc::default(),
             changes: broadcast::channel(1024).0,
             store: Arc::default(),
+            catalogue: Arc::default(),
         }
     }
 }
@@ -329,6 +335,7 @@ impl StatusTable {
             store_stall: None,
         };
         self.write().insert(name.clone(), status);
+        self.catalogue_changed();
         let _ = self.changes.send(ClusterFreshness {
             cluster: name.clone(),
             freshness: Freshness::Syncing,
@@ -356,6 +363,7 @@ impl StatusTable {
             return;
         }
         if self.write().remove(name).is_some() {
+            self.catalogue_changed();
             let _ = self.changes.send(ClusterFreshness {
                 cluster: name.clone(),
                 freshness: Freshness::Error,
@@ -385,18 +393,35 @@ impl StatusTable {
         }
     }
 
-    /// Every resource type collected (or restored) in some cluster, by canonical name.
-    pub fn types(&self) -> BTreeMap<String, ResourceType> {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+    /// The types collected (or restored) somewhere now, with kubectl's names for them.
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        let mut cached = self.catalogue.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = &*cached {
+            return c.clone();
+        }
+        let table = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let names: HashMap<(&str, &str), &fleetscope_informer::discovery::Served> = table
             .values()
-            .flat_map(|c| {
-                c.streams
-                    .iter()
-                    .map(|(name, (rt, _))| (name.clone(), rt.clone()))
+            .flat_map(|c| c.served.iter())
+            .map(|s| ((s.resource.group.as_str(), s.resource.plural.as_str()), s))
+            .collect();
+        let built = Arc::new(Catalogue::new(table.values().flat_map(|c| {
+            c.streams.values().map(|(rt, _)| {
+                let served = names.get(&(rt.group.as_str(), rt.plural.as_str()));
+                Named {
+                    resource: rt.clone(),
+                    singular: served.map(|s| s.singular.clone()).unwrap_or_default(),
+                    short_names: served.map(|s| s.short_names.clone()).unwrap_or_default(),
+                }
             })
-            .collect()
+        })));
+        *cached = Some(built.clone());
+        built
+    }
+
+    /// What is collected changed: the catalogue is built again when next asked for.
+    fn catalogue_changed(&self) {
+        *self.catalogue.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ClusterName, ClusterStatus>> {
@@ -489,24 +514,6 @@ impl StatusTable {
             .map(|c| c.labels.clone())
     }
 
-    /// The short and singular names of every type some cluster serves, by (group, plural).
-    pub fn type_names(&self) -> HashMap<(String, String), (Vec<String>, String)> {
-        let mut names = HashMap::new();
-        for c in self
-            .inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            for s in c.served.iter() {
-                names
-                    .entry((s.resource.group.clone(), s.resource.plural.clone()))
-                    .or_insert_with(|| (s.short_names.clone(), s.singular.clone()));
-            }
-        }
-        names
-    }
-
     /// Where a cluster's requests to its API server are counted.
     pub fn request_counts(
         &self,
@@ -531,7 +538,12 @@ impl StatusTable {
             return;
         };
         let before = status.freshness(None).0;
+        let shape = |c: &ClusterStatus| (c.streams.len(), Arc::as_ptr(&c.served));
+        let shape_before = shape(status);
         f(status);
+        if shape(status) != shape_before {
+            self.catalogue_changed();
+        }
         let (after, stale_since, message) = status.freshness(None);
         if before != after {
             tracing::info!(cluster = %name, ?before, ?after, "cluster freshness changed");
@@ -650,6 +662,44 @@ impl StatusTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_catalogue_is_shared_until_what_is_collected_changes() {
+        let table = StatusTable::default();
+        let (a, b) = (ClusterName::from("a"), ClusterName::from("b"));
+        let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+        let deploys = ResourceType::new("apps", "v1", "deployments", "Deployment", true);
+        table.add_cluster(&a, "test", BTreeMap::new());
+        table.add_cluster(&b, "test", BTreeMap::new());
+        table.stream_state(&a, &pods, StreamState::Listing, None);
+        let first = table.catalogue();
+        assert_eq!(
+            first.resolve("pod").map(ResourceType::name).as_deref(),
+            Some("pods")
+        );
+        // Progress on a stream shares the catalogue.
+        table.stream_listed(&a, &pods, "7");
+        table.stream_state(&b, &pods, StreamState::Listing, None);
+        assert!(
+            !Arc::ptr_eq(&first, &table.catalogue()),
+            "b's stream is new"
+        );
+        let second = table.catalogue();
+        table.stream_progress(&b, &pods, "8", true);
+        assert!(Arc::ptr_eq(&second, &table.catalogue()));
+        // A cluster's discovery names a type's short names; a new type joins.
+        table.update(&b, |c| {
+            c.served = Arc::new(vec![fleetscope_informer::discovery::Served {
+                short_names: vec!["deploy".into()],
+                ..fleetscope_informer::discovery::Served::of(deploys.clone(), true)
+            }]);
+        });
+        table.stream_state(&b, &deploys, StreamState::Listing, None);
+        let third = table.catalogue();
+        assert_eq!(third.resolve("deploy"), Some(&deploys));
+        table.remove_stream(&b, &deploys.name());
+        assert_eq!(table.catalogue().resolve("deploy"), None);
+    }
 
     #[test]
     fn a_stream_failing_before_its_first_sync_reads_as_an_error_with_its_error() {

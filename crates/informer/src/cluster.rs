@@ -477,7 +477,7 @@ impl Cluster {
         let (mut early_served, mut early, mut unresolved) = self.known_types(&[]);
         let mut group_versions: Vec<(String, String)> = Vec::new();
         for spec in &unresolved {
-            if let Some((group, version, _)) = discovery::versioned(spec.trim())
+            if let Some((group, version, _)) = fleetscope_model::catalogue::versioned(spec.trim())
                 && !version.is_empty()
                 && !group_versions
                     .iter()

@@ -289,37 +289,12 @@ pub(crate) async fn discover_all(
 }
 
 fn matches_name(spec: &str, served: &Served) -> bool {
-    let rt = &served.resource;
-    let spec = spec.to_ascii_lowercase();
-    let plural = rt.plural.to_ascii_lowercase();
-    let kind = rt.kind.to_ascii_lowercase();
-    // A plural, a kind, a singular or a short name, as kubectl takes them.
-    let names = |n: &str| {
-        n == plural
-            || n == kind
-            || (!served.singular.is_empty() && n == served.singular)
-            || served.short_names.iter().any(|s| s.eq_ignore_ascii_case(n))
-    };
-    if spec.contains('/') {
-        return versioned(&spec).is_some_and(|(group, version, name)| {
-            group == rt.group && version == rt.version && names(name)
-        });
-    }
-    match spec.split_once('.') {
-        Some((n, group)) => group == rt.group && names(n),
-        None => names(&spec),
-    }
-}
-
-/// A name given with its version, as (group, version, name): `group/version/name`, or
-/// `version/name` for the core group (group empty); `None` for any other shape.
-pub(crate) fn versioned(spec: &str) -> Option<(&str, &str, &str)> {
-    let parts: Vec<&str> = spec.split('/').collect();
-    match parts.as_slice() {
-        [group, version, name] => Some((group, version, name)),
-        [version, name] => Some(("", version, name)),
-        _ => None,
-    }
+    fleetscope_model::catalogue::names(
+        spec,
+        &served.resource,
+        &served.singular,
+        &served.short_names,
+    )
 }
 
 /// The outcome of resolving specs against one cluster.

@@ -12,6 +12,7 @@
 //!   ([`selector::Labels`]) or fields ([`selector::Fields`]).
 
 pub mod access;
+pub mod catalogue;
 mod clusters;
 pub mod fleet;
 mod identity;
@@ -36,6 +37,7 @@ pub trait StoredObject {
 }
 
 pub use access::{Access, Verb};
+pub use catalogue::Catalogue;
 pub use clusters::{ClusterFilter, ClusterFilterError};
 pub use fleet::{Fleet, FleetError, GroupBy};
 pub use identity::{
