@@ -12,6 +12,7 @@ pub mod config;
 pub mod grpc;
 pub mod proto;
 pub mod server;
+pub mod shard;
 pub mod tasks;
 pub mod telemetry;
 

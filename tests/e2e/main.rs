@@ -29,5 +29,6 @@ mod persistence;
 mod reload;
 mod resume;
 mod security;
+mod shard;
 mod sim_clients;
 mod traces;

@@ -132,7 +132,8 @@ impl ResourceDef {
 
 /// The resource types every simulated cluster starts with: core/v1 namespaces, pods,
 /// configmaps, services, nodes, secrets and events; apps/v1 deployments and replicasets;
-/// rbac.authorization.k8s.io/v1 roles, cluster roles and their bindings; and
+/// rbac.authorization.k8s.io/v1 roles, cluster roles and their bindings;
+/// coordination.k8s.io/v1 leases; and
 /// `crontabs.stable.example.com`, a custom resource, to prove nothing is hard-wired.
 pub fn builtin() -> Vec<ResourceDef> {
     vec![
@@ -197,6 +198,7 @@ pub fn builtin() -> Vec<ResourceDef> {
             "ClusterRoleBinding",
             false,
         ),
+        ResourceDef::new("coordination.k8s.io", "v1", "leases", "Lease", true),
         ResourceDef::new("stable.example.com", "v1", "crontabs", "CronTab", true).short(&["ct"]),
     ]
 }

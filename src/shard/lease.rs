@@ -1,0 +1,419 @@
+//! Replica membership through `coordination.k8s.io/v1` Leases in one coordination
+//! cluster. Each replica keeps a Lease of its own (`RING-IDENTITY`, labelled with the
+//! ring), written with client-go's semantics (`k8s.io/client-go/tools/leaderelection/
+//! resourcelock/leaselock.go`): read it, then replace it carrying the
+//! `resourceVersion` read, so that etcd's compare-and-swap behind the API server
+//! decides a race; a conflict is a lost race, answered by reading again, never by
+//! overwriting. Another replica is judged as client-go's `leaderelection.go` judges a
+//! leader: alive while its Lease names a holder and this replica saw the Lease change
+//! within its duration by this replica's own clock (clocks of different machines are
+//! never compared). Releasing clears the holder, so the others see the replica leave
+//! at once instead of after the duration.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The label every Lease of a ring carries, naming the ring.
+pub const RING_LABEL: &str = "fleetscope.io/ring";
+
+/// Why a Lease could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Another writer changed the Lease since it was read (409): a lost race. It is
+    /// read again before the next write.
+    #[error("lease {name}: changed by another writer since it was read (conflict)")]
+    Conflict {
+        /// The Lease.
+        name: String,
+    },
+    /// The API server refused or could not be reached.
+    #[error("lease {name}")]
+    Api {
+        /// The Lease.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The name of `identity`'s Lease in `ring`.
+pub fn lease_name(ring: &str, identity: &str) -> String {
+    format!("{ring}-{identity}")
+}
+
+/// This replica's own Lease: renewed every renew period, released on shutdown.
+pub struct OwnLease {
+    api: Api<Lease>,
+    name: String,
+    ring: String,
+    identity: String,
+    duration: Duration,
+    /// The Lease as last read or written, with its `resourceVersion`; `None` until
+    /// read, and again after a write lost a race.
+    last: Option<Lease>,
+}
+
+impl OwnLease {
+    /// `identity`'s Lease in `ring`, in the namespace of `api`.
+    pub fn new(api: Api<Lease>, ring: &str, identity: &str, duration: Duration) -> Self {
+        Self {
+            api,
+            name: lease_name(ring, identity),
+            ring: ring.to_string(),
+            identity: identity.to_string(),
+            duration,
+            last: None,
+        }
+    }
+
+    /// The Lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn api_error(&self, source: kube::Error) -> LeaseError {
+        match &source {
+            kube::Error::Api(s) if s.code == 409 => LeaseError::Conflict {
+                name: self.name.clone(),
+            },
+            _ => LeaseError::Api {
+                name: self.name.clone(),
+                source,
+            },
+        }
+    }
+
+    /// Holds the Lease for another duration, publishing `annotations` on it (this
+    /// replica's address, the clusters it serves): created when missing, else
+    /// replaced with the `resourceVersion` last read. A lost race is
+    /// [`LeaseError::Conflict`]; the next renewal reads first.
+    pub async fn renew(
+        &mut self,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<(), LeaseError> {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let current = match self.last.take() {
+            Some(l) => Some(l),
+            None => self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.api_error(e))?,
+        };
+        let written = match current {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        labels: Some(BTreeMap::from([(
+                            RING_LABEL.to_string(),
+                            self.ring.clone(),
+                        )])),
+                        annotations: Some(annotations.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(self.identity.clone()),
+                        lease_duration_seconds: Some(seconds(self.duration)),
+                        acquire_time: Some(now.clone()),
+                        renew_time: Some(now),
+                        lease_transitions: Some(0),
+                        ..LeaseSpec::default()
+                    }),
+                };
+                self.api
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .map_err(|e| self.api_error(e))?
+            }
+            Some(mut lease) => {
+                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+                let held = spec.holder_identity.as_deref() == Some(self.identity.as_str());
+                if !held {
+                    // Taken up again after a release (or first taken from another
+                    // holder): a transition, as client-go counts them.
+                    spec.acquire_time = Some(now.clone());
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                }
+                spec.holder_identity = Some(self.identity.clone());
+                spec.lease_duration_seconds = Some(seconds(self.duration));
+                spec.renew_time = Some(now);
+                lease.metadata.annotations = Some(annotations.clone());
+                lease
+                    .metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(RING_LABEL.to_string(), self.ring.clone());
+                // Carries the resourceVersion read: a replace, not an overwrite.
+                self.api
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await
+                    .map_err(|e| self.api_error(e))?
+            }
+        };
+        self.last = Some(written);
+        Ok(())
+    }
+
+    /// Gives the Lease up: the holder cleared (with the `resourceVersion` read, like
+    /// every write), so the others count this replica gone at once.
+    pub async fn release(&mut self) -> Result<(), LeaseError> {
+        let current = match self.last.take() {
+            Some(l) => Some(l),
+            None => self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.api_error(e))?,
+        };
+        let Some(mut lease) = current else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        let written = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+            .map_err(|e| self.api_error(e))?;
+        self.last = Some(written);
+        Ok(())
+    }
+}
+
+fn seconds(d: Duration) -> i32 {
+    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+/// A member of a ring, as its Lease shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its identity (the Lease's holder).
+    pub identity: String,
+    /// What it publishes on its Lease.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// One Lease as this replica has seen it.
+#[derive(Debug, Clone)]
+struct Seen {
+    holder: Option<String>,
+    resource_version: String,
+    duration: Duration,
+    annotations: BTreeMap<String, String>,
+    /// When this replica saw its `resourceVersion` change, by its own clock.
+    changed_at: Instant,
+}
+
+/// The Leases of a ring as this replica sees them, and who is alive by them.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    leases: BTreeMap<String, Seen>,
+}
+
+impl Observed {
+    /// Records a Lease as read or watched `now`. A Lease seen again unchanged keeps
+    /// the time it was last seen to change: a replica that stopped renewing is not
+    /// made alive by being read again.
+    pub fn saw(&mut self, lease: &Lease, now: Instant) {
+        let Some(name) = lease.metadata.name.clone() else {
+            return;
+        };
+        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+        let spec = lease.spec.clone().unwrap_or_default();
+        let changed_at = match self.leases.get(&name) {
+            Some(s) if s.resource_version == rv => s.changed_at,
+            _ => now,
+        };
+        self.leases.insert(
+            name,
+            Seen {
+                holder: spec.holder_identity.filter(|h| !h.is_empty()),
+                resource_version: rv,
+                duration: Duration::from_secs(
+                    u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
+                ),
+                annotations: lease.metadata.annotations.clone().unwrap_or_default(),
+                changed_at,
+            },
+        );
+    }
+
+    /// Records that a Lease was deleted.
+    pub fn deleted(&mut self, name: &str) {
+        self.leases.remove(name);
+    }
+
+    /// The members alive `now`, by identity: each Lease that names a holder and was
+    /// seen to change within its duration.
+    pub fn alive(&self, now: Instant) -> Vec<Member> {
+        let mut members: Vec<Member> = self
+            .leases
+            .values()
+            .filter(|s| now.saturating_duration_since(s.changed_at) < s.duration)
+            .filter_map(|s| {
+                Some(Member {
+                    identity: s.holder.clone()?,
+                    annotations: s.annotations.clone(),
+                })
+            })
+            .collect();
+        members.sort_by(|a, b| a.identity.cmp(&b.identity));
+        members.dedup_by(|a, b| a.identity == b.identity);
+        members
+    }
+}
+
+/// Follows the Leases of `ring`: a list, then a watch from its `resourceVersion`
+/// (again from where it stopped when it ends, from a fresh list when its history is
+/// gone or the API server fails), each change published to `observed` as it is seen,
+/// until `stop`. Membership is watched, never polled.
+pub async fn follow(
+    api: Api<Lease>,
+    ring: String,
+    observed: watch::Sender<Observed>,
+    stop: CancellationToken,
+) {
+    let ring = ring.as_str();
+    let selector = format!("{RING_LABEL}={ring}");
+    let retry = Duration::from_secs(1);
+    let list_params = ListParams::default().labels(&selector);
+    'list: loop {
+        let listed = tokio::select! {
+            l = api.list(&list_params) => l,
+            _ = stop.cancelled() => return,
+        };
+        let list = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(ring, error = %e, "cannot list the ring's leases; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(retry) => continue 'list,
+                    _ = stop.cancelled() => return,
+                }
+            }
+        };
+        let now = Instant::now();
+        observed.send_modify(|o| {
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|l| l.metadata.name.clone())
+                .collect();
+            o.leases.retain(|name, _| names.contains(name));
+            for lease in &list.items {
+                o.saw(lease, now);
+            }
+        });
+        let mut version = list.metadata.resource_version.unwrap_or_default();
+        loop {
+            let params = WatchParams::default().labels(&selector).timeout(290);
+            let watched = tokio::select! {
+                w = api.watch(&params, &version) => w,
+                _ = stop.cancelled() => return,
+            };
+            let mut events = match watched {
+                Ok(events) => events.boxed(),
+                Err(e) => {
+                    tracing::warn!(ring, error = %e, "cannot watch the ring's leases; listing again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => continue 'list,
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            };
+            loop {
+                let event = tokio::select! {
+                    e = events.next() => e,
+                    _ = stop.cancelled() => return,
+                };
+                let now = Instant::now();
+                match event {
+                    // The watch ended (its timeout): go on from where it stopped.
+                    None => break,
+                    Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
+                        version = l.metadata.resource_version.clone().unwrap_or(version);
+                        observed.send_modify(|o| o.saw(&l, now));
+                    }
+                    Some(Ok(WatchEvent::Deleted(l))) => {
+                        version = l.metadata.resource_version.clone().unwrap_or(version);
+                        if let Some(name) = &l.metadata.name {
+                            observed.send_modify(|o| o.deleted(name));
+                        }
+                    }
+                    Some(Ok(WatchEvent::Bookmark(b))) => version = b.metadata.resource_version,
+                    // 410 Gone (history compacted) or another failure: list again.
+                    Some(Ok(WatchEvent::Error(e))) => {
+                        tracing::debug!(
+                            ring,
+                            code = e.code,
+                            "the leases' watch ended; listing again"
+                        );
+                        continue 'list;
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(ring, error = %e, "the leases' watch failed; listing again");
+                        continue 'list;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(name: &str, holder: Option<&str>, rv: &str, seconds: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                lease_duration_seconds: Some(seconds),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_member_is_alive_while_its_lease_changes_within_its_duration() {
+        let t0 = Instant::now();
+        let mut seen = Observed::default();
+        seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
+        seen.saw(&lease("ring-b", Some("b"), "1", 15), t0);
+        let ids = |m: Vec<Member>| m.into_iter().map(|m| m.identity).collect::<Vec<_>>();
+        assert_eq!(ids(seen.alive(t0)), ["a", "b"]);
+        // a renews at 10 s; b is read again unchanged: that is no renewal.
+        let t10 = t0 + Duration::from_secs(10);
+        seen.saw(&lease("ring-a", Some("a"), "2", 15), t10);
+        seen.saw(&lease("ring-b", Some("b"), "1", 15), t10);
+        let t16 = t0 + Duration::from_secs(16);
+        assert_eq!(ids(seen.alive(t16)), ["a"]);
+        // A released Lease (no holder) is gone at once, whatever its age.
+        seen.saw(&lease("ring-a", None, "3", 15), t16);
+        assert!(seen.alive(t16).is_empty());
+        // Taken up again.
+        seen.saw(&lease("ring-a", Some("a"), "4", 15), t16);
+        assert_eq!(ids(seen.alive(t16)), ["a"]);
+        seen.deleted("ring-a");
+        assert!(seen.alive(t16).is_empty());
+    }
+}

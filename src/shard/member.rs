@@ -1,0 +1,127 @@
+//! A replica's membership in its ring: its own Lease renewed every renew period, the
+//! ring's Leases followed by watch, and from them who is alive and which clusters this
+//! replica owns. Fencing is judged when asked, by this replica's clock: a replica whose
+//! last successful renewal is older than the lease duration (its process stopped, its
+//! coordination cluster unreachable) is fenced and must not answer as an owner until a
+//! renewal succeeds again, however long it was away. A renewal counts from the moment
+//! its request was sent, as client-go counts it, so a slow answer never extends it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::assign;
+use super::lease::{self, Member, Observed, OwnLease};
+
+/// How a replica takes part in its ring.
+#[derive(Debug, Clone)]
+pub struct MembershipConfig {
+    /// The ring's name.
+    pub ring: String,
+    /// This replica's identity (its pod's name, so a restart keeps it).
+    pub identity: String,
+    /// How long a Lease holds without renewal.
+    pub lease_duration: Duration,
+    /// How often this replica renews its Lease.
+    pub renew_period: Duration,
+    /// Owners per cluster (1 or 2).
+    pub replication: usize,
+}
+
+/// The ring as this replica sees it.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// When the last successful renewal was sent; `None` before the first.
+    pub renewed_at: Option<Instant>,
+    /// Renewals that failed since start.
+    pub renew_failures: u64,
+    /// The ring's Leases as seen.
+    pub observed: Observed,
+}
+
+impl View {
+    /// Whether this replica must not answer as an owner `now`: its last renewal is
+    /// older than `lease_duration` (or there was none).
+    pub fn fenced(&self, now: Instant, lease_duration: Duration) -> bool {
+        self.renewed_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= lease_duration)
+    }
+
+    /// The live members `now`.
+    pub fn members(&self, now: Instant) -> Vec<Member> {
+        self.observed.alive(now)
+    }
+
+    /// The clusters of `clusters` that `identity` owns `now` with `replication`
+    /// owners each; none while it is fenced.
+    pub fn owned(
+        &self,
+        now: Instant,
+        config: &MembershipConfig,
+        clusters: &[String],
+    ) -> Vec<String> {
+        if self.fenced(now, config.lease_duration) {
+            return Vec::new();
+        }
+        let members: Vec<String> = self.members(now).into_iter().map(|m| m.identity).collect();
+        clusters
+            .iter()
+            .filter(|c| {
+                assign::owners(c, &members, config.replication).contains(&config.identity.as_str())
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// Keeps this replica in its ring until `stop`: renews its Lease every renew period
+/// with what `published` holds (its address, the clusters it serves), follows the
+/// ring's Leases, and publishes the view to `view`; then releases the Lease.
+pub async fn run(
+    api: Api<Lease>,
+    config: MembershipConfig,
+    published: watch::Receiver<BTreeMap<String, String>>,
+    view: watch::Sender<View>,
+    stop: CancellationToken,
+) {
+    let (observed_tx, mut observed) = watch::channel(Observed::default());
+    let follower = crate::tasks::spawn(
+        "lease-follower",
+        lease::follow(api.clone(), config.ring.clone(), observed_tx, stop.clone()),
+    );
+    let mut own = OwnLease::new(api, &config.ring, &config.identity, config.lease_duration);
+    let mut tick = tokio::time::interval(config.renew_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let sent = Instant::now();
+                let annotations = published.borrow().clone();
+                match own.renew(&annotations).await {
+                    Ok(()) => view.send_modify(|v| v.renewed_at = Some(sent)),
+                    Err(e) => {
+                        tracing::warn!(ring = %config.ring, lease = own.name(), error = %e, "lease renewal failed");
+                        view.send_modify(|v| v.renew_failures += 1);
+                    }
+                }
+            }
+            changed = observed.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let seen = observed.borrow_and_update().clone();
+                view.send_modify(|v| v.observed = seen);
+            }
+            _ = stop.cancelled() => break,
+        }
+    }
+    if let Err(e) = own.release().await {
+        tracing::warn!(ring = %config.ring, lease = own.name(), error = %e, "lease release failed: the others count this replica gone after the lease duration");
+    }
+    let _ = follower.await;
+}
