@@ -92,6 +92,18 @@ impl OwnLease {
         }
     }
 
+    /// The Lease as last read or written, else as the API server has it now.
+    async fn current(&mut self) -> Result<Option<Lease>, LeaseError> {
+        match self.last.take() {
+            Some(l) => Ok(Some(l)),
+            None => self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.api_error(e)),
+        }
+    }
+
     /// Holds the Lease for another duration, publishing `annotations` on it (this
     /// replica's address, the clusters it serves): created when missing, else
     /// replaced with the `resourceVersion` last read. A lost race is
@@ -101,14 +113,7 @@ impl OwnLease {
         annotations: &BTreeMap<String, String>,
     ) -> Result<(), LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let current = match self.last.take() {
-            Some(l) => Some(l),
-            None => self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.api_error(e))?,
-        };
+        let current = self.current().await?;
         let written = match current {
             None => {
                 let lease = Lease {
@@ -167,14 +172,7 @@ impl OwnLease {
     /// Gives the Lease up: the holder cleared (with the `resourceVersion` read, like
     /// every write), so the others count this replica gone at once.
     pub async fn release(&mut self) -> Result<(), LeaseError> {
-        let current = match self.last.take() {
-            Some(l) => Some(l),
-            None => self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.api_error(e))?,
-        };
+        let current = self.current().await?;
         let Some(mut lease) = current else {
             return Ok(());
         };

@@ -97,13 +97,7 @@ mod tests {
     use super::*;
 
     fn catalogue() -> Catalogue {
-        let rt = |g: &str, p: &str, k: &str| ResourceType {
-            group: g.into(),
-            version: "v1".into(),
-            plural: p.into(),
-            kind: k.into(),
-            namespaced: true,
-        };
+        let rt = |g: &str, p: &str, k: &str| ResourceType::new(g, "v1", p, k, true);
         let named = |resource, singular: &str, short: &[&str]| Named {
             resource,
             singular: singular.into(),
