@@ -562,6 +562,20 @@ mod tests {
         assert_eq!(of(&given, "cluster_aliases"), ["ctx=short"]);
     }
 
+    proptest::proptest! {
+        /// The configuration file is operator input: any text near its shape, at any
+        /// key, is settings or an error naming what is wrong, never a panic.
+        #[test]
+        fn any_configuration_text_is_settings_or_an_error(
+            text in "((listen|resources|clusters|informer|retention|watch|store|grpc|security|pruning|inCluster|fieldIndexes|kubeconfigs|contexts|logFormat):( [a-zA-Z0-9*./\\[\\] ,{}:=!;-]{0,40})?\n(  (pageSize|namespace|pods|labels|aliases|persist|tokenReview|ttl|match|managedFields|bookmarkInterval|events): [a-zA-Z0-9*./\\[\\] ,{}:=!;-]{0,40}\n){0,3}){0,5}\\PC{0,20}",
+        ) {
+            match parse(Path::new("fleetscope.yaml"), &text) {
+                Ok(_) => {}
+                Err(e) => proptest::prop_assert!(e.to_string().starts_with("fleetscope.yaml")),
+            }
+        }
+    }
+
     #[test]
     fn resources_are_a_list_or_a_map_of_settings() {
         let list = parsed("resources: [pods, deployments.apps]\n").unwrap();
