@@ -52,46 +52,19 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Given>, FileError> {
         }
     }
     let mut given = Vec::new();
-    for setting in &settings {
-        if setting.file == FromFile::Derived {
-            continue;
-        }
+    // `resources` last: its types' field indexes join the fleet's own.
+    let (types, others): (Vec<&&Setting>, Vec<&&Setting>) = settings
+        .iter()
+        .filter(|s| s.file != FromFile::Derived)
+        .partition(|s| s.file == FromFile::Resources);
+    for setting in others.into_iter().chain(types) {
         match at(&document, setting.key) {
             None | Some(Value::Null) => {}
             Some(v) => reader.give(setting, v, &mut given)?,
         }
     }
-    // The types' own field indexes join the fleet's.
-    let more: Vec<String> = given
-        .iter()
-        .filter(|g| g.arg == MORE_FIELD_INDEXES)
-        .flat_map(|g| g.values.clone())
-        .collect();
-    given.retain(|g| g.arg != MORE_FIELD_INDEXES);
-    if let (false, Some(s)) = (
-        more.is_empty(),
-        settings.iter().find(|s| s.id == "field_indexes"),
-    ) {
-        if given.iter().all(|g| g.arg != s.id) {
-            given.push(Given {
-                key: s.key,
-                arg: s.id,
-                values: Vec::new(),
-            });
-        }
-        for g in given.iter_mut().filter(|g| g.arg == s.id) {
-            for p in &more {
-                if !g.values.contains(p) {
-                    g.values.push(p.clone());
-                }
-            }
-        }
-    }
     Ok(given)
 }
-
-/// Marks the field indexes of `resources.*.fieldIndexes` until they join the fleet's.
-const MORE_FIELD_INDEXES: &str = "(resources.*.fieldIndexes)";
 
 /// The value at a dotted key path.
 fn at<'a>(document: &'a Value, key: &str) -> Option<&'a Value> {
@@ -401,11 +374,22 @@ impl Reader<'_> {
                 values: scopes,
             });
         }
-        given.push(Given {
-            key: "",
-            arg: MORE_FIELD_INDEXES,
-            values: field_indexes,
-        });
+        if let (false, Some(s)) = (field_indexes.is_empty(), derived("field_indexes")) {
+            if given.iter().all(|g| g.arg != s.id) {
+                given.push(Given {
+                    key: s.key,
+                    arg: s.id,
+                    values: Vec::new(),
+                });
+            }
+            for g in given.iter_mut().filter(|g| g.arg == s.id) {
+                for p in &field_indexes {
+                    if !g.values.contains(p) {
+                        g.values.push(p.clone());
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }
