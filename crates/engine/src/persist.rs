@@ -502,10 +502,12 @@ impl Persister {
                     _ = cancel.cancelled() => break,
                 }
             }
+            // At debug level: a line of its own every minute would repeat in an idle
+            // server's log; GetStore and the metrics carry the same figures.
             if last_report.elapsed() >= Duration::from_secs(60) {
                 last_report = Instant::now();
                 let s = self.stats();
-                tracing::info!(
+                tracing::debug!(
                     size_on_disk = s.size_on_disk,
                     last_flush_ms = s.last_flush.as_secs_f64() * 1e3,
                     max_flush_ms = s.max_flush.as_secs_f64() * 1e3,
