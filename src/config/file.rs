@@ -433,10 +433,33 @@ mod tests {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/base/fleetscope.yaml");
         let given = read(&path).unwrap();
-        for s in serve_settings() {
+        for s in serve_settings().filter(|s| !s.key.starts_with("sharding.")) {
             assert!(
                 given.iter().any(|g| g.arg == s.id),
                 "the example lacks {}",
+                s.key
+            );
+        }
+    }
+
+    #[test]
+    fn the_sharded_deployment_sets_every_sharding_setting_by_its_environment_variable() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let patch = std::fs::read_to_string(
+            root.join("deploy/kubernetes/overlays/sharded/statefulset-patch.yaml"),
+        )
+        .unwrap();
+        let command =
+            <super::super::flags::ShardArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        for s in serve_settings().filter(|s| s.key.starts_with("sharding.")) {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_id() == s.id)
+                .unwrap();
+            let env = arg.get_env().unwrap().to_string_lossy().into_owned();
+            assert!(
+                patch.contains(&format!("name: {env}\n")),
+                "the sharded overlay does not set {} ({env})",
                 s.key
             );
         }

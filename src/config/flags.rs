@@ -103,6 +103,7 @@ pub fn serve_settings() -> impl Iterator<Item = &'static Setting> {
         EngineArgs::SETTINGS,
         PersistArgs::SETTINGS,
         SecurityArgs::SETTINGS,
+        ShardArgs::SETTINGS,
     ]
     .into_iter()
     .flatten()
@@ -149,7 +150,73 @@ pub struct ServeArgs {
     #[allow(missing_docs)]
     #[command(flatten)]
     pub security: SecurityArgs,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub shard: Box<ShardArgs>,
 }
+}
+
+crate::settings! {
+/// How a replica shares the fleet's clusters with the others of its ring (off unless
+/// a ring is named).
+#[derive(Debug, Args)]
+pub struct ShardArgs {
+    ["sharding.ring", Text, Restart]
+    /// Run as a replica of this ring: the clusters are shared among the ring's live
+    /// replicas through Leases in the coordination cluster, each cluster watched by its
+    /// owners only. Unset: this server watches every cluster.
+    #[arg(long, env = "FLEETSCOPE_SHARD_RING", value_name = "NAME", value_parser = ring_name)]
+    pub shard_ring: Option<String>,
+    ["sharding.coordination", Text, Restart]
+    /// The cluster holding the ring's Leases: a context of the kubeconfigs, or
+    /// `in-cluster`.
+    #[arg(long, env = "FLEETSCOPE_SHARD_COORDINATION", default_value = "in-cluster", value_name = "CONTEXT")]
+    pub shard_coordination: String,
+    ["sharding.leaseNamespace", Text, Restart]
+    /// The namespace of the ring's Leases.
+    #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_NAMESPACE", default_value = "default", value_name = "NAMESPACE")]
+    pub shard_lease_namespace: String,
+    ["sharding.identity", Text, Restart]
+    /// This replica's identity in the ring, unique and kept across restarts (with its
+    /// data directory). Default: the host name (a StatefulSet pod's name).
+    #[arg(long, env = "FLEETSCOPE_SHARD_IDENTITY", value_name = "NAME")]
+    pub shard_identity: Option<String>,
+    ["sharding.advertise", Text, Restart]
+    /// The address routers reach this replica's gRPC listener at, published on its
+    /// Lease. Default: the host name and the listen port.
+    #[arg(long, env = "FLEETSCOPE_SHARD_ADVERTISE", value_name = "HOST:PORT", value_parser = host_port)]
+    pub shard_advertise: Option<String>,
+    ["sharding.leaseDuration", Duration, Restart]
+    /// How long a Lease holds without renewal: a replica silent this long is counted
+    /// gone by the others, and stops answering for its clusters itself.
+    #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_duration)]
+    pub shard_lease_duration: Duration,
+    ["sharding.renewPeriod", Duration, Restart]
+    /// How often a replica renews its Lease (well under the lease duration).
+    #[arg(long, env = "FLEETSCOPE_SHARD_RENEW_PERIOD", default_value = "2s", value_parser = crate::config::parse_duration)]
+    pub shard_renew_period: Duration,
+    ["sharding.replication", Count, Restart]
+    /// Owners per cluster: 1, or 2 so that losing one replica loses no cluster.
+    #[arg(long, env = "FLEETSCOPE_SHARD_REPLICATION", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=2))]
+    pub shard_replication: u64,
+}
+}
+
+/// A ring's name: a DNS label, as it names Leases and labels them.
+fn ring_name(s: &str) -> Result<String, String> {
+    let valid = !s.is_empty()
+        && s.len() <= 40
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a ring name: lowercase letters, digits and '-', at most 40, starting and ending with a letter or digit"
+        ))
+    }
 }
 
 crate::settings! {
@@ -437,6 +504,64 @@ pub struct PersistArgs {
     #[arg(long, default_value_t = 4)]
     pub compact_min_mib: u64,
 }
+}
+
+impl ShardArgs {
+    /// How this replica takes part in its ring, and the address it publishes there;
+    /// `None` when no ring is named. The identity defaults to the host name, the
+    /// address to the host name and `listen`'s port.
+    pub fn membership(
+        &self,
+        listen: &str,
+    ) -> Result<Option<(crate::shard::member::MembershipConfig, String)>, ArgsError> {
+        let Some(ring) = &self.shard_ring else {
+            return Ok(None);
+        };
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        let identity = self.shard_identity.clone().unwrap_or_else(|| host.clone());
+        let valid = !identity.is_empty()
+            && ring.len() + 1 + identity.len() <= 253
+            && identity
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && identity.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && identity.ends_with(|c: char| c.is_ascii_alphanumeric());
+        ensure(
+            valid,
+            &format!(
+                "--shard-identity {identity:?}: not usable in a Lease's name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"
+            ),
+        )?;
+        ensure(
+            self.shard_lease_duration >= Duration::from_secs(2),
+            "--shard-lease-duration must be at least 2s",
+        )?;
+        ensure(
+            self.shard_renew_period > Duration::ZERO
+                && self.shard_renew_period * 2 <= self.shard_lease_duration,
+            "--shard-renew-period must be more than 0 and at most half of --shard-lease-duration",
+        )?;
+        let advertise = match &self.shard_advertise {
+            Some(a) => a.clone(),
+            None => {
+                let port = listen.rsplit_once(':').map_or("50051", |(_, p)| p);
+                format!("{host}:{port}")
+            }
+        };
+        Ok(Some((
+            crate::shard::member::MembershipConfig {
+                ring: ring.clone(),
+                identity,
+                lease_duration: self.shard_lease_duration,
+                renew_period: self.shard_renew_period,
+                replication: usize::try_from(self.shard_replication).unwrap_or(1),
+            },
+            advertise,
+        )))
+    }
 }
 
 impl ServeArgs {

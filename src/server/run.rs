@@ -159,6 +159,21 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
     }
     let (desired_tx, desired) = tokio::sync::watch::channel(SourceSet::of(clusters));
+    let reload = tokio_util::sync::CancellationToken::new();
+    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
+    // A ring's coordination cluster, like a kubeconfig, is checked before any port is bound.
+    let membership = match args.shard.membership(&args.listen)? {
+        None => None,
+        Some((membership, advertise)) => Some((
+            membership,
+            advertise,
+            context_source(
+                "--shard-coordination",
+                &args.shard.shard_coordination,
+                &kubeconfig_paths,
+            )?,
+        )),
+    };
     let (settings_tx, mut settings) = tokio::sync::watch::channel(config_now.clone());
     settings.mark_unchanged();
     if args.persist.flush_ms.is_some() {
@@ -188,12 +203,36 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         None => crate::grpc::TokenKey::random()?,
     };
     let mut service = args.engine.service(key);
+    let replica = match membership {
+        None => None,
+        Some((membership, advertise, source)) => {
+            let (client, _) =
+                fleetscope_informer::source::client(&source, args.engine.exec_timeout).await?;
+            let api = kube::Api::namespaced(client, &args.shard.shard_lease_namespace);
+            let engine = fleet.clone();
+            Some(crate::shard::replica::Replica::start(
+                api,
+                membership,
+                advertise,
+                desired.clone(),
+                Box::new(move || {
+                    engine
+                        .get()
+                        .map(|e| e.synced_clusters())
+                        .unwrap_or_default()
+                }),
+                reload.clone(),
+            ))
+        }
+    };
+    // A replica's engine runs the clusters it holds, not every configured one.
+    let engine_sources = replica.as_ref().map_or(desired, |r| r.held.clone());
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
     let start = move || {
         let engine = match data_dir {
             None => {
                 tracing::info!("running in memory only (--no-persist)");
-                Engine::start_live(desired, config_now, None)
+                Engine::start_live(engine_sources, config_now, None)
             }
             Some(dir) => {
                 let opened =
@@ -206,12 +245,11 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                     store: std::sync::Arc::new(opened.store),
                     loaded: opened.loaded,
                 };
-                Engine::start_live(desired, config_now, Some(stored))
+                Engine::start_live(engine_sources, config_now, Some(stored))
             }
         };
         Ok(engine)
     };
-    let reload = tokio_util::sync::CancellationToken::new();
     let mut reloads = Reloads::default();
     let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
     if let Some(config) = config {
@@ -236,7 +274,6 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         reload::sources_input(sources, desired_tx),
     );
     let metrics = bind_metrics(&args.engine).await?;
-    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     let security = secure(
         &args.security,
         &fleet,
@@ -258,6 +295,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
             limits: args.engine.limits(),
             security,
             reloads: reload.clone(),
+            replica,
         },
         Some(settings),
     )
@@ -361,6 +399,9 @@ struct Serving {
     /// Stops the reloaders (configuration, credentials, TLS, RBAC): cancelled when
     /// the shutdown begins, so they end with the rest.
     reloads: tokio_util::sync::CancellationToken,
+    /// This server as a replica of a ring: the engine starts once it has decided what
+    /// it holds, answers pass its fence, and a shutdown first hands its clusters over.
+    replica: Option<crate::shard::replica::Replica>,
 }
 
 /// Serves at once, starts the engine with `start` (off the async workers: it may load
@@ -380,18 +421,24 @@ async fn run(
         limits,
         security,
         reloads,
+        replica,
     } = how;
     // From here on SIGTERM shuts down in order, whatever is starting.
     let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let inputs = service.inputs.clone();
-    let service = FleetService::new(fleet.clone(), service, stop.clone());
+    let gated = std::sync::Arc::new(fleetscope_model::fleet::Gated::new(
+        fleet.clone(),
+        replica.as_ref().map(|r| r.gate.clone()),
+    ));
+    let service = FleetService::new(gated, service, stop.clone());
     let mut counted = GrpcLayer::off();
     if let Some(listener) = metrics {
         let (registry, grpc) = telemetry::metrics::registry(telemetry::metrics::Sources {
             engine: fleet.clone(),
             subscribers: service.subscribers(),
             inputs,
+            shard: replica.as_ref().map(|r| r.status.clone()),
         });
         counted = GrpcLayer::new(grpc);
         if let Ok(addr) = listener.local_addr() {
@@ -436,16 +483,26 @@ async fn run(
             security,
         ),
     );
+    let handover = replica.as_ref().map(|r| r.handover());
     let signal = crate::tasks::spawn("shutdown-signal", {
         let stop = stop.clone();
         async move {
             shutdown.await;
+            if let Some(handover) = handover {
+                handover.await;
+            }
             stop.cancel();
         }
     });
-    let starting = crate::tasks::spawn_blocking("engine-start", start);
+    let decided = replica.as_ref().map(|r| r.decided());
+    let starting = crate::tasks::spawn("engine-start", async move {
+        if let Some(decided) = decided {
+            decided.await;
+        }
+        crate::tasks::spawn_blocking("engine-start", start).await
+    });
     let engine = tokio::select! {
-        e = starting => e?,
+        e = starting => e??,
         _ = stop.cancelled() => {
             server.await??;
             return Ok(());
@@ -569,7 +626,7 @@ fn check_security(args: &SecurityArgs, kubeconfigs: &[PathBuf]) -> Result<(), Ru
         crate::auth::policy::PolicyGrants::load(path)?;
     }
     if let Some(context) = &args.token_review_context {
-        review_source(context, kubeconfigs)?;
+        context_source("--token-review-context", context, kubeconfigs)?;
     }
     Ok(())
 }
@@ -637,7 +694,7 @@ fn secure(
         None => None,
         Some(context) => Some(crate::auth::review::Reviewer::new(
             fleetscope_informer::review::TokenReviewer::new(
-                review_source(context, kubeconfigs)?,
+                context_source("--token-review-context", context, kubeconfigs)?,
                 engine.exec_timeout,
                 args.token_review_audiences.clone(),
             ),
@@ -736,9 +793,11 @@ fn private(dir: &std::path::Path) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The cluster that reviews tokens: `in-cluster`, or a context of the kubeconfigs
-/// (any of them, not only those watched).
-fn review_source(
+/// A cluster fleetscope talks to besides those it watches (the one that reviews
+/// tokens, the one holding a ring's Leases), named by `flag`: `in-cluster`, or a
+/// context of the kubeconfigs (any of them, not only those watched).
+fn context_source(
+    flag: &str,
     context: &str,
     kubeconfigs: &[PathBuf],
 ) -> Result<fleetscope_informer::ClusterSource, RunError> {
@@ -750,7 +809,7 @@ fn review_source(
         .find(|s| s.context == context)
         .ok_or_else(|| {
             ArgsError::Invalid(format!(
-                "--token-review-context {context:?}: no such context in the kubeconfigs (or `in-cluster`)"
+                "{flag} {context:?}: no such context in the kubeconfigs (or `in-cluster`)"
             ))
             .into()
         })
@@ -860,6 +919,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
             limits: args.engine.limits(),
             security,
             reloads: stop_reloads.clone(),
+            replica: None,
         },
         None,
     )

@@ -24,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 /// The label every Lease of a ring carries, naming the ring.
 pub const RING_LABEL: &str = "fleetscope.io/ring";
 
+/// The annotation naming the process that holds a Lease (random for each start), so
+/// that two processes given one identity tell each other apart.
+pub const INSTANCE: &str = "fleetscope.io/instance";
+
 /// Why a Lease could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -33,6 +37,20 @@ pub enum LeaseError {
     Conflict {
         /// The Lease.
         name: String,
+    },
+    /// Another process holds this identity's Lease and renews it: two replicas were
+    /// given one identity. This one takes nothing until the other stops renewing for
+    /// a lease duration.
+    #[error(
+        "lease {name}: held by another process with identity {identity} (instance {instance}), renewed within its duration: this replica serves nothing until that one stops; give every replica its own --shard-identity"
+    )]
+    HeldByAnother {
+        /// The Lease.
+        name: String,
+        /// The identity both claim.
+        identity: String,
+        /// The other process's instance.
+        instance: String,
     },
     /// The API server refused or could not be reached.
     #[error("lease {name}")]
@@ -60,6 +78,11 @@ pub struct OwnLease {
     /// The Lease as last read or written, with its `resourceVersion`; `None` until
     /// read, and again after a write lost a race.
     last: Option<Lease>,
+    /// This process's instance, published on the Lease.
+    instance: String,
+    /// Another process's hold on the Lease as last seen: its `resourceVersion`, and
+    /// when this replica saw it change (client-go's observed record and time).
+    foreign: Option<(String, Instant)>,
 }
 
 impl OwnLease {
@@ -72,6 +95,8 @@ impl OwnLease {
             identity: identity.to_string(),
             duration,
             last: None,
+            instance: instance_id(),
+            foreign: None,
         }
     }
 
@@ -114,6 +139,12 @@ impl OwnLease {
     ) -> Result<(), LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let current = self.current().await?;
+        if let Some(lease) = &current {
+            self.check_foreign(lease)?;
+        }
+        let mut annotations = annotations.clone();
+        annotations.insert(INSTANCE.to_string(), self.instance.clone());
+        let annotations = &annotations;
         let written = match current {
             None => {
                 let lease = Lease {
@@ -169,6 +200,50 @@ impl OwnLease {
         Ok(())
     }
 
+    /// Refuses a Lease another process of this identity holds: named as holder by
+    /// another instance, and seen to change within its duration (by this replica's
+    /// clock, from when it first saw that hold). A Lease released, expired, or held
+    /// under another name (edited by hand) is taken, as client-go takes an expired one.
+    fn check_foreign(&mut self, lease: &Lease) -> Result<(), LeaseError> {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let instance = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INSTANCE))
+            .cloned()
+            .unwrap_or_default();
+        let held_by_twin = spec.holder_identity.as_deref() == Some(self.identity.as_str())
+            && !instance.is_empty()
+            && instance != self.instance;
+        if !held_by_twin {
+            self.foreign = None;
+            return Ok(());
+        }
+        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+        let now = Instant::now();
+        let seen_at = match &self.foreign {
+            Some((seen, at)) if *seen == rv => *at,
+            _ => {
+                self.foreign = Some((rv, now));
+                now
+            }
+        };
+        let duration = Duration::from_secs(
+            u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
+        );
+        if now.saturating_duration_since(seen_at) >= duration {
+            // Not renewed for its duration: the other process is gone.
+            self.foreign = None;
+            return Ok(());
+        }
+        Err(LeaseError::HeldByAnother {
+            name: self.name.clone(),
+            identity: self.identity.clone(),
+            instance,
+        })
+    }
+
     /// Gives the Lease up: the holder cleared (with the `resourceVersion` read, like
     /// every write), so the others count this replica gone at once.
     pub async fn release(&mut self) -> Result<(), LeaseError> {
@@ -176,8 +251,14 @@ impl OwnLease {
         let Some(mut lease) = current else {
             return Ok(());
         };
+        let ours = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INSTANCE))
+            .is_none_or(|i| *i == self.instance);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) || !ours {
             return Ok(());
         }
         spec.holder_identity = None;
@@ -190,6 +271,19 @@ impl OwnLease {
         self.last = Some(written);
         Ok(())
     }
+}
+
+/// A random name for this process's hold on its Lease.
+fn instance_id() -> String {
+    let mut bytes = [0u8; 8];
+    // Without randomness, the time and the process id still tell two starts apart.
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = (u64::from(std::process::id()) ^ (nanos as u64)).to_be_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn seconds(d: Duration) -> i32 {
@@ -220,6 +314,9 @@ struct Seen {
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
     leases: BTreeMap<String, Seen>,
+    /// Whether the ring's Leases have been listed once (until then, who is alive is
+    /// not known).
+    pub listed: bool,
 }
 
 impl Observed {
@@ -315,6 +412,7 @@ pub async fn follow(
             for lease in &list.items {
                 o.saw(lease, now);
             }
+            o.listed = true;
         });
         let mut version = list.metadata.resource_version.unwrap_or_default();
         loop {

@@ -40,6 +40,8 @@ pub struct View {
     pub renewed_at: Option<Instant>,
     /// Renewals that failed since start.
     pub renew_failures: u64,
+    /// Why the last renewal failed, while renewals fail.
+    pub renew_error: Option<String>,
     /// The ring's Leases as seen.
     pub observed: Observed,
 }
@@ -96,6 +98,8 @@ pub async fn run(
     );
     let mut own = OwnLease::new(api, &config.ring, &config.identity, config.lease_duration);
     let mut tick = tokio::time::interval(config.renew_period);
+    // The last failure logged: the same failure again is not logged every period.
+    let mut failing: Option<String> = None;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -103,10 +107,25 @@ pub async fn run(
                 let sent = Instant::now();
                 let annotations = published.borrow().clone();
                 match own.renew(&annotations).await {
-                    Ok(()) => view.send_modify(|v| v.renewed_at = Some(sent)),
+                    Ok(()) => {
+                        if failing.take().is_some() {
+                            tracing::info!(ring = %config.ring, lease = own.name(), "lease renewed again");
+                        }
+                        view.send_modify(|v| {
+                            v.renewed_at = Some(sent);
+                            v.renew_error = None;
+                        });
+                    }
                     Err(e) => {
-                        tracing::warn!(ring = %config.ring, lease = own.name(), error = %e, "lease renewal failed");
-                        view.send_modify(|v| v.renew_failures += 1);
+                        let text = crate::sources::chain(&e);
+                        if failing.as_deref() != Some(text.as_str()) {
+                            tracing::warn!(ring = %config.ring, lease = own.name(), error = %text, "lease renewal failed");
+                            failing = Some(text.clone());
+                        }
+                        view.send_modify(|v| {
+                            v.renew_failures += 1;
+                            v.renew_error = Some(text);
+                        });
                     }
                 }
             }

@@ -36,6 +36,8 @@ pub struct Sources {
     pub subscribers: Arc<Subscribers>,
     /// The server's inputs that reload.
     pub inputs: crate::config::inputs::Inputs,
+    /// The shard as this replica sees it, when it is a replica of a ring.
+    pub shard: Option<tokio::sync::watch::Receiver<crate::shard::owner::ShardStatus>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -191,6 +193,63 @@ fn process(e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     Ok(())
 }
 
+/// A replica's view of its ring.
+fn shard_metrics(
+    e: &mut DescriptorEncoder,
+    s: &crate::shard::owner::ShardStatus,
+) -> Result<(), std::fmt::Error> {
+    let count = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+    single(
+        e,
+        "fleetscope_shard_members",
+        "Live replicas of the ring, as this replica sees their Leases.",
+        MetricType::Gauge,
+        count(s.members.len()),
+    )?;
+    single(
+        e,
+        "fleetscope_shard_owned_clusters",
+        "Clusters this replica owns by the ring's assignment.",
+        MetricType::Gauge,
+        count(s.owned.len()),
+    )?;
+    single(
+        e,
+        "fleetscope_shard_held_clusters",
+        "Clusters this replica runs: those it owns, and those it hands over until their new owners hold them ready.",
+        MetricType::Gauge,
+        count(s.held.len()),
+    )?;
+    single(
+        e,
+        "fleetscope_shard_unowned_clusters",
+        "Configured clusters no live replica of the ring publishes ready: nobody serves them.",
+        MetricType::Gauge,
+        count(s.unowned.len()),
+    )?;
+    single(
+        e,
+        "fleetscope_shard_moves",
+        "Clusters this replica took up or let go as the ring changed.",
+        MetricType::Counter,
+        ConstCounter::new(s.moves),
+    )?;
+    single(
+        e,
+        "fleetscope_shard_lease_renew_failures",
+        "Renewals of this replica's Lease that failed (the coordination cluster unreachable, or a lost race).",
+        MetricType::Counter,
+        ConstCounter::new(s.renew_failures),
+    )?;
+    single(
+        e,
+        "fleetscope_shard_fenced",
+        "1 while this replica has not renewed its Lease within the lease duration and answers for no cluster.",
+        MetricType::Gauge,
+        ConstGauge::new(i64::from(s.fenced)),
+    )
+}
+
 impl Collector for FleetCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
@@ -290,6 +349,9 @@ impl Collector for FleetCollector {
                 )
             }),
         )?;
+        if let Some(shard) = &self.0.shard {
+            shard_metrics(&mut e, &shard.borrow())?;
+        }
         let Some(engine) = self.0.engine.get() else {
             // Starting: the engine's figures come once it is.
             return Ok(());

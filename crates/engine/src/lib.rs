@@ -411,6 +411,18 @@ impl Engine {
         }
     }
 
+    /// The clusters held listed and watching on every stream (what a replica publishes
+    /// as ready to serve).
+    pub fn synced_clusters(&self) -> std::collections::BTreeSet<String> {
+        self.status
+            .clusters()
+            .into_iter()
+            .filter(|c| !c.leaving && c.kept.is_none())
+            .filter(|c| c.freshness(None).0 == fleetscope_model::fleet::Freshness::Synced)
+            .map(|c| c.name.to_string())
+            .collect()
+    }
+
     /// The persister, when running with a store.
     pub fn persister(&self) -> Option<Arc<Persister>> {
         self.persister.clone()

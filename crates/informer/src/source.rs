@@ -280,6 +280,16 @@ pub(crate) async fn connect(
     })
 }
 
+/// A client for `source` (its exec credential plugin, if any, run within
+/// `exec_timeout`), and when its credential expires, if the plugin said so.
+pub async fn client(
+    source: &ClusterSource,
+    exec_timeout: std::time::Duration,
+) -> Result<(kube::Client, Option<std::time::SystemTime>), SourceError> {
+    let conn = connect(source, exec_timeout, None).await?;
+    Ok((conn.client, conn.expires))
+}
+
 /// The kube client configuration of one source (its server URL, credentials, TLS).
 async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
     let path = match &source.origin {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 
 use crate::{
     Access, ClusterFilter, ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey,
@@ -400,6 +400,133 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// This watch, ended with `gate`'s error as soon as the gate closes: checked
+    /// before every event it yields, and woken when the gate may close.
+    pub fn gated(self, gate: Arc<dyn Gate>) -> Self {
+        let Watch {
+            events,
+            reached,
+            stashed,
+        } = self;
+        let closing = gate.closing();
+        let events = GatedEvents {
+            events: Box::pin(futures::stream::iter(stashed).chain(events)),
+            gate,
+            closing,
+            done: false,
+        };
+        Self {
+            events: Box::pin(events),
+            reached,
+            stashed: None,
+        }
+    }
+}
+
+/// A watch's events, ended by a [`Gate`] closing.
+struct GatedEvents {
+    events: Pin<Box<dyn Stream<Item = Result<WatchEvent, FleetError>> + Send>>,
+    gate: Arc<dyn Gate>,
+    closing: Pin<Box<dyn Future<Output = ()> + Send>>,
+    done: bool,
+}
+
+impl Stream for GatedEvents {
+    type Item = Result<WatchEvent, FleetError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        // Re-armed until it waits, so that this task is woken when the gate may close.
+        while self.closing.as_mut().poll(cx).is_ready() {
+            self.closing = self.gate.closing();
+            if let Err(e) = self.gate.check() {
+                self.done = true;
+                return Poll::Ready(Some(Err(e)));
+            }
+        }
+        if let Err(e) = self.gate.check() {
+            self.done = true;
+            return Poll::Ready(Some(Err(e)));
+        }
+        self.events.as_mut().poll_next(cx)
+    }
+}
+
+/// What may stop a fleet answering for a while (a replica that could not renew its
+/// Lease must not answer as an owner it may no longer be).
+pub trait Gate: Send + Sync + 'static {
+    /// `Ok` while the fleet may answer; else why not (a retryable error).
+    fn check(&self) -> Result<(), FleetError>;
+    /// Resolves when [`Gate::check`] may have turned to an error since it was called.
+    fn closing(&self) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// A fleet that answers only while its gate (if any) is open: every query and Watch
+/// is refused with the gate's error while it is closed, and a running Watch ends with
+/// it when it closes. What a fleet reports about itself (clusters, types, store) is
+/// answered whatever the gate says.
+pub struct Gated<F> {
+    inner: Arc<F>,
+    gate: Option<Arc<dyn Gate>>,
+}
+
+impl<F: Fleet> Gated<F> {
+    /// `inner`, behind `gate` (always open when `None`).
+    pub fn new(inner: Arc<F>, gate: Option<Arc<dyn Gate>>) -> Self {
+        Self { inner, gate }
+    }
+
+    fn check(&self) -> Result<(), FleetError> {
+        self.gate.as_ref().map_or(Ok(()), |g| g.check())
+    }
+}
+
+impl<F: Fleet> Fleet for Gated<F> {
+    async fn get(&self, request: GetRequest) -> Result<GetAnswer, FleetError> {
+        self.check()?;
+        let answer = self.inner.get(request).await?;
+        // Read while open, answered only if still open.
+        self.check()?;
+        Ok(answer)
+    }
+    async fn list(&self, request: ListRequest) -> Result<ListAnswer, FleetError> {
+        self.check()?;
+        let answer = self.inner.list(request).await?;
+        self.check()?;
+        Ok(answer)
+    }
+    async fn count(&self, request: CountRequest) -> Result<CountAnswer, FleetError> {
+        self.check()?;
+        let answer = self.inner.count(request).await?;
+        self.check()?;
+        Ok(answer)
+    }
+    async fn watch(&self, request: WatchRequest) -> Result<Watch, FleetError> {
+        self.check()?;
+        let watch = self.inner.watch(request).await?;
+        Ok(match &self.gate {
+            Some(gate) => watch.gated(gate.clone()),
+            None => watch,
+        })
+    }
+    async fn clusters(
+        &self,
+        filter: ClusterFilter,
+        access: &Access,
+    ) -> Result<ClustersAnswer, FleetError> {
+        self.inner.clusters(filter, access).await
+    }
+    async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+        self.inner.resource_types(access).await
+    }
+    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+        self.inner.store(access).await
+    }
+}
+
 impl Stream for Watch {
     type Item = Result<WatchEvent, FleetError>;
 
@@ -715,6 +842,56 @@ impl<F: Fleet> Fleet for Deferred<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gate closed by hand, waking what waits on it.
+    #[derive(Default)]
+    struct Switch {
+        closed: std::sync::atomic::AtomicBool,
+        notify: Arc<tokio::sync::Notify>,
+    }
+
+    impl Gate for Switch {
+        fn check(&self) -> Result<(), FleetError> {
+            if self.closed.load(Ordering::SeqCst) {
+                Err(FleetError::Unavailable("closed".into()))
+            } else {
+                Ok(())
+            }
+        }
+        fn closing(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+            let notify = self.notify.clone();
+            Box::pin(async move { notify.notified().await })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_gated_watch_ends_with_the_gate_s_error_when_it_closes_while_waiting() {
+        let switch = Arc::new(Switch::default());
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<WatchEvent, FleetError>>();
+        let watch = Watch::new(rx, Arc::new(AtomicU64::new(0))).gated(switch.clone());
+        let mut watch = Box::pin(watch);
+        tx.unbounded_send(Ok(WatchEvent::InitialEventsEnd(Revision(1))))
+            .unwrap();
+        assert!(matches!(
+            watch.next().await,
+            Some(Ok(WatchEvent::InitialEventsEnd(Revision(1))))
+        ));
+        // Nothing to read: the watch waits, and is woken by the gate closing.
+        let waiting = tokio::spawn(async move {
+            let ended = watch.next().await;
+            (ended, watch.next().await)
+        });
+        tokio::task::yield_now().await;
+        switch.closed.store(true, Ordering::SeqCst);
+        switch.notify.notify_one();
+        let (ended, after) = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+            .await
+            .expect("the closing gate wakes the waiting watch")
+            .unwrap();
+        assert!(matches!(ended, Some(Err(FleetError::Unavailable(_)))));
+        assert!(after.is_none(), "nothing after the gate's error");
+        drop(tx);
+    }
 
     #[test]
     fn a_histogram_counts_each_duration_in_the_first_bucket_that_holds_it() {
