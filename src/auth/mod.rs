@@ -55,6 +55,9 @@ pub struct SecurityFiles {
     pub open_health: bool,
     /// Whether reflection is served to anyone (by default it needs an identity).
     pub open_reflection: bool,
+    /// The routers' identities (client certificate users): they alone may pass a
+    /// caller's identity, and once any is named they alone are served.
+    pub routers: Vec<String>,
 }
 
 /// The security in force: what the authentication layer checks each request against.
@@ -67,7 +70,14 @@ pub struct Guard {
     everything: watch::Receiver<Arc<dyn Policy>>,
     open_health: bool,
     open_reflection: bool,
+    routers: Arc<[String]>,
 }
+
+/// The header a router passes its caller's user name in (kube-apiserver's
+/// requestheader default).
+pub const REMOTE_USER: &str = "x-remote-user";
+/// The header (repeated) a router passes its caller's groups in.
+pub const REMOTE_GROUP: &str = "x-remote-group";
 
 impl Default for Guard {
     /// No authentication and no policy: loopback callers only, health open.
@@ -81,6 +91,7 @@ impl Default for Guard {
             everything,
             open_health: true,
             open_reflection: false,
+            routers: Arc::new([]),
         }
     }
 }
@@ -237,6 +248,7 @@ pub fn guard(
         policy: policy_rx,
         open_health: files.open_health,
         open_reflection: files.open_reflection,
+        routers: files.routers.clone().into(),
         ..Guard::default()
     };
     Ok((guard, reloadable))
@@ -513,6 +525,60 @@ impl Guard {
         }
     }
 
+    /// The identity a request is served as: a router's caller when a router (named by
+    /// `--router-name`, known by its client certificate) passes one in
+    /// [`REMOTE_USER`] and [`REMOTE_GROUP`], else the caller's own. Identity headers
+    /// from anyone else are refused, and once routers are named nobody else is served.
+    fn through_router(
+        &self,
+        subject: Subject,
+        credential: &Credential,
+        headers: &http::HeaderMap,
+    ) -> Result<Subject, tonic::Status> {
+        let router = matches!(credential, Credential::Certificate(_))
+            && self.routers.contains(&subject.user);
+        let passed = headers.get(REMOTE_USER);
+        if !router {
+            if passed.is_some() {
+                return Err(tonic::Status::unauthenticated(format!(
+                    "identity headers ({REMOTE_USER}, {REMOTE_GROUP}) are taken only from a router named by --router-name, known by its client certificate"
+                )));
+            }
+            if !self.routers.is_empty() {
+                return Err(tonic::Status::permission_denied(format!(
+                    "{} is not a router of this server (--router-name): query the fleet through a router",
+                    subject.user
+                )));
+            }
+            return Ok(subject);
+        }
+        let Some(user) = passed else {
+            return Ok(subject);
+        };
+        let text = |v: &http::HeaderValue, what: &str| {
+            v.to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    tonic::Status::unauthenticated(format!(
+                        "the router passed {what} that is empty or not text"
+                    ))
+                })
+        };
+        let user = text(user, REMOTE_USER)?;
+        let mut groups = headers
+            .get_all(REMOTE_GROUP)
+            .iter()
+            .map(|g| text(g, REMOTE_GROUP))
+            .collect::<Result<Vec<_>, _>>()?;
+        if user != ANONYMOUS && !groups.iter().any(|g| g == AUTHENTICATED) {
+            groups.push(AUTHENTICATED.into());
+        }
+        Ok(Subject { user, groups })
+    }
+
     /// Admits a request or says why not: the caller's access for the Fleet service,
     /// `None` for health and reflection when they are open to anyone.
     pub async fn admit(
@@ -528,6 +594,7 @@ impl Guard {
             _ => {}
         }
         let (subject, credential) = self.subject(headers, peer).await?;
+        let subject = self.through_router(subject, &credential, headers)?;
         let admitted = |policy: &watch::Receiver<Arc<dyn Policy>>| {
             Some(Admitted {
                 access: Access::new(subject.clone(), policy.clone())

@@ -301,6 +301,14 @@ pub struct SecurityArgs {
     /// ClusterRoles and bindings are collected), beside the policy file's grants.
     #[arg(long, env = "FLEETSCOPE_RBAC_AUTHORIZATION")]
     pub rbac_authorization: bool,
+    ["security.routerNames", Texts, Restart]
+    /// A router's identity (the user its client certificate names): its requests may
+    /// carry the caller's identity in `x-remote-user` and `x-remote-group`, as
+    /// kube-apiserver's front proxy passes it, and are authorized as that caller.
+    /// Repeat for several. Once any is named, only routers are served (health checks
+    /// excepted). Needs --client-ca.
+    #[arg(long = "router-name", env = "FLEETSCOPE_ROUTER_NAMES", value_delimiter = ',', value_name = "NAME")]
+    pub router_names: Vec<String>,
 }
 }
 
@@ -322,6 +330,7 @@ impl SecurityArgs {
             client_certs: self.client_ca.is_some(),
             open_health: self.open_health,
             open_reflection: self.open_reflection,
+            routers: self.router_names.clone(),
         }
     }
 }

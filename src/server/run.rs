@@ -638,6 +638,9 @@ fn paired(args: &SecurityArgs) -> Result<(), RunError> {
         (Some(_), None, _) => alone("--tls-cert needs --tls-key"),
         (None, Some(_), _) => alone("--tls-key needs --tls-cert"),
         (None, None, Some(_)) => alone("--client-ca (mutual TLS) needs --tls-cert and --tls-key"),
+        (_, _, None) if !args.router_names.is_empty() => {
+            alone("--router-name needs --client-ca: a router is known by its client certificate")
+        }
         _ => Ok(()),
     }
 }

@@ -139,6 +139,42 @@ impl Setup {
 
     /// [`Setup::start`] with more arguments for `serve`.
     async fn start_with(more: &[&str]) -> Self {
+        let s = Self::start_unready(more).await;
+        // Ready once bob sees both clusters synced.
+        s.until_ready(async || {
+            let mut bob = s.client(Who::Token("bob")).await.ok()?;
+            bob.list_clusters(proto::ListClustersRequest::default())
+                .await
+                .ok()
+                .map(tonic::Response::into_inner)
+        })
+        .await;
+        s
+    }
+
+    /// Waits until `clusters` answers with both clusters synced.
+    async fn until_ready(&self, clusters: impl AsyncFn() -> Option<proto::ListClustersResponse>) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(r) = clusters().await
+                && r.clusters.len() == 2
+                && r.clusters
+                    .iter()
+                    .all(|c| c.freshness == proto::Freshness::Synced as i32)
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not ready: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `serve` started with more arguments, not waited for.
+    async fn start_unready(more: &[&str]) -> Self {
         let fleet = SimFleet::start(&FleetSpec::numbered(2, 80, 0.0))
             .await
             .unwrap();
@@ -197,7 +233,7 @@ impl Setup {
             .collect::<Vec<_>>(),
             &log,
         );
-        let s = Self {
+        Self {
             _fleet: fleet,
             metrics_port,
             kubeconfig,
@@ -205,28 +241,6 @@ impl Setup {
             ca,
             server,
             log,
-        };
-        // Ready once bob sees both clusters synced.
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Ok(mut bob) = s.client(Who::Token("bob")).await
-                && let Ok(r) = bob
-                    .list_clusters(proto::ListClustersRequest::default())
-                    .await
-                && r.get_ref().clusters.len() == 2
-                && r.get_ref()
-                    .clusters
-                    .iter()
-                    .all(|c| c.freshness == proto::Freshness::Synced as i32)
-            {
-                break s;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not ready: {}",
-                std::fs::read_to_string(&s.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -2289,4 +2303,107 @@ async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out(
             break;
         }
     }
+}
+
+/// A request carrying the identity a router passes: `x-remote-user` and each of the
+/// groups in `x-remote-group`.
+fn passing<T>(message: T, user: Option<(&str, &[&str])>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Some((user, groups)) = user {
+        r.metadata_mut()
+            .insert("x-remote-user", user.parse().unwrap());
+        for g in groups {
+            r.metadata_mut()
+                .append("x-remote-group", g.parse().unwrap());
+        }
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_passes_its_caller_s_identity_and_nobody_else_is_served() {
+    let s = Setup::start_unready(&["--router-name", "fleetscope-router"]).await;
+    s.ca.client("router", "fleetscope-router", "routers");
+    let router = || s.client(Who::Cert("router"));
+    let bob = Some(("bob", &[][..]));
+    s.until_ready(async || {
+        let mut r = router().await.ok()?;
+        r.list_clusters(passing(proto::ListClustersRequest::default(), bob))
+            .await
+            .ok()
+            .map(tonic::Response::into_inner)
+    })
+    .await;
+    let count = async |user: Option<(&str, &[&str])>| {
+        let mut r = router().await.unwrap();
+        r.count(passing(
+            proto::CountRequest {
+                query: Some(configmaps(&[])),
+                ..Default::default()
+            },
+            user,
+        ))
+        .await
+    };
+    // Each passed identity is held to its own grants: bob reads every configmap,
+    // team-a only team-0's of sim-1, carol and the router itself nothing.
+    let everything = common::truth(&s._fleet, "configmaps").len();
+    assert_eq!(
+        count(bob).await.unwrap().into_inner().total as usize,
+        everything
+    );
+    let team_a = count(Some(("dave", &["team-a"][..])))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        team_a.total as usize,
+        s.truth("sim-1", "team-0").await.len()
+    );
+    for nobody in [Some(("carol", &[][..])), None] {
+        assert_eq!(code(count(nobody).await), tonic::Code::NotFound);
+    }
+
+    // A caller that is not a router is refused, whatever it presents; identity
+    // headers from it are refused as unauthenticated.
+    let mut bob_direct = s.client(Who::Token("bob")).await.unwrap();
+    let refused = count_configmaps(&mut bob_direct).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    assert!(
+        refused.message().contains("router"),
+        "{}",
+        refused.message()
+    );
+    let mut alice = s.client(Who::Cert("alice")).await.unwrap();
+    let forged = alice
+        .count(passing(
+            proto::CountRequest {
+                query: Some(configmaps(&[])),
+                ..Default::default()
+            },
+            bob,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), tonic::Code::Unauthenticated);
+    assert!(
+        forged.message().contains("x-remote-user"),
+        "{}",
+        forged.message()
+    );
+    // Health checks stay open to anyone.
+    let channel =
+        tonic::transport::Channel::from_shared(format!("https://127.0.0.1:{}", s.server.port))
+            .unwrap()
+            .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(
+                tonic::transport::Certificate::from_pem(std::fs::read(s.ca.ca()).unwrap()),
+            ))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect("health is open");
 }
