@@ -395,11 +395,14 @@ impl StatusTable {
 
     /// The types collected (or restored) somewhere now, with kubectl's names for them.
     pub fn catalogue(&self) -> Arc<Catalogue> {
+        // The table first, then the cache: the order every writer takes them in (a
+        // write to the table drops the cache while holding it), so no two wait on
+        // each other, and no cache is built from a table changing under it.
+        let table = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let mut cached = self.catalogue.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = &*cached {
             return c.clone();
         }
-        let table = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let names: HashMap<(&str, &str), &fleetscope_informer::discovery::Served> = table
             .values()
             .flat_map(|c| c.served.iter())
@@ -699,6 +702,41 @@ mod tests {
         assert_eq!(third.resolve("deploy"), Some(&deploys));
         table.remove_stream(&b, &deploys.name());
         assert_eq!(table.catalogue().resolve("deploy"), None);
+    }
+
+    #[test]
+    fn reading_the_catalogue_while_what_is_collected_changes_never_deadlocks() {
+        let table = Arc::new(StatusTable::default());
+        let a = ClusterName::from("a");
+        table.add_cluster(&a, "test", BTreeMap::new());
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let writer = {
+            let (table, a, done_tx) = (table.clone(), a.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                for i in 0..200_000 {
+                    let pods = ResourceType::new("", "v1", &format!("p{}", i % 7), "P", true);
+                    table.stream_state(&a, &pods, StreamState::Listing, None);
+                    // A changed shape drops the cache while the table is held.
+                    table.update(&a, |c| c.served = Arc::default());
+                }
+                let _ = done_tx.send(());
+            })
+        };
+        let reader = {
+            let table = table.clone();
+            std::thread::spawn(move || {
+                for _ in 0..200_000 {
+                    let _ = table.catalogue();
+                }
+                let _ = done_tx.send(());
+            })
+        };
+        for _ in 0..2 {
+            done.recv_timeout(std::time::Duration::from_secs(60))
+                .expect("the catalogue and the table's writers wait on each other");
+        }
+        writer.join().unwrap();
+        reader.join().unwrap();
     }
 
     #[test]
