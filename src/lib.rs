@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod grpc;
 pub mod proto;
+pub mod router;
 pub mod server;
 pub mod shard;
 pub mod tasks;

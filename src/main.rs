@@ -70,6 +70,7 @@ async fn run_cli() -> anyhow::Result<()> {
     let _telemetry = telemetry::init(parsed.global.log_format);
     match parsed.command {
         args::Command::Serve(args) => Ok(run::serve(args, config).await?),
+        args::Command::Router(args) => Ok(run::router(*args).await?),
         args::Command::Config(args::ConfigCommand::Settings { output }) => {
             let mut command = <args::Cli as clap::CommandFactory>::command();
             command.build();

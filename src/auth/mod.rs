@@ -73,6 +73,15 @@ pub struct Guard {
     routers: Arc<[String]>,
 }
 
+/// Who a server serves a router's request as: the user and groups it passed, in
+/// `system:authenticated` unless anonymous.
+pub fn passed_subject(user: String, mut groups: Vec<String>) -> Subject {
+    if user != ANONYMOUS && !groups.iter().any(|g| g == AUTHENTICATED) {
+        groups.push(AUTHENTICATED.into());
+    }
+    Subject { user, groups }
+}
+
 /// The header a router passes its caller's user name in (kube-apiserver's
 /// requestheader default).
 pub const REMOTE_USER: &str = "x-remote-user";
@@ -568,15 +577,12 @@ impl Guard {
                 })
         };
         let user = text(user, REMOTE_USER)?;
-        let mut groups = headers
+        let groups = headers
             .get_all(REMOTE_GROUP)
             .iter()
             .map(|g| text(g, REMOTE_GROUP))
             .collect::<Result<Vec<_>, _>>()?;
-        if user != ANONYMOUS && !groups.iter().any(|g| g == AUTHENTICATED) {
-            groups.push(AUTHENTICATED.into());
-        }
-        Ok(Subject { user, groups })
+        Ok(passed_subject(user, groups))
     }
 
     /// Admits a request or says why not: the caller's access for the Fleet service,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::flags::{DemoArgs, GlobalArgs, ServeArgs, SimArgs};
+use crate::config::flags::{DemoArgs, GlobalArgs, RouterArgs, ServeArgs, SimArgs};
 
 /// One gRPC view over many Kubernetes clusters.
 #[derive(Debug, Parser)]
@@ -22,6 +22,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve the Fleet API over the contexts of one or more kubeconfigs.
     Serve(ServeArgs),
+    /// Serve the whole fleet of a ring of replicas (`serve --shard-ring`), found by
+    /// their Leases.
+    Router(Box<RouterArgs>),
     /// Run simulated clusters with a workload and the server over them: no Kubernetes needed.
     Demo(DemoArgs),
     /// Run simulated Kubernetes clusters on loopback and write a kubeconfig for them.

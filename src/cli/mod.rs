@@ -293,6 +293,7 @@ async fn list_all(
                 query: Some(query.clone()),
                 limit: u32::try_from(want).unwrap_or(500),
                 page_token: token,
+                keep_snapshot: false,
             })
             .await
             .map_err(|s| resource_error(&query.resource, s))?
@@ -346,6 +347,7 @@ async fn columns_of(client: &mut Client, items: &[Item]) -> Vec<columns::Column>
             }),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .ok()

@@ -199,7 +199,109 @@ pub struct ShardArgs {
     /// Owners per cluster: 1, or 2 so that losing one replica loses no cluster.
     #[arg(long, env = "FLEETSCOPE_SHARD_REPLICATION", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=2))]
     pub shard_replication: u64,
+    ["sharding.pageTokenKeyFile", Text, Restart]
+    /// A file of at least 32 random bytes shared by the ring's replicas and routers:
+    /// page tokens are signed with it, so a router continues a replica's list and
+    /// any router continues another's. Default: the data directory's own key.
+    #[arg(long, env = "FLEETSCOPE_SHARD_PAGE_TOKEN_KEY_FILE", value_name = "FILE")]
+    pub shard_page_token_key_file: Option<PathBuf>,
 }
+}
+
+/// `router`'s flags: the ring it serves, how it reaches the replicas, and how its
+/// callers are secured.
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    /// The gRPC listen address.
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    pub listen: String,
+    /// A kubeconfig file holding the coordination cluster's context; repeat for
+    /// several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
+    #[arg(long = "kubeconfig", value_name = "FILE")]
+    pub kubeconfigs: Vec<PathBuf>,
+    /// The ring whose replicas serve the fleet.
+    #[arg(long, env = "FLEETSCOPE_SHARD_RING", value_name = "NAME", value_parser = ring_name)]
+    pub shard_ring: String,
+    /// The cluster holding the ring's Leases: a context of the kubeconfigs, or
+    /// `in-cluster`.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_SHARD_COORDINATION",
+        default_value = "in-cluster",
+        value_name = "CONTEXT"
+    )]
+    pub shard_coordination: String,
+    /// The namespace of the ring's Leases.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_SHARD_LEASE_NAMESPACE",
+        default_value = "default",
+        value_name = "NAMESPACE"
+    )]
+    pub shard_lease_namespace: String,
+    /// The page token key file the ring's replicas are given (at least 32 bytes).
+    #[arg(
+        long,
+        env = "FLEETSCOPE_SHARD_PAGE_TOKEN_KEY_FILE",
+        value_name = "FILE"
+    )]
+    pub shard_page_token_key_file: PathBuf,
+    /// The CA certificates (PEM) the replicas' server certificates are verified with;
+    /// without it the replicas are reached in plaintext (loopback only).
+    #[arg(long, env = "FLEETSCOPE_REPLICA_CA", value_name = "FILE")]
+    pub replica_ca: Option<PathBuf>,
+    /// The router's client certificate (PEM) for the replicas, which name its user
+    /// with --router-name: the router then passes its callers' identities.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_REPLICA_CERT",
+        value_name = "FILE",
+        requires = "replica_key"
+    )]
+    pub replica_cert: Option<PathBuf>,
+    /// The key of --replica-cert.
+    #[arg(
+        long,
+        env = "FLEETSCOPE_REPLICA_KEY",
+        value_name = "FILE",
+        requires = "replica_cert"
+    )]
+    pub replica_key: Option<PathBuf>,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+impl RouterArgs {
+    /// TLS to the replicas, and whether it presents a client certificate; `None`
+    /// for plaintext.
+    pub fn upstream_tls(
+        &self,
+    ) -> Result<Option<(tonic::transport::ClientTlsConfig, bool)>, ArgsError> {
+        let read = |flag: &str, p: &PathBuf| {
+            std::fs::read(p).map_err(|e| ArgsError::Invalid(format!("{flag} {}: {e}", p.display())))
+        };
+        let Some(ca) = &self.replica_ca else {
+            if self.replica_cert.is_some() {
+                return Err(ArgsError::Invalid(
+                    "--replica-cert needs --replica-ca: the replicas are reached over TLS".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(
+            tonic::transport::Certificate::from_pem(read("--replica-ca", ca)?),
+        );
+        let mut cert = false;
+        if let (Some(c), Some(k)) = (&self.replica_cert, &self.replica_key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                read("--replica-cert", c)?,
+                read("--replica-key", k)?,
+            ));
+            cert = true;
+        }
+        Ok(Some((tls, cert)))
+    }
 }
 
 /// A ring's name: a DNS label, as it names Leases and labels them.

@@ -1,5 +1,6 @@
 //! Proto ↔ domain conversions: requests in (selectors parsed, so a bad one is
-//! `INVALID_ARGUMENT` naming the field), answers out.
+//! `INVALID_ARGUMENT` naming the field), answers out; and, for a router, the other
+//! way: its requests to replicas out, their answers in.
 
 use std::time::SystemTime;
 
@@ -226,6 +227,139 @@ fn stream(s: StreamInfo) -> proto::ResourceStream {
     }
 }
 
+/// A domain query as a replica is asked it: `clusters` in place of the query's own
+/// names and globs (each name matched exactly), its cluster selector kept.
+pub(crate) fn query_out(q: &Query, projection: Projection, clusters: &[String]) -> proto::Query {
+    proto::Query {
+        clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
+        cluster_selector: q.clusters.selector().to_string(),
+        resource: q.resource.clone(),
+        namespaces: q.namespaces.clone(),
+        label_selector: q.labels.to_string(),
+        field_selector: q.fields.to_string(),
+        projection: match projection {
+            Projection::Full => proto::Projection::Unspecified,
+            Projection::Metadata => proto::Projection::Metadata,
+        } as i32,
+    }
+}
+
+fn time_in(t: Option<prost_types::Timestamp>) -> Option<SystemTime> {
+    t.and_then(|t| SystemTime::try_from(t).ok())
+}
+
+pub(crate) fn freshness_in(f: i32) -> Freshness {
+    match proto::Freshness::try_from(f) {
+        Ok(proto::Freshness::Synced) => Freshness::Synced,
+        Ok(proto::Freshness::Restored) => Freshness::Restored,
+        Ok(proto::Freshness::Syncing) => Freshness::Syncing,
+        Ok(proto::Freshness::Stale) => Freshness::Stale,
+        _ => Freshness::Error,
+    }
+}
+
+pub(crate) fn cluster_freshness_in(c: proto::ClusterFreshness) -> ClusterFreshness {
+    ClusterFreshness {
+        cluster: c.cluster.as_str().into(),
+        freshness: freshness_in(c.freshness),
+        stale_since: time_in(c.stale_since),
+        message: c.message,
+    }
+}
+
+/// An object as a replica returned it.
+pub(crate) fn object_in(o: proto::Object) -> FleetObject {
+    FleetObject {
+        key: fleetscope_model::ObjectKey::new(
+            &o.resource,
+            &o.cluster.as_str().into(),
+            &o.namespace,
+            &o.name,
+        ),
+        revision: fleetscope_model::Revision(o.revision),
+        uid: o.uid,
+        resource_version: o.resource_version,
+        json: o.json,
+    }
+}
+
+fn stream_in(s: proto::ResourceStream) -> StreamInfo {
+    StreamInfo {
+        resource: s.resource,
+        state: match proto::StreamState::try_from(s.state) {
+            Ok(proto::StreamState::Listing) => StreamState::Listing,
+            Ok(proto::StreamState::Watching) => StreamState::Watching,
+            Ok(proto::StreamState::Failed) => StreamState::Failed,
+            Ok(proto::StreamState::Forbidden) => StreamState::Forbidden,
+            Ok(proto::StreamState::NotFound) => StreamState::NotFound,
+            _ => StreamState::Pending,
+        },
+        object_count: s.object_count,
+        resource_version: s.resource_version,
+        last_event: time_in(s.last_event_time),
+        last_error: s.last_error,
+        sync_lag: s
+            .sync_lag
+            .and_then(|d| std::time::Duration::try_from(d).ok()),
+        sync_method: match proto::SyncMethod::try_from(s.sync_method) {
+            Ok(proto::SyncMethod::WatchList) => Some(SyncMethod::WatchList),
+            Ok(proto::SyncMethod::ListFromCache) => Some(SyncMethod::ListFromCache),
+            Ok(proto::SyncMethod::ListConsistent) => Some(SyncMethod::ListConsistent),
+            Ok(proto::SyncMethod::Resumed) => Some(SyncMethod::Resumed),
+            _ => None,
+        },
+        watch_list_fallback: s.watch_list_fallback,
+    }
+}
+
+/// A cluster as a replica reports it.
+pub(crate) fn cluster_in(c: proto::Cluster) -> ClusterInfo {
+    let name: fleetscope_model::ClusterName = c.name.as_str().into();
+    let stale_since = time_in(c.stale_since);
+    ClusterInfo {
+        freshness: ClusterFreshness {
+            cluster: name.clone(),
+            freshness: freshness_in(c.freshness),
+            stale_since,
+            message: c.last_error.clone(),
+        },
+        name,
+        labels: c.labels.into_iter().collect(),
+        server: c.server,
+        last_error: c.last_error,
+        kubernetes_version: c.kubernetes_version,
+        streams: c.streams.into_iter().map(stream_in).collect(),
+        source: c.source,
+        source_loaded: time_in(c.source_loaded_time).unwrap_or(SystemTime::UNIX_EPOCH),
+        owners: c.owners,
+    }
+}
+
+/// A collected type as a replica reports it.
+pub(crate) fn resource_type_in(
+    t: proto::ResourceType,
+) -> fleetscope_model::fleet::ResourceTypeInfo {
+    let suffix = format!(".{}", t.group);
+    let plural = match t.group.as_str() {
+        "" => t.name.as_str(),
+        _ => t.name.strip_suffix(&suffix).unwrap_or(&t.name),
+    };
+    fleetscope_model::fleet::ResourceTypeInfo {
+        resource: fleetscope_model::ResourceType::new(
+            &t.group,
+            &t.version,
+            plural,
+            &t.kind,
+            t.namespaced,
+        ),
+        clusters: t
+            .clusters
+            .into_iter()
+            .map(|c| (c.cluster.as_str().into(), c.count))
+            .collect(),
+    }
+}
+
 pub(crate) fn cluster(c: ClusterInfo) -> proto::Cluster {
     proto::Cluster {
         name: c.name.to_string(),
@@ -238,6 +372,7 @@ pub(crate) fn cluster(c: ClusterInfo) -> proto::Cluster {
         streams: c.streams.into_iter().map(stream).collect(),
         source: c.source,
         source_loaded_time: Some(timestamp(c.source_loaded)),
+        owners: c.owners,
     }
 }
 

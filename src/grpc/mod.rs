@@ -11,9 +11,9 @@ use fleetscope_model::{Access, Fleet, GroupBy, Revision};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-mod convert;
-mod status;
-mod token;
+pub(crate) mod convert;
+pub(crate) mod status;
+pub(crate) mod token;
 mod watch;
 
 pub use status::echo;
@@ -153,12 +153,11 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         let caller = access.caller();
         let r = request.into_inner();
         // A continued list carries its query and snapshot in the token.
-        let (query, after) = if r.page_token.is_empty() {
-            (r.query.unwrap_or_default(), None)
+        let (query, after, resume) = if r.page_token.is_empty() {
+            (r.query.unwrap_or_default(), None, Vec::new())
         } else {
-            let (revision, query, after) =
-                decode_token(&self.config.token_key, &caller, &r.page_token)?;
-            (query, Some((revision, after)))
+            let c = decode_token(&self.config.token_key, &caller, &r.page_token)?;
+            (c.query, Some((c.revision, c.after)), c.resume)
         };
         let limit = match r.limit {
             0 => self.config.default_limit,
@@ -172,6 +171,8 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 limit,
                 max_bytes: self.config.max_page_bytes,
                 after,
+                resume,
+                keep_snapshot: r.keep_snapshot,
                 access,
             })
             .await
@@ -186,6 +187,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                     answer.revision,
                     &query,
                     last,
+                    &answer.resume,
                 )
             })
             .unwrap_or_default();

@@ -48,6 +48,53 @@ pub(crate) fn status(e: FleetError) -> Status {
     }
 }
 
+/// The fleet error a replica's status stands for, as a router answers it: each code
+/// back to its variant (with the reason and revision of its `ErrorInfo`), and what no
+/// variant holds (a replica that cannot be reached, refused the router, or failed) as
+/// retryable, naming the replica.
+pub(crate) fn from_replica(replica: &str, s: &Status) -> FleetError {
+    let info = s.get_details_error_info();
+    let known = |r: &str| {
+        [
+            reason::REVISION_COMPACTED,
+            reason::REVISION_IN_FUTURE,
+            reason::PAGE_SNAPSHOT_RELEASED,
+            reason::WATCH_BEHIND,
+            reason::WATCH_STALLED,
+        ]
+        .into_iter()
+        .find(|k| *k == r)
+    };
+    let code = info.as_ref().and_then(|i| known(&i.reason));
+    let revision = |key: &str| {
+        info.as_ref()
+            .and_then(|i| i.metadata.get(key))
+            .and_then(|v| v.parse().ok())
+            .map(Revision)
+    };
+    let m = s.message().to_string();
+    match s.code() {
+        Code::InvalidArgument => FleetError::InvalidArgument(m),
+        Code::NotFound => FleetError::NotFound(m),
+        Code::OutOfRange => FleetError::OutOfRange {
+            message: m,
+            reason: code.unwrap_or(reason::PAGE_SNAPSHOT_RELEASED),
+            oldest: revision("oldest_revision"),
+        },
+        Code::ResourceExhausted => FleetError::ResourceExhausted {
+            message: m,
+            reason: code.unwrap_or(reason::WATCH_BEHIND),
+            resume_from: revision("resume_from"),
+        },
+        Code::DeadlineExceeded => FleetError::DeadlineExceeded(m),
+        Code::PermissionDenied => FleetError::PermissionDenied(m),
+        Code::Unavailable => FleetError::Unavailable(format!("replica {replica}: {m}")),
+        other => {
+            FleetError::Unavailable(format!("replica {replica} answered {other:?}: {m}; retry"))
+        }
+    }
+}
+
 /// An `ErrorInfo` of fleetscope's domain: `code`, and `revision` under `key` when known.
 fn error_info(code: &str, key: &str, revision: Option<Revision>) -> ErrorDetails {
     let metadata: HashMap<String, String> = revision

@@ -31,6 +31,20 @@ impl TokenKey {
     pub fn random() -> Result<Self, RandomUnavailable> {
         Ok(Self::new(&random_secret()?))
     }
+
+    /// The key in a file shared by the servers that continue each other's lists (a
+    /// ring's replicas and routers): at least 32 bytes, all of them used.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let secret = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if secret.len() < 32 {
+            return Err(format!(
+                "{}: {} bytes; a page token key needs at least 32 (e.g. head -c 32 /dev/urandom)",
+                path.display(),
+                secret.len()
+            ));
+        }
+        Ok(Self(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret)))
+    }
 }
 
 /// The system's random generator failed: no key can be made, and a predictable one
@@ -58,6 +72,20 @@ struct PageToken {
     q: String,
     /// The last key returned: resource, cluster, namespace, name.
     a: [String; 4],
+    /// A router's continuation ([`fleetscope_model::fleet::ListAnswer::resume`]),
+    /// base64; absent for a single server's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    p: String,
+}
+
+/// What a page token continues: the snapshot's revision, the query, the last key
+/// returned, and a router's continuation (empty from a single server).
+#[derive(Debug)]
+pub(crate) struct Continuation {
+    pub revision: Revision,
+    pub query: proto::Query,
+    pub after: ObjectKey,
+    pub resume: Vec<u8>,
 }
 
 /// The most a page token may be: a query and a key, with room to spare.
@@ -79,6 +107,7 @@ pub(crate) fn encode_token(
     revision: Revision,
     query: &proto::Query,
     after: &ObjectKey,
+    resume: &[u8],
 ) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let token = PageToken {
@@ -90,6 +119,7 @@ pub(crate) fn encode_token(
             after.namespace.to_string(),
             after.name.to_string(),
         ],
+        p: b64.encode(resume),
     };
     let payload = serde_json::to_vec(&token).unwrap_or_default();
     let tag = signature(key, &payload, caller);
@@ -100,7 +130,7 @@ pub(crate) fn decode_token(
     key: &TokenKey,
     caller: &str,
     token: &str,
-) -> Result<(Revision, proto::Query, ObjectKey), Status> {
+) -> Result<Continuation, Status> {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let bad = || {
         Status::invalid_argument(
@@ -120,12 +150,14 @@ pub(crate) fn decode_token(
     let t: PageToken = serde_json::from_slice(&payload).map_err(|_| bad())?;
     let query =
         proto::Query::decode(b64.decode(&t.q).map_err(|_| bad())?.as_slice()).map_err(|_| bad())?;
+    let resume = b64.decode(&t.p).map_err(|_| bad())?;
     let [r, c, n, m] = t.a;
-    Ok((
-        Revision(t.r),
+    Ok(Continuation {
+        revision: Revision(t.r),
         query,
-        ObjectKey::new(&r, &ClusterName::from(c), &n, &m),
-    ))
+        after: ObjectKey::new(&r, &ClusterName::from(c), &n, &m),
+        resume,
+    })
 }
 
 #[cfg(test)]
@@ -138,17 +170,32 @@ mod tests {
             ..Default::default()
         };
         let after = ObjectKey::new("pods", &ClusterName::from("a"), "ns", "p1");
-        encode_token(key, caller, Revision(7), &query, &after)
+        encode_token(key, caller, Revision(7), &query, &after, b"")
     }
 
     #[test]
     fn a_token_reads_back_for_its_caller_only() {
         let key = TokenKey::random().unwrap();
         let t = token(&key, "alice");
-        let (r, q, after) = decode_token(&key, "alice", &t).unwrap();
+        let c = decode_token(&key, "alice", &t).unwrap();
         assert_eq!(
-            (r, q.resource.as_str(), &*after.name),
+            (c.revision, c.query.resource.as_str(), &*c.after.name),
             (Revision(7), "pods", "p1")
+        );
+        assert!(c.resume.is_empty());
+        // A router's continuation rides along, signed with the rest.
+        let query = proto::Query::default();
+        let routed = encode_token(
+            &key,
+            "alice",
+            Revision(3),
+            &query,
+            &c.after,
+            b"\x01positions",
+        );
+        assert_eq!(
+            decode_token(&key, "alice", &routed).unwrap().resume,
+            b"\x01positions"
         );
         let e = decode_token(&key, "bob", &t).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);

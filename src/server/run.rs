@@ -195,12 +195,19 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     // What serve writes (the store, its key) is for its own user only.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let listener = server::bind(&args.listen).await?;
-    let key = match &data_dir {
-        Some(dir) => {
+    let key = match (&args.shard.shard_page_token_key_file, &data_dir) {
+        (Some(file), dir) => {
+            if let Some(dir) = dir {
+                private(dir)?;
+            }
+            crate::grpc::TokenKey::from_file(file)
+                .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?
+        }
+        (None, Some(dir)) => {
             private(dir)?;
             token_key(dir)?
         }
-        None => crate::grpc::TokenKey::random()?,
+        (None, None) => crate::grpc::TokenKey::random()?,
     };
     let mut service = args.engine.service(key);
     let replica = match membership {
@@ -276,9 +283,12 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let metrics = bind_metrics(&args.engine).await?;
     let security = secure(
         &args.security,
-        &fleet,
+        Some(&fleet),
         &kubeconfig_paths,
-        &args.engine,
+        (
+            args.engine.exec_timeout,
+            args.engine.admission(args.security.client_ca.is_some()),
+        ),
         (&listener, metrics.as_ref()),
         &reload,
         &mut reloads,
@@ -304,6 +314,101 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let _ = reloader.await;
     result
 }
+
+/// `fleetscope router`: the fleet of a ring's replicas served whole, until SIGTERM.
+pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunError> {
+    let hangups = server::hangups().map_err(RunError::Signal)?;
+    let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
+    let kubeconfigs = if args.shard_coordination == "in-cluster" {
+        Vec::new()
+    } else {
+        crate::sources::kubeconfig_paths(&args.kubeconfigs)?
+    };
+    let source = context_source(
+        "--shard-coordination",
+        &args.shard_coordination,
+        &kubeconfigs,
+    )?;
+    let key = crate::grpc::TokenKey::from_file(&args.shard_page_token_key_file)
+        .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
+    let upstream_tls = args.upstream_tls()?;
+    check_security(&args.security, &kubeconfigs)?;
+    let listener = server::bind(&args.listen).await?;
+    let (client, _) = fleetscope_informer::source::client(&source, EXEC_TIMEOUT).await?;
+    let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (observed_tx, observed) =
+        tokio::sync::watch::channel(crate::shard::lease::Observed::default());
+    crate::tasks::spawn(
+        "lease-follower",
+        crate::shard::lease::follow(api, args.shard_ring.clone(), observed_tx, stop.clone()),
+    );
+    tracing::info!(ring = %args.shard_ring, "routing to the ring's replicas");
+    let router = std::sync::Arc::new(crate::router::Router::new(
+        args.shard_ring.clone(),
+        observed.clone(),
+        crate::router::Upstream {
+            passes_identity: upstream_tls.as_ref().is_some_and(|(_, cert)| *cert),
+            tls: upstream_tls.map(|(tls, _)| tls),
+            page_token_key: key.clone(),
+            timeout: Duration::from_secs(30),
+        },
+    ));
+    let mut reloads = Reloads::default();
+    let security = secure(
+        &args.security,
+        None,
+        &kubeconfigs,
+        (
+            EXEC_TIMEOUT,
+            server::tls::Admission {
+                keep_for_certificates: args.security.client_ca.is_some(),
+                ..Default::default()
+            },
+        ),
+        (&listener, None),
+        &stop,
+        &mut reloads,
+    )?;
+    let mut config = crate::grpc::ServiceConfig::new(key);
+    config.inputs = reloads.status();
+    crate::tasks::spawn("reloader", reloads.run(hangups, stop.clone()));
+    let service = FleetService::new(router, config, stop.clone());
+    // Ready once the ring's Leases have been read.
+    let ready = {
+        let mut observed = observed.clone();
+        async move {
+            let _ = observed.wait_for(|o| o.listed).await;
+        }
+    };
+    crate::tasks::spawn("shutdown-signal", {
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
+    let served = server::serve_with(
+        listener,
+        service,
+        ready,
+        {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        },
+        GrpcLayer::off(),
+        server::limits::Limits::default(),
+        security,
+    )
+    .await;
+    stop.cancel();
+    let _ = crate::tasks::shutdown(SHUTDOWN_GRACE).await;
+    served?;
+    Ok(())
+}
+
+/// How long an exec credential plugin may run for the router's coordination cluster.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `fleetscope config check FILE`: the configuration as `serve --config FILE` would
 /// resolve it in this environment, each value with its source; then the same checks
@@ -651,9 +756,9 @@ fn paired(args: &SecurityArgs) -> Result<(), RunError> {
 /// loopback unless `--insecure-listen`.
 fn secure(
     args: &SecurityArgs,
-    fleet: &std::sync::Arc<Deferred<Engine>>,
+    fleet: Option<&std::sync::Arc<Deferred<Engine>>>,
     kubeconfigs: &[PathBuf],
-    engine: &EngineArgs,
+    (exec_timeout, admission): (Duration, server::tls::Admission),
     (listener, metrics): (&tokio::net::TcpListener, Option<&tokio::net::TcpListener>),
     stop: &tokio_util::sync::CancellationToken,
     reloads: &mut Reloads,
@@ -698,7 +803,7 @@ fn secure(
         Some(context) => Some(crate::auth::review::Reviewer::new(
             fleetscope_informer::review::TokenReviewer::new(
                 context_source("--token-review-context", context, kubeconfigs)?,
-                engine.exec_timeout,
+                exec_timeout,
                 args.token_review_audiences.clone(),
             ),
             args.token_review_ttl,
@@ -706,7 +811,16 @@ fn secure(
             args.token_review_timeout,
         )),
     };
-    let rbac = args.rbac_authorization.then(|| fleet.clone());
+    let rbac = match (args.rbac_authorization, fleet) {
+        (false, _) => None,
+        (true, Some(fleet)) => Some(fleet.clone()),
+        (true, None) => {
+            return Err(ArgsError::Invalid(
+                "--rbac-authorization: a router does not authorize; give it to the replicas, which see each cluster's RBAC".into(),
+            )
+            .into());
+        }
+    };
     let (guard, files) = crate::auth::guard(&args.files(), reviewer, rbac, stop.clone())?;
     if let Some(tokens) = files.tokens {
         reloads.follow(
@@ -730,7 +844,7 @@ fn secure(
     Ok(server::Security {
         tls,
         guard,
-        admission: engine.admission(args.client_ca.is_some()),
+        admission,
     })
 }
 
@@ -894,9 +1008,12 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     let mut reloads = Reloads::default();
     let security = secure(
         &args.security,
-        &fleet_view,
+        Some(&fleet_view),
         std::slice::from_ref(&kubeconfig),
-        &args.engine,
+        (
+            args.engine.exec_timeout,
+            args.engine.admission(args.security.client_ca.is_some()),
+        ),
         (&listener, metrics.as_ref()),
         &stop_reloads,
         &mut reloads,

@@ -25,15 +25,26 @@ use crate::engine::SourceSet;
 pub const ADDRESS: &str = "fleetscope.io/address";
 /// The annotation listing the clusters a replica holds synced, comma-separated.
 pub const READY: &str = "fleetscope.io/ready";
+/// The annotation listing the clusters a replica runs, ready or not (a router counts
+/// one that no replica holds ready as unserved, never as absent).
+pub const HELD: &str = "fleetscope.io/held";
+/// The annotation listing the configured clusters no live replica publishes ready,
+/// as this replica sees the ring: a router reports them unowned.
+pub const UNOWNED: &str = "fleetscope.io/unowned";
 /// The annotation a replica sets while it shuts down: the others take its clusters
 /// over as if it had left, while it still serves them.
 pub const LEAVING: &str = "fleetscope.io/leaving";
 
 /// The clusters a member publishes ready.
 pub fn ready_of(member: &Member) -> BTreeSet<&str> {
+    listed(member, READY)
+}
+
+/// The comma-separated names a member publishes under `annotation`.
+pub fn listed<'a>(member: &'a Member, annotation: &str) -> BTreeSet<&'a str> {
     member
         .annotations
-        .get(READY)
+        .get(annotation)
         .map(|r| r.split(',').filter(|c| !c.is_empty()).collect())
         .unwrap_or_default()
 }
@@ -250,17 +261,25 @@ impl Owner {
             let mut annotations = BTreeMap::from([
                 (ADDRESS.to_string(), self.advertise.clone()),
                 (READY.to_string(), ready.join(",")),
+                (
+                    HELD.to_string(),
+                    held.iter()
+                        .map(String::as_str)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
             ]);
             if self.leaving.is_cancelled() {
                 annotations.insert(LEAVING.to_string(), "true".to_string());
             }
+            let members = members_now(&view, now, &self.config, &annotations);
+            let unowned = unowned(&members, &configured);
+            annotations.insert(UNOWNED.to_string(), unowned.join(","));
             self.published.send_if_modified(|p| {
                 let changed = *p != annotations;
                 *p = annotations;
                 changed
             });
-            let members = members_now(&view, now, &self.config, &self.published.borrow());
-            let unowned = unowned(&members, &configured);
             unowned_since.retain(|c, _| unowned.contains(c));
             for c in &unowned {
                 unowned_since.entry(c.clone()).or_insert(now);

@@ -59,6 +59,7 @@ async fn listed(port: u16, resource: &str) -> Option<BTreeMap<(String, String, S
                 }),
                 limit: 1000,
                 page_token: token,
+                keep_snapshot: false,
             })
             .await
             .ok()?
@@ -373,6 +374,7 @@ async fn a_full_disk_makes_answers_stale_and_writes_resume_once_space_frees() {
                 }),
                 limit: 1,
                 page_token: String::new(),
+                keep_snapshot: false,
             })
             .await
             .unwrap()

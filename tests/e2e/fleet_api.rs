@@ -102,6 +102,7 @@ async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
             query: Some(query("pods")),
             limit: 50,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -130,6 +131,7 @@ async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
                 query: None,
                 limit: 50,
                 page_token: token,
+                keep_snapshot: false,
             })
             .await
             .unwrap()
@@ -161,6 +163,7 @@ async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
             }),
             limit: 5000,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -184,6 +187,7 @@ async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
             }),
             limit: 5000,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -202,6 +206,7 @@ async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
             }),
             limit: 5000,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -227,6 +232,7 @@ async fn merged_list_across_clusters_with_selectors_and_consistent_paging() {
             }),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -246,6 +252,7 @@ async fn get_count_and_bad_requests() {
             query: Some(query("pods")),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -315,6 +322,7 @@ async fn get_count_and_bad_requests() {
             query: Some(query("pdos")),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap_err();
@@ -332,6 +340,7 @@ async fn get_count_and_bad_requests() {
             }),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap_err();
@@ -345,6 +354,7 @@ async fn get_count_and_bad_requests() {
             }),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap_err();
@@ -354,6 +364,7 @@ async fn get_count_and_bad_requests() {
             query: None,
             limit: 1,
             page_token: "garbage".into(),
+            keep_snapshot: false,
         })
         .await
         .unwrap_err();
@@ -374,6 +385,7 @@ async fn get_count_and_bad_requests() {
             }),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap_err();
@@ -440,6 +452,7 @@ async fn list_pages_stay_under_the_default_grpc_message_size() {
                 query: Some(query("configmaps")),
                 limit: 0,
                 page_token: token,
+                keep_snapshot: false,
             })
             .await
             .unwrap_or_else(|e| panic!("page {pages}: {e}"))
@@ -709,6 +722,7 @@ async fn a_cluster_going_offline_is_stale_then_catches_up() {
             query: Some(query("configmaps")),
             limit: 5000,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -1112,6 +1126,7 @@ async fn an_object_nested_two_hundred_levels_deep_is_matched_and_projected_corre
                 }),
                 limit: 1000,
                 page_token: String::new(),
+                keep_snapshot: false,
             })
             .await
             .unwrap()

@@ -48,6 +48,7 @@ async fn served(h: &Harness, resource: &str) -> (BTreeSet<(String, String, Strin
                 query: Some(query(resource)),
                 limit: 500,
                 page_token: token,
+                keep_snapshot: false,
             })
             .await
             .unwrap()

@@ -244,6 +244,7 @@ async fn page_token(url: &str) -> String {
             query: Some(configmaps()),
             limit: 2,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()
@@ -270,6 +271,7 @@ async fn assert_token_refused(url: &str, token: &str, code: Code) {
                 query: None,
                 limit: 2,
                 page_token: token.to_string(),
+                keep_snapshot: false,
             })
             .await
             .expect_err("a page token from before the restart pages nothing");
@@ -297,6 +299,7 @@ async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
                     query: Some(configmaps()),
                     limit: 50,
                     page_token: token,
+                    keep_snapshot: false,
                 })
                 .await
             {

@@ -389,6 +389,7 @@ async fn list_all(c: &mut Client, query: proto::Query) -> Vec<(String, String, S
                 query: Some(query.clone()),
                 limit: 7,
                 page_token: token,
+                keep_snapshot: false,
             })
             .await
             .unwrap()
@@ -626,6 +627,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
             query: Some(configmaps(&[])),
             limit: 1,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()

@@ -257,9 +257,21 @@ struct Replica {
 impl Replica {
     fn start(kubeconfig: &std::path::Path, identity: &str, log: &std::path::Path) -> Self {
         let metrics = format!("127.0.0.1:{}", common::process::free_port());
-        let server = common::process::Server::start(
+        let port = common::process::free_port();
+        let advertise = format!("127.0.0.1:{port}");
+        let key = kubeconfig.with_file_name("page-token.key");
+        if !key.exists() {
+            std::fs::write(&key, [7u8; 32]).unwrap();
+        }
+        let key = key.display().to_string();
+        let server = common::process::Server::start_at(
+            port,
             kubeconfig,
             &[
+                "--shard-advertise",
+                &advertise,
+                "--shard-page-token-key-file",
+                &key,
                 "--resources",
                 "configmaps",
                 "--no-persist",
@@ -277,6 +289,7 @@ impl Replica {
                 "500ms",
             ],
             log,
+            &[],
         );
         Self {
             server,
@@ -519,5 +532,402 @@ async fn a_second_replica_given_the_same_identity_serves_nothing_and_says_why() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(second);
+    fleet.shutdown().await;
+}
+
+/// A `fleetscope router` process over the ring `RING`, killed when dropped.
+struct RouterProcess {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl RouterProcess {
+    fn start(kubeconfig: &std::path::Path, log: &std::path::Path) -> Self {
+        let port = common::process::free_port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = std::process::Command::new(common::process::BIN)
+            .args(["router", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--shard-ring", RING, "--shard-coordination", "sim-1"])
+            .arg("--shard-page-token-key-file")
+            .arg(kubeconfig.with_file_name("page-token.key"))
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Self { child, port }
+    }
+
+    async fn client(
+        &self,
+    ) -> fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Ok(c) = fleetscope::proto::fleet_client::FleetClient::connect(format!(
+                "http://127.0.0.1:{}",
+                self.port
+            ))
+            .await
+            {
+                return c;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the router never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for RouterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn configmaps_query() -> fleetscope::proto::Query {
+    fleetscope::proto::Query {
+        resource: "configmaps".into(),
+        ..Default::default()
+    }
+}
+
+/// Every configmap listed through `routers`, a page of `limit` from each in turn.
+async fn list_through(
+    routers: &[&RouterProcess],
+    limit: u32,
+) -> Result<Vec<(String, String, String)>, tonic::Status> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for turn in 0.. {
+        let mut client = routers[turn % routers.len()].client().await;
+        let page = client
+            .list(fleetscope::proto::ListRequest {
+                query: Some(configmaps_query()),
+                limit,
+                page_token: token,
+                keep_snapshot: false,
+            })
+            .await?
+            .into_inner();
+        assert!(page.items.len() <= limit as usize);
+        out.extend(
+            page.items
+                .into_iter()
+                .map(|o| (o.cluster, o.namespace, o.name)),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serves() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(6, 15).await;
+    // A seventh context no replica can reach: configured, never ready.
+    let mut kc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kubeconfig).unwrap()).unwrap();
+    kc["clusters"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+        "name": "unreachable", "cluster": {"server": "http://127.0.0.1:1"}}));
+    kc["contexts"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+        "name": "unreachable", "context": {"cluster": "unreachable", "user": "sim-1"}}));
+    std::fs::write(&kubeconfig, kc.to_string()).unwrap();
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=6).map(|i| format!("sim-{i}")).collect();
+    // Enough configmaps in every cluster for lists of many pages.
+    for cl in &clusters {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(common::kube_client(&kubeconfig, cl).await, "team-1");
+        for i in 0..6 {
+            let cm = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": format!("extra-{i}")}}),
+            )
+            .unwrap();
+            api.create(&Default::default(), &cm).await.unwrap();
+        }
+    }
+    let truth = common::truth(&fleet, "configmaps");
+    assert!(truth.len() >= 40, "{}", truth.len());
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let c = Replica::start(&kubeconfig, "replica-c", &log);
+    let one = RouterProcess::start(&kubeconfig, &log);
+    let two = RouterProcess::start(&kubeconfig, &log);
+    let mut with_unreachable = clusters.clone();
+    with_unreachable.push("unreachable".into());
+    with_unreachable.sort();
+    // The assignment counts the unreachable cluster too; it is never ready anywhere.
+    split(&[&a, &b, &c], &clusters, &log).await;
+
+    // ListClusters: every served cluster with its owner, and the one nobody serves.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let listed = loop {
+        let answer = one
+            .client()
+            .await
+            .list_clusters(fleetscope::proto::ListClustersRequest::default())
+            .await
+            .map(tonic::Response::into_inner);
+        if let Ok(a) = &answer
+            && a.clusters
+                .iter()
+                .map(|c| c.name.clone())
+                .collect::<Vec<_>>()
+                == with_unreachable
+            && a.clusters.iter().all(|c| {
+                c.name == "unreachable"
+                    || c.freshness == fleetscope::proto::Freshness::Synced as i32
+            })
+        {
+            break answer.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router never listed every cluster: {answer:?}; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut holders = Vec::new();
+    for r in [&a, &b, &c] {
+        holders.push((r.identity.clone(), r.synced().await.unwrap_or_default()));
+    }
+    for cl in &listed.clusters {
+        if cl.name == "unreachable" {
+            assert_eq!(cl.freshness, fleetscope::proto::Freshness::Error as i32);
+            assert!(
+                cl.owners.is_empty() && cl.last_error.contains("no replica"),
+                "{cl:?}"
+            );
+            continue;
+        }
+        let (holder, _) = holders
+            .iter()
+            .find(|(_, synced)| synced.contains(&cl.name))
+            .unwrap();
+        assert_eq!(cl.owners.first(), Some(holder), "{cl:?}");
+        assert_eq!(cl.freshness, fleetscope::proto::Freshness::Synced as i32);
+    }
+
+    // Count sums the replicas', by cluster too, and says a drawn-on cluster is missing.
+    let count = one
+        .client()
+        .await
+        .count(fleetscope::proto::CountRequest {
+            query: Some(configmaps_query()),
+            group_by: vec!["cluster".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(count.total as usize, truth.len());
+    for g in &count.groups {
+        let want = truth.keys().filter(|(c, _, _)| *c == g.key[0]).count();
+        assert_eq!(g.count as usize, want, "{g:?}");
+    }
+    assert_eq!(count.groups.len(), 6);
+    assert!(
+        count.partial,
+        "the unreachable cluster is drawn on and missing"
+    );
+
+    // List: pages of 7 merged in key order across replicas, continued on the other
+    // router each time, is the fleet's truth exactly, each object once.
+    let listed = list_through(&[&one, &two], 7).await.unwrap();
+    let want: Vec<(String, String, String)> = truth.keys().cloned().collect();
+    assert_eq!(listed, want, "every object once, in key order");
+
+    // Get reaches each cluster's replica.
+    for (cl, ns, name) in truth.keys().step_by(truth.len() / 6) {
+        let got = two
+            .client()
+            .await
+            .get(fleetscope::proto::GetRequest {
+                resource: "configmaps".into(),
+                cluster: cl.clone(),
+                namespace: ns.clone(),
+                name: name.clone(),
+                projection: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let o = got.object.unwrap();
+        assert_eq!((&o.cluster, &o.name), (cl, name));
+    }
+    let missing = one
+        .client()
+        .await
+        .get(fleetscope::proto::GetRequest {
+            resource: "configmaps".into(),
+            cluster: "no-such".into(),
+            namespace: "x".into(),
+            name: "y".into(),
+            projection: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let types = one
+        .client()
+        .await
+        .list_resource_types(fleetscope::proto::ListResourceTypesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let cm = types
+        .resource_types
+        .iter()
+        .find(|t| t.name == "configmaps")
+        .unwrap();
+    assert_eq!(cm.total as usize, truth.len());
+
+    // Watch through a router: the initial objects of every replica, one end marker,
+    // then changes as they happen; a revision is no position through a router.
+    let mut watching = two
+        .client()
+        .await
+        .watch(fleetscope::proto::WatchRequest {
+            query: Some(configmaps_query()),
+            send_initial_events: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut initial = Vec::new();
+    loop {
+        let e = tokio::time::timeout(PATIENCE, watching.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match fleetscope::proto::EventType::try_from(e.r#type).unwrap() {
+            fleetscope::proto::EventType::Added => {
+                let o = e.object.unwrap();
+                initial.push((o.cluster, o.namespace, o.name));
+            }
+            fleetscope::proto::EventType::InitialEventsEnd => break,
+            _ => {}
+        }
+    }
+    initial.sort();
+    assert_eq!(initial, want, "every object once before the end marker");
+    let sim2: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(common::kube_client(&kubeconfig, "sim-2").await, "team-1");
+    sim2.create(
+        &Default::default(),
+        &serde_json::from_value(serde_json::json!({"metadata": {"name": "watched"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    loop {
+        let e = tokio::time::timeout(PATIENCE, watching.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some(o) = e.object
+            && o.name == "watched"
+        {
+            assert_eq!(e.r#type, fleetscope::proto::EventType::Added as i32);
+            assert_eq!(o.cluster, "sim-2");
+            break;
+        }
+    }
+    let from_revision = one
+        .client()
+        .await
+        .watch(fleetscope::proto::WatchRequest {
+            query: Some(configmaps_query()),
+            since_revision: 5,
+            ..Default::default()
+        })
+        .await;
+    let refused = match from_revision {
+        Err(s) => s,
+        Ok(r) => r.into_inner().message().await.unwrap_err(),
+    };
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    let want: Vec<(String, String, String)> =
+        common::truth(&fleet, "configmaps").into_keys().collect();
+
+    // A list begun before a replica is killed cannot continue its snapshot from the
+    // clusters' new owner: OUT_OF_RANGE saying so, never a page with a gap.
+    let mut client = one.client().await;
+    let first = client
+        .list(fleetscope::proto::ListRequest {
+            query: Some(configmaps_query()),
+            limit: 3,
+            page_token: String::new(),
+            keep_snapshot: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut a = a;
+    a.server.kill();
+    split(&[&b, &c], &clusters, &log).await;
+    let next = client
+        .list(fleetscope::proto::ListRequest {
+            query: None,
+            limit: 3,
+            page_token: first.next_page_token,
+            keep_snapshot: false,
+        })
+        .await;
+    // Every replica is drawn on by a list of every cluster, the killed one too.
+    let moved = next.unwrap_err();
+    assert_eq!(moved.code(), tonic::Code::OutOfRange, "{moved:?}");
+    assert!(moved.message().contains("moved"), "{}", moved.message());
+    // The Watch drew on the killed replica's clusters: it ends saying so, with no
+    // object deleted on the way (nothing was).
+    let ended = loop {
+        match tokio::time::timeout(PATIENCE, watching.message())
+            .await
+            .unwrap()
+        {
+            Ok(Some(e)) => assert_ne!(
+                e.r#type,
+                fleetscope::proto::EventType::Deleted as i32,
+                "{e:?}"
+            ),
+            Ok(None) => panic!("the routed Watch ended without saying why"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::OutOfRange, "{ended:?}");
+    // Once the new owners publish the clusters ready, a list through the routers is
+    // whole again.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let again = list_through(&[&two, &one], 7).await;
+        if again.as_ref().ok() == Some(&want) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never whole again: {again:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop((b, c, one, two));
     fleet.shutdown().await;
 }

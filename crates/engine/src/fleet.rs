@@ -98,7 +98,7 @@ impl Fleet for Engine {
         if built.query.expired() {
             return Err(self.too_slow());
         }
-        if page.next.is_some() {
+        if page.next.is_some() || r.keep_snapshot {
             // The next page reads this snapshot too, for as long as tokens live.
             self.index.pin(snapshot.clone(), &r.access.caller());
         }
@@ -126,6 +126,7 @@ impl Fleet for Engine {
             remaining: page.remaining,
             clusters: built.freshness,
             partial: built.partial,
+            resume: Vec::new(),
         })
     }
 
@@ -300,5 +301,6 @@ fn cluster_info(c: ClusterStatus, counts: &BTreeMap<String, u64>) -> ClusterInfo
         streams,
         source: c.source,
         source_loaded: c.loaded_at,
+        owners: Vec::new(),
     }
 }

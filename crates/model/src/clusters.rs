@@ -48,6 +48,25 @@ impl ClusterFilter {
         })
     }
 
+    /// The names and globs, as given.
+    pub fn patterns(&self) -> Vec<String> {
+        self.patterns
+            .iter()
+            .map(|p| p.as_str().to_string())
+            .collect()
+    }
+
+    /// The label selector over the clusters' labels.
+    pub fn selector(&self) -> &LabelSelector {
+        &self.selector
+    }
+
+    /// Whether a cluster of this name is selected by the names and globs (its labels
+    /// aside).
+    pub fn names_match(&self, name: &str) -> bool {
+        self.patterns.is_empty() || self.patterns.iter().any(|p| p.matches(name))
+    }
+
     /// Whether it selects every cluster.
     pub fn is_everything(&self) -> bool {
         self.patterns.is_empty() && self.selector.is_empty()

@@ -203,6 +203,13 @@ pub struct ListRequest {
     pub max_bytes: usize,
     /// Continue a list: the snapshot's revision and the last key returned.
     pub after: Option<(Revision, ObjectKey)>,
+    /// Continue a list of a fleet made of other fleets (a router): what its previous
+    /// page's [`ListAnswer::resume`] said, unchanged; empty for a first page and for
+    /// a fleet that needs only `after`.
+    pub resume: Vec<u8>,
+    /// Keep the snapshot for a continuation even when this page is the last (a
+    /// router continues each fleet it merges from where the merged page ended).
+    pub keep_snapshot: bool,
     /// Who asks, and the policy they are held to.
     pub access: Access,
 }
@@ -216,6 +223,8 @@ impl ListRequest {
             limit: 0,
             max_bytes: 0,
             after: None,
+            resume: Vec::new(),
+            keep_snapshot: false,
             access,
         }
     }
@@ -236,6 +245,9 @@ pub struct ListAnswer {
     pub clusters: Vec<ClusterFreshness>,
     /// Whether some cluster drawn on is not synced.
     pub partial: bool,
+    /// Where a fleet made of other fleets continues, carried (signed) in the page
+    /// token beside `revision` and `next`; empty for an engine.
+    pub resume: Vec<u8>,
 }
 
 /// How to group a count.
@@ -629,6 +641,9 @@ pub struct ClusterInfo {
     pub source: String,
     /// When its settings were last (re)loaded.
     pub source_loaded: SystemTime,
+    /// The replicas serving it, when answered by a router over a ring (the assigned
+    /// owner first); empty from a single server.
+    pub owners: Vec<String>,
 }
 
 /// Every cluster's status, and how the cluster sources last loaded.

@@ -27,7 +27,17 @@ impl Server {
         log: &Path,
         env: &[(&str, &str)],
     ) -> Self {
-        let port = free_port();
+        Self::start_at(free_port(), kubeconfig, args, log, env)
+    }
+
+    /// [`Server::start_with_env`] listening on `port`.
+    pub fn start_at(
+        port: u16,
+        kubeconfig: &Path,
+        args: &[&str],
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

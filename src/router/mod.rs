@@ -1,0 +1,801 @@
+//! `fleetscope router`: the whole fleet served from a ring of replicas, through the
+//! same API. The router is another implementation of the [`Fleet`] seam: it follows
+//! the ring's Leases (each replica publishes its address and the clusters it holds
+//! ready), keeps one channel per replica, and answers each request from the replicas
+//! serving the clusters it selects: `Get` from the cluster's replica, `List` scattered
+//! and merged in key order (its page token carries each replica's snapshot and the
+//! clusters it was asked for), `Count` summed, `ListClusters` and `ListResourceTypes`
+//! merged with each cluster's owners. The caller's identity is passed to the replicas
+//! (`x-remote-user`, `x-remote-group`), which authorize as they do for any caller.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use fleetscope_model::fleet::{
+    ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, Fleet, FleetObject,
+    Freshness, GetAnswer, GetRequest, ListAnswer, ListRequest, Projection, ResourceTypeInfo,
+    StoreStats, Watch, WatchRequest, reason,
+};
+use fleetscope_model::{Access, ClusterFilter, FleetError, ObjectKey, Revision};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::grpc::convert;
+use crate::grpc::status::from_replica;
+use crate::grpc::token::{TokenKey, encode_token};
+use crate::proto;
+use crate::proto::fleet_client::FleetClient;
+use crate::shard::lease::{Member, Observed};
+use crate::shard::owner;
+
+/// How the router reaches the replicas.
+#[derive(Clone)]
+pub struct Upstream {
+    /// TLS to the replicas (their CA, and the router's own client certificate, by
+    /// which the replicas know it as a router); `None` for plaintext.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Whether the router passes its callers' identities (it presents a client
+    /// certificate the replicas name with `--router-name`).
+    pub passes_identity: bool,
+    /// The key the ring's replicas sign page tokens with, so that the router can
+    /// continue a replica's snapshot from any key.
+    pub page_token_key: TokenKey,
+    /// How long a call to a replica may take.
+    pub timeout: std::time::Duration,
+}
+
+/// A fleet served by the replicas of one ring.
+pub struct Router {
+    ring: String,
+    observed: watch::Receiver<Observed>,
+    upstream: Upstream,
+    channels: std::sync::Mutex<BTreeMap<String, tonic::transport::Channel>>,
+}
+
+/// Where a routed list continues: for each replica drawn on, the snapshot it listed
+/// from and the clusters it was asked for.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Positions {
+    /// replica identity, its snapshot's revision, its clusters.
+    s: Vec<(String, u64, Vec<String>)>,
+}
+
+impl Router {
+    /// A router over the ring `ring`, whose Leases `observed` follows.
+    pub fn new(ring: String, observed: watch::Receiver<Observed>, upstream: Upstream) -> Self {
+        Self {
+            ring,
+            observed,
+            upstream,
+            channels: std::sync::Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The ring's live members now.
+    fn members(&self) -> Vec<Member> {
+        self.observed.borrow().alive(Instant::now())
+    }
+
+    /// The replica serving each cluster some member holds ready: among those holding
+    /// it ready, the one the rendezvous weighs highest (not leaving, when any is not),
+    /// so every router picks the same one.
+    fn serving(members: &[Member]) -> BTreeMap<String, &Member> {
+        let mut ready: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
+        for m in members {
+            for c in owner::ready_of(m) {
+                ready.entry(c).or_default().push(m);
+            }
+        }
+        ready
+            .into_iter()
+            .filter_map(|(cluster, holders)| {
+                let staying: Vec<&Member> = holders
+                    .iter()
+                    .copied()
+                    .filter(|m| !owner::leaving(m))
+                    .collect();
+                let pool = if staying.is_empty() { holders } else { staying };
+                let ids: Vec<String> = pool.iter().map(|m| m.identity.clone()).collect();
+                let first = crate::shard::assign::owners(cluster, &ids, 1)
+                    .first()
+                    .copied()?;
+                let member = pool.into_iter().find(|m| m.identity == first)?;
+                Some((cluster.to_string(), member))
+            })
+            .collect()
+    }
+
+    /// The clusters known to the ring that no replica serves now: those the replicas
+    /// report unowned, and those a replica runs without holding them ready yet (a
+    /// cluster being taken up is unserved for that while, never absent).
+    fn unowned(members: &[Member], serving: &BTreeMap<String, &Member>) -> BTreeSet<String> {
+        members
+            .iter()
+            .flat_map(|m| {
+                owner::listed(m, owner::UNOWNED)
+                    .into_iter()
+                    .chain(owner::listed(m, owner::HELD))
+            })
+            .filter(|c| !serving.contains_key(*c))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The clusters `filter`'s names select among those served, grouped by the
+    /// replica serving them.
+    fn plan<'m>(
+        filter: &ClusterFilter,
+        serving: &BTreeMap<String, &'m Member>,
+    ) -> BTreeMap<String, (&'m Member, Vec<String>)> {
+        let mut plan: BTreeMap<String, (&Member, Vec<String>)> = BTreeMap::new();
+        for (cluster, member) in serving {
+            if filter.names_match(cluster) {
+                plan.entry(member.identity.clone())
+                    .or_insert_with(|| (*member, Vec::new()))
+                    .1
+                    .push(cluster.clone());
+            }
+        }
+        plan
+    }
+
+    /// A client for `member`, over the channel kept for its address.
+    fn client(
+        &self,
+        member: &Member,
+    ) -> Result<FleetClient<tonic::transport::Channel>, FleetError> {
+        let address = member.annotations.get(owner::ADDRESS).ok_or_else(|| {
+            FleetError::Unavailable(format!(
+                "replica {} publishes no address on its Lease; retry",
+                member.identity
+            ))
+        })?;
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = channels.get(address) {
+            return Ok(FleetClient::new(c.clone()));
+        }
+        let scheme = if self.upstream.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let bad = |e: tonic::transport::Error| {
+            FleetError::Unavailable(format!(
+                "replica {} publishes the address {address:?}, which cannot be used: {e}",
+                member.identity
+            ))
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(bad)?
+            .timeout(self.upstream.timeout)
+            .connect_timeout(self.upstream.timeout);
+        if let Some(tls) = &self.upstream.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(bad)?;
+        }
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.clone(), channel.clone());
+        Ok(FleetClient::new(channel))
+    }
+
+    /// `message` as the router sends it for `access`'s caller.
+    fn request<T>(&self, message: T, access: &Access) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if self.upstream.passes_identity {
+            let s = access.subject();
+            if let Ok(user) = s.user.parse() {
+                r.metadata_mut().insert(crate::auth::REMOTE_USER, user);
+            }
+            for g in &s.groups {
+                if let Ok(g) = g.parse() {
+                    r.metadata_mut().append(crate::auth::REMOTE_GROUP, g);
+                }
+            }
+        }
+        r
+    }
+
+    /// The caller a replica sees in the router's requests for `access`, as page
+    /// tokens are bound to it.
+    fn upstream_caller(&self, access: &Access) -> String {
+        let (_, policy) = watch::channel(Arc::new(fleetscope_model::access::Everything)
+            as Arc<dyn fleetscope_model::access::Policy>);
+        if self.upstream.passes_identity {
+            let s = access.subject();
+            let subject = crate::auth::passed_subject(s.user.clone(), s.groups.clone());
+            Access::new(subject, policy)
+                .authenticated_by("certificate")
+                .caller()
+        } else {
+            let subject = fleetscope_model::access::Subject {
+                user: crate::auth::ANONYMOUS.into(),
+                groups: vec![crate::auth::UNAUTHENTICATED.into()],
+            };
+            Access::new(subject, policy)
+                .authenticated_by("none")
+                .caller()
+        }
+    }
+
+    fn no_owner(&self, cluster: &str) -> FleetError {
+        FleetError::Unavailable(format!(
+            "cluster {cluster} has no ready replica in ring {}: it is moving or its replica is down; retry",
+            self.ring
+        ))
+    }
+
+    fn unowned_freshness(&self, cluster: &str) -> ClusterFreshness {
+        ClusterFreshness {
+            cluster: cluster.into(),
+            freshness: Freshness::Error,
+            stale_since: None,
+            message: format!("no replica of ring {} serves this cluster", self.ring),
+        }
+    }
+}
+
+/// Why a routed Watch ends when `cluster` left `replica`.
+fn no_longer_served(cluster: &str, replica: &str, ring: &str) -> FleetError {
+    FleetError::OutOfRange {
+        message: format!(
+            "cluster {cluster} is no longer served by replica {replica} of ring {ring}: list again and watch from there"
+        ),
+        reason: reason::REVISION_COMPACTED,
+        oldest: None,
+    }
+}
+
+/// Resolves, with the error to end a routed Watch on, once a cluster it draws on is
+/// served by another replica than when it began (a move, a replica gone): the new
+/// replica's revisions are not the old one's, so the stream cannot go on exactly.
+async fn moved(
+    mut observed: watch::Receiver<Observed>,
+    drawn: BTreeMap<String, String>,
+    ring: String,
+) -> FleetError {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            r = observed.changed() => if r.is_err() { std::future::pending::<()>().await },
+            _ = tick.tick() => {}
+        }
+        let members = observed.borrow_and_update().alive(Instant::now());
+        let serving = Router::serving(&members);
+        if let Some((cluster, was)) = drawn
+            .iter()
+            .find(|(c, id)| serving.get(*c).is_none_or(|m| m.identity != **id))
+        {
+            return no_longer_served(cluster, was, &ring);
+        }
+    }
+}
+
+/// The replicas' streams as one: their objects and cluster states as they come, one
+/// `InitialEventsEnd` once every replica has sent its own, their bookmarks dropped
+/// (a replica's revision is no position of the whole); ended with the first error,
+/// or with `moved`'s.
+fn merge_events(
+    merged: impl futures::Stream<Item = (String, Result<proto::WatchEvent, tonic::Status>)>
+    + Send
+    + Unpin
+    + 'static,
+    upstreams: usize,
+    initial: bool,
+    moved: impl Future<Output = FleetError> + Send + 'static,
+    still_serves: impl Fn(&str, &str) -> Result<(), FleetError> + Send + Sync + 'static,
+) -> impl futures::Stream<Item = Result<fleetscope_model::fleet::WatchEvent, FleetError>> + Send {
+    use fleetscope_model::fleet::WatchEvent;
+    use futures::StreamExt as _;
+    let state = (merged, Box::pin(moved), 0usize, Revision(0), false);
+    let still_serves = Arc::new(still_serves);
+    futures::stream::unfold(
+        state,
+        move |(mut merged, mut moved, mut ended, mut newest, done)| {
+            let still_serves = still_serves.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                if initial && upstreams == 0 && ended == 0 {
+                    // Nothing drawn on: the initial objects are complete at once.
+                    ended = 1;
+                    return Some((
+                        Ok(WatchEvent::InitialEventsEnd(newest)),
+                        (merged, moved, ended, newest, false),
+                    ));
+                }
+                loop {
+                    let next = tokio::select! {
+                        e = &mut moved => return Some((Err(e), (merged, moved, ended, newest, true))),
+                        n = merged.next() => n,
+                    };
+                    let (replica, item) = next?;
+                    let e = match item {
+                        Ok(e) => e,
+                        Err(s) => {
+                            // A routed Watch cannot resume from a revision: a replica's
+                            // stream that breaks ends it with "list again".
+                            let e = match from_replica(&replica, &s) {
+                                FleetError::Unavailable(m) => FleetError::OutOfRange {
+                                    message: format!(
+                                        "{m}; through a router, list again and watch from there"
+                                    ),
+                                    reason: reason::REVISION_COMPACTED,
+                                    oldest: None,
+                                },
+                                e => e,
+                            };
+                            return Some((Err(e), (merged, moved, ended, newest, true)));
+                        }
+                    };
+                    let revision = Revision(e.revision);
+                    newest = newest.max(revision);
+                    let out = match proto::EventType::try_from(e.r#type) {
+                        Ok(
+                            t @ (proto::EventType::Added
+                            | proto::EventType::Modified
+                            | proto::EventType::Deleted),
+                        ) => {
+                            let Some(object) = e.object else { continue };
+                            if t == proto::EventType::Deleted
+                                && let Err(gone) = still_serves(&object.cluster, &replica)
+                            {
+                                return Some((Err(gone), (merged, moved, ended, newest, true)));
+                            }
+                            WatchEvent::Object {
+                                kind: match t {
+                                    proto::EventType::Added => fleetscope_model::EventType::Added,
+                                    proto::EventType::Modified => {
+                                        fleetscope_model::EventType::Modified
+                                    }
+                                    _ => fleetscope_model::EventType::Deleted,
+                                },
+                                object: convert::object_in(object),
+                                revision,
+                            }
+                        }
+                        Ok(proto::EventType::InitialEventsEnd) => {
+                            ended += 1;
+                            if ended < upstreams {
+                                continue;
+                            }
+                            WatchEvent::InitialEventsEnd(newest)
+                        }
+                        Ok(proto::EventType::ClusterStatus) => {
+                            let Some(cluster) = e.cluster else { continue };
+                            WatchEvent::ClusterStatus {
+                                cluster: convert::cluster_freshness_in(cluster),
+                                revision,
+                            }
+                        }
+                        _ => continue,
+                    };
+                    return Some((Ok(out), (merged, moved, ended, newest, false)));
+                }
+            }
+        },
+    )
+}
+
+/// The size a page counts for an object: its JSON and its key.
+fn size(o: &FleetObject) -> usize {
+    o.json.len() + o.key.cluster.as_str().len() + o.key.namespace.len() + o.key.name.len()
+}
+
+impl Fleet for Router {
+    async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
+        let members = self.members();
+        let serving = Self::serving(&members);
+        let Some(member) = serving.get(&r.cluster) else {
+            if Self::unowned(&members, &serving).contains(&r.cluster) {
+                return Err(self.no_owner(&r.cluster));
+            }
+            return Err(FleetError::NotFound(format!(
+                "no cluster {:?} in the fleet",
+                crate::grpc::echo(&r.cluster)
+            )));
+        };
+        let message = proto::GetRequest {
+            resource: r.resource.clone(),
+            cluster: r.cluster.clone(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            projection: match r.projection {
+                Projection::Full => proto::Projection::Unspecified,
+                Projection::Metadata => proto::Projection::Metadata,
+            } as i32,
+        };
+        let answer = self
+            .client(member)?
+            .get(self.request(message, &r.access))
+            .await
+            .map_err(|s| from_replica(&member.identity, &s))?
+            .into_inner();
+        let object = answer.object.ok_or_else(|| {
+            FleetError::Unavailable(format!(
+                "replica {} answered without the object",
+                member.identity
+            ))
+        })?;
+        Ok(GetAnswer {
+            object: convert::object_in(object),
+            cluster: answer
+                .cluster
+                .map(convert::cluster_freshness_in)
+                .unwrap_or_else(|| self.unowned_freshness(&r.cluster)),
+            revision: Revision(answer.revision),
+        })
+    }
+
+    async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
+        let members = self.members();
+        let serving = Self::serving(&members);
+        let limit = r.limit.max(1);
+        // Each replica drawn on, with its snapshot when continuing.
+        let asked: Vec<(&Member, Vec<String>, Option<Revision>)> = if r.resume.is_empty() {
+            Self::plan(&r.query.clusters, &serving)
+                .into_values()
+                .map(|(m, clusters)| (m, clusters, None))
+                .collect()
+        } else {
+            let positions: Positions = serde_json::from_slice(&r.resume).map_err(|_| {
+                FleetError::InvalidArgument("page_token: not a routed list's".into())
+            })?;
+            let mut asked = Vec::new();
+            for (identity, revision, clusters) in positions.s {
+                // The snapshot is the replica's own: exact only while it still serves
+                // every cluster it was asked for.
+                let moved = clusters
+                    .iter()
+                    .find(|c| serving.get(*c).is_none_or(|m| m.identity != identity));
+                if let Some(c) = moved {
+                    return Err(FleetError::OutOfRange {
+                        message: format!(
+                            "cluster {c} moved from replica {identity} since this list began, so its snapshot cannot be continued: list again"
+                        ),
+                        reason: reason::PAGE_SNAPSHOT_RELEASED,
+                        oldest: None,
+                    });
+                }
+                let member = serving
+                    .values()
+                    .find(|m| m.identity == identity)
+                    .copied()
+                    .ok_or_else(|| self.no_owner(&identity))?;
+                asked.push((member, clusters, Some(Revision(revision))));
+            }
+            asked
+        };
+        let projection = r.projection;
+        let caller = self.upstream_caller(&r.access);
+        let calls = asked.iter().map(|(member, clusters, revision)| {
+            let query = convert::query_out(&r.query, projection, clusters);
+            let message = match (revision, &r.after) {
+                (Some(rev), Some((_, after))) => proto::ListRequest {
+                    query: None,
+                    limit: limit as u32,
+                    page_token: encode_token(
+                        &self.upstream.page_token_key,
+                        &caller,
+                        *rev,
+                        &query,
+                        after,
+                        b"",
+                    ),
+                    keep_snapshot: true,
+                },
+                _ => proto::ListRequest {
+                    query: Some(query),
+                    limit: limit as u32,
+                    page_token: String::new(),
+                    keep_snapshot: true,
+                },
+            };
+            let request = self.request(message, &r.access);
+            async move {
+                let mut client = self.client(member)?;
+                client
+                    .list(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| from_replica(&member.identity, &s))
+            }
+        });
+        let pages = futures::future::try_join_all(calls).await?;
+        let mut items: Vec<FleetObject> = Vec::new();
+        let mut more = 0u64;
+        let mut clusters = Vec::new();
+        let mut partial = false;
+        let mut positions = Positions { s: Vec::new() };
+        let mut newest = Revision(0);
+        for ((member, asked_clusters, _), page) in asked.iter().zip(pages) {
+            more += page.remaining_item_count;
+            partial |= page.partial;
+            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
+            newest = newest.max(Revision(page.revision));
+            positions.s.push((
+                member.identity.clone(),
+                page.revision,
+                asked_clusters.clone(),
+            ));
+            items.extend(page.items.into_iter().map(convert::object_in));
+        }
+        // Clusters the query names that nobody serves: drawn on, and missing.
+        for c in Self::unowned(&members, &serving) {
+            if r.query.clusters.names_match(&c) {
+                clusters.push(self.unowned_freshness(&c));
+                partial = true;
+            }
+        }
+        items.sort_by(|a, b| a.key.cmp(&b.key));
+        let fetched = items.len();
+        let mut taken = 0;
+        let mut bytes = 0;
+        for o in &items {
+            if taken >= limit || (taken > 0 && bytes + size(o) > r.max_bytes) {
+                break;
+            }
+            bytes += size(o);
+            taken += 1;
+        }
+        items.truncate(taken);
+        let remaining = more + (fetched - taken) as u64;
+        let next: Option<ObjectKey> = if remaining > 0 {
+            items.last().map(|o| o.key.clone())
+        } else {
+            None
+        };
+        Ok(ListAnswer {
+            items,
+            next,
+            revision: newest,
+            remaining,
+            clusters,
+            partial,
+            resume: serde_json::to_vec(&positions).unwrap_or_default(),
+        })
+    }
+
+    async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
+        let members = self.members();
+        let serving = Self::serving(&members);
+        let plan = Self::plan(&r.query.clusters, &serving);
+        let group_by: Vec<String> = r
+            .group_by
+            .iter()
+            .map(|g| match g {
+                fleetscope_model::GroupBy::Cluster => "cluster".to_string(),
+                fleetscope_model::GroupBy::Namespace => "namespace".to_string(),
+                fleetscope_model::GroupBy::Label(k) => format!("label:{k}"),
+                fleetscope_model::GroupBy::Field(p) => format!("field:{p}"),
+            })
+            .collect();
+        let calls = plan.values().map(|(member, clusters)| {
+            let message = proto::CountRequest {
+                query: Some(convert::query_out(&r.query, Projection::Full, clusters)),
+                group_by: group_by.clone(),
+            };
+            let request = self.request(message, &r.access);
+            async move {
+                let mut client = self.client(member)?;
+                client
+                    .count(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| from_replica(&member.identity, &s))
+            }
+        });
+        let answers = futures::future::try_join_all(calls).await?;
+        let mut groups: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+        let mut total = 0;
+        let mut clusters = Vec::new();
+        let mut partial = false;
+        let mut newest = Revision(0);
+        for a in answers {
+            for g in a.groups {
+                *groups.entry(g.key).or_default() += g.count;
+            }
+            total += a.total;
+            partial |= a.partial;
+            newest = newest.max(Revision(a.revision));
+            clusters.extend(a.clusters.into_iter().map(convert::cluster_freshness_in));
+        }
+        for c in Self::unowned(&members, &serving) {
+            if r.query.clusters.names_match(&c) {
+                clusters.push(self.unowned_freshness(&c));
+                partial = true;
+            }
+        }
+        Ok(CountAnswer {
+            groups,
+            total,
+            revision: newest,
+            clusters,
+            partial,
+        })
+    }
+
+    async fn watch(&self, r: WatchRequest) -> Result<Watch, FleetError> {
+        if r.since.is_some() {
+            // A single server's revisions are its own: none names a position across
+            // the ring's replicas.
+            return Err(FleetError::OutOfRange {
+                message: format!(
+                    "through a router of ring {}, a Watch starts from its initial objects (send_initial_events), not from a revision: list again",
+                    self.ring
+                ),
+                reason: reason::REVISION_COMPACTED,
+                oldest: None,
+            });
+        }
+        let members = self.members();
+        let serving = Self::serving(&members);
+        let plan = Self::plan(&r.query.clusters, &serving);
+        // Who serves each cluster drawn on: the stream is exact only while that holds.
+        let drawn: BTreeMap<String, String> = plan
+            .iter()
+            .flat_map(|(id, (_, clusters))| clusters.iter().map(move |c| (c.clone(), id.clone())))
+            .collect();
+        let opened = plan.values().map(|(member, clusters)| {
+            let message = proto::WatchRequest {
+                query: Some(convert::query_out(&r.query, r.projection, clusters)),
+                since_revision: 0,
+                send_initial_events: r.initial,
+                bookmark_interval: None,
+            };
+            let request = self.request(message, &r.access);
+            async move {
+                let mut client = self.client(member)?;
+                let stream = client
+                    .watch(request)
+                    .await
+                    .map_err(|s| from_replica(&member.identity, &s))?
+                    .into_inner();
+                Ok::<_, FleetError>((member.identity.clone(), stream))
+            }
+        });
+        let streams = futures::future::try_join_all(opened).await?;
+        let upstreams = streams.len();
+        let merged = futures::stream::select_all(streams.into_iter().map(|(identity, stream)| {
+            use futures::StreamExt as _;
+            stream.map(move |item| (identity.clone(), item))
+        }));
+        let moved = moved(self.observed.clone(), drawn, self.ring.clone());
+        let observed = self.observed.clone();
+        let ring = self.ring.clone();
+        // A replica letting a cluster go deletes its objects from its own view: such a
+        // delete is no change of the cluster, and must never reach the subscriber.
+        let still_serves = move |cluster: &str, replica: &str| -> Result<(), FleetError> {
+            let members = observed.borrow().alive(Instant::now());
+            match Router::serving(&members).get(cluster) {
+                Some(m) if m.identity == replica => Ok(()),
+                _ => Err(no_longer_served(cluster, replica, &ring)),
+            }
+        };
+        let events = merge_events(merged, upstreams, r.initial, moved, still_serves);
+        Ok(Watch::new(
+            events,
+            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        ))
+    }
+
+    async fn clusters(
+        &self,
+        filter: ClusterFilter,
+        access: &Access,
+    ) -> Result<ClustersAnswer, FleetError> {
+        let members = self.members();
+        let serving = Self::serving(&members);
+        let plan = Self::plan(&filter, &serving);
+        let calls = plan.values().map(|(member, clusters)| {
+            let message = proto::ListClustersRequest {
+                clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
+            };
+            let request = self.request(message, access);
+            async move {
+                let mut client = self.client(member)?;
+                let answer = client
+                    .list_clusters(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| from_replica(&member.identity, &s))?;
+                Ok::<_, FleetError>((member.identity.clone(), answer))
+            }
+        });
+        let answers = futures::future::try_join_all(calls).await?;
+        let mut out = ClustersAnswer::default();
+        for (identity, answer) in answers {
+            for c in answer.clusters {
+                // Only the serving replica's report (another may still hold the
+                // cluster while handing it over).
+                if serving.get(&c.name).is_none_or(|m| m.identity != identity) {
+                    continue;
+                }
+                let mut info = convert::cluster_in(c);
+                info.owners = std::iter::once(identity.clone())
+                    .chain(
+                        members
+                            .iter()
+                            .filter(|m| {
+                                m.identity != identity
+                                    && owner::ready_of(m).contains(info.name.as_str())
+                            })
+                            .map(|m| m.identity.clone()),
+                    )
+                    .collect();
+                out.clusters.push(info);
+            }
+        }
+        for c in Self::unowned(&members, &serving) {
+            if filter.names_match(&c) {
+                let freshness = self.unowned_freshness(&c);
+                out.clusters.push(ClusterInfo {
+                    name: c.as_str().into(),
+                    labels: BTreeMap::new(),
+                    server: String::new(),
+                    last_error: freshness.message.clone(),
+                    freshness,
+                    kubernetes_version: String::new(),
+                    streams: Vec::new(),
+                    source: format!("ring {}", self.ring),
+                    source_loaded: std::time::SystemTime::UNIX_EPOCH,
+                    owners: Vec::new(),
+                });
+            }
+        }
+        out.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+        let members = self.members();
+        let serving = Self::serving(&members);
+        let plan = Self::plan(&ClusterFilter::default(), &serving);
+        let calls = plan.values().map(|(member, clusters)| {
+            let request = self.request(proto::ListResourceTypesRequest {}, access);
+            async move {
+                let mut client = self.client(member)?;
+                let answer = client
+                    .list_resource_types(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| from_replica(&member.identity, &s))?;
+                Ok::<_, FleetError>((clusters, answer))
+            }
+        });
+        let answers = futures::future::try_join_all(calls).await?;
+        let mut merged: BTreeMap<String, ResourceTypeInfo> = BTreeMap::new();
+        for (clusters, answer) in answers {
+            for t in answer
+                .resource_types
+                .into_iter()
+                .map(convert::resource_type_in)
+            {
+                let counts: Vec<_> = t
+                    .clusters
+                    .iter()
+                    .filter(|(c, _)| clusters.iter().any(|s| s == c.as_str()))
+                    .cloned()
+                    .collect();
+                let entry = merged
+                    .entry(t.resource.name())
+                    .or_insert_with(|| ResourceTypeInfo {
+                        resource: t.resource.clone(),
+                        clusters: Vec::new(),
+                    });
+                entry.clusters.extend(counts);
+            }
+        }
+        Ok(merged
+            .into_values()
+            .map(|mut t| {
+                t.clusters.sort();
+                t
+            })
+            .collect())
+    }
+
+    async fn store(&self, _access: &Access) -> Result<Option<StoreStats>, FleetError> {
+        // A router holds no store: the replicas each keep their own.
+        Ok(None)
+    }
+}
