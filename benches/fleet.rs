@@ -1,7 +1,7 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
-//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|watch-load|persist`
-//! runs one (`sync` includes `first-sync`) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
+//! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|watch-load|router|persist`
+//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
 
@@ -662,6 +662,7 @@ async fn scale() {
                 query: Some(q),
                 limit: 500,
                 page_token: String::new(),
+                keep_snapshot: false,
             })
             .await
             .unwrap()
@@ -1344,6 +1345,9 @@ fn main() {
     if part.is_empty() || part == "watch-load" {
         rt.block_on(watch_load());
     }
+    if part.is_empty() || part == "router" {
+        rt.block_on(router());
+    }
     // The persistence parts each run in a process of their own, as deployed.
     let persist_parts = ["restart", "ingest", "churn"]
         .into_iter()
@@ -1359,6 +1363,275 @@ fn main() {
             .unwrap();
         assert!(status.success());
     }
+}
+
+/// A fleetscope process (the release binary), killed when dropped.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn start(args: &[&str]) -> Self {
+        let child = as_deployed(&mut Command::new(env!("CARGO_BIN_EXE_fleetscope")))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    fn rss(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.0.id()))
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .unwrap_or(0)
+            * 1024
+    }
+}
+
+type Client = fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel>;
+
+async fn client_at(port: u16) -> Client {
+    loop {
+        if let Ok(c) = Client::connect(format!("http://127.0.0.1:{port}")).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn pods_query() -> fleetscope::proto::Query {
+    fleetscope::proto::Query {
+        resource: "pods".into(),
+        ..Default::default()
+    }
+}
+
+/// Waits until `client` counts `total` pods from every cluster, none missing.
+async fn counts_all(client: &mut Client, total: u64) {
+    loop {
+        if let Ok(r) = client
+            .count(fleetscope::proto::CountRequest {
+                query: Some(pods_query()),
+                group_by: vec![],
+            })
+            .await
+            && r.get_ref().total == total
+            && !r.get_ref().partial
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Get, a List page and a Count, `n` of each: p50 and p99.
+async fn rpc_latencies(client: &mut Client, clusters: usize, pods: usize, n: usize) -> String {
+    let (mut get, mut list, mut count) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let c = i % clusters;
+        let p = (i * 7919) % pods;
+        let t = Instant::now();
+        client
+            .get(fleetscope::proto::GetRequest {
+                resource: "pods".into(),
+                cluster: format!("sim-{}", c + 1),
+                namespace: format!("ns-{}", p % 10),
+                name: format!("pod-{p}"),
+                projection: 0,
+            })
+            .await
+            .unwrap();
+        get.push(t.elapsed());
+        let t = Instant::now();
+        client
+            .list(fleetscope::proto::ListRequest {
+                query: Some(pods_query()),
+                limit: 500,
+                page_token: String::new(),
+                keep_snapshot: false,
+            })
+            .await
+            .unwrap();
+        list.push(t.elapsed());
+        let t = Instant::now();
+        client
+            .count(fleetscope::proto::CountRequest {
+                query: Some(pods_query()),
+                group_by: vec!["cluster".into()],
+            })
+            .await
+            .unwrap();
+        count.push(t.elapsed());
+    }
+    let ms = |v: &mut Vec<Duration>| {
+        format!(
+            "p50 {:.2} ms, p99 {:.2} ms",
+            percentile(v, 0.5).as_secs_f64() * 1e3,
+            percentile(v, 0.99).as_secs_f64() * 1e3
+        )
+    };
+    format!(
+        "Get {}; List page of 500 {}; Count by cluster {}",
+        ms(&mut get),
+        ms(&mut list),
+        ms(&mut count)
+    )
+}
+
+/// Every pod listed in pages of 500: how long, and how many.
+async fn list_everything(client: &mut Client) -> (Duration, usize) {
+    let t = Instant::now();
+    let mut token = String::new();
+    let mut n = 0;
+    loop {
+        let page = client
+            .list(fleetscope::proto::ListRequest {
+                query: if token.is_empty() {
+                    Some(pods_query())
+                } else {
+                    None
+                },
+                limit: 500,
+                page_token: token,
+                keep_snapshot: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        n += page.items.len();
+        if page.next_page_token.is_empty() {
+            return (t.elapsed(), n);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// The same pods served by one `serve` and by three replicas behind a router (release
+/// binaries on loopback, plaintext): what the router adds to each RPC, a merged List
+/// of everything, and each replica's memory against the single server's.
+async fn router() {
+    let clusters = 6;
+    let pods = env_usize("FLEET_BENCH_ROUTER_PODS", 20_000);
+    let total = (clusters * pods) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let kc = kubeconfig.display().to_string();
+    let key = dir.path().join("ring.key");
+    std::fs::write(&key, [3u8; 32]).unwrap();
+    let key = key.display().to_string();
+    let port = |_| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let ports: Vec<u16> = (0..5).map(port).collect();
+    let common = [
+        "--kubeconfig",
+        &kc,
+        "--no-persist",
+        "--resources",
+        "pods,namespaces",
+    ];
+    let single_listen = format!("127.0.0.1:{}", ports[0]);
+    let single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
+    let mut one = client_at(ports[0]).await;
+    let t = Instant::now();
+    counts_all(&mut one, total).await;
+    let single_sync = t.elapsed();
+    let mut replicas = Vec::new();
+    for (i, p) in ports[1..4].iter().enumerate() {
+        let listen = format!("127.0.0.1:{p}");
+        let identity = format!("replica-{i}");
+        replicas.push(Proc::start(
+            &[
+                &[
+                    "serve",
+                    "--listen",
+                    &listen,
+                    "--shard-advertise",
+                    &listen,
+                    "--shard-ring",
+                    "bench",
+                    "--shard-coordination",
+                    "sim-1",
+                    "--shard-identity",
+                    &identity,
+                    "--shard-page-token-key-file",
+                    &key,
+                    "--shard-lease-namespace",
+                    "ns-0",
+                ][..],
+                &common[..],
+            ]
+            .concat(),
+        ));
+    }
+    let router_listen = format!("127.0.0.1:{}", ports[4]);
+    let _router = Proc::start(&[
+        "router",
+        "--listen",
+        &router_listen,
+        "--kubeconfig",
+        &kc,
+        "--shard-ring",
+        "bench",
+        "--shard-coordination",
+        "sim-1",
+        "--shard-page-token-key-file",
+        &key,
+        "--shard-lease-namespace",
+        "ns-0",
+    ]);
+    let mut routed = client_at(ports[4]).await;
+    let t = Instant::now();
+    counts_all(&mut routed, total).await;
+    let ring_sync = t.elapsed();
+    println!(
+        "router: {clusters} clusters x {pods} pods ({total}); synced: one server {:.1} s, three replicas behind a router {:.1} s",
+        single_sync.as_secs_f64(),
+        ring_sync.as_secs_f64()
+    );
+    // Warm both paths, then measure.
+    rpc_latencies(&mut one, clusters, pods, 20).await;
+    rpc_latencies(&mut routed, clusters, pods, 20).await;
+    println!(
+        "router: one server:        {}",
+        rpc_latencies(&mut one, clusters, pods, 300).await
+    );
+    println!(
+        "router: through a router:  {}",
+        rpc_latencies(&mut routed, clusters, pods, 300).await
+    );
+    let (d1, n1) = list_everything(&mut one).await;
+    let (d2, n2) = list_everything(&mut routed).await;
+    assert_eq!((n1 as u64, n2 as u64), (total, total));
+    println!(
+        "router: all {total} pods in pages of 500: one server {:.2} s, through a router {:.2} s",
+        d1.as_secs_f64(),
+        d2.as_secs_f64()
+    );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "router: resident memory: one server {:.0} MiB; replicas {}",
+        mib(single.rss()),
+        replicas
+            .iter()
+            .map(|r| format!("{:.0} MiB", mib(r.rss())))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {
@@ -1511,6 +1784,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
             }),
             limit: 500,
             page_token: String::new(),
+            keep_snapshot: false,
         })
         .await
         .unwrap()

@@ -434,16 +434,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         e.message()
     );
     // Health is open; reflection is not.
-    let channel =
-        tonic::transport::Channel::from_shared(format!("https://127.0.0.1:{}", s.server.port))
-            .unwrap()
-            .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(
-                tonic::transport::Certificate::from_pem(std::fs::read(s.ca.ca()).unwrap()),
-            ))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = tls_channel(&s).await;
     tonic_health::pb::health_client::HealthClient::new(channel.clone())
         .check(tonic_health::pb::HealthCheckRequest::default())
         .await
@@ -2307,6 +2298,19 @@ async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out(
     }
 }
 
+/// A channel to the server over TLS, presenting no certificate.
+async fn tls_channel(s: &Setup) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(format!("https://127.0.0.1:{}", s.server.port))
+        .unwrap()
+        .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(
+            tonic::transport::Certificate::from_pem(std::fs::read(s.ca.ca()).unwrap()),
+        ))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
 /// A request carrying the identity a router passes: `x-remote-user` and each of the
 /// groups in `x-remote-group`.
 fn passing<T>(message: T, user: Option<(&str, &[&str])>) -> tonic::Request<T> {
@@ -2394,16 +2398,7 @@ async fn a_router_passes_its_caller_s_identity_and_nobody_else_is_served() {
         forged.message()
     );
     // Health checks stay open to anyone.
-    let channel =
-        tonic::transport::Channel::from_shared(format!("https://127.0.0.1:{}", s.server.port))
-            .unwrap()
-            .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(
-                tonic::transport::Certificate::from_pem(std::fs::read(s.ca.ca()).unwrap()),
-            ))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    let channel = tls_channel(&s).await;
     tonic_health::pb::health_client::HealthClient::new(channel)
         .check(tonic_health::pb::HealthCheckRequest::default())
         .await

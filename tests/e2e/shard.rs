@@ -517,6 +517,18 @@ async fn a_second_replica_given_the_same_identity_serves_nothing_and_says_why() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(second.metric("fleetscope_shard_fenced").await, Some(1.0));
+    // What it reports of itself says so too, not that it is loading a store.
+    let clusters = second
+        .client()
+        .await
+        .unwrap()
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        clusters.message().contains("--shard-identity"),
+        "{clusters:?}"
+    );
     assert_eq!(first.count().await, Ok(total));
     assert_eq!(first.metric("fleetscope_shard_fenced").await, Some(0.0));
     // The first is killed: once its Lease has gone a duration without renewal, the

@@ -529,13 +529,27 @@ impl<F: Fleet> Fleet for Gated<F> {
         filter: ClusterFilter,
         access: &Access,
     ) -> Result<ClustersAnswer, FleetError> {
-        self.inner.clusters(filter, access).await
+        let answer = self.inner.clusters(filter, access).await;
+        answer.map_err(|e| self.why_unavailable(e))
     }
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
-        self.inner.resource_types(access).await
+        let answer = self.inner.resource_types(access).await;
+        answer.map_err(|e| self.why_unavailable(e))
     }
     async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
-        self.inner.store(access).await
+        let answer = self.inner.store(access).await;
+        answer.map_err(|e| self.why_unavailable(e))
+    }
+}
+
+impl<F: Fleet> Gated<F> {
+    /// An inner fleet not there yet behind a closed gate is unavailable for the gate's
+    /// reason (a replica not yet in its ring is not "loading its store").
+    fn why_unavailable(&self, e: FleetError) -> FleetError {
+        match (e, self.check()) {
+            (FleetError::Unavailable(_), Err(closed)) => closed,
+            (e, _) => e,
+        }
     }
 }
 
