@@ -193,9 +193,15 @@ impl Owner {
             }
             let now = Instant::now();
             let view = self.view.borrow_and_update().clone();
-            if first && (!view.observed.listed || view.fenced(now, self.config.lease_duration)) {
+            if first
+                && (!view.observed.listed
+                    || view.fenced(now, self.config.lease_duration)
+                    || now.saturating_duration_since(started) < self.config.renew_period * 2)
+            {
                 // Nothing is decided before this replica holds its Lease and has seen
-                // the ring's: it would take clusters the others hold.
+                // the ring's, and replicas starting together have had two renew periods
+                // to see each other: it would take clusters the others hold or are
+                // about to, and sync them for nothing.
                 continue;
             }
             let desired = self.desired.borrow_and_update().clone();
