@@ -177,6 +177,22 @@ impl Router {
         Ok(FleetClient::new(channel))
     }
 
+    /// One call to `member`: `call` made on a client over its channel, the answer
+    /// unwrapped, a failure as the fleet error it stands for (naming the replica).
+    async fn ask<T, Fut>(
+        &self,
+        member: &Member,
+        call: impl FnOnce(FleetClient<tonic::transport::Channel>) -> Fut,
+    ) -> Result<T, FleetError>
+    where
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        call(self.client(member)?)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| from_replica(&member.identity, &s))
+    }
+
     /// `message` as the router sends it for `access`'s caller.
     fn request<T>(&self, message: T, access: &Access) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
@@ -404,12 +420,10 @@ impl Fleet for Router {
                 Projection::Metadata => proto::Projection::Metadata,
             } as i32,
         };
+        let request = self.request(message, &r.access);
         let answer = self
-            .client(member)?
-            .get(self.request(message, &r.access))
-            .await
-            .map_err(|s| from_replica(&member.identity, &s))?
-            .into_inner();
+            .ask(member, |mut c| async move { c.get(request).await })
+            .await?;
         let object = answer.object.ok_or_else(|| {
             FleetError::Unavailable(format!(
                 "replica {} answered without the object",
@@ -491,14 +505,7 @@ impl Fleet for Router {
                 },
             };
             let request = self.request(message, &r.access);
-            async move {
-                let mut client = self.client(member)?;
-                client
-                    .list(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| from_replica(&member.identity, &s))
-            }
+            self.ask(member, |mut c| async move { c.list(request).await })
         });
         let pages = futures::future::try_join_all(calls).await?;
         let mut items: Vec<FleetObject> = Vec::new();
@@ -575,14 +582,7 @@ impl Fleet for Router {
                 group_by: group_by.clone(),
             };
             let request = self.request(message, &r.access);
-            async move {
-                let mut client = self.client(member)?;
-                client
-                    .count(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| from_replica(&member.identity, &s))
-            }
+            self.ask(member, |mut c| async move { c.count(request).await })
         });
         let answers = futures::future::try_join_all(calls).await?;
         let mut groups: BTreeMap<Vec<String>, u64> = BTreeMap::new();
@@ -644,12 +644,9 @@ impl Fleet for Router {
             };
             let request = self.request(message, &r.access);
             async move {
-                let mut client = self.client(member)?;
-                let stream = client
-                    .watch(request)
-                    .await
-                    .map_err(|s| from_replica(&member.identity, &s))?
-                    .into_inner();
+                let stream = self
+                    .ask(member, |mut c| async move { c.watch(request).await })
+                    .await?;
                 Ok::<_, FleetError>((member.identity.clone(), stream))
             }
         });
@@ -692,12 +689,12 @@ impl Fleet for Router {
             };
             let request = self.request(message, access);
             async move {
-                let mut client = self.client(member)?;
-                let answer = client
-                    .list_clusters(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| from_replica(&member.identity, &s))?;
+                let answer = self
+                    .ask(
+                        member,
+                        |mut c| async move { c.list_clusters(request).await },
+                    )
+                    .await?;
                 Ok::<_, FleetError>((member.identity.clone(), answer))
             }
         });
@@ -753,12 +750,11 @@ impl Fleet for Router {
         let calls = plan.values().map(|(member, clusters)| {
             let request = self.request(proto::ListResourceTypesRequest {}, access);
             async move {
-                let mut client = self.client(member)?;
-                let answer = client
-                    .list_resource_types(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| from_replica(&member.identity, &s))?;
+                let answer = self
+                    .ask(member, |mut c| async move {
+                        c.list_resource_types(request).await
+                    })
+                    .await?;
                 Ok::<_, FleetError>((clusters, answer))
             }
         });
