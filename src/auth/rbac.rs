@@ -326,6 +326,13 @@ impl Held {
             }
         }
     }
+
+    /// Forgets one resource type's objects of a cluster (its stream was reset: they
+    /// come again).
+    fn forget(&mut self, resource: &str, cluster: &fleetscope_model::ClusterName) {
+        self.0
+            .retain(|k, _| !(&*k.resource == resource && k.cluster == *cluster));
+    }
 }
 
 impl<J: Into<fleetscope_model::Json>> FromIterator<(ObjectKey, J)> for Held {
@@ -409,6 +416,19 @@ pub async fn follow<F: Fleet>(
                         }
                     }
                     Some((_, Ok(WatchEvent::ClusterStatus { .. }))) => {}
+                    // Through a router, a cluster's stream that could not continue comes
+                    // again whole.
+                    Some((i, Ok(WatchEvent::Reset { cluster }))) => {
+                        held.forget(TYPES[i], &cluster);
+                    }
+                    Some((
+                        _,
+                        Ok(
+                            WatchEvent::Positions { .. }
+                            | WatchEvent::ResetEnd { .. }
+                            | WatchEvent::Bookmark { .. },
+                        ),
+                    )) => {}
                     // Ended (fell behind, the log moved on): from the present again.
                     Some((_, Err(e))) => {
                         tracing::debug!(error = %e, "an RBAC Watch ended: watching again");

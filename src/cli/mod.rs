@@ -686,7 +686,8 @@ fn where_looked(q: &args::QueryArgs) -> String {
 }
 
 /// A Watch followed until interrupted. When the stream breaks (the server restarted
-/// or went away, or ended this subscriber), it resumes from the last revision seen,
+/// or went away, or ended this subscriber), it resumes from the last revision seen
+/// (through a router: from the last position token and the positions after it),
 /// saying so on stderr; a revision the server no longer has ends it with an error.
 struct Follower {
     client: Client,
@@ -695,6 +696,9 @@ struct Follower {
     initial: bool,
     stream: Option<tonic::Streaming<proto::WatchEvent>>,
     broken: bool,
+    /// Through a router: the last position token, and each cluster's position since.
+    token: String,
+    after: std::collections::BTreeMap<String, proto::StreamPosition>,
 }
 
 impl Follower {
@@ -706,6 +710,8 @@ impl Follower {
             initial,
             stream: None,
             broken: false,
+            token: String::new(),
+            after: std::collections::BTreeMap::new(),
         }
     }
 
@@ -718,9 +724,12 @@ impl Follower {
                     .client
                     .watch(WatchRequest {
                         query: Some(self.query.clone()),
-                        since_revision: self.since,
-                        send_initial_events: self.initial,
+                        since_revision: if self.token.is_empty() { self.since } else { 0 },
+                        send_initial_events: self.initial && self.token.is_empty(),
                         bookmark_interval: None,
+                        resume_token: self.token.clone(),
+                        resume_positions: self.after.values().cloned().collect(),
+                        ..WatchRequest::default()
                     })
                     .await;
                 match opened {
@@ -746,6 +755,12 @@ impl Follower {
             match stream.next().await {
                 Some(Ok(e)) => {
                     self.since = self.since.max(e.revision);
+                    if !e.position_token.is_empty() {
+                        self.token = e.position_token.clone();
+                        self.after.clear();
+                    } else if let Some(p) = &e.position {
+                        self.after.insert(p.cluster.clone(), p.clone());
+                    }
                     return Ok(e);
                 }
                 Some(Err(s)) if retryable(&s) => {

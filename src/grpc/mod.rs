@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleetscope_model::fleet::{CountRequest, GetRequest, ListRequest, WatchRequest};
-use fleetscope_model::{Access, Fleet, GroupBy, Revision};
+use fleetscope_model::{Access, ClusterName, Fleet, GroupBy, Revision};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -281,6 +281,21 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                     self.config.max_watches_per_caller
                 ))
             })?;
+        let positions = |given: &[proto::StreamPosition]| -> Vec<(ClusterName, Arc<str>)> {
+            given
+                .iter()
+                .map(|p| {
+                    (
+                        ClusterName::from(p.cluster.as_str()),
+                        Arc::from(p.resource_version.as_str()),
+                    )
+                })
+                .collect()
+        };
+        let resume = (!r.resume_token.is_empty()).then(|| fleetscope_model::fleet::Resume {
+            token: r.resume_token.clone(),
+            after: positions(&r.resume_positions),
+        });
         let watch = self
             .fleet
             .watch(WatchRequest {
@@ -289,11 +304,15 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 since: (r.since_revision > 0).then_some(Revision(r.since_revision)),
                 initial: r.send_initial_events,
                 access,
+                positions: (!r.start_positions.is_empty()).then(|| positions(&r.start_positions)),
+                report_positions: r.report_positions,
+                resume,
             })
             .await
             .map_err(status)?;
         Ok(Response::new(watch::stream(
             watch,
+            query.resource.clone(),
             interval,
             self.shutdown.clone(),
             place,

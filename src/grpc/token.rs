@@ -101,6 +101,40 @@ fn signature(key: &TokenKey, payload: &[u8], caller: &str) -> ring::hmac::Tag {
     ctx.sign()
 }
 
+/// What a sealed token's signature covers besides its payload and caller, so that a
+/// token of one kind is never taken for another.
+const SEALED: &[u8] = b"fleetscope sealed token\0";
+
+/// The most a sealed token may be.
+const MAX_SEALED: usize = 4 << 20;
+
+/// `payload` signed for `caller`, as a token (base64 payload, '.', base64 signature).
+pub(crate) fn seal(key: &TokenKey, caller: &str, payload: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut signed = SEALED.to_vec();
+    signed.extend_from_slice(payload);
+    let tag = signature(key, &signed, caller);
+    format!("{}.{}", b64.encode(payload), b64.encode(tag.as_ref()))
+}
+
+/// The payload of a token [`seal`] made for `caller` with `key`; `None` for anything
+/// else.
+pub(crate) fn unseal(key: &TokenKey, caller: &str, token: &str) -> Option<Vec<u8>> {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    if token.len() > MAX_SEALED {
+        return None;
+    }
+    let (payload, tag) = token.split_once('.')?;
+    let payload = b64.decode(payload).ok()?;
+    let tag = b64.decode(tag).ok()?;
+    let mut signed = SEALED.to_vec();
+    signed.extend_from_slice(&payload);
+    signed.push(0);
+    signed.extend_from_slice(caller.as_bytes());
+    ring::hmac::verify(&key.0, &signed, &tag).ok()?;
+    Some(payload)
+}
+
 pub(crate) fn encode_token(
     key: &TokenKey,
     caller: &str,
@@ -163,6 +197,31 @@ pub(crate) fn decode_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sealed_token_opens_only_for_its_caller_and_key_and_is_no_page_token() {
+        let key = TokenKey::new(&[7; 32]);
+        let token = seal(&key, "alice", b"{\"v\":1}");
+        assert_eq!(
+            unseal(&key, "alice", &token).as_deref(),
+            Some(&b"{\"v\":1}"[..])
+        );
+        assert_eq!(unseal(&key, "bob", &token), None);
+        assert_eq!(unseal(&TokenKey::new(&[8; 32]), "alice", &token), None);
+        let (payload, _) = token.split_once('.').unwrap();
+        assert_eq!(unseal(&key, "alice", &format!("{payload}.AAAA")), None);
+        assert!(decode_token(&key, "alice", &token).is_err());
+        let page = encode_token(
+            &key,
+            "alice",
+            Revision(1),
+            &proto::Query::default(),
+            &ObjectKey::new("pods", &ClusterName::from("a"), "ns", "p"),
+            b"",
+        );
+        assert_eq!(unseal(&key, "alice", &page), None);
+        assert_eq!(unseal(&key, "alice", "garbage"), None);
+    }
 
     fn token(key: &TokenKey, caller: &str) -> String {
         let query = proto::Query {

@@ -24,32 +24,75 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Statu
 fn marker(t: proto::EventType, revision: Revision) -> proto::WatchEvent {
     proto::WatchEvent {
         r#type: t as i32,
-        object: None,
         revision: revision.0,
-        cluster: None,
+        ..proto::WatchEvent::default()
     }
 }
 
-fn event(e: WatchEvent) -> proto::WatchEvent {
+/// A stream position on the wire: one cluster's of the watched `resource`.
+fn position(resource: &str, cluster: &str, rv: &str) -> proto::StreamPosition {
+    proto::StreamPosition {
+        cluster: cluster.to_string(),
+        resource: resource.to_string(),
+        resource_version: rv.to_string(),
+    }
+}
+
+/// One event on the wire, of a Watch of `resource` (as its query names it).
+fn event(e: WatchEvent, resource: &str) -> proto::WatchEvent {
     match e {
         WatchEvent::Object {
             kind,
             object,
             revision,
+            position: at,
         } => proto::WatchEvent {
             r#type: convert::event_type(kind) as i32,
+            position: at.map(|rv| position(resource, object.key.cluster.as_str(), &rv)),
             object: Some(convert::object(object)),
             revision: revision.0,
-            cluster: None,
+            ..proto::WatchEvent::default()
         },
         WatchEvent::InitialEventsEnd(revision) => {
             marker(proto::EventType::InitialEventsEnd, revision)
         }
         WatchEvent::ClusterStatus { cluster, revision } => proto::WatchEvent {
             r#type: proto::EventType::ClusterStatus as i32,
-            object: None,
             revision: revision.0,
             cluster: Some(convert::cluster_freshness(cluster)),
+            ..proto::WatchEvent::default()
+        },
+        WatchEvent::Positions {
+            positions,
+            revision,
+        } => proto::WatchEvent {
+            r#type: proto::EventType::Bookmark as i32,
+            revision: revision.0,
+            positions: positions
+                .iter()
+                .map(|(c, rv)| position(resource, c.as_str(), rv))
+                .collect(),
+            ..proto::WatchEvent::default()
+        },
+        WatchEvent::Reset { cluster } => proto::WatchEvent {
+            r#type: proto::EventType::Reset as i32,
+            position: Some(position(resource, cluster.as_str(), "")),
+            ..proto::WatchEvent::default()
+        },
+        WatchEvent::ResetEnd {
+            cluster,
+            position: rv,
+            revision,
+        } => proto::WatchEvent {
+            r#type: proto::EventType::ResetEnd as i32,
+            revision: revision.0,
+            position: Some(position(resource, cluster.as_str(), &rv)),
+            ..proto::WatchEvent::default()
+        },
+        WatchEvent::Bookmark { token } => proto::WatchEvent {
+            r#type: proto::EventType::Bookmark as i32,
+            position_token: token,
+            ..proto::WatchEvent::default()
         },
     }
 }
@@ -199,6 +242,7 @@ impl Drop for Joined {
 /// caller's credentials stop being valid.
 pub(crate) fn stream(
     mut watch: Watch,
+    resource: String,
     interval: Duration,
     shutdown: CancellationToken,
     joined: Joined,
@@ -220,7 +264,7 @@ pub(crate) fn stream(
         }
         if let Poll::Ready(item) = watch.poll_next_unpin(cx) {
             ended = !matches!(item, Some(Ok(_)));
-            return Poll::Ready(item.map(|r| r.map(event).map_err(status)));
+            return Poll::Ready(item.map(|r| r.map(|e| event(e, &resource)).map_err(status)));
         }
         while ticks.poll_tick(cx).is_ready() {
             if let Some(at) = watch.bookmark(cx) {
@@ -229,7 +273,7 @@ pub(crate) fn stream(
             // An event came first: it is yielded now, the bookmark waits a tick.
             if let Poll::Ready(item) = watch.poll_next_unpin(cx) {
                 ended = !matches!(item, Some(Ok(_)));
-                return Poll::Ready(item.map(|r| r.map(event).map_err(status)));
+                return Poll::Ready(item.map(|r| r.map(|e| event(e, &resource)).map_err(status)));
             }
         }
         Poll::Pending

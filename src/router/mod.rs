@@ -17,7 +17,6 @@ use fleetscope_model::fleet::{
     StoreStats, Watch, WatchRequest, reason,
 };
 use fleetscope_model::{Access, ClusterFilter, FleetError, ObjectKey, Revision};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::grpc::convert;
@@ -27,6 +26,8 @@ use crate::proto;
 use crate::proto::fleet_client::FleetClient;
 use crate::shard::lease::{Member, Observed};
 use crate::shard::owner;
+
+mod watch;
 
 /// How the router reaches the replicas.
 #[derive(Clone)]
@@ -45,11 +46,12 @@ pub struct Upstream {
 }
 
 /// A fleet served by the replicas of one ring.
+#[derive(Clone)]
 pub struct Router {
     ring: String,
-    observed: watch::Receiver<Observed>,
+    observed: tokio::sync::watch::Receiver<Observed>,
     upstream: Upstream,
-    channels: std::sync::Mutex<BTreeMap<String, tonic::transport::Channel>>,
+    channels: Arc<std::sync::Mutex<BTreeMap<String, tonic::transport::Channel>>>,
 }
 
 /// Where a routed list continues: for each replica drawn on, the snapshot it listed
@@ -62,18 +64,30 @@ struct Positions {
 
 impl Router {
     /// A router over the ring `ring`, whose Leases `observed` follows.
-    pub fn new(ring: String, observed: watch::Receiver<Observed>, upstream: Upstream) -> Self {
+    pub fn new(
+        ring: String,
+        observed: tokio::sync::watch::Receiver<Observed>,
+        upstream: Upstream,
+    ) -> Self {
         Self {
             ring,
             observed,
             upstream,
-            channels: std::sync::Mutex::new(BTreeMap::new()),
+            channels: Arc::default(),
         }
     }
 
-    /// The ring's live members now.
-    fn members(&self) -> Vec<Member> {
-        self.observed.borrow().alive(Instant::now())
+    /// The ring's live members now; retryable until the ring's Leases were read
+    /// (before that, every cluster would look unserved).
+    fn members(&self) -> Result<Vec<Member>, FleetError> {
+        let observed = self.observed.borrow();
+        if !observed.listed {
+            return Err(FleetError::Unavailable(format!(
+                "the router has not read the Leases of ring {} yet; retry",
+                self.ring
+            )));
+        }
+        Ok(observed.alive(Instant::now()))
     }
 
     /// The replica serving each cluster some member holds ready: among those holding
@@ -213,8 +227,9 @@ impl Router {
     /// The caller a replica sees in the router's requests for `access`, as page
     /// tokens are bound to it.
     fn upstream_caller(&self, access: &Access) -> String {
-        let (_, policy) = watch::channel(Arc::new(fleetscope_model::access::Everything)
-            as Arc<dyn fleetscope_model::access::Policy>);
+        let (_, policy) =
+            tokio::sync::watch::channel(Arc::new(fleetscope_model::access::Everything)
+                as Arc<dyn fleetscope_model::access::Policy>);
         if self.upstream.passes_identity {
             let s = access.subject();
             let subject = crate::auth::passed_subject(s.user.clone(), s.groups.clone());
@@ -249,149 +264,6 @@ impl Router {
     }
 }
 
-/// Why a routed Watch ends when `cluster` left `replica`.
-fn no_longer_served(cluster: &str, replica: &str, ring: &str) -> FleetError {
-    FleetError::OutOfRange {
-        message: format!(
-            "cluster {cluster} is no longer served by replica {replica} of ring {ring}: list again and watch from there"
-        ),
-        reason: reason::REVISION_COMPACTED,
-        oldest: None,
-    }
-}
-
-/// Resolves, with the error to end a routed Watch on, once a cluster it draws on is
-/// served by another replica than when it began (a move, a replica gone): the new
-/// replica's revisions are not the old one's, so the stream cannot go on exactly.
-async fn moved(
-    mut observed: watch::Receiver<Observed>,
-    drawn: BTreeMap<String, String>,
-    ring: String,
-) -> FleetError {
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            r = observed.changed() => if r.is_err() { std::future::pending::<()>().await },
-            _ = tick.tick() => {}
-        }
-        let members = observed.borrow_and_update().alive(Instant::now());
-        let serving = Router::serving(&members);
-        if let Some((cluster, was)) = drawn
-            .iter()
-            .find(|(c, id)| serving.get(*c).is_none_or(|m| m.identity != **id))
-        {
-            return no_longer_served(cluster, was, &ring);
-        }
-    }
-}
-
-/// The replicas' streams as one: their objects and cluster states as they come, one
-/// `InitialEventsEnd` once every replica has sent its own, their bookmarks dropped
-/// (a replica's revision is no position of the whole); ended with the first error,
-/// or with `moved`'s.
-fn merge_events(
-    merged: impl futures::Stream<Item = (String, Result<proto::WatchEvent, tonic::Status>)>
-    + Send
-    + Unpin
-    + 'static,
-    upstreams: usize,
-    initial: bool,
-    moved: impl Future<Output = FleetError> + Send + 'static,
-    still_serves: impl Fn(&str, &str) -> Result<(), FleetError> + Send + Sync + 'static,
-) -> impl futures::Stream<Item = Result<fleetscope_model::fleet::WatchEvent, FleetError>> + Send {
-    use fleetscope_model::fleet::WatchEvent;
-    use futures::StreamExt as _;
-    let state = (merged, Box::pin(moved), 0usize, Revision(0), false);
-    let still_serves = Arc::new(still_serves);
-    futures::stream::unfold(
-        state,
-        move |(mut merged, mut moved, mut ended, mut newest, done)| {
-            let still_serves = still_serves.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                if initial && upstreams == 0 && ended == 0 {
-                    // Nothing drawn on: the initial objects are complete at once.
-                    ended = 1;
-                    return Some((
-                        Ok(WatchEvent::InitialEventsEnd(newest)),
-                        (merged, moved, ended, newest, false),
-                    ));
-                }
-                loop {
-                    let next = tokio::select! {
-                        e = &mut moved => return Some((Err(e), (merged, moved, ended, newest, true))),
-                        n = merged.next() => n,
-                    };
-                    let (replica, item) = next?;
-                    let e = match item {
-                        Ok(e) => e,
-                        Err(s) => {
-                            // A routed Watch cannot resume from a revision: a replica's
-                            // stream that breaks ends it with "list again".
-                            let e = match from_replica(&replica, &s) {
-                                FleetError::Unavailable(m) => FleetError::OutOfRange {
-                                    message: format!(
-                                        "{m}; through a router, list again and watch from there"
-                                    ),
-                                    reason: reason::REVISION_COMPACTED,
-                                    oldest: None,
-                                },
-                                e => e,
-                            };
-                            return Some((Err(e), (merged, moved, ended, newest, true)));
-                        }
-                    };
-                    let revision = Revision(e.revision);
-                    newest = newest.max(revision);
-                    let out = match proto::EventType::try_from(e.r#type) {
-                        Ok(
-                            t @ (proto::EventType::Added
-                            | proto::EventType::Modified
-                            | proto::EventType::Deleted),
-                        ) => {
-                            let Some(object) = e.object else { continue };
-                            if t == proto::EventType::Deleted
-                                && let Err(gone) = still_serves(&object.cluster, &replica)
-                            {
-                                return Some((Err(gone), (merged, moved, ended, newest, true)));
-                            }
-                            WatchEvent::Object {
-                                kind: match t {
-                                    proto::EventType::Added => fleetscope_model::EventType::Added,
-                                    proto::EventType::Modified => {
-                                        fleetscope_model::EventType::Modified
-                                    }
-                                    _ => fleetscope_model::EventType::Deleted,
-                                },
-                                object: convert::object_in(object),
-                                revision,
-                            }
-                        }
-                        Ok(proto::EventType::InitialEventsEnd) => {
-                            ended += 1;
-                            if ended < upstreams {
-                                continue;
-                            }
-                            WatchEvent::InitialEventsEnd(newest)
-                        }
-                        Ok(proto::EventType::ClusterStatus) => {
-                            let Some(cluster) = e.cluster else { continue };
-                            WatchEvent::ClusterStatus {
-                                cluster: convert::cluster_freshness_in(cluster),
-                                revision,
-                            }
-                        }
-                        _ => continue,
-                    };
-                    return Some((Ok(out), (merged, moved, ended, newest, false)));
-                }
-            }
-        },
-    )
-}
-
 /// The size a page counts for an object: its JSON and its key.
 fn size(o: &FleetObject) -> usize {
     o.json.len() + o.key.cluster.as_str().len() + o.key.namespace.len() + o.key.name.len()
@@ -399,7 +271,7 @@ fn size(o: &FleetObject) -> usize {
 
 impl Fleet for Router {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
-        let members = self.members();
+        let members = self.members()?;
         let serving = Self::serving(&members);
         let Some(member) = serving.get(&r.cluster) else {
             if Self::unowned(&members, &serving).contains(&r.cluster) {
@@ -441,7 +313,7 @@ impl Fleet for Router {
     }
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
-        let members = self.members();
+        let members = self.members()?;
         let serving = Self::serving(&members);
         let limit = r.limit.max(1);
         // Each replica drawn on, with its snapshot when continuing.
@@ -563,7 +435,7 @@ impl Fleet for Router {
     }
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
-        let members = self.members();
+        let members = self.members()?;
         let serving = Self::serving(&members);
         let plan = Self::plan(&r.query.clusters, &serving);
         let group_by: Vec<String> = r
@@ -620,57 +492,16 @@ impl Fleet for Router {
             // the ring's replicas.
             return Err(FleetError::OutOfRange {
                 message: format!(
-                    "through a router of ring {}, a Watch starts from its initial objects (send_initial_events), not from a revision: list again",
+                    "through a router of ring {}, a Watch resumes from a bookmark's position_token (resume_token), not from a revision",
                     self.ring
                 ),
                 reason: reason::REVISION_COMPACTED,
                 oldest: None,
             });
         }
-        let members = self.members();
-        let serving = Self::serving(&members);
-        let plan = Self::plan(&r.query.clusters, &serving);
-        // Who serves each cluster drawn on: the stream is exact only while that holds.
-        let drawn: BTreeMap<String, String> = plan
-            .iter()
-            .flat_map(|(id, (_, clusters))| clusters.iter().map(move |c| (c.clone(), id.clone())))
-            .collect();
-        let opened = plan.values().map(|(member, clusters)| {
-            let message = proto::WatchRequest {
-                query: Some(convert::query_out(&r.query, r.projection, clusters)),
-                since_revision: 0,
-                send_initial_events: r.initial,
-                bookmark_interval: None,
-            };
-            let request = self.request(message, &r.access);
-            async move {
-                let stream = self
-                    .ask(member, |mut c| async move { c.watch(request).await })
-                    .await?;
-                Ok::<_, FleetError>((member.identity.clone(), stream))
-            }
-        });
-        let streams = futures::future::try_join_all(opened).await?;
-        let upstreams = streams.len();
-        let merged = futures::stream::select_all(streams.into_iter().map(|(identity, stream)| {
-            use futures::StreamExt as _;
-            stream.map(move |item| (identity.clone(), item))
-        }));
-        let moved = moved(self.observed.clone(), drawn, self.ring.clone());
-        let observed = self.observed.clone();
-        let ring = self.ring.clone();
-        // A replica letting a cluster go deletes its objects from its own view: such a
-        // delete is no change of the cluster, and must never reach the subscriber.
-        let still_serves = move |cluster: &str, replica: &str| -> Result<(), FleetError> {
-            let members = observed.borrow().alive(Instant::now());
-            match Router::serving(&members).get(cluster) {
-                Some(m) if m.identity == replica => Ok(()),
-                _ => Err(no_longer_served(cluster, replica, &ring)),
-            }
-        };
-        let events = merge_events(merged, upstreams, r.initial, moved, still_serves);
+        let routed = watch::Routed::start(self.clone(), r).await?;
         Ok(Watch::new(
-            events,
+            routed.events(),
             Arc::new(std::sync::atomic::AtomicU64::new(0)),
         ))
     }
@@ -680,7 +511,7 @@ impl Fleet for Router {
         filter: ClusterFilter,
         access: &Access,
     ) -> Result<ClustersAnswer, FleetError> {
-        let members = self.members();
+        let members = self.members()?;
         let serving = Self::serving(&members);
         let plan = Self::plan(&filter, &serving);
         let calls = plan.values().map(|(member, clusters)| {
@@ -744,7 +575,7 @@ impl Fleet for Router {
     }
 
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
-        let members = self.members();
+        let members = self.members()?;
         let serving = Self::serving(&members);
         let plan = Self::plan(&ClusterFilter::default(), &serving);
         let calls = plan.values().map(|(member, clusters)| {

@@ -494,6 +494,7 @@ async fn watch_sends_initial_state_then_live_transitions_in_order_and_resumes() 
             since_revision: 0,
             send_initial_events: true,
             bookmark_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -551,6 +552,7 @@ async fn watch_sends_initial_state_then_live_transitions_in_order_and_resumes() 
             since_revision: end.revision,
             send_initial_events: false,
             bookmark_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -565,6 +567,7 @@ async fn watch_sends_initial_state_then_live_transitions_in_order_and_resumes() 
             since_revision: u64::MAX / 2,
             send_initial_events: false,
             bookmark_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -611,6 +614,7 @@ async fn watch_from_a_revision_older_than_the_log_is_out_of_range() {
             since_revision: 1,
             send_initial_events: false,
             bookmark_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap_err();

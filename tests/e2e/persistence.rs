@@ -137,6 +137,7 @@ async fn watch_from(h: &Harness, resource: &str, since: u64) -> Streaming<WatchE
             since_revision: since,
             send_initial_events: false,
             bookmark_interval: None,
+            ..Default::default()
         })
         .await
         .unwrap()

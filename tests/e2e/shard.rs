@@ -568,7 +568,7 @@ impl RouterProcess {
             .args(["--shard-ring", RING, "--shard-coordination", "sim-1"])
             .arg("--shard-page-token-key-file")
             .arg(kubeconfig.with_file_name("page-token.key"))
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,fleetscope::router=debug")
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -812,7 +812,8 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
     assert_eq!(cm.total as usize, truth.len());
 
     // Watch through a router: the initial objects of every replica, one end marker,
-    // then changes as they happen; a revision is no position through a router.
+    // then changes as they happen; a revision is no position through a router (a
+    // position token is).
     let mut watching = two
         .client()
         .await
@@ -909,23 +910,9 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
     let moved = next.unwrap_err();
     assert_eq!(moved.code(), tonic::Code::OutOfRange, "{moved:?}");
     assert!(moved.message().contains("moved"), "{}", moved.message());
-    // The Watch drew on the killed replica's clusters: it ends saying so, with no
-    // object deleted on the way (nothing was).
-    let ended = loop {
-        match tokio::time::timeout(PATIENCE, watching.message())
-            .await
-            .unwrap()
-        {
-            Ok(Some(e)) => assert_ne!(
-                e.r#type,
-                fleetscope::proto::EventType::Deleted as i32,
-                "{e:?}"
-            ),
-            Ok(None) => panic!("the routed Watch ended without saying why"),
-            Err(s) => break s,
-        }
-    };
-    assert_eq!(ended.code(), tonic::Code::OutOfRange, "{ended:?}");
+    // (The Watch goes on across the kill: see
+    // a_watch_through_the_routers_stays_exact_across_killed_replicas_and_routers.)
+    drop(watching);
     // Once the new owners publish the clusters ready, a list through the routers is
     // whole again.
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -941,5 +928,275 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop((b, c, one, two));
+    fleet.shutdown().await;
+}
+
+/// What a subscriber through the routers was sent: the objects it holds, and every
+/// way the stream went wrong (a change twice or out of order in its cluster).
+#[derive(Default, Debug)]
+struct Seen {
+    objects: BTreeMap<(String, String, String), String>,
+    /// Each cluster's last member position received.
+    last: BTreeMap<String, u64>,
+    changes: usize,
+    resets: usize,
+    resumes: usize,
+    violations: Vec<String>,
+}
+
+/// Follows every configmap through the routers at `ports`, as a client should: from
+/// the initial objects, keeping the last position token and the positions after it,
+/// and resuming with them on the next router on any error.
+async fn subscribe(
+    ports: Vec<u16>,
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use fleetscope::proto::{EventType, StreamPosition, WatchRequest};
+    let mut turn = 0usize;
+    let mut token = String::new();
+    let mut after: BTreeMap<String, StreamPosition> = BTreeMap::new();
+    while !stop.is_cancelled() {
+        let port = ports[turn % ports.len()];
+        turn += 1;
+        let Ok(mut client) = fleetscope::proto::fleet_client::FleetClient::connect(format!(
+            "http://127.0.0.1:{port}"
+        ))
+        .await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if token.is_empty() {
+            // Nothing to resume from: all over again.
+            let mut s = seen.lock().unwrap();
+            s.objects.clear();
+            s.last.clear();
+        }
+        let request = WatchRequest {
+            query: Some(configmaps_query()),
+            send_initial_events: token.is_empty(),
+            resume_token: token.clone(),
+            resume_positions: after.values().cloned().collect(),
+            ..Default::default()
+        };
+        let Ok(stream) = client.watch(request).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut stream = stream.into_inner();
+        loop {
+            let e = tokio::select! {
+                _ = stop.cancelled() => return,
+                e = stream.message() => e,
+            };
+            let Ok(Some(e)) = e else { break };
+            let mut s = seen.lock().unwrap();
+            let t = EventType::try_from(e.r#type).unwrap_or(EventType::Unspecified);
+            if !e.position_token.is_empty() {
+                token = e.position_token.clone();
+                after.clear();
+            }
+            if let Some(p) = &e.position {
+                after.insert(p.cluster.clone(), p.clone());
+                if matches!(
+                    t,
+                    EventType::Added | EventType::Modified | EventType::Deleted
+                ) && let Ok(n) = p.resource_version.parse::<u64>()
+                {
+                    if let Some(last) = s.last.get(&p.cluster)
+                        && n <= *last
+                    {
+                        let v = format!("{} at {n} after {last}: {:?}", p.cluster, e.object);
+                        s.violations.push(v);
+                    }
+                    s.last.insert(p.cluster.clone(), n);
+                }
+            }
+            match t {
+                EventType::Added | EventType::Modified => {
+                    let o = e.object.unwrap();
+                    s.changes += 1;
+                    s.objects
+                        .insert((o.cluster, o.namespace, o.name), o.resource_version);
+                }
+                EventType::Deleted => {
+                    let o = e.object.unwrap();
+                    s.changes += 1;
+                    s.objects.remove(&(o.cluster, o.namespace, o.name));
+                }
+                EventType::Reset => {
+                    let cluster = e.position.unwrap().cluster;
+                    s.resets += 1;
+                    s.objects.retain(|(c, _, _), _| *c != cluster);
+                    s.last.remove(&cluster);
+                }
+                EventType::ResetEnd => {
+                    let p = e.position.unwrap();
+                    if let Ok(n) = p.resource_version.parse::<u64>() {
+                        s.last.insert(p.cluster, n);
+                    }
+                }
+                _ => {}
+            }
+        }
+        seen.lock().unwrap().resumes += 1;
+    }
+}
+
+/// Creates, modifies and deletes configmaps in every cluster until stopped,
+/// counting the changes made.
+async fn churn(
+    kubeconfig: std::path::PathBuf,
+    clusters: Vec<String>,
+    made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let mut apis = Vec::new();
+    for c in &clusters {
+        let api: Api<ConfigMap> =
+            Api::namespaced(common::kube_client(&kubeconfig, c).await, "team-1");
+        apis.push(api);
+    }
+    let mut i = 0usize;
+    while !stop.is_cancelled() {
+        let api = &apis[i % apis.len()];
+        let name = format!("churn-{}", (i / apis.len()) % 5);
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name}, "data": {"i": i.to_string()}}))
+        .unwrap();
+        // Each name is created, modified and deleted in turn.
+        let done = match (i / (apis.len() * 5)) % 3 {
+            0 => api.create(&Default::default(), &cm).await.map(|_| ()),
+            1 => {
+                let patch = kube::api::Patch::Merge(&cm);
+                (api.patch(&name, &Default::default(), &patch).await).map(|_| ())
+            }
+            _ => api.delete(&name, &Default::default()).await.map(|_| ()),
+        };
+        match done {
+            Ok(()) => {
+                made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => panic!("churn: {e}"),
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_routers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 10).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let c = Replica::start(&kubeconfig, "replica-c", &log);
+    let one = RouterProcess::start(&kubeconfig, &log);
+    let two = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b, &c], &clusters, &log).await;
+    one.client().await;
+    two.client().await;
+
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let subscriber = tokio::spawn(subscribe(
+        vec![two.port, one.port],
+        seen.clone(),
+        stop.clone(),
+    ));
+    let made = Arc::new(AtomicUsize::new(0));
+    let churning = tokio_util::sync::CancellationToken::new();
+    let churner = tokio::spawn(churn(
+        kubeconfig.clone(),
+        clusters.clone(),
+        made.clone(),
+        churning.clone(),
+    ));
+    // Waits until `n` more changes were made and the subscriber has received some.
+    let progress = |n: usize| {
+        let (made, seen, log) = (made.clone(), seen.clone(), log.clone());
+        async move {
+            let (from, received) = (made.load(Ordering::Relaxed), seen.lock().unwrap().changes);
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while made.load(Ordering::Relaxed) < from + n
+                || seen.lock().unwrap().changes <= received
+            {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no progress: {} made since {from}; {:?}; log: {}",
+                    made.load(Ordering::Relaxed),
+                    seen.lock().unwrap(),
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    progress(20).await;
+
+    // The router the subscriber is on is killed: it resumes on the other.
+    drop(two);
+    progress(20).await;
+    // A replica is killed: its clusters go on from their new owners.
+    let mut a = a;
+    a.server.kill();
+    split(&[&b, &c], &clusters, &log).await;
+    progress(20).await;
+    // A replica stops (SIGTERM): it hands its clusters over first.
+    let mut b = b;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &b.server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    split(&[&c], &clusters, &log).await;
+    progress(20).await;
+    churning.cancel();
+    churner.await.unwrap();
+
+    // Once the changes stop, the subscriber holds exactly the clusters' truth.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let truth = common::truth(&fleet, "configmaps");
+        {
+            let s = seen.lock().unwrap();
+            assert!(s.violations.is_empty(), "{:?}", s.violations);
+            if s.objects == truth {
+                eprintln!(
+                    "subscriber: {} changes, {} resumes, {} resets",
+                    s.changes, s.resumes, s.resets
+                );
+                assert!(s.resumes >= 1, "it resumed across the router killed");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the subscriber never reached the truth: {} held, {} true; missing {:?}; extra {:?}; log: {}",
+                s.objects.len(),
+                truth.len(),
+                truth
+                    .keys()
+                    .filter(|k| !s.objects.contains_key(*k))
+                    .take(5)
+                    .collect::<Vec<_>>(),
+                s.objects
+                    .keys()
+                    .filter(|k| !truth.contains_key(*k))
+                    .take(5)
+                    .collect::<Vec<_>>(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    subscriber.await.unwrap();
+    let _ = b.server.child.wait();
+    drop((c, one));
     fleet.shutdown().await;
 }

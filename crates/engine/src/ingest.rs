@@ -383,6 +383,11 @@ impl Writer {
         let progress = if resource_version.is_empty() {
             Progress::Dropped
         } else {
+            b.changes.push(Change::Reached {
+                resource: stream.name.clone(),
+                cluster: stream.cluster.clone(),
+                resource_version: Arc::from(resource_version.as_str()),
+            });
             Progress::Listed(resource_version)
         };
         b.after.push((stream, progress));
@@ -426,7 +431,11 @@ fn applied(b: &mut Batch, stream: Arc<StreamId>, object: PrunedObject, created: 
     let rv = object.resource_version.clone();
     let key = stream_key(&stream, &object);
     b.touched.insert(key_of(&stream));
-    b.changes.push(Change::Upsert(to_input(key, object)));
+    b.changes.push(if rv.is_empty() {
+        Change::Upsert(to_input(key, object))
+    } else {
+        Change::UpsertAt(to_input(key, object), Arc::from(rv.as_str()))
+    });
     b.after.push((stream, Progress::Event(rv)));
 }
 
@@ -434,7 +443,12 @@ fn applied(b: &mut Batch, stream: Arc<StreamId>, object: PrunedObject, created: 
 fn deleted(b: &mut Batch, stream: Arc<StreamId>, object: PrunedObject) {
     b.count(&stream, |c| c.deleted += 1);
     b.touched.insert(key_of(&stream));
-    b.changes.push(Change::Delete(stream_key(&stream, &object)));
+    let key = stream_key(&stream, &object);
+    b.changes.push(if object.resource_version.is_empty() {
+        Change::Delete(key)
+    } else {
+        Change::DeleteAt(key, Arc::from(object.resource_version.as_str()))
+    });
     b.after
         .push((stream, Progress::Event(object.resource_version)));
 }
@@ -719,7 +733,8 @@ mod tests {
         deleted(&mut b, s.clone(), configmap("b"));
         assert!(matches!(
             &b.changes[..],
-            [Change::Upsert(_), Change::Upsert(_), Change::Delete(k)] if &*k.name == "b"
+            [Change::UpsertAt(_, a), Change::UpsertAt(_, b), Change::DeleteAt(k, c)]
+                if &*k.name == "b" && (&**a, &**b, &**c) == ("1", "7", "1")
         ));
         let rvs: Vec<_> = b
             .after
@@ -769,7 +784,11 @@ mod tests {
             "9".into(),
             ListReason::Expired,
         );
-        assert!(matches!(&b.changes[..], [Change::Replace { objects, .. }] if objects.len() == 1));
+        assert!(matches!(
+            &b.changes[..],
+            [Change::Replace { objects, .. }, Change::Reached { resource_version, .. }]
+                if objects.len() == 1 && &**resource_version == "9"
+        ));
         assert!(matches!(&b.after[..], [(_, Progress::Listed(rv))] if rv == "9"));
         assert_eq!(b.counts[&key_of(&s)].1.expired_lists, 1);
         assert_eq!(

@@ -18,7 +18,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fleetscope_index::{Event, FeedError, Index, IndexError, State, Subscription, transition};
+use fleetscope_index::{
+    Event, FeedError, Index, IndexError, Start, State, Subscription, number, transition,
+};
 use fleetscope_model::access::{ClusterRef, Namespaces, Policy};
 use fleetscope_model::fleet::{FleetObject, Projection, Watch, WatchEvent, WatchRequest, reason};
 use fleetscope_model::{
@@ -36,15 +38,50 @@ use crate::view::{fleet_object, shown};
 ///
 /// (A revision the index cannot resume from is refused by [`refused`].)
 pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetError> {
+    if r.resume.is_some() {
+        return Err(FleetError::InvalidArgument(
+            "resume_token is a router's position; a server resumes from since_revision".into(),
+        ));
+    }
     let mut access = r.access;
     // The policy in force now is the one the start is held to; a later one is a change.
     let policy = access.policy_seen();
     let (resource, built) = engine.build(&r.query, &access, Verb::Watch)?;
     let since = if r.initial { None } else { r.since };
-    let subscription = engine.index.subscribe(since).map_err(refused)?;
+    // From member positions: where each cluster's stream starts; those that cannot
+    // continue exactly (and those selected but not given) are sent anew first.
+    let mut streams = HashMap::new();
+    let mut resets = Vec::new();
+    let subscription = match r.positions {
+        Some(mut given) => {
+            for c in engine.selected(&r.query.clusters) {
+                if !given.iter().any(|(g, _)| *g == c.name) {
+                    given.push((c.name, Arc::from("")));
+                }
+            }
+            let (subscription, starts) = engine.index.subscribe_at(&resource.name(), &given);
+            for ((cluster, position), start) in given.into_iter().zip(starts) {
+                match start {
+                    Start::After { revision, skip_to } => {
+                        let tracked = Tracked {
+                            floor: revision,
+                            skip_to,
+                            position,
+                        };
+                        streams.insert(cluster, tracked);
+                    }
+                    Start::Reset => resets.push(cluster),
+                }
+            }
+            subscription
+        }
+        None => engine.index.subscribe(since).map_err(refused)?,
+    };
+    let positioned = !streams.is_empty() || !resets.is_empty();
+    let whole = Arc::new(built.query.clone());
     // The cluster filter is evaluated per event against the live fleet, so a
     // matching cluster added later is followed too; the index query reads all.
-    let initial = r.initial.then(|| built.query.clone());
+    let initial = (r.initial && !positioned).then(|| built.query.clone());
     // The live events are checked per cluster by the producer, under the policy in
     // force when each arrives.
     let mut query = built.query;
@@ -77,6 +114,11 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         tx,
         stall: engine.subscriber_stall,
         stalled: stalled.clone(),
+        report: r.report_positions,
+        positioned,
+        streams,
+        resets,
+        whole,
     };
     // Tracked with the engine's tasks: a shutdown waits for it (it ends with the
     // engine's cancellation, or when its subscriber goes).
@@ -105,6 +147,27 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
 
 /// What a producer hands over.
 type Delivery = Result<WatchEvent, FleetError>;
+
+/// Where one cluster's stream of a subscriber stands, by member position.
+struct Tracked {
+    /// Its changes at or before this revision are the subscriber's already.
+    floor: Revision,
+    /// Its changes at or before this member resourceVersion are too (the subscriber
+    /// stood between two of them, or ahead of this fleet).
+    skip_to: Option<u64>,
+    /// The member resourceVersion reached; empty when not known (inside a re-list).
+    position: Arc<str>,
+}
+
+/// What a subscriber that follows member positions does with a change.
+enum Follow {
+    /// Deliver it.
+    Deliver,
+    /// The subscriber has it already (or was just sent its stream anew).
+    Skip,
+    /// The subscriber is gone.
+    Gone,
+}
 
 /// Objects of the initial state evaluated per turn on a query thread.
 const INITIAL_PAGE: usize = 1024;
@@ -154,6 +217,17 @@ struct Producer {
     stall: std::time::Duration,
     /// Why the producer ended the subscriber for not reading, for its stream to say.
     stalled: Arc<std::sync::Mutex<Option<FleetError>>>,
+    /// Report member positions (a router's Watch).
+    report: bool,
+    /// The Watch started from member positions.
+    positioned: bool,
+    /// Where each cluster's stream stands, when positions are followed.
+    streams: HashMap<ClusterName, Tracked>,
+    /// Clusters whose stream is sent anew before anything else.
+    resets: Vec<ClusterName>,
+    /// The query as the start resolved it (with the caller's reach), for sending a
+    /// cluster's stream anew.
+    whole: Arc<fleetscope_index::Query>,
 }
 
 impl Producer {
@@ -228,7 +302,158 @@ impl Producer {
                 Some(e.uid_and_resource_version()),
             )),
             revision: e.revision,
+            // A change of no position of its own (a re-list's) leaves the stream's
+            // position unknown until the re-list's last.
+            position: self
+                .report
+                .then(|| e.position.clone().unwrap_or_else(|| Arc::from(""))),
         })
+    }
+
+    /// Whether positions are followed: the Watch started from them or reports them.
+    fn follows(&self) -> bool {
+        self.report || self.positioned
+    }
+
+    /// What a change means to a subscriber that follows positions: skipped when its
+    /// stream has it already; a re-list's change that cannot apply to where the
+    /// subscriber stands sends the stream anew instead.
+    async fn follow(&mut self, e: &Event) -> Follow {
+        let cluster = &e.object.key.cluster;
+        if !self.selects(cluster) {
+            return Follow::Deliver;
+        }
+        if e.cluster_removed && self.report {
+            // The cluster left this fleet (to another replica): no change of the
+            // cluster, and nothing a router passes on; it follows the cluster to
+            // where it went.
+            self.streams.remove(cluster);
+            return Follow::Skip;
+        }
+        let Some(t) = self.streams.get_mut(cluster) else {
+            // A stream first met now (a cluster joining): it stands where this puts it.
+            let tracked = Tracked {
+                floor: Revision(0),
+                skip_to: None,
+                position: e.position.clone().unwrap_or_else(|| Arc::from("")),
+            };
+            self.streams.insert(cluster.clone(), tracked);
+            return Follow::Deliver;
+        };
+        if e.revision <= t.floor {
+            return Follow::Skip;
+        }
+        if let Some(to) = t.skip_to {
+            match e.position.as_deref().and_then(number) {
+                Some(x) if x <= to => return Follow::Skip,
+                Some(_) => t.skip_to = None,
+                None => {
+                    let cluster = cluster.clone();
+                    let snapshot = self.index.snapshot();
+                    return if self.reset(cluster, snapshot).await {
+                        Follow::Skip
+                    } else {
+                        Follow::Gone
+                    };
+                }
+            }
+        }
+        t.position = e.position.clone().unwrap_or_else(|| Arc::from(""));
+        Follow::Deliver
+    }
+
+    /// Sends the objects of `snapshot` that `query` selects, as `Added`, a page per
+    /// turn of a query thread. False once the subscriber is gone.
+    async fn send_objects(&self, snapshot: &Arc<State>, query: fleetscope_index::Query) -> bool {
+        let query = Arc::new(query);
+        let mut after: Option<fleetscope_model::ObjectKey> = None;
+        loop {
+            let (state, query, from, projection) = (
+                snapshot.clone(),
+                query.clone(),
+                after.take(),
+                self.projection,
+            );
+            let Some(page) = self
+                .on_pool(move || {
+                    state
+                        .matching(&query, from.as_ref())
+                        .take(INITIAL_PAGE)
+                        .map(|o| (fleet_object(o, projection, None), o.revision))
+                        .collect::<Vec<_>>()
+                })
+                .await
+            else {
+                return false;
+            };
+            let more = page.len() == INITIAL_PAGE;
+            for (object, revision) in page {
+                after = Some(object.key.clone());
+                let e = WatchEvent::Object {
+                    kind: EventType::Added,
+                    object: self.show(object),
+                    revision,
+                    position: None,
+                };
+                if !self.send(e).await {
+                    return false;
+                }
+            }
+            if !more {
+                return true;
+            }
+        }
+    }
+
+    /// Sends one cluster's stream anew from `snapshot`: the reset, its objects, and
+    /// where it stands; what the snapshot holds is then the subscriber's. False once
+    /// the subscriber is gone.
+    async fn reset(&mut self, cluster: ClusterName, snapshot: Arc<State>) -> bool {
+        tracing::debug!(%cluster, resource = %self.resource.name(), "a Watch's stream sent anew");
+        if !self
+            .send(WatchEvent::Reset {
+                cluster: cluster.clone(),
+            })
+            .await
+        {
+            return false;
+        }
+        let mut query = (*self.whole).clone();
+        query.clusters = Some(vec![cluster.clone()]);
+        if !self.send_objects(&snapshot, query).await {
+            return false;
+        }
+        let position = snapshot
+            .position(&self.resource.name(), &cluster)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(""));
+        let tracked = Tracked {
+            floor: snapshot.revision(),
+            skip_to: None,
+            position: position.clone(),
+        };
+        self.streams.insert(cluster.clone(), tracked);
+        self.send(WatchEvent::ResetEnd {
+            cluster,
+            position,
+            revision: snapshot.revision(),
+        })
+        .await
+    }
+
+    /// Tells where every followed stream stands, at `revision`.
+    async fn send_positions(&self, revision: Revision) -> bool {
+        let mut positions: Vec<(ClusterName, Arc<str>)> = self
+            .streams
+            .iter()
+            .map(|(c, t)| (c.clone(), t.position.clone()))
+            .collect();
+        positions.sort();
+        self.send(WatchEvent::Positions {
+            positions,
+            revision,
+        })
+        .await
     }
 
     /// What each event means to the filter: evaluated here when that is cheap, on a
@@ -316,6 +541,7 @@ impl Producer {
                     kind,
                     object,
                     revision: at,
+                    position: None,
                 })
                 .await
             {
@@ -406,42 +632,8 @@ impl Producer {
     async fn run(mut self, subscription: Subscription) {
         let Subscription { snapshot, mut feed } = subscription;
         if let Some(initial) = self.initial.take() {
-            let initial = Arc::new(initial);
-            let mut after: Option<fleetscope_model::ObjectKey> = None;
-            loop {
-                let (state, query, from, projection) = (
-                    snapshot.clone(),
-                    initial.clone(),
-                    after.take(),
-                    self.projection,
-                );
-                let Some(page) = self
-                    .on_pool(move || {
-                        state
-                            .matching(&query, from.as_ref())
-                            .take(INITIAL_PAGE)
-                            .map(|o| (fleet_object(o, projection, None), o.revision))
-                            .collect::<Vec<_>>()
-                    })
-                    .await
-                else {
-                    return;
-                };
-                let more = page.len() == INITIAL_PAGE;
-                for (object, revision) in page {
-                    after = Some(object.key.clone());
-                    let e = WatchEvent::Object {
-                        kind: EventType::Added,
-                        object: self.show(object),
-                        revision,
-                    };
-                    if !self.send(e).await {
-                        return;
-                    }
-                }
-                if !more {
-                    break;
-                }
+            if !self.send_objects(&snapshot, initial).await {
+                return;
             }
             let at = snapshot.revision();
             if !self.send(WatchEvent::InitialEventsEnd(at)).await {
@@ -450,6 +642,38 @@ impl Producer {
             self.reach(at);
         } else {
             self.reach(feed.reached());
+        }
+        for cluster in std::mem::take(&mut self.resets) {
+            if !self.reset(cluster, snapshot.clone()).await {
+                return;
+            }
+        }
+        if self.report {
+            if !self.positioned {
+                // From the snapshot the Watch starts at: every selected stream it has.
+                let name = self.resource.name();
+                let held: Vec<(ClusterName, Arc<str>)> = snapshot
+                    .positions_of(&name)
+                    .map(|(c, rv)| (c.clone(), rv.clone()))
+                    .collect();
+                for (cluster, position) in held {
+                    if self.selects(&cluster) {
+                        let floor = snapshot.revision();
+                        let tracked = Tracked {
+                            floor,
+                            skip_to: None,
+                            position,
+                        };
+                        self.streams.insert(cluster, tracked);
+                    }
+                }
+            }
+            if !self
+                .send_positions(feed.reached().max(snapshot.revision()))
+                .await
+            {
+                return;
+            }
         }
         drop(snapshot);
         loop {
@@ -465,6 +689,13 @@ impl Producer {
                             // Changes after a new policy's snapshot are checked against it.
                             if !self.maybe_switch(Revision(e.revision.0.saturating_sub(1))).await {
                                 return;
+                            }
+                            if self.follows() {
+                                match self.follow(e).await {
+                                    Follow::Deliver => {}
+                                    Follow::Skip => continue,
+                                    Follow::Gone => return,
+                                }
                             }
                             if let Some(ev) = self.event(e, kind)
                                 && !self.send(ev).await
@@ -634,6 +865,7 @@ mod tests {
                 kind,
                 object,
                 revision,
+                ..
             } = next(w).await
             {
                 assert_eq!(object.uid, format!("uid-{}", object.key.name));
@@ -1150,5 +1382,140 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(list, FleetError::DeadlineExceeded(_)), "{list}");
+    }
+
+    /// A watch event of pod `name` in `cluster` at member resourceVersion `rv`.
+    fn pod_at(cluster: &str, name: &str, rv: u64) -> Change {
+        let Change::Upsert(input) = pod(cluster, name, "web") else {
+            unreachable!()
+        };
+        Change::UpsertAt(input, std::sync::Arc::from(rv.to_string()))
+    }
+
+    fn positioned(e: &Engine, positions: &[(&str, &str)]) -> WatchRequest {
+        let _ = e;
+        WatchRequest {
+            query: query(&[], ""),
+            positions: Some(
+                positions
+                    .iter()
+                    .map(|(c, rv)| (ClusterName::from(*c), std::sync::Arc::from(*rv)))
+                    .collect(),
+            ),
+            report_positions: true,
+            ..WatchRequest::for_caller(fleetscope_model::Access::everything())
+        }
+    }
+
+    /// The next event that is not a cluster's status.
+    async fn next_change(w: &mut fleetscope_model::fleet::Watch) -> WatchEvent {
+        loop {
+            match next(w).await {
+                WatchEvent::ClusterStatus { .. } => {}
+                e => return e,
+            }
+        }
+    }
+
+    fn object_at(e: &WatchEvent) -> (String, Option<&str>) {
+        match e {
+            WatchEvent::Object {
+                object, position, ..
+            } => (object.key.name.to_string(), position.as_deref()),
+            other => panic!("expected an object, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn from_a_member_position_the_changes_after_it_follow_with_theirs() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        e.index
+            .apply([pod_at("a", "p1", 11), pod_at("a", "p2", 12)]);
+        e.index.apply([pod_at("a", "p3", 13)]);
+        let mut w = e.watch(positioned(&e, &[("a", "11")])).await.unwrap();
+        match next_change(&mut w).await {
+            WatchEvent::Positions { positions, .. } => {
+                assert_eq!(
+                    positions,
+                    [(ClusterName::from("a"), std::sync::Arc::from("11"))]
+                );
+            }
+            other => panic!("expected the positions, got {other:?}"),
+        }
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p2".into(), Some("12"))
+        );
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p3".into(), Some("13"))
+        );
+        e.index.apply([pod_at("a", "p4", 20)]);
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p4".into(), Some("20"))
+        );
+        // Between two changes: what is at or before the position is not sent again.
+        let mut w = e.watch(positioned(&e, &[("a", "12")])).await.unwrap();
+        next_change(&mut w).await;
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p3".into(), Some("13"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_position_with_no_history_here_is_reset_and_a_cluster_leaving_is_not_reported() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        e.index
+            .apply([pod_at("a", "p1", 11), pod_at("a", "p2", 12)]);
+        let mut w = e.watch(positioned(&e, &[("a", "5")])).await.unwrap();
+        match next_change(&mut w).await {
+            WatchEvent::Reset { cluster } => assert_eq!(cluster.as_str(), "a"),
+            other => panic!("expected a reset, got {other:?}"),
+        }
+        assert_eq!(object_at(&next_change(&mut w).await), ("p1".into(), None));
+        assert_eq!(object_at(&next_change(&mut w).await), ("p2".into(), None));
+        match next_change(&mut w).await {
+            WatchEvent::ResetEnd {
+                cluster, position, ..
+            } => {
+                assert_eq!((cluster.as_str(), &*position), ("a", "12"));
+            }
+            other => panic!("expected the end of the reset, got {other:?}"),
+        }
+        assert!(matches!(
+            next_change(&mut w).await,
+            WatchEvent::Positions { .. }
+        ));
+        // Ahead of this fleet (another replica saw 30): changes up to it are skipped.
+        let mut ahead = e.watch(positioned(&e, &[("a", "30")])).await.unwrap();
+        next_change(&mut ahead).await;
+        e.index
+            .apply([pod_at("a", "p3", 25), pod_at("a", "p4", 31)]);
+        assert_eq!(
+            object_at(&next_change(&mut ahead).await),
+            ("p4".into(), Some("31"))
+        );
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p3".into(), Some("25"))
+        );
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p4".into(), Some("31"))
+        );
+        // The cluster leaving this fleet is no change of it: nothing is reported, and
+        // the next change comes from elsewhere.
+        e.index
+            .apply([Change::RemoveCluster(ClusterName::from("a"))]);
+        join(&e, "b", &[]);
+        e.index.apply([pod_at("b", "q1", 3)]);
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("q1".into(), Some("3"))
+        );
     }
 }

@@ -95,6 +95,98 @@ pub enum Change {
     Add(Vec<ObjectInput>),
     /// Remove every object of a cluster.
     RemoveCluster(ClusterName),
+    /// [`Change::Upsert`] by a watch event at a member resourceVersion: the object's
+    /// stream reaches it (and its event carries it).
+    UpsertAt(ObjectInput, Arc<str>),
+    /// [`Change::Delete`] by a watch event at a member resourceVersion.
+    DeleteAt(ObjectKey, Arc<str>),
+    /// A list of one resource type in one cluster at a member resourceVersion is
+    /// complete (after its [`Change::Replace`] or [`Change::Add`]s): the stream
+    /// reaches it, and the list's last event of this batch, if any, carries it.
+    Reached {
+        /// Canonical resource type name.
+        resource: Arc<str>,
+        /// The cluster.
+        cluster: ClusterName,
+        /// The list's resourceVersion.
+        resource_version: Arc<str>,
+    },
+}
+
+/// Where one stream of a subscriber at a member position starts
+/// ([`Index::subscribe_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Its changes after `revision` follow, from the log and then live; those whose
+    /// member resourceVersion is at or before `skip_to` the subscriber has already
+    /// (it stood between two of the stream's changes, or ahead of this index).
+    After {
+        /// The revision after which the stream's changes follow.
+        revision: Revision,
+        /// The subscriber's own position, when it is not the one at `revision`.
+        skip_to: Option<u64>,
+    },
+    /// Nothing held continues the stream exactly from the position: its history is
+    /// gone (or was never here), so its current state must be sent anew.
+    Reset,
+}
+
+/// A member resourceVersion as the number Kubernetes API servers give.
+pub fn number(rv: &str) -> Option<u64> {
+    rv.parse().ok()
+}
+
+/// One stream's walk through the log for [`Index::subscribe_at`].
+struct Walk {
+    wanted: u64,
+    /// The last change at or before the wanted position, and its position.
+    last: Option<(Revision, u64)>,
+    /// Whether changes of no position of their own (a re-list's) follow it.
+    listed_after: bool,
+    /// Past the wanted position.
+    done: bool,
+}
+
+impl Walk {
+    fn new(wanted: u64) -> Self {
+        Self {
+            wanted,
+            last: None,
+            listed_after: false,
+            done: false,
+        }
+    }
+
+    fn step(&mut self, revision: Revision, position: Option<u64>) {
+        if self.done {
+            return;
+        }
+        match position {
+            Some(x) if x <= self.wanted => {
+                self.last = Some((revision, x));
+                self.listed_after = false;
+            }
+            Some(_) => self.done = true,
+            None => self.listed_after |= self.last.is_some(),
+        }
+    }
+
+    fn start(&self) -> Start {
+        match self.last {
+            // Exactly at a change: what follows (a re-list's diff included) is exact.
+            Some((revision, x)) if x == self.wanted => Start::After {
+                revision,
+                skip_to: None,
+            },
+            // Between two changes: exact unless a re-list's diff, made from the state
+            // before the subscriber's position, comes before the next change.
+            Some((revision, _)) if !self.listed_after => Start::After {
+                revision,
+                skip_to: Some(self.wanted),
+            },
+            _ => Start::Reset,
+        }
+    }
 }
 
 /// Persisted state to rebuild an index from.
@@ -268,9 +360,35 @@ impl Index {
     pub fn stage(&self, changes: impl IntoIterator<Item = Change>) -> Staged {
         let mut writer = lock(&self.writer);
         let (state, interner) = &mut *writer;
-        let mut events = Vec::new();
+        let mut events: Vec<Event> = Vec::new();
+        let mut moved = false;
         for change in changes {
             match change {
+                Change::UpsertAt(mut input, rv) => {
+                    input.key = interner.key(&input.key);
+                    let stream = (input.key.resource.clone(), input.key.cluster.clone());
+                    events.extend(state.upsert(input, interner).map(|e| e.at(rv.clone())));
+                    moved |= state.reach(stream, rv);
+                }
+                Change::DeleteAt(key, rv) => {
+                    let key = interner.key(&key);
+                    let stream = (key.resource.clone(), key.cluster.clone());
+                    events.extend(state.delete(&key).map(|e| e.at(rv.clone())));
+                    moved |= state.reach(stream, rv);
+                }
+                Change::Reached {
+                    resource,
+                    cluster,
+                    resource_version,
+                } => {
+                    if let Some(last) = events.iter_mut().rev().find(|e| {
+                        *e.object.key.resource == *resource && e.object.key.cluster == cluster
+                    }) && last.position.is_none()
+                    {
+                        last.position = Some(resource_version.clone());
+                    }
+                    moved |= state.reach((resource, cluster), resource_version);
+                }
                 Change::Upsert(mut input) => {
                     // A shared location makes every key comparison on the way cheap.
                     input.key = interner.key(&input.key);
@@ -323,16 +441,24 @@ impl Index {
                     }
                 }
                 Change::RemoveCluster(cluster) => {
+                    let streams: Vec<_> = (state.positions.keys())
+                        .filter(|(_, c)| *c == cluster)
+                        .cloned()
+                        .collect();
+                    moved |= !streams.is_empty();
+                    for stream in streams {
+                        state.positions.remove(&stream);
+                    }
                     for resource in state.resources_of(&cluster) {
                         for key in state.keys_of(&resource, &cluster) {
-                            events.extend(state.delete(&key));
+                            events.extend(state.delete(&key).map(Event::removing_cluster));
                         }
                     }
                 }
             }
         }
         let events: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
-        if events.is_empty() {
+        if events.is_empty() && !moved {
             return Staged::default();
         }
         Staged {
@@ -362,6 +488,11 @@ impl Index {
         };
         let revision = state.revision();
         let mut p = feed::write(&self.published);
+        if events.is_empty() && revision == p.state.revision() {
+            // Only streams' positions moved: the same revision, newer positions.
+            p.state = state;
+            return;
+        }
         if revision <= p.state.revision() {
             return;
         }
@@ -440,6 +571,81 @@ impl Index {
                 caught_up: position >= current,
             },
         })
+    }
+
+    /// Registers a subscriber of one resource type that stands, in each of some
+    /// clusters, at a member resourceVersion (as a Watch through a router does), and
+    /// says where each of those streams starts: the changes after the position follow
+    /// exactly when the log holds them (or nothing changed since), otherwise the
+    /// stream must be sent anew ([`Start::Reset`]). Member resourceVersions are
+    /// compared as the numbers every Kubernetes API server gives them; one that is
+    /// not a number only matches itself.
+    pub fn subscribe_at(
+        &self,
+        resource: &str,
+        positions: &[(ClusterName, Arc<str>)],
+    ) -> (Subscription, Vec<Start>) {
+        let p = feed::read(&self.published);
+        let current = p.state.revision();
+        let mut walks: HashMap<&ClusterName, Walk> = HashMap::new();
+        for (cluster, rv) in positions {
+            if let Some(n) = number(rv) {
+                walks.insert(cluster, Walk::new(n));
+            }
+        }
+        if !walks.is_empty() {
+            for e in &p.log {
+                if *e.object.key.resource != *resource {
+                    continue;
+                }
+                if let Some(w) = walks.get_mut(&e.object.key.cluster) {
+                    w.step(e.revision, e.position.as_deref().and_then(number));
+                }
+            }
+        }
+        let starts: Vec<Start> = positions
+            .iter()
+            .map(|(cluster, rv)| {
+                let held = p.state.position(resource, cluster);
+                if held.is_some_and(|h| **h == **rv) {
+                    return Start::After {
+                        revision: current,
+                        skip_to: None,
+                    };
+                }
+                let Some(wanted) = number(rv) else {
+                    return Start::Reset;
+                };
+                if held.and_then(|h| number(h)).is_some_and(|h| h < wanted) {
+                    // The subscriber is ahead: what comes up to its position it has.
+                    return Start::After {
+                        revision: current,
+                        skip_to: Some(wanted),
+                    };
+                }
+                walks.get(cluster).map_or(Start::Reset, Walk::start)
+            })
+            .collect();
+        let since = starts
+            .iter()
+            .filter_map(|s| match s {
+                Start::After { revision, .. } => Some(*revision),
+                Start::Reset => None,
+            })
+            .min()
+            .unwrap_or(current);
+        let head = self.head.subscribe();
+        let subscription = Subscription {
+            snapshot: p.state.clone(),
+            feed: Feed {
+                published: self.published.clone(),
+                head,
+                reached: since,
+                buffer: self.config.subscriber_buffer,
+                caught_up: since >= current,
+            },
+        };
+        (subscription, starts)
     }
 
     /// How many subscribers are registered.

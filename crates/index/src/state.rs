@@ -28,6 +28,14 @@ pub struct Event {
     pub object: ObjectRef,
     /// The object before the change; `None` for a create.
     pub prev: Option<ObjectRef>,
+    /// The member resourceVersion the object's stream (its type in its cluster) has
+    /// reached with this change: the watch event's, or a list's on its last change.
+    /// `None` for a change that is no position of its own: one of a list but its
+    /// last, a cluster removed, or an event restored from a store.
+    pub position: Option<Arc<str>>,
+    /// The change removes the object with its whole cluster (the cluster left this
+    /// index), not by a change in the cluster.
+    pub cluster_removed: bool,
     /// The object's uid and resourceVersion, read from its JSON once, by the first
     /// subscriber that sends the event: every other subscriber shares them.
     meta: std::sync::OnceLock<(Arc<str>, Arc<str>)>,
@@ -46,6 +54,8 @@ impl Event {
             kind,
             object,
             prev,
+            position: None,
+            cluster_removed: false,
             meta: std::sync::OnceLock::new(),
         }
     }
@@ -58,6 +68,18 @@ impl Event {
             (Arc::from(uid), Arc::from(rv))
         });
         (uid, rv)
+    }
+
+    /// This event, as one of its cluster leaving the index.
+    pub(crate) fn removing_cluster(mut self) -> Self {
+        self.cluster_removed = true;
+        self
+    }
+
+    /// This event, carrying the member resourceVersion its stream reached with it.
+    pub(crate) fn at(mut self, position: Arc<str>) -> Self {
+        self.position = Some(position);
+        self
     }
 
     /// The JSON bytes the event holds: the object's, and the previous state's for a
@@ -322,12 +344,38 @@ pub struct State {
     pub(crate) counts: Counts,
     /// The JSON paths with a field index.
     pub(crate) indexed_paths: Arc<Vec<String>>,
+    /// (resource, cluster) → the member resourceVersion the stream has reached: the
+    /// member's state of that stream at it is the one held.
+    pub(crate) positions: OrdMap<(Arc<str>, ClusterName), Arc<str>>,
 }
 
 impl State {
     /// The revision this state is at.
     pub fn revision(&self) -> Revision {
         self.revision
+    }
+
+    /// Records the member resourceVersion a stream reached; whether it moved.
+    pub(crate) fn reach(&mut self, stream: (Arc<str>, ClusterName), rv: Arc<str>) -> bool {
+        self.positions.insert(stream, rv.clone()).as_ref() != Some(&rv)
+    }
+
+    /// The member resourceVersion each cluster's stream of one resource type has
+    /// reached in this state.
+    pub fn positions_of<'a>(
+        &'a self,
+        resource: &'a str,
+    ) -> impl Iterator<Item = (&'a ClusterName, &'a Arc<str>)> + 'a {
+        self.positions
+            .iter()
+            .filter(move |((r, _), _)| **r == *resource)
+            .map(|((_, c), rv)| (c, rv))
+    }
+
+    /// The member resourceVersion one resource type of one cluster has reached in
+    /// this state, if it was ever given one.
+    pub fn position(&self, resource: &str, cluster: &ClusterName) -> Option<&Arc<str>> {
+        self.positions.get(&(Arc::from(resource), cluster.clone()))
     }
 
     /// How many objects are held.

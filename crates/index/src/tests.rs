@@ -1077,3 +1077,213 @@ fn holds_any_sees_staged_objects_of_one_type_in_one_cluster() {
     idx.apply([Change::Delete(ObjectKey::new("pods", &c1, "ns", "p"))]);
     assert!(!idx.holds_any("pods", &c1));
 }
+
+/// A watch event of pod `name` in `cluster` at member resourceVersion `rv`.
+fn at(cluster: &str, name: &str, rv: u64) -> Change {
+    Change::UpsertAt(
+        input("pods", cluster, "x", name, rv, &[]),
+        Arc::from(rv.to_string()),
+    )
+}
+
+fn listed(cluster: &str, rv: u64) -> Change {
+    Change::Reached {
+        resource: Arc::from("pods"),
+        cluster: ClusterName::from(cluster),
+        resource_version: Arc::from(rv.to_string()),
+    }
+}
+
+fn start_at(idx: &Index, cluster: &str, rv: &str) -> Start {
+    let (_, starts) = idx.subscribe_at("pods", &[(ClusterName::from(cluster), Arc::from(rv))]);
+    starts[0]
+}
+
+#[test]
+fn streams_reach_member_positions_with_their_changes() {
+    let idx = index();
+    // A first list at 10 of two pods, then watch events at 12 and 15 (a delete).
+    let events = idx.apply([
+        Change::Add(vec![
+            input("pods", "a", "x", "p1", 3, &[]),
+            input("pods", "a", "x", "p2", 4, &[]),
+        ]),
+        listed("a", 10),
+    ]);
+    let positions: Vec<Option<&str>> = events.iter().map(|e| e.position.as_deref()).collect();
+    assert_eq!(
+        positions,
+        [None, Some("10")],
+        "a list's last change carries it"
+    );
+    let e = idx.apply([at("a", "p3", 12)]);
+    assert_eq!(e[0].position.as_deref(), Some("12"));
+    let key = ObjectKey::new("pods", &ClusterName::from("a"), "x", "p1");
+    let e = idx.apply([Change::DeleteAt(key, Arc::from("15"))]);
+    assert_eq!(
+        e[0].position.as_deref(),
+        Some("15"),
+        "a delete's own, not its object's"
+    );
+    let snapshot = idx.snapshot();
+    assert_eq!(
+        snapshot
+            .position("pods", &ClusterName::from("a"))
+            .map(|p| &**p),
+        Some("15")
+    );
+    // A bookmark-like move with nothing changed: a new position, the same revision.
+    let revision = snapshot.revision();
+    idx.apply([listed("a", 20)]);
+    let now = idx.snapshot();
+    assert_eq!(now.revision(), revision);
+    assert_eq!(
+        now.position("pods", &ClusterName::from("a")).map(|p| &**p),
+        Some("20")
+    );
+    // The cluster leaving takes its positions along, and says so on its changes.
+    let gone = idx.apply([Change::RemoveCluster(ClusterName::from("a"))]);
+    assert!(
+        gone.iter()
+            .all(|e| e.cluster_removed && e.position.is_none())
+    );
+    assert_eq!(
+        idx.snapshot().position("pods", &ClusterName::from("a")),
+        None
+    );
+}
+
+#[test]
+fn a_member_position_continues_exactly_or_says_it_cannot() {
+    let idx = index();
+    idx.apply([
+        Change::Add(vec![input("pods", "a", "x", "p1", 3, &[])]),
+        listed("a", 10),
+    ]);
+    let r10 = idx.snapshot().revision();
+    idx.apply([at("a", "p2", 12)]);
+    let r12 = idx.snapshot().revision();
+    idx.apply([at("a", "p3", 15)]);
+    let r15 = idx.snapshot().revision();
+    // Exactly at a change: after it.
+    assert_eq!(
+        start_at(&idx, "a", "12"),
+        Start::After {
+            revision: r12,
+            skip_to: None
+        }
+    );
+    assert_eq!(
+        start_at(&idx, "a", "10"),
+        Start::After {
+            revision: r10,
+            skip_to: None
+        }
+    );
+    // Where the index stands: from now.
+    assert_eq!(
+        start_at(&idx, "a", "15"),
+        Start::After {
+            revision: r15,
+            skip_to: None
+        }
+    );
+    // Between two changes (a bookmark of another replica): after the earlier.
+    assert_eq!(
+        start_at(&idx, "a", "13"),
+        Start::After {
+            revision: r12,
+            skip_to: Some(13)
+        }
+    );
+    // Ahead of this index (another replica saw more): from now, skipping to it.
+    assert_eq!(
+        start_at(&idx, "a", "40"),
+        Start::After {
+            revision: r15,
+            skip_to: Some(40)
+        }
+    );
+    // Before what this index holds of the stream, not a number, never seen: reset.
+    assert_eq!(start_at(&idx, "a", "9"), Start::Reset);
+    assert_eq!(start_at(&idx, "a", "x9"), Start::Reset);
+    assert_eq!(start_at(&idx, "a", ""), Start::Reset);
+    assert_eq!(start_at(&idx, "b", "12"), Start::Reset);
+    // A re-list after 15 (its diff made from the state at 15): from 15 exactly it
+    // applies, and from 13 too (the change at 15 comes first); in a stream whose
+    // re-list follows its change at 7 directly, nothing continues exactly from 8.
+    idx.apply([
+        Change::Add(vec![input("pods", "c", "x", "q1", 3, &[])]),
+        listed("c", 5),
+    ]);
+    idx.apply([at("c", "q2", 7)]);
+    let r7 = idx.snapshot().revision();
+    idx.apply([
+        Change::Replace {
+            resource: "pods".into(),
+            cluster: ClusterName::from("c"),
+            objects: vec![input("pods", "c", "x", "q3", 19, &[])],
+        },
+        listed("c", 20),
+    ]);
+    assert_eq!(
+        start_at(&idx, "c", "7"),
+        Start::After {
+            revision: r7,
+            skip_to: None
+        }
+    );
+    assert_eq!(start_at(&idx, "c", "8"), Start::Reset);
+    idx.apply([
+        Change::Replace {
+            resource: "pods".into(),
+            cluster: ClusterName::from("a"),
+            objects: vec![
+                input("pods", "a", "x", "p1", 3, &[]),
+                input("pods", "a", "x", "p4", 30, &[]),
+            ],
+        },
+        listed("a", 30),
+    ]);
+    assert_eq!(
+        start_at(&idx, "a", "15"),
+        Start::After {
+            revision: r15,
+            skip_to: None
+        }
+    );
+    assert_eq!(
+        start_at(&idx, "a", "13"),
+        Start::After {
+            revision: r12,
+            skip_to: Some(13)
+        }
+    );
+    let (subscription, starts) = idx.subscribe_at(
+        "pods",
+        &[
+            (ClusterName::from("a"), Arc::from("15")),
+            (ClusterName::from("b"), Arc::from("1")),
+        ],
+    );
+    assert_eq!(
+        starts,
+        [
+            Start::After {
+                revision: r15,
+                skip_to: None
+            },
+            Start::Reset
+        ]
+    );
+    assert_eq!(
+        subscription.feed.reached(),
+        r15,
+        "the feed starts at the earliest start"
+    );
+    // A re-list exactly at the position is no obstacle: its own last change is it.
+    assert!(matches!(
+        start_at(&idx, "a", "30"),
+        Start::After { skip_to: None, .. }
+    ));
+}

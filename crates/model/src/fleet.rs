@@ -328,6 +328,29 @@ pub struct WatchRequest {
     pub initial: bool,
     /// Who asks, and the policy they are held to.
     pub access: Access,
+    /// Continue from member positions instead: for each cluster, the member
+    /// resourceVersion of the watched type the subscriber stands at (empty: not
+    /// known). Each continues exactly where that is possible, and is otherwise
+    /// reset ([`WatchEvent::Reset`]); a cluster the filter selects that is not listed
+    /// is reset too. `since` and `initial` do not apply.
+    pub positions: Option<Vec<(ClusterName, Arc<str>)>>,
+    /// Report member positions: each object event carries its stream's, and a
+    /// [`WatchEvent::Positions`] gives every watched stream's once the stream stands
+    /// somewhere (after the initial objects, or at once).
+    pub report_positions: bool,
+    /// Through a router: resume from a position token and the positions reached
+    /// after it.
+    pub resume: Option<Resume>,
+}
+
+/// Where a Watch through a router resumes.
+#[derive(Debug, Clone, Default)]
+pub struct Resume {
+    /// The position token of the last bookmark received.
+    pub token: String,
+    /// The member position of each cluster's last event received after that
+    /// bookmark.
+    pub after: Vec<(ClusterName, Arc<str>)>,
 }
 
 impl WatchRequest {
@@ -339,6 +362,9 @@ impl WatchRequest {
             since: None,
             initial: false,
             access,
+            positions: None,
+            report_positions: false,
+            resume: None,
         }
     }
 }
@@ -355,9 +381,42 @@ pub enum WatchEvent {
         object: FleetObject,
         /// The change's revision.
         revision: Revision,
+        /// The member resourceVersion the object's stream reached with the change,
+        /// when positions are reported and the change is one (not a re-list's but
+        /// its last, nor an initial object).
+        position: Option<Arc<str>>,
     },
     /// The initial objects have all been sent; the snapshot's revision.
     InitialEventsEnd(Revision),
+    /// Where each watched stream stands (member resourceVersions by cluster; empty
+    /// when not known), reported once the Watch stands somewhere.
+    Positions {
+        /// By cluster.
+        positions: Vec<(ClusterName, Arc<str>)>,
+        /// The revision the subscriber has reached.
+        revision: Revision,
+    },
+    /// A cluster's stream could not continue from the subscriber's position: forget
+    /// what it holds of it; its current objects follow as `Added`, then
+    /// [`WatchEvent::ResetEnd`].
+    Reset {
+        /// The cluster.
+        cluster: ClusterName,
+    },
+    /// A reset cluster's current objects have all been sent.
+    ResetEnd {
+        /// The cluster.
+        cluster: ClusterName,
+        /// Its stream's member position now (empty when not known).
+        position: Arc<str>,
+        /// The revision the subscriber has reached.
+        revision: Revision,
+    },
+    /// Through a router: where the subscriber stands, as a token to resume from.
+    Bookmark {
+        /// The signed position.
+        token: String,
+    },
     /// A cluster drawn on changed freshness (or joined or left the fleet).
     ClusterStatus {
         /// Its new freshness.

@@ -1,0 +1,476 @@
+//! A Watch through the router: the replicas' streams merged, and a position that
+//! survives every move. Through a router a subscriber stands, in each cluster, at a
+//! resourceVersion of that cluster's API server (the member's own position, the same
+//! on every replica): every event carries its cluster's, and bookmarks carry them all
+//! as a token signed with the ring's key, which any router takes back. When a cluster
+//! moves (a replica gone, fenced, draining, or the ring grown) or a replica's stream
+//! breaks, the router asks whichever replica serves the cluster now to continue from
+//! the position it reached; that replica continues exactly from its own event log, or
+//! says it cannot (`RESET`, the cluster's current objects, `RESET_END`): never a gap.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use fleetscope_model::fleet::{Projection, Query, WatchEvent, WatchRequest};
+use fleetscope_model::{Access, ClusterName, EventType, FleetError, Revision};
+use futures::stream::{BoxStream, SelectAll};
+use futures::{StreamExt as _, stream};
+use tokio_util::sync::CancellationToken;
+
+use super::Router;
+use crate::grpc::convert;
+use crate::grpc::status::from_replica;
+use crate::grpc::token::{seal, unseal};
+use crate::proto;
+
+/// How often a routed Watch looks for clusters to follow elsewhere, and sends its
+/// position when it moved.
+const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a position token holds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Token {
+    /// The query and projection it was made for, protobuf-encoded, base64.
+    q: String,
+    /// (cluster, member resourceVersion; empty when not known).
+    v: Vec<(String, String)>,
+}
+
+/// One replica stream's items: its generation, and an event, an error, or its end.
+type Item = (u64, Option<Result<proto::WatchEvent, tonic::Status>>);
+
+/// A routed Watch in progress.
+pub(super) struct Routed {
+    router: Router,
+    query: Query,
+    projection: Projection,
+    access: Access,
+    /// The query as tokens carry it.
+    fingerprint: String,
+    /// Where the subscriber stands in each cluster, as delivered to it.
+    positions: BTreeMap<String, Arc<str>>,
+    /// Which stream (replica, generation) each cluster's events are taken from.
+    owner: BTreeMap<String, (String, u64)>,
+    /// Open streams, by generation, and how to end each.
+    live: BTreeMap<u64, CancellationToken>,
+    streams: SelectAll<BoxStream<'static, Item>>,
+    next_generation: u64,
+    /// Streams still to send the end of their initial objects.
+    initial: BTreeSet<u64>,
+    /// Whether the initial objects' end is still to be sent.
+    initial_pending: bool,
+    /// The newest revision a replica reported (informational only).
+    newest: Revision,
+    /// The position moved since the last token sent.
+    dirty: bool,
+    out: std::collections::VecDeque<WatchEvent>,
+    tick: tokio::time::Interval,
+    ended: bool,
+}
+
+impl Routed {
+    /// Opens a routed Watch: from the initial objects, from now, or from a token.
+    pub(super) async fn start(router: Router, r: WatchRequest) -> Result<Self, FleetError> {
+        let fingerprint = {
+            use base64::Engine as _;
+            use prost::Message as _;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(convert::query_out(&r.query, r.projection, &[]).encode_to_vec())
+        };
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut routed = Self {
+            router,
+            query: r.query,
+            projection: r.projection,
+            access: r.access,
+            fingerprint,
+            positions: BTreeMap::new(),
+            owner: BTreeMap::new(),
+            live: BTreeMap::new(),
+            streams: SelectAll::new(),
+            next_generation: 0,
+            initial: BTreeSet::new(),
+            initial_pending: false,
+            newest: Revision(0),
+            dirty: false,
+            out: std::collections::VecDeque::new(),
+            tick,
+            ended: false,
+        };
+        match r.resume {
+            Some(resume) => {
+                routed.positions = routed.open_token(&resume.token)?;
+                for (cluster, rv) in resume.after {
+                    routed.positions.insert(cluster.to_string(), rv);
+                }
+                routed.follow(true).await?;
+            }
+            None => {
+                let members = routed.router.members()?;
+                let serving = Router::serving(&members);
+                let plan = Router::plan(&routed.query.clusters, &serving);
+                let opened = plan.values().map(|(member, clusters)| {
+                    let message = proto::WatchRequest {
+                        query: Some(convert::query_out(
+                            &routed.query,
+                            routed.projection,
+                            clusters,
+                        )),
+                        send_initial_events: r.initial,
+                        report_positions: true,
+                        ..proto::WatchRequest::default()
+                    };
+                    let request = routed.router.request(message, &routed.access);
+                    let router = &routed.router;
+                    async move {
+                        let stream = router
+                            .ask(member, |mut c| async move { c.watch(request).await })
+                            .await?;
+                        Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), stream))
+                    }
+                });
+                let opened = futures::future::try_join_all(opened).await?;
+                for (identity, clusters, stream) in opened {
+                    let g = routed.add(identity, &clusters, stream);
+                    if r.initial {
+                        routed.initial.insert(g);
+                    }
+                }
+                routed.initial_pending = r.initial;
+                if r.initial && routed.initial.is_empty() {
+                    routed.initial_done();
+                }
+            }
+        }
+        Ok(routed)
+    }
+
+    /// The positions a token holds, when it is this caller's and this query's.
+    fn open_token(&self, token: &str) -> Result<BTreeMap<String, Arc<str>>, FleetError> {
+        let bad = || {
+            FleetError::InvalidArgument(
+                "resume_token was not issued to this caller for this query by a router of this ring: pass back a BOOKMARK's position_token unchanged, with the same query".into(),
+            )
+        };
+        let caller = self.access.caller();
+        let payload =
+            unseal(&self.router.upstream.page_token_key, &caller, token).ok_or_else(bad)?;
+        let t: Token = serde_json::from_slice(&payload).map_err(|_| bad())?;
+        if t.q != self.fingerprint {
+            return Err(bad());
+        }
+        Ok(t.v.into_iter().map(|(c, rv)| (c, Arc::from(rv))).collect())
+    }
+
+    /// Where the subscriber stands, as a token.
+    fn token(&self) -> String {
+        let t = Token {
+            q: self.fingerprint.clone(),
+            v: self
+                .positions
+                .iter()
+                .map(|(c, rv)| (c.clone(), rv.to_string()))
+                .collect(),
+        };
+        let payload = serde_json::to_vec(&t).unwrap_or_default();
+        seal(
+            &self.router.upstream.page_token_key,
+            &self.access.caller(),
+            &payload,
+        )
+    }
+
+    /// Takes `stream` (of replica `identity`) as the source of `clusters`' events.
+    fn add(
+        &mut self,
+        identity: String,
+        clusters: &[String],
+        stream: tonic::Streaming<proto::WatchEvent>,
+    ) -> u64 {
+        let g = self.next_generation;
+        self.next_generation += 1;
+        let cancel = CancellationToken::new();
+        let items = stream
+            .take_until(cancel.clone().cancelled_owned())
+            .map(move |item| (g, Some(item)))
+            .chain(stream::once(async move { (g, None) }));
+        self.streams.push(items.boxed());
+        self.live.insert(g, cancel);
+        for c in clusters {
+            self.owner.insert(c.clone(), (identity.clone(), g));
+        }
+        g
+    }
+
+    /// The initial objects are all sent: says so, and where the subscriber stands.
+    fn initial_done(&mut self) {
+        self.initial_pending = false;
+        self.out
+            .push_back(WatchEvent::InitialEventsEnd(self.newest));
+        self.out.push_back(WatchEvent::Bookmark {
+            token: self.token(),
+        });
+        self.dirty = false;
+    }
+
+    /// Follows each selected cluster from the replica serving it now, continuing from
+    /// where the subscriber stands; ends streams no cluster is taken from any more.
+    /// `strict`: a failure to open a stream is the Watch's (at its start).
+    async fn follow(&mut self, strict: bool) -> Result<(), FleetError> {
+        let members = self.router.members()?;
+        let serving = Router::serving(&members);
+        let mut wanted: BTreeMap<String, (crate::shard::lease::Member, Vec<String>)> =
+            BTreeMap::new();
+        for (cluster, member) in &serving {
+            if !self.query.clusters.names_match(cluster) {
+                continue;
+            }
+            let current = self
+                .owner
+                .get(cluster)
+                .is_some_and(|(id, g)| *id == member.identity && self.live.contains_key(g));
+            if !current {
+                wanted
+                    .entry(member.identity.clone())
+                    .or_insert_with(|| ((*member).clone(), Vec::new()))
+                    .1
+                    .push(cluster.clone());
+            }
+        }
+        for (identity, (member, clusters)) in wanted {
+            let start_positions = clusters
+                .iter()
+                .map(|c| proto::StreamPosition {
+                    cluster: c.clone(),
+                    resource: self.query.resource.clone(),
+                    resource_version: self
+                        .positions
+                        .get(c)
+                        .map(|rv| rv.to_string())
+                        .unwrap_or_default(),
+                })
+                .collect();
+            let message = proto::WatchRequest {
+                query: Some(convert::query_out(&self.query, self.projection, &clusters)),
+                report_positions: true,
+                start_positions,
+                ..proto::WatchRequest::default()
+            };
+            let request = self.router.request(message, &self.access);
+            let opened = self
+                .router
+                .ask(&member, |mut c| async move { c.watch(request).await })
+                .await;
+            match opened {
+                Ok(stream) => {
+                    tracing::debug!(replica = %identity, clusters = ?clusters, "a routed Watch follows clusters from a replica");
+                    self.add(identity, &clusters, stream);
+                }
+                Err(e) if strict || permanent(&e) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(replica = %identity, error = %e, "a routed Watch could not follow clusters yet: retrying");
+                }
+            }
+        }
+        let drawn: HashSet<u64> = self.owner.values().map(|(_, g)| *g).collect();
+        let idle: Vec<u64> = self
+            .live
+            .keys()
+            .filter(|g| !drawn.contains(g))
+            .copied()
+            .collect();
+        for g in idle {
+            if let Some(cancel) = self.live.remove(&g) {
+                cancel.cancel();
+            }
+            self.initial_ended(g);
+        }
+        Ok(())
+    }
+
+    /// A stream that will send no more initial objects.
+    fn initial_ended(&mut self, g: u64) {
+        if self.initial.remove(&g) && self.initial.is_empty() && self.initial_pending {
+            self.initial_done();
+        }
+    }
+
+    /// Whether an event of `cluster` from stream `g` is the subscriber's.
+    fn takes(&self, cluster: &str, g: u64) -> bool {
+        self.owner.get(cluster).is_some_and(|(_, o)| *o == g)
+    }
+
+    /// What one replica's item means to the subscriber.
+    fn take(
+        &mut self,
+        g: u64,
+        item: Option<Result<proto::WatchEvent, tonic::Status>>,
+    ) -> Result<(), FleetError> {
+        let e = match item {
+            Some(Ok(e)) => e,
+            Some(Err(s)) => {
+                let replica = self
+                    .owner
+                    .values()
+                    .find(|(_, o)| *o == g)
+                    .map(|(id, _)| id.clone())
+                    .unwrap_or_default();
+                let e = from_replica(&replica, &s);
+                if self.live.contains_key(&g) && permanent(&e) {
+                    return Err(e);
+                }
+                tracing::debug!(%replica, error = %e, "a replica's stream of a routed Watch broke: following its clusters again");
+                self.broken(g);
+                return Ok(());
+            }
+            None => {
+                self.broken(g);
+                return Ok(());
+            }
+        };
+        if !self.live.contains_key(&g) {
+            return Ok(());
+        }
+        self.newest = self.newest.max(Revision(e.revision));
+        let t = proto::EventType::try_from(e.r#type).unwrap_or(proto::EventType::Unspecified);
+        match t {
+            proto::EventType::Added | proto::EventType::Modified | proto::EventType::Deleted => {
+                let Some(object) = e.object else {
+                    return Ok(());
+                };
+                if !self.takes(&object.cluster, g) {
+                    return Ok(());
+                }
+                let position = e.position.map(|p| Arc::<str>::from(p.resource_version));
+                if let Some(rv) = &position {
+                    self.positions.insert(object.cluster.clone(), rv.clone());
+                    self.dirty = true;
+                }
+                self.out.push_back(WatchEvent::Object {
+                    kind: match t {
+                        proto::EventType::Added => EventType::Added,
+                        proto::EventType::Modified => EventType::Modified,
+                        _ => EventType::Deleted,
+                    },
+                    object: convert::object_in(object),
+                    revision: Revision(e.revision),
+                    position,
+                });
+            }
+            proto::EventType::InitialEventsEnd => self.initial_ended(g),
+            proto::EventType::Bookmark => {
+                for p in e.positions {
+                    if self.takes(&p.cluster, g) {
+                        self.positions
+                            .insert(p.cluster, Arc::from(p.resource_version));
+                        self.dirty = true;
+                    }
+                }
+            }
+            proto::EventType::Reset => {
+                let Some(p) = e.position else { return Ok(()) };
+                if !self.takes(&p.cluster, g) {
+                    return Ok(());
+                }
+                self.positions.insert(p.cluster.clone(), Arc::from(""));
+                self.dirty = true;
+                self.out.push_back(WatchEvent::Reset {
+                    cluster: ClusterName::from(p.cluster),
+                });
+            }
+            proto::EventType::ResetEnd => {
+                let Some(p) = e.position else { return Ok(()) };
+                if !self.takes(&p.cluster, g) {
+                    return Ok(());
+                }
+                let rv: Arc<str> = Arc::from(p.resource_version);
+                self.positions.insert(p.cluster.clone(), rv.clone());
+                self.dirty = true;
+                self.out.push_back(WatchEvent::ResetEnd {
+                    cluster: ClusterName::from(p.cluster),
+                    position: rv,
+                    revision: Revision(e.revision),
+                });
+            }
+            proto::EventType::ClusterStatus => {
+                if let Some(c) = e.cluster
+                    && self.takes(&c.cluster, g)
+                {
+                    self.out.push_back(WatchEvent::ClusterStatus {
+                        cluster: convert::cluster_freshness_in(c),
+                        revision: Revision(e.revision),
+                    });
+                }
+            }
+            proto::EventType::Unspecified => {}
+        }
+        Ok(())
+    }
+
+    /// Stream `g` ended or broke: its clusters are followed again (from the same
+    /// replica, or the one serving them now) at the next look.
+    fn broken(&mut self, g: u64) {
+        if let Some(cancel) = self.live.remove(&g) {
+            cancel.cancel();
+        }
+        self.initial_ended(g);
+    }
+
+    /// The next event for the subscriber; `None` once the Watch has ended.
+    async fn next(&mut self) -> Option<Result<WatchEvent, FleetError>> {
+        loop {
+            if let Some(e) = self.out.pop_front() {
+                return Some(Ok(e));
+            }
+            if self.ended {
+                return None;
+            }
+            let outcome = tokio::select! {
+                item = self.streams.next(), if !self.streams.is_empty() => match item {
+                    Some((g, item)) => self.take(g, item),
+                    None => Ok(()),
+                },
+                _ = self.tick.tick() => {
+                    let followed = self.follow(false).await;
+                    if followed.is_ok() && self.dirty && !self.initial_pending {
+                        self.dirty = false;
+                        self.out.push_back(WatchEvent::Bookmark { token: self.token() });
+                    }
+                    followed
+                }
+            };
+            if let Err(e) = outcome {
+                self.ended = true;
+                return Some(Err(e));
+            }
+        }
+    }
+
+    /// The Watch as a stream.
+    pub(super) fn events(
+        self,
+    ) -> impl futures::Stream<Item = Result<WatchEvent, FleetError>> + Send + 'static {
+        stream::unfold(self, |mut r| async move {
+            let e = r.next().await?;
+            Some((e, r))
+        })
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        for cancel in self.live.values() {
+            cancel.cancel();
+        }
+    }
+}
+
+/// Whether a replica's refusal is the Watch's own (its query, its caller's grants),
+/// not a moment of the ring's.
+fn permanent(e: &FleetError) -> bool {
+    matches!(
+        e,
+        FleetError::InvalidArgument(_) | FleetError::NotFound(_) | FleetError::PermissionDenied(_)
+    )
+}
