@@ -911,6 +911,10 @@ async fn watch_event(
                 line["freshness"] = freshness_name(c.freshness()).into();
                 line["message"] = c.message.clone().into();
             }
+            if let Some(p) = &e.position {
+                line["cluster"] = p.cluster.clone().into();
+                line["resourceVersion"] = p.resource_version.clone().into();
+            }
             println_flush(&format!("{line}\n"));
         } else if let Some(o) = &e.object {
             print_streamed(&Item::from_proto(o), format);
@@ -918,6 +922,14 @@ async fn watch_event(
         return table;
     }
     let Some(o) = &e.object else {
+        if e.r#type() == proto::EventType::Reset
+            && let Some(p) = &e.position
+        {
+            eprintln!(
+                "cluster {} was reset (its history is gone where it is served now): its objects follow again",
+                p.cluster
+            );
+        }
         if let Some(c) = &e.cluster {
             eprintln!(
                 "cluster {} is {}{}",

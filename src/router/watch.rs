@@ -220,16 +220,26 @@ impl Routed {
     async fn follow(&mut self, strict: bool) -> Result<(), FleetError> {
         let members = self.router.members()?;
         let serving = Router::serving(&members);
+        // Who holds each cluster ready and stays: a stream from any of them goes on
+        // (a holder ranked higher appearing is no reason to move).
+        let mut holding: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for m in members.iter().filter(|m| !crate::shard::owner::leaving(m)) {
+            for c in crate::shard::owner::ready_of(m) {
+                holding.entry(c).or_default().insert(m.identity.as_str());
+            }
+        }
         let mut wanted: BTreeMap<String, (crate::shard::lease::Member, Vec<String>)> =
             BTreeMap::new();
         for (cluster, member) in &serving {
             if !self.query.clusters.names_match(cluster) {
                 continue;
             }
-            let current = self
-                .owner
-                .get(cluster)
-                .is_some_and(|(id, g)| *id == member.identity && self.live.contains_key(g));
+            let current = self.owner.get(cluster).is_some_and(|(id, g)| {
+                self.live.contains_key(g)
+                    && holding
+                        .get(cluster.as_str())
+                        .is_some_and(|h| h.contains(id.as_str()))
+            });
             if !current {
                 wanted
                     .entry(member.identity.clone())

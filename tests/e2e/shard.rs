@@ -256,6 +256,16 @@ struct Replica {
 
 impl Replica {
     fn start(kubeconfig: &std::path::Path, identity: &str, log: &std::path::Path) -> Self {
+        Self::start_with(kubeconfig, identity, log, &[])
+    }
+
+    /// [`Replica::start`] with more arguments.
+    fn start_with(
+        kubeconfig: &std::path::Path,
+        identity: &str,
+        log: &std::path::Path,
+        more: &[&str],
+    ) -> Self {
         let metrics = format!("127.0.0.1:{}", common::process::free_port());
         let port = common::process::free_port();
         let advertise = format!("127.0.0.1:{port}");
@@ -264,33 +274,29 @@ impl Replica {
             std::fs::write(&key, [7u8; 32]).unwrap();
         }
         let key = key.display().to_string();
-        let server = common::process::Server::start_at(
-            port,
-            kubeconfig,
-            &[
-                "--shard-advertise",
-                &advertise,
-                "--shard-page-token-key-file",
-                &key,
-                "--resources",
-                "configmaps",
-                "--no-persist",
-                "--metrics-listen",
-                &metrics,
-                "--shard-ring",
-                RING,
-                "--shard-coordination",
-                "sim-1",
-                "--shard-identity",
-                identity,
-                "--shard-lease-duration",
-                "3s",
-                "--shard-renew-period",
-                "500ms",
-            ],
-            log,
-            &[],
-        );
+        let mut args = vec![
+            "--shard-advertise",
+            &advertise,
+            "--shard-page-token-key-file",
+            &key,
+            "--resources",
+            "configmaps",
+            "--no-persist",
+            "--metrics-listen",
+            &metrics,
+            "--shard-ring",
+            RING,
+            "--shard-coordination",
+            "sim-1",
+            "--shard-identity",
+            identity,
+            "--shard-lease-duration",
+            "3s",
+            "--shard-renew-period",
+            "500ms",
+        ];
+        args.extend_from_slice(more);
+        let server = common::process::Server::start_at(port, kubeconfig, &args, log, &[]);
         Self {
             server,
             metrics,
@@ -346,6 +352,17 @@ impl Replica {
             })
             .await
             .map(|r| r.into_inner().total)
+    }
+
+    /// The lists this replica's streams made of their clusters, when scraped.
+    async fn lists(&self) -> Option<f64> {
+        let text = common::scrape(&self.metrics).await?;
+        Some(
+            text.lines()
+                .filter(|l| l.starts_with("fleetscope_relists_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
     }
 
     /// A metric's value, when scraped.
@@ -472,7 +489,15 @@ async fn serve_replicas_share_the_clusters_hand_them_over_and_are_fenced_without
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(c.metric("fleetscope_shard_fenced").await, Some(1.0));
+    // The gauge follows at the replica's next look at its Lease (a renew period).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.metric("fleetscope_shard_fenced").await != Some(1.0) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reported fenced"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
         c.metric("fleetscope_shard_lease_renew_failures_total")
             .await
@@ -931,6 +956,35 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
     fleet.shutdown().await;
 }
 
+/// Waits until each of `routers` serves `clusters` clusters, each with `owners`
+/// owners: the routers' view of the ring's Leases has caught up.
+async fn routers_see(routers: &[&RouterProcess], clusters: usize, owners: usize) {
+    for router in routers {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let answer = router
+                .client()
+                .await
+                .list_clusters(fleetscope::proto::ListClustersRequest::default())
+                .await;
+            if let Ok(a) = &answer
+                && a.get_ref().clusters.len() == clusters
+                && a.get_ref()
+                    .clusters
+                    .iter()
+                    .all(|c| c.owners.len() == owners)
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a router never saw {owners} owner(s) of each cluster: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// What a subscriber through the routers was sent: the objects it holds, and every
 /// way the stream went wrong (a change twice or out of order in its cluster).
 #[derive(Default, Debug)]
@@ -948,6 +1002,16 @@ struct Seen {
 /// the initial objects, keeping the last position token and the positions after it,
 /// and resuming with them on the next router on any error.
 async fn subscribe(
+    ports: Vec<u16>,
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    subscribe_to(configmaps_query(), ports, seen, stop).await
+}
+
+/// [`subscribe`] to `query`.
+async fn subscribe_to(
+    query: fleetscope::proto::Query,
     ports: Vec<u16>,
     seen: std::sync::Arc<std::sync::Mutex<Seen>>,
     stop: tokio_util::sync::CancellationToken,
@@ -974,7 +1038,7 @@ async fn subscribe(
             s.last.clear();
         }
         let request = WatchRequest {
-            query: Some(configmaps_query()),
+            query: Some(query.clone()),
             send_initial_events: token.is_empty(),
             resume_token: token.clone(),
             resume_positions: after.values().cloned().collect(),
@@ -1063,8 +1127,10 @@ async fn churn(
     while !stop.is_cancelled() {
         let api = &apis[i % apis.len()];
         let name = format!("churn-{}", (i / apis.len()) % 5);
+        // Its parity label changes with each change, in and out of a selector.
+        let parity = if i.is_multiple_of(2) { "even" } else { "odd" };
         let cm: ConfigMap = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name}, "data": {"i": i.to_string()}}))
+            "metadata": {"name": name, "labels": {"parity": parity}}, "data": {"i": i.to_string()}}))
         .unwrap();
         // Each name is created, modified and deleted in turn.
         let done = match (i / (apis.len() * 5)) % 3 {
@@ -1099,8 +1165,7 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     let one = RouterProcess::start(&kubeconfig, &log);
     let two = RouterProcess::start(&kubeconfig, &log);
     split(&[&a, &b, &c], &clusters, &log).await;
-    one.client().await;
-    two.client().await;
+    routers_see(&[&one, &two], clusters.len(), 1).await;
 
     let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
     let stop = tokio_util::sync::CancellationToken::new();
@@ -1198,5 +1263,340 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     subscriber.await.unwrap();
     let _ = b.server.child.wait();
     drop((c, one));
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_list() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 10).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let rf2 = ["--shard-replication", "2"];
+    let replicas = [
+        Replica::start_with(&kubeconfig, "replica-a", &log, &rf2),
+        Replica::start_with(&kubeconfig, "replica-b", &log, &rf2),
+        Replica::start_with(&kubeconfig, "replica-c", &log, &rf2),
+    ];
+    let one = RouterProcess::start(&kubeconfig, &log);
+    let two = RouterProcess::start(&kubeconfig, &log);
+    // Every cluster synced by both its owners.
+    let members: Vec<String> = replicas.iter().map(|r| r.identity.clone()).collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut whole = true;
+        for r in &replicas {
+            let mut synced = r.synced().await.unwrap_or_default();
+            synced.sort();
+            let want: Vec<String> = clusters
+                .iter()
+                .filter(|c| {
+                    fleetscope::shard::assign::owners(c, &members, 2).contains(&r.identity.as_str())
+                })
+                .cloned()
+                .collect();
+            whole &= synced == want;
+        }
+        if whole {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never two owners each; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ... and both routers see both owners of every cluster.
+    routers_see(&[&one, &two], clusters.len(), 2).await;
+
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let subscriber = tokio::spawn(subscribe(
+        vec![one.port, two.port],
+        seen.clone(),
+        stop.clone(),
+    ));
+    let made = Arc::new(AtomicUsize::new(0));
+    let churning = tokio_util::sync::CancellationToken::new();
+    let churner = tokio::spawn(churn(
+        kubeconfig.clone(),
+        clusters.clone(),
+        made.clone(),
+        churning.clone(),
+    ));
+    let progress = |n: usize| {
+        let (made, seen) = (made.clone(), seen.clone());
+        async move {
+            let (from, received) = (made.load(Ordering::Relaxed), seen.lock().unwrap().changes);
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while made.load(Ordering::Relaxed) < from + n
+                || seen.lock().unwrap().changes <= received
+            {
+                assert!(tokio::time::Instant::now() < deadline, "no progress");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    progress(30).await;
+    let [a, b, c] = replicas;
+    let lists_before = (b.lists().await.unwrap(), c.lists().await.unwrap());
+    // The replica serving the most clusters is killed: the other owner of each serves
+    // them at once, from where the subscriber stands.
+    let mut a = a;
+    a.server.kill();
+    progress(30).await;
+    // The survivors are each other's second owner now: once they hold every cluster
+    // twice over, the kill has been absorbed.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while b.synced().await.map(|s| s.len()) != Some(4)
+        || c.synced().await.map(|s| s.len()) != Some(4)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never absorbed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    progress(30).await;
+    churning.cancel();
+    churner.await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let truth = common::truth(&fleet, "configmaps");
+        {
+            let s = seen.lock().unwrap();
+            assert!(s.violations.is_empty(), "{:?}", s.violations);
+            if s.objects == truth {
+                eprintln!(
+                    "subscriber: {} changes, {} resumes, {} resets",
+                    s.changes, s.resumes, s.resets
+                );
+                assert_eq!(s.resets, 0, "a second owner held every cluster's history");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the subscriber never reached the truth: {} held, {} true; log: {}",
+                s.objects.len(),
+                truth.len(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The clusters the survivors held already were not listed again; those each took
+    // up as a new second owner were (once each, by that replica).
+    let lists_after = (b.lists().await.unwrap(), c.lists().await.unwrap());
+    eprintln!("lists before the kill {lists_before:?}, after {lists_after:?}");
+    let taken_up = |r: &Replica| {
+        let survivors = ["replica-b".to_string(), "replica-c".to_string()];
+        clusters
+            .iter()
+            .filter(|cl| {
+                !fleetscope::shard::assign::owners(cl, &members, 2).contains(&r.identity.as_str())
+                    && fleetscope::shard::assign::owners(cl, &survivors, 2)
+                        .contains(&r.identity.as_str())
+            })
+            .count() as f64
+    };
+    assert_eq!(
+        (
+            lists_after.0 - lists_before.0,
+            lists_after.1 - lists_before.1
+        ),
+        (taken_up(&b), taken_up(&c)),
+        "only the clusters newly owned were listed"
+    );
+    stop.cancel();
+    subscriber.await.unwrap();
+    drop((b, c, one, two));
+    fleet.shutdown().await;
+}
+
+/// The configmaps of the simulated fleet `where` selects, by (cluster, namespace,
+/// name), with their resourceVersions.
+fn truth_where(
+    fleet: &fleetscope_sim::SimFleet,
+    select: impl Fn(&str, &fleetscope_sim::store::StoredObject) -> bool,
+) -> BTreeMap<(String, String, String), String> {
+    let mut out = BTreeMap::new();
+    for s in fleet.servers() {
+        let snap = s
+            .cluster()
+            .store
+            .snapshot("configmaps", fleetscope_sim::store::ReadAt::Latest)
+            .unwrap();
+        let cluster = s.cluster().name().to_string();
+        for o in snap.objects.values() {
+            if select(&cluster, o) {
+                out.insert(
+                    (cluster.clone(), o.namespace.clone(), o.name.clone()),
+                    o.rv.to_string(),
+                );
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(8, 6).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=8).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let c = Replica::start(&kubeconfig, "replica-c", &log);
+    let one = RouterProcess::start(&kubeconfig, &log);
+    let two = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b, &c], &clusters, &log).await;
+    routers_see(&[&one, &two], clusters.len(), 1).await;
+
+    // Subscribers of everything, one cluster, a label selector, one namespace.
+    let query = |clusters: &[&str], labels: &str, namespaces: &[&str]| fleetscope::proto::Query {
+        resource: "configmaps".into(),
+        clusters: clusters.iter().map(|c| c.to_string()).collect(),
+        label_selector: labels.into(),
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    };
+    type Select = Box<dyn Fn(&str, &fleetscope_sim::store::StoredObject) -> bool>;
+    let subscribers: Vec<(fleetscope::proto::Query, Select)> = vec![
+        (query(&[], "", &[]), Box::new(|_, _| true)),
+        (query(&["sim-2"], "", &[]), Box::new(|c, _| c == "sim-2")),
+        (
+            query(&[], "parity=even", &[]),
+            Box::new(|_, o| o.labels.iter().any(|(k, v)| k == "parity" && v == "even")),
+        ),
+        (
+            query(&[], "", &["team-1"]),
+            Box::new(|_, o| o.namespace == "team-1"),
+        ),
+    ];
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut running = Vec::new();
+    for (i, (q, select)) in subscribers.into_iter().enumerate() {
+        let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+        let ports = if i % 2 == 0 {
+            vec![one.port, two.port]
+        } else {
+            vec![two.port, one.port]
+        };
+        let task = tokio::spawn(subscribe_to(q, ports, seen.clone(), stop.clone()));
+        running.push((seen, select, task));
+    }
+    let made = Arc::new(AtomicUsize::new(0));
+    let churning = tokio_util::sync::CancellationToken::new();
+    let churner = tokio::spawn(churn(
+        kubeconfig.clone(),
+        clusters.clone(),
+        made.clone(),
+        churning.clone(),
+    ));
+    let seen_all = running[0].0.clone();
+    let progress = |n: usize| {
+        let (made, seen) = (made.clone(), seen_all.clone());
+        async move {
+            let (from, received) = (made.load(Ordering::Relaxed), seen.lock().unwrap().changes);
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while made.load(Ordering::Relaxed) < from + n
+                || seen.lock().unwrap().changes <= received
+            {
+                assert!(tokio::time::Instant::now() < deadline, "no progress");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    progress(40).await;
+
+    // 3 → 4: the fourth replica takes about a quarter of the clusters, and nothing
+    // else moves; none is ever left without a ready owner on the way.
+    let three: Vec<String> = ["replica-a", "replica-b", "replica-c"]
+        .map(String::from)
+        .to_vec();
+    let four: Vec<String> = ["replica-a", "replica-b", "replica-c", "replica-d"]
+        .map(String::from)
+        .to_vec();
+    let moving: Vec<&String> = clusters
+        .iter()
+        .filter(|cl| {
+            fleetscope::shard::assign::owners(cl, &three, 1)
+                != fleetscope::shard::assign::owners(cl, &four, 1)
+        })
+        .collect();
+    assert!(
+        moving
+            .iter()
+            .all(|cl| fleetscope::shard::assign::owners(cl, &four, 1) == ["replica-d"]),
+        "only clusters d takes move"
+    );
+    let d = Replica::start(&kubeconfig, "replica-d", &log);
+    split(&[&a, &b, &c, &d], &clusters, &log).await;
+    eprintln!(
+        "3 → 4 moved {} of {} clusters",
+        moving.len(),
+        clusters.len()
+    );
+    progress(40).await;
+    // 4 → 3: d stops (SIGTERM) and hands its clusters back.
+    let mut d = d;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &d.server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    split(&[&a, &b, &c], &clusters, &log).await;
+    progress(40).await;
+    churning.cancel();
+    churner.await.unwrap();
+
+    for (i, (seen, select, _)) in running.iter().enumerate() {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let truth = truth_where(&fleet, select);
+            {
+                let s = seen.lock().unwrap();
+                assert!(
+                    s.violations.is_empty(),
+                    "subscriber {i}: {:?}",
+                    s.violations
+                );
+                if s.objects == truth {
+                    eprintln!(
+                        "subscriber {i}: {} objects, {} changes, {} resumes, {} resets",
+                        truth.len(),
+                        s.changes,
+                        s.resumes,
+                        s.resets
+                    );
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "subscriber {i} never reached the truth: {} held, {} true; missing {:?}; extra {:?}",
+                    s.objects.len(),
+                    truth.len(),
+                    truth
+                        .keys()
+                        .filter(|k| !s.objects.contains_key(*k))
+                        .take(5)
+                        .collect::<Vec<_>>(),
+                    s.objects
+                        .keys()
+                        .filter(|k| !truth.contains_key(*k))
+                        .take(5)
+                        .collect::<Vec<_>>(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stop.cancel();
+    for (_, _, task) in running {
+        task.await.unwrap();
+    }
+    let _ = d.server.child.wait();
+    drop((a, b, c, one, two));
     fleet.shutdown().await;
 }

@@ -263,7 +263,18 @@ impl Writer {
             Update::Progress {
                 stream,
                 resource_version,
-            } => b.after.push((stream, Progress::Bookmark(resource_version))),
+            } => {
+                // The stream's state is the member's at the bookmark: a position a
+                // subscriber may stand at.
+                if !resource_version.is_empty() {
+                    b.changes.push(Change::Reached {
+                        resource: stream.name.clone(),
+                        cluster: stream.cluster.clone(),
+                        resource_version: Arc::from(resource_version.as_str()),
+                    });
+                }
+                b.after.push((stream, Progress::Bookmark(resource_version)))
+            }
             Update::State {
                 stream,
                 state,

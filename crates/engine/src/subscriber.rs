@@ -66,6 +66,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
                         let tracked = Tracked {
                             floor: revision,
                             skip_to,
+                            told: position.clone(),
                             position,
                         };
                         streams.insert(cluster, tracked);
@@ -157,6 +158,8 @@ struct Tracked {
     skip_to: Option<u64>,
     /// The member resourceVersion reached; empty when not known (inside a re-list).
     position: Arc<str>,
+    /// The position the subscriber was last told (by an event or positions).
+    told: Arc<str>,
 }
 
 /// What a subscriber that follows member positions does with a change.
@@ -168,6 +171,10 @@ enum Follow {
     /// The subscriber is gone.
     Gone,
 }
+
+/// How often a Watch that reports positions looks for positions that moved with no
+/// change.
+const POSITIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Objects of the initial state evaluated per turn on a query thread.
 const INITIAL_PAGE: usize = 1024;
@@ -335,6 +342,7 @@ impl Producer {
             let tracked = Tracked {
                 floor: Revision(0),
                 skip_to: None,
+                told: Arc::from(""),
                 position: e.position.clone().unwrap_or_else(|| Arc::from("")),
             };
             self.streams.insert(cluster.clone(), tracked);
@@ -430,6 +438,7 @@ impl Producer {
         let tracked = Tracked {
             floor: snapshot.revision(),
             skip_to: None,
+            told: position.clone(),
             position: position.clone(),
         };
         self.streams.insert(cluster.clone(), tracked);
@@ -437,6 +446,42 @@ impl Producer {
             cluster,
             position,
             revision: snapshot.revision(),
+        })
+        .await
+    }
+
+    /// Tells the followed streams whose position moved since the subscriber was last
+    /// told: by changes it was not sent (its filter or grant excludes them), or with
+    /// no change at all (the member's bookmarks, once the index stands where the
+    /// subscriber does, so every change before them was sent). False once the
+    /// subscriber is gone.
+    async fn positions_moved(&mut self, reached: Revision) -> bool {
+        let snapshot = self.index.snapshot();
+        let caught_up = snapshot.revision() == reached;
+        let name = self.resource.name();
+        let mut moved = Vec::new();
+        for (cluster, t) in &mut self.streams {
+            if caught_up
+                && let Some(now) = snapshot.position(&name, cluster)
+                && let (Some(now_n), Some(was)) = (number(now), number(&t.position))
+                && now_n > was
+            {
+                // Past where the subscriber stood, with nothing in between.
+                t.skip_to = None;
+                t.position = now.clone();
+            }
+            if t.skip_to.is_none() && !t.position.is_empty() && t.position != t.told {
+                t.told = t.position.clone();
+                moved.push((cluster.clone(), t.position.clone()));
+            }
+        }
+        if moved.is_empty() {
+            return true;
+        }
+        moved.sort();
+        self.send(WatchEvent::Positions {
+            positions: moved,
+            revision: reached,
         })
         .await
     }
@@ -662,6 +707,7 @@ impl Producer {
                         let tracked = Tracked {
                             floor,
                             skip_to: None,
+                            told: position.clone(),
                             position,
                         };
                         self.streams.insert(cluster, tracked);
@@ -676,9 +722,18 @@ impl Producer {
             }
         }
         drop(snapshot);
+        // Positions that move without a change (the member's bookmarks) are told
+        // now and then, once the subscriber has every change before them.
+        let mut moved = tokio::time::interval(POSITIONS_EVERY);
+        moved.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
+                _ = moved.tick(), if self.report => {
+                    if !self.positions_moved(feed.reached()).await {
+                        return;
+                    }
+                }
                 _ = self.tx.closed() => return,
                 r = feed.next() => match r {
                     Ok(events) => {
@@ -697,10 +752,15 @@ impl Producer {
                                     Follow::Gone => return,
                                 }
                             }
-                            if let Some(ev) = self.event(e, kind)
-                                && !self.send(ev).await
-                            {
-                                return;
+                            if let Some(ev) = self.event(e, kind) {
+                                if !self.send(ev).await {
+                                    return;
+                                }
+                                if self.report
+                                    && let Some(t) = self.streams.get_mut(&e.object.key.cluster)
+                                {
+                                    t.told = t.position.clone();
+                                }
                             }
                         }
                         if !self.maybe_switch(feed.reached()).await {
