@@ -222,10 +222,10 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                 membership,
                 advertise,
                 desired.clone(),
-                Box::new(move || {
+                Box::new(move |since| {
                     engine
                         .get()
-                        .map(|e| e.synced_clusters())
+                        .map(|e| e.synced_since(since))
                         .unwrap_or_default()
                 }),
                 reload.clone(),

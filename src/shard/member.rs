@@ -105,7 +105,12 @@ pub async fn run(
         tokio::select! {
             _ = tick.tick() => {
                 let sent = Instant::now();
-                let annotations = published.borrow().clone();
+                let mut annotations = published.borrow().clone();
+                if view.borrow().fenced(sent, config.lease_duration) {
+                    // After a gap (this replica fenced, or not running) it claims no
+                    // cluster ready until its owner has decided again what is current.
+                    annotations.insert(super::owner::READY.to_string(), String::new());
+                }
                 match own.renew(&annotations).await {
                     Ok(()) => {
                         if failing.take().is_some() {

@@ -162,8 +162,9 @@ pub struct Owner {
     pub held: watch::Sender<SourceSet>,
     /// What the Lease publishes.
     pub published: watch::Sender<BTreeMap<String, String>>,
-    /// The clusters the engine holds synced, when asked.
-    pub synced: Box<dyn Fn() -> BTreeSet<String> + Send + Sync>,
+    /// The clusters the engine holds synced, when asked (and, given a moment, whose
+    /// streams were all confirmed current since).
+    pub synced: Box<dyn Fn(Option<std::time::Instant>) -> BTreeSet<String> + Send + Sync>,
     /// Where the shard's status goes.
     pub status: watch::Sender<ShardStatus>,
     /// Set when this replica shuts down: it publishes that it is leaving.
@@ -183,6 +184,11 @@ impl Owner {
         let mut unowned_since: BTreeMap<String, Instant> = BTreeMap::new();
         let mut reported: BTreeSet<String> = BTreeSet::new();
         let started = Instant::now();
+        // This loop turns at least every second; a longer gap means the process did
+        // not run (stopped, or starved) and what it holds may be stale: from then on
+        // a cluster is ready again only once its streams are confirmed current.
+        let mut last_turn = started;
+        let mut barrier: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -192,6 +198,12 @@ impl Owner {
                 _ = stop.cancelled() => return,
             }
             let now = Instant::now();
+            let gap = now.saturating_duration_since(last_turn);
+            last_turn = now;
+            if gap > self.config.lease_duration {
+                tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current");
+                barrier = Some(now);
+            }
             let view = self.view.borrow_and_update().clone();
             if first
                 && (!view.observed.listed
@@ -258,7 +270,11 @@ impl Owner {
                     changed
                 });
             }
-            let synced = (self.synced)();
+            let synced = (self.synced)(barrier.map(Instant::into_std));
+            if barrier.is_some() && held.iter().all(|c| synced.contains(c)) {
+                tracing::info!(ring = %self.config.ring, "every cluster held is current again after the pause");
+                barrier = None;
+            }
             let ready: Vec<&str> = held
                 .iter()
                 .filter(|c| synced.contains(*c))

@@ -32,14 +32,15 @@ pub struct Replica {
 impl Replica {
     /// Joins the ring through `api` (the ring's Lease namespace in the coordination
     /// cluster), publishing `advertise`, sharing the clusters of `desired`; `synced`
-    /// tells which held clusters the engine holds synced. Runs until `stop` (then
+    /// tells which held clusters the engine holds synced (and current since a
+    /// moment, when given one). Runs until `stop` (then
     /// releases the Lease).
     pub fn start(
         api: Api<Lease>,
         config: MembershipConfig,
         advertise: String,
         desired: watch::Receiver<SourceSet>,
-        synced: Box<dyn Fn() -> BTreeSet<String> + Send + Sync>,
+        synced: Box<dyn Fn(Option<std::time::Instant>) -> BTreeSet<String> + Send + Sync>,
         stop: CancellationToken,
     ) -> Self {
         let (published_tx, published) = watch::channel(BTreeMap::from([

@@ -1600,3 +1600,121 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
     drop((a, b, c, one, two));
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 6).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let one = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b], &clusters, &log).await;
+    routers_see(&[&one], clusters.len(), 1).await;
+    let members = ["replica-a".to_string(), "replica-b".to_string()];
+    let of_a: Vec<String> = clusters
+        .iter()
+        .filter(|c| fleetscope::shard::assign::owners(c, &members, 1) == ["replica-a"])
+        .cloned()
+        .collect();
+    assert!(!of_a.is_empty());
+
+    let signal = |sig: &str, pid: u32| {
+        let sent = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    let server = |name: &str| {
+        fleet
+            .servers()
+            .iter()
+            .find(|s| s.cluster().name() == name)
+            .unwrap()
+    };
+    // a stops (SIGSTOP); its clusters (but the coordination cluster) change at once,
+    // their watches frozen first: a's connections stay open and bring nothing. Once
+    // a's lease has expired, b takes them up, listing what they hold now.
+    signal("-STOP", a.server.child.id());
+    let stale: Vec<String> = of_a.iter().filter(|c| *c != "sim-1").cloned().collect();
+    assert!(!stale.is_empty(), "{of_a:?}");
+    for c in &stale {
+        server(c).cluster().freeze_watches(true);
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(common::kube_client(&kubeconfig, c).await, "team-1");
+        for i in 0..3 {
+            let cm = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": format!("while-stopped-{i}")}}),
+            )
+            .unwrap();
+            api.create(&Default::default(), &cm).await.unwrap();
+        }
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while b.synced().await.map(|s| s.len()) != Some(4) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b never took a's clusters"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let truth: Vec<(String, String, String)> =
+        common::truth(&fleet, "configmaps").into_keys().collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never whole through b"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // a continues and renews its Lease: it is a member again, but what it holds of
+    // those clusters is what it held before it stopped. Through the router every
+    // answer is the truth (from b) or retryable, never a's stale copy.
+    signal("-CONT", a.server.child.id());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while a.metric("fleetscope_shard_fenced").await != Some(0.0)
+        || a.metric("fleetscope_shard_members").await != Some(2.0)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "a never renewed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut answers = 0;
+    while answers < 20 {
+        match list_through(&[&one], 50).await {
+            Ok(listed) => {
+                assert_eq!(
+                    listed, truth,
+                    "an answer from a's copy, stale since it stopped"
+                );
+                answers += 1;
+            }
+            Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its watches thawed, a catches up and takes its clusters back once each stream
+    // is confirmed current (by a change, as here, or the member's next bookmark).
+    for c in &stale {
+        server(c).cluster().freeze_watches(false);
+    }
+    for c in &of_a {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(common::kube_client(&kubeconfig, c).await, "team-1");
+        let cm =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "after"}})).unwrap();
+        api.create(&Default::default(), &cm).await.unwrap();
+    }
+    let truth: Vec<(String, String, String)> =
+        common::truth(&fleet, "configmaps").into_keys().collect();
+    split(&[&a, &b], &clusters, &log).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
+        assert!(tokio::time::Instant::now() < deadline, "never whole again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop((a, b, one));
+    fleet.shutdown().await;
+}

@@ -414,11 +414,27 @@ impl Engine {
     /// The clusters held listed and watching on every stream (what a replica publishes
     /// as ready to serve).
     pub fn synced_clusters(&self) -> std::collections::BTreeSet<String> {
+        self.synced_since(None)
+    }
+
+    /// The clusters held synced whose every stream was also confirmed current (a
+    /// list, an event, a bookmark, a watch resumed) at or after `since`.
+    pub fn synced_since(
+        &self,
+        since: Option<std::time::Instant>,
+    ) -> std::collections::BTreeSet<String> {
         self.status
             .clusters()
             .into_iter()
             .filter(|c| !c.leaving && c.kept.is_none())
             .filter(|c| c.freshness(None).0 == fleetscope_model::fleet::Freshness::Synced)
+            .filter(|c| {
+                since.is_none_or(|t| {
+                    c.streams
+                        .values()
+                        .all(|(_, s)| s.current_at.is_some_and(|at| at >= t))
+                })
+            })
             .map(|c| c.name.to_string())
             .collect()
     }
