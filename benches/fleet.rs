@@ -1,7 +1,7 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
 //! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|watch-load|router|persist`
-//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
+//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server; `failover` kills a replica with replication factor 1 and 2; `router-fanout` measures Watch delivery through a router against one server) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
 
@@ -1348,6 +1348,13 @@ fn main() {
     if part.is_empty() || part == "router" {
         rt.block_on(router());
     }
+    if part.is_empty() || part == "router-fanout" {
+        rt.block_on(router_fanout());
+    }
+    if part.is_empty() || part == "failover" {
+        rt.block_on(failover(1));
+        rt.block_on(failover(2));
+    }
     // The persistence parts each run in a process of their own, as deployed.
     let persist_parts = ["restart", "ingest", "churn"]
         .into_iter()
@@ -1631,6 +1638,331 @@ async fn router() {
             .map(|r| format!("{:.0} MiB", mib(r.rss())))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+}
+
+/// When each change was written, by (cluster, name): each pod changes once a round.
+type Written = std::collections::HashMap<(String, String), Instant>;
+
+/// Watch fan-out: `FLEET_BENCH_ROUTER_SUBSCRIBERS` (200) Watches of every pod, through
+/// one server and then through a router over three replicas of the same clusters,
+/// while pods change at 50 per second for 10 s: each change's delay from the
+/// cluster's write to each subscriber, p50 and p99, and the events delivered.
+async fn router_fanout() {
+    let clusters = 6;
+    let pods = 2_000;
+    let subscribers = env_usize("FLEET_BENCH_ROUTER_SUBSCRIBERS", 200);
+    let dir = tempfile::tempdir().unwrap();
+    let (servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let total = (clusters * pods) as u64;
+    let kc = kubeconfig.display().to_string();
+    let key = dir.path().join("ring.key");
+    std::fs::write(&key, [3u8; 32]).unwrap();
+    let key = key.display().to_string();
+    let ports: Vec<u16> = (0..5)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let common = [
+        "--kubeconfig",
+        &kc,
+        "--no-persist",
+        "--resources",
+        "pods,namespaces",
+    ];
+    let single_listen = format!("127.0.0.1:{}", ports[0]);
+    let _single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
+    let mut replicas = Vec::new();
+    for (i, p) in ports[1..4].iter().enumerate() {
+        let listen = format!("127.0.0.1:{p}");
+        let identity = format!("replica-{i}");
+        replicas.push(Proc::start(
+            &[
+                &[
+                    "serve",
+                    "--listen",
+                    &listen,
+                    "--shard-advertise",
+                    &listen,
+                    "--shard-ring",
+                    "bench",
+                    "--shard-coordination",
+                    "sim-1",
+                    "--shard-identity",
+                    &identity,
+                    "--shard-page-token-key-file",
+                    &key,
+                    "--shard-lease-namespace",
+                    "ns-0",
+                ][..],
+                &common[..],
+            ]
+            .concat(),
+        ));
+    }
+    let router_listen = format!("127.0.0.1:{}", ports[4]);
+    let _router = Proc::start(&[
+        "router",
+        "--listen",
+        &router_listen,
+        "--kubeconfig",
+        &kc,
+        "--shard-ring",
+        "bench",
+        "--shard-coordination",
+        "sim-1",
+        "--shard-page-token-key-file",
+        &key,
+        "--shard-lease-namespace",
+        "ns-0",
+    ]);
+    for port in [ports[0], ports[4]] {
+        counts_all(&mut client_at(port).await, total).await;
+    }
+    let mut round = 0usize;
+    for (name, port) in [("one server", ports[0]), ("through a router", ports[4])] {
+        round += 1;
+        // When each change was written: (cluster, name, resourceVersion).
+        let written: Arc<std::sync::Mutex<Written>> = Arc::default();
+        let delays: Arc<std::sync::Mutex<Vec<Duration>>> = Arc::default();
+        let mut tasks = Vec::new();
+        let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(subscribers);
+        for _ in 0..subscribers {
+            let mut client = FleetClient::new(channel.clone());
+            let (written, delays, ready) = (written.clone(), delays.clone(), ready_tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut stream = client
+                    .watch(WatchRequest {
+                        query: Some(pods_query()),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let _ = ready.send(()).await;
+                while let Ok(Some(e)) = stream.message().await {
+                    let Some(o) = e.object else { continue };
+                    let at = Instant::now();
+                    let key = (o.cluster, o.name);
+                    let sent = written.lock().unwrap().get(&key).copied();
+                    if let Some(sent) = sent {
+                        delays
+                            .lock()
+                            .unwrap()
+                            .push(at.saturating_duration_since(sent));
+                    }
+                }
+            }));
+        }
+        for _ in 0..subscribers {
+            ready_rx.recv().await.unwrap();
+        }
+        // Let every replica's stream of every subscriber open (through a router, a
+        // Watch is answered once each replica's is).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let changes = 500usize;
+        let t = Instant::now();
+        for i in 0..changes {
+            let s = &servers[i % clusters];
+            let p = (i * 7919 + round) % pods;
+            // Recorded before the write: the event cannot arrive before its time is known.
+            written.lock().unwrap().insert(
+                (s.cluster().name().to_string(), format!("pod-{p}")),
+                Instant::now(),
+            );
+            s.cluster()
+                .store
+                .patch(
+                    "pods",
+                    &format!("ns-{}", p % 10),
+                    &format!("pod-{p}"),
+                    &json!({"metadata": {"labels": {"bench-change": format!("{round}-{i}")}}}),
+                )
+                .unwrap();
+            let due = t + Duration::from_millis(20 * (i as u64 + 1));
+            tokio::time::sleep_until(due.into()).await;
+        }
+        // Every subscriber receives every change (or the wait ends).
+        let want = changes * subscribers;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while delays.lock().unwrap().len() < want && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for t in tasks {
+            t.abort();
+        }
+        let mut d = delays.lock().unwrap().clone();
+        let got = d.len();
+        println!(
+            "router-fanout: {subscribers} Watches of every pod ({clusters} clusters x {pods}), 500 changes at 50/s, {name}: {got} of {want} events; delay p50 {:.1} ms, p99 {:.1} ms",
+            percentile(&mut d, 0.5).as_secs_f64() * 1e3,
+            percentile(&mut d, 0.99).as_secs_f64() * 1e3
+        );
+    }
+    drop(replicas);
+}
+
+/// Three replicas (replication factor `replication`, the default lease duration of
+/// 15 s) behind a router over 6 clusters of pods; the replica serving the most
+/// clusters is killed (SIGKILL) while a Watch through the router follows every pod:
+/// how long until every cluster is served again through the router, and how many
+/// clusters that Watch was sent anew (RESET).
+async fn failover(replication: usize) {
+    let clusters = 6;
+    let pods = env_usize("FLEET_BENCH_ROUTER_PODS", 20_000);
+    let total = (clusters * pods) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let kc = kubeconfig.display().to_string();
+    let key = dir.path().join("ring.key");
+    std::fs::write(&key, [3u8; 32]).unwrap();
+    let key = key.display().to_string();
+    let ports: Vec<u16> = (0..4)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let rf = replication.to_string();
+    let mut replicas = Vec::new();
+    for (i, p) in ports[..3].iter().enumerate() {
+        let listen = format!("127.0.0.1:{p}");
+        let identity = format!("replica-{i}");
+        replicas.push(Some(Proc::start(&[
+            "serve",
+            "--kubeconfig",
+            &kc,
+            "--no-persist",
+            "--resources",
+            "pods,namespaces",
+            "--listen",
+            &listen,
+            "--shard-advertise",
+            &listen,
+            "--shard-ring",
+            "bench",
+            "--shard-coordination",
+            "sim-1",
+            "--shard-identity",
+            &identity,
+            "--shard-page-token-key-file",
+            &key,
+            "--shard-lease-namespace",
+            "ns-0",
+            "--shard-replication",
+            &rf,
+        ])));
+    }
+    let router_listen = format!("127.0.0.1:{}", ports[3]);
+    let _router = Proc::start(&[
+        "router",
+        "--listen",
+        &router_listen,
+        "--kubeconfig",
+        &kc,
+        "--shard-ring",
+        "bench",
+        "--shard-coordination",
+        "sim-1",
+        "--shard-page-token-key-file",
+        &key,
+        "--shard-lease-namespace",
+        "ns-0",
+    ]);
+    let mut routed = client_at(ports[3]).await;
+    counts_all(&mut routed, total).await;
+    // Every cluster with all its owners ready, as the router sees them.
+    let owners = loop {
+        if let Ok(r) = routed
+            .list_clusters(proto::ListClustersRequest::default())
+            .await
+            && r.get_ref().clusters.len() == clusters
+            && r.get_ref()
+                .clusters
+                .iter()
+                .all(|c| c.owners.len() == replication)
+        {
+            break r.into_inner().clusters;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // A Watch of every pod through the router, counting what it is sent.
+    let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut stream = routed
+        .watch(WatchRequest {
+            query: Some(pods_query()),
+            send_initial_events: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        let e = stream.message().await.unwrap().unwrap();
+        if e.r#type == proto::EventType::InitialEventsEnd as i32 {
+            break;
+        }
+    }
+    let counted = resets.clone();
+    let watching = tokio::spawn(async move {
+        while let Ok(Some(e)) = stream.message().await {
+            if e.r#type == proto::EventType::Reset as i32 {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    // The replica serving the most clusters.
+    let mut served: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &owners {
+        *served.entry(c.owners[0].clone()).or_default() += 1;
+    }
+    let (victim, n) = served.iter().max_by_key(|(_, n)| **n).unwrap();
+    let i: usize = victim.trim_start_matches("replica-").parse().unwrap();
+    let t = Instant::now();
+    drop(replicas[i].take());
+    // Served again: every cluster counted whole through the router.
+    let mut first_gap: Option<Duration> = None;
+    loop {
+        match routed
+            .count(proto::CountRequest {
+                query: Some(pods_query()),
+                group_by: vec![],
+            })
+            .await
+        {
+            Ok(r) if r.get_ref().total == total && !r.get_ref().partial => break,
+            _ => {
+                first_gap.get_or_insert(t.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served_again = t.elapsed();
+    // Settled: the survivors hold every cluster as the assignment over them wants.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watching.abort();
+    println!(
+        "failover: replication {replication}, {clusters} clusters x {pods} pods, lease 15 s: SIGKILL of {victim} (serving {n} clusters) -> {} through the router {:.1} s after the kill; a routed Watch was sent {} cluster(s) anew",
+        if first_gap.is_some() {
+            "every cluster served again"
+        } else {
+            "no answer missed a cluster; all served"
+        },
+        served_again.as_secs_f64(),
+        resets.load(std::sync::atomic::Ordering::Relaxed)
     );
 }
 

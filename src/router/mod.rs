@@ -94,6 +94,16 @@ impl Router {
     /// it ready, the one the rendezvous weighs highest (not leaving, when any is not),
     /// so every router picks the same one.
     fn serving(members: &[Member]) -> BTreeMap<String, &Member> {
+        Self::holders(members)
+            .into_iter()
+            .filter_map(|(cluster, holders)| Some((cluster, *holders.first()?)))
+            .collect()
+    }
+
+    /// Each cluster's ready holders, in the order they serve it: those not leaving
+    /// first, each group by rendezvous weight. The first serves; the next take a
+    /// request the first cannot answer (killed, before its Lease expires).
+    fn holders(members: &[Member]) -> BTreeMap<String, Vec<&Member>> {
         let mut ready: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
         for m in members {
             for c in owner::ready_of(m) {
@@ -102,19 +112,16 @@ impl Router {
         }
         ready
             .into_iter()
-            .filter_map(|(cluster, holders)| {
-                let staying: Vec<&Member> = holders
+            .map(|(cluster, holders)| {
+                let ids: Vec<String> = holders.iter().map(|m| m.identity.clone()).collect();
+                let ranked = crate::shard::assign::owners(cluster, &ids, ids.len());
+                let mut ordered: Vec<&Member> = ranked
                     .iter()
-                    .copied()
-                    .filter(|m| !owner::leaving(m))
+                    .filter_map(|id| holders.iter().copied().find(|m| m.identity == *id))
                     .collect();
-                let pool = if staying.is_empty() { holders } else { staying };
-                let ids: Vec<String> = pool.iter().map(|m| m.identity.clone()).collect();
-                let first = crate::shard::assign::owners(cluster, &ids, 1)
-                    .first()
-                    .copied()?;
-                let member = pool.into_iter().find(|m| m.identity == first)?;
-                Some((cluster.to_string(), member))
+                // Stable: the rendezvous order within each group.
+                ordered.sort_by_key(|m| owner::leaving(m));
+                (cluster.to_string(), ordered)
             })
             .collect()
     }
@@ -151,6 +158,66 @@ impl Router {
             }
         }
         plan
+    }
+
+    /// `call` made for every cluster `filter`'s names select, once per replica with
+    /// the clusters it serves; a replica that cannot answer (`UNAVAILABLE`: killed,
+    /// before its Lease expires) has its clusters asked of their next holders.
+    async fn spread<'m, T, F, Fut>(
+        &self,
+        members: &'m [Member],
+        filter: &ClusterFilter,
+        call: F,
+    ) -> Result<Vec<T>, FleetError>
+    where
+        F: Fn(&'m Member, Vec<String>) -> Fut,
+        Fut: Future<Output = Result<T, FleetError>>,
+    {
+        let holders = Self::holders(members);
+        let mut failed: BTreeSet<&str> = BTreeSet::new();
+        let mut todo: Vec<&str> = holders
+            .keys()
+            .filter(|c| filter.names_match(c))
+            .map(String::as_str)
+            .collect();
+        let mut out = Vec::new();
+        let mut last: Option<FleetError> = None;
+        while !todo.is_empty() {
+            let mut plan: BTreeMap<&str, (&'m Member, Vec<String>)> = BTreeMap::new();
+            for c in todo.drain(..) {
+                let Some(m) = holders[c]
+                    .iter()
+                    .find(|m| !failed.contains(m.identity.as_str()))
+                else {
+                    return Err(last.unwrap_or_else(|| self.no_owner(c)));
+                };
+                plan.entry(m.identity.as_str())
+                    .or_insert_with(|| (*m, Vec::new()))
+                    .1
+                    .push(c.to_string());
+            }
+            let calls = plan
+                .values()
+                .map(|(member, clusters)| call(member, clusters.clone()));
+            let answers = futures::future::join_all(calls).await;
+            for ((identity, (_, clusters)), answer) in plan.into_iter().zip(answers) {
+                match answer {
+                    Ok(t) => out.push(t),
+                    Err(FleetError::Unavailable(why)) => {
+                        tracing::debug!(replica = %identity, %why, "a replica could not answer: asking its clusters' next holders");
+                        failed.insert(identity);
+                        todo.extend(
+                            clusters
+                                .iter()
+                                .filter_map(|c| holders.get_key_value(c).map(|(k, _)| k.as_str())),
+                        );
+                        last = Some(FleetError::Unavailable(why));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// A client for `member`, over the channel kept for its address.
@@ -292,10 +359,29 @@ impl Fleet for Router {
                 Projection::Metadata => proto::Projection::Metadata,
             } as i32,
         };
-        let request = self.request(message, &r.access);
-        let answer = self
-            .ask(member, |mut c| async move { c.get(request).await })
-            .await?;
+        // The next holder answers when the serving one cannot (killed, say, before
+        // its Lease expires).
+        let holders = Self::holders(&members);
+        let mut answer = None;
+        let mut member = *member;
+        for m in holders.get(&r.cluster).into_iter().flatten() {
+            let request = self.request(message.clone(), &r.access);
+            match self
+                .ask(m, |mut c| async move { c.get(request).await })
+                .await
+            {
+                Err(FleetError::Unavailable(why)) => {
+                    tracing::debug!(replica = %m.identity, %why, "a holder could not answer a Get: asking the next");
+                    answer = Some(Err(FleetError::Unavailable(why)));
+                }
+                other => {
+                    member = m;
+                    answer = Some(other);
+                    break;
+                }
+            }
+        }
+        let answer = answer.unwrap_or_else(|| Err(self.no_owner(&r.cluster)))?;
         let object = answer.object.ok_or_else(|| {
             FleetError::Unavailable(format!(
                 "replica {} answered without the object",
@@ -437,7 +523,6 @@ impl Fleet for Router {
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
         let members = self.members()?;
         let serving = Self::serving(&members);
-        let plan = Self::plan(&r.query.clusters, &serving);
         let group_by: Vec<String> = r
             .group_by
             .iter()
@@ -448,15 +533,16 @@ impl Fleet for Router {
                 fleetscope_model::GroupBy::Field(p) => format!("field:{p}"),
             })
             .collect();
-        let calls = plan.values().map(|(member, clusters)| {
-            let message = proto::CountRequest {
-                query: Some(convert::query_out(&r.query, Projection::Full, clusters)),
-                group_by: group_by.clone(),
-            };
-            let request = self.request(message, &r.access);
-            self.ask(member, |mut c| async move { c.count(request).await })
-        });
-        let answers = futures::future::try_join_all(calls).await?;
+        let answers = self
+            .spread(&members, &r.query.clusters, |member, clusters| {
+                let message = proto::CountRequest {
+                    query: Some(convert::query_out(&r.query, Projection::Full, &clusters)),
+                    group_by: group_by.clone(),
+                };
+                let request = self.request(message, &r.access);
+                self.ask(member, |mut c| async move { c.count(request).await })
+            })
+            .await?;
         let mut groups: BTreeMap<Vec<String>, u64> = BTreeMap::new();
         let mut total = 0;
         let mut clusters = Vec::new();
@@ -513,29 +599,29 @@ impl Fleet for Router {
     ) -> Result<ClustersAnswer, FleetError> {
         let members = self.members()?;
         let serving = Self::serving(&members);
-        let plan = Self::plan(&filter, &serving);
-        let calls = plan.values().map(|(member, clusters)| {
-            let message = proto::ListClustersRequest {
-                clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
-            };
-            let request = self.request(message, access);
-            async move {
-                let answer = self
-                    .ask(
-                        member,
-                        |mut c| async move { c.list_clusters(request).await },
-                    )
-                    .await?;
-                Ok::<_, FleetError>((member.identity.clone(), answer))
-            }
-        });
-        let answers = futures::future::try_join_all(calls).await?;
+        let answers = self
+            .spread(&members, &filter, |member, clusters| {
+                let message = proto::ListClustersRequest {
+                    clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
+                };
+                let request = self.request(message, access);
+                async move {
+                    let answer = self
+                        .ask(
+                            member,
+                            |mut c| async move { c.list_clusters(request).await },
+                        )
+                        .await?;
+                    Ok::<_, FleetError>((member.identity.clone(), clusters, answer))
+                }
+            })
+            .await?;
         let mut out = ClustersAnswer::default();
-        for (identity, answer) in answers {
+        for (identity, asked, answer) in answers {
             for c in answer.clusters {
-                // Only the serving replica's report (another may still hold the
-                // cluster while handing it over).
-                if serving.get(&c.name).is_none_or(|m| m.identity != identity) {
+                // Only the report of the replica asked for the cluster (another may
+                // still hold it while handing it over).
+                if !asked.contains(&c.name) {
                     continue;
                 }
                 let mut info = convert::cluster_in(c);

@@ -219,67 +219,85 @@ impl Routed {
     /// `strict`: a failure to open a stream is the Watch's (at its start).
     async fn follow(&mut self, strict: bool) -> Result<(), FleetError> {
         let members = self.router.members()?;
-        let serving = Router::serving(&members);
-        // Who holds each cluster ready and stays: a stream from any of them goes on
-        // (a holder ranked higher appearing is no reason to move).
-        let mut holding: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-        for m in members.iter().filter(|m| !crate::shard::owner::leaving(m)) {
-            for c in crate::shard::owner::ready_of(m) {
-                holding.entry(c).or_default().insert(m.identity.as_str());
-            }
-        }
-        let mut wanted: BTreeMap<String, (crate::shard::lease::Member, Vec<String>)> =
-            BTreeMap::new();
-        for (cluster, member) in &serving {
+        let holders = Router::holders(&members);
+        // A stream from any holder that stays goes on (a holder ranked higher
+        // appearing is no reason to move).
+        let mut to_follow: Vec<&String> = Vec::new();
+        for (cluster, ready) in &holders {
             if !self.query.clusters.names_match(cluster) {
                 continue;
             }
             let current = self.owner.get(cluster).is_some_and(|(id, g)| {
                 self.live.contains_key(g)
-                    && holding
-                        .get(cluster.as_str())
-                        .is_some_and(|h| h.contains(id.as_str()))
+                    && ready
+                        .iter()
+                        .any(|m| m.identity == *id && !crate::shard::owner::leaving(m))
             });
             if !current {
+                to_follow.push(cluster);
+            }
+        }
+        // Each from its first holder; from the next when that one cannot be reached
+        // (killed, before its Lease expires).
+        let mut failed: BTreeSet<String> = BTreeSet::new();
+        let mut last_error: Option<FleetError> = None;
+        while !to_follow.is_empty() {
+            let mut wanted: BTreeMap<String, (crate::shard::lease::Member, Vec<String>)> =
+                BTreeMap::new();
+            for cluster in std::mem::take(&mut to_follow) {
+                let Some(member) = holders[cluster]
+                    .iter()
+                    .find(|m| !failed.contains(&m.identity))
+                else {
+                    // Every holder failed: at the start that is the Watch's answer;
+                    // later, the next look tries again.
+                    if strict && let Some(e) = last_error.take() {
+                        return Err(e);
+                    }
+                    continue;
+                };
                 wanted
                     .entry(member.identity.clone())
                     .or_insert_with(|| ((*member).clone(), Vec::new()))
                     .1
                     .push(cluster.clone());
             }
-        }
-        for (identity, (member, clusters)) in wanted {
-            let start_positions = clusters
-                .iter()
-                .map(|c| proto::StreamPosition {
-                    cluster: c.clone(),
-                    resource: self.query.resource.clone(),
-                    resource_version: self
-                        .positions
-                        .get(c)
-                        .map(|rv| rv.to_string())
-                        .unwrap_or_default(),
-                })
-                .collect();
-            let message = proto::WatchRequest {
-                query: Some(convert::query_out(&self.query, self.projection, &clusters)),
-                report_positions: true,
-                start_positions,
-                ..proto::WatchRequest::default()
-            };
-            let request = self.router.request(message, &self.access);
-            let opened = self
-                .router
-                .ask(&member, |mut c| async move { c.watch(request).await })
-                .await;
-            match opened {
-                Ok(stream) => {
-                    tracing::debug!(replica = %identity, clusters = ?clusters, "a routed Watch follows clusters from a replica");
-                    self.add(identity, &clusters, stream);
-                }
-                Err(e) if strict || permanent(&e) => return Err(e),
-                Err(e) => {
-                    tracing::debug!(replica = %identity, error = %e, "a routed Watch could not follow clusters yet: retrying");
+            for (identity, (member, clusters)) in wanted {
+                let start_positions = clusters
+                    .iter()
+                    .map(|c| proto::StreamPosition {
+                        cluster: c.clone(),
+                        resource: self.query.resource.clone(),
+                        resource_version: self
+                            .positions
+                            .get(c)
+                            .map(|rv| rv.to_string())
+                            .unwrap_or_default(),
+                    })
+                    .collect();
+                let message = proto::WatchRequest {
+                    query: Some(convert::query_out(&self.query, self.projection, &clusters)),
+                    report_positions: true,
+                    start_positions,
+                    ..proto::WatchRequest::default()
+                };
+                let request = self.router.request(message, &self.access);
+                let opened = self
+                    .router
+                    .ask(&member, |mut c| async move { c.watch(request).await })
+                    .await;
+                match opened {
+                    Ok(stream) => {
+                        tracing::debug!(replica = %identity, clusters = ?clusters, "a routed Watch follows clusters from a replica");
+                        self.add(identity, &clusters, stream);
+                    }
+                    Err(e) if permanent(&e) => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(replica = %identity, error = %e, "a routed Watch could not follow clusters from a replica: trying the next holder");
+                        failed.insert(identity);
+                        last_error = Some(e);
+                        to_follow.extend(holders.keys().filter(|c| clusters.contains(c)));
+                    }
                 }
             }
         }

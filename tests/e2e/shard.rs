@@ -252,6 +252,8 @@ struct Replica {
     server: common::process::Server,
     metrics: String,
     identity: String,
+    /// The address it publishes on its Lease.
+    advertise: String,
 }
 
 impl Replica {
@@ -297,10 +299,13 @@ impl Replica {
         ];
         args.extend_from_slice(more);
         let server = common::process::Server::start_at(port, kubeconfig, &args, log, &[]);
+        // Listening before anything else picks a free port: none can be given this one.
+        listening(port, log);
         Self {
             server,
             metrics,
             identity: identity.into(),
+            advertise,
         }
     }
 
@@ -572,6 +577,20 @@ async fn a_second_replica_given_the_same_identity_serves_nothing_and_says_why() 
     fleet.shutdown().await;
 }
 
+/// Waits (up to [`PATIENCE`]) until something listens on loopback `port`: a process
+/// started on it has bound it, so no later free port can be this one.
+fn listening(port: u16, log: &std::path::Path) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {port}; log: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A `fleetscope router` process over the ring `RING`, killed when dropped.
 struct RouterProcess {
     child: std::process::Child,
@@ -579,9 +598,10 @@ struct RouterProcess {
 }
 
 impl RouterProcess {
-    fn start(kubeconfig: &std::path::Path, log: &std::path::Path) -> Self {
+    fn start(kubeconfig: &std::path::Path, log_path: &std::path::Path) -> Self {
         let port = common::process::free_port();
-        let log = std::fs::OpenOptions::new()
+        let log = log_path;
+        let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
@@ -595,9 +615,10 @@ impl RouterProcess {
             .arg(kubeconfig.with_file_name("page-token.key"))
             .env("RUST_LOG", "info,fleetscope::router=debug")
             .stdout(std::process::Stdio::null())
-            .stderr(log)
+            .stderr(log_file)
             .spawn()
             .unwrap();
+        listening(port, log);
         Self { child, port }
     }
 
@@ -1716,5 +1737,116 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop((a, b, one));
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_edited_to_garbage_or_raced_leave_the_ring_whole() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(6, 4).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=6).map(|i| format!("sim-{i}")).collect();
+    let mut replicas = vec![
+        Replica::start(&kubeconfig, "replica-a", &log),
+        Replica::start(&kubeconfig, "replica-b", &log),
+        Replica::start(&kubeconfig, "replica-c", &log),
+    ];
+    let one = RouterProcess::start(&kubeconfig, &log);
+    split(&[&replicas[0], &replicas[1], &replicas[2]], &clusters, &log).await;
+    routers_see(&[&one], clusters.len(), 1).await;
+    let total = common::truth(&fleet, "configmaps").len() as u64;
+    let leases: Api<Lease> =
+        Api::namespaced(common::kube_client(&kubeconfig, "sim-1").await, "default");
+
+    // A Lease of the ring made by hand, full of garbage: a holder nobody runs, an
+    // address that is none, clusters claimed ready that it does not hold.
+    let bogus: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("{RING}-bogus"),
+            "labels": {"fleetscope.io/ring": RING},
+            "annotations": {
+                "fleetscope.io/address": "not an address",
+                "fleetscope.io/ready": "sim-1,,%%%,sim-99",
+                "fleetscope.io/held": "\u{0}garbage",
+                "fleetscope.io/instance": "?"
+            }
+        },
+        "spec": {"holderIdentity": "bogus", "leaseDurationSeconds": 3,
+                 "renewTime": "2020-01-01T00:00:00.000000Z"}
+    }))
+    .unwrap();
+    leases.create(&Default::default(), &bogus).await.unwrap();
+    // replica-a's own Lease edited to garbage: its annotations and duration.
+    let name = format!("{RING}-replica-a");
+    let mut own = leases.get(&name).await.unwrap();
+    own.metadata.annotations = Some(
+        [
+            ("fleetscope.io/address", "::::"),
+            ("fleetscope.io/ready", ",,,"),
+            ("fleetscope.io/instance", "not-its-own"),
+            ("fleetscope.io/leaving", "maybe"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    if let Some(spec) = own.spec.as_mut() {
+        spec.lease_duration_seconds = Some(0);
+    }
+    leases
+        .replace(&name, &Default::default(), &own)
+        .await
+        .unwrap();
+
+    // Races under load: replica-b's Lease changed under it again and again (each
+    // change makes its next renewal a conflict, never an overwrite).
+    let raced = format!("{RING}-replica-b");
+    for i in 0..20 {
+        let mut l = leases.get(&raced).await.unwrap();
+        l.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("touched".into(), i.to_string());
+        let _ = leases.replace(&raced, &Default::default(), &l).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Nothing crashes, and the ring is whole again: every replica holds its share,
+    // every configmap is counted through the router.
+    for r in &mut replicas {
+        r.server.assert_running(&log);
+    }
+    split(&[&replicas[0], &replicas[1], &replicas[2]], &clusters, &log).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let counted = one
+            .client()
+            .await
+            .count(fleetscope::proto::CountRequest {
+                query: Some(configmaps_query()),
+                group_by: vec![],
+            })
+            .await;
+        if let Ok(c) = &counted
+            && c.get_ref().total == total
+            && !c.get_ref().partial
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never whole again: {counted:?}; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // replica-a's Lease is its own again.
+    let own = leases.get(&name).await.unwrap();
+    let annotations = own.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("fleetscope.io/address").map(String::as_str),
+        Some(replicas[0].advertise.as_str()),
+        "{annotations:?}"
+    );
+    drop((replicas, one));
     fleet.shutdown().await;
 }
