@@ -213,8 +213,12 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let replica = match membership {
         None => None,
         Some((membership, advertise, source)) => {
-            let (client, _) =
-                fleetscope_informer::source::client(&source, args.engine.exec_timeout).await?;
+            let client = crate::shard::coordination::client(
+                &source,
+                args.engine.exec_timeout,
+                reload.clone(),
+            )
+            .await?;
             let api = kube::Api::namespaced(client, &args.shard.shard_lease_namespace);
             let engine = fleet.clone();
             Some(crate::shard::replica::Replica::start(
@@ -334,9 +338,9 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
     let upstream_tls = args.upstream_tls()?;
     check_security(&args.security, &kubeconfigs)?;
     let listener = server::bind(&args.listen).await?;
-    let (client, _) = fleetscope_informer::source::client(&source, EXEC_TIMEOUT).await?;
-    let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
     let stop = tokio_util::sync::CancellationToken::new();
+    let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
+    let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
     let (observed_tx, observed) =
         tokio::sync::watch::channel(crate::shard::lease::Observed::default());
     crate::tasks::spawn(

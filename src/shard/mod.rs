@@ -4,6 +4,7 @@
 //! ([`assign`]), and each runs the clusters it holds ([`owner`]).
 
 pub mod assign;
+pub mod coordination;
 pub mod lease;
 pub mod member;
 pub mod owner;

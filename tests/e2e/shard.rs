@@ -1129,6 +1129,52 @@ async fn subscribe_to(
     }
 }
 
+/// Configmaps changing in every cluster ([`churn`]), and what has been made.
+struct Churning {
+    made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Churning {
+    fn start(kubeconfig: &std::path::Path, clusters: &[String]) -> Self {
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(churn(
+            kubeconfig.to_path_buf(),
+            clusters.to_vec(),
+            made.clone(),
+            stop.clone(),
+        ));
+        Self { made, stop, task }
+    }
+
+    /// Waits until `n` more changes were made and `seen` has received some.
+    async fn progress(&self, seen: &std::sync::Arc<std::sync::Mutex<Seen>>, n: usize) {
+        use std::sync::atomic::Ordering;
+        let from = self.made.load(Ordering::Relaxed);
+        let received = seen.lock().unwrap().changes;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.made.load(Ordering::Relaxed) < from + n
+            || seen.lock().unwrap().changes <= received
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no progress: {} made since {from}; {:?}",
+                self.made.load(Ordering::Relaxed),
+                seen.lock().unwrap(),
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the changes.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+    }
+}
+
 /// Creates, modifies and deletes configmaps in every cluster until stopped,
 /// counting the changes made.
 async fn churn(
@@ -1176,7 +1222,6 @@ async fn churn(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_routers() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 10).await;
     let log = dir.path().join("ring.log");
     let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
@@ -1195,34 +1240,8 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
         seen.clone(),
         stop.clone(),
     ));
-    let made = Arc::new(AtomicUsize::new(0));
-    let churning = tokio_util::sync::CancellationToken::new();
-    let churner = tokio::spawn(churn(
-        kubeconfig.clone(),
-        clusters.clone(),
-        made.clone(),
-        churning.clone(),
-    ));
-    // Waits until `n` more changes were made and the subscriber has received some.
-    let progress = |n: usize| {
-        let (made, seen, log) = (made.clone(), seen.clone(), log.clone());
-        async move {
-            let (from, received) = (made.load(Ordering::Relaxed), seen.lock().unwrap().changes);
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            while made.load(Ordering::Relaxed) < from + n
-                || seen.lock().unwrap().changes <= received
-            {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "no progress: {} made since {from}; {:?}; log: {}",
-                    made.load(Ordering::Relaxed),
-                    seen.lock().unwrap(),
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let churning = Churning::start(&kubeconfig, &clusters);
+    let progress = |n: usize| churning.progress(&seen, n);
     progress(20).await;
 
     // The router the subscriber is on is killed: it resumes on the other.
@@ -1242,8 +1261,7 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     assert!(term.success());
     split(&[&c], &clusters, &log).await;
     progress(20).await;
-    churning.cancel();
-    churner.await.unwrap();
+    churning.stop().await;
 
     // Once the changes stop, the subscriber holds exactly the clusters' truth.
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -1290,7 +1308,6 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_list() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 10).await;
     let log = dir.path().join("ring.log");
     let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
@@ -1339,27 +1356,8 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
         seen.clone(),
         stop.clone(),
     ));
-    let made = Arc::new(AtomicUsize::new(0));
-    let churning = tokio_util::sync::CancellationToken::new();
-    let churner = tokio::spawn(churn(
-        kubeconfig.clone(),
-        clusters.clone(),
-        made.clone(),
-        churning.clone(),
-    ));
-    let progress = |n: usize| {
-        let (made, seen) = (made.clone(), seen.clone());
-        async move {
-            let (from, received) = (made.load(Ordering::Relaxed), seen.lock().unwrap().changes);
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            while made.load(Ordering::Relaxed) < from + n
-                || seen.lock().unwrap().changes <= received
-            {
-                assert!(tokio::time::Instant::now() < deadline, "no progress");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let churning = Churning::start(&kubeconfig, &clusters);
+    let progress = |n: usize| churning.progress(&seen, n);
     progress(30).await;
     let [a, b, c] = replicas;
     let lists_before = (b.lists().await.unwrap(), c.lists().await.unwrap());
@@ -1378,8 +1376,7 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     progress(30).await;
-    churning.cancel();
-    churner.await.unwrap();
+    churning.stop().await;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let truth = common::truth(&fleet, "configmaps");
@@ -1462,7 +1459,6 @@ fn truth_where(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(8, 6).await;
     let log = dir.path().join("ring.log");
     let clusters: Vec<String> = (1..=8).map(|i| format!("sim-{i}")).collect();
@@ -1507,28 +1503,9 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
         let task = tokio::spawn(subscribe_to(q, ports, seen.clone(), stop.clone()));
         running.push((seen, select, task));
     }
-    let made = Arc::new(AtomicUsize::new(0));
-    let churning = tokio_util::sync::CancellationToken::new();
-    let churner = tokio::spawn(churn(
-        kubeconfig.clone(),
-        clusters.clone(),
-        made.clone(),
-        churning.clone(),
-    ));
     let seen_all = running[0].0.clone();
-    let progress = |n: usize| {
-        let (made, seen) = (made.clone(), seen_all.clone());
-        async move {
-            let (from, received) = (made.load(Ordering::Relaxed), seen.lock().unwrap().changes);
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            while made.load(Ordering::Relaxed) < from + n
-                || seen.lock().unwrap().changes <= received
-            {
-                assert!(tokio::time::Instant::now() < deadline, "no progress");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let churning = Churning::start(&kubeconfig, &clusters);
+    let progress = |n: usize| churning.progress(&seen_all, n);
     progress(40).await;
 
     // 3 → 4: the fourth replica takes about a quarter of the clusters, and nothing
@@ -1569,8 +1546,7 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
     assert!(term.success());
     split(&[&a, &b, &c], &clusters, &log).await;
     progress(40).await;
-    churning.cancel();
-    churner.await.unwrap();
+    churning.stop().await;
 
     for (i, (seen, select, _)) in running.iter().enumerate() {
         let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -1848,5 +1824,71 @@ async fn leases_edited_to_garbage_or_raced_leave_the_ring_whole() {
         "{annotations:?}"
     );
     drop((replicas, one));
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordination_cluster_s_expiring_exec_credential_is_renewed_ahead_of_expiry() {
+    use std::os::unix::fs::PermissionsExt;
+    let (fleet, dir, _) = common::fleet_with_kubeconfig(1, 0).await;
+    let log = dir.path().join("router.log");
+    // The coordination cluster's user runs a plugin that counts its runs and gives
+    // the cluster's token, expiring in 65 s: it is run again about 10 s after start.
+    let runs = dir.path().join("runs");
+    let mut contexts = fleet.contexts();
+    let token = contexts[0].token.clone();
+    let plugin = dir.path().join("credential.sh");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\necho run >> {runs}\nexp=$(date -u -d '+65 seconds' +%Y-%m-%dT%H:%M:%SZ)\nprintf '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"{token}\",\"expirationTimestamp\":\"%s\"}}}}' \"$exp\"\n",
+            runs = runs.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    contexts.truncate(1);
+    let mut kc = fleetscope_sim::kubeconfig(&contexts);
+    kc["users"][0]["user"] = serde_json::json!({
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": plugin.display().to_string(),
+            "interactiveMode": "Never",
+        }
+    });
+    let kubeconfig = dir.path().join("exec.kubeconfig");
+    std::fs::write(&kubeconfig, kc.to_string()).unwrap();
+    std::fs::write(kubeconfig.with_file_name("page-token.key"), [7u8; 32]).unwrap();
+    let one = RouterProcess::start(&kubeconfig, &log);
+    let count = || {
+        std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while count() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the credential was never renewed; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The router reads the ring's Leases with it, before and after.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let answer = one
+            .client()
+            .await
+            .list_clusters(fleetscope::proto::ListClustersRequest::default())
+            .await;
+        if answer.is_ok() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{answer:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(one);
     fleet.shutdown().await;
 }
