@@ -1523,47 +1523,36 @@ async fn list_everything(client: &mut Client) -> (Duration, usize) {
     }
 }
 
-/// The same pods served by one `serve` and by three replicas behind a router (release
-/// binaries on loopback, plaintext): what the router adds to each RPC, a merged List
-/// of everything, and each replica's memory against the single server's.
-async fn router() {
-    let clusters = 6;
-    let pods = env_usize("FLEET_BENCH_ROUTER_PODS", 20_000);
-    let total = (clusters * pods) as u64;
-    let dir = tempfile::tempdir().unwrap();
-    let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
-    let kc = kubeconfig.display().to_string();
-    let key = dir.path().join("ring.key");
-    std::fs::write(&key, [3u8; 32]).unwrap();
-    let key = key.display().to_string();
-    let port = |_| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let ports: Vec<u16> = (0..5).map(port).collect();
-    let common = [
-        "--kubeconfig",
-        &kc,
-        "--no-persist",
-        "--resources",
-        "pods,namespaces",
-    ];
-    let single_listen = format!("127.0.0.1:{}", ports[0]);
-    let single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
-    let mut one = client_at(ports[0]).await;
-    let t = Instant::now();
-    counts_all(&mut one, total).await;
-    let single_sync = t.elapsed();
-    let mut replicas = Vec::new();
-    for (i, p) in ports[1..4].iter().enumerate() {
-        let listen = format!("127.0.0.1:{p}");
-        let identity = format!("replica-{i}");
-        replicas.push(Proc::start(
-            &[
-                &[
+/// Three replicas of the ring `bench` (`serve --shard-ring`, coordinated in `sim-1`'s
+/// namespace `ns-0`, each with `common` and `--shard-replication replication`) and one
+/// router over them, release binaries on loopback; the processes are killed when
+/// dropped.
+struct Ring {
+    replicas: Vec<Option<Proc>>,
+    _router: Proc,
+    router_port: u16,
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Ring {
+    fn start(kubeconfig: &str, common: &[&str], replication: usize) -> Self {
+        let dir = std::path::Path::new(kubeconfig).with_file_name("ring.key");
+        std::fs::write(&dir, [3u8; 32]).unwrap();
+        let key = dir.display().to_string();
+        let rf = replication.to_string();
+        let replicas = (0..3)
+            .map(|i| {
+                let listen = format!("127.0.0.1:{}", free_port());
+                let identity = format!("replica-{i}");
+                let shard = [
                     "serve",
                     "--listen",
                     &listen,
@@ -1579,29 +1568,63 @@ async fn router() {
                     &key,
                     "--shard-lease-namespace",
                     "ns-0",
-                ][..],
-                &common[..],
-            ]
-            .concat(),
-        ));
+                    "--shard-replication",
+                    &rf,
+                ];
+                Some(Proc::start(&[&shard[..], common].concat()))
+            })
+            .collect();
+        let router_port = free_port();
+        let router_listen = format!("127.0.0.1:{router_port}");
+        let router = Proc::start(&[
+            "router",
+            "--listen",
+            &router_listen,
+            "--kubeconfig",
+            kubeconfig,
+            "--shard-ring",
+            "bench",
+            "--shard-coordination",
+            "sim-1",
+            "--shard-page-token-key-file",
+            &key,
+            "--shard-lease-namespace",
+            "ns-0",
+        ]);
+        Self {
+            replicas,
+            _router: router,
+            router_port,
+        }
     }
-    let router_listen = format!("127.0.0.1:{}", ports[4]);
-    let _router = Proc::start(&[
-        "router",
-        "--listen",
-        &router_listen,
+}
+
+/// The same pods served by one `serve` and by three replicas behind a router (release
+/// binaries on loopback, plaintext): what the router adds to each RPC, a merged List
+/// of everything, and each replica's memory against the single server's.
+async fn router() {
+    let clusters = 6;
+    let pods = env_usize("FLEET_BENCH_ROUTER_PODS", 20_000);
+    let total = (clusters * pods) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let kc = kubeconfig.display().to_string();
+    let single_port = free_port();
+    let common = [
         "--kubeconfig",
         &kc,
-        "--shard-ring",
-        "bench",
-        "--shard-coordination",
-        "sim-1",
-        "--shard-page-token-key-file",
-        &key,
-        "--shard-lease-namespace",
-        "ns-0",
-    ]);
-    let mut routed = client_at(ports[4]).await;
+        "--no-persist",
+        "--resources",
+        "pods,namespaces",
+    ];
+    let single_listen = format!("127.0.0.1:{single_port}");
+    let single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
+    let mut one = client_at(single_port).await;
+    let t = Instant::now();
+    counts_all(&mut one, total).await;
+    let single_sync = t.elapsed();
+    let ring = Ring::start(&kc, &common, 1);
+    let mut routed = client_at(ring.router_port).await;
     let t = Instant::now();
     counts_all(&mut routed, total).await;
     let ring_sync = t.elapsed();
@@ -1633,8 +1656,9 @@ async fn router() {
     println!(
         "router: resident memory: one server {:.0} MiB; replicas {}",
         mib(single.rss()),
-        replicas
+        ring.replicas
             .iter()
+            .flatten()
             .map(|r| format!("{:.0} MiB", mib(r.rss())))
             .collect::<Vec<_>>()
             .join(", ")
@@ -1656,18 +1680,7 @@ async fn router_fanout() {
     let (servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
     let total = (clusters * pods) as u64;
     let kc = kubeconfig.display().to_string();
-    let key = dir.path().join("ring.key");
-    std::fs::write(&key, [3u8; 32]).unwrap();
-    let key = key.display().to_string();
-    let ports: Vec<u16> = (0..5)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
+    let single_port = free_port();
     let common = [
         "--kubeconfig",
         &kc,
@@ -1675,57 +1688,17 @@ async fn router_fanout() {
         "--resources",
         "pods,namespaces",
     ];
-    let single_listen = format!("127.0.0.1:{}", ports[0]);
+    let single_listen = format!("127.0.0.1:{single_port}");
     let _single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
-    let mut replicas = Vec::new();
-    for (i, p) in ports[1..4].iter().enumerate() {
-        let listen = format!("127.0.0.1:{p}");
-        let identity = format!("replica-{i}");
-        replicas.push(Proc::start(
-            &[
-                &[
-                    "serve",
-                    "--listen",
-                    &listen,
-                    "--shard-advertise",
-                    &listen,
-                    "--shard-ring",
-                    "bench",
-                    "--shard-coordination",
-                    "sim-1",
-                    "--shard-identity",
-                    &identity,
-                    "--shard-page-token-key-file",
-                    &key,
-                    "--shard-lease-namespace",
-                    "ns-0",
-                ][..],
-                &common[..],
-            ]
-            .concat(),
-        ));
-    }
-    let router_listen = format!("127.0.0.1:{}", ports[4]);
-    let _router = Proc::start(&[
-        "router",
-        "--listen",
-        &router_listen,
-        "--kubeconfig",
-        &kc,
-        "--shard-ring",
-        "bench",
-        "--shard-coordination",
-        "sim-1",
-        "--shard-page-token-key-file",
-        &key,
-        "--shard-lease-namespace",
-        "ns-0",
-    ]);
-    for port in [ports[0], ports[4]] {
+    let ring = Ring::start(&kc, &common, 1);
+    for port in [single_port, ring.router_port] {
         counts_all(&mut client_at(port).await, total).await;
     }
     let mut round = 0usize;
-    for (name, port) in [("one server", ports[0]), ("through a router", ports[4])] {
+    for (name, port) in [
+        ("one server", single_port),
+        ("through a router", ring.router_port),
+    ] {
         round += 1;
         // When each change was written: (cluster, name, resourceVersion).
         let written: Arc<std::sync::Mutex<Written>> = Arc::default();
@@ -1809,7 +1782,7 @@ async fn router_fanout() {
             percentile(&mut d, 0.99).as_secs_f64() * 1e3
         );
     }
-    drop(replicas);
+    drop(ring);
 }
 
 /// Three replicas (replication factor `replication`, the default lease duration of
@@ -1824,65 +1797,15 @@ async fn failover(replication: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
     let kc = kubeconfig.display().to_string();
-    let key = dir.path().join("ring.key");
-    std::fs::write(&key, [3u8; 32]).unwrap();
-    let key = key.display().to_string();
-    let ports: Vec<u16> = (0..4)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .collect();
-    let rf = replication.to_string();
-    let mut replicas = Vec::new();
-    for (i, p) in ports[..3].iter().enumerate() {
-        let listen = format!("127.0.0.1:{p}");
-        let identity = format!("replica-{i}");
-        replicas.push(Some(Proc::start(&[
-            "serve",
-            "--kubeconfig",
-            &kc,
-            "--no-persist",
-            "--resources",
-            "pods,namespaces",
-            "--listen",
-            &listen,
-            "--shard-advertise",
-            &listen,
-            "--shard-ring",
-            "bench",
-            "--shard-coordination",
-            "sim-1",
-            "--shard-identity",
-            &identity,
-            "--shard-page-token-key-file",
-            &key,
-            "--shard-lease-namespace",
-            "ns-0",
-            "--shard-replication",
-            &rf,
-        ])));
-    }
-    let router_listen = format!("127.0.0.1:{}", ports[3]);
-    let _router = Proc::start(&[
-        "router",
-        "--listen",
-        &router_listen,
+    let common = [
         "--kubeconfig",
         &kc,
-        "--shard-ring",
-        "bench",
-        "--shard-coordination",
-        "sim-1",
-        "--shard-page-token-key-file",
-        &key,
-        "--shard-lease-namespace",
-        "ns-0",
-    ]);
-    let mut routed = client_at(ports[3]).await;
+        "--no-persist",
+        "--resources",
+        "pods,namespaces",
+    ];
+    let mut ring = Ring::start(&kc, &common, replication);
+    let mut routed = client_at(ring.router_port).await;
     counts_all(&mut routed, total).await;
     // Every cluster with all its owners ready, as the router sees them.
     let owners = loop {
@@ -1932,7 +1855,7 @@ async fn failover(replication: usize) {
     let (victim, n) = served.iter().max_by_key(|(_, n)| **n).unwrap();
     let i: usize = victim.trim_start_matches("replica-").parse().unwrap();
     let t = Instant::now();
-    drop(replicas[i].take());
+    drop(ring.replicas[i].take());
     // Served again: every cluster counted whole through the router.
     let mut first_gap: Option<Duration> = None;
     loop {
