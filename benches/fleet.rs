@@ -1533,6 +1533,29 @@ struct Ring {
     router_port: u16,
 }
 
+/// What every `serve` of the router parts is given: `kubeconfig`'s pods, in memory.
+fn pod_serving(kubeconfig: &str) -> [&str; 5] {
+    [
+        "--kubeconfig",
+        kubeconfig,
+        "--no-persist",
+        "--resources",
+        "pods,namespaces",
+    ]
+}
+
+impl Proc {
+    /// `fleetscope serve` with `args` on a free loopback port, and the port.
+    fn serve(args: &[&str]) -> (Self, u16) {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        (
+            Self::start(&[&["serve", "--listen", &listen][..], args].concat()),
+            port,
+        )
+    }
+}
+
 /// A free loopback port.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -1609,16 +1632,8 @@ async fn router() {
     let dir = tempfile::tempdir().unwrap();
     let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
     let kc = kubeconfig.display().to_string();
-    let single_port = free_port();
-    let common = [
-        "--kubeconfig",
-        &kc,
-        "--no-persist",
-        "--resources",
-        "pods,namespaces",
-    ];
-    let single_listen = format!("127.0.0.1:{single_port}");
-    let single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
+    let common = pod_serving(&kc);
+    let (single, single_port) = Proc::serve(&common);
     let mut one = client_at(single_port).await;
     let t = Instant::now();
     counts_all(&mut one, total).await;
@@ -1680,16 +1695,8 @@ async fn router_fanout() {
     let (servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
     let total = (clusters * pods) as u64;
     let kc = kubeconfig.display().to_string();
-    let single_port = free_port();
-    let common = [
-        "--kubeconfig",
-        &kc,
-        "--no-persist",
-        "--resources",
-        "pods,namespaces",
-    ];
-    let single_listen = format!("127.0.0.1:{single_port}");
-    let _single = Proc::start(&[&["serve", "--listen", &single_listen][..], &common[..]].concat());
+    let common = pod_serving(&kc);
+    let (_single, single_port) = Proc::serve(&common);
     let ring = Ring::start(&kc, &common, 1);
     for port in [single_port, ring.router_port] {
         counts_all(&mut client_at(port).await, total).await;
@@ -1797,14 +1804,7 @@ async fn failover(replication: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
     let kc = kubeconfig.display().to_string();
-    let common = [
-        "--kubeconfig",
-        &kc,
-        "--no-persist",
-        "--resources",
-        "pods,namespaces",
-    ];
-    let mut ring = Ring::start(&kc, &common, replication);
+    let mut ring = Ring::start(&kc, &pod_serving(&kc), replication);
     let mut routed = client_at(ring.router_port).await;
     counts_all(&mut routed, total).await;
     // Every cluster with all its owners ready, as the router sees them.

@@ -1129,6 +1129,62 @@ async fn subscribe_to(
     }
 }
 
+/// What a subscriber ended with: its resumes and resets.
+#[derive(Debug)]
+struct Ended {
+    resumes: usize,
+    resets: usize,
+}
+
+/// Waits until the subscriber `name` holds exactly what `truth` gives (asked again
+/// each turn), with no change twice or out of order on the way, and says so.
+async fn until_truth(
+    name: &str,
+    seen: &std::sync::Arc<std::sync::Mutex<Seen>>,
+    truth: impl Fn() -> BTreeMap<(String, String, String), String>,
+    log: &std::path::Path,
+) -> Ended {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let truth = truth();
+        {
+            let s = seen.lock().unwrap();
+            assert!(s.violations.is_empty(), "{name}: {:?}", s.violations);
+            if s.objects == truth {
+                eprintln!(
+                    "{name}: {} objects, {} changes, {} resumes, {} resets",
+                    truth.len(),
+                    s.changes,
+                    s.resumes,
+                    s.resets
+                );
+                return Ended {
+                    resumes: s.resumes,
+                    resets: s.resets,
+                };
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} never reached the truth: {} held, {} true; missing {:?}; extra {:?}; log: {}",
+                s.objects.len(),
+                truth.len(),
+                truth
+                    .keys()
+                    .filter(|k| !s.objects.contains_key(*k))
+                    .take(5)
+                    .collect::<Vec<_>>(),
+                s.objects
+                    .keys()
+                    .filter(|k| !truth.contains_key(*k))
+                    .take(5)
+                    .collect::<Vec<_>>(),
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Configmaps changing in every cluster ([`churn`]), and what has been made.
 struct Churning {
     made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -1264,40 +1320,14 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     churning.stop().await;
 
     // Once the changes stop, the subscriber holds exactly the clusters' truth.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let truth = common::truth(&fleet, "configmaps");
-        {
-            let s = seen.lock().unwrap();
-            assert!(s.violations.is_empty(), "{:?}", s.violations);
-            if s.objects == truth {
-                eprintln!(
-                    "subscriber: {} changes, {} resumes, {} resets",
-                    s.changes, s.resumes, s.resets
-                );
-                assert!(s.resumes >= 1, "it resumed across the router killed");
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the subscriber never reached the truth: {} held, {} true; missing {:?}; extra {:?}; log: {}",
-                s.objects.len(),
-                truth.len(),
-                truth
-                    .keys()
-                    .filter(|k| !s.objects.contains_key(*k))
-                    .take(5)
-                    .collect::<Vec<_>>(),
-                s.objects
-                    .keys()
-                    .filter(|k| !truth.contains_key(*k))
-                    .take(5)
-                    .collect::<Vec<_>>(),
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let ended = until_truth(
+        "subscriber",
+        &seen,
+        || common::truth(&fleet, "configmaps"),
+        &log,
+    )
+    .await;
+    assert!(ended.resumes >= 1, "it resumed across the router killed");
     stop.cancel();
     subscriber.await.unwrap();
     let _ = b.server.child.wait();
@@ -1377,30 +1407,17 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
     }
     progress(30).await;
     churning.stop().await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let truth = common::truth(&fleet, "configmaps");
-        {
-            let s = seen.lock().unwrap();
-            assert!(s.violations.is_empty(), "{:?}", s.violations);
-            if s.objects == truth {
-                eprintln!(
-                    "subscriber: {} changes, {} resumes, {} resets",
-                    s.changes, s.resumes, s.resets
-                );
-                assert_eq!(s.resets, 0, "a second owner held every cluster's history");
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the subscriber never reached the truth: {} held, {} true; log: {}",
-                s.objects.len(),
-                truth.len(),
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let ended = until_truth(
+        "subscriber",
+        &seen,
+        || common::truth(&fleet, "configmaps"),
+        &log,
+    )
+    .await;
+    assert_eq!(
+        ended.resets, 0,
+        "a second owner held every cluster's history"
+    );
     // The clusters the survivors held already were not listed again; those each took
     // up as a new second owner were (once each, by that replica).
     let lists_after = (b.lists().await.unwrap(), c.lists().await.unwrap());
@@ -1549,45 +1566,8 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
     churning.stop().await;
 
     for (i, (seen, select, _)) in running.iter().enumerate() {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let truth = truth_where(&fleet, select);
-            {
-                let s = seen.lock().unwrap();
-                assert!(
-                    s.violations.is_empty(),
-                    "subscriber {i}: {:?}",
-                    s.violations
-                );
-                if s.objects == truth {
-                    eprintln!(
-                        "subscriber {i}: {} objects, {} changes, {} resumes, {} resets",
-                        truth.len(),
-                        s.changes,
-                        s.resumes,
-                        s.resets
-                    );
-                    break;
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "subscriber {i} never reached the truth: {} held, {} true; missing {:?}; extra {:?}",
-                    s.objects.len(),
-                    truth.len(),
-                    truth
-                        .keys()
-                        .filter(|k| !s.objects.contains_key(*k))
-                        .take(5)
-                        .collect::<Vec<_>>(),
-                    s.objects
-                        .keys()
-                        .filter(|k| !truth.contains_key(*k))
-                        .take(5)
-                        .collect::<Vec<_>>(),
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let name = format!("subscriber {i}");
+        until_truth(&name, seen, || truth_where(&fleet, select), &log).await;
     }
     stop.cancel();
     for (_, _, task) in running {

@@ -63,13 +63,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
             for ((cluster, position), start) in given.into_iter().zip(starts) {
                 match start {
                     Start::After { revision, skip_to } => {
-                        let tracked = Tracked {
-                            floor: revision,
-                            skip_to,
-                            told: position.clone(),
-                            position,
-                        };
-                        streams.insert(cluster, tracked);
+                        streams.insert(cluster, Tracked::at(revision, skip_to, position));
                     }
                     Start::Reset => resets.push(cluster),
                 }
@@ -160,6 +154,18 @@ struct Tracked {
     position: Arc<str>,
     /// The position the subscriber was last told (by an event or positions).
     told: Arc<str>,
+}
+
+impl Tracked {
+    /// A stream whose subscriber knows it stands at `position`, after `floor`.
+    fn at(floor: Revision, skip_to: Option<u64>, position: Arc<str>) -> Self {
+        Self {
+            floor,
+            skip_to,
+            told: position.clone(),
+            position,
+        }
+    }
 }
 
 /// What a subscriber that follows member positions does with a change.
@@ -435,12 +441,7 @@ impl Producer {
             .position(&self.resource.name(), &cluster)
             .cloned()
             .unwrap_or_else(|| Arc::from(""));
-        let tracked = Tracked {
-            floor: snapshot.revision(),
-            skip_to: None,
-            told: position.clone(),
-            position: position.clone(),
-        };
+        let tracked = Tracked::at(snapshot.revision(), None, position.clone());
         self.streams.insert(cluster.clone(), tracked);
         self.send(WatchEvent::ResetEnd {
             cluster,
@@ -703,13 +704,7 @@ impl Producer {
                     .collect();
                 for (cluster, position) in held {
                     if self.selects(&cluster) {
-                        let floor = snapshot.revision();
-                        let tracked = Tracked {
-                            floor,
-                            skip_to: None,
-                            told: position.clone(),
-                            position,
-                        };
+                        let tracked = Tracked::at(snapshot.revision(), None, position);
                         self.streams.insert(cluster, tracked);
                     }
                 }

@@ -559,18 +559,23 @@ impl Index {
                 r
             }
         };
-        // Made under the read lock: any publication after this sees the receiver.
+        Ok(self.subscription(&p, position))
+    }
+
+    /// A subscription to the published `p` from `since`: made under `p`'s read lock,
+    /// so any publication after it sees the subscriber.
+    fn subscription(&self, p: &feed::Published, since: Revision) -> Subscription {
         let head = self.head.subscribe();
-        Ok(Subscription {
+        Subscription {
             snapshot: p.state.clone(),
             feed: Feed {
                 published: self.published.clone(),
                 head,
-                reached: position,
+                reached: since,
                 buffer: self.config.subscriber_buffer,
-                caught_up: position >= current,
+                caught_up: since >= p.state.revision(),
             },
-        })
+        }
     }
 
     /// Registers a subscriber of one resource type that stands, in each of some
@@ -634,18 +639,7 @@ impl Index {
             })
             .min()
             .unwrap_or(current);
-        let head = self.head.subscribe();
-        let subscription = Subscription {
-            snapshot: p.state.clone(),
-            feed: Feed {
-                published: self.published.clone(),
-                head,
-                reached: since,
-                buffer: self.config.subscriber_buffer,
-                caught_up: since >= current,
-            },
-        };
-        (subscription, starts)
+        (self.subscription(&p, since), starts)
     }
 
     /// How many subscribers are registered.
