@@ -402,23 +402,43 @@ impl Fleet for Router {
         let members = self.members()?;
         let serving = Self::serving(&members);
         let limit = r.limit.max(1);
-        // Each replica drawn on, with its snapshot when continuing.
-        let asked: Vec<(&Member, Vec<String>, Option<Revision>)> = if r.resume.is_empty() {
-            Self::plan(&r.query.clusters, &serving)
-                .into_values()
-                .map(|(m, clusters)| (m, clusters, None))
-                .collect()
+        let projection = r.projection;
+        let caller = self.upstream_caller(&r.access);
+        // Each replica's page, with the clusters it was asked for.
+        let pages: Vec<(String, Vec<String>, proto::ListResponse)> = if r.resume.is_empty() {
+            // A first page: from each cluster's serving replica, or its next holder
+            // when that one cannot answer (killed, before its Lease expires).
+            self.spread(&members, &r.query.clusters, |member, clusters| {
+                let message = proto::ListRequest {
+                    query: Some(convert::query_out(&r.query, projection, &clusters)),
+                    limit: limit as u32,
+                    page_token: String::new(),
+                    keep_snapshot: true,
+                };
+                let request = self.request(message, &r.access);
+                async move {
+                    let page = self
+                        .ask(member, |mut c| async move { c.list(request).await })
+                        .await?;
+                    Ok((member.identity.clone(), clusters, page))
+                }
+            })
+            .await?
         } else {
             let positions: Positions = serde_json::from_slice(&r.resume).map_err(|_| {
                 FleetError::InvalidArgument("page_token: not a routed list's".into())
             })?;
+            let holders = Self::holders(&members);
+            let holds = |c: &String, identity: &str| {
+                holders
+                    .get(c)
+                    .is_some_and(|hs| hs.iter().any(|m| m.identity == identity))
+            };
             let mut asked = Vec::new();
             for (identity, revision, clusters) in positions.s {
-                // The snapshot is the replica's own: exact only while it still serves
-                // every cluster it was asked for.
-                let moved = clusters
-                    .iter()
-                    .find(|c| serving.get(*c).is_none_or(|m| m.identity != identity));
+                // The snapshot is the replica's own: exact only while it still holds
+                // every cluster it was asked for ready.
+                let moved = clusters.iter().find(|c| !holds(c, &identity));
                 if let Some(c) = moved {
                     return Err(FleetError::OutOfRange {
                         message: format!(
@@ -428,60 +448,57 @@ impl Fleet for Router {
                         oldest: None,
                     });
                 }
-                let member = serving
-                    .values()
+                let member = members
+                    .iter()
                     .find(|m| m.identity == identity)
-                    .copied()
                     .ok_or_else(|| self.no_owner(&identity))?;
-                asked.push((member, clusters, Some(Revision(revision))));
+                asked.push((member, clusters, Revision(revision)));
             }
-            asked
+            let calls = asked.iter().map(|(member, clusters, revision)| {
+                let query = convert::query_out(&r.query, projection, clusters);
+                let message = match &r.after {
+                    Some((_, after)) => proto::ListRequest {
+                        query: None,
+                        limit: limit as u32,
+                        page_token: encode_token(
+                            &self.upstream.page_token_key,
+                            &caller,
+                            *revision,
+                            &query,
+                            after,
+                            b"",
+                        ),
+                        keep_snapshot: true,
+                    },
+                    None => proto::ListRequest {
+                        query: Some(query),
+                        limit: limit as u32,
+                        page_token: String::new(),
+                        keep_snapshot: true,
+                    },
+                };
+                let request = self.request(message, &r.access);
+                async move {
+                    let page = self
+                        .ask(member, |mut c| async move { c.list(request).await })
+                        .await?;
+                    Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), page))
+                }
+            });
+            futures::future::try_join_all(calls).await?
         };
-        let projection = r.projection;
-        let caller = self.upstream_caller(&r.access);
-        let calls = asked.iter().map(|(member, clusters, revision)| {
-            let query = convert::query_out(&r.query, projection, clusters);
-            let message = match (revision, &r.after) {
-                (Some(rev), Some((_, after))) => proto::ListRequest {
-                    query: None,
-                    limit: limit as u32,
-                    page_token: encode_token(
-                        &self.upstream.page_token_key,
-                        &caller,
-                        *rev,
-                        &query,
-                        after,
-                        b"",
-                    ),
-                    keep_snapshot: true,
-                },
-                _ => proto::ListRequest {
-                    query: Some(query),
-                    limit: limit as u32,
-                    page_token: String::new(),
-                    keep_snapshot: true,
-                },
-            };
-            let request = self.request(message, &r.access);
-            self.ask(member, |mut c| async move { c.list(request).await })
-        });
-        let pages = futures::future::try_join_all(calls).await?;
         let mut items: Vec<FleetObject> = Vec::new();
         let mut more = 0u64;
         let mut clusters = Vec::new();
         let mut partial = false;
         let mut positions = Positions { s: Vec::new() };
         let mut newest = Revision(0);
-        for ((member, asked_clusters, _), page) in asked.iter().zip(pages) {
+        for (identity, asked_clusters, page) in pages {
             more += page.remaining_item_count;
             partial |= page.partial;
             clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
             newest = newest.max(Revision(page.revision));
-            positions.s.push((
-                member.identity.clone(),
-                page.revision,
-                asked_clusters.clone(),
-            ));
+            positions.s.push((identity, page.revision, asked_clusters));
             items.extend(page.items.into_iter().map(convert::object_in));
         }
         // Clusters the query names that nobody serves: drawn on, and missing.

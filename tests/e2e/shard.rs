@@ -613,7 +613,11 @@ impl RouterProcess {
             .args(["--shard-ring", RING, "--shard-coordination", "sim-1"])
             .arg("--shard-page-token-key-file")
             .arg(kubeconfig.with_file_name("page-token.key"))
-            .env("RUST_LOG", "info,fleetscope::router=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG")
+                    .unwrap_or_else(|_| "info,fleetscope::router=debug".into()),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(log_file)
             .spawn()
@@ -1149,7 +1153,12 @@ async fn until_truth(
         let truth = truth();
         {
             let s = seen.lock().unwrap();
-            assert!(s.violations.is_empty(), "{name}: {:?}", s.violations);
+            assert!(
+                s.violations.is_empty(),
+                "{name}: {:?}; log: {}",
+                s.violations,
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
             if s.objects == truth {
                 eprintln!(
                     "{name}: {} objects, {} changes, {} resumes, {} resets",
@@ -1303,7 +1312,9 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     // The router the subscriber is on is killed: it resumes on the other.
     drop(two);
     progress(20).await;
-    // A replica is killed: its clusters go on from their new owners.
+    // A replica is killed: its clusters go on from their new owners, which list
+    // them afresh after the subscriber's position and carry it there by the
+    // members' history: every change, no reset.
     let mut a = a;
     a.server.kill();
     split(&[&b, &c], &clusters, &log).await;
@@ -1317,6 +1328,37 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     assert!(term.success());
     split(&[&c], &clusters, &log).await;
     progress(20).await;
+    assert_eq!(
+        seen.lock().unwrap().resets,
+        0,
+        "no cluster sent anew while its member holds the history"
+    );
+
+    // A replica joins, and the one holding more clusters is killed after its
+    // members compacted their history past what the subscriber has: those clusters
+    // alone are sent anew, each with an explicit reset.
+    let d = Replica::start(&kubeconfig, "replica-d", &log);
+    split(&[&c, &d], &clusters, &log).await;
+    progress(20).await;
+    let members = [c.identity.clone(), d.identity.clone()];
+    let held_by = |r: &Replica| -> Vec<String> {
+        clusters
+            .iter()
+            .filter(|n| fleetscope::shard::assign::owners(n, &members, 1) == [r.identity.as_str()])
+            .cloned()
+            .collect()
+    };
+    let (mut victim, survivor) = if held_by(&c).len() >= held_by(&d).len() {
+        (c, d)
+    } else {
+        (d, c)
+    };
+    let lost = held_by(&victim);
+    compact_behind_subscribers(&fleet, &lost).await;
+    victim.server.kill();
+    thaw(&fleet, &lost);
+    split(&[&survivor], &clusters, &log).await;
+    progress(20).await;
     churning.stop().await;
 
     // Once the changes stop, the subscriber holds exactly the clusters' truth.
@@ -1328,11 +1370,52 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     )
     .await;
     assert!(ended.resumes >= 1, "it resumed across the router killed");
+    assert_eq!(
+        ended.resets,
+        lost.len(),
+        "exactly the clusters whose history was gone ({lost:?}) were sent anew"
+    );
     stop.cancel();
     subscriber.await.unwrap();
     let _ = b.server.child.wait();
-    drop((c, one));
+    drop((survivor, one));
     fleet.shutdown().await;
+}
+
+/// The simulated cluster named `name`.
+fn sim<'f>(fleet: &'f fleetscope_sim::SimFleet, name: &str) -> &'f fleetscope_sim::Cluster {
+    fleet
+        .servers()
+        .iter()
+        .map(|s| s.cluster())
+        .find(|c| c.name() == name)
+        .unwrap()
+}
+
+/// Freezes every watch of the `clusters` (nothing more reaches their owner, so no
+/// subscriber's position passes the resourceVersion they stand at now), waits for
+/// the churn to change each of them past it, then compacts their history: every
+/// position a subscriber holds for them is gone. [`thaw`] lets the watches go on.
+async fn compact_behind_subscribers(fleet: &fleetscope_sim::SimFleet, clusters: &[String]) {
+    for name in clusters {
+        let c = sim(fleet, name);
+        c.freeze_watches(true);
+        let frozen_at = c.store.resource_version();
+        common::until(
+            tokio::time::Instant::now() + PATIENCE,
+            "a change after the freeze",
+            || c.store.resource_version() > frozen_at,
+        )
+        .await;
+        c.compact();
+    }
+}
+
+/// Lets the watches [`compact_behind_subscribers`] froze go on.
+fn thaw(fleet: &fleetscope_sim::SimFleet, clusters: &[String]) {
+    for name in clusters {
+        sim(fleet, name).freeze_watches(false);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1395,6 +1478,18 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
     // them at once, from where the subscriber stands.
     let mut a = a;
     a.server.kill();
+    // Before its Lease expires, a List through the routers (paged, each page from
+    // the other router) still answers every cluster, from each one's other owner.
+    let listed = list_through(&[&one, &two], 7)
+        .await
+        .expect("a List with one owner of every cluster killed");
+    let listed: std::collections::BTreeSet<&str> =
+        listed.iter().map(|(c, _, _)| c.as_str()).collect();
+    assert_eq!(
+        listed.len(),
+        clusters.len(),
+        "every cluster listed: {listed:?}"
+    );
     progress(30).await;
     // The survivors are each other's second owner now: once they hold every cluster
     // twice over, the kill has been absorbed.
@@ -1567,7 +1662,10 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
 
     for (i, (seen, select, _)) in running.iter().enumerate() {
         let name = format!("subscriber {i}");
-        until_truth(&name, seen, || truth_where(&fleet, select), &log).await;
+        let ended = until_truth(&name, seen, || truth_where(&fleet, select), &log).await;
+        // Every move is made before the old owner lets go, and the members hold the
+        // history: no cluster is ever sent anew.
+        assert_eq!(ended.resets, 0, "{name}");
     }
     stop.cancel();
     for (_, _, task) in running {
@@ -1871,4 +1969,81 @@ async fn the_coordination_cluster_s_expiring_exec_credential_is_renewed_ahead_of
     }
     drop(one);
     fleet.shutdown().await;
+}
+
+/// Kills a process group when dropped: whatever a script left running.
+struct Group(u32);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.0)])
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
+    use std::os::unix::process::CommandExt;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/operating.md")).unwrap();
+    let from = doc
+        .find("Three replicas and two routers on one machine")
+        .expect("docs/operating.md shows a ring on one machine");
+    let block = &doc[from..];
+    let block = &block[block.find("```sh\n").unwrap() + "```sh\n".len()..];
+    let block = &block[..block.find("```").unwrap()];
+    // As written, with its files in a directory of its own and this build as
+    // `fleetscope`.
+    let dir = tempfile::tempdir().unwrap();
+    let script = block.replace("/tmp/", &format!("{}/", dir.path().display()));
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(common::process::BIN, bin.join("fleetscope")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = dir.path().join("out");
+    let log = dir.path().join("log");
+    let mut sh = std::process::Command::new("sh")
+        .arg("-ec")
+        .arg(&script)
+        .env("PATH", path)
+        .env_remove("KUBECONFIG")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let _group = Group(sh.id());
+    let deadline = std::time::Instant::now() + 2 * PATIENCE;
+    let status = loop {
+        if let Some(status) = sh.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the script never ended; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let printed = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        status.success(),
+        "the script failed ({status}): {printed}; log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // Replica 1 lists what it holds; the router lists every cluster (-o wide) and
+    // counts each one's configmaps.
+    for i in 1..=6 {
+        let name = format!("sim-{i}");
+        let rows = printed.lines().filter(|l| l.starts_with(&*name)).count();
+        assert!(
+            rows >= 2,
+            "{name} listed and counted through a router: {printed}"
+        );
+    }
 }

@@ -99,7 +99,7 @@ enum PartsState {
 }
 
 /// A list's objects as the index takes them, keyed in the stream.
-fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<ObjectInput> {
+pub(crate) fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<ObjectInput> {
     let mut keys = StreamKeys::new(stream);
     objects
         .into_iter()

@@ -10,6 +10,7 @@
 //!   how current it is;
 //! - [`persist::Persister`]: write-behind persistence, publication after durability.
 
+mod catchup;
 mod fleet;
 mod ingest;
 pub mod persist;
@@ -172,6 +173,9 @@ pub struct Engine {
     pub(crate) subscriber_stall: Duration,
     /// See [`EngineConfig::ready_patience`].
     ready_patience: Duration,
+    /// Every running stream's history reader, for carrying a Watch from a member
+    /// position its stream is past.
+    pub(crate) histories: catchup::Histories,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -276,6 +280,7 @@ impl Engine {
             }
             .instrument(tracing::info_span!("pins"))
         });
+        let histories = catchup::Histories::default();
         let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
         let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
         let mut members = reconcile::Members {
@@ -288,6 +293,7 @@ impl Engine {
             cancel: cancel.clone(),
             stored,
             persister: persister.clone(),
+            histories: histories.clone(),
             registered: Default::default(),
         };
         // The first set is in the status table before this returns: reported, and
@@ -312,6 +318,7 @@ impl Engine {
             query_timeout: config.query_timeout,
             subscriber_stall: config.subscriber_stall,
             ready_patience: config.ready_patience,
+            histories,
             cancel,
             tasks,
         }

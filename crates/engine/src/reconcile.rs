@@ -77,6 +77,8 @@ pub(crate) struct Members {
     pub stored: HashMap<ClusterName, Seed>,
     /// Where discovery answers are kept, with persistence on.
     pub persister: Option<Arc<crate::persist::Persister>>,
+    /// Every running stream's history reader.
+    pub histories: crate::catchup::Histories,
     /// Clusters already in the status table, registered before the reconciler ran.
     pub registered: std::collections::HashSet<ClusterName>,
 }
@@ -212,6 +214,7 @@ impl Members {
             restore_confirm: self.restore_confirm,
             cancel: self.cancel.clone(),
             persister: self.persister.clone(),
+            histories: self.histories.clone(),
         });
         let span = tracing::info_span!("cluster", cluster = %name);
         let done = self.tasks.spawn(
@@ -237,6 +240,7 @@ struct Reporter {
     restore_confirm: Duration,
     cancel: CancellationToken,
     persister: Option<Arc<crate::persist::Persister>>,
+    histories: crate::catchup::Histories,
 }
 
 /// A kept discovery entry as the informers take it.
@@ -315,6 +319,15 @@ impl Report for Reporter {
 
     fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType) {
         self.status.remove_stream(cluster, &resource.name());
+    }
+
+    fn history(
+        &self,
+        cluster: &ClusterName,
+        resource: &str,
+        history: Option<fleetscope_informer::history::History>,
+    ) {
+        self.histories.lend(cluster, resource, history);
     }
 
     fn served(&self, cluster: &ClusterName, served: &[Served]) {

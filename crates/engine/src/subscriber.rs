@@ -30,8 +30,11 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
+use crate::catchup::{CatchUp, Caught, Meet};
 use crate::status::{ClusterFreshness, StatusTable};
 use crate::view::{fleet_object, shown};
+use fleetscope_informer::Update;
+use fleetscope_informer::history::HistoryEnd;
 
 /// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
 /// spawns its producer.
@@ -52,6 +55,9 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
     // continue exactly (and those selected but not given) are sent anew first.
     let mut streams = HashMap::new();
     let mut resets = Vec::new();
+    // Streams this replica's log does not carry from the subscriber's position: read
+    // from the member's history where its stream runs here.
+    let mut histories = Vec::new();
     let subscription = match r.positions {
         Some(mut given) => {
             for c in engine.selected(&r.query.clusters) {
@@ -65,14 +71,19 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
                     Start::After { revision, skip_to } => {
                         streams.insert(cluster, Tracked::at(revision, skip_to, position));
                     }
-                    Start::Reset => resets.push(cluster),
+                    Start::Reset => match engine.histories.of(&cluster, &resource.name()) {
+                        Some(history) if number(&position).is_some() => {
+                            histories.push((cluster, position, history));
+                        }
+                        _ => resets.push(cluster),
+                    },
                 }
             }
             subscription
         }
         None => engine.index.subscribe(since).map_err(refused)?,
     };
-    let positioned = !streams.is_empty() || !resets.is_empty();
+    let positioned = !streams.is_empty() || !resets.is_empty() || !histories.is_empty();
     let whole = Arc::new(built.query.clone());
     // The cluster filter is evaluated per event against the live fleet, so a
     // matching cluster added later is followed too; the index query reads all.
@@ -87,6 +98,22 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
     let (tx, rx) = mpsc::channel(8);
     let reached = Arc::new(AtomicU64::new(0));
     let stalled: Arc<std::sync::Mutex<Option<FleetError>>> = Arc::default();
+    let (caught_tx, caught) = mpsc::channel(64);
+    let catching = histories
+        .into_iter()
+        .map(|(cluster, position, history)| {
+            tracing::debug!(%cluster, resource = %resource.name(), %position, "a Watch's stream read from the member's history");
+            let c = CatchUp::start(
+                history,
+                position,
+                subscription.snapshot.revision(),
+                caught_tx.clone(),
+                &engine.tasks,
+                &engine.cancel,
+            );
+            (cluster, c)
+        })
+        .collect();
     let producer = Producer {
         reached: reached.clone(),
         costly: costly(&query),
@@ -114,6 +141,8 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         streams,
         resets,
         whole,
+        catching,
+        caught,
     };
     // Tracked with the engine's tasks: a shutdown waits for it (it ends with the
     // engine's cancellation, or when its subscriber goes).
@@ -241,6 +270,10 @@ struct Producer {
     /// The query as the start resolved it (with the caller's reach), for sending a
     /// cluster's stream anew.
     whole: Arc<fleetscope_index::Query>,
+    /// Streams carried by their member's history until they meet this replica's.
+    catching: HashMap<ClusterName, CatchUp>,
+    /// What the history reads tell.
+    caught: mpsc::Receiver<(ClusterName, Caught)>,
 }
 
 impl Producer {
@@ -336,11 +369,28 @@ impl Producer {
         if !self.selects(cluster) {
             return Follow::Deliver;
         }
+        // A change at or before where the subscriber's stream starts is its already,
+        // whatever it was: a replay from an earlier start can hold this replica
+        // letting the cluster go before it took the cluster up again.
+        let before = |floor: Revision| e.revision <= floor;
+        if self.streams.get(cluster).is_some_and(|t| before(t.floor))
+            || self
+                .catching
+                .get(cluster)
+                .is_some_and(|c| before(c.floor()))
+        {
+            return Follow::Skip;
+        }
         if e.cluster_removed && self.report {
             // The cluster left this fleet (to another replica): no change of the
             // cluster, and nothing a router passes on; it follows the cluster to
             // where it went.
             self.streams.remove(cluster);
+            self.catching.remove(cluster);
+            return Follow::Skip;
+        }
+        if self.catching.contains_key(cluster) {
+            // Its history brings the subscriber to where this stream stands.
             return Follow::Skip;
         }
         let Some(t) = self.streams.get_mut(cluster) else {
@@ -354,9 +404,6 @@ impl Producer {
             self.streams.insert(cluster.clone(), tracked);
             return Follow::Deliver;
         };
-        if e.revision <= t.floor {
-            return Follow::Skip;
-        }
         if let Some(to) = t.skip_to {
             match e.position.as_deref().and_then(number) {
                 Some(x) if x <= to => return Follow::Skip,
@@ -485,6 +532,70 @@ impl Producer {
             revision: reached,
         })
         .await
+    }
+
+    /// Takes what a history read tells about `cluster`'s stream: sends the changes the
+    /// subscriber's filter and grant let through, and hands the stream over to this
+    /// replica's where they meet; a history that cannot be read sends the stream
+    /// anew. False once the subscriber is gone.
+    async fn caught(&mut self, cluster: ClusterName, caught: Caught, reached: Revision) -> bool {
+        let Some(c) = self.catching.get_mut(&cluster) else {
+            return true;
+        };
+        match caught {
+            Caught::End(end) => {
+                self.catching.remove(&cluster);
+                if end == HistoryEnd::Cancelled {
+                    return true;
+                }
+                tracing::info!(%cluster, resource = %self.resource.name(), end = ?end, "the member's history does not reach back to a Watch's position: its stream is sent anew");
+                self.reset(cluster, self.index.snapshot()).await
+            }
+            Caught::Update(update) => {
+                let by_content = !matches!(update, Update::Applied { .. } | Update::Deleted { .. });
+                let events = c.apply(update, reached);
+                for e in &events {
+                    let kind = transition(&self.query, e);
+                    if let Some(ev) = self.event(e, kind)
+                        && !self.send(ev).await
+                    {
+                        return false;
+                    }
+                }
+                self.meet(&cluster, reached, by_content);
+                true
+            }
+        }
+    }
+
+    /// Hands `cluster`'s stream over from its history to this replica's, if they
+    /// meet (see [`CatchUp::meets`]).
+    fn meet(&mut self, cluster: &ClusterName, reached: Revision, by_content: bool) {
+        let Some(c) = self.catching.get(cluster) else {
+            return;
+        };
+        let snapshot = self.index.snapshot();
+        match c.meets(
+            &snapshot,
+            reached,
+            &self.resource.name(),
+            cluster,
+            by_content,
+        ) {
+            Meet::Apart => {}
+            Meet::After {
+                floor,
+                skip_to,
+                position,
+            } => {
+                tracing::debug!(%cluster, resource = %self.resource.name(), %position, "a Watch's stream read from history met this replica's");
+                let told = c.position().clone();
+                self.catching.remove(cluster);
+                let mut t = Tracked::at(floor, skip_to, position);
+                t.told = told;
+                self.streams.insert(cluster.clone(), t);
+            }
+        }
     }
 
     /// Tells where every followed stream stands, at `revision`.
@@ -724,8 +835,17 @@ impl Producer {
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
-                _ = moved.tick(), if self.report => {
-                    if !self.positions_moved(feed.reached()).await {
+                _ = moved.tick(), if self.report || !self.catching.is_empty() => {
+                    let clusters: Vec<ClusterName> = self.catching.keys().cloned().collect();
+                    for cluster in clusters {
+                        self.meet(&cluster, feed.reached(), true);
+                    }
+                    if self.report && !self.positions_moved(feed.reached()).await {
+                        return;
+                    }
+                }
+                Some((cluster, caught)) = self.caught.recv() => {
+                    if !self.caught(cluster, caught, feed.reached()).await {
                         return;
                     }
                 }
@@ -1571,6 +1691,41 @@ mod tests {
         assert_eq!(
             object_at(&next_change(&mut w).await),
             ("q1".into(), Some("3"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replay_from_another_cluster_s_start_never_repeats_what_a_stream_holds() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        join(&e, "b", &[]);
+        e.index.apply([pod_at("b", "q1", 5)]);
+        e.index.apply([pod_at("a", "p1", 11)]);
+        // This replica let the cluster go and took it up again since b's position.
+        e.index
+            .apply([Change::RemoveCluster(ClusterName::from("a"))]);
+        join(&e, "a", &[]);
+        e.index
+            .apply([pod_at("a", "p1", 20), pod_at("a", "p2", 21)]);
+        e.index.apply([pod_at("b", "q2", 6)]);
+        // b starts long before a: the replay holds a leaving and coming back, none of
+        // which is news to a subscriber standing at 21 in a.
+        let mut w = e
+            .watch(positioned(&e, &[("b", "5"), ("a", "21")]))
+            .await
+            .unwrap();
+        assert!(matches!(
+            next_change(&mut w).await,
+            WatchEvent::Positions { .. }
+        ));
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("q2".into(), Some("6"))
+        );
+        e.index.apply([pod_at("a", "p3", 22)]);
+        assert_eq!(
+            object_at(&next_change(&mut w).await),
+            ("p3".into(), Some("22"))
         );
     }
 }

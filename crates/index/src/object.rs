@@ -221,6 +221,12 @@ impl Object {
             && self.owner == other.owner
     }
 
+    /// An object held outside any index (a member's history read for one
+    /// subscriber), as the index would hold it, with `revision`.
+    pub fn detached(input: ObjectInput, revision: Revision) -> ObjectRef {
+        ObjectRef::new(Self::from_input(input, revision, &mut Interner::default()))
+    }
+
     pub(crate) fn from_input(
         input: ObjectInput,
         revision: Revision,

@@ -234,6 +234,16 @@ pub trait Report: Send + Sync + 'static {
     /// Everything the cluster serves, with short and singular names, after each
     /// successful discovery (for resolving names as kubectl does).
     fn served(&self, _cluster: &ClusterName, _served: &[Served]) {}
+    /// A stream's history reader while the stream runs (`Some`, again with each new
+    /// client), and `None` once it stopped: for carrying a subscriber from a position
+    /// the stream is past ([`crate::history::History::read`]).
+    fn history(
+        &self,
+        _cluster: &ClusterName,
+        _resource: &str,
+        _history: Option<crate::history::History>,
+    ) {
+    }
     /// Where to count the cluster's requests to its API server, if anywhere.
     fn request_counts(&self, _cluster: &ClusterName) -> Option<Arc<RequestCounts>> {
         None
@@ -749,6 +759,7 @@ impl Cluster {
                 let _ = running.handle.await;
             }
             self.report.stream_stopped(&self.name, &rt);
+            self.report.history(&self.name, &rt.name(), None);
             let id = Arc::new(StreamId::new(self.name.clone(), rt));
             let _ = self
                 .tx
@@ -808,6 +819,8 @@ impl Cluster {
             let id =
                 Arc::new(StreamId::new(self.name.clone(), rt.clone()).selecting(selection.clone()));
             let span = tracing::info_span!("informer", cluster = %self.name, resource = %rt.name());
+            let history = crate::history::History::new(client.clone(), id.clone(), stream.clone());
+            self.report.history(&self.name, &rt.name(), Some(history));
             let handle = self.tasks.spawn(
                 stream::run(
                     client.clone(),
@@ -839,6 +852,7 @@ impl Cluster {
         }
         let streams: Vec<_> = self.streams.drain().collect();
         for (rt, running) in streams {
+            self.report.history(&self.name, &rt.name(), None);
             let reached = running.handle.await.ok().flatten();
             self.keep_reached(rt, running.selection, reached);
         }

@@ -14,12 +14,15 @@
 //! - [`prune::prune`]: an object as fleetscope keeps it.
 //! - [`exec`]: exec credential plugins, run with a timeout and reported without
 //!   their output; [`cause::describe`]: why a request to an API server failed.
+//! - [`history::History`]: a stream's history from a resourceVersion, for carrying a
+//!   subscriber from a position the stream is past.
 //! - [`review::TokenReviewer`]: a bearer token checked by a cluster's TokenReview API.
 
 pub mod cause;
 pub mod cluster;
 pub mod discovery;
 pub mod exec;
+pub mod history;
 pub mod outage;
 pub mod prune;
 pub mod requests;

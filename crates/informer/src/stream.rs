@@ -243,6 +243,9 @@ pub enum ListFrom {
     NotOlderThan(String),
     /// After a 410 (or a reset history): a consistent read from storage, in pages.
     Consistent,
+    /// The state at exactly this resourceVersion, from storage, in pages
+    /// (`resourceVersionMatch=Exact`); 410 once the history no longer holds it.
+    Exact(String),
 }
 
 impl ListFrom {
@@ -258,7 +261,7 @@ impl ListFrom {
     /// How a list read this way counts.
     fn method(&self) -> SyncMethod {
         match self {
-            ListFrom::Consistent => SyncMethod::ListConsistent,
+            ListFrom::Consistent | ListFrom::Exact(_) => SyncMethod::ListConsistent,
             _ => SyncMethod::ListFromCache,
         }
     }
@@ -346,7 +349,7 @@ impl RawBookmarkMeta {
 
 /// Why a LIST or WATCH stopped.
 #[derive(Debug)]
-enum Stop {
+pub(crate) enum Stop {
     /// The resourceVersion is too old: re-list.
     Expired,
     /// The watch ended normally (timeout, EOF) or went silent: reconnect from the last RV.
@@ -444,14 +447,14 @@ async fn fetch_list(
 }
 
 /// A complete state of a stream, and how it was read.
-struct Listed {
+pub(crate) struct Listed {
     /// The objects, or the last of them when parts were sent ahead.
-    objects: Vec<PrunedObject>,
+    pub(crate) objects: Vec<PrunedObject>,
     /// The list's number when parts of it were sent ahead.
     parts: Option<u64>,
     /// How many objects the list held, parts sent ahead included.
     count: usize,
-    resource_version: String,
+    pub(crate) resource_version: String,
     method: SyncMethod,
     /// For a streaming list: the watch it came on, which goes on from there.
     watch: Option<WatchLines>,
@@ -481,7 +484,7 @@ impl WatchLines {
 }
 
 /// Why a list did not give a state.
-enum ListStop {
+pub(crate) enum ListStop {
     /// The server does not serve streaming lists (it refused or ignored the request):
     /// list instead.
     Unsupported(String),
@@ -495,7 +498,7 @@ impl From<Stop> for ListStop {
     }
 }
 
-struct Informer {
+pub(crate) struct Informer {
     client: Client,
     id: Arc<StreamId>,
     outage: Arc<crate::outage::Outage>,
@@ -530,29 +533,7 @@ pub(crate) async fn run(
     tx: mpsc::Sender<Update>,
     cancel: CancellationToken,
 ) -> Option<String> {
-    let rt = &id.resource;
-    let ar = ApiResource {
-        group: rt.group.clone(),
-        version: rt.version.clone(),
-        api_version: rt.api_version(),
-        kind: rt.kind.clone(),
-        plural: rt.plural.clone(),
-    };
-    let namespace = if rt.namespaced {
-        config.namespace.as_deref()
-    } else {
-        None
-    };
-    let path = DynamicObject::url_path(&ar, namespace);
-    let informer = Informer {
-        client,
-        id,
-        outage,
-        config,
-        tx,
-        cancel,
-        path,
-    };
+    let informer = Informer::new(client, id, outage, config, tx, cancel);
     let reached = informer.run(start).await;
     // A stream that stops holds no outage open.
     informer.outage.forget(&informer.id.name);
@@ -560,7 +541,40 @@ pub(crate) async fn run(
 }
 
 impl Informer {
-    async fn send(&self, update: Update) -> bool {
+    pub(crate) fn new(
+        client: Client,
+        id: Arc<StreamId>,
+        outage: Arc<crate::outage::Outage>,
+        config: StreamConfig,
+        tx: mpsc::Sender<Update>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let rt = &id.resource;
+        let ar = ApiResource {
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            api_version: rt.api_version(),
+            kind: rt.kind.clone(),
+            plural: rt.plural.clone(),
+        };
+        let namespace = if rt.namespaced {
+            config.namespace.as_deref()
+        } else {
+            None
+        };
+        let path = DynamicObject::url_path(&ar, namespace);
+        Informer {
+            client,
+            id,
+            outage,
+            config,
+            tx,
+            cancel,
+            path,
+        }
+    }
+
+    pub(crate) async fn send(&self, update: Update) -> bool {
         tokio::select! {
             r = self.tx.send(update) => r.is_ok(),
             _ = self.cancel.cancelled() => false,
@@ -762,6 +776,11 @@ impl Informer {
                 lp.version_match = Some(kube::api::VersionMatch::NotOlderThan);
             }
             ListFrom::Consistent => lp = lp.limit(self.config.page_size),
+            ListFrom::Exact(rv) => {
+                lp = lp.limit(self.config.page_size);
+                lp.resource_version = Some(rv.clone());
+                lp.version_match = Some(kube::api::VersionMatch::Exact);
+            }
         }
         if let Some(l) = &self.config.label_selector {
             lp = lp.labels(l);
@@ -774,7 +793,7 @@ impl Informer {
 
     /// Lists every page, pruning each item as its bytes arrive. An expired continue
     /// token restarts the list, so the result is always one consistent snapshot.
-    async fn list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
+    pub(crate) async fn list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
         let mut objects = Vec::new();
         let mut lp = self.list_params(from);
         loop {
@@ -790,7 +809,9 @@ impl Informer {
                 _ = self.cancel.cancelled() => Err(Stop::Cancelled),
             };
             match fetched {
-                Err(Stop::Expired) if lp.continue_token.is_some() => {
+                Err(Stop::Expired)
+                    if lp.continue_token.is_some() && !matches!(from, ListFrom::Exact(_)) =>
+                {
                     objects.clear();
                     lp = self.list_params(from);
                     continue;
@@ -859,7 +880,7 @@ impl Informer {
         let version = match from {
             ListFrom::NotOlderThan(rv) => rv.as_str(),
             // Unset: the current state, served from the cache once it has caught up.
-            ListFrom::Cache | ListFrom::Consistent => "",
+            ListFrom::Cache | ListFrom::Consistent | ListFrom::Exact(_) => "",
         };
         let req = Request::new(&self.path)
             .watch(&wp, version)
@@ -986,7 +1007,7 @@ impl Informer {
 
     /// Watches from `from` until the stream stops; returns why, and the last
     /// resourceVersion seen (where to resume).
-    async fn watch(&self, from: &str) -> (Stop, String) {
+    pub(crate) async fn watch(&self, from: &str) -> (Stop, String) {
         let req = match Request::new(&self.path).watch(&self.watch_params(), from) {
             Ok(r) => r,
             Err(e) => return (Stop::Failed(e.to_string()), from.to_string()),

@@ -769,3 +769,81 @@ async fn a_list_with_something_held_is_handed_over_whole() {
     }
     cancel.cancel();
 }
+
+/// A history reader for configmaps over a fresh client of the simulated cluster.
+async fn history_of(s: &Setup) -> crate::history::History {
+    let client = source::connect(&s.source, Duration::from_secs(30), None)
+        .await
+        .unwrap()
+        .client;
+    let served = discovery::discover(&client).await.unwrap();
+    let rt = discovery::resolve(&["configmaps".into()], &served)
+        .resources
+        .remove(0);
+    let id = Arc::new(StreamId::new(ClusterName::from("inf"), rt));
+    let config = StreamConfig {
+        page_size: 3,
+        ..StreamConfig::default()
+    };
+    crate::history::History::new(client, id, config)
+}
+
+#[tokio::test]
+async fn a_history_read_is_the_state_at_its_position_then_every_change_after_it() {
+    let s = setup().await;
+    let c = s.server.cluster().clone();
+    let history = history_of(&s).await;
+    let from = c.store.resource_version().to_string();
+    // Changes after the position, some undone again before the read: the read still
+    // has each of them, in order.
+    c.store.delete("configmaps", "a", "cm-1").unwrap();
+    create_configmap(&c, "late");
+    c.store.delete("configmaps", "a", "late").unwrap();
+    let lists = c.lists_of(ListKind::Quorum);
+    let (tx, mut rx) = mpsc::channel(64);
+    let cancel = CancellationToken::new();
+    let read = tokio::spawn({
+        let (history, from, cancel) = (history.clone(), from.clone(), cancel.clone());
+        async move { history.read(&from, tx, cancel).await }
+    });
+    let Update::Listed {
+        objects,
+        resource_version,
+        ..
+    } = next_data(&mut rx).await
+    else {
+        panic!("the state at the position first")
+    };
+    assert_eq!(resource_version, from, "listed at exactly the position");
+    assert_eq!(objects.len(), 7, "cm-1 still there, late not yet");
+    assert!(
+        c.lists_of(ListKind::Quorum) > lists,
+        "an exact read comes from storage"
+    );
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match next_data(&mut rx).await {
+            Update::Applied { object, .. } => seen.push(format!("+{}", object.name)),
+            Update::Deleted { object, .. } => seen.push(format!("-{}", object.name)),
+            _ => {}
+        }
+    }
+    assert_eq!(seen, ["-cm-1", "+late", "-late"]);
+    create_and_see(&c, &mut rx, "live").await;
+    cancel.cancel();
+    assert_eq!(read.await.unwrap(), crate::history::HistoryEnd::Cancelled);
+
+    // A position the member no longer holds: expired, nothing sent.
+    c.compact();
+    let (tx, mut rx) = mpsc::channel(64);
+    let end = history.read(&from, tx, CancellationToken::new()).await;
+    assert_eq!(end, crate::history::HistoryEnd::Expired);
+    assert!(rx.try_recv().is_err());
+}
+
+/// Creates a configmap in namespace `a`, with no stream to see it.
+fn create_configmap(c: &Cluster, name: &str) {
+    c.store
+        .create("configmaps", Some("a"), json!({"metadata": {"name": name}}))
+        .unwrap();
+}

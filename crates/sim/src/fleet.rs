@@ -87,15 +87,23 @@ pub fn kubeconfig(contexts: &[Context]) -> Value {
 }
 
 /// Writes [`kubeconfig`] to a file, readable by its owner only (it holds tokens).
+/// The file appears whole (written beside it, then renamed over it): a reader that
+/// finds it, or follows it, never reads half of it.
 pub fn write_kubeconfig(path: &Path, contexts: &[Context]) -> io::Result<()> {
     let text = serde_json::to_string_pretty(&kubeconfig(contexts)).map_err(io::Error::other)?;
-    std::fs::write(path, text)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+    let mut partial = name.to_os_string();
+    partial.push(".partial");
+    let partial = path.with_file_name(partial);
+    std::fs::write(&partial, text)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o600))?;
     }
-    Ok(())
+    std::fs::rename(&partial, path)
 }
 
 impl SimFleet {

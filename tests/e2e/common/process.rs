@@ -49,7 +49,11 @@ impl Server {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .env("RUST_LOG", "info,fleetscope::persist=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG")
+                    .unwrap_or_else(|_| "info,fleetscope::persist=debug".into()),
+            )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
