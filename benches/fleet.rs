@@ -1760,15 +1760,7 @@ async fn router_fanout() {
                 (s.cluster().name().to_string(), format!("pod-{p}")),
                 Instant::now(),
             );
-            s.cluster()
-                .store
-                .patch(
-                    "pods",
-                    &format!("ns-{}", p % 10),
-                    &format!("pod-{p}"),
-                    &json!({"metadata": {"labels": {"bench-change": format!("{round}-{i}")}}}),
-                )
-                .unwrap();
+            label_pod(s, p, "bench-change", &format!("{round}-{i}"));
             let due = t + Duration::from_millis(20 * (i as u64 + 1));
             tokio::time::sleep_until(due.into()).await;
         }
@@ -1792,6 +1784,21 @@ async fn router_fanout() {
     drop(ring);
 }
 
+/// Sets label `key` of pod `p` (as [`pod_clusters`] names them) to `value`, straight
+/// in the simulated cluster's store.
+fn label_pod(server: &SimServer, p: usize, key: &str, value: &str) {
+    server
+        .cluster()
+        .store
+        .patch(
+            "pods",
+            &format!("ns-{}", p % 10),
+            &format!("pod-{p}"),
+            &json!({"metadata": {"labels": {key: value}}}),
+        )
+        .unwrap();
+}
+
 /// Three replicas (replication factor `replication`, the default lease duration of
 /// 15 s) behind a router over 6 clusters of pods; the replica serving the most
 /// clusters is killed (SIGKILL) while a Watch through the router follows every pod:
@@ -1802,7 +1809,8 @@ async fn failover(replication: usize) {
     let pods = env_usize("FLEET_BENCH_ROUTER_PODS", 20_000);
     let total = (clusters * pods) as u64;
     let dir = tempfile::tempdir().unwrap();
-    let (_servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let (servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let servers = Arc::new(servers);
     let kc = kubeconfig.display().to_string();
     let mut ring = Ring::start(&kc, &pod_serving(&kc), replication);
     let mut routed = client_at(ring.router_port).await;
@@ -1840,10 +1848,39 @@ async fn failover(replication: usize) {
         }
     }
     let counted = resets.clone();
-    let watching = tokio::spawn(async move {
-        while let Ok(Some(e)) = stream.message().await {
-            if e.r#type == proto::EventType::Reset as i32 {
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The changes written during the failover the Watch received (by their label).
+    let received: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
+    let watching = tokio::spawn({
+        let received = received.clone();
+        async move {
+            while let Ok(Some(e)) = stream.message().await {
+                if e.r#type == proto::EventType::Reset as i32 {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                if let Some(o) = e.object
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&o.json)
+                    && let Some(id) = v["metadata"]["labels"]["failover-change"].as_str()
+                {
+                    received.lock().unwrap().insert(id.to_string());
+                }
+            }
+        }
+    });
+    // Changes in every cluster at 50/s from the kill on, the victim's clusters
+    // included: whatever replica serves each cluster next must carry the Watch
+    // through them.
+    let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writing = tokio::spawn({
+        let (servers, written) = (servers.clone(), written.clone());
+        async move {
+            let t = Instant::now();
+            for i in 0.. {
+                let s = &servers[i % clusters];
+                let p = (i * 7919) % pods;
+                label_pod(s, p, "failover-change", &format!("c{i}"));
+                written.store(i + 1, std::sync::atomic::Ordering::Relaxed);
+                let due = t + Duration::from_millis(20 * (i as u64 + 1));
+                tokio::time::sleep_until(due.into()).await;
             }
         }
     });
@@ -1876,15 +1913,26 @@ async fn failover(replication: usize) {
     let served_again = t.elapsed();
     // Settled: the survivors hold every cluster as the assignment over them wants.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    writing.abort();
+    let _ = writing.await;
+    let written = written.load(std::sync::atomic::Ordering::Relaxed);
+    // Every change written reaches the Watch (or the wait ends).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received.lock().unwrap().len() < written && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let caught_up = t.elapsed();
     watching.abort();
     println!(
-        "failover: replication {replication}, {clusters} clusters x {pods} pods, lease 15 s: SIGKILL of {victim} (serving {n} clusters) -> {} through the router {:.1} s after the kill; a routed Watch was sent {} cluster(s) anew",
+        "failover: replication {replication}, {clusters} clusters x {pods} pods, lease 15 s: SIGKILL of {victim} (serving {n} clusters) -> {} through the router {:.1} s after the kill; a routed Watch received {} of the {written} changes written at 50/s from the kill on, the last {:.1} s after the kill, and was sent {} cluster(s) anew",
         if first_gap.is_some() {
             "every cluster served again"
         } else {
             "no answer missed a cluster; all served"
         },
         served_again.as_secs_f64(),
+        received.lock().unwrap().len(),
+        caught_up.as_secs_f64(),
         resets.load(std::sync::atomic::Ordering::Relaxed)
     );
 }

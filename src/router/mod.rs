@@ -274,6 +274,21 @@ impl Router {
             .map_err(|s| from_replica(&member.identity, &s))
     }
 
+    /// `member`'s List page for `clusters`, with who answered and what it was asked.
+    async fn page_of(
+        &self,
+        member: &Member,
+        clusters: Vec<String>,
+        message: proto::ListRequest,
+        access: &Access,
+    ) -> Result<(String, Vec<String>, proto::ListResponse), FleetError> {
+        let request = self.request(message, access);
+        let page = self
+            .ask(member, |mut c| async move { c.list(request).await })
+            .await?;
+        Ok((member.identity.clone(), clusters, page))
+    }
+
     /// `message` as the router sends it for `access`'s caller.
     fn request<T>(&self, message: T, access: &Access) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
@@ -328,6 +343,16 @@ impl Router {
             stale_since: None,
             message: format!("no replica of ring {} serves this cluster", self.ring),
         }
+    }
+}
+
+/// A replica's first page of `query`, its snapshot kept for the pages after it.
+fn first_page(query: proto::Query, limit: usize) -> proto::ListRequest {
+    proto::ListRequest {
+        query: Some(query),
+        limit: limit as u32,
+        page_token: String::new(),
+        keep_snapshot: true,
     }
 }
 
@@ -409,19 +434,8 @@ impl Fleet for Router {
             // A first page: from each cluster's serving replica, or its next holder
             // when that one cannot answer (killed, before its Lease expires).
             self.spread(&members, &r.query.clusters, |member, clusters| {
-                let message = proto::ListRequest {
-                    query: Some(convert::query_out(&r.query, projection, &clusters)),
-                    limit: limit as u32,
-                    page_token: String::new(),
-                    keep_snapshot: true,
-                };
-                let request = self.request(message, &r.access);
-                async move {
-                    let page = self
-                        .ask(member, |mut c| async move { c.list(request).await })
-                        .await?;
-                    Ok((member.identity.clone(), clusters, page))
-                }
+                let query = convert::query_out(&r.query, projection, &clusters);
+                self.page_of(member, clusters, first_page(query, limit), &r.access)
             })
             .await?
         } else {
@@ -470,20 +484,9 @@ impl Fleet for Router {
                         ),
                         keep_snapshot: true,
                     },
-                    None => proto::ListRequest {
-                        query: Some(query),
-                        limit: limit as u32,
-                        page_token: String::new(),
-                        keep_snapshot: true,
-                    },
+                    None => first_page(query, limit),
                 };
-                let request = self.request(message, &r.access);
-                async move {
-                    let page = self
-                        .ask(member, |mut c| async move { c.list(request).await })
-                        .await?;
-                    Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), page))
-                }
+                self.page_of(member, clusters.clone(), message, &r.access)
             });
             futures::future::try_join_all(calls).await?
         };

@@ -1976,9 +1976,14 @@ struct Group(u32);
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.0)])
-            .status();
+        // Signalled directly: procps-ng 4.0.2's kill misreads a process group
+        // (`kill -KILL -999999` signals group 9, `-1`-like ones everything).
+        if let Some(group) = i32::try_from(self.0)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
     }
 }
 
