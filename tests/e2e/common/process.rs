@@ -52,7 +52,7 @@ impl Server {
             .env(
                 "RUST_LOG",
                 std::env::var("E2E_RUST_LOG")
-                    .unwrap_or_else(|_| "info,fleetscope::persist=debug".into()),
+                    .unwrap_or_else(|_| "info,fleetscope_engine::persist=debug".into()),
             )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
