@@ -1987,6 +1987,21 @@ impl Drop for Group {
     }
 }
 
+/// A four-digit prefix `p` other than `not` such that ports `p1` to `pN` are free,
+/// below the ephemeral range (from 32768).
+fn free_prefix(n: u16, not: u16) -> u16 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        ^ std::process::id();
+    (0..1200u16)
+        .map(|i| 2000 + (seed as u16 % 1200 + i) % 1200)
+        .filter(|p| *p != not)
+        .find(|p| (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p * 10 + i)).is_ok()))
+        .expect("free ports below the ephemeral range")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
     use std::os::unix::process::CommandExt;
@@ -2001,7 +2016,14 @@ async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
     // As written, with its files in a directory of its own and this build as
     // `fleetscope`.
     let dir = tempfile::tempdir().unwrap();
-    let script = block.replace("/tmp/", &format!("{}/", dir.path().display()));
+    // Its ports (5005N for replicas, 5006N for routers) moved below the ephemeral
+    // range, where no other test's processes are given one, to ports free now.
+    let replicas = free_prefix(3, 0);
+    let routers = free_prefix(2, replicas);
+    let script = block
+        .replace("/tmp/", &format!("{}/", dir.path().display()))
+        .replace("5005", &replicas.to_string())
+        .replace("5006", &routers.to_string());
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
     std::os::unix::fs::symlink(common::process::BIN, bin.join("fleetscope")).unwrap();
