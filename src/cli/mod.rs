@@ -267,10 +267,9 @@ fn println_flush(text: &str) {
     let _ = out.flush();
 }
 
-/// A page of objects and what the list said about freshness.
+/// Every object a list gave.
 struct Listed {
     items: Vec<Item>,
-    revision: u64,
 }
 
 /// Every page of a query (up to `limit` objects), warning on stderr about clusters
@@ -282,7 +281,7 @@ async fn list_all(
 ) -> Result<Listed, ClientError> {
     let mut items = Vec::new();
     let mut token = String::new();
-    let mut revision = 0;
+    let mut first = true;
     loop {
         let want = limit.map_or(500, |l| l.saturating_sub(items.len() as u64).min(500));
         if want == 0 {
@@ -298,8 +297,8 @@ async fn list_all(
             .await
             .map_err(|s| resource_error(&query.resource, s))?
             .into_inner();
-        if revision == 0 {
-            revision = page.revision;
+        if first {
+            first = false;
             warn_not_current(&page.clusters);
         }
         items.extend(page.items.iter().map(Item::from_proto));
@@ -308,7 +307,7 @@ async fn list_all(
         }
         token = page.next_page_token;
     }
-    Ok(Listed { items, revision })
+    Ok(Listed { items })
 }
 
 /// A refusal naming the resource type, as kubectl words an unknown one.
@@ -578,10 +577,15 @@ async fn get_one(
     sort_by: Option<&jsonpath::Template>,
 ) -> Result<(), ClientError> {
     let query = target.query(&args.query);
-    let Listed {
-        mut items,
-        revision,
-    } = list_all(client, &query, args.limit).await?;
+    // With --watch, the initial objects come on the Watch itself (a router resumes a
+    // Watch by positions, never from a List's revision); without, a paged List.
+    let (mut items, mut follower) = if args.watch {
+        let mut follower = Follower::new(client.clone(), query.clone(), 0, true);
+        let items = follower.initial_objects().await?;
+        (items, Some(follower))
+    } else {
+        (list_all(client, &query, args.limit).await?.items, None)
+    };
     if let Some(by) = sort_by {
         output::sort(&mut items, by);
     }
@@ -621,12 +625,11 @@ async fn get_one(
         print_items(&items, format, target.name.is_some());
         None
     };
-    if !args.watch {
+    let Some(mut follower) = follower.take() else {
         return Ok(());
-    }
-    // Changes after the list, each as a row (or an object) of its own.
+    };
+    // Changes after the initial objects, each as a row (or an object) of its own.
     let mut table = table.filter(|t| !t.columns.is_empty() || t.custom.is_some());
-    let mut follower = Follower::new(client.clone(), query, revision, false);
     loop {
         let event = follower.next().await?;
         let Some(o) = &event.object else { continue };
@@ -712,6 +715,20 @@ impl Follower {
             broken: false,
             token: String::new(),
             after: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// The objects the Watch starts with (it was made with `initial`), up to the end
+    /// of them; changes follow from [`Follower::next`].
+    async fn initial_objects(&mut self) -> Result<Vec<Item>, ClientError> {
+        let mut items = Vec::new();
+        loop {
+            let e = self.next().await?;
+            match e.r#type() {
+                proto::EventType::InitialEventsEnd => return Ok(items),
+                proto::EventType::Added => items.extend(e.object.as_ref().map(Item::from_proto)),
+                _ => {}
+            }
         }
     }
 

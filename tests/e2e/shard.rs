@@ -2073,4 +2073,71 @@ async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
             "{name} listed and counted through a router: {printed}"
         );
     }
+
+    // `get -w` through a router: what is there, then each change as it comes.
+    let kubeconfig = dir.path().join("fleet.kubeconfig");
+    let configmaps = |cluster: &str| {
+        let kubeconfig = kubeconfig.clone();
+        let cluster = cluster.to_string();
+        async move {
+            kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                common::kube_client(&kubeconfig, &cluster).await,
+                "default",
+            )
+        }
+    };
+    let made = |name: &str| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::ConfigMap>(
+            serde_json::json!({"metadata": {"name": name}}),
+        )
+        .unwrap()
+    };
+    configmaps("sim-2")
+        .await
+        .create(&Default::default(), &made("before-the-watch"))
+        .await
+        .unwrap();
+    let mut get = std::process::Command::new(common::process::BIN)
+        .args(["get", "configmaps", "-n", "default", "-w", "-o", "name"])
+        .args(["--server", &format!("127.0.0.1:{routers}1")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join("get.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let lines = {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let out = get.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    };
+    let printed = |name: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(name) => return,
+                Ok(_) => {}
+                Err(e) => panic!(
+                    "get -w never printed {name} ({e}); stderr: {}",
+                    std::fs::read_to_string(dir.path().join("get.err")).unwrap_or_default()
+                ),
+            }
+        }
+    };
+    printed("configmap/before-the-watch");
+    configmaps("sim-3")
+        .await
+        .create(&Default::default(), &made("while-watched"))
+        .await
+        .unwrap();
+    printed("configmap/while-watched");
+    let _ = get.kill();
+    let _ = get.wait();
 }
