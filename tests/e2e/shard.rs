@@ -378,19 +378,22 @@ impl Replica {
     }
 }
 
+/// The `clusters` that `identity` alone owns among `members` (replication 1).
+fn assigned(clusters: &[String], members: &[String], identity: &str) -> Vec<String> {
+    clusters
+        .iter()
+        .filter(|c| fleetscope::shard::assign::owners(c, members, 1) == [identity])
+        .cloned()
+        .collect()
+}
+
 /// Waits until each of `replicas` holds synced exactly the clusters the ring's
 /// assignment over them gives it (every cluster once, and no other: moves done).
 async fn split(replicas: &[&Replica], clusters: &[String], log: &std::path::Path) {
     let members: Vec<String> = replicas.iter().map(|r| r.identity.clone()).collect();
     let want: Vec<Vec<String>> = members
         .iter()
-        .map(|m| {
-            clusters
-                .iter()
-                .filter(|c| fleetscope::shard::assign::owners(c, &members, 1) == [m.as_str()])
-                .cloned()
-                .collect()
-        })
+        .map(|m| assigned(clusters, &members, m))
         .collect();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
@@ -1341,13 +1344,7 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     split(&[&c, &d], &clusters, &log).await;
     progress(20).await;
     let members = [c.identity.clone(), d.identity.clone()];
-    let held_by = |r: &Replica| -> Vec<String> {
-        clusters
-            .iter()
-            .filter(|n| fleetscope::shard::assign::owners(n, &members, 1) == [r.identity.as_str()])
-            .cloned()
-            .collect()
-    };
+    let held_by = |r: &Replica| assigned(&clusters, &members, &r.identity);
     let (mut victim, survivor) = if held_by(&c).len() >= held_by(&d).len() {
         (c, d)
     } else {
