@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use fleetscope_index::{Event, Object, ObjectRef, Query, State, number};
-use fleetscope_informer::Update;
 use fleetscope_informer::history::{History, HistoryEnd};
+use fleetscope_informer::{PrunedObject, StreamId, Update};
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -159,11 +159,7 @@ impl CatchUp {
                 Vec::new()
             }
             Update::Applied { stream, object, .. } => {
-                let position: Arc<str> = Arc::from(object.resource_version.as_str());
-                let Some(input) = crate::ingest::inputs(&stream, vec![object]).pop() else {
-                    return Vec::new();
-                };
-                let object = Object::detached(input, revision);
+                let (object, position) = Self::detached(&stream, object, revision);
                 let prev = self.objects.insert(object.key.clone(), object.clone());
                 let kind = if prev.is_some() {
                     EventType::Modified
@@ -174,11 +170,7 @@ impl CatchUp {
                 vec![self.event(revision, kind, object, prev)]
             }
             Update::Deleted { stream, object } => {
-                let position: Arc<str> = Arc::from(object.resource_version.as_str());
-                let Some(input) = crate::ingest::inputs(&stream, vec![object]).pop() else {
-                    return Vec::new();
-                };
-                let object = Object::detached(input, revision);
+                let (object, position) = Self::detached(&stream, object, revision);
                 let prev = self.objects.remove(&object.key);
                 self.moved(position);
                 vec![self.event(revision, EventType::Deleted, object, prev)]
@@ -191,6 +183,18 @@ impl CatchUp {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// A changed object of the history as the index would hold it, and the member
+    /// position of its change.
+    fn detached(
+        stream: &StreamId,
+        object: PrunedObject,
+        revision: Revision,
+    ) -> (ObjectRef, Arc<str>) {
+        let position = Arc::from(object.resource_version.as_str());
+        let input = crate::ingest::input(stream, object);
+        (Object::detached(input, revision), position)
     }
 
     fn moved(&mut self, position: Arc<str>) {

@@ -107,6 +107,11 @@ pub(crate) fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<Objec
         .collect()
 }
 
+/// One object of `stream` as the index takes it.
+pub(crate) fn input(stream: &StreamId, o: PrunedObject) -> ObjectInput {
+    to_input(stream_key(stream, &o), o)
+}
+
 /// An object as the index takes it: everything it needs was read in the prune pass.
 fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectInput {
     ObjectInput {

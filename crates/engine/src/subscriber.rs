@@ -548,7 +548,7 @@ impl Producer {
                 if end == HistoryEnd::Cancelled {
                     return true;
                 }
-                tracing::info!(%cluster, resource = %self.resource.name(), end = ?end, "the member's history does not reach back to a Watch's position: its stream is sent anew");
+                tracing::info!(%cluster, resource = %self.resource.name(), end = ?end, "the member's history cannot carry a Watch from its position (compacted, or not read): its stream is sent anew");
                 self.reset(cluster, self.index.snapshot()).await
             }
             Caught::Update(update) => {
