@@ -168,16 +168,18 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
             _ => None,
         };
         if let Some(w) = during {
-            let (start, _) = writes[w];
-            let seen = log_len(&setup.log());
-            // A write due begins within a batch or two; one not due within this (the
+            let (start, end) = writes[w];
+            // A write of this run under way (a start compacts the store at its first
+            // write), or one due within a batch or two; one not due within this (the
             // store grows by half between compactions) leaves the kill to land at
             // random, and later rounds try again.
+            let under_way = || {
+                let run = log_since(&setup.log(), from);
+                run.rfind(start).is_some_and(|at| !run[at..].contains(end))
+            };
             let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
             // Reading on, so the server is never held up by its subscriber.
-            while !log_since(&setup.log(), seen).contains(start)
-                && tokio::time::Instant::now() < deadline
-            {
+            while !under_way() && tokio::time::Instant::now() < deadline {
                 let until = tokio::time::Instant::now() + Duration::from_millis(1);
                 sub.read_until(&mut stream, until).await;
             }
