@@ -235,9 +235,18 @@ impl ClusterStatus {
         let since = streams.iter().filter_map(|s| s.stale_since).min();
         match worst {
             // Streams of known types start before discovery answers; the cluster as a
-            // whole is synced once discovery has said what else it serves.
+            // whole is synced once discovery has said what else it serves. Streams
+            // that resumed from the store keep it restored meanwhile: its objects are
+            // current for the types it served when it was stored.
             Freshness::Synced if resource.is_none() && !self.discovered => (
-                Freshness::Syncing,
+                if streams
+                    .iter()
+                    .all(|s| s.sync_method == Some(fleetscope_model::fleet::SyncMethod::Resumed))
+                {
+                    Freshness::Restored
+                } else {
+                    Freshness::Syncing
+                },
                 None,
                 "discovering the cluster's resource types".into(),
             ),
@@ -737,6 +746,52 @@ mod tests {
         }
         writer.join().unwrap();
         reader.join().unwrap();
+    }
+
+    #[test]
+    fn a_restored_cluster_whose_watches_resumed_before_its_discovery_reads_as_restored() {
+        let table = StatusTable::default();
+        let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+        let (restored, listed) = (ClusterName::from("restored"), ClusterName::from("listed"));
+        for name in [&restored, &listed] {
+            table.add_cluster(name, "test", BTreeMap::new());
+        }
+        table.stream_restored(&restored, &pods, "7");
+        assert_eq!(
+            table.cluster(&restored).unwrap().freshness(None).0,
+            Freshness::Restored
+        );
+        // Its watch resumes and is confirmed before discovery has answered.
+        table.update_stream(&restored, &pods, |s| {
+            s.sync_method = Some(fleetscope_model::fleet::SyncMethod::Resumed);
+        });
+        table.stream_state(&restored, &pods, StreamState::Watching, None);
+        table.confirm_restored(&restored, &pods);
+        let c = table.cluster(&restored).unwrap();
+        assert_eq!(c.freshness(Some("pods")).0, Freshness::Synced);
+        assert_eq!(
+            c.freshness(None).0,
+            Freshness::Restored,
+            "not back to syncing"
+        );
+        // A cluster that listed is syncing until discovery has said what else it serves.
+        table.stream_state(&listed, &pods, StreamState::Listing, None);
+        table.stream_listed(&listed, &pods, "9");
+        let (f, _, why) = table.cluster(&listed).unwrap().freshness(None);
+        assert_eq!(
+            (f, why.as_str()),
+            (
+                Freshness::Syncing,
+                "discovering the cluster's resource types"
+            )
+        );
+        for name in [&restored, &listed] {
+            table.update(name, |c| c.discovered = true);
+            assert_eq!(
+                table.cluster(name).unwrap().freshness(None).0,
+                Freshness::Synced
+            );
+        }
     }
 
     #[test]

@@ -124,7 +124,8 @@ pub struct FleetObject {
 pub enum Freshness {
     /// Listed and watching.
     Synced,
-    /// Loaded from the store at start; its watch has not yet caught up.
+    /// Loaded from the store at start; its watch has not yet caught up (for a whole
+    /// cluster: or its watches have, and its discovery has not yet answered).
     Restored,
     /// Still in its initial list.
     Syncing,
