@@ -18,8 +18,8 @@ use fleetscope::grpc::{FleetService, ServiceConfig};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self, CountRequest, GetRequest, ListRequest, Query, WatchRequest};
 use fleetscope::server;
-use fleetscope_index::{Change, ObjectInput};
-use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType};
+use fleetscope_index::Change;
+use fleetscope_model::{ClusterName, Location, ObjectKey, ObjectState, ResourceType};
 use fleetscope_sim::{Cluster, ClusterConfig, SimServer};
 use serde_json::json;
 use tokio_stream::StreamExt;
@@ -519,12 +519,12 @@ async fn serve_index(engine: &Arc<Engine>) -> String {
     format!("http://{addr}")
 }
 
-fn input(cluster: &ClusterName, i: usize) -> ObjectInput {
+fn input(cluster: &ClusterName, i: usize) -> ObjectState {
     input_at(cluster, i, i)
 }
 
 /// Pod `i` of a cluster at resourceVersion `rv`, pruned as the informers prune it.
-fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectInput {
+fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectState {
     let ns = format!("ns-{}", i % 20);
     let name = format!("pod-{i}");
     let mut v = pod(cluster.as_str(), &ns, &name, i);
@@ -534,7 +534,7 @@ fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectInput {
     meta.insert("resourceVersion".into(), json!(rv.to_string()));
     // A fresh allocation of exactly its length, as the informers' pruning makes it.
     let json = json!({"apiVersion": "v1", "kind": "Pod", "metadata": v["metadata"], "spec": v["spec"], "status": v["status"]}).to_string().as_str().to_owned();
-    ObjectInput {
+    ObjectState {
         key: ObjectKey::new("pods", cluster, &ns, &name),
         json,
         labels: vec![
@@ -594,7 +594,7 @@ async fn scale() {
     for batch in batches {
         // A list's objects share one key location per namespace, as the informers' do.
         let mut locations: BTreeMap<(usize, usize), Arc<Location>> = BTreeMap::new();
-        let mut inputs: Vec<ObjectInput> = batch
+        let mut inputs: Vec<ObjectState> = batch
             .iter()
             .map(|&i| {
                 let mut o = input(&names[i % clusters], i / clusters);

@@ -284,8 +284,9 @@ impl CatchUp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleetscope_index::{Change, Index, ObjectInput};
+    use fleetscope_index::{Change, Index};
     use fleetscope_informer::{PrunedObject, StreamId};
+    use fleetscope_model::ObjectState;
     use fleetscope_model::ResourceType;
 
     fn pods() -> ResourceType {
@@ -331,7 +332,7 @@ mod tests {
             .iter()
             .map(|(name, rv)| {
                 let o = pruned(name, *rv);
-                Change::Upsert(ObjectInput {
+                Change::Upsert(ObjectState {
                     key: ObjectKey::new("pods", &ClusterName::from("a"), "ns", name),
                     json: o.json,
                     labels: Vec::new(),

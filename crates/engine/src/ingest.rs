@@ -5,11 +5,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use fleetscope_index::{Change, Index, ObjectInput};
+use fleetscope_index::{Change, Index};
 use fleetscope_informer::PrunedObject;
 use fleetscope_informer::stream::{ListReason, StreamId, Update};
 use fleetscope_model::selector::field_in_json;
-use fleetscope_model::{ClusterName, Location, ObjectKey, ResourceType};
+use fleetscope_model::{ClusterName, Location, ObjectKey, ObjectState, ResourceType};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +30,7 @@ pub(crate) fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[Str
     );
     let mut redone = 0usize;
     for o in records {
-        o.fields = field_values(&o.json, paths);
+        o.state.fields = field_values(&o.state.json, paths);
         redone += 1;
     }
     if redone > 0 {
@@ -95,11 +95,11 @@ enum PartsState {
     Applied,
     /// Something was: the parts are gathered and the whole list replaces what is held
     /// at its end, as a re-list does.
-    Gathered(Vec<ObjectInput>),
+    Gathered(Vec<ObjectState>),
 }
 
 /// A list's objects as the index takes them, keyed in the stream.
-pub(crate) fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<ObjectInput> {
+pub(crate) fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<ObjectState> {
     let mut keys = StreamKeys::new(stream);
     objects
         .into_iter()
@@ -108,13 +108,13 @@ pub(crate) fn inputs(stream: &StreamId, objects: Vec<PrunedObject>) -> Vec<Objec
 }
 
 /// One object of `stream` as the index takes it.
-pub(crate) fn input(stream: &StreamId, o: PrunedObject) -> ObjectInput {
+pub(crate) fn input(stream: &StreamId, o: PrunedObject) -> ObjectState {
     to_input(stream_key(stream, &o), o)
 }
 
 /// An object as the index takes it: everything it needs was read in the prune pass.
-fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectInput {
-    ObjectInput {
+fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectState {
+    ObjectState {
         key,
         json: o.json,
         labels: o.labels,
@@ -582,7 +582,7 @@ mod tests {
         for round in 0..20 {
             let index = Arc::new(Index::new(Default::default()));
             let cluster = ClusterName::from("c1");
-            let staged = index.stage([Change::Upsert(ObjectInput {
+            let staged = index.stage([Change::Upsert(ObjectState {
                 key: ObjectKey::new("configmaps", &cluster, "ns", "cm"),
                 json: r#"{"metadata":{"name":"cm","namespace":"ns"}}"#.into(),
                 labels: Vec::new(),

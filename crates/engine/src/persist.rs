@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleetscope_index::{Event, Index, Object, ObjectInput, Restored, RestoredEvent, Staged, State};
-use fleetscope_model::{ClusterName, EventType, ResourceType, Revision};
+use fleetscope_index::{Event, Index, Object, Restored, RestoredEvent, Staged, State};
+use fleetscope_model::{ClusterName, EventType, ObjectState, ResourceType, Revision};
 use fleetscope_store::{
     Batch, EventRun, Loaded, ObjectRecord, SnapshotMeta, Store, StoredEvent, StreamRecord,
 };
@@ -234,17 +234,8 @@ impl StoredEvent for Logged<'_> {
     }
 }
 
-fn to_input(o: ObjectRecord) -> (ObjectInput, Revision) {
-    (
-        ObjectInput {
-            key: o.key,
-            json: o.json,
-            labels: o.labels,
-            owners: o.owners,
-            fields: o.fields,
-        },
-        o.revision,
-    )
+fn to_input(o: ObjectRecord) -> (ObjectState, Revision) {
+    (o.state, o.revision)
 }
 
 /// What the index is rebuilt from.
@@ -285,7 +276,7 @@ impl Continued {
     /// Read off a loaded store, before its objects and events are taken.
     pub fn of(loaded: &Loaded) -> Self {
         Self {
-            held_json: loaded.objects.iter().map(|o| o.json.len()).sum(),
+            held_json: loaded.objects.iter().map(|o| o.state.json.len()).sum(),
             records: loaded.event_records.clone(),
             snapshot: loaded.snapshot,
             change_log: loaded.change_log_bytes as usize,
@@ -883,7 +874,7 @@ pub(crate) mod tests {
     use super::*;
 
     fn pod(name: &str, rv: u64) -> Change {
-        Change::Upsert(ObjectInput {
+        Change::Upsert(ObjectState {
             key: ObjectKey::new("pods", &ClusterName::from("c1"), "ns", name),
             json: format!(
                 r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#
@@ -1042,7 +1033,7 @@ pub(crate) mod tests {
         let held: Vec<String> = loaded
             .objects
             .iter()
-            .map(|o| o.key.name.to_string())
+            .map(|o| o.state.key.name.to_string())
             .collect();
         let mut expected = names(&index);
         expected.sort();

@@ -956,7 +956,8 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
-    use fleetscope_index::{Change, ObjectInput};
+    use fleetscope_index::Change;
+    use fleetscope_model::ObjectState;
     use fleetscope_model::fleet::{Query, WatchEvent, WatchRequest};
     use fleetscope_model::{
         ClusterFilter, ClusterName, EventType, Fleet, FleetError, LabelSelector, ObjectKey,
@@ -993,7 +994,7 @@ mod tests {
         let json = format!(
             r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"ns","uid":"uid-{name}","resourceVersion":"7","labels":{{"app":"{app}"}}}}}}"#
         );
-        Change::Upsert(ObjectInput {
+        Change::Upsert(ObjectState {
             key: ObjectKey::new("pods", &ClusterName::from(cluster), "ns", name),
             json,
             labels: vec![("app".into(), app.into())],
@@ -1289,7 +1290,7 @@ mod tests {
         let json = format!(
             r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"{namespace}","uid":"uid-{name}","resourceVersion":"7"}}}}"#
         );
-        Change::Upsert(ObjectInput {
+        Change::Upsert(ObjectState {
             key: ObjectKey::new("pods", &ClusterName::from(cluster), namespace, name),
             json,
             labels: Vec::new(),

@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, Revision};
 use tokio::sync::watch;
 
 /// A hash set with a fast keyed hash.
@@ -32,7 +32,7 @@ type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 pub use feed::{Feed, FeedError, Staged};
 pub use fleetscope_model::GroupBy;
-pub use object::{Object, ObjectInput, ObjectRef};
+pub use object::{Object, ObjectRef};
 pub use query::{Counts, Page, Query};
 pub use state::{Event, State};
 
@@ -75,7 +75,7 @@ impl Default for Config {
 #[derive(Debug, Clone)]
 pub enum Change {
     /// Create or replace one object.
-    Upsert(ObjectInput),
+    Upsert(ObjectState),
     /// Delete one object.
     Delete(ObjectKey),
     /// The complete set of one resource type in one cluster, as a (re-)list returns it.
@@ -87,17 +87,17 @@ pub enum Change {
         /// The cluster.
         cluster: ClusterName,
         /// Every object the list returned.
-        objects: Vec<ObjectInput>,
+        objects: Vec<ObjectState>,
     },
     /// Objects arriving together (a part of a first list): each created, or replaced
     /// when already held, as [`Change::Upsert`] would; those not held go in at once,
     /// as a first list's do.
-    Add(Vec<ObjectInput>),
+    Add(Vec<ObjectState>),
     /// Remove every object of a cluster.
     RemoveCluster(ClusterName),
     /// [`Change::Upsert`] by a watch event at a member resourceVersion: the object's
     /// stream reaches it (and its event carries it).
-    UpsertAt(ObjectInput, Arc<str>),
+    UpsertAt(ObjectState, Arc<str>),
     /// [`Change::Delete`] by a watch event at a member resourceVersion.
     DeleteAt(ObjectKey, Arc<str>),
     /// A list of one resource type in one cluster at a member resourceVersion is
@@ -195,7 +195,7 @@ pub struct Restored {
     /// The revision to continue from.
     pub revision: Revision,
     /// Every object, with the revision of the change that produced it.
-    pub objects: Vec<(ObjectInput, Revision)>,
+    pub objects: Vec<(ObjectState, Revision)>,
     /// The retained event log, in revision order.
     pub events: Vec<RestoredEvent>,
 }
@@ -208,9 +208,9 @@ pub struct RestoredEvent {
     /// What happened.
     pub kind: EventType,
     /// The object after the change (for a delete, its last state), with its revision.
-    pub object: (ObjectInput, Revision),
+    pub object: (ObjectState, Revision),
     /// The object before the change, with its revision.
-    pub prev: Option<(ObjectInput, Revision)>,
+    pub prev: Option<(ObjectState, Revision)>,
 }
 
 /// A watch cannot start from the revision asked for.
@@ -400,7 +400,7 @@ impl Index {
                     cluster,
                     objects,
                 } => {
-                    let mut objects: Vec<ObjectInput> = objects
+                    let mut objects: Vec<ObjectState> = objects
                         .into_iter()
                         .filter(|o| *o.key.resource == *resource && o.key.cluster == cluster)
                         .map(|mut o| {
@@ -426,7 +426,7 @@ impl Index {
                     }
                 }
                 Change::Add(objects) => {
-                    let (held, mut new): (Vec<ObjectInput>, Vec<ObjectInput>) = objects
+                    let (held, mut new): (Vec<ObjectState>, Vec<ObjectState>) = objects
                         .into_iter()
                         .map(|mut o| {
                             o.key = interner.key(&o.key);

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use fleetscope_model::selector::{Fields, Labels, field_in_json, metadata_json};
-use fleetscope_model::{Location, ObjectKey, Revision};
+use fleetscope_model::{Location, ObjectKey, ObjectState, Revision};
 use imbl::OrdSet;
 
 use crate::HashSet;
@@ -92,21 +92,6 @@ impl Interner {
         }
         fresh
     }
-}
-
-/// An object as it arrives from a cluster, pruned, ready to index.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectInput {
-    /// Identity.
-    pub key: ObjectKey,
-    /// The pruned object as JSON, with apiVersion and kind.
-    pub json: String,
-    /// metadata.labels.
-    pub labels: Vec<(String, String)>,
-    /// The uids of metadata.ownerReferences.
-    pub owners: Vec<String>,
-    /// Values of the configured field indexes, as (JSON path, value).
-    pub fields: Vec<(String, String)>,
 }
 
 /// The label and field values an object is found by in the secondary indexes. Objects
@@ -223,12 +208,12 @@ impl Object {
 
     /// An object held outside any index (a member's history read for one
     /// subscriber), as the index would hold it, with `revision`.
-    pub fn detached(input: ObjectInput, revision: Revision) -> ObjectRef {
+    pub fn detached(input: ObjectState, revision: Revision) -> ObjectRef {
         ObjectRef::new(Self::from_input(input, revision, &mut Interner::default()))
     }
 
     pub(crate) fn from_input(
-        input: ObjectInput,
+        input: ObjectState,
         revision: Revision,
         interner: &mut Interner,
     ) -> Self {
@@ -278,7 +263,7 @@ impl Object {
     }
 
     /// Whether an input describes this same state (so applying it changes nothing).
-    pub(crate) fn same_as(&self, input: &ObjectInput) -> bool {
+    pub(crate) fn same_as(&self, input: &ObjectState) -> bool {
         *self.json == *input.json
     }
 

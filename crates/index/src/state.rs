@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, Revision};
 use imbl::{OrdMap, OrdSet};
 
 /// A plain hash map, for gathering what a restore then makes persistent.
@@ -14,7 +14,7 @@ type StdHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSt
 type HashMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
-use crate::object::{Entry, Interner, Object, ObjectInput, ObjectRef, insert_in_order};
+use crate::object::{Entry, Interner, Object, ObjectRef, insert_in_order};
 use crate::owners::{GatheredOwners, OwnerIndex};
 
 /// One applied change, with the state before it, so filters can see transitions.
@@ -554,7 +554,7 @@ impl State {
     /// secondary entries gathered and added once per value.
     pub(crate) fn add_new(
         &mut self,
-        inputs: Vec<ObjectInput>,
+        inputs: Vec<ObjectState>,
         interner: &mut Interner,
         events: &mut Vec<Event>,
     ) {
@@ -586,7 +586,7 @@ impl State {
     }
 
     /// Creates or replaces an object; `None` when the input is the state already held.
-    pub(crate) fn upsert(&mut self, input: ObjectInput, interner: &mut Interner) -> Option<Event> {
+    pub(crate) fn upsert(&mut self, input: ObjectState, interner: &mut Interner) -> Option<Event> {
         let prev = self.get(&input.key).cloned();
         if prev.as_ref().is_some_and(|p| p.same_as(&input)) {
             return None;

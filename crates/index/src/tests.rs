@@ -13,13 +13,13 @@ fn input(
     name: &str,
     rv: u64,
     labels: &[(&str, &str)],
-) -> ObjectInput {
+) -> ObjectState {
     let label_map: serde_json::Map<String, serde_json::Value> = labels
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
     let json = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": ns, "resourceVersion": rv.to_string(), "labels": label_map}, "spec": {"nodeName": format!("n{}", rv % 3)}, "status": {"phase": if rv.is_multiple_of(2) { "Running" } else { "Pending" }}});
-    ObjectInput {
+    ObjectState {
         key: ObjectKey::new(resource, &ClusterName::from(cluster), ns, name),
         json: json.to_string(),
         labels: labels
@@ -32,7 +32,7 @@ fn input(
 }
 
 /// What a store would give back for every object held.
-fn saved_inputs(saved: &State) -> Vec<(ObjectInput, Revision)> {
+fn saved_inputs(saved: &State) -> Vec<(ObjectState, Revision)> {
     let text = |pairs: &[(Arc<str>, Arc<str>)]| -> Vec<(String, String)> {
         pairs
             .iter()
@@ -43,7 +43,7 @@ fn saved_inputs(saved: &State) -> Vec<(ObjectInput, Revision)> {
         .iter()
         .map(|o| {
             (
-                ObjectInput {
+                ObjectState {
                     key: o.key.clone(),
                     json: o.json.to_string(),
                     labels: text(o.labels()),
@@ -518,7 +518,7 @@ fn the_log_is_bounded_in_bytes() {
 fn secondary_sets_grow_past_a_few_members_and_shrink_back() {
     let idx = index();
     // Even resource versions: every object has owner-0, node n0/n2 alternating, app=web.
-    let all: Vec<ObjectInput> = (0..100)
+    let all: Vec<ObjectState> = (0..100)
         .map(|i| {
             input(
                 "pods",
@@ -917,7 +917,7 @@ const APPS: [&str; 3] = ["web", "db", "cache"];
 /// Owner uids, some a prefix of another.
 const OWNERS: [&str; 3] = ["o", "o1", "o10"];
 
-fn mk(cluster: u8, ns: u8, name: u8, rv: u64, app: u8) -> ObjectInput {
+fn mk(cluster: u8, ns: u8, name: u8, rv: u64, app: u8) -> ObjectState {
     let mut i = input(
         "pods",
         &format!("c{cluster}"),
@@ -941,7 +941,7 @@ proptest! {
     #[test]
     fn index_matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..60), selector in 0..4usize) {
         let idx = index();
-        let mut model: BTreeMap<ObjectKey, ObjectInput> = BTreeMap::new();
+        let mut model: BTreeMap<ObjectKey, ObjectState> = BTreeMap::new();
         let mut replayed: BTreeMap<ObjectKey, ObjectRef> = BTreeMap::new();
         let mut last = Revision(0);
         let mut feed = idx.subscribe(None).unwrap().feed;
@@ -976,7 +976,7 @@ proptest! {
                 }
                 Op::Add { cluster, items } => {
                     // In any order, a key possibly twice (the last wins), some held.
-                    let objects: Vec<ObjectInput> = items
+                    let objects: Vec<ObjectState> = items
                         .into_iter()
                         .map(|(ns, name, rv, app)| mk(cluster, ns, name, rv, app))
                         .collect();

@@ -2,7 +2,8 @@
 //!
 //! Entry points:
 //! - [`ClusterName`], [`ResourceType`], [`ObjectKey`], [`Revision`], [`EventType`]:
-//!   identity and ordering shared by every layer.
+//!   identity and ordering shared by every layer; [`ObjectState`], an object as
+//!   the index takes it and the store keeps it.
 //! - [`Fleet`]: the seam every front end talks through, with its request and answer
 //!   types and [`FleetError`].
 //! - [`Access`]: who asks and the policy they are held to, enforced below the seam.
@@ -17,6 +18,7 @@ mod clusters;
 pub mod fleet;
 mod identity;
 mod json;
+mod object;
 pub mod selector;
 
 /// An object's stored state, read in place: what the store writes of an object,
@@ -45,4 +47,5 @@ pub use identity::{
     check_resource_name,
 };
 pub use json::Json;
+pub use object::ObjectState;
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

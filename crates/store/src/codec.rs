@@ -4,7 +4,7 @@
 //! behind its plain length; the checksum covers the bytes as stored.
 
 use fleetscope_model::{
-    ClusterName, EventType, Location, ObjectKey, ResourceType, Revision, StoredObject,
+    ClusterName, EventType, Location, ObjectKey, ObjectState, ResourceType, Revision, StoredObject,
 };
 
 use crate::{
@@ -292,12 +292,14 @@ impl<'a> Reader<'a> {
         }
         let fields = self.pairs()?;
         Ok(ObjectRecord {
-            key,
             revision,
-            json,
-            labels,
-            owners,
-            fields,
+            state: ObjectState {
+                key,
+                json,
+                labels,
+                owners,
+                fields,
+            },
         })
     }
 

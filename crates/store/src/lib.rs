@@ -27,7 +27,9 @@ mod sled_store;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision, StoredObject};
+use fleetscope_model::{
+    ClusterName, EventType, ObjectKey, ObjectState, ResourceType, Revision, StoredObject,
+};
 
 pub use codec::DecodeError;
 pub use memory::MemoryStore;
@@ -45,21 +47,14 @@ pub const CHUNK_BYTES: usize = 12 << 10;
 /// How much of a snapshot goes to the storage engine in one write.
 const WRITE_BYTES: usize = 4 << 20;
 
-/// One object as stored: what the index needs to rebuild it without parsing the JSON.
+/// One object as stored: its state, which the index rebuilds it from without parsing
+/// the JSON, and the revision the index gave that state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectRecord {
-    /// Identity.
-    pub key: ObjectKey,
     /// The revision of the change that produced this state.
     pub revision: Revision,
-    /// The pruned object as JSON.
-    pub json: String,
-    /// metadata.labels.
-    pub labels: Vec<(String, String)>,
-    /// The uids of metadata.ownerReferences.
-    pub owners: Vec<String>,
-    /// Values of the configured field indexes, as (JSON path, value).
-    pub fields: Vec<(String, String)>,
+    /// The object's state.
+    pub state: ObjectState,
 }
 
 /// One event of the log, for resuming watches across restarts.
@@ -78,7 +73,7 @@ pub struct EventRecord {
 impl EventRecord {
     /// The JSON it carries: the object's, and the previous state's when there is one.
     pub fn json_bytes(&self) -> usize {
-        self.object.json.len() + self.prev.as_ref().map_or(0, |p| p.json.len())
+        self.object.state.json.len() + self.prev.as_ref().map_or(0, |p| p.state.json.len())
     }
 }
 
@@ -433,7 +428,7 @@ pub trait Store: Send + Sync {
                 // The raw chunks are not needed past here: give their memory back first.
                 drop(mine);
                 if objects.len() as u64 != meta.objects
-                    || objects.windows(2).any(|w| w[0].key >= w[1].key)
+                    || objects.windows(2).any(|w| w[0].state.key >= w[1].state.key)
                 {
                     return Err(StoreError::Damaged(format!(
                         "snapshot {} does not hold its {} objects in order",
@@ -626,13 +621,13 @@ fn replay(base: Vec<ObjectRecord>, changes: &[&EventRecord]) -> Vec<ObjectRecord
             EventType::Deleted => None,
             _ => Some(&e.object),
         };
-        last.insert(&e.object.key, state);
+        last.insert(&e.object.state.key, state);
     }
     let mut out = Vec::with_capacity(base.len() + last.len());
     let mut changed = last.into_iter().peekable();
     for o in base {
         while let Some((k, state)) = changed.peek() {
-            if **k >= o.key {
+            if **k >= o.state.key {
                 break;
             }
             if let Some(s) = state {
@@ -641,7 +636,7 @@ fn replay(base: Vec<ObjectRecord>, changes: &[&EventRecord]) -> Vec<ObjectRecord
             changed.next();
         }
         match changed.peek() {
-            Some((k, state)) if **k == o.key => {
+            Some((k, state)) if **k == o.state.key => {
                 if let Some(s) = state {
                     out.push((*s).clone());
                 }
@@ -703,21 +698,27 @@ pub fn write_snapshot<'a, O: StoredObject + 'a>(
 
 impl StoredObject for ObjectRecord {
     fn key(&self) -> &ObjectKey {
-        &self.key
+        &self.state.key
     }
     fn revision(&self) -> Revision {
         self.revision
     }
     fn json(&self) -> &str {
-        &self.json
+        &self.state.json
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.state
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     }
     fn owners(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.owners.iter().map(String::as_str)
+        self.state.owners.iter().map(String::as_str)
     }
     fn fields(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.fields.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.state
+            .fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }

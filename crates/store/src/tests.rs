@@ -1,18 +1,20 @@
 use std::path::Path;
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, ResourceType, Revision};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, ResourceType, Revision};
 use proptest::prelude::*;
 
 use super::*;
 
 fn object(cluster: &str, ns: &str, name: &str, revision: u64) -> ObjectRecord {
     ObjectRecord {
-        key: ObjectKey::new("pods", &ClusterName::from(cluster), ns, name),
         revision: Revision(revision),
-        json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{revision}"}}}}"#),
-        labels: vec![("app".into(), "web".into())],
-        owners: vec!["rs-1".into()],
-        fields: vec![("spec.nodeName".into(), "n1".into())],
+        state: ObjectState {
+            key: ObjectKey::new("pods", &ClusterName::from(cluster), ns, name),
+            json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{revision}"}}}}"#),
+            labels: vec![("app".into(), "web".into())],
+            owners: vec!["rs-1".into()],
+            fields: vec![("spec.nodeName".into(), "n1".into())],
+        },
     }
 }
 
@@ -119,10 +121,13 @@ fn check_after_both(loaded: &Loaded) {
     let names: Vec<(&str, u64)> = loaded
         .objects
         .iter()
-        .map(|o| (&*o.key.name, o.revision.0))
+        .map(|o| (&*o.state.key.name, o.revision.0))
         .collect();
     assert_eq!(names, [("p1", 4), ("p3", 3)]);
-    assert_eq!(loaded.objects[0].labels, [("app".into(), "web".into())]);
+    assert_eq!(
+        loaded.objects[0].state.labels,
+        [("app".into(), "web".into())]
+    );
     assert_eq!(loaded.events.last().map(|e| e.revision), Some(Revision(5)));
     let modified = loaded
         .events
@@ -171,7 +176,7 @@ fn memory_store_round_trips_batches() {
     };
     store.commit(&third).unwrap();
     let loaded = store.load().unwrap();
-    let names: Vec<&str> = loaded.objects.iter().map(|o| &*o.key.name).collect();
+    let names: Vec<&str> = loaded.objects.iter().map(|o| &*o.state.key.name).collect();
     assert_eq!(names, ["p0", "p1", "p3"]);
 }
 
@@ -500,12 +505,14 @@ proptest! {
         revision in any::<u64>(),
     ) {
         let o = ObjectRecord {
-            key: ObjectKey::new("deployments.apps", &ClusterName::from("c"), "", &name),
             revision: Revision(revision),
-            json,
-            labels,
-            owners: vec![name.clone()],
-            fields: Vec::new(),
+            state: ObjectState {
+                key: ObjectKey::new("deployments.apps", &ClusterName::from("c"), "", &name),
+                json,
+                labels,
+                owners: vec![name.clone()],
+                fields: Vec::new(),
+            },
         };
         prop_assert_eq!(codec::decode_object(&codec::encode_object(&o)).unwrap(), o.clone());
         let e = EventRecord { revision: Revision(revision), kind: EventType::Deleted, object: o.clone(), prev: Some(o) };
@@ -549,7 +556,7 @@ fn churned(store: &SledStore, rounds: u64) -> Vec<ObjectRecord> {
                     })
                     .collect::<String>()
                     .repeat(8);
-                o.json = format!(r#"{{"round":{round},"noise":"{noise}"}}"#);
+                o.state.json = format!(r#"{{"round":{round},"noise":"{noise}"}}"#);
                 o
             })
             .collect();
