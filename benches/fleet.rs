@@ -61,7 +61,7 @@ fn run_child(args: &[&str], marker: &str) -> Vec<String> {
 
 /// A child process with the allocator setting the container image and manifest use:
 /// freed memory returned to the system after 1 s rather than 10 ms (unless the
-/// environment already chooses).
+/// environment already chooses); small pages, as `main` asks, are inherited.
 fn as_deployed(command: &mut Command) -> &mut Command {
     command.env(
         "MIMALLOC_PURGE_DELAY",
@@ -1268,6 +1268,9 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
 }
 
 fn main() {
+    // The pages `fleetscope` runs with, for every part and child (the contenders
+    // share the allocator too).
+    let _ = fleetscope::memory::small_pages();
     STARTED.get_or_init(Instant::now);
     let args: Vec<String> = std::env::args()
         .skip(1)

@@ -9,9 +9,23 @@ use fleetscope::telemetry;
 /// Exit status when the data directory is held by another running fleetscope.
 const EXIT_DATA_DIR_LOCKED: u8 = 3;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    match run_cli().await {
+fn main() -> std::process::ExitCode {
+    let pages = fleetscope::memory::small_pages();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("fleetscope: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(dispatch(pages))
+}
+
+async fn dispatch(pages: std::io::Result<()>) -> std::process::ExitCode {
+    match run_cli(pages).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One line with every cause, the way people read errors at a terminal.
@@ -48,7 +62,7 @@ fn one_line(e: &anyhow::Error) -> String {
     line
 }
 
-async fn run_cli() -> anyhow::Result<()> {
+async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
     let mut parsed = args::Cli::parse();
     // With a configuration file, the command line is parsed again with the file's
     // values as the flags' defaults (flag > environment > file > default).
@@ -68,6 +82,9 @@ async fn run_cli() -> anyhow::Result<()> {
         });
     }
     let _telemetry = telemetry::init(parsed.global.log_format);
+    if let Err(e) = pages {
+        tracing::debug!(error = %e, "transparent huge pages stay as the kernel has them");
+    }
     match parsed.command {
         args::Command::Serve(args) => Ok(run::serve(args, config).await?),
         args::Command::Router(args) => Ok(run::router(*args).await?),
