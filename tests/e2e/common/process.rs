@@ -98,9 +98,29 @@ impl Drop for Server {
 }
 
 /// A loopback port nothing listens on now.
+///
+/// Below the kernel's ephemeral range (32768 and up), in 10000–19999: a port the kernel
+/// handed out for `bind(0)` is free only until it gives the same one to some other
+/// test's outgoing connection, before the process meant to listen on it has started
+/// (seen with four tests at a time: `Address already in use`). Each call of this
+/// process gets a port of its own; one something else on the machine holds is skipped.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    const FIRST: u32 = 10_000;
+    const PORTS: u32 = 10_000;
+    // A start of this run's own, so runs one after another do not meet a port in TIME_WAIT.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % PORTS,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..PORTS {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % PORTS) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}–{}", FIRST + PORTS - 1)
 }
