@@ -1370,7 +1370,8 @@ async fn a_watch_through_the_routers_stays_exact_across_killed_replicas_and_rout
     assert_eq!(
         ended.resets,
         lost.len(),
-        "exactly the clusters whose history was gone ({lost:?}) were sent anew"
+        "exactly the clusters whose history was gone ({lost:?}) were sent anew; log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
     stop.cancel();
     subscriber.await.unwrap();
