@@ -11,11 +11,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Has the kernel give this process (and what it starts) small pages only, unless
 /// `MIMALLOC_ALLOW_THP` chooses otherwise. mimalloc asks for transparent huge pages on
 /// each 1 GiB region it reserves, so every 2 MiB of it that is touched at all is held
-/// whole: an idle server over 15,000 configmaps held 78–90 MB instead of 66–70 MB, a
-/// first sync of 100,000 pods grew it by 142–149 MB instead of 132–135 MB, and with
-/// persistence by 337–387 MB instead of 259–271 MB (the store's writes touch much
-/// memory briefly), and took no less time. Call first thing in `main`, before
-/// threads start. An error (a kernel without the setting) leaves pages as they are.
+/// whole: a server over 15,000 objects held 82–90 MB instead of 70–74 MB in memory,
+/// and 192–213 MB instead of 97–140 MB with its store (docs/performance.md). Call first
+/// thing in `main`, before threads start. An error (a kernel without the setting)
+/// leaves pages as they are.
 pub fn small_pages() -> std::io::Result<()> {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
         return Ok(());
