@@ -143,6 +143,9 @@ struct Walk {
     last: Option<(Revision, u64)>,
     /// Whether changes of no position of their own (a re-list's) follow it.
     listed_after: bool,
+    /// Whether the cluster left this index after it: what this index held of it
+    /// since is a fresh start, not a continuation.
+    left_after: bool,
     /// Past the wanted position.
     done: bool,
 }
@@ -153,11 +156,16 @@ impl Walk {
             wanted,
             last: None,
             listed_after: false,
+            left_after: false,
             done: false,
         }
     }
 
-    fn step(&mut self, revision: Revision, position: Option<u64>) {
+    fn step(&mut self, revision: Revision, position: Option<u64>, cluster_removed: bool) {
+        if cluster_removed {
+            self.left_after |= self.last.is_some();
+            return;
+        }
         if self.done {
             return;
         }
@@ -165,6 +173,7 @@ impl Walk {
             Some(x) if x <= self.wanted => {
                 self.last = Some((revision, x));
                 self.listed_after = false;
+                self.left_after = false;
             }
             Some(_) => self.done = true,
             None => self.listed_after |= self.last.is_some(),
@@ -172,6 +181,11 @@ impl Walk {
     }
 
     fn start(&self) -> Start {
+        if self.left_after {
+            // Let go and taken up again since: the log does not carry the stream
+            // from the position (what changed meanwhile, deletes included, is not in it).
+            return Start::Reset;
+        }
         match self.last {
             // Exactly at a change: what follows (a re-list's diff included) is exact.
             Some((revision, x)) if x == self.wanted => Start::After {
@@ -604,7 +618,11 @@ impl Index {
                     continue;
                 }
                 if let Some(w) = walks.get_mut(&e.object.key.cluster) {
-                    w.step(e.revision, e.position.as_deref().and_then(number));
+                    w.step(
+                        e.revision,
+                        e.position.as_deref().and_then(number),
+                        e.cluster_removed,
+                    );
                 }
             }
         }

@@ -1154,6 +1154,57 @@ fn streams_reach_member_positions_with_their_changes() {
 }
 
 #[test]
+fn a_position_from_before_the_cluster_left_and_came_back_is_not_carried() {
+    let idx = index();
+    idx.apply([
+        Change::Add(vec![
+            input("pods", "a", "x", "p1", 3, &[]),
+            input("pods", "a", "x", "p2", 4, &[]),
+        ]),
+        listed("a", 10),
+    ]);
+    idx.apply([at("a", "p3", 12)]);
+    let r12 = idx.snapshot().revision();
+    assert_eq!(
+        start_at(&idx, "a", "12"),
+        Start::After {
+            revision: r12,
+            skip_to: None
+        }
+    );
+    // The cluster goes to another replica, which deletes p2 at 14; it comes back
+    // here by a fresh list at 20 without p2: the log from 12 on never says p2 went.
+    idx.apply([Change::RemoveCluster(ClusterName::from("a"))]);
+    idx.apply([
+        Change::Add(vec![
+            input("pods", "a", "x", "p1", 3, &[]),
+            input("pods", "a", "x", "p3", 12, &[]),
+        ]),
+        listed("a", 20),
+    ]);
+    assert_eq!(start_at(&idx, "a", "12"), Start::Reset);
+    assert_eq!(start_at(&idx, "a", "14"), Start::Reset);
+    // Where the fresh list stands, and after it, the log carries the stream again.
+    let r20 = idx.snapshot().revision();
+    assert_eq!(
+        start_at(&idx, "a", "20"),
+        Start::After {
+            revision: r20,
+            skip_to: None
+        }
+    );
+    idx.apply([at("a", "p4", 22)]);
+    let r22 = idx.snapshot().revision();
+    assert_eq!(
+        start_at(&idx, "a", "22"),
+        Start::After {
+            revision: r22,
+            skip_to: None
+        }
+    );
+}
+
+#[test]
 fn a_member_position_continues_exactly_or_says_it_cannot() {
     let idx = index();
     idx.apply([
