@@ -1642,6 +1642,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_position_from_before_this_replica_let_the_cluster_go_is_not_carried() {
+        let e = engine(1000);
+        join(&e, "a", &[]);
+        e.index
+            .apply([pod_at("a", "p1", 11), pod_at("a", "p2", 12)]);
+        // The cluster goes to another replica, which sees p2 deleted; it comes back
+        // here by a fresh list, without p2.
+        e.index
+            .apply([Change::RemoveCluster(ClusterName::from("a"))]);
+        join(&e, "a", &[]);
+        e.index.apply([pod_at("a", "p1", 20)]);
+        // A subscriber standing at 12 is sent the cluster anew (no history of the
+        // member here), never the fresh list as news with p2 left standing.
+        let mut w = e.watch(positioned(&e, &[("a", "12")])).await.unwrap();
+        match next_change(&mut w).await {
+            WatchEvent::Reset { cluster } => assert_eq!(cluster.as_str(), "a"),
+            other => panic!("expected a reset, got {other:?}"),
+        }
+        assert_eq!(object_at(&next_change(&mut w).await), ("p1".into(), None));
+        match next_change(&mut w).await {
+            WatchEvent::ResetEnd {
+                cluster, position, ..
+            } => {
+                assert_eq!((cluster.as_str(), &*position), ("a", "20"));
+            }
+            other => panic!("expected the end of the reset, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn a_position_with_no_history_here_is_reset_and_a_cluster_leaving_is_not_reported() {
         let e = engine(1000);
         join(&e, "a", &[]);
