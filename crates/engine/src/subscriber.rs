@@ -1602,6 +1602,31 @@ mod tests {
         }
     }
 
+    /// Reads a cluster sent anew, which must come next: the cluster the reset names,
+    /// each object it sends with the position it carries, and the cluster and
+    /// position its end gives.
+    async fn reset_of(
+        w: &mut fleetscope_model::fleet::Watch,
+    ) -> (String, Vec<(String, Option<String>)>, (String, String)) {
+        let cluster = match next_change(w).await {
+            WatchEvent::Reset { cluster } => cluster.to_string(),
+            other => panic!("expected a reset, got {other:?}"),
+        };
+        let mut objects = Vec::new();
+        loop {
+            match next_change(w).await {
+                WatchEvent::ResetEnd {
+                    cluster: ended,
+                    position,
+                    ..
+                } => return (cluster, objects, (ended.to_string(), position.to_string())),
+                e => {
+                    let (name, position) = object_at(&e);
+                    objects.push((name, position.map(str::to_string)));
+                }
+            }
+        }
+    }
     #[tokio::test]
     async fn from_a_member_position_the_changes_after_it_follow_with_theirs() {
         let e = engine(1000);
@@ -1656,19 +1681,14 @@ mod tests {
         // A subscriber standing at 12 is sent the cluster anew (no history of the
         // member here), never the fresh list as news with p2 left standing.
         let mut w = e.watch(positioned(&e, &[("a", "12")])).await.unwrap();
-        match next_change(&mut w).await {
-            WatchEvent::Reset { cluster } => assert_eq!(cluster.as_str(), "a"),
-            other => panic!("expected a reset, got {other:?}"),
-        }
-        assert_eq!(object_at(&next_change(&mut w).await), ("p1".into(), None));
-        match next_change(&mut w).await {
-            WatchEvent::ResetEnd {
-                cluster, position, ..
-            } => {
-                assert_eq!((cluster.as_str(), &*position), ("a", "20"));
-            }
-            other => panic!("expected the end of the reset, got {other:?}"),
-        }
+        assert_eq!(
+            reset_of(&mut w).await,
+            (
+                "a".into(),
+                vec![("p1".into(), None)],
+                ("a".into(), "20".into())
+            )
+        );
     }
 
     #[tokio::test]
@@ -1678,20 +1698,14 @@ mod tests {
         e.index
             .apply([pod_at("a", "p1", 11), pod_at("a", "p2", 12)]);
         let mut w = e.watch(positioned(&e, &[("a", "5")])).await.unwrap();
-        match next_change(&mut w).await {
-            WatchEvent::Reset { cluster } => assert_eq!(cluster.as_str(), "a"),
-            other => panic!("expected a reset, got {other:?}"),
-        }
-        assert_eq!(object_at(&next_change(&mut w).await), ("p1".into(), None));
-        assert_eq!(object_at(&next_change(&mut w).await), ("p2".into(), None));
-        match next_change(&mut w).await {
-            WatchEvent::ResetEnd {
-                cluster, position, ..
-            } => {
-                assert_eq!((cluster.as_str(), &*position), ("a", "12"));
-            }
-            other => panic!("expected the end of the reset, got {other:?}"),
-        }
+        assert_eq!(
+            reset_of(&mut w).await,
+            (
+                "a".into(),
+                vec![("p1".into(), None), ("p2".into(), None)],
+                ("a".into(), "12".into())
+            )
+        );
         assert!(matches!(
             next_change(&mut w).await,
             WatchEvent::Positions { .. }
