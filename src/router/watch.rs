@@ -57,6 +57,10 @@ pub(super) struct Routed {
     next_generation: u64,
     /// Streams still to send the end of their initial objects.
     initial: BTreeSet<u64>,
+    /// Streams that sent the end of their initial objects and are still to send the
+    /// positions those stand at (a replica sends them next), so the first token
+    /// holds every cluster's position.
+    initial_positions: BTreeSet<u64>,
     /// Whether the initial objects' end is still to be sent.
     initial_pending: bool,
     /// The newest revision a replica reported (informational only).
@@ -91,6 +95,7 @@ impl Routed {
             streams: SelectAll::new(),
             next_generation: 0,
             initial: BTreeSet::new(),
+            initial_positions: BTreeSet::new(),
             initial_pending: false,
             newest: Revision(0),
             dirty: false,
@@ -319,6 +324,7 @@ impl Routed {
 
     /// A stream that will send no more initial objects.
     fn initial_ended(&mut self, g: u64) {
+        self.initial_positions.remove(&g);
         if self.initial.remove(&g) && self.initial.is_empty() && self.initial_pending {
             self.initial_done();
         }
@@ -362,6 +368,10 @@ impl Routed {
         }
         self.newest = self.newest.max(Revision(e.revision));
         let t = proto::EventType::try_from(e.r#type).unwrap_or(proto::EventType::Unspecified);
+        if t != proto::EventType::Bookmark && self.initial_positions.remove(&g) {
+            // Anything but the positions after the initial objects: no more to wait for.
+            self.initial_ended(g);
+        }
         match t {
             proto::EventType::Added | proto::EventType::Modified | proto::EventType::Deleted => {
                 let Some(object) = e.object else {
@@ -386,7 +396,11 @@ impl Routed {
                     position,
                 });
             }
-            proto::EventType::InitialEventsEnd => self.initial_ended(g),
+            proto::EventType::InitialEventsEnd => {
+                if self.initial.contains(&g) {
+                    self.initial_positions.insert(g);
+                }
+            }
             proto::EventType::Bookmark => {
                 for p in e.positions {
                     if self.takes(&p.cluster, g) {
@@ -394,6 +408,9 @@ impl Routed {
                             .insert(p.cluster, Arc::from(p.resource_version));
                         self.dirty = true;
                     }
+                }
+                if self.initial_positions.remove(&g) {
+                    self.initial_ended(g);
                 }
             }
             proto::EventType::Reset => {

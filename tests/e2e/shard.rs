@@ -1024,6 +1024,10 @@ struct Seen {
     resets: usize,
     resumes: usize,
     violations: Vec<String>,
+    /// The last position token received, and each cluster's position after it: where
+    /// the next Watch resumes, also one started anew on this record.
+    token: String,
+    after: BTreeMap<String, fleetscope::proto::StreamPosition>,
 }
 
 /// Follows every configmap through the routers at `ports`, as a client should: from
@@ -1044,10 +1048,8 @@ async fn subscribe_to(
     seen: std::sync::Arc<std::sync::Mutex<Seen>>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    use fleetscope::proto::{EventType, StreamPosition, WatchRequest};
+    use fleetscope::proto::{EventType, WatchRequest};
     let mut turn = 0usize;
-    let mut token = String::new();
-    let mut after: BTreeMap<String, StreamPosition> = BTreeMap::new();
     while !stop.is_cancelled() {
         let port = ports[turn % ports.len()];
         turn += 1;
@@ -1059,18 +1061,20 @@ async fn subscribe_to(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        if token.is_empty() {
-            // Nothing to resume from: all over again.
+        let request = {
             let mut s = seen.lock().unwrap();
-            s.objects.clear();
-            s.last.clear();
-        }
-        let request = WatchRequest {
-            query: Some(query.clone()),
-            send_initial_events: token.is_empty(),
-            resume_token: token.clone(),
-            resume_positions: after.values().cloned().collect(),
-            ..Default::default()
+            if s.token.is_empty() {
+                // Nothing to resume from: all over again.
+                s.objects.clear();
+                s.last.clear();
+            }
+            WatchRequest {
+                query: Some(query.clone()),
+                send_initial_events: s.token.is_empty(),
+                resume_token: s.token.clone(),
+                resume_positions: s.after.values().cloned().collect(),
+                ..Default::default()
+            }
         };
         let Ok(stream) = client.watch(request).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1086,11 +1090,11 @@ async fn subscribe_to(
             let mut s = seen.lock().unwrap();
             let t = EventType::try_from(e.r#type).unwrap_or(EventType::Unspecified);
             if !e.position_token.is_empty() {
-                token = e.position_token.clone();
-                after.clear();
+                s.token = e.position_token.clone();
+                s.after.clear();
             }
             if let Some(p) = &e.position {
-                after.insert(p.cluster.clone(), p.clone());
+                s.after.insert(p.cluster.clone(), p.clone());
                 if matches!(
                     t,
                     EventType::Added | EventType::Modified | EventType::Deleted
@@ -1414,6 +1418,123 @@ fn thaw(fleet: &fleetscope_sim::SimFleet, clusters: &[String]) {
     for name in clusters {
         sim(fleet, name).freeze_watches(false);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_where_its_cluster_went_away_and_came_back_misses_no_delete() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::Arc;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 10).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+
+    let configmaps_in = async |cluster: &str| -> Api<ConfigMap> {
+        Api::namespaced(common::kube_client(&kubeconfig, cluster).await, "team-1")
+    };
+    let named = |name: &str| -> ConfigMap {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+    };
+    for cluster in &clusters {
+        let api = configmaps_in(cluster).await;
+        for name in ["gone-while-elsewhere", "changed-while-elsewhere"] {
+            api.create(&Default::default(), &named(name)).await.unwrap();
+        }
+    }
+
+    // A subscriber takes every configmap from the one replica, then goes away with
+    // its positions (as a client does between two runs).
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let subscriber = tokio::spawn(subscribe(vec![router.port], seen.clone(), stop.clone()));
+    let truth = || common::truth(&fleet, "configmaps");
+    until_truth("subscriber", &seen, truth, &log).await;
+    // The first token, sent with the end of the initial objects, holds where each
+    // cluster stands.
+    common::until(
+        tokio::time::Instant::now() + PATIENCE,
+        "a position token",
+        || !seen.lock().unwrap().token.is_empty(),
+    )
+    .await;
+    stop.cancel();
+    subscriber.await.unwrap();
+    let changes = seen.lock().unwrap().changes;
+
+    // A second replica takes some of the clusters, and while it holds them an object
+    // of each is deleted, one modified and one created.
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    split(&[&a, &b], &clusters, &log).await;
+    let members = [a.identity.clone(), b.identity.clone()];
+    let moved = assigned(&clusters, &members, &b.identity);
+    assert!(!moved.is_empty(), "the second replica takes a cluster");
+    for cluster in &moved {
+        let api = configmaps_in(cluster).await;
+        api.delete("gone-while-elsewhere", &Default::default())
+            .await
+            .unwrap();
+        let patch = serde_json::json!({"data": {"changed": "while elsewhere"}});
+        let patch = kube::api::Patch::Merge(&patch);
+        (api.patch("changed-while-elsewhere", &Default::default(), &patch)
+            .await)
+            .unwrap();
+        api.create(&Default::default(), &named("made-while-elsewhere"))
+            .await
+            .unwrap();
+    }
+    // The second replica has them all before it goes.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let want: Vec<_> = truth().into_keys().collect();
+        let mut listed = list_through(&[&router], 500).await.unwrap_or_default();
+        listed.sort();
+        if listed == want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router never served the changes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // It stops and hands the clusters back to the first, which lists them afresh.
+    let mut b = b;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &b.server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    split(&[&a], &clusters, &log).await;
+    let _ = b.server.child.wait();
+
+    // The subscriber comes back with positions the first replica's log holds from
+    // before the clusters left it: it is carried by the members' history, so it is
+    // sent the delete, the modification and the creation, and no cluster anew.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let subscriber = tokio::spawn(subscribe(vec![router.port], seen.clone(), stop.clone()));
+    let ended = until_truth("the resumed subscriber", &seen, truth, &log).await;
+    let resumed = seen.lock().unwrap().changes - changes;
+    assert_eq!(
+        resumed,
+        3 * moved.len(),
+        "the three changes in each moved cluster, and nothing sent again: {:?}; log: {}",
+        seen.lock().unwrap(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(
+        ended.resets,
+        0,
+        "no cluster sent anew while its member holds the history; log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    stop.cancel();
+    subscriber.await.unwrap();
+    drop((a, router));
+    fleet.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
