@@ -24,6 +24,17 @@ use fleetscope_sim::{Cluster, ClusterConfig, SimServer};
 use serde_json::json;
 use tokio_stream::StreamExt;
 
+/// The engine's settings for a bench; with FLEET_BENCH_COMPRESS=1, objects are held
+/// compressed (`--compress-objects`).
+fn engine_config(resources: Vec<String>) -> EngineConfig {
+    let mut config = EngineConfig {
+        resources,
+        ..EngineConfig::default()
+    };
+    config.index.compress_objects = std::env::var("FLEET_BENCH_COMPRESS").is_ok_and(|v| v == "1");
+    config
+}
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -296,10 +307,7 @@ async fn sync_child(which: &str, dir: &str, list_bytes: usize) {
     match which {
         "fleetscope" | "fleetscope-persisted" => {
             let sources = fleetscope::sources::resolve(std::slice::from_ref(&path), &[]).unwrap();
-            let config = EngineConfig {
-                resources: vec!["pods".into()],
-                ..EngineConfig::default()
-            };
+            let config = engine_config(vec!["pods".into()]);
             // With a store, objects are served (and counted synced) once durable.
             let data = tempfile::tempdir().unwrap();
             let engine = if which == "fleetscope" {
@@ -559,7 +567,7 @@ async fn scale() {
     println!(
         "scale: {total} pods in {clusters} clusters, fed to the index, queried over loopback gRPC"
     );
-    let engine = Arc::new(Engine::start(Vec::new(), EngineConfig::default()));
+    let engine = Arc::new(Engine::start(Vec::new(), engine_config(Vec::new())));
     let names: Vec<ClusterName> = (0..clusters)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
@@ -981,7 +989,7 @@ async fn watch_load() {
         "watch load: {watches} Watches of one caller, each a 256-term field selector on spec.nodeName with initial events, over {} pods in {clusters} clusters, 100 changes/s; another client's Get every 10 ms",
         clusters * pods
     );
-    let engine = Arc::new(Engine::start(Vec::new(), EngineConfig::default()));
+    let engine = Arc::new(Engine::start(Vec::new(), engine_config(Vec::new())));
     let names: Vec<ClusterName> = (0..clusters)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
@@ -1232,10 +1240,7 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
         return;
     }
     let all = which == "fleetscope-all";
-    let mut config = EngineConfig {
-        resources: vec![if all { "*".into() } else { resource.into() }],
-        ..EngineConfig::default()
-    };
+    let mut config = engine_config(vec![if all { "*".into() } else { resource.into() }]);
     config.stream.watch_list = which != "fleetscope-list";
     // FLEET_BENCH_LIST_PART: objects per part of a first streaming list (0: whole).
     config.stream.list_part = env_usize("FLEET_BENCH_LIST_PART", config.stream.list_part);
@@ -1965,7 +1970,7 @@ fn held_json(index: &fleetscope_index::Index) -> usize {
         .page(&fleetscope_index::Query::all("pods"), None, usize::MAX)
         .items
         .iter()
-        .map(|o| o.json.len())
+        .map(|o| o.json_len())
         .sum()
 }
 

@@ -506,6 +506,12 @@ pub struct EngineArgs {
     /// unwritten before the ingest waits for it.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub event_log_mib: u64,
+    ["index.compressObjects", Bool, Restart]
+    /// Hold each object's JSON compressed against a dictionary of its resource type:
+    /// for fleets whose objects outgrow memory, at the cost of CPU on every change and
+    /// every object read (see docs/performance.md).
+    #[arg(long)]
+    pub compress_objects: bool,
     ["watch.subscriberBuffer", Count, Restart]
     /// Events a Watch subscriber may fall behind before it is ended.
     #[arg(long, default_value_t = 10_000)]
@@ -778,6 +784,7 @@ impl EngineArgs {
                 log_retention: self.event_log.max(1),
                 subscriber_buffer: self.subscriber_buffer.max(1),
                 field_indexes: self.field_indexes.clone(),
+                compress_objects: self.compress_objects,
                 ..Default::default()
             },
             query_timeout: self.query_timeout,

@@ -273,7 +273,7 @@ impl CatchUp {
         for o in snapshot.matching(&query, None) {
             count += 1;
             match self.objects.get(&o.key) {
-                Some(mine) if *mine.json == *o.json => {}
+                Some(mine) if mine.same_json(o) => {}
                 _ => return false,
             }
         }
@@ -377,7 +377,7 @@ mod tests {
             Revision(7),
         );
         assert_eq!(changed[0].kind, EventType::Modified);
-        assert!(changed[0].prev.as_ref().unwrap().json.contains("\"5\""));
+        assert!(changed[0].prev.as_ref().unwrap().json().contains("\"5\""));
         let deleted = c.apply(
             Update::Deleted {
                 stream: stream(),

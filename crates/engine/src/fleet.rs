@@ -71,7 +71,7 @@ impl Fleet for Engine {
         })?;
         Ok(GetAnswer {
             object: shown(
-                fleet_object(object, r.projection, None),
+                fleet_object(object, r.projection),
                 policy.as_ref(),
                 who,
                 &status.labels,
@@ -102,10 +102,7 @@ impl Fleet for Engine {
             // The next page reads this snapshot too, for as long as tokens live.
             self.index.pin(snapshot.clone(), &r.access.caller());
         }
-        let items = page
-            .items
-            .iter()
-            .map(|o| fleet_object(o, r.projection, None));
+        let items = page.items.iter().map(|o| fleet_object(o, r.projection));
         let items = if holds_secrets(&built.query.resource) {
             let policy = r.access.policy();
             let labels = self.status.all_labels();

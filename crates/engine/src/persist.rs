@@ -343,10 +343,10 @@ impl Persister {
         let mut p = lock(&self.pending);
         for e in &staged.events {
             match e.kind {
-                EventType::Deleted => held -= e.object.json.len() as i64,
+                EventType::Deleted => held -= e.object.json_len() as i64,
                 _ => {
-                    held += e.object.json.len() as i64
-                        - e.prev.as_ref().map_or(0, |p| p.json.len() as i64);
+                    held += e.object.json_len() as i64
+                        - e.prev.as_ref().map_or(0, |p| p.json_len() as i64);
                 }
             }
             added += e.json_bytes();

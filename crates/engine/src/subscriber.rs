@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Engine;
 use crate::catchup::{CatchUp, Caught, Meet};
 use crate::status::{ClusterFreshness, StatusTable};
-use crate::view::{fleet_object, shown};
+use crate::view::{event_object, fleet_object, shown};
 use fleetscope_informer::Update;
 use fleetscope_informer::history::HistoryEnd;
 
@@ -342,11 +342,7 @@ impl Producer {
         let kind = kind?;
         Some(WatchEvent::Object {
             kind,
-            object: self.show(fleet_object(
-                &e.object,
-                self.projection,
-                Some(e.uid_and_resource_version()),
-            )),
+            object: self.show(event_object(e, self.projection)),
             revision: e.revision,
             // A change of no position of its own (a re-list's) leaves the stream's
             // position unknown until the re-list's last.
@@ -440,7 +436,7 @@ impl Producer {
                     state
                         .matching(&query, from.as_ref())
                         .take(INITIAL_PAGE)
-                        .map(|o| (fleet_object(o, projection, None), o.revision))
+                        .map(|o| (fleet_object(o, projection), o.revision))
                         .collect::<Vec<_>>()
                 })
                 .await
@@ -692,7 +688,7 @@ impl Producer {
                 _ => continue,
             };
             changed = true;
-            let object = self.show(fleet_object(o, self.projection, None));
+            let object = self.show(fleet_object(o, self.projection));
             if !self
                 .send(WatchEvent::Object {
                     kind,

@@ -3,25 +3,39 @@
 
 use std::collections::BTreeMap;
 
-use fleetscope_index::Object;
+use fleetscope_index::{Event, Object};
+use fleetscope_model::Json;
 use fleetscope_model::access::{ClusterRef, Policy, Subject};
 use fleetscope_model::fleet::{FleetObject, Projection};
 
-/// An object as the seam returns it; `meta` is its uid and resourceVersion when
-/// already read (a Watch event carries them), else they are read from its JSON.
-pub(crate) fn fleet_object(
-    o: &Object,
-    projection: Projection,
-    meta: Option<(&str, &str)>,
-) -> FleetObject {
+/// An object as the seam returns it.
+pub(crate) fn fleet_object(o: &Object, projection: Projection) -> FleetObject {
     let json = match projection {
         Projection::Metadata => o.metadata_json(),
-        Projection::Full => o.json.clone(),
+        Projection::Full => o.json(),
     };
-    let (uid, resource_version) = match meta {
-        Some((uid, rv)) => (uid.to_string(), rv.to_string()),
-        None => o.uid_and_resource_version(),
+    // Either holds the metadata: read from the text made, not the object's own again.
+    let (uid, resource_version) = fleetscope_index::uid_and_resource_version(&json);
+    object_view(o, json, uid, resource_version)
+}
+
+/// The object of a Watch event as the seam returns it: its uid, resourceVersion and
+/// JSON read once for every subscriber.
+pub(crate) fn event_object(e: &Event, projection: Projection) -> FleetObject {
+    let (uid, resource_version) = e.uid_and_resource_version();
+    let json = match projection {
+        Projection::Metadata => e.object.metadata_json(),
+        Projection::Full => e.json(),
     };
+    object_view(
+        &e.object,
+        json,
+        uid.to_string(),
+        resource_version.to_string(),
+    )
+}
+
+fn object_view(o: &Object, json: Json, uid: String, resource_version: String) -> FleetObject {
     FleetObject {
         key: o.key.clone(),
         revision: o.revision,

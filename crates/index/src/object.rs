@@ -15,6 +15,12 @@ use crate::HashSet;
 /// capacity, new values are still used, only not shared.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
+    /// Hold each object's JSON compressed against a dictionary of its type
+    /// ([`crate::Config::compress_objects`]).
+    compress: bool,
+    /// Each resource type's dictionary: the JSON of the first object of that type
+    /// held compressed. Objects of one type share most of their text with it.
+    dictionaries: std::collections::HashMap<Arc<str>, Arc<[u8]>, foldhash::fast::RandomState>,
     strings: HashSet<Arc<str>>,
     locations: HashSet<Arc<Location>>,
     /// The last location asked for and its shared copy: objects arrive in runs of one.
@@ -28,6 +34,39 @@ type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
 
 impl Interner {
     const CAPACITY: usize = 200_000;
+
+    /// Shares as [`Interner::default`] does; with `compress`, also holds each object's
+    /// JSON compressed.
+    pub(crate) fn new(compress: bool) -> Self {
+        Self {
+            compress,
+            ..Self::default()
+        }
+    }
+
+    /// An object's JSON as it is to be held.
+    fn body(&mut self, resource: &Arc<str>, json: &str) -> Body {
+        // A dictionary's reach is the compressor's window; an object far larger than
+        // its dictionary gains little from it.
+        const MOST: usize = 64 << 10;
+        if !self.compress || json.len() < Packed::LEAST || json.len() > MOST {
+            return Body::Text(fleetscope_model::Json::from(json));
+        }
+        let dictionary = self
+            .dictionaries
+            .entry(resource.clone())
+            .or_insert_with(|| Arc::from(json.as_bytes()))
+            .clone();
+        let bytes = lz4_flex::block::compress_with_dict(json.as_bytes(), &dictionary);
+        match u32::try_from(json.len()) {
+            Ok(len) if bytes.len() < json.len() => Body::Packed(triomphe::Arc::new(Packed {
+                dictionary,
+                len,
+                bytes: bytes.into_boxed_slice(),
+            })),
+            _ => Body::Text(fleetscope_model::Json::from(json)),
+        }
+    }
 
     pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
         if let Some(shared) = self.strings.get(s) {
@@ -113,6 +152,77 @@ pub(crate) struct Terms {
 /// `Arc` without weak references, a word smaller per object.
 pub type ObjectRef = triomphe::Arc<Object>;
 
+/// An object's JSON as the index holds it: the same size as the text's handle alone.
+#[derive(Debug, Clone)]
+enum Body {
+    /// The text, shared with every answer and event that carries it.
+    Text(fleetscope_model::Json),
+    /// Compressed against a dictionary of its type.
+    Packed(triomphe::Arc<Packed>),
+}
+
+/// JSON compressed (LZ4) against a dictionary.
+#[derive(Debug)]
+struct Packed {
+    dictionary: Arc<[u8]>,
+    /// The text's length.
+    len: u32,
+    bytes: Box<[u8]>,
+}
+
+impl Packed {
+    /// Texts shorter than this are held as they are.
+    const LEAST: usize = 64;
+
+    fn text(&self) -> String {
+        // The bytes were compressed from UTF-8 text here: neither step can fail, and
+        // an empty text stands in should either.
+        lz4_flex::block::decompress_with_dict(&self.bytes, self.len as usize, &self.dictionary)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Text(json) => json.len(),
+            Body::Packed(p) => p.len as usize,
+        }
+    }
+
+    fn json(&self) -> fleetscope_model::Json {
+        match self {
+            Body::Text(json) => json.clone(),
+            Body::Packed(p) => fleetscope_model::Json::from(p.text()),
+        }
+    }
+
+    fn text(&self) -> Cow<'_, str> {
+        match self {
+            Body::Text(json) => Cow::Borrowed(json.as_str()),
+            Body::Packed(p) => Cow::Owned(p.text()),
+        }
+    }
+}
+
+impl PartialEq for Body {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Body::Text(a), Body::Text(b)) => a == b,
+            // Compressing is deterministic: one text against one dictionary gives
+            // the same bytes.
+            (Body::Packed(a), Body::Packed(b)) if Arc::ptr_eq(&a.dictionary, &b.dictionary) => {
+                a.len == b.len && a.bytes == b.bytes
+            }
+            _ => self.len() == other.len() && self.text() == other.text(),
+        }
+    }
+}
+
+impl Eq for Body {}
+
 /// An object held by the index.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Object {
@@ -120,9 +230,8 @@ pub struct Object {
     pub key: ObjectKey,
     /// The revision of the change that produced this state.
     pub revision: Revision,
-    /// The pruned object as JSON, with apiVersion and kind; shared with every answer
-    /// and event that carries it.
-    pub json: fleetscope_model::Json,
+    /// The pruned object as JSON, with apiVersion and kind.
+    body: Body,
     terms: Arc<Terms>,
     /// The uid of the object's owner, when it has exactly one (most have).
     owner: Option<Arc<str>>,
@@ -167,6 +276,21 @@ struct MetaFields<'a> {
     resource_version: Option<Cow<'a, str>>,
 }
 
+/// metadata.uid and metadata.resourceVersion of an object's JSON, read in one pass that
+/// stops after `metadata`; empty when absent.
+pub fn uid_and_resource_version(json: &str) -> (String, String) {
+    use serde::de::DeserializeSeed;
+    let mut found = None;
+    // Stopping early leaves the document unfinished, which the deserializer reports
+    // as an error after the values were read: what was found is what counts.
+    let _ = MetaOnly(&mut found).deserialize(&mut serde_json::Deserializer::from_str(json));
+    let m = found.unwrap_or_default();
+    (
+        m.uid.map(Cow::into_owned).unwrap_or_default(),
+        m.resource_version.map(Cow::into_owned).unwrap_or_default(),
+    )
+}
+
 impl fleetscope_model::StoredObject for Object {
     fn key(&self) -> &ObjectKey {
         &self.key
@@ -174,8 +298,8 @@ impl fleetscope_model::StoredObject for Object {
     fn revision(&self) -> Revision {
         self.revision
     }
-    fn json(&self) -> &str {
-        &self.json
+    fn json(&self) -> Cow<'_, str> {
+        self.body.text()
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.terms.labels.iter().map(|(k, v)| (&**k, &**v))
@@ -192,7 +316,7 @@ impl Object {
     /// About how many bytes the object takes in an answer: its JSON, its key's parts,
     /// and room for its uid, resourceVersion, revision and framing. Pages are cut by it.
     pub fn wire_size(&self) -> usize {
-        self.json.len()
+        self.body.len()
             + self.key.resource.len()
             + self.key.cluster.as_str().len()
             + self.key.namespace.len()
@@ -242,10 +366,10 @@ impl Object {
         let name: Arc<str> = Arc::from(&*input.key.name);
         let key = ObjectKey::in_location(interner.location(input.key.location()), name);
         Self {
+            // Held in exactly its length, in an allocation of its own.
+            body: interner.body(&key.resource, &input.json),
             key,
             revision,
-            // Held in exactly its length, in an allocation of its own.
-            json: fleetscope_model::Json::from(input.json.as_str()),
             terms: interner.terms(terms),
             owner,
         }
@@ -256,7 +380,7 @@ impl Object {
         Self {
             key: self.key.clone(),
             revision,
-            json: self.json.clone(),
+            body: self.body.clone(),
             terms: self.terms.clone(),
             owner: self.owner.clone(),
         }
@@ -264,7 +388,28 @@ impl Object {
 
     /// Whether an input describes this same state (so applying it changes nothing).
     pub(crate) fn same_as(&self, input: &ObjectState) -> bool {
-        *self.json == *input.json
+        self.body.len() == input.json.len() && *self.body.text() == *input.json
+    }
+
+    /// The pruned object as JSON, with apiVersion and kind: the text the index holds,
+    /// shared, or one made from its compressed form.
+    pub fn json(&self) -> fleetscope_model::Json {
+        self.body.json()
+    }
+
+    /// Whether `other` holds the same JSON.
+    pub fn same_json(&self, other: &Object) -> bool {
+        self.body == other.body
+    }
+
+    /// The length of the JSON.
+    pub fn json_len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Whether the JSON is held compressed.
+    pub fn json_compressed(&self) -> bool {
+        matches!(self.body, Body::Packed(_))
     }
 
     /// metadata.labels, sorted by key.
@@ -290,16 +435,6 @@ impl Object {
         &self.terms.fields
     }
 
-    fn meta(&self) -> MetaFields<'_> {
-        use serde::de::DeserializeSeed;
-        let mut found = None;
-        // Stopping early leaves the document unfinished, which the deserializer reports
-        // as an error after the values were read: what was found is what counts.
-        let _ =
-            MetaOnly(&mut found).deserialize(&mut serde_json::Deserializer::from_str(&self.json));
-        found.unwrap_or_default()
-    }
-
     /// metadata.uid, read from the JSON; empty when absent.
     pub fn uid(&self) -> String {
         self.uid_and_resource_version().0
@@ -312,17 +447,14 @@ impl Object {
 
     /// metadata.uid and metadata.resourceVersion, read from the JSON in one pass.
     pub fn uid_and_resource_version(&self) -> (String, String) {
-        let m = self.meta();
-        (
-            m.uid.map(Cow::into_owned).unwrap_or_default(),
-            m.resource_version.map(Cow::into_owned).unwrap_or_default(),
-        )
+        uid_and_resource_version(&self.body.text())
     }
 
     /// `apiVersion`, `kind` and `metadata` alone, as JSON (for the metadata projection);
     /// read at any nesting depth of the rest of the object.
     pub fn metadata_json(&self) -> fleetscope_model::Json {
-        metadata_json(&self.json).map_or_else(|| self.json.clone(), fleetscope_model::Json::from)
+        let json = self.body.text();
+        metadata_json(&json).map_or_else(|| self.body.json(), fleetscope_model::Json::from)
     }
 
     /// The value of a field path: from the key or a field index when possible, else
@@ -336,7 +468,7 @@ impl Object {
         if let Some((_, v)) = self.terms.fields.iter().find(|(p, _)| **p == *path) {
             return Some(Cow::Borrowed(v));
         }
-        field_in_json(&self.json, path).map(Cow::Owned)
+        field_in_json(&self.body.text(), path).map(Cow::Owned)
     }
 }
 

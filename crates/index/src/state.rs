@@ -36,9 +36,9 @@ pub struct Event {
     /// The change removes the object with its whole cluster (the cluster left this
     /// index), not by a change in the cluster.
     pub cluster_removed: bool,
-    /// The object's uid and resourceVersion, read from its JSON once, by the first
-    /// subscriber that sends the event: every other subscriber shares them.
-    meta: std::sync::OnceLock<(Arc<str>, Arc<str>)>,
+    /// What subscribers read of the object, read once, by the first subscriber that
+    /// sends the event, and shared by every other.
+    read: std::sync::OnceLock<Box<Read>>,
 }
 
 impl Event {
@@ -56,18 +56,39 @@ impl Event {
             prev,
             position: None,
             cluster_removed: false,
-            meta: std::sync::OnceLock::new(),
+            read: std::sync::OnceLock::new(),
         }
+    }
+
+    fn read(&self) -> &Read {
+        self.read.get_or_init(|| {
+            let compressed = self.object.json_compressed();
+            let json = compressed.then(|| self.object.json());
+            let (uid, rv) = match &json {
+                Some(text) => crate::object::uid_and_resource_version(text),
+                None => self.object.uid_and_resource_version(),
+            };
+            Box::new(Read {
+                uid: uid.into_boxed_str(),
+                resource_version: rv.into_boxed_str(),
+                json,
+            })
+        })
     }
 
     /// The object's metadata.uid and metadata.resourceVersion (empty when absent),
     /// read once per event.
     pub fn uid_and_resource_version(&self) -> (&str, &str) {
-        let (uid, rv) = self.meta.get_or_init(|| {
-            let (uid, rv) = self.object.uid_and_resource_version();
-            (Arc::from(uid), Arc::from(rv))
-        });
-        (uid, rv)
+        let read = self.read();
+        (&read.uid, &read.resource_version)
+    }
+
+    /// The object's JSON, shared by every subscriber that sends the event.
+    pub fn json(&self) -> fleetscope_model::Json {
+        match &self.read().json {
+            Some(json) => json.clone(),
+            None => self.object.json(),
+        }
     }
 
     /// This event, as one of its cluster leaving the index.
@@ -85,12 +106,21 @@ impl Event {
     /// The JSON bytes the event holds: the object's, and the previous state's for a
     /// modification (a delete's previous state is its object).
     pub fn json_bytes(&self) -> usize {
-        self.object.json.len()
+        self.object.json_len()
             + match self.kind {
-                EventType::Modified => self.prev.as_ref().map_or(0, |p| p.json.len()),
+                EventType::Modified => self.prev.as_ref().map_or(0, |p| p.json_len()),
                 _ => 0,
             }
     }
+}
+
+/// What subscribers read of an event's object.
+#[derive(Debug)]
+struct Read {
+    uid: Box<str>,
+    resource_version: Box<str>,
+    /// The JSON, when the object holds it compressed.
+    json: Option<fleetscope_model::Json>,
 }
 
 /// Objects ordered by key; a set of entries is also a map from key to object.

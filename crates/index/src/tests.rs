@@ -45,7 +45,7 @@ fn saved_inputs(saved: &State) -> Vec<(ObjectState, Revision)> {
             (
                 ObjectState {
                     key: o.key.clone(),
-                    json: o.json.to_string(),
+                    json: o.json().to_string(),
                     labels: text(o.labels()),
                     owners: o.owners().iter().map(|u| u.to_string()).collect(),
                     fields: text(o.fields()),
@@ -939,8 +939,9 @@ fn mk(cluster: u8, ns: u8, name: u8, rv: u64, app: u8) -> ObjectState {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test]
-    fn index_matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..60), selector in 0..4usize) {
-        let idx = index();
+    fn index_matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..60), selector in 0..4usize, compress in any::<bool>()) {
+        let config = || Config { field_indexes: vec!["spec.nodeName".into()], compress_objects: compress, ..Config::default() };
+        let idx = Index::new(config());
         let mut model: BTreeMap<ObjectKey, ObjectState> = BTreeMap::new();
         let mut replayed: BTreeMap<ObjectKey, ObjectRef> = BTreeMap::new();
         let mut last = Revision(0);
@@ -1015,7 +1016,8 @@ proptest! {
             let held = s.get(k).unwrap();
             let rv: serde_json::Value = serde_json::from_str(&i.json).unwrap();
             prop_assert_eq!(held.resource_version(), rv["metadata"]["resourceVersion"].as_str().unwrap());
-            prop_assert_eq!(&*held.json, i.json.as_str());
+            let held = held.json();
+            prop_assert_eq!(held.as_str(), i.json.as_str());
         }
         let by_cluster = s.count(&Query::all("pods"), &[GroupBy::Cluster]);
         prop_assert_eq!(by_cluster.total as usize, model.len());
@@ -1033,7 +1035,7 @@ proptest! {
         }
         // An index restored from what is held answers every query as this one does.
         let restored = Index::restore(
-            Config { field_indexes: vec!["spec.nodeName".into()], ..Config::default() },
+            config(),
             Restored { revision: s.revision(), objects: saved_inputs(&s), events: Vec::new() },
         );
         let r = restored.snapshot();
@@ -1337,4 +1339,79 @@ fn a_member_position_continues_exactly_or_says_it_cannot() {
         start_at(&idx, "a", "30"),
         Start::After { skip_to: None, .. }
     ));
+}
+
+#[test]
+fn objects_held_compressed_read_back_exactly() {
+    let idx = Index::new(Config {
+        compress_objects: true,
+        ..Config::default()
+    });
+    let pods: Vec<ObjectState> = (0..50)
+        .map(|i| input("pods", "c1", "ns1", &format!("p{i}"), i, &[("app", "web")]))
+        .collect();
+    let mut tiny = input("configmaps", "c1", "ns1", "tiny", 1, &[]);
+    tiny.json = r#"{"kind":"ConfigMap"}"#.into();
+    let events = idx.apply(
+        pods.iter()
+            .cloned()
+            .chain([tiny.clone()])
+            .map(Change::Upsert),
+    );
+    assert_eq!(events.len(), 51);
+    let s = idx.snapshot();
+    for p in &pods {
+        let held = s.get(&p.key).unwrap();
+        assert!(held.json_compressed(), "{}", p.key);
+        assert_eq!(held.json().as_str(), p.json);
+        assert_eq!(held.json_len(), p.json.len());
+        let rv: serde_json::Value = serde_json::from_str(&p.json).unwrap();
+        assert_eq!(
+            held.resource_version(),
+            rv["metadata"]["resourceVersion"].as_str().unwrap()
+        );
+        // A field read from the JSON, not an index.
+        let phase = held.field_value("status.phase").unwrap();
+        assert_eq!(phase, rv["status"]["phase"].as_str().unwrap());
+        let metadata: serde_json::Value = serde_json::from_str(&held.metadata_json()).unwrap();
+        assert_eq!(metadata["metadata"], rv["metadata"]);
+    }
+    // Shorter than is worth compressing: held as it is.
+    let tiny_held = s.get(&tiny.key).unwrap();
+    assert!(!tiny_held.json_compressed());
+    assert_eq!(tiny_held.json().as_str(), tiny.json);
+    // An event shares the text it made among every subscriber that sends it.
+    let e = &events[7];
+    assert!(std::ptr::eq(e.json().as_ptr(), e.json().as_ptr()));
+    // The same state applied again is no change; a changed one is.
+    assert!(idx.apply([Change::Upsert(pods[3].clone())]).is_empty());
+    let mut changed = pods[3].clone();
+    changed.json = changed.json.replace("\"Pending\"", "\"Failed\"");
+    let e = idx.apply([Change::Upsert(changed.clone())]);
+    assert_eq!(e.len(), 1);
+    assert_eq!(e[0].object.json().as_str(), changed.json);
+    assert!(!e[0].object.same_json(e[0].prev.as_ref().unwrap()));
+    // Restored from what it held, compressed again.
+    let restored = Index::restore(
+        Config {
+            compress_objects: true,
+            ..Config::default()
+        },
+        Restored {
+            revision: idx.snapshot().revision(),
+            objects: saved_inputs(&idx.snapshot()),
+            events: Vec::new(),
+        },
+    );
+    let r = restored.snapshot();
+    let held = r.get(&changed.key).unwrap();
+    assert!(held.json_compressed());
+    assert_eq!(held.json().as_str(), changed.json);
+}
+
+#[test]
+fn an_event_is_held_in_eight_words() {
+    // Revision, object, previous state, position, what subscribers read of it (read
+    // once, boxed), the kind and whether its cluster left.
+    assert_eq!(std::mem::size_of::<Event>(), 64);
 }

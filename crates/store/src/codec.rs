@@ -133,7 +133,7 @@ impl Writer {
             .str(&key.namespace)
             .str(&key.name)
             .u64(o.revision().0)
-            .str(o.json())
+            .str(&o.json())
             .pairs(o.labels());
         let owners = o.owners();
         self.u32(owners.len() as u32);

@@ -703,8 +703,8 @@ impl StoredObject for ObjectRecord {
     fn revision(&self) -> Revision {
         self.revision
     }
-    fn json(&self) -> &str {
-        &self.state.json
+    fn json(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(&self.state.json)
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.state
