@@ -2047,10 +2047,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     let sources =
         fleetscope::sources::resolve(std::slice::from_ref(&dir.join("kubeconfig")), &[]).unwrap();
     let data = dir.join("data");
-    let config = EngineConfig {
-        resources: vec!["pods".into()],
-        ..EngineConfig::default()
-    };
+    let config = engine_config(vec!["pods".into()]);
     let lists_before = sim_lists(&sources).await;
     let t = Instant::now();
     let opened = fleetscope_store::SledStore::open(&data).unwrap();
