@@ -36,10 +36,10 @@ fn query(resource: &str) -> Query {
     }
 }
 
-/// (cluster, namespace, name, resourceVersion) of every object of a type, over gRPC.
-async fn served(h: &Harness, resource: &str) -> (BTreeSet<(String, String, String, String)>, u64) {
+/// Every object of a type, over gRPC, in pages of 500, and the newest page revision.
+async fn listed(h: &Harness, resource: &str) -> (Vec<proto::Object>, u64) {
     let mut c = h.client().await;
-    let mut out = BTreeSet::new();
+    let mut out = Vec::new();
     let mut token = String::new();
     let mut revision = 0;
     loop {
@@ -54,14 +54,22 @@ async fn served(h: &Harness, resource: &str) -> (BTreeSet<(String, String, Strin
             .unwrap()
             .into_inner();
         revision = revision.max(page.revision);
-        for o in page.items {
-            out.insert((o.cluster, o.namespace, o.name, o.resource_version));
-        }
+        out.extend(page.items);
         if page.next_page_token.is_empty() {
             return (out, revision);
         }
         token = page.next_page_token;
     }
+}
+
+/// (cluster, namespace, name, resourceVersion) of every object of a type, over gRPC.
+async fn served(h: &Harness, resource: &str) -> (BTreeSet<(String, String, String, String)>, u64) {
+    let (objects, revision) = listed(h, resource).await;
+    let keys = objects
+        .into_iter()
+        .map(|o| (o.cluster, o.namespace, o.name, o.resource_version))
+        .collect();
+    (keys, revision)
 }
 
 /// The same, as the simulated clusters hold it now.
@@ -591,28 +599,11 @@ async fn served_json(
     h: &Harness,
     resource: &str,
 ) -> std::collections::BTreeMap<(String, String, String), String> {
-    let mut c = h.client().await;
-    let mut out = std::collections::BTreeMap::new();
-    let mut token = String::new();
-    loop {
-        let page = c
-            .list(ListRequest {
-                query: Some(query(resource)),
-                limit: 500,
-                page_token: token,
-                keep_snapshot: false,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        for o in page.items {
-            out.insert((o.cluster, o.namespace, o.name), o.json.to_string());
-        }
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        token = page.next_page_token;
-    }
+    let (objects, _) = listed(h, resource).await;
+    objects
+        .into_iter()
+        .map(|o| ((o.cluster, o.namespace, o.name), o.json.to_string()))
+        .collect()
 }
 
 /// Objects held compressed (`--compress-objects`) are served exactly as held plainly:
