@@ -49,7 +49,13 @@ impl Interner {
         // A dictionary's reach is the compressor's window; an object far larger than
         // its dictionary gains little from it.
         const MOST: usize = 64 << 10;
-        if !self.compress || json.len() < Packed::LEAST || json.len() > MOST {
+        // A dictionary lives as long as the process: a Secret's would keep its values
+        // in memory after it was changed or deleted. Secrets are held as text.
+        if !self.compress
+            || json.len() < Packed::LEAST
+            || json.len() > MOST
+            || &**resource == "secrets"
+        {
             return Body::Text(fleetscope_model::Json::from(json));
         }
         let dictionary = self
