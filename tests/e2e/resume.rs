@@ -4,7 +4,9 @@
 //! received after every restart:
 //! - killed with SIGKILL thirty times (compactions and snapshots included), every
 //!   resume is accepted and the rebuilt state ends equal to the clusters', with
-//!   revisions strictly increasing throughout;
+//!   revisions strictly increasing throughout; so too across five kills with objects
+//!   held compressed (`--compress-objects`), after which a plain start serves every
+//!   object's text as the compressed server did;
 //! - restarted without continuing its store (`--no-persist`, or a store moved aside
 //!   as damaged), the resume is OUT_OF_RANGE (never NOT_FOUND, never other events) and
 //!   a re-list plus a Watch from the list's revision converges;
@@ -231,6 +233,68 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
     setup.fleet.shutdown().await;
 }
 
+/// With `--compress-objects` (the index rebuilt from the store, compressed, at every
+/// start), a subscriber resuming from its last revision after each of five SIGKILLs
+/// under churn ends equal to the clusters; a plain start over the same store then
+/// serves every object's text exactly as the compressed server did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_equal_to_the_clusters()
+ {
+    let setup = Setup::start().await;
+    let churn = Churn::start(&setup.fleet, &churn(3_000));
+    let data = setup.data();
+    let data = data.to_str().unwrap();
+    let compressed = [
+        "--data-dir",
+        data,
+        "--compress-objects",
+        "--subscriber-buffer",
+        "1000000",
+    ];
+    let mut sub = Subscriber::default();
+    for round in 0..5u64 {
+        let mut server = setup.serve(&compressed);
+        let mut stream = match sub.watch(&server.url()).await {
+            Ok(s) => s,
+            Err(s) => panic!(
+                "round {round}: the resume from revision {:?} was refused: {s}",
+                sub.last
+            ),
+        };
+        server.assert_running(&setup.log());
+        // Changes flow again, then the kill lands a little later each round.
+        let before = sub.events;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while sub.events == before && tokio::time::Instant::now() < deadline {
+            let until = tokio::time::Instant::now() + Duration::from_millis(5);
+            sub.read_until(&mut stream, until).await;
+        }
+        let until = tokio::time::Instant::now() + Duration::from_millis(20 + 60 * round);
+        sub.read_until(&mut stream, until).await;
+        server.kill();
+        sub.drain(&mut stream).await;
+    }
+    churn.stop().await;
+    let mut server = setup.serve(&compressed);
+    let mut stream = sub.watch(&server.url()).await.expect("the last resume");
+    sub.converge(&mut stream, &common::truth(&setup.fleet, "configmaps"))
+        .await;
+    let texts = |objects: Vec<fleetscope::proto::Object>| -> BTreeMap<Key, String> {
+        objects
+            .into_iter()
+            .map(|o| ((o.cluster, o.namespace, o.name), o.json.to_string()))
+            .collect()
+    };
+    let held = texts(list_objects(&server.url()).await.0);
+    assert_eq!(held.len(), common::truth(&setup.fleet, "configmaps").len());
+    drop(stream);
+    server.kill();
+    let plain = setup.serve(&["--data-dir", data]);
+    common::wait_serving(&plain.url()).await;
+    assert_eq!(texts(list_objects(&plain.url()).await.0), held);
+    setup.fleet.shutdown().await;
+}
+
 fn log_len(log: &Path) -> usize {
     std::fs::metadata(log).map_or(0, |m| m.len() as usize)
 }
@@ -291,13 +355,24 @@ async fn assert_token_refused(url: &str, token: &str, code: Code) {
     }
 }
 
-/// Lists every configmap with paging, retrying while the server starts; returns the
-/// objects and the list's revision.
+/// Lists every configmap with paging, retrying while the server starts; returns each
+/// object's resourceVersion and the list's revision.
 async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
+    let (objects, revision) = list_objects(url).await;
+    let versions = objects
+        .into_iter()
+        .map(|o| ((o.cluster, o.namespace, o.name), o.resource_version))
+        .collect();
+    (versions, revision)
+}
+
+/// Every configmap, listed with paging, retrying while the server starts, and the
+/// list's revision.
+async fn list_objects(url: &str) -> (Vec<fleetscope::proto::Object>, u64) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     'again: loop {
         let mut client = FleetClient::connect(url.to_string()).await.unwrap();
-        let (mut out, mut token, mut revision) = (BTreeMap::new(), String::new(), 0);
+        let (mut out, mut token, mut revision) = (Vec::new(), String::new(), 0);
         loop {
             let page = match client
                 .list(ListRequest {
@@ -317,9 +392,7 @@ async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
                 Err(s) => panic!("list refused: {s}"),
             };
             revision = page.revision.max(revision);
-            for o in page.items {
-                out.insert((o.cluster, o.namespace, o.name), o.resource_version);
-            }
+            out.extend(page.items);
             if page.next_page_token.is_empty() {
                 return (out, revision);
             }
