@@ -62,16 +62,13 @@ impl Event {
 
     fn read(&self) -> &Read {
         self.read.get_or_init(|| {
-            let compressed = self.object.json_compressed();
-            let json = compressed.then(|| self.object.json());
-            let (uid, rv) = match &json {
-                Some(text) => crate::object::uid_and_resource_version(text),
-                None => self.object.uid_and_resource_version(),
-            };
+            // Text held as it is is shared, not copied: only a compressed object's is kept.
+            let text = self.object.json();
+            let (uid, rv) = crate::object::uid_and_resource_version(&text);
             Box::new(Read {
                 uid: uid.into_boxed_str(),
                 resource_version: rv.into_boxed_str(),
-                json,
+                json: self.object.json_compressed().then_some(text),
             })
         })
     }
