@@ -70,14 +70,21 @@ fn run_child(args: &[&str], marker: &str) -> Vec<String> {
     marked
 }
 
-/// A child process with the allocator setting the container image and manifest use:
-/// freed memory returned to the system after 1 s rather than 10 ms (unless the
-/// environment already chooses); small pages, as `main` asks, are inherited.
+/// A child process with the allocator settings the container image and manifest use
+/// (unless the environment already chooses): freed memory returned to the system after
+/// 1 s rather than 10 ms, and at once when a thread ends; small pages, as `main` asks,
+/// are inherited.
 fn as_deployed(command: &mut Command) -> &mut Command {
-    command.env(
-        "MIMALLOC_PURGE_DELAY",
-        std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| "1000".into()),
-    )
+    for (name, deployed) in [
+        ("MIMALLOC_PURGE_DELAY", "1000"),
+        ("MIMALLOC_ABANDONED_PAGE_PURGE", "1"),
+    ] {
+        command.env(
+            name,
+            std::env::var(name).unwrap_or_else(|_| deployed.into()),
+        );
+    }
+    command
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
