@@ -146,22 +146,9 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
         if let Some(token) = token.take() {
             assert_token_refused(&server.url(), &token, Code::OutOfRange).await;
         }
-        let mut stream = match sub.watch(&server.url()).await {
-            Ok(s) => s,
-            Err(s) => panic!(
-                "round {round}: the resume from revision {:?} was refused: {s}",
-                sub.last
-            ),
-        };
-        server.assert_running(&setup.log());
         // Changes flow again (a restart first replays what the clusters did meanwhile),
         // then the kill lands at a random moment.
-        let before = sub.events;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while sub.events == before && tokio::time::Instant::now() < deadline {
-            let until = tokio::time::Instant::now() + Duration::from_millis(5);
-            sub.read_until(&mut stream, until).await;
-        }
+        let mut stream = resumed_flowing(&mut sub, &mut server, &setup.log(), round).await;
         let until = tokio::time::Instant::now() + Duration::from_millis(next() % 300);
         sub.read_until(&mut stream, until).await;
         let during = match round % 3 {
@@ -254,21 +241,8 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
     let mut sub = Subscriber::default();
     for round in 0..5u64 {
         let mut server = setup.serve(&compressed);
-        let mut stream = match sub.watch(&server.url()).await {
-            Ok(s) => s,
-            Err(s) => panic!(
-                "round {round}: the resume from revision {:?} was refused: {s}",
-                sub.last
-            ),
-        };
-        server.assert_running(&setup.log());
         // Changes flow again, then the kill lands a little later each round.
-        let before = sub.events;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while sub.events == before && tokio::time::Instant::now() < deadline {
-            let until = tokio::time::Instant::now() + Duration::from_millis(5);
-            sub.read_until(&mut stream, until).await;
-        }
+        let mut stream = resumed_flowing(&mut sub, &mut server, &setup.log(), round).await;
         let until = tokio::time::Instant::now() + Duration::from_millis(20 + 60 * round);
         sub.read_until(&mut stream, until).await;
         server.kill();
@@ -320,6 +294,31 @@ async fn page_token(url: &str) -> String {
         .into_inner();
     assert!(!page.next_page_token.is_empty());
     page.next_page_token
+}
+
+/// Resumes `sub` from its last revision on `server` (which must take the resume), and
+/// reads until a change arrives: changes flow again.
+async fn resumed_flowing(
+    sub: &mut Subscriber,
+    server: &mut Server,
+    log: &Path,
+    round: impl std::fmt::Display,
+) -> tonic::Streaming<fleetscope::proto::WatchEvent> {
+    let mut stream = match sub.watch(&server.url()).await {
+        Ok(s) => s,
+        Err(s) => panic!(
+            "round {round}: the resume from revision {:?} was refused: {s}",
+            sub.last
+        ),
+    };
+    server.assert_running(log);
+    let before = sub.events;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while sub.events == before && tokio::time::Instant::now() < deadline {
+        let until = tokio::time::Instant::now() + Duration::from_millis(5);
+        sub.read_until(&mut stream, until).await;
+    }
+    stream
 }
 
 /// A token from before a restart is refused (the snapshot it pages is not held),
