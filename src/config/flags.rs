@@ -848,9 +848,10 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 0)]
     pub cache_lag: u64,
     /// How the clusters answer streaming lists (`sendInitialEvents=true`): `served`,
-    /// `refused` (422, as an API server without the WatchList feature) or `ignored`
-    /// (a plain watch).
-    #[arg(long, default_value = "served", value_parser = ["served", "refused", "ignored"])]
+    /// `refused` (422, as an API server without the WatchList feature), `ignored`
+    /// (a plain watch) or `unknown` (422, as an API server from before WatchList, v1.19 to
+    /// v1.26, forbids `resourceVersionMatch` on a watch).
+    #[arg(long, default_value = "served", value_parser = ["served", "refused", "ignored", "unknown"])]
     pub streaming_lists: String,
     /// How long each cluster waits before answering a request, as a distant API server
     /// would (e.g. 20ms); none by default.
@@ -882,6 +883,7 @@ impl FleetArgs {
         spec.watch_list = match self.streaming_lists.as_str() {
             "refused" => fleetscope_sim::WatchListSupport::Refused,
             "ignored" => fleetscope_sim::WatchListSupport::Ignored,
+            "unknown" => fleetscope_sim::WatchListSupport::Unknown,
             _ => fleetscope_sim::WatchListSupport::Served,
         };
         Ok(spec)
@@ -968,6 +970,12 @@ mod tests {
         assert_eq!(spec.latency, std::time::Duration::from_millis(20));
         assert_eq!(spec.cache_lag, 3);
         assert_eq!(spec.watch_list, fleetscope_sim::WatchListSupport::Refused);
+        assert_eq!(
+            sim_spec(&["--streaming-lists", "unknown"])
+                .unwrap()
+                .watch_list,
+            fleetscope_sim::WatchListSupport::Unknown
+        );
         assert_eq!(sim_spec(&[]).unwrap().latency, std::time::Duration::ZERO);
         let e = sim_spec(&["--latency", "soon"]).unwrap_err();
         assert!(e.contains("--latency") && e.contains("soon"), "{e}");

@@ -284,10 +284,12 @@ async fn a_streaming_list_holds_the_state_and_its_watch_goes_on() {
 
 #[tokio::test]
 async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
-    // Refused; ignored, found out by a change before any end bookmark; ignored, found
-    // out by silence (a plain watch of a quiet type sends nothing).
+    // Refused; unknown (a server from before WatchList); ignored, found out by a
+    // change before any end bookmark; ignored, found out by silence (a plain watch of a
+    // quiet type sends nothing).
     for (support, change) in [
         (WatchListSupport::Refused, false),
+        (WatchListSupport::Unknown, false),
         (WatchListSupport::Ignored, true),
         (WatchListSupport::Ignored, false),
     ] {
@@ -344,6 +346,7 @@ async fn a_server_that_refuses_or_ignores_streaming_lists_is_listed_instead() {
         let why = fallback.unwrap_or_default();
         let expected = match (support, change) {
             (WatchListSupport::Refused, _) => "WatchList feature gate",
+            (WatchListSupport::Unknown, _) => "resourceVersionMatch is forbidden for watch",
             (_, true) => "a MODIFIED event before the initial events ended",
             _ => "sent nothing for",
         };

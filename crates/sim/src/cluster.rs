@@ -55,6 +55,10 @@ pub enum WatchListSupport {
     Refused,
     /// As a server that does not know the parameters: a plain watch, no end bookmark.
     Ignored,
+    /// As an API server from before WatchList (v1.19 to v1.26): it does not know
+    /// `sendInitialEvents` and forbids `resourceVersionMatch` on a watch: 422, as
+    /// kube-apiserver v1.20 answers.
+    Unknown,
 }
 
 /// How a LIST was served, as an API server's watch cache decides it.

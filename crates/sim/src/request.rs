@@ -145,16 +145,12 @@ pub(crate) fn partial_metadata(obj: &StoredObject) -> Value {
 pub(crate) fn parse_rv(q: &Query) -> Result<(Option<u64>, Option<&str>), ApiError> {
     let (rv, m) = parse_rv_unchecked(q)?;
     match (m, rv) {
-        (Some(_), None) => Err(ApiError::invalid(
-            "ListOptions",
-            "",
+        (Some(_), None) => Err(ApiError::invalid_options(&[
             "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-        )),
-        (Some("Exact"), Some(0)) => Err(ApiError::invalid(
-            "ListOptions",
-            "",
+        ])),
+        (Some("Exact"), Some(0)) => Err(ApiError::invalid_options(&[
             "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
-        )),
+        ])),
         _ => Ok((rv, m)),
     }
 }
@@ -170,13 +166,53 @@ pub(crate) fn parse_rv_unchecked(q: &Query) -> Result<(Option<u64>, Option<&str>
     };
     let m = q.get("resourceVersionMatch").filter(|s| !s.is_empty());
     match (m, rv) {
-        (Some(m), _) if m != "NotOlderThan" && m != "Exact" => Err(ApiError::invalid(
-            "ListOptions",
-            "",
-            format!(
-                "resourceVersionMatch: Unsupported value: \"{m}\": supported values: \"Exact\", \"NotOlderThan\""
-            ),
-        )),
+        (Some(m), _) if m != "NotOlderThan" && m != "Exact" => {
+            Err(ApiError::invalid_options(&[&format!(
+                "resourceVersionMatch: Unsupported value: \"{m}\": supported values: \"Exact\", \"NotOlderThan\", \"\""
+            )]))
+        }
         _ => Ok((rv, m)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A list's `resourceVersionMatch` checks answer as kube-apiserver v1.20.2 answered
+    /// the same queries.
+    #[test]
+    fn list_options_are_refused_as_a_real_api_server_refuses_them() {
+        for (query, message) in [
+            (
+                "resourceVersionMatch=NotOlderThan",
+                "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ),
+            (
+                "resourceVersionMatch=Exact&resourceVersion=0",
+                "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ),
+            (
+                "resourceVersionMatch=x&resourceVersion=5",
+                "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Unsupported value: \"x\": supported values: \"Exact\", \"NotOlderThan\", \"\"",
+            ),
+        ] {
+            let e = parse_rv(&Query::parse(Some(query))).unwrap_err();
+            assert_eq!(e.body()["code"], 422, "{query}");
+            assert_eq!(e.message, message, "{query}");
+            assert_eq!(
+                e.body()["details"]["group"],
+                "meta.k8s.io",
+                "{query}: {}",
+                e.body()
+            );
+        }
+        assert_eq!(
+            parse_rv(&Query::parse(Some(
+                "resourceVersionMatch=NotOlderThan&resourceVersion=5"
+            )))
+            .unwrap(),
+            (Some(5), Some("NotOlderThan"))
+        );
     }
 }

@@ -194,6 +194,35 @@ impl ApiError {
         )
     }
 
+    /// 422 for a request's query parameters, as the API server's validation of
+    /// `ListOptions` (group `meta.k8s.io`) answers: each error `field: Type: detail`,
+    /// as Kubernetes writes a field error, one cause each.
+    pub fn invalid_options(errors: &[&str]) -> Self {
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|e| {
+                let (field, body) = e.split_once(": ").unwrap_or(("", e));
+                let reason = match body.split(':').next().unwrap_or_default() {
+                    "Forbidden" => "FieldValueForbidden",
+                    "Required value" => "FieldValueRequired",
+                    "Unsupported value" => "FieldValueNotSupported",
+                    _ => "FieldValueInvalid",
+                };
+                json!({"reason": reason, "message": body, "field": field})
+            })
+            .collect();
+        let listed = match errors {
+            [one] => one.to_string(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        Self::new(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {listed}"),
+            Some(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes})),
+        )
+    }
+
     /// 422: a request the server understood and cannot carry out (a JSON patch whose
     /// operation fails).
     pub fn unprocessable(message: impl Into<String>) -> Self {
@@ -311,6 +340,53 @@ mod tests {
             "pods is forbidden: User \"realk8s-nobody\" cannot list resource \"pods\" in API group \"\" at the cluster scope"
         );
         assert_eq!(e.body()["details"], json!({"kind": "pods"}));
+    }
+
+    #[test]
+    fn invalid_list_options_read_as_a_real_api_server_writes_them() {
+        // As kube-apiserver v1.20.2 answered a streaming list's watch
+        // (`?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan`).
+        let e = ApiError::invalid_options(&[
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch",
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ]);
+        let captured = json!({
+          "kind": "Status",
+          "apiVersion": "v1",
+          "metadata": {},
+          "status": "Failure",
+          "message": "ListOptions.meta.k8s.io \"\" is invalid: [resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch, resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided]",
+          "reason": "Invalid",
+          "details": {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [
+              {
+                "reason": "FieldValueForbidden",
+                "message": "Forbidden: resourceVersionMatch is forbidden for watch",
+                "field": "resourceVersionMatch"
+              },
+              {
+                "reason": "FieldValueForbidden",
+                "message": "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+                "field": "resourceVersionMatch"
+              }
+            ]
+          },
+          "code": 422
+        });
+        assert_eq!(e.body(), captured);
+        let one = ApiError::invalid_options(&[
+            "resourceVersionMatch: Unsupported value: \"x\": supported values: \"Exact\", \"NotOlderThan\", \"\"",
+        ]);
+        assert_eq!(
+            one.message,
+            "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Unsupported value: \"x\": supported values: \"Exact\", \"NotOlderThan\", \"\""
+        );
+        assert_eq!(
+            one.body()["details"]["causes"][0]["reason"],
+            "FieldValueNotSupported"
+        );
     }
 
     #[test]

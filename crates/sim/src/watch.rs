@@ -85,13 +85,25 @@ pub(crate) async fn serve(
     match cluster.watch_list() {
         WatchListSupport::Served => {}
         WatchListSupport::Refused if send_initial.is_some() => {
-            return Err(ApiError::invalid(
-                "ListOptions",
-                "",
+            return Err(ApiError::invalid_options(&[
                 "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
-            ));
+            ]));
         }
         WatchListSupport::Refused => {}
+        // It knows `resourceVersionMatch` and forbids it on a watch; it does not know
+        // `sendInitialEvents`, and reads it as absent.
+        WatchListSupport::Unknown => {
+            if rv_match.is_some() {
+                let mut errors = vec![
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch",
+                ];
+                if rv.is_none() {
+                    errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided");
+                }
+                return Err(ApiError::invalid_options(&errors));
+            }
+            send_initial = None;
+        }
         // A server that does not know the parameters reads them as absent.
         WatchListSupport::Ignored => {
             send_initial = None;
@@ -99,26 +111,20 @@ pub(crate) async fn serve(
         }
     }
     if send_initial.is_none() && rv_match.is_some() {
-        return Err(ApiError::invalid(
-            "ListOptions",
-            "",
+        return Err(ApiError::invalid_options(&[
             "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-        ));
+        ]));
     }
     if send_initial.is_some() {
         if rv_match != Some("NotOlderThan") {
-            return Err(ApiError::invalid(
-                "ListOptions",
-                "",
+            return Err(ApiError::invalid_options(&[
                 "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
-            ));
+            ]));
         }
         if !bookmarks {
-            return Err(ApiError::invalid(
-                "ListOptions",
-                "",
+            return Err(ApiError::invalid_options(&[
                 "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set",
-            ));
+            ]));
         }
     }
     let timeout = match q.get("timeoutSeconds").filter(|s| !s.is_empty()) {
