@@ -140,14 +140,16 @@ pub(crate) fn partial_metadata(obj: &StoredObject) -> Value {
     json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": v.get("metadata").cloned().unwrap_or(json!({}))})
 }
 
+/// The field error of a `resourceVersionMatch` without a `resourceVersion`, on a list
+/// and, on a server from before WatchList, on a watch.
+pub(crate) const MATCH_WITHOUT_RV: &str = "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided";
+
 /// Parses `resourceVersion` and `resourceVersionMatch` as the apiserver validates them
 /// for a list; a watch validates the match itself (see `watch::serve`).
 pub(crate) fn parse_rv(q: &Query) -> Result<(Option<u64>, Option<&str>), ApiError> {
     let (rv, m) = parse_rv_unchecked(q)?;
     match (m, rv) {
-        (Some(_), None) => Err(ApiError::invalid_options(&[
-            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-        ])),
+        (Some(_), None) => Err(ApiError::invalid_options(&[MATCH_WITHOUT_RV])),
         (Some("Exact"), Some(0)) => Err(ApiError::invalid_options(&[
             "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
         ])),

@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cluster::{Cluster, ListKind, WatchControl, WatchListSupport};
-use crate::request::{Body, Query, Repr, Target, parse_rv_unchecked, partial_metadata};
+use crate::request::{
+    Body, MATCH_WITHOUT_RV, Query, Repr, Target, parse_rv_unchecked, partial_metadata,
+};
 use crate::resource::ResourceDef;
 use crate::status::ApiError;
 use crate::store::{Change, ChangeKind, StoredObject, Subscription, WatchFrom};
@@ -98,7 +100,7 @@ pub(crate) async fn serve(
                     "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch",
                 ];
                 if rv.is_none() {
-                    errors.push("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided");
+                    errors.push(MATCH_WITHOUT_RV);
                 }
                 return Err(ApiError::invalid_options(&errors));
             }
