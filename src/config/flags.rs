@@ -613,7 +613,8 @@ pub struct PersistArgs {
     ["store.compactShare", Number, Restart]
     /// Compact the store (copy its live records to a fresh file) once its size on disk
     /// passes this share of the held objects' JSON size (and 1.5 × its size after the
-    /// last compaction). The copy briefly takes its own space beside the store.
+    /// last compaction; a store that started empty counts its size once filled as
+    /// such). The copy briefly takes its own space beside the store.
     #[arg(long, default_value_t = 1.0)]
     pub compact_share: f64,
     ["store.compactMinMib", Count, Restart]
