@@ -49,7 +49,8 @@ pub struct PersistConfig {
     /// The resume log's size limit, as a share of the held objects' JSON. Default 0.5.
     pub log_share: f64,
     /// A new snapshot is written once the change log after the last one exceeds this
-    /// share of the held objects' JSON and `snapshot_min_bytes`. Default 0.5.
+    /// share of the held objects' JSON and `snapshot_min_bytes` (not counting the log
+    /// of a store filling from empty: see [`FILLED_SHARE`]). Default 0.5.
     pub snapshot_share: f64,
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
@@ -79,10 +80,13 @@ impl Default for PersistConfig {
 }
 
 /// While a store that started empty has recorded no more than this share of the JSON
-/// it holds, each object was written about once: a compaction would reclaim only the
-/// storage engine's own slack from the writes (a first sync of 5,100 pods left 11.0–13.6
-/// MB, which a copy made 8.4–11.0 MB), and the copy, made while the fleet syncs, left
-/// 6–12 MB more memory resident after it (docs/performance.md).
+/// it holds, it is filling: each object was written about once, so its change log is
+/// as good as a snapshot, and a compaction would reclaim only the storage engine's own
+/// slack from the writes (a first sync of 5,100 pods left 11.0–13.6 MB, which a copy
+/// made 8.4–11.0 MB). Written then, while the fleet syncs, a snapshot left about 4 MB
+/// and a copy 6–12 MB more memory resident after a first sync (docs/performance.md).
+/// Once filled, the log written while filling counts as a snapshot until the next
+/// one, and the store's size as its size after a compaction.
 pub const FILLED_SHARE: f64 = 1.25;
 
 /// A store write that failed; what it held is kept in memory and written again.
@@ -207,6 +211,12 @@ pub struct Persister {
     filling: std::sync::atomic::AtomicBool,
     /// The JSON of every event recorded since the start, bytes.
     recorded_json: AtomicU64,
+    /// Once a store that started empty is filled: the snapshot then current and the
+    /// change log's bytes then, which count as a snapshot while it stays current.
+    filled_log: Mutex<Option<(u64, usize)>>,
+    /// Set when a store is found filled, until the next compaction check takes its
+    /// size as its size after a compaction.
+    filled_size_due: std::sync::atomic::AtomicBool,
     /// Where durable batches are published.
     index: Arc<Index>,
     status: StatusTable,
@@ -337,6 +347,8 @@ impl Persister {
             compacted: AtomicU64::new(0),
             filling: std::sync::atomic::AtomicBool::new(empty),
             recorded_json: AtomicU64::new(0),
+            filled_log: Mutex::new(None),
+            filled_size_due: std::sync::atomic::AtomicBool::new(false),
             index,
             status,
             snapshotting: Mutex::new(None),
@@ -396,8 +408,12 @@ impl Persister {
         self.recorded_json
             .fetch_add(added as u64, Ordering::Relaxed);
         // A snapshot being written already covers the log up to its revision.
-        let change_log = (lock(&self.disk).change_log + p.bytes)
-            .saturating_sub(self.covered.load(Ordering::Relaxed));
+        let (on_disk, snapshot) = {
+            let disk = lock(&self.disk);
+            (disk.change_log, disk.snapshot_revision())
+        };
+        let change_log = (on_disk + p.bytes).saturating_sub(self.covered.load(Ordering::Relaxed));
+        let change_log = change_log.saturating_sub(self.fill_log(change_log, held_json, snapshot));
         let over_log =
             p.events.len() > self.config.log_retention || p.bytes > self.config.max_pending_bytes;
         let due = change_log as f64
@@ -722,10 +738,7 @@ impl Persister {
         };
         let size = store.size_on_disk();
         let held = *lock(&self.held_json) as f64;
-        let limit = (self.config.compact_share * held)
-            .max(self.config.compact_min_bytes as f64)
-            .max(1.5 * self.compacted.load(Ordering::Relaxed) as f64);
-        if (size as f64) <= limit || self.still_filling(size, held) {
+        if !self.compaction_due(size, held) {
             return size;
         }
         let started = Instant::now();
@@ -755,25 +768,39 @@ impl Persister {
         }
     }
 
-    /// Whether a store that started empty is still filling (the JSON recorded since the
-    /// start at most [`FILLED_SHARE`] × the JSON held). The first time it is found not
-    /// to be, its size counts as its size after a compaction, so the next compaction
-    /// waits until it has grown by half.
-    fn still_filling(&self, size: u64, held: f64) -> bool {
-        if !self.filling.load(Ordering::Relaxed) {
-            return false;
+    /// Whether the store has grown past its limits (see [`PersistConfig::compact_share`]).
+    fn compaction_due(&self, size: u64, held: f64) -> bool {
+        if self.filled_size_due.swap(false, Ordering::Relaxed) {
+            self.compacted.fetch_max(size, Ordering::Relaxed);
         }
-        let recorded = self.recorded_json.load(Ordering::Relaxed) as f64;
-        if recorded <= FILLED_SHARE * held {
-            return true;
+        let limit = (self.config.compact_share * held)
+            .max(self.config.compact_min_bytes as f64)
+            .max(1.5 * self.compacted.load(Ordering::Relaxed) as f64);
+        size as f64 > limit && !self.filling.load(Ordering::Relaxed)
+    }
+
+    /// What of `change_log` counts as a snapshot: all of it while a store that
+    /// started empty fills (the JSON recorded since the start at most
+    /// [`FILLED_SHARE`] × `held`), the log written while it filled until a snapshot
+    /// follows (`snapshot` is the current one's revision), and nothing otherwise.
+    fn fill_log(&self, change_log: usize, held: f64, snapshot: u64) -> usize {
+        if self.filling.load(Ordering::Relaxed) {
+            let recorded = self.recorded_json.load(Ordering::Relaxed) as f64;
+            if recorded <= FILLED_SHARE * held {
+                return change_log;
+            }
+            self.filling.store(false, Ordering::Relaxed);
+            self.filled_size_due.store(true, Ordering::Relaxed);
+            *lock(&self.filled_log) = Some((snapshot, change_log));
+            tracing::debug!(
+                change_log,
+                "store filled: its log counts as a snapshot, its size as compacted"
+            );
         }
-        self.filling.store(false, Ordering::Relaxed);
-        self.compacted.store(size, Ordering::Relaxed);
-        tracing::debug!(
-            size,
-            "store filled: compacted next once it has grown by half"
-        );
-        true
+        match *lock(&self.filled_log) {
+            Some((current, filled)) if current == snapshot => filled.min(change_log),
+            _ => 0,
+        }
     }
 
     /// Writes one gathered batch (and a snapshot, when one was captured); returns the
@@ -1059,11 +1086,12 @@ pub(crate) mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut i = 0;
         // Changes keep coming until snapshots taken beside them (after the first, which
-        // a fresh store writes with its first batch) are current.
+        // a fresh store writes with its first batch) are current: ten pods changed over
+        // and over, so that the store is soon past filling (see `FILLED_SHARE`).
         while persister.stats().snapshots < 3 {
             assert!(Instant::now() < deadline, "no snapshot became current");
             i += 1;
-            record(&index, &persister, pod(&format!("p{i}"), i));
+            record(&index, &persister, pod(&format!("p{}", i % 10), i));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         cancel.cancel();
@@ -1086,28 +1114,54 @@ pub(crate) mod tests {
         assert_eq!(loaded.revision, index.snapshot().revision());
     }
 
+    /// The revision of the snapshot a persister has gathered to write next.
+    fn gathered_snapshot(persister: &Persister) -> Option<Revision> {
+        lock(&persister.pending)
+            .snapshot
+            .as_ref()
+            .map(|s| s.revision())
+    }
+
     #[test]
-    fn a_store_filling_from_empty_waits_to_grow_by_half_before_its_first_compaction() {
-        let (index, persister, _) = persisted();
+    fn a_store_filling_from_empty_neither_snapshots_nor_compacts_until_it_is_filled() {
+        // Snapshots due after a change log of half the held JSON; compactions past it.
+        let (index, persister, _) = persisted_with(PersistConfig {
+            snapshot_min_bytes: 0,
+            compact_min_bytes: 0,
+            ..PersistConfig::default()
+        });
+        let initial = gathered_snapshot(&persister);
         for i in 0..100 {
             record(&index, &persister, pod(&format!("p{i}"), i));
         }
-        let held = *lock(&persister.held_json) as f64;
-        // Each object recorded once: filling, whatever the file's size.
-        assert!(persister.still_filling(50 << 20, held));
-        assert!(persister.still_filling(50 << 20, held));
-        assert_eq!(persister.compacted.load(Ordering::Relaxed), 0);
-        // Changed over and over: filled, and its size then counts as compacted.
-        for rv in 100..200 {
+        // Each object recorded once: filling, whatever the log's and the file's size.
+        assert_eq!(gathered_snapshot(&persister), initial);
+        assert!(!persister.compaction_due(50 << 20, 1.0));
+        // Changed over and over: filled. The fill's log counts as a snapshot...
+        let mut rv = 100;
+        while persister.filling.load(Ordering::Relaxed) {
+            assert!(rv < 1_000, "never filled");
             record(&index, &persister, pod("p0", rv));
+            rv += 1;
         }
-        let held = *lock(&persister.held_json) as f64;
-        assert!(
-            persister.still_filling(12 << 20, held),
-            "the first time, it is found filled"
+        assert_eq!(gathered_snapshot(&persister), initial);
+        // ... and the size as compacted: the next compaction once it grows by half.
+        assert!(!persister.compaction_due(12 << 20, 1.0));
+        assert!(!persister.compaction_due(18 << 20, 1.0));
+        assert!(persister.compaction_due(19 << 20, 1.0));
+        // A change log past half the held JSON beyond the fill's: a snapshot is due.
+        let held = *lock(&persister.held_json);
+        for rv in rv..2_000 {
+            record(&index, &persister, pod("p1", rv));
+            if gathered_snapshot(&persister) != initial {
+                break;
+            }
+        }
+        assert_ne!(
+            gathered_snapshot(&persister),
+            initial,
+            "held {held} bytes of JSON"
         );
-        assert_eq!(persister.compacted.load(Ordering::Relaxed), 12 << 20);
-        assert!(!persister.still_filling(20 << 20, held));
     }
 
     #[test]
@@ -1120,7 +1174,10 @@ pub(crate) mod tests {
         ));
         let persister = Persister::new(
             store,
-            PersistConfig::default(),
+            PersistConfig {
+                compact_min_bytes: 0,
+                ..PersistConfig::default()
+            },
             Continued {
                 held_json: 4_096,
                 records: Vec::new(),
@@ -1131,8 +1188,9 @@ pub(crate) mod tests {
             index,
             StatusTable::default(),
         );
-        assert!(!persister.still_filling(50 << 20, 4_096.0));
-        assert_eq!(persister.compacted.load(Ordering::Relaxed), 0);
+        assert!(!persister.filling.load(Ordering::Relaxed));
+        assert!(persister.compaction_due(50 << 20, 4_096.0));
+        assert_eq!(persister.fill_log(1 << 20, 4_096.0, 0), 0);
     }
 
     #[tokio::test(start_paused = true)]
