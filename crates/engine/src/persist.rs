@@ -96,6 +96,23 @@ pub const FILLED_SHARE: f64 = 1.25;
 /// left 0.92–1.06 × the JSON on disk uncompacted, against 0.65–0.84 compacted).
 pub const FILL_MAX_JSON: f64 = 128.0 * 1024.0 * 1024.0;
 
+/// Where a store that started empty is in filling (see [`FILLED_SHARE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// It did not start empty.
+    Never,
+    /// It is filling: its change log counts as a snapshot, and it is not compacted.
+    Filling,
+    /// It was found filled when `snapshot` was current and its change log held `log`
+    /// bytes, which count as a snapshot while that one stays current; `size_due` until
+    /// the next compaction check takes its size as its size after a compaction.
+    Filled {
+        snapshot: u64,
+        log: usize,
+        size_due: bool,
+    },
+}
+
 /// A store write that failed; what it held is kept in memory and written again.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("store write failed: {0}")]
@@ -214,16 +231,10 @@ pub struct Persister {
     /// The store's size on disk after its last compaction (0 before the first), or
     /// once filled, for a store that started empty.
     compacted: AtomicU64,
-    /// Set while a store that started empty is filling (see [`FILLED_SHARE`]).
-    filling: std::sync::atomic::AtomicBool,
+    /// Where a store that started empty is in filling (see [`FILLED_SHARE`]).
+    fill: Mutex<Fill>,
     /// The JSON of every event recorded since the start, bytes.
     recorded_json: AtomicU64,
-    /// Once a store that started empty is filled: the snapshot then current and the
-    /// change log's bytes then, which count as a snapshot while it stays current.
-    filled_log: Mutex<Option<(u64, usize)>>,
-    /// Set when a store is found filled, until the next compaction check takes its
-    /// size as its size after a compaction.
-    filled_size_due: std::sync::atomic::AtomicBool,
     /// Where durable batches are published.
     index: Arc<Index>,
     status: StatusTable,
@@ -352,10 +363,8 @@ impl Persister {
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
             compacted: AtomicU64::new(0),
-            filling: std::sync::atomic::AtomicBool::new(empty),
+            fill: Mutex::new(if empty { Fill::Filling } else { Fill::Never }),
             recorded_json: AtomicU64::new(0),
-            filled_log: Mutex::new(None),
-            filled_size_due: std::sync::atomic::AtomicBool::new(false),
             index,
             status,
             snapshotting: Mutex::new(None),
@@ -777,13 +786,19 @@ impl Persister {
 
     /// Whether the store has grown past its limits (see [`PersistConfig::compact_share`]).
     fn compaction_due(&self, size: u64, held: f64) -> bool {
-        if self.filled_size_due.swap(false, Ordering::Relaxed) {
-            self.compacted.fetch_max(size, Ordering::Relaxed);
+        match &mut *lock(&self.fill) {
+            Fill::Filling => return false,
+            Fill::Filled { size_due, .. } => {
+                if std::mem::take(size_due) {
+                    self.compacted.fetch_max(size, Ordering::Relaxed);
+                }
+            }
+            Fill::Never => {}
         }
         let limit = (self.config.compact_share * held)
             .max(self.config.compact_min_bytes as f64)
             .max(1.5 * self.compacted.load(Ordering::Relaxed) as f64);
-        size as f64 > limit && !self.filling.load(Ordering::Relaxed)
+        size as f64 > limit
     }
 
     /// What of `change_log` counts as a snapshot: all of it while a store that
@@ -792,21 +807,28 @@ impl Persister {
     /// written while it filled until a snapshot
     /// follows (`snapshot` is the current one's revision), and nothing otherwise.
     fn fill_log(&self, change_log: usize, held: f64, snapshot: u64) -> usize {
-        if self.filling.load(Ordering::Relaxed) {
+        let mut fill = lock(&self.fill);
+        if *fill == Fill::Filling {
             let recorded = self.recorded_json.load(Ordering::Relaxed) as f64;
             if recorded <= FILLED_SHARE * held && held <= FILL_MAX_JSON {
                 return change_log;
             }
-            self.filling.store(false, Ordering::Relaxed);
-            self.filled_size_due.store(true, Ordering::Relaxed);
-            *lock(&self.filled_log) = Some((snapshot, change_log));
+            *fill = Fill::Filled {
+                snapshot,
+                log: change_log,
+                size_due: true,
+            };
             tracing::debug!(
                 change_log,
                 "store filled: its log counts as a snapshot, its size as compacted"
             );
         }
-        match *lock(&self.filled_log) {
-            Some((current, filled)) if current == snapshot => filled.min(change_log),
+        match *fill {
+            Fill::Filled {
+                snapshot: current,
+                log,
+                ..
+            } if current == snapshot => log.min(change_log),
             _ => 0,
         }
     }
@@ -1122,6 +1144,11 @@ pub(crate) mod tests {
         assert_eq!(loaded.revision, index.snapshot().revision());
     }
 
+    /// Whether a persister's store, started empty, is still filling.
+    fn filling(persister: &Persister) -> bool {
+        *lock(&persister.fill) == Fill::Filling
+    }
+
     /// The revision of the snapshot a persister has gathered to write next.
     fn gathered_snapshot(persister: &Persister) -> Option<Revision> {
         lock(&persister.pending)
@@ -1147,7 +1174,7 @@ pub(crate) mod tests {
         assert!(!persister.compaction_due(50 << 20, 1.0));
         // Changed over and over: filled. The fill's log counts as a snapshot...
         let mut rv = 100;
-        while persister.filling.load(Ordering::Relaxed) {
+        while filling(&persister) {
             assert!(rv < 1_000, "never filled");
             record(&index, &persister, pod("p0", rv));
             rv += 1;
@@ -1196,7 +1223,7 @@ pub(crate) mod tests {
             index,
             StatusTable::default(),
         );
-        assert!(!persister.filling.load(Ordering::Relaxed));
+        assert!(!filling(&persister));
         assert!(persister.compaction_due(50 << 20, 4_096.0));
         assert_eq!(persister.fill_log(1 << 20, 4_096.0, 0), 0);
     }
@@ -1213,7 +1240,7 @@ pub(crate) mod tests {
             .recorded_json
             .store(FILL_MAX_JSON as u64 + 1, Ordering::Relaxed);
         assert_eq!(persister.fill_log(2_000, FILL_MAX_JSON + 1.0, 0), 2_000);
-        assert!(!persister.filling.load(Ordering::Relaxed));
+        assert!(!filling(&persister));
         assert_eq!(persister.fill_log(2_500, FILL_MAX_JSON + 1.0, 0), 2_000);
         assert!(!persister.compaction_due(300 << 20, FILL_MAX_JSON + 1.0));
         assert!(persister.compaction_due(451 << 20, FILL_MAX_JSON + 1.0));
