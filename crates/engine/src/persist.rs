@@ -101,8 +101,9 @@ pub const FILL_MAX_JSON: f64 = 128.0 * 1024.0 * 1024.0;
 enum Fill {
     /// It did not start empty.
     Never,
-    /// It is filling: its change log counts as a snapshot, and it is not compacted.
-    Filling,
+    /// It is filling, and has recorded `recorded` bytes of JSON since the start: its
+    /// change log counts as a snapshot, and it is not compacted.
+    Filling { recorded: usize },
     /// It was found filled when `snapshot` was current and its change log held `log`
     /// bytes, which count as a snapshot while that one stays current; `size_due` until
     /// the next compaction check takes its size as its size after a compaction.
@@ -233,8 +234,6 @@ pub struct Persister {
     compacted: AtomicU64,
     /// Where a store that started empty is in filling (see [`FILLED_SHARE`]).
     fill: Mutex<Fill>,
-    /// The JSON of every event recorded since the start, bytes.
-    recorded_json: AtomicU64,
     /// Where durable batches are published.
     index: Arc<Index>,
     status: StatusTable,
@@ -363,8 +362,11 @@ impl Persister {
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
             compacted: AtomicU64::new(0),
-            fill: Mutex::new(if empty { Fill::Filling } else { Fill::Never }),
-            recorded_json: AtomicU64::new(0),
+            fill: Mutex::new(if empty {
+                Fill::Filling { recorded: 0 }
+            } else {
+                Fill::Never
+            }),
             index,
             status,
             snapshotting: Mutex::new(None),
@@ -421,15 +423,14 @@ impl Persister {
         // share of the objects, or when a backlog the store cannot take grows past the
         // retained log: the snapshot then stands in for the changes.
         p.bytes += added;
-        self.recorded_json
-            .fetch_add(added as u64, Ordering::Relaxed);
         // A snapshot being written already covers the log up to its revision.
         let (on_disk, snapshot) = {
             let disk = lock(&self.disk);
             (disk.change_log, disk.snapshot_revision())
         };
         let change_log = (on_disk + p.bytes).saturating_sub(self.covered.load(Ordering::Relaxed));
-        let change_log = change_log.saturating_sub(self.fill_log(change_log, held_json, snapshot));
+        let change_log =
+            change_log.saturating_sub(self.fill_log(change_log, added, held_json, snapshot));
         let over_log =
             p.events.len() > self.config.log_retention || p.bytes > self.config.max_pending_bytes;
         let due = change_log as f64
@@ -787,7 +788,7 @@ impl Persister {
     /// Whether the store has grown past its limits (see [`PersistConfig::compact_share`]).
     fn compaction_due(&self, size: u64, held: f64) -> bool {
         match &mut *lock(&self.fill) {
-            Fill::Filling => return false,
+            Fill::Filling { .. } => return false,
             Fill::Filled { size_due, .. } => {
                 if std::mem::take(size_due) {
                     self.compacted.fetch_max(size, Ordering::Relaxed);
@@ -801,16 +802,16 @@ impl Persister {
         size as f64 > limit
     }
 
-    /// What of `change_log` counts as a snapshot: all of it while a store that
-    /// started empty fills (the JSON recorded since the start at most
-    /// [`FILLED_SHARE`] × `held`, and `held` at most [`FILL_MAX_JSON`]), the log
-    /// written while it filled until a snapshot
-    /// follows (`snapshot` is the current one's revision), and nothing otherwise.
-    fn fill_log(&self, change_log: usize, held: f64, snapshot: u64) -> usize {
+    /// What of `change_log` counts as a snapshot, with `added` bytes of JSON just
+    /// recorded: all of it while a store that started empty fills (the JSON recorded
+    /// since the start at most [`FILLED_SHARE`] × `held`, and `held` at most
+    /// [`FILL_MAX_JSON`]); the log written while it filled, until a snapshot follows
+    /// (`snapshot` is the current one's revision); nothing otherwise.
+    fn fill_log(&self, change_log: usize, added: usize, held: f64, snapshot: u64) -> usize {
         let mut fill = lock(&self.fill);
-        if *fill == Fill::Filling {
-            let recorded = self.recorded_json.load(Ordering::Relaxed) as f64;
-            if recorded <= FILLED_SHARE * held && held <= FILL_MAX_JSON {
+        if let Fill::Filling { recorded } = &mut *fill {
+            *recorded += added;
+            if *recorded as f64 <= FILLED_SHARE * held && held <= FILL_MAX_JSON {
                 return change_log;
             }
             *fill = Fill::Filled {
@@ -1146,7 +1147,7 @@ pub(crate) mod tests {
 
     /// Whether a persister's store, started empty, is still filling.
     fn filling(persister: &Persister) -> bool {
-        *lock(&persister.fill) == Fill::Filling
+        matches!(*lock(&persister.fill), Fill::Filling { .. })
     }
 
     /// The revision of the snapshot a persister has gathered to write next.
@@ -1225,23 +1226,23 @@ pub(crate) mod tests {
         );
         assert!(!filling(&persister));
         assert!(persister.compaction_due(50 << 20, 4_096.0));
-        assert_eq!(persister.fill_log(1 << 20, 4_096.0, 0), 0);
+        assert_eq!(persister.fill_log(1 << 20, 0, 4_096.0, 0), 0);
     }
 
     #[test]
     fn a_store_filling_from_empty_is_filled_once_it_holds_its_limit() {
         let (index, persister, _) = persisted();
         record(&index, &persister, pod("p0", 1));
-        let recorded = persister.recorded_json.load(Ordering::Relaxed) as f64;
-        assert_eq!(persister.fill_log(1_000, recorded, 0), 1_000, "filling");
+        let held = *lock(&persister.held_json) as f64;
+        assert_eq!(persister.fill_log(1_000, 0, held, 0), 1_000, "filling");
         // As if it held more than the limit, each object recorded once: filled, its
         // log so far counting as a snapshot, its size taken at the next check.
-        persister
-            .recorded_json
-            .store(FILL_MAX_JSON as u64 + 1, Ordering::Relaxed);
-        assert_eq!(persister.fill_log(2_000, FILL_MAX_JSON + 1.0, 0), 2_000);
+        *lock(&persister.fill) = Fill::Filling {
+            recorded: FILL_MAX_JSON as usize + 1,
+        };
+        assert_eq!(persister.fill_log(2_000, 0, FILL_MAX_JSON + 1.0, 0), 2_000);
         assert!(!filling(&persister));
-        assert_eq!(persister.fill_log(2_500, FILL_MAX_JSON + 1.0, 0), 2_000);
+        assert_eq!(persister.fill_log(2_500, 0, FILL_MAX_JSON + 1.0, 0), 2_000);
         assert!(!persister.compaction_due(300 << 20, FILL_MAX_JSON + 1.0));
         assert!(persister.compaction_due(451 << 20, FILL_MAX_JSON + 1.0));
     }
