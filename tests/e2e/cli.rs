@@ -919,9 +919,36 @@ fn serve_on(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_json_resumes_by_itself_across_a_server_crash() {
+    watch_json_resumes_across_a_crash(0).await;
+}
+
+/// The same, the server killed right after filling a fresh store with more JSON than a
+/// snapshot waits for (1 MiB): the store then holds that first sync as its log alone,
+/// and the restart resumes from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_json_resumes_across_a_crash_right_after_a_large_first_sync() {
+    watch_json_resumes_across_a_crash(400).await;
+}
+
+/// A `watch -o json` subscriber across a SIGKILL of the server and its restart on the
+/// same port and data directory, over one cluster given `preload` configmaps of 4 KiB
+/// of data before the server's first start.
+async fn watch_json_resumes_across_a_crash(preload: usize) {
     let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
         .await
         .unwrap();
+    let big = "x".repeat(4096);
+    for i in 0..preload {
+        fleet.servers()[0]
+            .cluster()
+            .store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": format!("preload-{i}")}, "data": {"k": big}}),
+            )
+            .unwrap();
+    }
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     fleet.write_kubeconfig(&kubeconfig).unwrap();
