@@ -507,11 +507,17 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     pub event_log_mib: u64,
     ["index.compressObjects", Bool, Restart]
-    /// Hold each object's JSON compressed against a dictionary of its resource type:
-    /// for fleets whose objects outgrow memory, at the cost of CPU on every change and
-    /// every object read (see docs/performance.md).
-    #[arg(long)]
+    /// Hold each object's JSON compressed against a dictionary of its resource type
+    /// once it has settled (true), or always as text (false): a third to a fifth of
+    /// the memory for the JSON, for CPU once per settled state and on every object
+    /// read (see docs/performance.md).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub compress_objects: bool,
+    ["index.compressAfter", Duration, Restart]
+    /// How long an object's state stays unchanged before it is held compressed: a
+    /// state that changes sooner is never compressed, and a first sync is not slowed.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub compress_after: Duration,
     ["watch.subscriberBuffer", Count, Restart]
     /// Events a Watch subscriber may fall behind before it is ended.
     #[arg(long, default_value_t = 10_000)]
@@ -786,6 +792,7 @@ impl EngineArgs {
                 subscriber_buffer: self.subscriber_buffer.max(1),
                 field_indexes: self.field_indexes.clone(),
                 compress_objects: self.compress_objects,
+                compress_after: self.compress_after,
                 ..Default::default()
             },
             query_timeout: self.query_timeout,

@@ -478,6 +478,13 @@ impl Collector for FleetCollector {
                 ConstGauge::new(unix_seconds(at)),
             )?;
         }
+        single(
+            &mut e,
+            "fleetscope_index_objects_compressed",
+            "Object states the index compressed once they settled (index.compressObjects).",
+            MetricType::Counter,
+            ConstCounter::new(observed.objects_compressed),
+        )?;
         if let Some(s) = &observed.store {
             let one = ConstGauge::new;
             single(

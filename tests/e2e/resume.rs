@@ -220,8 +220,9 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
     setup.fleet.shutdown().await;
 }
 
-/// With `--compress-objects` (the index rebuilt from the store, compressed, at every
-/// start), a subscriber resuming from its last revision after each of five SIGKILLs
+/// With `--compress-objects --compress-after 0s` (every state compressed as soon as
+/// the packer passes, the index rebuilt from the store and compressed at every start),
+/// a subscriber resuming from its last revision after each of five SIGKILLs
 /// under churn ends equal to the clusters; a plain start over the same store then
 /// serves every object's text exactly as the compressed server did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,6 +236,8 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
         "--data-dir",
         data,
         "--compress-objects",
+        "--compress-after",
+        "0s",
         "--subscriber-buffer",
         "1000000",
     ];
@@ -249,10 +252,32 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
         sub.drain(&mut stream).await;
     }
     churn.stop().await;
-    let mut server = setup.serve(&compressed);
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let mut last = compressed.to_vec();
+    last.extend(["--metrics-listen", &metrics]);
+    let mut server = setup.serve(&last);
     let mut stream = sub.watch(&server.url()).await.expect("the last resume");
-    sub.converge(&mut stream, &common::truth(&setup.fleet, "configmaps"))
-        .await;
+    let truth = common::truth(&setup.fleet, "configmaps");
+    sub.converge(&mut stream, &truth).await;
+    // Every state has settled: what is listed next is read from compressed objects.
+    let compressed_total = || async {
+        common::scrape(&metrics).await?.lines().find_map(|l| {
+            l.strip_prefix("fleetscope_index_objects_compressed_total ")?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while compressed_total().await.unwrap_or(0) * 10 < truth.len() * 9 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nearly every object compressed: {:?} of {}",
+            compressed_total().await,
+            truth.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let texts = |objects: Vec<fleetscope::proto::Object>| -> BTreeMap<Key, String> {
         objects
             .into_iter()
@@ -263,7 +288,7 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
     assert_eq!(held.len(), common::truth(&setup.fleet, "configmaps").len());
     drop(stream);
     server.kill();
-    let plain = setup.serve(&["--data-dir", data]);
+    let plain = setup.serve(&["--data-dir", data, "--compress-objects=false"]);
     common::wait_serving(&plain.url()).await;
     assert_eq!(texts(list_objects(&plain.url()).await.0), held);
     setup.fleet.shutdown().await;

@@ -146,6 +146,8 @@ pub struct Observation {
     /// Whether the engine is ready (the store loaded, every cluster discovered or
     /// failed).
     pub ready: bool,
+    /// Object states the index compressed once they settled, since start.
+    pub objects_compressed: u64,
 }
 
 /// The running engine: the index, the status table, and the tasks feeding them.
@@ -280,6 +282,12 @@ impl Engine {
             }
             .instrument(tracing::info_span!("pins"))
         });
+        if config.index.compress_objects {
+            tasks.spawn(
+                pack(index.clone(), config.index.compress_after, cancel.clone())
+                    .instrument(tracing::info_span!("packer")),
+            );
+        }
         let histories = catchup::Histories::default();
         let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
         let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
@@ -415,6 +423,7 @@ impl Engine {
             sources: self.status.sources(),
             store: self.store_stats(),
             ready: self.is_ready(),
+            objects_compressed: self.index.compressed_count(),
         }
     }
 
@@ -481,6 +490,87 @@ impl Engine {
     /// A token cancelled when the engine stops.
     pub fn cancelled(&self) -> CancellationToken {
         self.cancel.clone()
+    }
+}
+
+/// Compresses the objects whose state has stayed unchanged for `after`, in small
+/// batches so that no query waits behind it, until cancelled.
+async fn pack(index: Arc<Index>, after: Duration, cancel: CancellationToken) {
+    /// Objects considered between two yields (compressing one takes about 1.6 µs).
+    const BATCH: usize = 2048;
+    let every = (after / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut passes = Passes::new(after);
+    loop {
+        let snapshot = index.snapshot();
+        let (revision, held) = (snapshot.revision(), snapshot.len());
+        drop(snapshot);
+        if let Some(settled) = passes.due(std::time::Instant::now(), revision, held) {
+            while !index.pack_settled(settled, BATCH) && !cancel.is_cancelled() {
+                tokio::task::yield_now().await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = cancel.cancelled() => return,
+        }
+    }
+}
+
+/// When a pass that compresses settled objects is due. A pass goes through every
+/// object held, so one starts once the settled changes since the last are a
+/// sixty-fourth of the objects held, or a minute after the last when fewer: a fleet of
+/// a million objects under steady churn is gone through once a minute, not once a
+/// second.
+#[derive(Debug)]
+struct Passes {
+    after: Duration,
+    /// The index's revision as it was seen at each tick, oldest first.
+    seen: std::collections::VecDeque<(std::time::Instant, Revision)>,
+    /// The newest revision seen at least `after` ago: every state up to it has settled.
+    settled: Revision,
+    /// Where the last pass went to, and when it started.
+    last: Option<(Revision, std::time::Instant)>,
+}
+
+impl Passes {
+    /// The longest a settled change waits for a pass.
+    const LONGEST: Duration = Duration::from_secs(60);
+
+    fn new(after: Duration) -> Self {
+        Self {
+            after,
+            seen: Default::default(),
+            settled: Revision(0),
+            last: None,
+        }
+    }
+
+    /// Notes the index at `revision`, holding `held` objects, at `now`; the revision
+    /// a pass is to go to, when one is due (it is then counted as started).
+    fn due(
+        &mut self,
+        now: std::time::Instant,
+        revision: Revision,
+        held: usize,
+    ) -> Option<Revision> {
+        self.seen.push_back((now, revision));
+        while let Some(&(at, revision)) = self.seen.front()
+            && now.duration_since(at) >= self.after
+        {
+            self.settled = revision;
+            self.seen.pop_front();
+        }
+        let since = self.last.map_or(0, |(to, _)| to.0);
+        let new = self.settled.0.saturating_sub(since);
+        let due = new > 0
+            && (new.saturating_mul(64) >= held as u64
+                || self
+                    .last
+                    .is_some_and(|(_, at)| now.duration_since(at) >= Self::LONGEST));
+        due.then(|| {
+            self.last = Some((self.settled, now));
+            self.settled
+        })
     }
 }
 
@@ -595,4 +685,41 @@ fn open_store(
         status.cluster_gone(c, true);
     }
     (index, Some(persister), resume, !fresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_goes_to_what_has_settled_once_enough_of_it_changed_or_a_minute_passed() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut p = Passes::new(Duration::from_secs(10));
+        // Nothing has settled before `after`.
+        assert_eq!(p.due(at(0), Revision(1000), 1000), None);
+        assert_eq!(p.due(at(5), Revision(1500), 1000), None);
+        // The revision seen ten seconds ago has settled: 1,000 changes, a pass.
+        assert_eq!(p.due(at(10), Revision(1600), 1000), Some(Revision(1000)));
+        // 500 more settled: over a sixty-fourth of 1,000 objects.
+        assert_eq!(p.due(at(15), Revision(1600), 1000), Some(Revision(1500)));
+        // 100 more settle: over a sixty-fourth of 1,000 objects.
+        assert_eq!(p.due(at(20), Revision(1610), 1000), Some(Revision(1600)));
+        // Twenty more settle: under a sixty-fourth of 10,000 objects, so not before a
+        // minute after the last pass.
+        assert_eq!(p.due(at(31), Revision(1620), 10_000), None);
+        assert_eq!(p.due(at(79), Revision(1620), 10_000), None);
+        assert_eq!(p.due(at(80), Revision(1620), 10_000), Some(Revision(1620)));
+        // Nothing new: no pass, however long.
+        assert_eq!(p.due(at(400), Revision(1620), 10_000), None);
+    }
+
+    #[test]
+    fn with_no_wait_every_change_is_settled_at_once() {
+        let t0 = std::time::Instant::now();
+        let mut p = Passes::new(Duration::ZERO);
+        assert_eq!(p.due(t0, Revision(7), 7), Some(Revision(7)));
+        assert_eq!(p.due(t0, Revision(7), 7), None);
+        assert_eq!(p.due(t0, Revision(8), 7), Some(Revision(8)));
+    }
 }

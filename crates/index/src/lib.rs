@@ -56,10 +56,15 @@ pub struct Config {
     /// The most snapshots one owner (a caller) may have pinned at once. Default 32.
     pub max_pinned_per_owner: usize,
     /// Hold each object's JSON compressed (LZ4) against a dictionary of its resource
-    /// type, made from the first object of that type: a fifth to a third of the
-    /// memory for the JSON, at the cost of compressing each change and decompressing
-    /// each object read. Default off.
+    /// type, made from the first object of that type, once the object has settled
+    /// ([`Index::pack_settled`]): a fifth to a third of the memory for the JSON, at
+    /// the cost of compressing each settled state once and decompressing each object
+    /// read. A state is held as text until then. Default on.
     pub compress_objects: bool,
+    /// How long a state stays unchanged before it is compressed: the engine's packer
+    /// passes [`Index::pack_settled`] the revision the index had that long ago.
+    /// Default 10 seconds.
+    pub compress_after: Duration,
 }
 
 impl Default for Config {
@@ -72,7 +77,8 @@ impl Default for Config {
             page_ttl: Duration::from_secs(300),
             max_pinned: 256,
             max_pinned_per_owner: 32,
-            compress_objects: false,
+            compress_objects: true,
+            compress_after: Duration::from_secs(10),
         }
     }
 }
@@ -276,6 +282,21 @@ pub struct Index {
     published: feed::Shared,
     head: watch::Sender<Revision>,
     pins: Mutex<HashMap<Revision, Pin>>,
+    /// Where compressing settled objects is.
+    sweep: Mutex<Sweep>,
+    /// Object states compressed since the index was made.
+    compressed: std::sync::atomic::AtomicU64,
+}
+
+/// A pass over the held objects that compresses those of a range of revisions.
+#[derive(Debug, Default)]
+struct Sweep {
+    /// Every object whose revision is at most this was considered by a finished pass.
+    swept: Revision,
+    /// The pass under way: the revision it goes to, and the last key it considered.
+    under_way: Option<(Revision, ObjectKey)>,
+    /// The dictionaries objects are compressed against.
+    dictionaries: object::Dictionaries,
 }
 
 /// A snapshot kept for paging: by whom, and when it was last used.
@@ -302,8 +323,7 @@ impl Index {
             revision,
             ..State::default()
         };
-        let interner = object::Interner::new(config.compress_objects);
-        Self::over(config, state, interner, VecDeque::new())
+        Self::over(config, state, object::Interner::default(), VecDeque::new())
     }
 
     fn over(
@@ -323,6 +343,8 @@ impl Index {
             published: Arc::new(RwLock::new(published)),
             head,
             pins: Mutex::new(HashMap::new()),
+            sweep: Mutex::default(),
+            compressed: Default::default(),
             config,
         }
     }
@@ -331,7 +353,7 @@ impl Index {
     /// revision that produced it, the retained event log, and the revision to continue
     /// from. Nothing is published as new events.
     pub fn restore(config: Config, restored: Restored) -> Self {
-        let mut interner = object::Interner::new(config.compress_objects);
+        let mut interner = object::Interner::default();
         let mut state = State {
             indexed_paths: Arc::new(config.field_indexes.clone()),
             ..State::default()
@@ -339,9 +361,11 @@ impl Index {
         let mut inputs = restored.objects;
         // A store gives its objects in key order, each once; anything else is put so.
         in_key_order(&mut inputs, |(input, _)| &input.key);
-        state.restore_all(inputs.into_iter().map(|(input, revision)| {
-            ObjectRef::new(Object::from_input(input, revision, &mut interner))
-        }));
+        state.restore_all(
+            inputs
+                .into_iter()
+                .map(|(input, revision)| Object::from_input(input, revision, &mut interner)),
+        );
         let newest_object = state.objects.iter().map(|e| e.0.revision).max();
         state.revision = restored.revision.max(newest_object.unwrap_or_default());
         let mut log = VecDeque::with_capacity(restored.events.len());
@@ -351,12 +375,11 @@ impl Index {
                 .get(&e.object.0.key)
                 .filter(|o| o.revision == e.object.1)
                 .cloned();
-            let object = held.unwrap_or_else(|| {
-                ObjectRef::new(Object::from_input(e.object.0, e.object.1, &mut interner))
-            });
-            let prev = e.prev.map(|(input, revision)| {
-                ObjectRef::new(Object::from_input(input, revision, &mut interner))
-            });
+            let object =
+                held.unwrap_or_else(|| Object::from_input(e.object.0, e.object.1, &mut interner));
+            let prev = e
+                .prev
+                .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
             log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
         }
         Self::over(config, state, interner, log)
@@ -486,6 +509,64 @@ impl Index {
             state: Some(Arc::new(state.clone())),
             events,
         }
+    }
+
+    /// Compresses (with [`Config::compress_objects`]) the held objects whose state
+    /// has settled: those whose revision is at most `settled` and that no earlier pass
+    /// considered. A pass goes through the published objects in key order, at most
+    /// `most` of them per call, and resumes where the last call stopped; returns true
+    /// once no object up to `settled` is left to consider. An object changed since
+    /// has a newer revision, for a later pass: a state that changes within its first
+    /// moments is never compressed, and compressing stays off the path of a sync.
+    pub fn pack_settled(&self, settled: Revision, most: usize) -> bool {
+        if !self.config.compress_objects {
+            return true;
+        }
+        let mut sweep = lock(&self.sweep);
+        let Sweep {
+            swept,
+            under_way,
+            dictionaries,
+        } = &mut *sweep;
+        let state = self.snapshot();
+        let (to, objects) = match under_way.take() {
+            Some((to, last)) => (
+                to,
+                state.objects.range::<_, ObjectKey>((
+                    std::ops::Bound::Excluded(&last),
+                    std::ops::Bound::Unbounded,
+                )),
+            ),
+            None if settled > *swept => (
+                settled.min(state.revision()),
+                state.objects.range::<_, ObjectKey>(..),
+            ),
+            None => return true,
+        };
+        let mut compressed = 0;
+        let mut done = true;
+        for (n, entry) in objects.enumerate() {
+            let object = &entry.0;
+            if object.revision > *swept && object.revision <= to && object.pack(dictionaries) {
+                compressed += 1;
+            }
+            if n + 1 == most {
+                *under_way = Some((to, object.key.clone()));
+                done = false;
+                break;
+            }
+        }
+        if done {
+            *swept = to;
+        }
+        self.compressed
+            .fetch_add(compressed, std::sync::atomic::Ordering::Relaxed);
+        done
+    }
+
+    /// Object states compressed since the index was made ([`Index::pack_settled`]).
+    pub fn compressed_count(&self) -> u64 {
+        self.compressed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether anything of one resource type in one cluster is held, staged changes

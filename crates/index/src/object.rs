@@ -15,12 +15,6 @@ use crate::HashSet;
 /// capacity, new values are still used, only not shared.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
-    /// Hold each object's JSON compressed against a dictionary of its type
-    /// ([`crate::Config::compress_objects`]).
-    compress: bool,
-    /// Each resource type's dictionary: the JSON of the first object of that type
-    /// held compressed. Objects of one type share most of their text with it.
-    dictionaries: std::collections::HashMap<Arc<str>, Arc<[u8]>, foldhash::fast::RandomState>,
     strings: HashSet<Arc<str>>,
     locations: HashSet<Arc<Location>>,
     /// The last location asked for and its shared copy: objects arrive in runs of one.
@@ -34,45 +28,6 @@ type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
 
 impl Interner {
     const CAPACITY: usize = 200_000;
-
-    /// Shares as [`Interner::default`] does; with `compress`, also holds each object's
-    /// JSON compressed.
-    pub(crate) fn new(compress: bool) -> Self {
-        Self {
-            compress,
-            ..Self::default()
-        }
-    }
-
-    /// An object's JSON as it is to be held.
-    fn body(&mut self, resource: &Arc<str>, json: &str) -> Body {
-        // A dictionary's reach is the compressor's window; an object far larger than
-        // its dictionary gains little from it.
-        const MOST: usize = 64 << 10;
-        // A dictionary lives as long as the process: a Secret's would keep its values
-        // in memory after it was changed or deleted. Secrets are held as text.
-        if !self.compress
-            || json.len() < Packed::LEAST
-            || json.len() > MOST
-            || &**resource == "secrets"
-        {
-            return Body::Text(fleetscope_model::Json::from(json));
-        }
-        let dictionary = self
-            .dictionaries
-            .entry(resource.clone())
-            .or_insert_with(|| Arc::from(json.as_bytes()))
-            .clone();
-        let bytes = lz4_flex::block::compress_with_dict(json.as_bytes(), &dictionary);
-        match u32::try_from(json.len()) {
-            Ok(len) if bytes.len() < json.len() => Body::Packed(triomphe::Arc::new(Packed {
-                dictionary,
-                len,
-                bytes: bytes.into_boxed_slice(),
-            })),
-            _ => Body::Text(fleetscope_model::Json::from(json)),
-        }
-    }
 
     pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
         if let Some(shared) = self.strings.get(s) {
@@ -136,6 +91,42 @@ impl Interner {
             self.terms.insert(fresh.clone());
         }
         fresh
+    }
+}
+
+/// Each resource type's dictionary: the JSON of the first object of that type held
+/// compressed. Objects of one type share most of their text with it.
+#[derive(Debug, Default)]
+pub(crate) struct Dictionaries(
+    std::collections::HashMap<Arc<str>, Arc<[u8]>, foldhash::fast::RandomState>,
+);
+
+impl Dictionaries {
+    /// `json` compressed against its type's dictionary; `None` when it is not worth
+    /// it or does not shrink.
+    fn pack(&mut self, resource: &Arc<str>, json: &str) -> Option<triomphe::Arc<Packed>> {
+        // A dictionary's reach is the compressor's window; an object far larger than
+        // its dictionary gains little from it.
+        const MOST: usize = 64 << 10;
+        // A dictionary lives as long as the process: a Secret's would keep its values
+        // in memory after it was changed or deleted. Secrets are held as text.
+        if json.len() < Packed::LEAST || json.len() > MOST || &**resource == "secrets" {
+            return None;
+        }
+        let dictionary = self
+            .0
+            .entry(resource.clone())
+            .or_insert_with(|| Arc::from(json.as_bytes()))
+            .clone();
+        let bytes = lz4_flex::block::compress_with_dict(json.as_bytes(), &dictionary);
+        match u32::try_from(json.len()) {
+            Ok(len) if bytes.len() < json.len() => Some(triomphe::Arc::new(Packed {
+                dictionary,
+                len,
+                bytes: bytes.into_boxed_slice(),
+            })),
+            _ => None,
+        }
     }
 }
 
@@ -211,6 +202,34 @@ impl Body {
             Body::Packed(p) => Cow::Owned(p.text()),
         }
     }
+
+    fn into_text(self) -> Text {
+        match self {
+            Body::Text(json) => Text::Shared(json),
+            Body::Packed(p) => Text::Made(p.text()),
+        }
+    }
+}
+
+/// An object's JSON read from the index: the text it holds, shared, or the text made
+/// from its compressed form.
+#[derive(Debug)]
+pub(crate) enum Text {
+    /// The text the index holds.
+    Shared(fleetscope_model::Json),
+    /// Made from the compressed form.
+    Made(String),
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            Text::Shared(json) => json.as_str(),
+            Text::Made(text) => text,
+        }
+    }
 }
 
 impl PartialEq for Body {
@@ -230,18 +249,35 @@ impl PartialEq for Body {
 impl Eq for Body {}
 
 /// An object held by the index.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Object {
     /// Identity.
     pub key: ObjectKey,
     /// The revision of the change that produced this state.
     pub revision: Revision,
-    /// The pruned object as JSON, with apiVersion and kind.
-    body: Body,
+    /// The pruned object as JSON, with apiVersion and kind: held as text when made,
+    /// compressed in place once settled ([`Object::pack`]). Either form reads as the
+    /// same text; the lock is held only to take or swap the handle.
+    body: parking_lot::RwLock<Body>,
+    /// The JSON's length, read without the lock (pages and the event log's bound are
+    /// cut by it).
+    len: usize,
     terms: Arc<Terms>,
     /// The uid of the object's owner, when it has exactly one (most have).
     owner: Option<Arc<str>>,
 }
+
+impl PartialEq for Object {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+            && self.revision == other.revision
+            && self.terms == other.terms
+            && self.owner == other.owner
+            && self.same_json(other)
+    }
+}
+
+impl Eq for Object {}
 
 /// Reads the top-level `metadata` and stops there: the rest of the object (usually
 /// most of it, as `metadata` comes early) is not scanned.
@@ -304,8 +340,8 @@ impl fleetscope_model::StoredObject for Object {
     fn revision(&self) -> Revision {
         self.revision
     }
-    fn json(&self) -> Cow<'_, str> {
-        self.body.text()
+    fn json(&self) -> impl std::ops::Deref<Target = str> + '_ {
+        self.body().into_text()
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.terms.labels.iter().map(|(k, v)| (&**k, &**v))
@@ -322,7 +358,7 @@ impl Object {
     /// About how many bytes the object takes in an answer: its JSON, its key's parts,
     /// and room for its uid, resourceVersion, revision and framing. Pages are cut by it.
     pub fn wire_size(&self) -> usize {
-        self.body.len()
+        self.json_len()
             + self.key.resource.len()
             + self.key.cluster.as_str().len()
             + self.key.namespace.len()
@@ -339,14 +375,15 @@ impl Object {
     /// An object held outside any index (a member's history read for one
     /// subscriber), as the index would hold it, with `revision`.
     pub fn detached(input: ObjectState, revision: Revision) -> ObjectRef {
-        ObjectRef::new(Self::from_input(input, revision, &mut Interner::default()))
+        Self::from_input(input, revision, &mut Interner::default())
     }
 
+    /// An object as the index holds it, its JSON as text.
     pub(crate) fn from_input(
         input: ObjectState,
         revision: Revision,
         interner: &mut Interner,
-    ) -> Self {
+    ) -> ObjectRef {
         let mut labels: Vec<(Arc<str>, Arc<str>)> = input
             .labels
             .into_iter()
@@ -371,14 +408,15 @@ impl Object {
         // wherever its producer made it, among what it has since freed.
         let name: Arc<str> = Arc::from(&*input.key.name);
         let key = ObjectKey::in_location(interner.location(input.key.location()), name);
-        Self {
+        ObjectRef::new(Self {
+            len: input.json.len(),
             // Held in exactly its length, in an allocation of its own.
-            body: interner.body(&key.resource, &input.json),
+            body: parking_lot::RwLock::new(Body::Text(fleetscope_model::Json::from(&*input.json))),
             key,
             revision,
             terms: interner.terms(terms),
             owner,
-        }
+        })
     }
 
     /// The same state, stamped with another revision (a delete carries the last state).
@@ -386,36 +424,64 @@ impl Object {
         Self {
             key: self.key.clone(),
             revision,
-            body: self.body.clone(),
+            body: parking_lot::RwLock::new(self.body()),
+            len: self.len,
             terms: self.terms.clone(),
             owner: self.owner.clone(),
         }
     }
 
+    /// The JSON's handle, taken under the lock and held without it.
+    fn body(&self) -> Body {
+        self.body.read().clone()
+    }
+
+    /// Holds the JSON compressed against its type's dictionary, when it is held as
+    /// text and compressing is worth it; returns whether it compressed. Every holder
+    /// of the object (the index's sets, snapshots, the event log) sees the change at
+    /// once; what it reads is the same.
+    pub(crate) fn pack(&self, dictionaries: &mut Dictionaries) -> bool {
+        let Body::Text(text) = self.body() else {
+            return false;
+        };
+        let Some(packed) = dictionaries.pack(&self.key.resource, &text) else {
+            return false;
+        };
+        *self.body.write() = Body::Packed(packed);
+        true
+    }
+
     /// Whether an input describes this same state (so applying it changes nothing).
     pub(crate) fn same_as(&self, input: &ObjectState) -> bool {
-        self.body.len() == input.json.len() && *self.body.text() == *input.json
+        self.len == input.json.len() && *self.body().text() == *input.json
     }
 
     /// The pruned object as JSON, with apiVersion and kind: the text the index holds,
     /// shared, or one made from its compressed form.
     pub fn json(&self) -> fleetscope_model::Json {
-        self.body.json()
+        self.body().json()
+    }
+
+    /// The JSON as [`Object::json`] gives it, and whether it was made from the
+    /// compressed form (so it is not the text the object holds).
+    pub(crate) fn json_made(&self) -> (fleetscope_model::Json, bool) {
+        let body = self.body();
+        (body.json(), matches!(body, Body::Packed(_)))
     }
 
     /// Whether `other` holds the same JSON.
     pub fn same_json(&self, other: &Object) -> bool {
-        self.body == other.body
+        std::ptr::eq(self, other) || (self.len == other.len && self.body() == other.body())
     }
 
     /// The length of the JSON.
     pub fn json_len(&self) -> usize {
-        self.body.len()
+        self.len
     }
 
     /// Whether the JSON is held compressed.
     pub fn json_compressed(&self) -> bool {
-        matches!(self.body, Body::Packed(_))
+        matches!(*self.body.read(), Body::Packed(_))
     }
 
     /// metadata.labels, sorted by key.
@@ -453,14 +519,14 @@ impl Object {
 
     /// metadata.uid and metadata.resourceVersion, read from the JSON in one pass.
     pub fn uid_and_resource_version(&self) -> (String, String) {
-        uid_and_resource_version(&self.body.text())
+        uid_and_resource_version(&self.body().text())
     }
 
     /// `apiVersion`, `kind` and `metadata` alone, as JSON (for the metadata projection);
     /// read at any nesting depth of the rest of the object.
     pub fn metadata_json(&self) -> fleetscope_model::Json {
-        let json = self.body.text();
-        metadata_json(&json).map_or_else(|| self.body.json(), fleetscope_model::Json::from)
+        let body = self.body();
+        metadata_json(&body.text()).map_or_else(|| body.json(), fleetscope_model::Json::from)
     }
 
     /// The value of a field path: from the key or a field index when possible, else
@@ -474,7 +540,7 @@ impl Object {
         if let Some((_, v)) = self.terms.fields.iter().find(|(p, _)| **p == *path) {
             return Some(Cow::Borrowed(v));
         }
-        field_in_json(&self.body.text(), path).map(Cow::Owned)
+        field_in_json(&self.body().text(), path).map(Cow::Owned)
     }
 }
 

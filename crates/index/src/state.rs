@@ -63,12 +63,12 @@ impl Event {
     fn read(&self) -> &Read {
         self.read.get_or_init(|| {
             // Text held as it is is shared, not copied: only a compressed object's is kept.
-            let text = self.object.json();
+            let (text, made) = self.object.json_made();
             let (uid, rv) = crate::object::uid_and_resource_version(&text);
             Box::new(Read {
                 uid: uid.into_boxed_str(),
                 resource_version: rv.into_boxed_str(),
-                json: self.object.json_compressed().then_some(text),
+                json: made.then_some(text),
             })
         })
     }
@@ -592,7 +592,7 @@ impl State {
         for input in inputs {
             let revision = self.revision.next();
             self.revision = revision;
-            let object = ObjectRef::new(Object::from_input(input, revision, interner));
+            let object = Object::from_input(input, revision, interner);
             runs.add(&mut self.counts, &object.key);
             gathered.labels_of(&object);
             gathered.owners_and_fields_of(&object);
@@ -619,7 +619,7 @@ impl State {
             return None;
         }
         let revision = self.revision.next();
-        let object = ObjectRef::new(Object::from_input(input, revision, interner));
+        let object = Object::from_input(input, revision, interner);
         match &prev {
             // The same label, owner and field values (a status update, mostly): each
             // secondary entry is replaced where it is, by `index` below.

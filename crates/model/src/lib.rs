@@ -29,7 +29,7 @@ pub trait StoredObject {
     /// The revision of the change that produced this state.
     fn revision(&self) -> Revision;
     /// The pruned object as JSON.
-    fn json(&self) -> std::borrow::Cow<'_, str>;
+    fn json(&self) -> impl std::ops::Deref<Target = str> + '_;
     /// metadata.labels, as (key, value).
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)>;
     /// The uids of metadata.ownerReferences.

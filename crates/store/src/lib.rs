@@ -703,8 +703,8 @@ impl StoredObject for ObjectRecord {
     fn revision(&self) -> Revision {
         self.revision
     }
-    fn json(&self) -> std::borrow::Cow<'_, str> {
-        std::borrow::Cow::Borrowed(&self.state.json)
+    fn json(&self) -> impl std::ops::Deref<Target = str> + '_ {
+        self.state.json.as_str()
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.state
