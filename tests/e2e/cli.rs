@@ -984,13 +984,26 @@ async fn watch_json_resumes_across_a_crash(preload: usize) {
         }
     });
     let store = &fleet.servers()[0].cluster().store;
+    // What the server and the CLI said, for a failure's message.
+    let said = || {
+        let tail = |path: &std::path::Path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        };
+        format!(
+            "\n-- the server's log (both runs), last lines:\n{}\n-- the CLI's stderr:\n{}",
+            tail(&log),
+            tail(&errors)
+        )
+    };
     // Each line is one JSON event; waits for the ADDED of `name`.
     let added = |name: &str| {
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
             let line = lines
                 .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
-                .unwrap_or_else(|_| panic!("no ADDED of {name}"));
+                .unwrap_or_else(|_| panic!("no ADDED of {name}{}", said()));
             let e: serde_json::Value =
                 serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
             let revision = e["revision"].as_str().and_then(|r| r.parse::<u64>().ok());
