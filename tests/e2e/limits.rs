@@ -297,13 +297,11 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
         &log,
     );
     // The connections the cap refused, as /metrics counts them.
-    let refused = || async {
-        common::scrape(&metrics).await?.lines().find_map(|l| {
-            l.strip_prefix("fleetscope_grpc_connections_refused_total{reason=\"cap\"} ")?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
+    let refused = || {
+        common::sample(
+            &metrics,
+            "fleetscope_grpc_connections_refused_total{reason=\"cap\"}",
+        )
     };
     common::wait_serving(&server.url()).await;
     let addr = format!("127.0.0.1:{}", server.port);

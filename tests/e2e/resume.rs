@@ -261,12 +261,9 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
     sub.converge(&mut stream, &truth).await;
     // Every state has settled: what is listed next is read from compressed objects.
     let compressed_total = || async {
-        common::scrape(&metrics).await?.lines().find_map(|l| {
-            l.strip_prefix("fleetscope_index_objects_compressed_total ")?
-                .trim()
-                .parse::<usize>()
-                .ok()
-        })
+        common::sample(&metrics, "fleetscope_index_objects_compressed_total")
+            .await
+            .map(|n| n as usize)
     };
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while compressed_total().await.unwrap_or(0) * 10 < truth.len() * 9 {

@@ -504,6 +504,19 @@ pub async fn scrape(addr: &str) -> Option<String> {
     Some(body)
 }
 
+/// The value of one sample (`name` with its labels, as `/metrics` prints it) at
+/// `addr`, or `None` while nothing answers or the sample is not there.
+pub async fn sample(addr: &str, name: &str) -> Option<u64> {
+    scrape(addr).await?.lines().find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .map(|v| v as u64)
+    })
+}
+
 /// Lists of each simulated cluster's state, however made: LIST requests and
 /// streaming lists (WATCHes that send the state first), as a restart or a reconnect
 /// that resumes must make none of either.
