@@ -9,8 +9,8 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::{Server, free_port};
+use common::{PATIENCE, sample_in};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{Query, WatchRequest};
 use fleetscope_sim::{FleetSpec, SimFleet};
@@ -28,12 +28,6 @@ async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     Some((code, body.to_string()))
-}
-
-/// The value of the sample named exactly `series` (name and labels as exposed).
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// Scrapes until `check` holds, or panics with the last scrape.
@@ -103,8 +97,8 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
     };
     let body = scrape_until(&metrics, "both clusters synced", |b| {
         ["sim-1", "sim-2"].iter().enumerate().all(|(i, c)| {
-            sample(b, &series("fleetscope_stream_synced", c, "")) == Some(1.0)
-                && sample(b, &series("fleetscope_objects", c, "")) == Some(count(i))
+            sample_in(b, &series("fleetscope_stream_synced", c, "")) == Some(1.0)
+                && sample_in(b, &series("fleetscope_objects", c, "")) == Some(count(i))
         })
     })
     .await;
@@ -113,30 +107,31 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
-    let started = sample(&body, "process_start_time_seconds").unwrap();
+    let started = sample_in(&body, "process_start_time_seconds").unwrap();
     assert!(
         started <= now + 1.0 && started > now - 600.0,
         "{started} against {now}"
     );
-    assert!(sample(&body, "process_resident_memory_bytes").unwrap() > 1e6);
-    assert!(sample(&body, "process_virtual_memory_bytes").unwrap() > 1e6);
-    assert!(sample(&body, "process_open_fds").unwrap() >= 3.0);
+    assert!(sample_in(&body, "process_resident_memory_bytes").unwrap() > 1e6);
+    assert!(sample_in(&body, "process_virtual_memory_bytes").unwrap() > 1e6);
+    assert!(sample_in(&body, "process_open_fds").unwrap() >= 3.0);
     assert!(
-        sample(&body, "process_max_fds").unwrap() >= sample(&body, "process_open_fds").unwrap()
+        sample_in(&body, "process_max_fds").unwrap()
+            >= sample_in(&body, "process_open_fds").unwrap()
     );
-    assert!(sample(&body, "process_cpu_seconds_total").unwrap() > 0.0);
+    assert!(sample_in(&body, "process_cpu_seconds_total").unwrap() > 0.0);
     // The server's tasks, by name: an accept loop per listener (gRPC, metrics), this
     // scrape's connection.
     assert_eq!(
-        sample(&body, "fleetscope_tasks{task=\"grpc-accept\"}"),
+        sample_in(&body, "fleetscope_tasks{task=\"grpc-accept\"}"),
         Some(2.0),
         "{body}"
     );
     assert_eq!(
-        sample(&body, "fleetscope_tasks{task=\"metrics-listener\"}"),
+        sample_in(&body, "fleetscope_tasks{task=\"metrics-listener\"}"),
         Some(1.0)
     );
-    assert!(sample(&body, "fleetscope_tasks{task=\"metrics-connection\"}").unwrap() >= 1.0);
+    assert!(sample_in(&body, "fleetscope_tasks{task=\"metrics-connection\"}").unwrap() >= 1.0);
     assert!(
         std::fs::read_to_string(&log)
             .unwrap()
@@ -144,7 +139,7 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         "the start-up line names the listener as served"
     );
     assert_eq!(
-        sample(
+        sample_in(
             &body,
             &format!(
                 "fleetscope_build_info{{version=\"{}\"}}",
@@ -156,9 +151,9 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
     );
     for c in ["sim-1", "sim-2"] {
         let initial = series("fleetscope_relists_total", c, ",reason=\"initial\"");
-        assert_eq!(sample(&body, &initial), Some(1.0), "{body}");
+        assert_eq!(sample_in(&body, &initial), Some(1.0), "{body}");
         let lag = series("fleetscope_sync_lag_seconds", c, "");
-        assert_eq!(sample(&body, &lag), Some(0.0), "{body}");
+        assert_eq!(sample_in(&body, &lag), Some(0.0), "{body}");
     }
     // Every request to an API server counted, client-go's way: at least the LISTs
     // and WATCHes the simulated cluster saw (discovery and /version come on top).
@@ -166,7 +161,7 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         let sim = fleet.servers()[i].cluster();
         let seen = sim.requests_of(fleetscope_sim::Verb::List)
             + sim.requests_of(fleetscope_sim::Verb::Watch);
-        let counted = sample(
+        let counted = sample_in(
             &body,
             &format!("fleetscope_rest_client_requests_total{{cluster=\"{c}\",code=\"200\",method=\"GET\"}}"),
         )
@@ -176,21 +171,21 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
             "{c}: {counted} counted, {seen} seen"
         );
     }
-    assert_eq!(sample(&body, "fleetscope_watch_subscribers"), Some(0.0));
+    assert_eq!(sample_in(&body, "fleetscope_watch_subscribers"), Some(0.0));
     assert_eq!(
-        sample(&body, "fleetscope_config_last_reload_successful"),
+        sample_in(&body, "fleetscope_config_last_reload_successful"),
         Some(1.0)
     );
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
     // The store's writes, as a histogram whose last bucket holds them all.
-    let writes = sample(&body, "fleetscope_store_write_seconds_count").unwrap();
+    let writes = sample_in(&body, "fleetscope_store_write_seconds_count").unwrap();
     assert!(writes >= 1.0, "{body}");
     assert_eq!(
-        sample(&body, "fleetscope_store_write_seconds_bucket{le=\"+Inf\"}"),
+        sample_in(&body, "fleetscope_store_write_seconds_bucket{le=\"+Inf\"}"),
         Some(writes),
         "{body}"
     );
-    assert!(sample(&body, "fleetscope_store_write_seconds_sum").unwrap() > 0.0);
+    assert!(sample_in(&body, "fleetscope_store_write_seconds_sum").unwrap() > 0.0);
 
     // A Watch open: counted while it lasts.
     common::wait_serving(&server.url()).await;
@@ -207,7 +202,7 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         .unwrap()
         .into_inner();
     scrape_until(&metrics, "one subscriber", |b| {
-        sample(b, "fleetscope_watch_subscribers") == Some(1.0)
+        sample_in(b, "fleetscope_watch_subscribers") == Some(1.0)
     })
     .await;
 
@@ -222,11 +217,11 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         )
         .unwrap();
     scrape_until(&metrics, "the ADDED event counted", |b| {
-        sample(
+        sample_in(
             b,
             &series("fleetscope_watch_events_total", "sim-1", ",type=\"ADDED\""),
         ) == Some(1.0)
-            && sample(b, &series("fleetscope_objects", "sim-1", "")) == Some(count(0))
+            && sample_in(b, &series("fleetscope_objects", "sim-1", "")) == Some(count(0))
     })
     .await;
 
@@ -237,7 +232,7 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
     })
     .await;
     assert_eq!(
-        sample(&body, &series("fleetscope_stream_synced", "sim-1", "")),
+        sample_in(&body, &series("fleetscope_stream_synced", "sim-1", "")),
         Some(1.0)
     );
 
@@ -245,8 +240,8 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
     drop(watch);
     drop(client);
     scrape_until(&metrics, "the subscriber ended", |b| {
-        sample(b, "fleetscope_watch_subscribers") == Some(0.0)
-            && sample(b, "fleetscope_watch_subscribers_ended_total") == Some(1.0)
+        sample_in(b, "fleetscope_watch_subscribers") == Some(0.0)
+            && sample_in(b, "fleetscope_watch_subscribers_ended_total") == Some(1.0)
     })
     .await;
 
@@ -267,17 +262,17 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         )
     };
     let body = scrape_until(&metrics, "the Counts counted", |b| {
-        sample(b, &rpc("Count", "unary", "OK")) == Some(1.0)
-            && sample(b, &rpc("Count", "unary", "InvalidArgument")) == Some(1.0)
+        sample_in(b, &rpc("Count", "unary", "OK")) == Some(1.0)
+            && sample_in(b, &rpc("Count", "unary", "InvalidArgument")) == Some(1.0)
     })
     .await;
     assert_eq!(
-        sample(&body, &rpc("Watch", "server_stream", "Canceled")),
+        sample_in(&body, &rpc("Watch", "server_stream", "Canceled")),
         Some(1.0),
         "{body}"
     );
     assert_eq!(
-        sample(
+        sample_in(
             &body,
             "fleetscope_grpc_server_handling_seconds_count{grpc_service=\"fleetscope.v1.Fleet\",grpc_method=\"Count\",grpc_type=\"unary\"}"
         ),

@@ -504,17 +504,17 @@ pub async fn scrape(addr: &str) -> Option<String> {
     Some(body)
 }
 
-/// The value of one sample (`name` with its labels, as `/metrics` prints it) at
-/// `addr`, or `None` while nothing answers or the sample is not there.
-pub async fn sample(addr: &str, name: &str) -> Option<u64> {
-    scrape(addr).await?.lines().find_map(|l| {
-        l.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .map(|v| v as u64)
-    })
+/// The value of the sample named exactly `series` (name and labels as exposed) in a
+/// `/metrics` body.
+pub fn sample_in(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The value of the sample `series` at `addr` (a counter or a gauge of whole
+/// numbers), or `None` while nothing answers or the sample is not there.
+pub async fn sample(addr: &str, series: &str) -> Option<u64> {
+    sample_in(&scrape(addr).await?, series).map(|v| v as u64)
 }
 
 /// Lists of each simulated cluster's state, however made: LIST requests and
