@@ -1499,24 +1499,26 @@ fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_s
     }
 }
 
-#[test]
-fn objects_held_as_text_are_never_compressed() {
+/// An index holding its objects as text, with five pods.
+fn five_pods_as_text() -> Index {
     let idx = Index::new(Config {
         compress_objects: false,
         ..Config::default()
     });
     idx.apply((0..5).map(|i| Change::Upsert(input("pods", "c1", "ns1", &format!("p{i}"), i, &[]))));
+    idx
+}
+
+#[test]
+fn objects_held_as_text_are_never_compressed() {
+    let idx = five_pods_as_text();
     assert!(idx.pack_settled(idx.snapshot().revision(), usize::MAX));
     assert!(idx.snapshot().iter().all(|o| !o.json_compressed()));
 }
 
 #[test]
 fn a_restored_index_compresses_what_it_restored_once_settled() {
-    let idx = Index::new(Config {
-        compress_objects: false,
-        ..Config::default()
-    });
-    idx.apply((0..5).map(|i| Change::Upsert(input("pods", "c1", "ns1", &format!("p{i}"), i, &[]))));
+    let idx = five_pods_as_text();
     let restored = Index::restore(
         Config::default(),
         Restored {
