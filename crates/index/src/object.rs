@@ -21,10 +21,14 @@ pub(crate) struct Interner {
     last_location: Option<(Arc<Location>, Arc<Location>)>,
     labels: HashSet<LabelSet>,
     terms: HashSet<Arc<Terms>>,
+    uids: HashSet<Uid>,
 }
 
 /// metadata.labels, sorted by key.
 type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
+
+/// An owner's uid: a handle of one word (the object record holds one), shared.
+pub type Uid = arcstr::ArcStr;
 
 impl Interner {
     const CAPACITY: usize = 200_000;
@@ -36,6 +40,18 @@ impl Interner {
         let fresh: Arc<str> = Arc::from(s);
         if self.strings.len() < Self::CAPACITY {
             self.strings.insert(fresh.clone());
+        }
+        fresh
+    }
+
+    /// An owner's uid, shared.
+    fn uid(&mut self, s: &str) -> Uid {
+        if let Some(shared) = self.uids.get(s) {
+            return shared.clone();
+        }
+        let fresh = Uid::from(s);
+        if self.uids.len() < Self::CAPACITY {
+            self.uids.insert(fresh.clone());
         }
         fresh
     }
@@ -142,7 +158,7 @@ pub(crate) struct Terms {
     /// Values of the configured field indexes, as (JSON path, value).
     fields: Box<[(Arc<str>, Arc<str>)]>,
     /// The owner uids of an object with several owners; empty otherwise.
-    owners: Box<[Arc<str>]>,
+    owners: Box<[Uid]>,
 }
 
 /// An object held by the index, shared by the index's sets, snapshots and events: an
@@ -257,14 +273,12 @@ pub struct Object {
     pub revision: Revision,
     /// The pruned object as JSON, with apiVersion and kind: held as text when made,
     /// compressed in place once settled ([`Object::pack`]). Either form reads as the
-    /// same text; the lock is held only to take or swap the handle.
+    /// same text, of the same length; the lock is held only to read the length or to
+    /// take or swap the handle. (The record fits 80 bytes with its count.)
     body: parking_lot::RwLock<Body>,
-    /// The JSON's length, read without the lock (pages and the event log's bound are
-    /// cut by it).
-    len: usize,
     terms: Arc<Terms>,
     /// The uid of the object's owner, when it has exactly one (most have).
-    owner: Option<Arc<str>>,
+    owner: Option<Uid>,
 }
 
 impl PartialEq for Object {
@@ -390,7 +404,7 @@ impl Object {
             .map(|(k, v)| (interner.get(&k), interner.get(&v)))
             .collect();
         labels.sort();
-        let mut owners: Vec<Arc<str>> = input.owners.iter().map(|u| interner.get(u)).collect();
+        let mut owners: Vec<Uid> = input.owners.iter().map(|u| interner.uid(u)).collect();
         let owner = match owners.len() {
             1 => owners.pop(),
             _ => None,
@@ -409,7 +423,6 @@ impl Object {
         let name: Arc<str> = Arc::from(&*input.key.name);
         let key = ObjectKey::in_location(interner.location(input.key.location()), name);
         ObjectRef::new(Self {
-            len: input.json.len(),
             // Held in exactly its length, in an allocation of its own.
             body: parking_lot::RwLock::new(Body::Text(fleetscope_model::Json::from(&*input.json))),
             key,
@@ -425,7 +438,6 @@ impl Object {
             key: self.key.clone(),
             revision,
             body: parking_lot::RwLock::new(self.body()),
-            len: self.len,
             terms: self.terms.clone(),
             owner: self.owner.clone(),
         }
@@ -453,7 +465,8 @@ impl Object {
 
     /// Whether an input describes this same state (so applying it changes nothing).
     pub(crate) fn same_as(&self, input: &ObjectState) -> bool {
-        self.len == input.json.len() && *self.body().text() == *input.json
+        let body = self.body();
+        body.len() == input.json.len() && *body.text() == *input.json
     }
 
     /// The pruned object as JSON, with apiVersion and kind: the text the index holds,
@@ -471,12 +484,12 @@ impl Object {
 
     /// Whether `other` holds the same JSON.
     pub fn same_json(&self, other: &Object) -> bool {
-        std::ptr::eq(self, other) || (self.len == other.len && self.body() == other.body())
+        std::ptr::eq(self, other) || self.body() == other.body()
     }
 
     /// The length of the JSON.
     pub fn json_len(&self) -> usize {
-        self.len
+        self.body.read().len()
     }
 
     /// Whether the JSON is held compressed.
@@ -490,7 +503,7 @@ impl Object {
     }
 
     /// The uids of metadata.ownerReferences.
-    pub fn owners(&self) -> &[Arc<str>] {
+    pub fn owners(&self) -> &[Uid] {
         match &self.owner {
             Some(uid) => std::slice::from_ref(uid),
             None => &self.terms.owners,
@@ -498,7 +511,7 @@ impl Object {
     }
 
     /// The uid of the object's owner, when it has exactly one.
-    pub(crate) fn sole_owner(&self) -> Option<&Arc<str>> {
+    pub(crate) fn sole_owner(&self) -> Option<&Uid> {
         self.owner.as_ref()
     }
 

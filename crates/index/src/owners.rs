@@ -1,7 +1,6 @@
 //! The owner index: objects by the uids of their owners (metadata.ownerReferences).
 
 use std::cmp::Ordering;
-use std::sync::Arc;
 
 use equivalent::{Comparable, Equivalent};
 use fleetscope_model::ObjectKey;
@@ -55,7 +54,7 @@ impl Ord for Sole {
 /// One (owner uid, object) pair of an object with several owners.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Owned {
-    uid: Arc<str>,
+    uid: crate::object::Uid,
     entry: Entry,
 }
 

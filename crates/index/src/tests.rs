@@ -1056,11 +1056,11 @@ proptest! {
 }
 
 #[test]
-fn an_object_is_held_in_eleven_words() {
+fn an_object_is_held_in_nine_words() {
     // Key (location, name), revision, JSON behind the lock that lets it be compressed
-    // in place and its length, shared terms and a sole owner's uid: with the shared
-    // pointer's count, 96 bytes, an allocator size class of its own.
-    assert_eq!(std::mem::size_of::<Object>(), 88);
+    // in place, shared terms and a sole owner's uid: with the shared pointer's count,
+    // 80 bytes, an allocator size class of its own.
+    assert_eq!(std::mem::size_of::<Object>(), 72);
 }
 
 #[test]
