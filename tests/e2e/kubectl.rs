@@ -380,6 +380,32 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
         get("deployments.apps", "play", "web").unwrap()["spec"]["replicas"],
         5
     );
+    // Refusals read as kube-apiserver v1.20 words them (kubectl's output against one).
+    const SUBDOMAIN: &str = r"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+    let refusals: [(&[&str], String); 3] = [
+        (
+            &["patch", "deployment", "web", "-n", "play", "--subresource=scale", "--type=merge", "-p", r#"{"spec":{"replicas":-1}}"#],
+            "The Scale \"web\" is invalid: spec.replicas: Invalid value: -1: must be greater than or equal to 0".into(),
+        ),
+        (
+            &["create", "configmap", "Bad_Name", "-n", "play"],
+            format!("error: failed to create configmap: ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": {SUBDOMAIN}"),
+        ),
+        (
+            &["create", "deployment", "ABC", "--image=nginx", "-n", "play"],
+            format!("error: failed to create deployment: Deployment.apps \"ABC\" is invalid: metadata.name: Invalid value: \"ABC\": {SUBDOMAIN}"),
+        ),
+    ];
+    for (args, said) in refusals {
+        let out = k.run(args, &[]);
+        assert!(!out.status.success(), "kubectl {}", args.join(" "));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            said,
+            "kubectl {}",
+            args.join(" ")
+        );
+    }
 
     // label, annotate, replace, edit.
     k.ok(&["label", "configmap", "demo", "-n", "play", "team=a"]);

@@ -660,13 +660,16 @@ fn write(
                     crate::patch::apply(*kind, &mut scale, p)?;
                 }
                 let replicas = scale["spec"]["replicas"].as_i64().ok_or_else(|| {
-                    ApiError::invalid("Scale", name, "spec.replicas: Required value")
+                    ApiError::invalid("autoscaling", "Scale", name, &["spec.replicas: Required value"])
                 })?;
                 if replicas < 0 {
                     return Err(ApiError::invalid(
+                        "autoscaling",
                         "Scale",
                         name,
-                        "spec.replicas: Invalid value: must be greater than or equal to 0",
+                        &[format!(
+                            "spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"
+                        )],
                     ));
                 }
                 value["spec"]["replicas"] = json!(replicas);

@@ -41,6 +41,34 @@ fn details(def: &ResourceDef, name: Option<&str>) -> Value {
     Value::Object(d)
 }
 
+/// A field error as Kubernetes writes it (`field: Type: detail`), as a Status cause.
+fn field_cause(error: &str) -> Value {
+    let (field, body) = error.split_once(": ").unwrap_or(("", error));
+    let reason = match body.split(':').next().unwrap_or_default() {
+        "Forbidden" => "FieldValueForbidden",
+        "Required value" => "FieldValueRequired",
+        "Unsupported value" => "FieldValueNotSupported",
+        "Duplicate value" => "FieldValueDuplicate",
+        "Too long" => "FieldValueTooLong",
+        _ => "FieldValueInvalid",
+    };
+    json!({"reason": reason, "message": body, "field": field})
+}
+
+/// Field errors in a message: one as it is, several as a list.
+fn listed<E: AsRef<str>>(errors: &[E]) -> String {
+    match errors {
+        [one] => one.as_ref().to_string(),
+        many => format!(
+            "[{}]",
+            many.iter()
+                .map(AsRef::as_ref)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 fn qualified(def: &ResourceDef) -> String {
     if def.group.is_empty() {
         def.plural.clone()
@@ -181,46 +209,38 @@ impl ApiError {
         Self::new(400, "BadRequest", message, None)
     }
 
-    /// 422: a request whose fields fail validation.
-    pub fn invalid(kind: &str, name: &str, message: impl Into<String>) -> Self {
-        let message = message.into();
+    /// 422: an object of `kind` (in API group `group`, empty for the core group) whose
+    /// fields fail validation, as the API server answers: each error `field: Type:
+    /// detail`, as Kubernetes writes a field error, one cause each.
+    pub fn invalid<E: AsRef<str>>(group: &str, kind: &str, name: &str, errors: &[E]) -> Self {
+        let qualified = match group {
+            "" => kind.to_string(),
+            group => format!("{kind}.{group}"),
+        };
+        let mut d = Map::new();
+        if !name.is_empty() {
+            d.insert("name".into(), json!(name));
+        }
+        if !group.is_empty() {
+            d.insert("group".into(), json!(group));
+        }
+        d.insert("kind".into(), json!(kind));
+        d.insert(
+            "causes".into(),
+            errors.iter().map(|e| field_cause(e.as_ref())).collect(),
+        );
         Self::new(
             422,
             "Invalid",
-            format!("{kind} \"{name}\" is invalid: {message}"),
-            Some(
-                json!({"name": name, "kind": kind, "causes": [{"reason": "FieldValueInvalid", "message": message}]}),
-            ),
+            format!("{qualified} \"{name}\" is invalid: {}", listed(errors)),
+            Some(Value::Object(d)),
         )
     }
 
     /// 422 for a request's query parameters, as the API server's validation of
-    /// `ListOptions` (group `meta.k8s.io`) answers: each error `field: Type: detail`,
-    /// as Kubernetes writes a field error, one cause each.
+    /// `ListOptions` (group `meta.k8s.io`) answers.
     pub fn invalid_options(errors: &[&str]) -> Self {
-        let causes: Vec<Value> = errors
-            .iter()
-            .map(|e| {
-                let (field, body) = e.split_once(": ").unwrap_or(("", e));
-                let reason = match body.split(':').next().unwrap_or_default() {
-                    "Forbidden" => "FieldValueForbidden",
-                    "Required value" => "FieldValueRequired",
-                    "Unsupported value" => "FieldValueNotSupported",
-                    _ => "FieldValueInvalid",
-                };
-                json!({"reason": reason, "message": body, "field": field})
-            })
-            .collect();
-        let listed = match errors {
-            [one] => one.to_string(),
-            many => format!("[{}]", many.join(", ")),
-        };
-        Self::new(
-            422,
-            "Invalid",
-            format!("ListOptions.meta.k8s.io \"\" is invalid: {listed}"),
-            Some(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes})),
-        )
+        Self::invalid("meta.k8s.io", "ListOptions", "", errors)
     }
 
     /// 422: a request the server understood and cannot carry out (a JSON patch whose

@@ -510,9 +510,10 @@ impl Store {
                 Some(prefix) if !prefix.is_empty() => format!("{prefix}{}", random_suffix()),
                 _ => {
                     return Err(ApiError::invalid(
+                        &def.group,
                         &def.kind,
                         "",
-                        "metadata.name: Required value: name or generateName is required",
+                        &["metadata.name: Required value: name or generateName is required"],
                     ));
                 }
             },
@@ -825,34 +826,40 @@ fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
     if def.group == "rbac.authorization.k8s.io" {
         return if name.is_empty() || name == "." || name == ".." || name.contains(['/', '%']) {
             Err(ApiError::invalid(
+                &def.group,
                 &def.kind,
                 name,
-                format!(
+                &[format!(
                     "metadata.name: Invalid value: \"{name}\": may not be '.' or '..', and may not contain '/' or '%'"
-                ),
+                )],
             ))
         } else {
             Ok(())
         };
     }
-    let ok = name.len() <= 253
-        && name.split('.').all(|p| {
-            !p.is_empty()
-                && p.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !p.starts_with('-')
-                && !p.ends_with('-')
-        });
-    if ok {
+    // As IsDNS1123Subdomain words its errors, each a cause of its own.
+    let mut errors = Vec::new();
+    if name.len() > 253 {
+        errors.push(format!(
+            "metadata.name: Invalid value: \"{name}\": must be no more than 253 characters"
+        ));
+    }
+    let subdomain = name.split('.').all(|p| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    });
+    if !subdomain {
+        errors.push(format!(
+            "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        ));
+    }
+    if errors.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(
-            &def.kind,
-            name,
-            format!(
-                "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
-            ),
-        ))
+        Err(ApiError::invalid(&def.group, &def.kind, name, &errors))
     }
 }
 
@@ -1141,6 +1148,73 @@ mod tests {
         assert_eq!(
             s.update("configmaps", "ns", "a", stale).unwrap_err().reason,
             "Conflict"
+        );
+    }
+
+    #[test]
+    fn a_name_the_api_server_refuses_is_refused_with_its_causes() {
+        let s = store();
+        // As kube-apiserver v1.20 answers `kubectl create configmap Bad_Name`.
+        let e = s
+            .create(
+                "configmaps",
+                Some("ns"),
+                json!({"metadata": {"name": "Bad_Name"}}),
+            )
+            .unwrap_err();
+        let cause = "Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+        assert_eq!(
+            e.body(),
+            json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("ConfigMap \"Bad_Name\" is invalid: metadata.name: {cause}"),
+                "reason": "Invalid",
+                "details": {
+                    "name": "Bad_Name",
+                    "kind": "ConfigMap",
+                    "causes": [{"reason": "FieldValueInvalid", "message": cause, "field": "metadata.name"}]
+                },
+                "code": 422
+            })
+        );
+        // A name both too long and not a subdomain has both causes; a named group's
+        // kind is qualified by it; no name at all is a required value.
+        let long = "X".repeat(254);
+        let e = s
+            .create(
+                "deployments.apps",
+                Some("ns"),
+                json!({"metadata": {"name": long}}),
+            )
+            .unwrap_err();
+        let body = e.body();
+        assert!(
+            e.message.starts_with(&format!(
+                "Deployment.apps \"{long}\" is invalid: [metadata.name: Invalid value: "
+            )),
+            "{}",
+            e.message
+        );
+        assert_eq!(body["details"]["group"], "apps");
+        assert_eq!(body["details"]["causes"].as_array().map(Vec::len), Some(2));
+        assert!(
+            body["details"]["causes"][0]["message"]
+                .as_str()
+                .is_some_and(|m| m.ends_with("must be no more than 253 characters"))
+        );
+        let e = s
+            .create("configmaps", Some("ns"), json!({"metadata": {}}))
+            .unwrap_err();
+        assert_eq!(
+            e.message,
+            "ConfigMap \"\" is invalid: metadata.name: Required value: name or generateName is required"
+        );
+        assert_eq!(
+            e.body()["details"],
+            json!({"kind": "ConfigMap", "causes": [{"reason": "FieldValueRequired", "message": "Required value: name or generateName is required", "field": "metadata.name"}]})
         );
     }
 
