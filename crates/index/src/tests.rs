@@ -1064,6 +1064,22 @@ fn an_object_is_held_in_nine_words() {
 }
 
 #[test]
+fn objects_of_one_owner_share_one_copy_of_its_uid() {
+    let idx = index();
+    // rv 1 and 3: "owner-1"; rv 2: "owner-0".
+    idx.apply(
+        [1, 2, 3].map(|rv| Change::Upsert(input("pods", "c", "ns", &format!("p{rv}"), rv, &[]))),
+    );
+    let state = idx.snapshot();
+    let uid = |name: &str| {
+        let key = ObjectKey::new("pods", &ClusterName::from("c"), "ns", name);
+        state.get(&key).unwrap().owners()[0].clone()
+    };
+    assert!(crate::object::Uid::ptr_eq(&uid("p1"), &uid("p3")));
+    assert_eq!((&*uid("p1"), &*uid("p2")), ("owner-1", "owner-0"));
+}
+
+#[test]
 fn holds_any_sees_staged_objects_of_one_type_in_one_cluster() {
     let idx = index();
     let c1: ClusterName = "c1".into();
