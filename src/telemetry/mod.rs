@@ -40,14 +40,10 @@ pub fn init(format: LogFormat) -> Telemetry {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // kube's client logs every failed request at ERROR (44 lines in 20 s for one
-    // unreachable cluster); fleetscope says a cluster failed once per outage, and
-    // that it recovered once. Those lines are off unless RUST_LOG names kube_client.
-    let named = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("kube_client"));
-    if !named && let Ok(off) = "kube_client::client::builder=off".parse() {
-        filter = filter.add_directive(off);
-    }
+    // A cluster's client logs no line per request (fleetscope says a cluster failed
+    // once per outage, and that it recovered once; fleetscope_rest_client_requests_total
+    // counts the requests).
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal, never in files or log collectors.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let logs = tracing_subscriber::fmt::layer()

@@ -262,11 +262,10 @@ pub(crate) async fn connect(
     // throttling or unavailable server, and retry a "too large resource version" the
     // informer answers by listing again.
     config.default_retry = false;
-    let builder =
-        kube::client::ClientBuilder::try_from(config).map_err(|e| SourceError::Client {
-            cluster: source.name.clone(),
-            source: e,
-        })?;
+    let builder = client_builder(config).map_err(|e| SourceError::Client {
+        cluster: source.name.clone(),
+        source: e,
+    })?;
     let client = match counts {
         Some(counts) => builder
             .with_layer(&crate::requests::CountLayer(counts.clone()))
@@ -278,6 +277,57 @@ pub(crate) async fn connect(
         server,
         expires,
     })
+}
+
+/// The HTTP stack of a client, as kube boxes it.
+type Service = tower::util::BoxService<
+    http::Request<kube::client::Body>,
+    http::Response<Box<kube::client::DynBody>>,
+    tower::BoxError,
+>;
+
+/// The most a connection's read buffer grows to. hyper grows it while reads fill it,
+/// up to 408 KiB by default, and a connection keeps what it grew to: a watch whose
+/// first list arrived on it would hold that much for as long as it runs, for every
+/// cluster and type. Reads of 64 KiB (four TLS records) keep a first list as fast.
+const READ_BUFFER_MOST: usize = 64 << 10;
+
+/// The client stack kube builds from a configuration (its TLS, timeouts, base URI,
+/// authentication and extra headers, in kube's order), with the connection's read
+/// buffer bounded by [`READ_BUFFER_MOST`]. A proxy is left to kube, which names the
+/// feature it lacks.
+fn client_builder(
+    config: kube::Config,
+) -> Result<kube::client::ClientBuilder<Service>, kube::Error> {
+    use kube::client::ConfigExt;
+    use tower::{ServiceBuilder, ServiceExt};
+    if config.proxy_url.is_some() {
+        return kube::client::ClientBuilder::try_from(config);
+    }
+    let mut connector = hyper_timeout::TimeoutConnector::new(config.rustls_https_connector()?);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .http1_max_buf_size(READ_BUFFER_MOST)
+            .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(http);
+    Ok(kube::client::ClientBuilder::new(
+        tower::util::BoxService::new(service.map_response(|r| {
+            r.map(|b| {
+                Box::new(http_body_util::BodyExt::map_err(b, tower::BoxError::from))
+                    as Box<kube::client::DynBody>
+            })
+        })),
+        config.default_namespace,
+    ))
 }
 
 /// A client for `source` (its exec credential plugin, if any, run within
