@@ -34,24 +34,25 @@ impl Interner {
     const CAPACITY: usize = 200_000;
 
     pub(crate) fn get(&mut self, s: &str) -> Arc<str> {
-        if let Some(shared) = self.strings.get(s) {
-            return shared.clone();
-        }
-        let fresh: Arc<str> = Arc::from(s);
-        if self.strings.len() < Self::CAPACITY {
-            self.strings.insert(fresh.clone());
-        }
-        fresh
+        Self::string(&mut self.strings, s)
     }
 
     /// An owner's uid, shared.
     fn uid(&mut self, s: &str) -> Uid {
-        if let Some(shared) = self.uids.get(s) {
+        Self::string(&mut self.uids, s)
+    }
+
+    /// `s` as `table` holds it, added when there is room.
+    fn string<T>(table: &mut HashSet<T>, s: &str) -> T
+    where
+        T: for<'a> From<&'a str> + std::borrow::Borrow<str> + std::hash::Hash + Eq + Clone,
+    {
+        if let Some(shared) = table.get(s) {
             return shared.clone();
         }
-        let fresh = Uid::from(s);
-        if self.uids.len() < Self::CAPACITY {
-            self.uids.insert(fresh.clone());
+        let fresh = T::from(s);
+        if table.len() < Self::CAPACITY {
+            table.insert(fresh.clone());
         }
         fresh
     }
