@@ -30,15 +30,21 @@ impl std::error::Error for ApiError {}
 
 /// `details` naming an object: `{"name": .., "group": .., "kind": plural}`.
 fn details(def: &ResourceDef, name: Option<&str>) -> Value {
+    Value::Object(details_of(&def.group, &def.plural, name))
+}
+
+/// `details` naming an object by `kind` (a plural or a kind, as the error has it), in
+/// API group `group` (omitted for the core group).
+fn details_of(group: &str, kind: &str, name: Option<&str>) -> Map<String, Value> {
     let mut d = Map::new();
     if let Some(name) = name {
         d.insert("name".into(), json!(name));
     }
-    if !def.group.is_empty() {
-        d.insert("group".into(), json!(def.group));
+    if !group.is_empty() {
+        d.insert("group".into(), json!(group));
     }
-    d.insert("kind".into(), json!(def.plural));
-    Value::Object(d)
+    d.insert("kind".into(), json!(kind));
+    d
 }
 
 /// A field error as Kubernetes writes it (`field: Type: detail`), as a Status cause.
@@ -70,10 +76,15 @@ fn listed<E: AsRef<str>>(errors: &[E]) -> String {
 }
 
 fn qualified(def: &ResourceDef) -> String {
-    if def.group.is_empty() {
-        def.plural.clone()
-    } else {
-        format!("{}.{}", def.plural, def.group)
+    in_group(&def.plural, &def.group)
+}
+
+/// `name` qualified by API group `group` (`deployments.apps`, `Scale.autoscaling`); a
+/// core name as it is.
+fn in_group(name: &str, group: &str) -> String {
+    match group {
+        "" => name.to_string(),
+        group => format!("{name}.{group}"),
     }
 }
 
@@ -213,18 +224,7 @@ impl ApiError {
     /// fields fail validation, as the API server answers: each error `field: Type:
     /// detail`, as Kubernetes writes a field error, one cause each.
     pub fn invalid<E: AsRef<str>>(group: &str, kind: &str, name: &str, errors: &[E]) -> Self {
-        let qualified = match group {
-            "" => kind.to_string(),
-            group => format!("{kind}.{group}"),
-        };
-        let mut d = Map::new();
-        if !name.is_empty() {
-            d.insert("name".into(), json!(name));
-        }
-        if !group.is_empty() {
-            d.insert("group".into(), json!(group));
-        }
-        d.insert("kind".into(), json!(kind));
+        let mut d = details_of(group, kind, (!name.is_empty()).then_some(name));
         d.insert(
             "causes".into(),
             errors.iter().map(|e| field_cause(e.as_ref())).collect(),
@@ -232,7 +232,11 @@ impl ApiError {
         Self::new(
             422,
             "Invalid",
-            format!("{qualified} \"{name}\" is invalid: {}", listed(errors)),
+            format!(
+                "{} \"{name}\" is invalid: {}",
+                in_group(kind, group),
+                listed(errors)
+            ),
             Some(Value::Object(d)),
         )
     }
