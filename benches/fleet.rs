@@ -73,19 +73,10 @@ fn run_child(args: &[&str], marker: &str) -> Vec<String> {
 
 /// A child process with the allocator settings the container image and manifest use
 /// (unless the environment already chooses): freed memory returned to the system after
-/// 1 s rather than 10 ms, and at once when a thread ends; small pages, as `main` asks,
-/// are inherited.
+/// 1 s; small pages, as `main` asks, are inherited.
 fn as_deployed(command: &mut Command) -> &mut Command {
-    for (name, deployed) in [
-        ("MIMALLOC_PURGE_DELAY", "1000"),
-        ("MIMALLOC_ABANDONED_PAGE_PURGE", "1"),
-    ] {
-        command.env(
-            name,
-            std::env::var(name).unwrap_or_else(|_| deployed.into()),
-        );
-    }
-    command
+    let delay = std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| "1000".into());
+    command.env("MIMALLOC_PURGE_DELAY", delay)
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
