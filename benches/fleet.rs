@@ -567,6 +567,9 @@ async fn scale() {
         "scale: {total} pods in {clusters} clusters, fed to the index, queried over loopback gRPC"
     );
     let engine = Arc::new(Engine::start(Vec::new(), engine_config(Vec::new())));
+    // As a server runs: the allocator's due purges every second.
+    let purging = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(fleetscope::memory::return_freed(purging.clone()));
     let names: Vec<ClusterName> = (0..clusters)
         .map(|c| ClusterName::from(format!("c-{c}")))
         .collect();
@@ -788,6 +791,7 @@ async fn scale() {
         settled as f64 / total as f64,
         settled as f64 / pruned as f64
     );
+    purging.cancel();
     engine.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -1,18 +1,54 @@
 //! The process's memory: its allocator, and the size of the pages it is given.
 
 /// mimalloc: less overhead per small allocation and less fragmentation than the
-/// system allocator for an index of millions of small objects. Its version 3: memory
-/// freed into another thread's pages goes back to the system once any thread next
-/// works (a request, a probe), where version 2 left it resident until the thread that
-/// owned the page ran again, so the workers of a first sync, once idle, held what the
-/// compressing pass freed (with a request after it, at a million pods 0.72 ×
-/// the pruned JSON once settled instead of 1.45 ×, thirty clusters at rest 171–174 MB
-/// instead of 371–464; docs/performance.md). Right after a load it serves some
-/// allocations exactly a size class in size from the next class up (1.45–1.47 × instead
-/// of 1.43 × at a million pods, before the objects settle), and a small fleet holds a
-/// few MB more at rest (5,070 pods with the store: 39–41 MB instead of 31–34).
+/// system allocator for an index of millions of small objects. Its version 3: a page
+/// that another thread's frees empty is freed by that thread, where version 2 left it
+/// resident until the thread that owned it ran again, so the workers of a first sync,
+/// once idle, held what the compressing pass freed (at a million pods 0.72 × the pruned
+/// JSON once settled instead of 1.45 ×, thirty clusters at rest 171–174 MB instead of
+/// 371–464; docs/performance.md). Right after a load it serves some allocations exactly
+/// a size class in size from the next class up (1.45–1.47 × instead of 1.43 × at a
+/// million pods, before the objects settle). A page freed goes back to the system once
+/// its purge delay has passed and some thread next frees a page: [`return_freed`] sees
+/// that one does.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// How often [`return_freed`] has the allocator run the purges that are due.
+const RETURN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Above mimalloc's largest size class (512 KiB): a block of this size has a page of
+/// its own, which freeing it frees at once.
+const PAGE_OF_ITS_OWN: usize = 1 << 20;
+
+/// Runs the allocator's delayed purges that are due, once: allocates a block with a
+/// page of its own and frees it. mimalloc (version 3) gives a freed page back to the
+/// system only after its purge delay (`MIMALLOC_PURGE_DELAY`, 1 s in the image), and
+/// runs the purges then due only when some thread next frees or gives up a page; a
+/// server at rest, whose probes and scrapes allocate a few small blocks, does neither,
+/// so what a first sync freed stayed resident (one simulated cluster of 5,070 pods with
+/// its store: 39–41 MB at rest instead of 22 MB with no delay; docs/performance.md).
+/// Freeing the block is such a page: the purges due run on this thread, at the cost of
+/// one allocation that is never written.
+pub fn run_due_purges() {
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(
+        PAGE_OF_ITS_OWN,
+    )));
+}
+
+/// Every second (`RETURN_EVERY`) until `stop`, runs the allocator's purges that are due
+/// ([`run_due_purges`]): memory freed is back with the system within about a purge
+/// delay and a second, whether or not anything else runs.
+pub async fn return_freed(stop: tokio_util::sync::CancellationToken) {
+    let mut every = tokio::time::interval(RETURN_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => run_due_purges(),
+            () = stop.cancelled() => return,
+        }
+    }
+}
 
 /// Has the kernel give this process (and what it starts) small pages only, unless
 /// `MIMALLOC_ALLOW_THP` chooses otherwise. mimalloc asks for transparent huge pages on
@@ -32,6 +68,86 @@ pub fn small_pages() -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// Set in the child process that measures the purges alone.
+    #[cfg(target_os = "linux")]
+    const ALONE: &str = "FLEETSCOPE_TEST_PURGES_ALONE";
+
+    /// This process's anonymous resident memory, in bytes.
+    #[cfg(target_os = "linux")]
+    fn resident_anonymous() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("RssAnon in /proc/self/status");
+        kib * 1024
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn memory_a_thread_freed_goes_back_once_the_due_purges_run() {
+        if std::env::var_os(ALONE).is_none() {
+            // Alone in a process of its own: other tests freeing pages here would run
+            // the due purges themselves.
+            let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args([
+                    "--exact",
+                    "memory::tests::memory_a_thread_freed_goes_back_once_the_due_purges_run",
+                    "--test-threads=1",
+                    "--nocapture",
+                ])
+                .env(ALONE, "1")
+                .env("MIMALLOC_PURGE_DELAY", "1000")
+                .output()
+                .expect("the test binary runs again");
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        const HELD: u64 = 96 << 20;
+        let (freed_tx, freed) = std::sync::mpsc::channel::<()>();
+        let (end_tx, end) = std::sync::mpsc::channel::<()>();
+        // A thread that allocates, writes and frees, then stays (a thread that ends
+        // gives its pages up, which runs the purges too).
+        let worker = std::thread::spawn(move || {
+            let blocks: Vec<Vec<u8>> = (0..HELD / 16384).map(|_| vec![1u8; 16384]).collect();
+            drop(std::hint::black_box(blocks));
+            freed_tx.send(()).expect("the test waits");
+            let _ = end.recv();
+        });
+        freed.recv().expect("the worker frees");
+        let at_free = resident_anonymous();
+        // Past the purge delay with no page freed, the memory is still held: what the
+        // servers at rest saw, and why the purges are run on purpose.
+        std::thread::sleep(std::time::Duration::from_millis(2500));
+        let idle = resident_anonymous();
+        assert!(
+            idle + HELD / 2 > at_free,
+            "the allocator gave {} MiB back on its own: run_due_purges is not needed",
+            (at_free - idle) >> 20
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut now = idle;
+        while now + HELD / 2 > at_free {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} MiB resident 30 s after the purges ran, {} MiB when freed",
+                now >> 20,
+                at_free >> 20
+            );
+            super::run_due_purges();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            now = resident_anonymous();
+        }
+        let _ = end_tx.send(());
+        worker.join().expect("the worker ends");
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn the_process_is_given_small_pages_only() {

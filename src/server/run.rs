@@ -339,6 +339,7 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
     check_security(&args.security, &kubeconfigs)?;
     let listener = server::bind(&args.listen).await?;
     let stop = tokio_util::sync::CancellationToken::new();
+    crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
     let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
     let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
     let (observed_tx, observed) =
@@ -535,6 +536,7 @@ async fn run(
     // From here on SIGTERM shuts down in order, whatever is starting.
     let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
     let stop = tokio_util::sync::CancellationToken::new();
+    crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
     let inputs = service.inputs.clone();
     let gated = std::sync::Arc::new(fleetscope_model::fleet::Gated::new(
         fleet.clone(),
