@@ -27,7 +27,8 @@ const PAGE_OF_ITS_OWN: usize = 1 << 20;
 /// runs the purges then due only when some thread next frees or gives up a page; a
 /// server at rest, whose probes and scrapes allocate a few small blocks, does neither,
 /// so what a first sync freed stayed resident (one simulated cluster of 5,070 pods with
-/// its store: 39–41 MB at rest instead of 22 MB with no delay; docs/performance.md).
+/// its store: 34–44 MB at rest, 24–28 MB with this run every second, 22–23 MB with no
+/// delay; docs/performance.md).
 /// Freeing the block is such a page: the purges due run on this thread, at the cost of
 /// one allocation that is never written.
 pub fn run_due_purges() {
@@ -86,14 +87,14 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn memory_a_thread_freed_goes_back_once_the_due_purges_run() {
+    fn what_a_thread_freed_goes_back_once_the_due_purges_run() {
         if std::env::var_os(ALONE).is_none() {
             // Alone in a process of its own: other tests freeing pages here would run
             // the due purges themselves.
             let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
                 .args([
                     "--exact",
-                    "memory::tests::memory_a_thread_freed_goes_back_once_the_due_purges_run",
+                    "memory::tests::what_a_thread_freed_goes_back_once_the_due_purges_run",
                     "--test-threads=1",
                     "--nocapture",
                 ])

@@ -339,7 +339,6 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
     check_security(&args.security, &kubeconfigs)?;
     let listener = server::bind(&args.listen).await?;
     let stop = tokio_util::sync::CancellationToken::new();
-    crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
     let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
     let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
     let (observed_tx, observed) =
@@ -386,6 +385,7 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
             let _ = observed.wait_for(|o| o.listed).await;
         }
     };
+    crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
     crate::tasks::spawn("shutdown-signal", {
         let stop = stop.clone();
         async move {
