@@ -75,8 +75,15 @@ fn run_child(args: &[&str], marker: &str) -> Vec<String> {
 /// (unless the environment already chooses): freed memory returned to the system after
 /// 1 s; small pages, as `main` asks, are inherited.
 fn as_deployed(command: &mut Command) -> &mut Command {
-    let delay = std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| "1000".into());
-    command.env("MIMALLOC_PURGE_DELAY", delay)
+    command.env("MIMALLOC_PURGE_DELAY", purge_delay())
+}
+
+/// The image's and manifest's purge delay, in ms.
+const DEPLOYED_PURGE_DELAY_MS: u64 = 1000;
+
+/// The allocator's purge delay setting: the environment's, else the deployed one.
+fn purge_delay() -> String {
+    std::env::var("MIMALLOC_PURGE_DELAY").unwrap_or_else(|_| DEPLOYED_PURGE_DELAY_MS.to_string())
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
@@ -664,15 +671,13 @@ async fn scale() {
         // What is given back once the allocator's purge delay has passed and the due
         // purges have run (a server runs them every second): read at once, the figure
         // above depends on when a purge happens to land.
-        let delay = std::env::var("MIMALLOC_PURGE_DELAY")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(1000);
-        tokio::time::sleep(Duration::from_millis(delay + 1500)).await;
+        let later = Duration::from_millis(purge_delay().parse().unwrap_or(DEPLOYED_PURGE_DELAY_MS))
+            + fleetscope::memory::RETURN_EVERY * 3 / 2;
+        tokio::time::sleep(later).await;
         let grown = rss().saturating_sub(before);
         println!(
             "  settled, {:.1} s later: resident {:.0} B/object; resident ÷ pruned JSON = {:.2} (goal ≤ 1.2)",
-            (delay + 1500) as f64 / 1000.0,
+            later.as_secs_f64(),
             grown as f64 / total as f64,
             grown as f64 / pruned as f64
         );

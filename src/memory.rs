@@ -15,7 +15,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// How often [`return_freed`] has the allocator run the purges that are due.
-const RETURN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+pub const RETURN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Above mimalloc's largest size class (512 KiB): a block of this size has a page of
 /// its own, which freeing it frees at once.
@@ -37,7 +37,7 @@ pub fn run_due_purges() {
     )));
 }
 
-/// Every second (`RETURN_EVERY`) until `stop`, runs the allocator's purges that are due
+/// Every second ([`RETURN_EVERY`]) until `stop`, runs the allocator's purges that are due
 /// ([`run_due_purges`]): memory freed is back with the system within about a purge
 /// delay and a second, whether or not anything else runs.
 pub async fn return_freed(stop: tokio_util::sync::CancellationToken) {
