@@ -80,8 +80,8 @@ pids+=($!)
 for _ in $(seq 1 600); do [ -s "$work/sims" ] && [ -s "$work/sim-old" ] && break; sleep 0.1; done
 kubeconfigs+=(--kubeconfig "$work/sims" --kubeconfig "$work/sim-old")
 
-# One run of the server under callgrind over the simulated fleet and the store in
-# $work/data, its profile in $work/callgrind.$1.
+# One run of the server under callgrind over the simulated clusters and those of each
+# `--kubeconfig` given, with the store in $work/data; its profile in $work/callgrind.$1.
 profile() {
   # As the image runs it: its allocator setting, no backtraces.
   env -u RUST_BACKTRACE -u RUST_LOG MIMALLOC_PURGE_DELAY=1000 \
