@@ -14,7 +14,7 @@
 /// arena: a larger one has a mapping of its own, so a zeroed one is never written and a
 /// freed one goes back at once (sled's 41 zeroed histograms of 512 KiB, which it never
 /// records into, had 2-8 MB resident at random from the arena's reused memory: a server
-/// over 15,605 configmaps held 22-24 MB at rest instead of 23-32; docs/performance.md).
+/// over 15,605 configmaps held 21-24 MB at rest instead of 23-32; docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
