@@ -113,6 +113,22 @@ mod tests {
         false
     }
 
+    /// Runs the allocator's due purges every 50 ms until this process's anonymous
+    /// resident memory satisfies `done`, or `seconds` have passed; returns the last
+    /// reading.
+    #[cfg(target_os = "linux")]
+    fn purge_until(seconds: u64, done: impl Fn(u64) -> bool) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        loop {
+            super::run_due_purges();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let now = resident_anonymous();
+            if done(now) || std::time::Instant::now() >= deadline {
+                return now;
+            }
+        }
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn what_a_thread_freed_goes_back_once_the_due_purges_run() {
@@ -144,19 +160,13 @@ mod tests {
             "the allocator gave {} MiB back on its own: run_due_purges is not needed",
             (at_free - idle) >> 20
         );
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let mut now = idle;
-        while now + HELD / 2 > at_free {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{} MiB resident 30 s after the purges ran, {} MiB when freed",
-                now >> 20,
-                at_free >> 20
-            );
-            super::run_due_purges();
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            now = resident_anonymous();
-        }
+        let now = purge_until(30, |now| now + HELD / 2 <= at_free);
+        assert!(
+            now + HELD / 2 <= at_free,
+            "{} MiB resident 30 s after the purges ran, {} MiB when freed",
+            now >> 20,
+            at_free >> 20
+        );
         let _ = end_tx.send(());
         worker.join().expect("the worker ends");
     }
@@ -184,13 +194,10 @@ mod tests {
         let zeroed: Vec<Vec<u8>> = (0..COUNT).map(|_| vec![0u8; BLOCK]).collect();
         // Whatever was freed goes back within the purge delay (100 ms here); a zeroed
         // block the allocator cleared stays.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut held = u64::MAX;
-        while held >= (COUNT * BLOCK / 4) as u64 && std::time::Instant::now() < deadline {
-            super::run_due_purges();
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            held = resident_anonymous().saturating_sub(at_start);
-        }
+        let held = purge_until(10, |now| {
+            now.saturating_sub(at_start) < (COUNT * BLOCK / 4) as u64
+        })
+        .saturating_sub(at_start);
         std::hint::black_box(&zeroed);
         assert!(
             held < (COUNT * BLOCK / 4) as u64,
