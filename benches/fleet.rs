@@ -1407,6 +1407,9 @@ fn main() {
     if part.is_empty() || part == "router-fanout" {
         rt.block_on(router_fanout());
     }
+    if part.is_empty() || part == "labels" {
+        label_bomb();
+    }
     if part.is_empty() || part == "failover" {
         rt.block_on(failover(1));
         rt.block_on(failover(2));
@@ -2341,4 +2344,91 @@ async fn churned_disk() {
         stats.logged_events,
         stats.compactions
     );
+}
+
+/// ConfigMaps of `labels` labels each, named `bomb-N`, as a list would bring them.
+fn labelled_configmap(i: usize, labels: usize) -> ObjectState {
+    let map: serde_json::Map<String, serde_json::Value> = (0..labels)
+        .map(|l| (format!("l{i}-{l:05}"), serde_json::json!("x")))
+        .collect();
+    let name = format!("bomb-{i}");
+    let json = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1", "labels": map},
+    });
+    ObjectState {
+        key: fleetscope_model::ObjectKey::new("configmaps", &ClusterName::from("c"), "ns", &name),
+        json: json.to_string(),
+        labels: map
+            .into_iter()
+            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))
+            .collect(),
+        owners: Vec::new(),
+        fields: Vec::new(),
+    }
+}
+
+/// What an object with a label bomb costs the index: resident memory per object
+/// against its JSON, and a label query over such objects among plain ones.
+fn label_bomb() {
+    let labels = env_usize("FLEET_BENCH_LABELS", 60_000);
+    let objects = env_usize("FLEET_BENCH_LABELLED", 8);
+    println!(
+        "\n== labels: {objects} ConfigMaps of {labels} labels each, beside 10,000 of 4 (the index alone; limit {} indexed labels per object)",
+        fleetscope_index::MAX_INDEXED_LABELS
+    );
+    let index = fleetscope_index::Index::new(fleetscope_index::Config::default());
+    let plain: Vec<ObjectState> = (0..10_000)
+        .map(|i| {
+            let mut o = labelled_configmap(100 + i, 4);
+            o.key = fleetscope_model::ObjectKey::new(
+                "configmaps",
+                &ClusterName::from("c"),
+                "ns",
+                &format!("plain-{i}"),
+            );
+            o
+        })
+        .collect();
+    index.apply([fleetscope_index::Change::Add(plain)]);
+    // Settled before and after: what the lists' own decoding took is given back.
+    let settled = || {
+        for _ in 0..5 {
+            fleetscope::memory::run_due_purges();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        rss()
+    };
+    let before = settled();
+    let mut json = 0;
+    for i in 0..objects {
+        let o = labelled_configmap(i, labels);
+        json += o.json.len();
+        index.apply([fleetscope_index::Change::Upsert(o)]);
+    }
+    let grew = settled().saturating_sub(before);
+    println!(
+        "resident memory grew {:.1} MB for {objects} objects of {:.0} KB of JSON each: {:.2} × their JSON",
+        grew as f64 / 1e6,
+        json as f64 / objects as f64 / 1e3,
+        grew as f64 / json as f64
+    );
+    let snapshot = index.snapshot();
+    for selector in ["l3-00042=x", "l100-00001=x"] {
+        let q = fleetscope_index::Query {
+            labels: fleetscope_model::LabelSelector::parse(selector).unwrap(),
+            ..fleetscope_index::Query::all("configmaps")
+        };
+        let mut samples = Vec::new();
+        let mut found = 0;
+        for _ in 0..20 {
+            let t = Instant::now();
+            found = snapshot.page(&q, None, 500).items.len();
+            samples.push(t.elapsed());
+        }
+        println!(
+            "a List by {selector} ({found} found): p50 {:.0} µs",
+            percentile(&mut samples, 0.5).as_secs_f64() * 1e6
+        );
+    }
 }

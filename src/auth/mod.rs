@@ -712,6 +712,14 @@ where
             match admitted {
                 Ok(admitted) => {
                     if let Some(a) = admitted {
+                        // The connection's peer proved who it is: it keeps its place.
+                        if let Some(streams) = request
+                            .extensions()
+                            .get::<PeerInfo>()
+                            .and_then(|p| p.streams.as_ref())
+                        {
+                            streams.authenticated();
+                        }
                         let Admitted {
                             access,
                             subject,

@@ -415,6 +415,14 @@ pub struct SecurityArgs {
 }
 
 impl SecurityArgs {
+    /// Whether callers prove who they are (client certificates, bearer tokens, or
+    /// tokens reviewed by a cluster): then some connection places are kept for them.
+    pub fn authenticates(&self) -> bool {
+        self.client_ca.is_some()
+            || self.tokens_file.is_some()
+            || self.token_review_context.is_some()
+    }
+
     /// The TLS files, when TLS is configured.
     pub fn tls(&self) -> Option<crate::server::tls::TlsFiles> {
         Some(crate::server::tls::TlsFiles {
@@ -538,8 +546,9 @@ pub struct EngineArgs {
     pub grpc_max_in_flight: u64,
     ["grpc.maxConnections", Count, Restart]
     /// Connections open at once (gRPC and metrics each); a connection beyond is closed
-    /// at once, with a log line. With mutual TLS, an eighth of them is kept for
-    /// connections with a client certificate.
+    /// at once, with a log line. Where callers authenticate (client certificates or
+    /// bearer tokens), an eighth of them is kept for connections that did, and when
+    /// the rest are full, the oldest connection that has not is closed for a new one.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub grpc_max_connections: u64,
     ["grpc.maxConnectionsPerAddress", Count, Restart]
@@ -548,7 +557,9 @@ pub struct EngineArgs {
     pub grpc_max_connections_per_address: u64,
     ["grpc.handshakeTimeout", Duration, Restart]
     /// How long a new connection may take to complete its TLS handshake and begin
-    /// speaking HTTP/2 before it is closed.
+    /// speaking HTTP/2 before it is closed; and then, where callers authenticate and
+    /// it presented no client certificate, to make its first authenticated call
+    /// before it is closed with a GOAWAY.
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     pub grpc_handshake_timeout: Duration,
     ["grpc.idleTimeout", Duration, Restart]
@@ -812,12 +823,12 @@ impl EngineArgs {
         }
     }
 
-    /// How connections are admitted; with `keep_for_certificates` (mutual TLS), some
-    /// places are kept for connections with a client certificate.
-    pub fn admission(&self, keep_for_certificates: bool) -> crate::server::tls::Admission {
+    /// How connections are admitted; with `keep_for_authenticated` (callers prove who
+    /// they are), some places are kept for connections that did.
+    pub fn admission(&self, keep_for_authenticated: bool) -> crate::server::tls::Admission {
         crate::server::tls::Admission {
             max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
-            keep_for_certificates,
+            keep_for_authenticated,
             max_connections_per_address: usize::try_from(self.grpc_max_connections_per_address)
                 .unwrap_or(usize::MAX),
             handshake_timeout: self.grpc_handshake_timeout,

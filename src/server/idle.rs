@@ -98,6 +98,10 @@ pub(crate) fn goaway(last_stream: u32, why: &str) -> Vec<u8> {
 /// Connections closed for idling, since start.
 pub static CLOSED_IDLE: AtomicU64 = AtomicU64::new(0);
 
+/// Connections closed for making no authenticated call in time (or to make room for
+/// a newer one), since start.
+pub static CLOSED_UNAUTHENTICATED: AtomicU64 = AtomicU64::new(0);
+
 /// Counts each request's stream on its connection (see [`ConnStreams`]) until its
 /// response ends.
 #[derive(Debug, Clone, Copy, Default)]
@@ -237,6 +241,64 @@ mod tests {
         assert!(
             d >= start + Duration::from_secs(65) - Duration::from_millis(1),
             "{d:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_must_authenticate_in_time_and_gives_its_places_back_if_evicted() {
+        use super::super::peer::Closing;
+        let open = Arc::new(tokio::sync::Semaphore::new(1));
+        let pending = Arc::new(tokio::sync::Semaphore::new(1));
+        let (idle, auth) = (Duration::from_secs(60), Duration::from_secs(10));
+        let start = tokio::time::Instant::now();
+        let s = ConnStreams::pending(
+            open.clone().try_acquire_owned().unwrap(),
+            pending.clone().try_acquire_owned().unwrap(),
+        );
+        // A stream open does not keep a connection that has not authenticated.
+        let g = Arc::new(s);
+        let stream = g.open();
+        assert_eq!(
+            g.close_deadline(idle, idle, auth),
+            Some((start + auth, Closing::Unauthenticated))
+        );
+        g.authenticated();
+        assert_eq!(
+            pending.available_permits(),
+            1,
+            "its place among those waiting is back"
+        );
+        assert_eq!(
+            open.available_permits(),
+            0,
+            "its place under the cap is kept"
+        );
+        assert_eq!(g.close_deadline(idle, idle, auth), None);
+        assert!(!g.evict(), "an authenticated connection is never evicted");
+        drop(stream);
+        let (at, why) = g.close_deadline(idle, idle, auth).unwrap();
+        assert_eq!(why, Closing::Idle);
+        assert!(at >= start + idle);
+        drop(g);
+        // Evicted: both places back at once, and due to close now.
+        let e = ConnStreams::pending(
+            open.clone().try_acquire_owned().unwrap(),
+            pending.clone().try_acquire_owned().unwrap(),
+        );
+        assert!(e.evict());
+        assert!(!e.evict());
+        assert_eq!(
+            (open.available_permits(), pending.available_permits()),
+            (1, 1)
+        );
+        assert_eq!(
+            e.close_deadline(idle, idle, auth),
+            Some((start, Closing::Evicted))
+        );
+        assert!(
+            ConnStreams::authenticated_at_start()
+                .close_deadline(idle, idle, auth)
+                .is_some_and(|(_, why)| why == Closing::Idle)
         );
     }
 }

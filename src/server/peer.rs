@@ -36,7 +36,8 @@ impl PeerInfo {
     }
 }
 
-/// The streams one connection has open, and since when it has had none.
+/// The streams one connection has open, since when it has had none, and whether a
+/// call on it was authenticated yet.
 #[derive(Debug)]
 pub struct ConnStreams {
     active: AtomicUsize,
@@ -49,6 +50,15 @@ pub struct ConnStreams {
     /// The connection's task, woken when its last stream ends so that it starts to
     /// count its idle time.
     waker: AtomicWaker,
+    /// Whether the peer has proved who it is: a client certificate at the handshake,
+    /// or a call admitted with its credentials.
+    authenticated: std::sync::atomic::AtomicBool,
+    /// Told to close before it authenticated: a newer connection took its place.
+    evicted: std::sync::atomic::AtomicBool,
+    /// Its places while it has not authenticated: under the connection cap, given
+    /// back only if it is evicted, and among the connections not yet authenticated,
+    /// given back once it is.
+    places: std::sync::Mutex<Places>,
 }
 
 impl Default for ConnStreams {
@@ -59,6 +69,9 @@ impl Default for ConnStreams {
             epoch: tokio::time::Instant::now(),
             used: std::sync::atomic::AtomicBool::new(false),
             waker: AtomicWaker::new(),
+            authenticated: std::sync::atomic::AtomicBool::new(false),
+            evicted: std::sync::atomic::AtomicBool::new(false),
+            places: std::sync::Mutex::new(Places::default()),
         }
     }
 }
@@ -69,6 +82,87 @@ impl ConnStreams {
         self.active.fetch_add(1, Ordering::AcqRel);
         self.used.store(true, Ordering::Release);
         StreamGuard(self.clone())
+    }
+
+    /// A connection whose peer proved who it is already (a client certificate).
+    pub(crate) fn authenticated_at_start() -> Self {
+        let s = Self::default();
+        s.authenticated.store(true, Ordering::Release);
+        s
+    }
+
+    /// A connection not yet authenticated, holding its place under the connection
+    /// cap (`open`), and `pending` among the connections not authenticated until it is.
+    pub(crate) fn pending(
+        open: tokio::sync::OwnedSemaphorePermit,
+        pending: tokio::sync::OwnedSemaphorePermit,
+    ) -> Self {
+        let s = Self::default();
+        *s.places.lock().unwrap_or_else(|e| e.into_inner()) = Places {
+            _open: Some(open),
+            pending: Some(pending),
+        };
+        s
+    }
+
+    /// Marks the connection authenticated (a call on it was admitted with its
+    /// credentials): its place among those not yet authenticated is given back, and
+    /// it is no longer closed for not authenticating.
+    pub fn authenticated(&self) {
+        if self.authenticated.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.places
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pending
+            .take();
+        self.waker.wake();
+    }
+
+    /// Whether the peer has proved who it is.
+    pub(crate) fn is_authenticated(&self) -> bool {
+        self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Tells a connection that has not authenticated to close, giving its places back
+    /// at once (it closes within a frame); false when it has authenticated or was told
+    /// already.
+    pub(crate) fn evict(&self) -> bool {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        if self.authenticated.load(Ordering::Acquire) || self.evicted.load(Ordering::Acquire) {
+            return false;
+        }
+        self.evicted.store(true, Ordering::Release);
+        let given_back = std::mem::take(&mut *places);
+        drop(places);
+        drop(given_back);
+        self.waker.wake();
+        true
+    }
+
+    /// Why the connection is to close, and from when: a connection that has not
+    /// authenticated within `to_authenticate` of its start (or was evicted), else one
+    /// idle long enough, given the time a connection may idle before its first stream
+    /// and after one. `None` while a stream is open on an authenticated connection.
+    pub(crate) fn close_deadline(
+        &self,
+        before_first: Duration,
+        after: Duration,
+        to_authenticate: Duration,
+    ) -> Option<(tokio::time::Instant, Closing)> {
+        if self.evicted.load(Ordering::Acquire) {
+            return Some((self.epoch, Closing::Evicted));
+        }
+        let unproved = (!self.authenticated.load(Ordering::Acquire))
+            .then(|| (self.epoch + to_authenticate, Closing::Unauthenticated));
+        let idle = self
+            .idle_deadline(before_first, after)
+            .map(|at| (at, Closing::Idle));
+        match (unproved, idle) {
+            (Some(u), Some(i)) => Some(if i.0 < u.0 { i } else { u }),
+            (u, i) => u.or(i),
+        }
     }
 
     /// When the connection becomes idle long enough to close, given the time a
@@ -94,6 +188,25 @@ impl ConnStreams {
     pub(crate) fn register(&self, cx: &Context<'_>) {
         self.waker.register(cx.waker());
     }
+}
+
+/// The places a connection holds while it has not authenticated.
+#[derive(Debug, Default)]
+struct Places {
+    /// Held only to be given back: dropped on eviction.
+    _open: Option<tokio::sync::OwnedSemaphorePermit>,
+    pending: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Why a connection is closed by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Closing {
+    /// No stream open for the idle timeout.
+    Idle,
+    /// No call authenticated within its time.
+    Unauthenticated,
+    /// Not authenticated, and its place given to a newer connection.
+    Evicted,
 }
 
 /// One open stream of a connection.

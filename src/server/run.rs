@@ -291,7 +291,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         &kubeconfig_paths,
         (
             args.engine.exec_timeout,
-            args.engine.admission(args.security.client_ca.is_some()),
+            args.engine.admission(args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &reload,
@@ -366,7 +366,7 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
         (
             EXEC_TIMEOUT,
             server::tls::Admission {
-                keep_for_certificates: args.security.client_ca.is_some(),
+                keep_for_authenticated: args.security.authenticates(),
                 ..Default::default()
             },
         ),
@@ -1018,7 +1018,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         std::slice::from_ref(&kubeconfig),
         (
             args.engine.exec_timeout,
-            args.engine.admission(args.security.client_ca.is_some()),
+            args.engine.admission(args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &stop_reloads,

@@ -20,8 +20,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::idle::{self, Frames, PREFACE};
-use super::peer::ConnStreams;
 pub use super::peer::PeerInfo;
+use super::peer::{Closing, ConnStreams};
 
 /// The files a TLS server is configured from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +198,8 @@ impl Io {
 struct Idle {
     streams: Arc<ConnStreams>,
     timeout: Duration,
+    /// How long the connection has to make its first authenticated call.
+    to_authenticate: Duration,
     incoming: Frames,
     outgoing: Frames,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -216,7 +218,10 @@ impl Idle {
             return;
         }
         self.streams.register(cx);
-        let Some(deadline) = self.streams.idle_deadline(self.timeout, self.timeout) else {
+        let Some((deadline, why)) =
+            self.streams
+                .close_deadline(self.timeout, self.timeout, self.to_authenticate)
+        else {
             return;
         };
         if tokio::time::Instant::now() < deadline {
@@ -232,9 +237,19 @@ impl Idle {
             return;
         }
         if self.outgoing.between_frames() {
-            idle::CLOSED_IDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::debug!(remote = ?remote, idle = ?self.timeout, "closing an idle connection (GOAWAY)");
-            self.goaway = Some((idle::goaway(self.incoming.last_stream(), "idle"), 0));
+            let reason = match why {
+                Closing::Idle => {
+                    idle::CLOSED_IDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::debug!(remote = ?remote, idle = ?self.timeout, "closing an idle connection (GOAWAY)");
+                    "idle"
+                }
+                Closing::Unauthenticated | Closing::Evicted => {
+                    idle::CLOSED_UNAUTHENTICATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::debug!(remote = ?remote, within = ?self.to_authenticate, evicted = why == Closing::Evicted, "closing a connection that made no authenticated call (GOAWAY)");
+                    "no authenticated call"
+                }
+            };
+            self.goaway = Some((idle::goaway(self.incoming.last_stream(), reason), 0));
         }
     }
 
@@ -388,13 +403,16 @@ pub struct Admission {
     /// Connections open at once; one more is closed at once, with a log line.
     pub max_connections: usize,
     /// Whether an eighth of `max_connections` (at least one) is kept for connections
-    /// that present a client certificate (with mutual TLS): others may not take the
-    /// last places.
-    pub keep_for_certificates: bool,
+    /// whose peer proved who it is (a client certificate, or a call admitted with a
+    /// bearer token): connections that have not may not take the last places, and
+    /// when their own places are full, the oldest of them is closed for a newcomer.
+    pub keep_for_authenticated: bool,
     /// Connections one peer address may have open at once.
     pub max_connections_per_address: usize,
     /// How long a connection may take to complete its TLS handshake and send its
-    /// first bytes (the HTTP/2 preface) before it is closed.
+    /// first bytes (the HTTP/2 preface) before it is closed; and, once it has, to make
+    /// its first authenticated call (without a client certificate) before it is closed
+    /// with a GOAWAY.
     pub handshake_timeout: Duration,
     /// How long a gRPC connection may have no stream open before it is closed with an
     /// HTTP/2 GOAWAY (clients open a new one for their next call).
@@ -405,7 +423,7 @@ impl Default for Admission {
     fn default() -> Self {
         Self {
             max_connections: 4096,
-            keep_for_certificates: false,
+            keep_for_authenticated: false,
             max_connections_per_address: 256,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
@@ -414,10 +432,10 @@ impl Default for Admission {
 }
 
 impl Admission {
-    /// The places connections without a client certificate may take.
-    fn without_certificate(&self) -> usize {
+    /// The places connections not yet authenticated may take.
+    fn not_authenticated(&self) -> usize {
         let max = self.max_connections.max(1);
-        if !self.keep_for_certificates {
+        if !self.keep_for_authenticated {
             return max;
         }
         max - (max / 8).max(1).min(max - 1)
@@ -434,8 +452,8 @@ pub enum Refusal {
     Cap,
     /// Its address has `max_connections_per_address` open.
     AddressCap,
-    /// Without a client certificate, and only the places kept for those with one
-    /// are left.
+    /// Not authenticated, only the places kept for authenticated connections are
+    /// left, and no connection that has not authenticated can be closed for it.
     Unauthenticated,
 }
 
@@ -468,10 +486,10 @@ impl Refusal {
             ),
             Refusal::Unauthenticated => tracing::warn!(
                 max_connections = admission.max_connections,
-                kept = admission.max_connections.saturating_sub(admission.without_certificate()),
+                kept = admission.max_connections.saturating_sub(admission.not_authenticated()),
                 refused,
                 %remote,
-                "only the connection places kept for callers with a client certificate are left: closing new connections without one"
+                "only the connection places kept for authenticated callers are left: closing new connections until one authenticates"
             ),
         }
     }
@@ -508,9 +526,12 @@ impl Refusals {
 type ByAddress = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
 
 /// What a connection holds while open: its place under the cap, under its address's
-/// cap, and among those without a client certificate.
+/// cap, and (an HTTP/1 connection without a client certificate) among those not
+/// authenticated. An HTTP/2 connection not authenticated keeps its first and last
+/// places in its [`ConnStreams`] instead: both given back if it is evicted, the last
+/// once a call authenticates.
 struct Admitted {
-    _place: tokio::sync::OwnedSemaphorePermit,
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
     _address: AddressPlace,
     _uncertified: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -548,6 +569,43 @@ impl Drop for AddressPlace {
     }
 }
 
+/// The HTTP/2 connections that have not authenticated yet, oldest first: when their
+/// places are full, the oldest still waiting is closed to make room for a newcomer,
+/// so connections that never call cannot keep a caller with credentials out.
+#[derive(Clone, Default)]
+struct Waiting(Arc<std::sync::Mutex<std::collections::VecDeque<std::sync::Weak<ConnStreams>>>>);
+
+impl Waiting {
+    /// A place among the connections not authenticated, taken from the oldest of them
+    /// when none is free; `None` when none is waiting to give one.
+    fn admit(&self, places: &Arc<Semaphore>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        loop {
+            if let Ok(p) = places.clone().try_acquire_owned() {
+                return Some(p);
+            }
+            let oldest = self
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front()?;
+            if let Some(c) = oldest.upgrade() {
+                c.evict();
+            }
+        }
+    }
+
+    /// Follows a connection not yet authenticated.
+    fn push(&self, c: &Arc<ConnStreams>) {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Connections gone or authenticated are dropped from the front as they come
+        // up; now and then, from everywhere, so the queue stays as long as the places.
+        if q.len() >= 64 && q.len().is_power_of_two() {
+            q.retain(|w| w.upgrade().is_some_and(|c| !c.is_authenticated()));
+        }
+        q.push_back(Arc::downgrade(c));
+    }
+}
+
 /// The protocol a listener speaks, as TLS negotiates it (ALPN).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -568,7 +626,8 @@ pub fn incoming(
 ) -> impl futures::Stream<Item = Result<Conn, std::io::Error>> + Send + 'static {
     let (tx, rx) = mpsc::channel::<Result<Conn, std::io::Error>>(64);
     let open = Arc::new(Semaphore::new(admission.max_connections.max(1)));
-    let uncertified = Arc::new(Semaphore::new(admission.without_certificate()));
+    let uncertified = Arc::new(Semaphore::new(admission.not_authenticated()));
+    let waiting = Waiting::default();
     let by_address = ByAddress::default();
     let refusals = Arc::new(std::sync::Mutex::new(Refusals::default()));
     let refuse = move |why: Refusal, remote: SocketAddr| {
@@ -594,7 +653,7 @@ pub fn incoming(
                     continue;
                 }
             };
-            let Ok(place) = open.clone().try_acquire_owned() else {
+            let Some(place) = waiting.admit(&open) else {
                 refuse(Refusal::Cap, remote);
                 continue;
             };
@@ -618,8 +677,10 @@ pub fn incoming(
                     }
                 }
             });
+            let mut place = Some(place);
             let tx = tx.clone();
             let uncertified = uncertified.clone();
+            let waiting = waiting.clone();
             let refuse = refuse.clone();
             crate::tasks::spawn("grpc-connection", async move {
                 let handshake = handshake(tcp, remote, tls, protocol);
@@ -643,27 +704,45 @@ pub fn incoming(
                         return;
                     }
                 };
-                let uncertified = if matches!(info.certificate, Some(Ok(_))) {
-                    None
-                } else {
-                    match uncertified.try_acquire_owned() {
-                        Ok(p) => Some(p),
-                        Err(_) => return refuse(Refusal::Unauthenticated, remote),
+                let certified = matches!(info.certificate, Some(Ok(_)));
+                let (idle, uncertified) = if protocol == Protocol::Http2 {
+                    // Where nobody authenticates, every connection is as good as any.
+                    let proved = certified || !admission.keep_for_authenticated;
+                    let streams = if proved {
+                        ConnStreams::authenticated_at_start()
+                    } else {
+                        match waiting.admit(&uncertified) {
+                            Some(pending) => match place.take() {
+                                Some(open) => ConnStreams::pending(open, pending),
+                                None => return,
+                            },
+                            None => return refuse(Refusal::Unauthenticated, remote),
+                        }
+                    };
+                    let streams = Arc::new(streams);
+                    if !proved {
+                        waiting.push(&streams);
                     }
-                };
-                let idle = (protocol == Protocol::Http2).then(|| {
-                    let streams = Arc::new(ConnStreams::default());
                     info.streams = Some(streams.clone());
-                    Idle {
+                    let idle = Idle {
                         streams,
                         timeout: admission.idle_timeout,
+                        to_authenticate: admission.handshake_timeout,
                         incoming: Frames::from_client(),
                         outgoing: Frames::default(),
                         timer: None,
                         goaway: None,
                         closed: false,
+                    };
+                    (Some(idle), None)
+                } else if certified {
+                    (None, None)
+                } else {
+                    match uncertified.try_acquire_owned() {
+                        Ok(p) => (None, Some(p)),
+                        Err(_) => return refuse(Refusal::Unauthenticated, remote),
                     }
-                });
+                };
                 let _ = tx
                     .send(Ok(Conn {
                         io,

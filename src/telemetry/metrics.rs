@@ -302,6 +302,16 @@ impl Collector for FleetCollector {
                 crate::server::idle::CLOSED_IDLE.load(std::sync::atomic::Ordering::Relaxed),
             ),
         )?;
+        single(
+            &mut e,
+            "fleetscope_grpc_connections_closed_unauthenticated",
+            "gRPC connections closed with a GOAWAY for making no authenticated call within --grpc-handshake-timeout, or to make room for a newer connection while none had.",
+            MetricType::Counter,
+            ConstCounter::new(
+                crate::server::idle::CLOSED_UNAUTHENTICATED
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+        )?;
         let inputs = self.0.inputs.borrow().clone();
         let by_input = |value: fn(&crate::config::inputs::InputStatus) -> f64| {
             inputs.iter().map(move |i| {
@@ -441,6 +451,15 @@ impl Collector for FleetCollector {
                     (l, ConstCounter::new(n))
                 })
             }),
+        )?;
+        family(
+            &mut e,
+            "fleetscope_objects_labels_unindexed",
+            "Objects stored with more labels than the label index takes of one object: held, served and selected by a scan.",
+            MetricType::Counter,
+            streams
+                .iter()
+                .map(|(c, r, s)| (labels(c, r), ConstCounter::new(s.counts.unindexed_labels))),
         )?;
         let clusters = &observed.clusters;
         family(

@@ -557,3 +557,127 @@ async fn a_watch_whose_client_stops_answering_leaves_the_count_after_the_keepali
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
+    let log = dir.path().join("serve.log");
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--metrics-listen",
+            &metrics,
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    let listed = async |c: &mut FleetClient<tonic::transport::Channel>, selector: &str| {
+        let mut names: Vec<String> = c
+            .list(proto::ListRequest {
+                query: Some(proto::Query {
+                    label_selector: selector.into(),
+                    ..configmaps()
+                }),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().items.into_iter().map(|o| o.name).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    common::wait_for_clusters(&mut c, "synced", |r| {
+        r.clusters.len() == 1
+            && r.clusters
+                .iter()
+                .all(|c| c.freshness == proto::Freshness::Synced as i32)
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let before = server.resident_bytes().unwrap();
+    // Two ConfigMaps of 60,000 labels each (about 0.9 MB of JSON each, which an API
+    // server takes), one of them with a label the others carry too.
+    let store = &fleet.servers()[0].cluster().store;
+    for bomb in ["bomb-1", "bomb-2"] {
+        let mut labels: serde_json::Map<String, serde_json::Value> = (0..60_000)
+            .map(|i| (format!("{bomb}-{i:05}"), serde_json::json!("x")))
+            .collect();
+        if bomb == "bomb-1" {
+            labels.insert("kind".into(), serde_json::json!("bomb-or-plain"));
+        }
+        store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": bomb, "labels": labels}}),
+            )
+            .unwrap();
+    }
+    store
+        .create(
+            "configmaps",
+            Some("team-0"),
+            serde_json::json!({"metadata": {"name": "plain", "labels": {"kind": "bomb-or-plain"}}}),
+        )
+        .unwrap();
+    // Selected by any of their labels, beside objects whose labels are indexed.
+    while listed(&mut c, "bomb-2-54321=x").await != ["bomb-2"] {
+        assert!(tokio::time::Instant::now() < deadline, "the bombs arrive");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        listed(&mut c, "kind=bomb-or-plain").await,
+        ["bomb-1", "plain"]
+    );
+    assert_eq!(listed(&mut c, "bomb-1-00007").await, ["bomb-1"]);
+    assert!(
+        !listed(&mut c, "!bomb-1-00007")
+            .await
+            .contains(&"bomb-1".to_string())
+    );
+    // Served whole.
+    let got = c
+        .get(proto::GetRequest {
+            resource: "configmaps".into(),
+            cluster: "sim-1".into(),
+            namespace: "team-0".into(),
+            name: "bomb-2".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v: serde_json::Value = serde_json::from_str(&got.object.unwrap().json).unwrap();
+    assert_eq!(v["metadata"]["labels"].as_object().unwrap().len(), 60_000);
+    // Counted, by stream.
+    let series =
+        "fleetscope_objects_labels_unindexed_total{cluster=\"sim-1\",resource=\"configmaps\"}";
+    assert_eq!(common::sample(&metrics, series).await, Some(2));
+    // Once what decoding them took is given back, the two hold a few of their sizes
+    // (each took about 80 MB when every label was indexed).
+    let grown = || server.resident_bytes().unwrap().saturating_sub(before);
+    while grown() > 24 << 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} MB more held for two objects of 0.9 MB",
+            grown() >> 20
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "two objects of 60,000 labels: {:.1} MB more resident",
+        grown() as f64 / 1e6
+    );
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("more labels than the label index takes")
+    );
+    drop(server);
+    fleet.shutdown().await;
+}

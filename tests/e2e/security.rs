@@ -1889,6 +1889,160 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
             "{json}"
         );
     }
+    // No selector, group key or Watch filter reads a value hidden from her: each
+    // answers as if the Secrets had no values (the same for the value and for another).
+    let selected = |fields: &str| proto::Query {
+        field_selector: fields.into(),
+        ..secrets(proto::Projection::Full)
+    };
+    let value = "aHVudGVyMg==";
+    // As a field selector writes it: `=` escaped.
+    let selected_value = value.replace('=', "\\=");
+    let last_applied = "metadata.annotations.kubectl.kubernetes.io/last-applied-configuration";
+    for (mut c, reveals) in [(alice.clone(), false), (bob.clone(), true)] {
+        let shown = c
+            .count(proto::CountRequest {
+                query: Some(selected("")),
+                group_by: vec![
+                    "field:data.password".into(),
+                    format!("field:{last_applied}"),
+                ],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let keys: Vec<String> = shown.groups.iter().flat_map(|g| g.key.clone()).collect();
+        let values_seen = keys.iter().any(|k| k.contains(value));
+        assert_eq!(values_seen, reveals, "group keys {keys:?}");
+    }
+    let names = async |c: &mut Client, fields: &str| -> (Vec<String>, u64) {
+        let listed = c
+            .list(proto::ListRequest {
+                query: Some(selected(fields)),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let counted = c
+            .count(proto::CountRequest {
+                query: Some(selected(fields)),
+                group_by: Vec::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut names: Vec<String> = listed.items.into_iter().map(|o| o.name).collect();
+        names.sort();
+        (names, counted.total)
+    };
+    let both = (vec!["after".to_string(), "before".to_string()], 2);
+    let none = (Vec::new(), 0);
+    for (fields, for_alice, for_bob) in [
+        (format!("data.password={selected_value}"), &none, &both),
+        ("data.password=guess".to_string(), &none, &none),
+        ("data.password=".to_string(), &both, &none),
+        (format!("data.password!={selected_value}"), &both, &none),
+        ("data.password!=guess".to_string(), &both, &both),
+        // Collected without it (pruned by default): absent for everyone.
+        (format!("{last_applied}="), &both, &both),
+        (format!("{last_applied}!="), &none, &none),
+    ] {
+        assert_eq!(
+            &names(&mut alice, &fields).await,
+            for_alice,
+            "alice, {fields}"
+        );
+        assert_eq!(&names(&mut bob, &fields).await, for_bob, "bob, {fields}");
+    }
+    // A Watch's initial events and live ones: a filter on the value passes nothing of
+    // hers, one against it passes every Secret, whatever the value.
+    let watched = async |c: &mut Client, fields: &str| -> Vec<String> {
+        let mut w = c
+            .watch(proto::WatchRequest {
+                query: Some(selected(fields)),
+                send_initial_events: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut names = Vec::new();
+        loop {
+            let e = w.message().await.unwrap().unwrap();
+            if let Some(o) = &e.object {
+                names.push(o.name.clone());
+            }
+            if e.r#type == EventType::InitialEventsEnd as i32 {
+                break names;
+            }
+        }
+    };
+    assert!(
+        watched(&mut alice, &format!("data.password={selected_value}"))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        watched(&mut alice, &format!("data.password!={selected_value}"))
+            .await
+            .len(),
+        2
+    );
+    assert_eq!(
+        watched(&mut bob, &format!("data.password={selected_value}"))
+            .await
+            .len(),
+        2
+    );
+    let live_watch = |fields: String| {
+        let mut c = alice.clone();
+        async move {
+            c.watch(proto::WatchRequest {
+                query: Some(selected(&fields)),
+                bookmark_interval: Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    let mut live = live_watch(format!("data.password={selected_value}")).await;
+    let mut opposite = live_watch(format!("data.password!={selected_value}")).await;
+    kube.create(&Default::default(), &applied_secret("third"))
+        .await
+        .unwrap();
+    // The filter against the value passes the new Secret; the one on it has passed
+    // nothing by the time its bookmarks reach the same revision.
+    let at = loop {
+        let e = tokio::time::timeout(PATIENCE, opposite.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if e.object.as_ref().is_some_and(|o| o.name == "third") {
+            break e.revision;
+        }
+    };
+    loop {
+        let e = tokio::time::timeout(PATIENCE, live.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            e.object.is_none(),
+            "a filter on a hidden value passed {e:?}"
+        );
+        if e.r#type == EventType::Bookmark as i32 && e.revision >= at {
+            break;
+        }
+    }
+
     // Bob may read the values: he does, where they belong.
     let got = bob
         .get(proto::GetRequest {
@@ -2175,7 +2329,7 @@ async fn counter(s: &Setup, series: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out() {
+async fn connections_that_never_call_are_closed_and_cannot_keep_any_credential_out() {
     const GOAWAY: u8 = 0x7;
     let s = Setup::start_with(&[
         "--grpc-max-connections",
@@ -2183,9 +2337,9 @@ async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out(
         "--grpc-max-connections-per-address",
         "8",
         "--grpc-handshake-timeout",
-        "2s",
-        "--grpc-idle-timeout",
         "3s",
+        "--grpc-idle-timeout",
+        "6s",
     ])
     .await;
     let (port, ca) = (s.server.port, s.ca.ca());
@@ -2197,9 +2351,8 @@ async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out(
         "a connection silent after its TLS handshake was closed after {:?}",
         asked.elapsed()
     );
-    // One address holds at most 8; two more hold 6 (14, the places without a client
-    // certificate): the next one without is refused, and the two kept places let
-    // alice (with one) in.
+    // One address holds at most 8; two more hold 6: the 14 places of connections
+    // that have not authenticated (the other two are kept for those that have).
     let mut idlers = Vec::new();
     let mut from_first = 0;
     for (from, n) in [("127.0.0.2", 10), ("127.0.0.3", 6)] {
@@ -2221,10 +2374,7 @@ async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out(
             held.push((c, first));
         }
     }
-    // 8 from one address, 6 from another (fewer if a connection of the start-up's
-    // clients was still closing).
     assert!((12..=14).contains(&held.len()), "{}", held.len());
-    let idlers = held;
     let refused_address = counter(
         &s,
         "fleetscope_grpc_connections_refused_total{reason=\"address_cap\"}",
@@ -2234,60 +2384,58 @@ async fn connections_that_idle_are_closed_and_cannot_keep_certified_callers_out(
         refused_address >= 2,
         "the address cap refused {refused_address}"
     );
-    // The next one without a certificate is refused (one more may find the place of a
-    // start-up connection that was still closing).
-    let mut idlers = idlers;
-    for _ in 0..3 {
-        use tokio::io::AsyncReadExt as _;
-        let Ok(mut c) = raw_tls(port, &ca, "127.0.0.4", true).await else {
-            break;
-        };
-        let mut first = vec![0u8; 9];
-        match tokio::time::timeout(PATIENCE, c.read_exact(&mut first)).await {
-            Ok(Ok(_)) => idlers.push((c, first)),
-            _ => break,
-        }
+    // Well within the handshake time of every one of them, a caller with a bearer
+    // token gets in, several times over: the oldest connection that never made an
+    // authenticated call gives its place to each newcomer.
+    let mut bobs = Vec::new();
+    for _ in 0..4 {
+        let mut bob = s.client(Who::Token("bob")).await.unwrap_or_else(|e| {
+            panic!(
+                "{e}: {}",
+                std::fs::read_to_string(&s.log).unwrap_or_default()
+            )
+        });
+        bob.list_clusters(proto::ListClustersRequest::default())
+            .await
+            .expect("a token holder is served while connections that never call fill the places");
+        bobs.push(bob);
     }
-    let refused_kept = counter(
-        &s,
-        "fleetscope_grpc_connections_refused_total{reason=\"reserved\"}",
-    )
-    .await;
-    assert!(refused_kept >= 1, "the kept places refused {refused_kept}");
     let mut alice = s.client(Who::Cert("alice")).await.unwrap();
     alice
         .list_clusters(proto::ListClustersRequest::default())
         .await
         .unwrap();
     // A Watch keeps its connection: idle is a connection without a call.
-    let mut bob = s.client(Who::Token("bob")).await;
-    assert!(
-        bob.is_err()
-            || bob
-                .as_mut()
-                .unwrap()
-                .list_clusters(proto::ListClustersRequest::default())
-                .await
-                .is_err(),
-        "every place without a certificate is taken"
-    );
     let mut w = watching(&mut alice).await;
-    // Idle for the idle timeout: every idle connection gets a GOAWAY and is closed.
-    let idle_since = tokio::time::Instant::now();
-    for (c, read) in idlers {
+    // Every connection that never called is closed with a GOAWAY: for a newcomer, or
+    // once its handshake time is up with no authenticated call.
+    let since = tokio::time::Instant::now();
+    for (c, read) in held {
         let frames = frames_until_closed(c, read).await;
         assert!(frames.contains(&GOAWAY), "a GOAWAY first: {frames:?}");
     }
     eprintln!(
-        "idle connections were closed with a GOAWAY {:?} after they idled",
-        idle_since.elapsed()
+        "connections that never called were closed with a GOAWAY within {:?}",
+        since.elapsed()
     );
-    assert!(counter(&s, "fleetscope_grpc_connections_closed_idle_total").await >= 12);
-    // Their places are free again; the Watch opened before goes on.
-    let mut bob = s.client(Who::Token("bob")).await.unwrap();
-    bob.list_clusters(proto::ListClustersRequest::default())
+    assert!(
+        counter(
+            &s,
+            "fleetscope_grpc_connections_closed_unauthenticated_total"
+        )
         .await
-        .unwrap();
+            >= 12
+    );
+    // The token holders' connections, authenticated, were closed only once idle.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while counter(&s, "fleetscope_grpc_connections_closed_idle_total").await < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle connections are closed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The Watch opened before goes on.
     let mut bookmarks = Vec::new();
     s.create_configmap("sim-1", "team-0", "after-idle").await;
     loop {

@@ -300,6 +300,7 @@ impl Writer {
     ) {
         let id = key_of(stream);
         let objects = inputs(stream, objects);
+        unindexed_labels(b, stream, &objects);
         let state = match self.parts.remove(&id) {
             Some(p) if p.list == list => p.state,
             earlier => {
@@ -370,6 +371,7 @@ impl Writer {
         }
         let id = key_of(&stream);
         let mut objects = inputs(&stream, objects);
+        unindexed_labels(b, &stream, &objects);
         match (self.parts.remove(&id), listed_parts) {
             (
                 Some(Parts {
@@ -445,14 +447,32 @@ fn applied(b: &mut Batch, stream: Arc<StreamId>, object: PrunedObject, created: 
         b.count(&stream, |c| c.modified += 1);
     }
     let rv = object.resource_version.clone();
-    let key = stream_key(&stream, &object);
+    let input = input(&stream, object);
+    unindexed_labels(b, &stream, std::slice::from_ref(&input));
     b.touched.insert(key_of(&stream));
     b.changes.push(if rv.is_empty() {
-        Change::Upsert(to_input(key, object))
+        Change::Upsert(input)
     } else {
-        Change::UpsertAt(to_input(key, object), Arc::from(rv.as_str()))
+        Change::UpsertAt(input, Arc::from(rv.as_str()))
     });
     b.after.push((stream, Progress::Event(rv)));
+}
+
+/// Counts and reports each object with more labels than the label index takes of one
+/// object: held, served and selected by a scan, at a cost bounded by its size.
+fn unindexed_labels(b: &mut Batch, stream: &StreamId, objects: &[ObjectState]) {
+    for o in objects
+        .iter()
+        .filter(|o| o.labels.len() > fleetscope_index::MAX_INDEXED_LABELS)
+    {
+        b.count(stream, |c| c.unindexed_labels += 1);
+        tracing::warn!(
+            object = %o.key,
+            labels = o.labels.len(),
+            max = fleetscope_index::MAX_INDEXED_LABELS,
+            "an object carries more labels than the label index takes: they are held, served and selected by a scan"
+        );
+    }
 }
 
 /// An object deleted by a watch event.

@@ -155,6 +155,8 @@ impl Engine {
                 Some(clusters.iter().map(|c| c.name.clone()).collect())
             },
             reach,
+            hidden: crate::view::holds_secrets(&rt.name())
+                .then(|| crate::view::hidden(access, &self.status)),
             deadline: None,
             namespaces: q
                 .namespaces

@@ -51,6 +51,9 @@ pub struct StreamCounts {
     pub initial_lists: u64,
     /// Lists after its resourceVersion expired.
     pub expired_lists: u64,
+    /// Objects stored with more labels than the label index takes of one object
+    /// (`fleetscope_index::MAX_INDEXED_LABELS`): selected by a scan.
+    pub unindexed_labels: u64,
 }
 
 impl StreamCounts {
@@ -61,6 +64,7 @@ impl StreamCounts {
         self.deleted += other.deleted;
         self.initial_lists += other.initial_lists;
         self.expired_lists += other.expired_lists;
+        self.unindexed_labels += other.unindexed_labels;
     }
 }
 

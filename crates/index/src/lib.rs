@@ -32,7 +32,7 @@ type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 pub use feed::{Feed, FeedError, Staged};
 pub use fleetscope_model::GroupBy;
-pub use object::{Object, ObjectRef, uid_and_resource_version};
+pub use object::{MAX_INDEXED_LABELS, Object, ObjectRef, uid_and_resource_version};
 pub use query::{Counts, Page, Query};
 pub use state::{Event, State};
 

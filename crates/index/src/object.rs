@@ -154,13 +154,123 @@ impl Dictionaries {
 /// shared.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Terms {
-    /// metadata.labels, sorted by key.
+    /// metadata.labels, sorted by key; for an object with more than
+    /// [`MAX_INDEXED_LABELS`], only [`UNINDEXED_LABELS`].
     labels: LabelSet,
+    /// The labels of an object with more than [`MAX_INDEXED_LABELS`].
+    unindexed: Option<PackedLabels>,
     /// Values of the configured field indexes, as (JSON path, value).
     fields: Box<[(Arc<str>, Arc<str>)]>,
     /// The owner uids of an object with several owners; empty otherwise.
     owners: Box<[Uid]>,
 }
+
+/// The most labels of one object the label index takes. An object with more (a label
+/// bomb: the API server takes 60,000 on one object, which would cost the index about
+/// 80 MB) holds them packed, about their own size again, and the label index names it
+/// only under [`UNINDEXED_LABELS`]: every label query visits it and matches it by a
+/// scan, so it is still served and selected as any other.
+pub const MAX_INDEXED_LABELS: usize = 64;
+
+/// The label under which the label index names the objects whose own labels it does
+/// not hold: the empty key, which no Kubernetes label has.
+pub(crate) const UNINDEXED_LABELS: &str = "";
+
+/// Labels held outside the label index: every key and value in one text, found by
+/// binary search.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct PackedLabels {
+    text: Box<str>,
+    /// Per label, sorted by key: where its key ends and where its value ends in
+    /// `text` (each starts where the one before ends).
+    ends: Box<[(u32, u32)]>,
+}
+
+impl PackedLabels {
+    fn new(mut labels: Vec<(String, String)>) -> Self {
+        labels.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        labels.dedup_by(|a, b| a.0 == b.0);
+        let mut text = String::with_capacity(labels.iter().map(|(k, v)| k.len() + v.len()).sum());
+        let mut ends = Vec::with_capacity(labels.len());
+        for (k, v) in &labels {
+            // Labels are bounded by the object's size, far below 4 GiB; any past that
+            // could not be addressed and are left out.
+            let (Ok(key_end), Ok(end)) = (
+                u32::try_from(text.len() + k.len()),
+                u32::try_from(text.len() + k.len() + v.len()),
+            ) else {
+                break;
+            };
+            text.push_str(k);
+            text.push_str(v);
+            ends.push((key_end, end));
+        }
+        Self {
+            text: text.into_boxed_str(),
+            ends: ends.into_boxed_slice(),
+        }
+    }
+
+    fn at(&self, i: usize) -> (&str, &str) {
+        let start = if i == 0 {
+            0
+        } else {
+            self.ends[i - 1].1 as usize
+        };
+        let (key_end, end) = (self.ends[i].0 as usize, self.ends[i].1 as usize);
+        (&self.text[start..key_end], &self.text[key_end..end])
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        let mut lo = 0;
+        let mut hi = self.ends.len();
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let (k, v) = self.at(mid);
+            match k.cmp(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(v),
+            }
+        }
+        None
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+}
+
+/// Every label of an object, held indexed or packed.
+enum AllLabels<'a> {
+    Indexed(std::slice::Iter<'a, (Arc<str>, Arc<str>)>),
+    Packed(&'a PackedLabels, usize),
+}
+
+impl<'a> Iterator for AllLabels<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            AllLabels::Indexed(i) => i.next().map(|(k, v)| (&**k, &**v)),
+            AllLabels::Packed(p, at) => {
+                let label = (*at < p.len()).then(|| p.at(*at))?;
+                *at += 1;
+                Some(label)
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = match self {
+            AllLabels::Indexed(i) => i.len(),
+            AllLabels::Packed(p, at) => p.len() - at,
+        };
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for AllLabels<'_> {}
 
 /// An object held by the index, shared by the index's sets, snapshots and events: an
 /// `Arc` without weak references, a word smaller per object.
@@ -359,7 +469,10 @@ impl fleetscope_model::StoredObject for Object {
         self.body().into_text()
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.terms.labels.iter().map(|(k, v)| (&**k, &**v))
+        match &self.terms.unindexed {
+            Some(packed) => AllLabels::Packed(packed, 0),
+            None => AllLabels::Indexed(self.terms.labels.iter()),
+        }
     }
     fn owners(&self) -> impl ExactSizeIterator<Item = &str> {
         self.owners().iter().map(|u| &**u)
@@ -399,19 +512,28 @@ impl Object {
         revision: Revision,
         interner: &mut Interner,
     ) -> ObjectRef {
-        let mut labels: Vec<(Arc<str>, Arc<str>)> = input
-            .labels
-            .into_iter()
-            .map(|(k, v)| (interner.get(&k), interner.get(&v)))
-            .collect();
-        labels.sort();
+        let (labels, unindexed) = if input.labels.len() > MAX_INDEXED_LABELS {
+            // Held packed and found by a scan; in the label index only as one of the
+            // objects whose labels it does not hold.
+            let unindexed: LabelSet = Arc::from([(Arc::from(""), Arc::from(""))]);
+            (unindexed, Some(PackedLabels::new(input.labels)))
+        } else {
+            let mut labels: Vec<(Arc<str>, Arc<str>)> = input
+                .labels
+                .into_iter()
+                .map(|(k, v)| (interner.get(&k), interner.get(&v)))
+                .collect();
+            labels.sort();
+            (interner.labels(labels), None)
+        };
         let mut owners: Vec<Uid> = input.owners.iter().map(|u| interner.uid(u)).collect();
         let owner = match owners.len() {
             1 => owners.pop(),
             _ => None,
         };
         let terms = Terms {
-            labels: interner.labels(labels),
+            labels,
+            unindexed,
             fields: input
                 .fields
                 .iter()
@@ -428,9 +550,20 @@ impl Object {
             body: parking_lot::RwLock::new(Body::Text(fleetscope_model::Json::from(&*input.json))),
             key,
             revision,
-            terms: interner.terms(terms),
+            // Labels past the cap are the object's own: not kept by the interner.
+            terms: if terms.unindexed.is_some() {
+                Arc::new(terms)
+            } else {
+                interner.terms(terms)
+            },
             owner,
         })
+    }
+
+    /// Whether the object carries more labels than the label index takes of one
+    /// object ([`MAX_INDEXED_LABELS`]): they are held, served and matched by a scan.
+    pub fn labels_unindexed(&self) -> bool {
+        self.terms.unindexed.is_some()
     }
 
     /// The same state, stamped with another revision (a delete carries the last state).
@@ -560,6 +693,9 @@ impl Object {
 
 impl Labels for Object {
     fn label(&self, key: &str) -> Option<&str> {
+        if let Some(packed) = &self.terms.unindexed {
+            return packed.get(key);
+        }
         let labels = &self.terms.labels;
         labels
             .binary_search_by(|(k, _)| (**k).cmp(key))

@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use fleetscope_model::access::Reach;
+use std::borrow::Cow;
+
+use fleetscope_model::access::{Hidden, Reach};
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
 use fleetscope_model::{ClusterName, FieldSelector, GroupBy, LabelSelector, ObjectKey};
 
-use crate::object::{Object, ObjectRef};
+use crate::object::{Object, ObjectRef, UNINDEXED_LABELS};
 use crate::state::{KeySet, Members, State};
 
 /// Which objects of one resource type to read.
@@ -28,6 +30,10 @@ pub struct Query {
     /// The places the caller may read; `None` for everywhere. Objects elsewhere are
     /// neither returned nor counted.
     pub reach: Option<Reach>,
+    /// Where Secrets' values are hidden from the caller: there, selectors and group
+    /// keys read them as absent, so no answer depends on them. `None` where nothing
+    /// is hidden.
+    pub hidden: Option<Hidden>,
     /// When evaluation stops: an answer read past it is cut short, and
     /// [`Query::expired`] says so (the caller then answers with an error, never with
     /// the part).
@@ -63,7 +69,24 @@ impl Query {
                 .as_ref()
                 .is_none_or(|r| r.allows(&o.key.cluster, &o.key.namespace))
             && self.labels.matches(o)
-            && (self.fields.is_empty() || self.fields.matches(o))
+            && self
+                .fields
+                .requirements()
+                .iter()
+                .all(|r| r.matches_value(self.field(o, &r.path).as_deref()))
+    }
+
+    /// The value of a field path of an object as the caller sees it: absent where it
+    /// is hidden from them.
+    pub fn field<'o>(&self, o: &'o Object, path: &str) -> Option<Cow<'o, str>> {
+        if self
+            .hidden
+            .as_ref()
+            .is_some_and(|h| h.hides(&o.key.cluster, &o.key.namespace, path))
+        {
+            return None;
+        }
+        o.field_value(path)
     }
 }
 
@@ -92,7 +115,8 @@ impl State {
     /// Whether the secondary index alone decides the query: one label requirement that
     /// an index answers, and nothing else to filter.
     fn index_answers_exactly(&self, q: &Query) -> bool {
-        q.clusters.is_none()
+        self.unindexed_labels(&q.resource).is_none()
+            && q.clusters.is_none()
             && q.reach.is_none()
             && q.namespaces.is_empty()
             && q.fields.is_empty()
@@ -102,10 +126,25 @@ impl State {
             )
     }
 
+    /// The objects of `resource` whose labels the label index does not hold (more
+    /// than [`crate::MAX_INDEXED_LABELS`]), if any.
+    fn unindexed_labels(&self, resource: &str) -> Option<&Members> {
+        self.labels
+            .get(&(Arc::from(resource), Arc::from(UNINDEXED_LABELS)))
+            .and_then(|m| m.get(UNINDEXED_LABELS))
+    }
+
     fn indexed_candidates(&self, q: &Query) -> Option<KeySet> {
         let resource: Arc<str> = Arc::from(q.resource.as_str());
         let mut best: Option<KeySet> = None;
-        let mut consider = |set: KeySet| {
+        // A label's objects in the index, and every object whose labels it does not
+        // hold (each may carry the label: the filter decides).
+        let unindexed = self.unindexed_labels(&q.resource).map(Members::to_set);
+        let mut consider = |set: KeySet, by_label: bool| {
+            let set = match (&unindexed, by_label) {
+                (Some(u), true) => set.union(u.clone()),
+                _ => set,
+            };
             if best.as_ref().is_none_or(|b| set.len() < b.len()) {
                 best = Some(set);
             }
@@ -118,6 +157,7 @@ impl State {
                         .and_then(|m| m.get(v.as_str()))
                         .map(Members::to_set)
                         .unwrap_or_default(),
+                    true,
                 ),
                 Requirement::In(_, vs) => {
                     let mut union = KeySet::new();
@@ -126,14 +166,14 @@ impl State {
                             union = union.union(set.to_set());
                         }
                     }
-                    consider(union);
+                    consider(union, true);
                 }
                 Requirement::Exists(_) => {
                     let mut union = KeySet::new();
                     for set in values.into_iter().flat_map(|m| m.values()) {
                         union = union.union(set.to_set());
                     }
-                    consider(union);
+                    consider(union, true);
                 }
                 _ => {}
             }
@@ -143,6 +183,11 @@ impl State {
             .requirements()
             .iter()
             .filter(|f| f.op == FieldOp::Equals)
+            // Hidden values read as absent for some objects: the index, which holds
+            // them as they are, cannot answer.
+            .filter(|f| {
+                q.hidden.is_none() || !fleetscope_model::access::reads_secret_values(&f.path)
+            })
         {
             let key = (
                 resource.clone(),
@@ -155,6 +200,7 @@ impl State {
                         .get(&key)
                         .map(Members::to_set)
                         .unwrap_or_default(),
+                    false,
                 );
             }
         }
@@ -294,7 +340,7 @@ impl State {
                     GroupBy::Namespace => std::borrow::Cow::Borrowed(&*o.key.namespace),
                     GroupBy::Label(k) => std::borrow::Cow::Borrowed(o.label(k).unwrap_or("")),
                     GroupBy::Field(p) => std::borrow::Cow::Owned(
-                        o.field_value(p).map(|c| c.into_owned()).unwrap_or_default(),
+                        q.field(o, p).map(Cow::into_owned).unwrap_or_default(),
                     ),
                 });
             }

@@ -1558,3 +1558,72 @@ fn an_event_is_held_in_eight_words() {
     // once, boxed), the kind and whether its cluster left.
     assert_eq!(std::mem::size_of::<Event>(), 64);
 }
+
+#[test]
+fn an_object_with_more_labels_than_the_index_takes_is_held_whole_and_selected_by_a_scan() {
+    let idx = index();
+    let many: Vec<(String, String)> = (0..MAX_INDEXED_LABELS + 36)
+        .map(|i| (format!("k{i:04}"), format!("v{i}")))
+        .collect();
+    let borrowed: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut with_app = borrowed.clone();
+    with_app.push(("app", "web"));
+    idx.apply([
+        Change::Upsert(input("pods", "a", "x", "bomb", 1, &with_app)),
+        Change::Upsert(input("pods", "a", "x", "plain", 2, &[("app", "web")])),
+        Change::Upsert(input("pods", "a", "x", "other", 3, &[("app", "db")])),
+    ]);
+    let s = idx.snapshot();
+    // The label index holds the plain objects' labels, and the bomb only as unindexed.
+    let keys: Vec<String> = s.labels.keys().map(|(_, k)| k.to_string()).collect();
+    assert!(keys.len() <= 2, "{keys:?}");
+    let q = |selector: &str| {
+        let q = Query {
+            labels: LabelSelector::parse(selector).unwrap(),
+            ..Query::all("pods")
+        };
+        let mut listed = names(&s.page(&q, None, 100).items);
+        listed.sort();
+        let counted = s.count(&q, &[GroupBy::Label("k0070".into())]);
+        (
+            listed,
+            counted.total,
+            counted.groups.into_keys().collect::<Vec<_>>(),
+        )
+    };
+    let (listed, total, groups) = q("app=web");
+    assert_eq!(listed, ["a/pods/x/bomb", "a/pods/x/plain"]);
+    assert_eq!(total, 2);
+    assert_eq!(groups, [vec![String::new()], vec!["v70".to_string()]]);
+    assert_eq!(q("k0099=v99").0, ["a/pods/x/bomb"]);
+    assert_eq!(q("k0099").0, ["a/pods/x/bomb"]);
+    assert_eq!(q("k0099 in (v99, v1)").0, ["a/pods/x/bomb"]);
+    assert_eq!(q("app!=web").0, ["a/pods/x/other"]);
+    assert_eq!(q("!k0001").0, ["a/pods/x/other", "a/pods/x/plain"]);
+    // What a store keeps of it is every label, so a restore holds it as before.
+    let bomb = s
+        .get(&ObjectKey::new(
+            "pods",
+            &ClusterName::from("a"),
+            "x",
+            "bomb",
+        ))
+        .unwrap();
+    assert!(bomb.labels_unindexed());
+    let stored: Vec<(String, String)> = fleetscope_model::StoredObject::labels(&**bomb)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut expected = many.clone();
+    expected.push(("app".into(), "web".into()));
+    expected.sort();
+    assert_eq!(stored, expected);
+    // Deleted, it leaves nothing in the label index.
+    idx.apply([Change::Delete(ObjectKey::new(
+        "pods",
+        &ClusterName::from("a"),
+        "x",
+        "bomb",
+    ))]);
+    let s = idx.snapshot();
+    assert!(s.labels.keys().all(|(_, k)| &**k == "app"));
+}

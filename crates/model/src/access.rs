@@ -325,6 +325,57 @@ impl Reach {
     }
 }
 
+/// The fields of a Secret that hold its values: emptied for a caller the policy does
+/// not reveal them to.
+pub const SECRET_VALUE_FIELDS: [&str; 2] = ["data", "stringData"];
+
+/// kubectl's record of an object as last applied: on a Secret, its values. Dropped
+/// from a Secret whose values are not revealed.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether a field path (as field selectors and `field:` group keys name one) reads
+/// something redaction takes from a Secret: a value under [`SECRET_VALUE_FIELDS`] or
+/// the [`LAST_APPLIED`] annotation. A path names keys joined by dots (a key may hold
+/// dots itself), so any path that can reach them starts with one of these.
+pub fn reads_secret_values(path: &str) -> bool {
+    let under = |field: &str| {
+        path.strip_prefix(field)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    };
+    SECRET_VALUE_FIELDS.iter().any(|f| under(f))
+        || path
+            .strip_prefix("metadata.annotations.")
+            .is_some_and(|rest| rest.starts_with(LAST_APPLIED))
+}
+
+/// Where Secrets' values are hidden from a caller, so that a query sees each object
+/// as the caller is shown it: there, a path that [`reads_secret_values`] is absent
+/// (selectors match it as an unset field, group keys read it as empty). Asked per
+/// object, of the policy in force at that moment.
+#[derive(Clone)]
+pub struct Hidden(Arc<HidesIn>);
+
+/// Whether a place (cluster, namespace) hides Secrets' values.
+type HidesIn = dyn Fn(&ClusterName, &str) -> bool + Send + Sync;
+
+impl Hidden {
+    /// Hidden where `hides(cluster, namespace)` says so.
+    pub fn new(hides: impl Fn(&ClusterName, &str) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(hides))
+    }
+
+    /// Whether `path` is absent from the objects of `namespace` in `cluster`.
+    pub fn hides(&self, cluster: &ClusterName, namespace: &str, path: &str) -> bool {
+        reads_secret_values(path) && (self.0)(cluster, namespace)
+    }
+}
+
+impl fmt::Debug for Hidden {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Hidden(..)")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +454,35 @@ mod tests {
         assert!(reach.allows(&name, "a"));
         assert!(!reach.allows(&name, "b"));
         assert!(!reach.allows(&ClusterName::from("other"), "a"));
+    }
+
+    #[test]
+    fn every_path_to_a_secret_value_is_known_and_no_other() {
+        for p in [
+            "data",
+            "data.token",
+            "data.a.b",
+            "stringData.x",
+            "metadata.annotations.kubectl.kubernetes.io/last-applied-configuration",
+            "metadata.annotations.kubectl.kubernetes.io/last-applied-configuration.x",
+        ] {
+            assert!(reads_secret_values(p), "{p}");
+        }
+        for p in [
+            "database",
+            "metadata.name",
+            "metadata.annotations.other",
+            "type",
+            "spec.data",
+            "",
+        ] {
+            assert!(!reads_secret_values(p), "{p}");
+        }
+        let hidden = Hidden::new(|c, ns| c.as_str() == "a" && ns == "x");
+        let a = ClusterName::from("a");
+        assert!(hidden.hides(&a, "x", "data.token"));
+        assert!(!hidden.hides(&a, "y", "data.token"));
+        assert!(!hidden.hides(&a, "x", "type"));
     }
 
     #[test]
