@@ -153,7 +153,8 @@ fn message(m: String) -> ClientError {
 }
 
 fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, ClientError> {
-    std::fs::read(path).map_err(|e| message(format!("reading the {what} {}: {e}", path.display())))
+    fleetscope_model::file::read_capped(path)
+        .map_err(|e| message(format!("reading the {what} {}: {e}", path.display())))
 }
 
 /// Whether a URL's host is this host.

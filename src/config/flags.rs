@@ -189,11 +189,11 @@ pub struct ShardArgs {
     ["sharding.leaseDuration", Duration, Restart]
     /// How long a Lease holds without renewal: a replica silent this long is counted
     /// gone by the others, and stops answering for its clusters itself.
-    #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_duration)]
+    #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_timeout)]
     pub shard_lease_duration: Duration,
     ["sharding.renewPeriod", Duration, Restart]
     /// How often a replica renews its Lease (well under the lease duration).
-    #[arg(long, env = "FLEETSCOPE_SHARD_RENEW_PERIOD", default_value = "2s", value_parser = crate::config::parse_duration)]
+    #[arg(long, env = "FLEETSCOPE_SHARD_RENEW_PERIOD", default_value = "2s", value_parser = crate::config::parse_timeout)]
     pub shard_renew_period: Duration,
     ["sharding.replication", Count, Restart]
     /// Owners per cluster: 1, or 2 so that losing one replica loses no cluster.
@@ -279,7 +279,8 @@ impl RouterArgs {
         &self,
     ) -> Result<Option<(tonic::transport::ClientTlsConfig, bool)>, ArgsError> {
         let read = |flag: &str, p: &PathBuf| {
-            std::fs::read(p).map_err(|e| ArgsError::Invalid(format!("{flag} {}: {e}", p.display())))
+            fleetscope_model::file::read_capped(p)
+                .map_err(|e| ArgsError::Invalid(format!("{flag} {}: {e}", p.display())))
         };
         let Some(ca) = &self.replica_ca else {
             if self.replica_cert.is_some() {
@@ -392,7 +393,7 @@ pub struct SecurityArgs {
     /// The longest a TokenReview may take: a reviewing cluster that does not answer
     /// in time makes the call UNAVAILABLE (retryable), and tokens it reviewed before
     /// are still served from the cache.
-    #[arg(long, default_value = "5s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::config::parse_timeout)]
     pub token_review_timeout: Duration,
     ["security.tokenReview.audiences", Texts, Restart]
     /// The audiences a reviewed token must be for (repeatable; default: the API server's).
@@ -537,7 +538,7 @@ pub struct EngineArgs {
     ["grpc.requestTimeout", Duration, Restart]
     /// The longest a gRPC request may take to its response (a Watch: to its first
     /// message); a client's own deadline may be shorter.
-    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
     pub grpc_request_timeout: Duration,
     ["grpc.maxInFlight", Count, Restart]
     /// gRPC requests handled at once, across all connections; more are refused at once
@@ -560,37 +561,37 @@ pub struct EngineArgs {
     /// speaking HTTP/2 before it is closed; and then, where callers authenticate and
     /// it presented no client certificate, to make its first authenticated call
     /// before it is closed with a GOAWAY.
-    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_timeout)]
     pub grpc_handshake_timeout: Duration,
     ["grpc.idleTimeout", Duration, Restart]
     /// How long a gRPC connection may have no call open before it is closed with an
     /// HTTP/2 GOAWAY (clients open a new connection for their next call).
-    #[arg(long, default_value = "5m", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = crate::config::parse_timeout)]
     pub grpc_idle_timeout: Duration,
     ["grpc.keepaliveInterval", Duration, Restart]
     /// An HTTP/2 PING after this much silence on a gRPC connection; one not answered
     /// within --grpc-keepalive-timeout closes the connection and ends its streams (a
     /// client that vanished leaves the Watch count).
-    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
     pub grpc_keepalive_interval: Duration,
     ["grpc.keepaliveTimeout", Duration, Restart]
     /// See --grpc-keepalive-interval.
-    #[arg(long, default_value = "20s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "20s", value_parser = crate::config::parse_timeout)]
     pub grpc_keepalive_timeout: Duration,
     ["informer.execTimeout", Duration, Collection]
     /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
     /// with the processes it started, and its cluster reported as failing.
-    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
     pub exec_timeout: Duration,
     ["grpc.queryTimeout", Duration, Restart]
     /// The longest one List page or Count may take to evaluate; past it the request
     /// is DEADLINE_EXCEEDED.
-    #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_timeout)]
     pub query_timeout: Duration,
     ["watch.stallTimeout", Duration, Restart]
     /// How long a Watch may leave its events unread before the server ends it
     /// (RESOURCE_EXHAUSTED, with the revision to resume from).
-    #[arg(long, default_value = "60s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::config::parse_timeout)]
     pub watch_stall_timeout: Duration,
     ["grpc.maxWatchesPerCaller", Count, Restart]
     /// Watch streams one caller (identity) may have open at once; one more is
@@ -672,12 +673,12 @@ impl ShardArgs {
         )?;
         ensure(
             self.shard_lease_duration >= Duration::from_secs(2),
-            "--shard-lease-duration must be at least 2s",
+            "--shard-lease-duration (sharding.leaseDuration) must be at least 2s",
         )?;
         ensure(
             self.shard_renew_period > Duration::ZERO
                 && self.shard_renew_period * 2 <= self.shard_lease_duration,
-            "--shard-renew-period must be more than 0 and at most half of --shard-lease-duration",
+            "--shard-renew-period (sharding.renewPeriod) must be at most half of --shard-lease-duration (sharding.leaseDuration)",
         )?;
         let advertise = match &self.shard_advertise {
             Some(a) => a.clone(),

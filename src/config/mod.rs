@@ -26,9 +26,26 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from(d).map_err(|_| format!("{text:?} is negative"))
 }
 
+/// A duration of more than zero: a timeout or an interval, which at zero would end
+/// every call or spin.
+pub fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!("{text:?} is zero: it must be more than 0"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_is_more_than_zero() {
+        assert!(parse_timeout("0s").unwrap_err().contains("more than 0"));
+        assert!(parse_timeout("0").is_err());
+        assert_eq!(parse_timeout("1ms").unwrap().as_millis(), 1);
+    }
 
     #[test]
     fn durations_read_as_people_write_them() {

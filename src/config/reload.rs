@@ -388,7 +388,7 @@ fn fingerprint(files: &[PathBuf]) -> Vec<Option<u64>> {
     files
         .iter()
         .map(|f| {
-            std::fs::read(f).ok().map(|bytes| {
+            fleetscope_model::file::read_capped(f).ok().map(|bytes| {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 bytes.hash(&mut h);
                 h.finish()

@@ -67,7 +67,7 @@ pub(crate) fn close_match(keys: &[&str], key: &str) -> Option<String> {
 
 /// A file's text, or an error naming it.
 pub(crate) fn text_of(path: &Path) -> Result<String, FileError> {
-    std::fs::read_to_string(path).map_err(|source| FileError::Read {
+    fleetscope_model::file::read_text_capped(path).map_err(|source| FileError::Read {
         path: path.to_path_buf(),
         source,
     })

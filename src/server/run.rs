@@ -450,6 +450,7 @@ pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<()
     let (sources, _) = plan(&args)?;
     let clusters = sources.load()?;
     check_security(&args.security, &sources.paths)?;
+    args.shard.membership(&args.listen)?;
     let names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
     say!(
         "\n{}: valid; {} cluster(s): {}",
@@ -946,7 +947,7 @@ fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
         path: path.clone(),
         source,
     };
-    if let Ok(bytes) = std::fs::read(&path)
+    if let Ok(bytes) = fleetscope_model::file::read_capped(&path)
         && let Ok(secret) = <[u8; 32]>::try_from(bytes.as_slice())
     {
         return Ok(crate::grpc::TokenKey::new(&secret));

@@ -62,7 +62,8 @@ fn bad(path: &Path, message: impl Into<String>) -> TlsError {
 
 fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bytes =
-        std::fs::read(path).map_err(|e| bad(path, format!("cannot read the {what}: {e}")))?;
+        fleetscope_model::file::read_capped(path)
+            .map_err(|e| bad(path, format!("cannot read the {what}: {e}")))?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(path, format!("the {what} is not valid PEM: {e}")))?;
@@ -84,7 +85,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// without one may still present a bearer token (authentication decides).
 pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certificates(&files.cert, "certificate")?;
-    let key_bytes = std::fs::read(&files.key)
+    let key_bytes = fleetscope_model::file::read_capped(&files.key)
         .map_err(|e| bad(&files.key, format!("cannot read the private key: {e}")))?;
     let key = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
         bad(

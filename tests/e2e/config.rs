@@ -368,6 +368,40 @@ async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
     let out = check(&file, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--client-ca"));
+    // Settings that make no sense, and a file that never ends, are refused by name, by
+    // `config check` and by `serve` before it binds a port.
+    let port = common::process::free_port().to_string();
+    for (settings, named) in [
+        ("grpc:\n  idleTimeout: 0s\n", "grpc.idleTimeout"),
+        ("grpc:\n  requestTimeout: 0\n", "grpc.requestTimeout"),
+        ("grpc:\n  queryTimeout: 0ms\n", "grpc.queryTimeout"),
+        (
+            "sharding:\n  ring: r\n  leaseDuration: 1s\n  renewPeriod: 5s\n",
+            "sharding.leaseDuration",
+        ),
+        (
+            "sharding:\n  ring: r\n  leaseDuration: 10s\n  renewPeriod: 6s\n",
+            "sharding.renewPeriod",
+        ),
+        ("security:\n  policy: /dev/zero\n", "/dev/zero: larger than 64 MiB"),
+        ("security:\n  tokensFile: /dev/zero\n", "/dev/zero: larger than 64 MiB"),
+    ] {
+        std::fs::write(&file, format!("kubeconfigs: [{kc}]\n{settings}")).unwrap();
+        let out = check(&file, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{settings}: {stderr}");
+        assert!(stderr.contains(named), "{settings}: {stderr}");
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--no-persist", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{settings}: serve started");
+        assert!(stderr.contains(named), "{settings}: {stderr}");
+    }
     fleet.shutdown().await;
 }
 

@@ -205,6 +205,11 @@ fn pattern(text: &str) -> Result<glob::Pattern, SourceError> {
 }
 
 fn read(path: &Path) -> Result<Kubeconfig, SourceError> {
+    // Bounded first: a path naming a device or a runaway file is refused by name.
+    fleetscope_model::file::read_capped(path).map_err(|source| SourceError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Kubeconfig::read_from(path).map_err(|source| match source {
         // kube's message repeats the cause it chains, and quotes the path twice.
         kube::config::KubeconfigError::ReadConfig(source, _) => SourceError::Read {

@@ -15,6 +15,7 @@
 pub mod access;
 pub mod catalogue;
 mod clusters;
+pub mod file;
 pub mod fleet;
 mod identity;
 mod json;
