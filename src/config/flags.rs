@@ -495,6 +495,12 @@ pub struct EngineArgs {
     /// from the watch cache are not paged).
     #[arg(long, default_value_t = 500)]
     pub page_size: u32,
+    ["informer.maxObjectBytes", Count, Collection]
+    /// The largest object taken from a cluster, in bytes of its JSON: a larger one is
+    /// dropped, with a warning and fleetscope_stream_dropped_total. The default is well
+    /// above what an API server stores (etcd takes requests of 1.5 MiB by default).
+    #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    pub max_object_bytes: u64,
     ["informer.watchList", Bool, Collection]
     /// Ask API servers for streaming lists (WatchList) and list only where they refuse
     /// or ignore them (true), or always list (false).
@@ -774,6 +780,7 @@ impl EngineArgs {
             cluster_labels,
             stream: fleetscope_informer::StreamConfig {
                 page_size: self.page_size,
+                max_object_bytes: usize::try_from(self.max_object_bytes).unwrap_or(usize::MAX),
                 watch_list: self.watch_list,
                 list_part: self.list_part,
                 pruning: fleetscope_informer::Pruning {

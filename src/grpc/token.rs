@@ -35,7 +35,8 @@ impl TokenKey {
     /// The key in a file shared by the servers that continue each other's lists (a
     /// ring's replicas and routers): at least 32 bytes, all of them used.
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
-        let secret = fleetscope_model::file::read_capped(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let secret = fleetscope_model::file::read_capped(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         if secret.len() < 32 {
             return Err(format!(
                 "{}: {} bytes; a page token key needs at least 32 (e.g. head -c 32 /dev/urandom)",

@@ -61,9 +61,8 @@ fn bad(path: &Path, message: impl Into<String>) -> TlsError {
 }
 
 fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes =
-        fleetscope_model::file::read_capped(path)
-            .map_err(|e| bad(path, format!("cannot read the {what}: {e}")))?;
+    let bytes = fleetscope_model::file::read_capped(path)
+        .map_err(|e| bad(path, format!("cannot read the {what}: {e}")))?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(path, format!("the {what} is not valid PEM: {e}")))?;

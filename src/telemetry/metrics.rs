@@ -454,6 +454,25 @@ impl Collector for FleetCollector {
         )?;
         family(
             &mut e,
+            "fleetscope_stream_dropped",
+            "Objects and watch events a stream dropped of what its cluster sent, by reason: too_large (--max-object-bytes), malformed_resource_version, backward_resource_version.",
+            MetricType::Counter,
+            streams.iter().flat_map(|(c, r, s)| {
+                let d = &s.counts.dropped;
+                [
+                    ("too_large", d.too_large),
+                    ("malformed_resource_version", d.malformed_version),
+                    ("backward_resource_version", d.backward_version),
+                ]
+                .map(|(reason, n)| {
+                    let mut l = labels(c, r);
+                    l.push(("reason", reason.to_string()));
+                    (l, ConstCounter::new(n))
+                })
+            }),
+        )?;
+        family(
+            &mut e,
             "fleetscope_objects_labels_unindexed",
             "Objects stored with more labels than the label index takes of one object: held, served and selected by a scan.",
             MetricType::Counter,

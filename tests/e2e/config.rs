@@ -383,8 +383,14 @@ async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
             "sharding:\n  ring: r\n  leaseDuration: 10s\n  renewPeriod: 6s\n",
             "sharding.renewPeriod",
         ),
-        ("security:\n  policy: /dev/zero\n", "/dev/zero: larger than 64 MiB"),
-        ("security:\n  tokensFile: /dev/zero\n", "/dev/zero: larger than 64 MiB"),
+        (
+            "security:\n  policy: /dev/zero\n",
+            "/dev/zero: larger than 64 MiB",
+        ),
+        (
+            "security:\n  tokensFile: /dev/zero\n",
+            "/dev/zero: larger than 64 MiB",
+        ),
     ] {
         std::fs::write(&file, format!("kubeconfigs: [{kc}]\n{settings}")).unwrap();
         let out = check(&file, &[]);

@@ -681,3 +681,135 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_api_server_s_versions_and_oversized_objects_are_dropped_and_counted() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
+    let log = dir.path().join("serve.log");
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let server = Server::start(
+        &kubeconfig,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--max-object-bytes",
+            "65536",
+            "--metrics-listen",
+            &metrics,
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    common::wait_for_clusters(&mut c, "synced", |r| {
+        r.clusters.len() == 1
+            && r.clusters
+                .iter()
+                .all(|c| c.freshness == proto::Freshness::Synced as i32)
+    })
+    .await;
+    let cluster = fleet.servers()[0].cluster();
+    let event = |kind: &str, name: &str, rv: &str| {
+        serde_json::json!({"type": kind, "object": {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "team-0", "uid": format!("uid-{name}"), "resourceVersion": rv},
+        }})
+        .to_string()
+    };
+    let big = serde_json::json!({"type": "ADDED", "object": {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "huge-line", "namespace": "team-0", "uid": "uid-huge", "resourceVersion": "999999999"},
+        "data": {"x": "y".repeat(4 << 20)},
+    }})
+    .to_string();
+    let dropped = async |reason: &str| {
+        let series = format!(
+            "fleetscope_stream_dropped_total{{cluster=\"sim-1\",resource=\"configmaps\",reason=\"{reason}\"}}"
+        );
+        common::sample(&metrics, &series).await.unwrap_or(0)
+    };
+    let names = async |c: &mut FleetClient<tonic::transport::Channel>| -> Vec<String> {
+        c.list(proto::ListRequest {
+            query: Some(configmaps()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|o| o.name)
+        .collect()
+    };
+    // What no API server sends, on the live watch, each followed by a real change that
+    // shows the watch went on past it (repeated, should a watch reconnect between).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut round = 0;
+    loop {
+        round += 1;
+        cluster.send_watch_line("configmaps", &event("ADDED", "abc-rv", "abc"));
+        cluster.send_watch_line("configmaps", &event("ADDED", "negative-rv", "-1"));
+        cluster.send_watch_line("configmaps", &event("MODIFIED", "behind-rv", "1"));
+        cluster.send_watch_line(
+            "configmaps",
+            r#"{"type":"BOOKMARK","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"resourceVersion":"zzz"}}}"#,
+        );
+        cluster.send_watch_line("configmaps", &big);
+        // Too large as the cluster stores it, too.
+        cluster
+            .store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": format!("large-{round}")}, "data": {"x": "y".repeat(100_000)}}),
+            )
+            .unwrap();
+        let marker = format!("after-{round}");
+        cluster
+            .store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": marker}}),
+            )
+            .unwrap();
+        while !names(&mut c).await.contains(&marker) {
+            assert!(tokio::time::Instant::now() < deadline, "{marker} arrives");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if dropped("malformed_resource_version").await >= 3
+            && dropped("backward_resource_version").await >= 1
+            && dropped("too_large").await >= 2
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dropped: {} malformed, {} behind, {} too large",
+            dropped("malformed_resource_version").await,
+            dropped("backward_resource_version").await,
+            dropped("too_large").await
+        );
+    }
+    let held = names(&mut c).await;
+    for never in ["abc-rv", "negative-rv", "behind-rv", "huge-line", "large-1"] {
+        assert!(
+            !held.iter().any(|n| n == never),
+            "{never} was taken: {held:?}"
+        );
+    }
+    // The stream stands where the cluster does, and goes on.
+    let r = common::list_clusters(&mut c).await;
+    assert_eq!(r.clusters[0].freshness, proto::Freshness::Synced as i32);
+    let log = std::fs::read_to_string(&log).unwrap();
+    for said in [
+        "whose resourceVersion is not a number",
+        "behind the stream's resourceVersion",
+        "larger than the largest object taken",
+    ] {
+        assert!(log.contains(said), "{said}: {log}");
+    }
+    drop(server);
+    fleet.shutdown().await;
+}

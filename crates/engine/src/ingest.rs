@@ -285,6 +285,7 @@ impl Writer {
                 state,
                 error,
             } => b.after.push((stream, Progress::State(state, error))),
+            Update::Dropped { stream, drops } => b.count(&stream, |c| c.dropped.add(&drops)),
         }
     }
 

@@ -54,6 +54,9 @@ pub struct StreamCounts {
     /// Objects stored with more labels than the label index takes of one object
     /// (`fleetscope_index::MAX_INDEXED_LABELS`): selected by a scan.
     pub unindexed_labels: u64,
+    /// What the stream dropped of what its cluster sent (too large, or a
+    /// resourceVersion malformed or behind).
+    pub dropped: fleetscope_informer::stream::Drops,
 }
 
 impl StreamCounts {
@@ -65,6 +68,7 @@ impl StreamCounts {
         self.initial_lists += other.initial_lists;
         self.expired_lists += other.expired_lists;
         self.unindexed_labels += other.unindexed_labels;
+        self.dropped.add(&other.dropped);
     }
 }
 

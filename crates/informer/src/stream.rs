@@ -119,6 +119,13 @@ pub enum Update {
         /// The cluster.
         cluster: ClusterName,
     },
+    /// What the stream dropped of what its cluster sent, since its last report.
+    Dropped {
+        /// The stream.
+        stream: Arc<StreamId>,
+        /// How many, by why.
+        drops: Drops,
+    },
     /// The stream's state changed.
     State {
         /// The stream.
@@ -128,6 +135,38 @@ pub enum Update {
         /// Why, for a person to read, when not healthy.
         error: Option<String>,
     },
+}
+
+/// What a stream dropped of what its cluster sent: objects and watch events that no
+/// API server sends, each logged and counted, never applied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// Objects larger than [`StreamConfig::max_object_bytes`].
+    pub too_large: u64,
+    /// Objects and bookmarks whose resourceVersion is not a number (etcd's revisions
+    /// are; a watch could not resume from it).
+    pub malformed_version: u64,
+    /// Watch events and bookmarks whose resourceVersion is behind the stream's.
+    pub backward_version: u64,
+}
+
+impl Drops {
+    /// Whether nothing was dropped.
+    pub fn is_empty(&self) -> bool {
+        *self == Drops::default()
+    }
+
+    /// Adds `other` to these.
+    pub fn add(&mut self, other: &Drops) {
+        self.too_large += other.too_large;
+        self.malformed_version += other.malformed_version;
+        self.backward_version += other.backward_version;
+    }
+}
+
+/// Whether a resourceVersion is one an API server makes: etcd's revision, a number.
+fn well_formed(rv: &str) -> bool {
+    !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit()) && rv.parse::<u64>().is_ok()
 }
 
 /// Why a stream listed.
@@ -187,6 +226,10 @@ pub struct StreamConfig {
     /// this many objects as they arrive, so the index is built beside the transfer;
     /// 0 hands it over whole. Default 4,096.
     pub list_part: usize,
+    /// The largest object taken, as its cluster sends it (its JSON, before pruning):
+    /// a larger one is dropped, logged and counted. Default 16 MiB, well above what
+    /// an API server stores (etcd takes requests of 1.5 MiB by default).
+    pub max_object_bytes: usize,
 }
 
 impl StreamConfig {
@@ -223,6 +266,7 @@ impl Default for StreamConfig {
             watch_list: true,
             watch_list_silence: Duration::from_secs(10),
             list_part: 4096,
+            max_object_bytes: 16 << 20,
         }
     }
 }
@@ -464,22 +508,76 @@ pub(crate) struct Listed {
 struct WatchLines {
     body: std::pin::Pin<Box<dyn futures::AsyncBufRead + Send>>,
     line: Vec<u8>,
+    /// The longest line kept: one event's object at the largest object size, with room
+    /// for its envelope.
+    max: usize,
+    /// Lines passed over for their length since last asked.
+    too_long: u64,
 }
 
 impl WatchLines {
-    /// The next line, without its line end; `None` at the end of the response.
-    async fn next(&mut self) -> Option<std::io::Result<&str>> {
-        use futures::AsyncBufReadExt;
-        self.line.clear();
-        match self.body.read_until(b'\n', &mut self.line).await {
-            Ok(0) => None,
-            Ok(_) => Some(
-                std::str::from_utf8(&self.line)
-                    .map(|l| l.trim_end_matches(['\n', '\r']))
-                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
-            ),
-            Err(e) => Some(Err(e)),
+    fn new(body: impl futures::AsyncBufRead + Send + 'static, max_object_bytes: usize) -> Self {
+        Self {
+            body: Box::pin(body),
+            line: Vec::new(),
+            max: max_object_bytes.saturating_add(64 << 10),
+            too_long: 0,
         }
+    }
+
+    /// The next line, without its line end; `None` at the end of the response. A line
+    /// longer than the most kept is read past without being held, and given as an
+    /// empty line (see [`WatchLines::too_long`]).
+    async fn next(&mut self) -> Option<std::io::Result<&str>> {
+        use futures::{AsyncBufReadExt, AsyncReadExt};
+        self.line.clear();
+        let mut passed = 0usize;
+        loop {
+            let limit = u64::try_from(self.max + 1 - self.line.len()).unwrap_or(u64::MAX);
+            let mut bounded = (&mut self.body).take(limit);
+            let read = match bounded.read_until(b'\n', &mut self.line).await {
+                Ok(n) => n,
+                Err(e) => return Some(Err(e)),
+            };
+            if self.line.last() == Some(&b'\n') || read == 0 {
+                break;
+            }
+            if self.line.len() > self.max {
+                // Too long: read on to the line's end, keeping nothing.
+                passed += self.line.len();
+                self.line.clear();
+                let mut rest = Vec::new();
+                loop {
+                    rest.clear();
+                    let mut chunk = (&mut self.body).take(64 << 10);
+                    match chunk.read_until(b'\n', &mut rest).await {
+                        Ok(0) => break,
+                        Ok(_) if rest.last() == Some(&b'\n') => break,
+                        Ok(_) => {}
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                self.too_long += 1;
+                tracing::debug!(
+                    bytes = passed,
+                    "passed over a watch line longer than the largest object"
+                );
+                return Some(Ok(""));
+            }
+        }
+        if self.line.is_empty() {
+            return None;
+        }
+        Some(
+            std::str::from_utf8(&self.line)
+                .map(|l| l.trim_end_matches(['\n', '\r']))
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        )
+    }
+
+    /// How many lines were passed over for their length since last asked.
+    fn too_long(&mut self) -> u64 {
+        std::mem::take(&mut self.too_long)
     }
 }
 
@@ -795,6 +893,7 @@ impl Informer {
     /// token restarts the list, so the result is always one consistent snapshot.
     pub(crate) async fn list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
         let mut objects = Vec::new();
+        let mut drops = Drops::default();
         let mut lp = self.list_params(from);
         loop {
             let req = Request::new(&self.path)
@@ -802,7 +901,7 @@ impl Informer {
                 .map_err(|e| Stop::Failed(e.to_string()))?;
             let mut reader = crate::prune::ListReader::new(&self.id.resource, &self.config.pruning);
             let mut each = |item: Result<PrunedObject, crate::prune::PruneError>| {
-                objects.extend(self.kept(item));
+                objects.extend(self.kept(item, &mut drops));
             };
             let fetched = tokio::select! {
                 r = fetch_list(&self.client, req, &mut reader, &mut each) => r.map_err(classify),
@@ -829,6 +928,16 @@ impl Informer {
                 // Later pages come from storage at the first page's resourceVersion.
                 Some(c) => lp = lp.continue_token(&c),
                 None => {
+                    if !well_formed(&meta.resource_version) {
+                        return Err(Stop::Failed(format!(
+                            "the list's resourceVersion {:?} is not a number",
+                            meta.resource_version
+                        ))
+                        .into());
+                    }
+                    if !self.report(&mut drops).await {
+                        return Err(Stop::Cancelled.into());
+                    }
                     return Ok(Listed {
                         count: objects.len(),
                         objects,
@@ -863,10 +972,7 @@ impl Informer {
                 "the watch was not answered within {silence:?}"
             ))),
             Ok(Err(e)) => Err(classify(e)),
-            Ok(Ok(body)) => Ok(WatchLines {
-                body: Box::pin(body),
-                line: Vec::new(),
-            }),
+            Ok(Ok(body)) => Ok(WatchLines::new(body, self.config.max_object_bytes)),
         }
     }
 
@@ -894,6 +1000,7 @@ impl Informer {
         let silence = self.config.watch_list_silence;
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut objects = Vec::new();
+        let mut drops = Drops::default();
         // Objects sent ahead in parts.
         let mut sent = 0;
         loop {
@@ -918,6 +1025,7 @@ impl Informer {
                 Ok(Some(Ok(line))) => line,
             };
             let Some(event) = self.event(&mut events, line) else {
+                drops.too_large += lines.too_long();
                 continue;
             };
             match event {
@@ -925,7 +1033,7 @@ impl Informer {
                     kind: ObjectEvent::Added,
                     object,
                 } => {
-                    objects.extend(self.kept(object));
+                    objects.extend(self.kept(object, &mut drops));
                     if let Some(list) = parts
                         && objects.len() >= self.config.list_part
                     {
@@ -952,7 +1060,16 @@ impl Informer {
                         .filter(RawBookmarkMeta::initial_events_end)
                         .map(|b| b.resource_version);
                     return match end {
+                        Some(resource_version) if !well_formed(&resource_version) => {
+                            Err(Stop::Failed(format!(
+                                "the streaming list ended at resourceVersion {resource_version:?}, not a number"
+                            ))
+                            .into())
+                        }
                         Some(resource_version) => {
+                            if !self.report(&mut drops).await {
+                                return Err(Stop::Cancelled.into());
+                            }
                             self.outage.recovered(&self.id.name);
                             Ok(Listed {
                                 count: sent + objects.len(),
@@ -995,14 +1112,61 @@ impl Informer {
         }
     }
 
-    /// An object as kept, or `None` (logged) for one that was not: one malformed object
-    /// is skipped alone, wherever it arrives.
-    fn kept(&self, object: Result<PrunedObject, crate::prune::PruneError>) -> Option<PrunedObject> {
-        object
+    /// An object as kept, or `None` (logged, and counted in `drops` when no API server
+    /// sends such) for one that was not: one malformed object is skipped alone,
+    /// wherever it arrives.
+    fn kept(
+        &self,
+        object: Result<PrunedObject, crate::prune::PruneError>,
+        drops: &mut Drops,
+    ) -> Option<PrunedObject> {
+        let object = object
             .map_err(|e| {
                 tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %e, "skipping a malformed object");
             })
-            .ok()
+            .ok()?;
+        if object.json.len() > self.config.max_object_bytes {
+            drops.too_large += 1;
+            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), namespace = %object.namespace, name = %object.name, bytes = object.json.len(), max = self.config.max_object_bytes, "dropping an object larger than the largest object taken (--max-object-bytes)");
+            return None;
+        }
+        if !object.resource_version.is_empty() && !well_formed(&object.resource_version) {
+            drops.malformed_version += 1;
+            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), namespace = %object.namespace, name = %object.name, resource_version = %object.resource_version, "dropping an object whose resourceVersion is not a number");
+            return None;
+        }
+        Some(object)
+    }
+
+    /// Whether a watch event at `rv` is behind the stream, which has seen `seen`
+    /// (logged and counted): an event's must be past it, a bookmark's at least at it.
+    fn behind(&self, rv: &str, seen: &str, bookmark: bool, drops: &mut Drops) -> bool {
+        let (Ok(rv_n), Ok(seen_n)) = (rv.parse::<u64>(), seen.parse::<u64>()) else {
+            return false;
+        };
+        let behind = if bookmark {
+            rv_n < seen_n
+        } else {
+            rv_n <= seen_n
+        };
+        if behind {
+            drops.backward_version += 1;
+            tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), resource_version = %rv, seen = %seen, "dropping a watch event behind the stream's resourceVersion");
+        }
+        behind
+    }
+
+    /// Reports what was dropped, if anything; false once the stream is to stop.
+    async fn report(&self, drops: &mut Drops) -> bool {
+        if drops.is_empty() {
+            return true;
+        }
+        let drops = std::mem::take(drops);
+        self.send(Update::Dropped {
+            stream: self.id.clone(),
+            drops,
+        })
+        .await
     }
 
     /// Watches from `from` until the stream stops; returns why, and the last
@@ -1027,7 +1191,11 @@ impl Informer {
     async fn follow(&self, mut lines: WatchLines, mut seen: String) -> (Stop, String) {
         let silence = self.config.watch_timeout + self.config.idle_margin;
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
+        let mut drops = Drops::default();
         loop {
+            if !self.report(&mut drops).await {
+                return (Stop::Cancelled, seen);
+            }
             let next = tokio::select! {
                 r = tokio::time::timeout(silence, lines.next()) => r,
                 _ = self.cancel.cancelled() => return (Stop::Cancelled, seen),
@@ -1044,13 +1212,17 @@ impl Informer {
                 Ok(Some(Ok(line))) => line,
             };
             let Some(event) = self.event(&mut events, line) else {
+                drops.too_large += lines.too_long();
                 continue;
             };
             // Where to resume moves only once the update is handed over.
             let mut next_seen = None;
             let update = match event {
-                WatchEvent::Object { kind, object } => match self.kept(object) {
+                WatchEvent::Object { kind, object } => match self.kept(object, &mut drops) {
                     Some(object) => {
+                        if self.behind(&object.resource_version, &seen, false, &mut drops) {
+                            continue;
+                        }
                         if !object.resource_version.is_empty() {
                             next_seen = Some(object.resource_version.clone());
                         }
@@ -1073,6 +1245,14 @@ impl Informer {
                     let Some(b) = bookmark(object.get()) else {
                         continue;
                     };
+                    if !well_formed(&b.resource_version) {
+                        drops.malformed_version += 1;
+                        tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), resource_version = %b.resource_version, "dropping a bookmark whose resourceVersion is not a number");
+                        continue;
+                    }
+                    if self.behind(&b.resource_version, &seen, true, &mut drops) {
+                        continue;
+                    }
                     next_seen = Some(b.resource_version.clone());
                     Update::Progress {
                         stream: self.id.clone(),
@@ -1148,6 +1328,32 @@ mod tests {
         // Versions that are not numbers cannot be compared.
         assert!(!goes_back("abc", Some("42")));
         assert!(!goes_back("41", Some("xyz")));
+    }
+
+    #[tokio::test]
+    async fn a_watch_line_longer_than_the_largest_object_is_passed_over_unheld() {
+        let long = "x".repeat(200 << 10);
+        let text = format!("first\n{long}\nsecond\r\nlast");
+        let mut lines =
+            WatchLines::new(futures::io::Cursor::new(text.into_bytes()), 64 << 10);
+        let mut got = Vec::new();
+        while let Some(line) = lines.next().await {
+            got.push(line.unwrap().to_string());
+            assert!(lines.line.capacity() <= (128 << 10) + 64, "held {}", lines.line.capacity());
+        }
+        assert_eq!(got, ["first", "", "second", "last"]);
+        assert_eq!(lines.too_long(), 1);
+        assert_eq!(lines.too_long(), 0);
+    }
+
+    #[test]
+    fn resource_versions_are_etcd_s_numbers() {
+        for rv in ["1", "42", "18446744073709551615"] {
+            assert!(well_formed(rv), "{rv}");
+        }
+        for rv in ["", "abc", "-1", "+1", "1.5", " 1", "18446744073709551616"] {
+            assert!(!well_formed(rv), "{rv}");
+        }
     }
 
     #[test]

@@ -30,9 +30,8 @@ pub fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
 
 /// The text of `path`, as [`read_capped`] reads it; an error when it is not UTF-8.
 pub fn read_text_capped(path: &Path) -> std::io::Result<String> {
-    String::from_utf8(read_capped(path)?).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text")
-    })
+    String::from_utf8(read_capped(path)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
 #[cfg(test)]

@@ -187,12 +187,17 @@ impl Verb {
 }
 
 /// A signal to every live watch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WatchControl {
     /// Cut the connection without a clean end.
     Drop,
     /// Send a 410 `ERROR` event, then end.
     Expire,
+    /// Send this line as it is, on the watches of one resource type (its id).
+    Line {
+        resource: std::sync::Arc<str>,
+        line: std::sync::Arc<str>,
+    },
 }
 
 /// How long an injected failure lasts.
@@ -614,6 +619,15 @@ impl Cluster {
     /// a watcher that fell behind its cache.
     pub fn expire_watches(&self) {
         let _ = self.faults.control.send(WatchControl::Expire);
+    }
+
+    /// Sends `line` as it is (a watch event no API server sends, say) on every live
+    /// watch of `resource` (its plural, with `.group` for a grouped type).
+    pub fn send_watch_line(&self, resource: &str, line: &str) {
+        let _ = self.faults.control.send(WatchControl::Line {
+            resource: resource.into(),
+            line: line.into(),
+        });
     }
 
     /// The next `n` watch requests are accepted and never answered (no headers), until

@@ -371,6 +371,11 @@ async fn run(
                         stream.send(error_event(&e)).await?;
                         return Ok(());
                     }
+                    Ok(WatchControl::Line { resource, line }) => {
+                        if *resource == stream.def.id() {
+                            stream.send(Bytes::from(format!("{line}\n"))).await?;
+                        }
+                    }
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
