@@ -159,6 +159,19 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
         .await
         .unwrap()
         .into_inner();
+    // And one on configmaps, which the change moves: every status it is told has a
+    // reason.
+    let mut moved = c
+        .watch(proto::WatchRequest {
+            query: Some(proto::Query {
+                resource: "configmaps".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     let mut team_1 = Vec::new();
     for context in ["sim-1", "sim-2"] {
         team_1.push(truth(&kubeconfig, context, "team-1").await);
@@ -210,14 +223,43 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
             .expect("an event")
             .unwrap()
             .unwrap();
-        // Bookmarks and cluster status (a cluster reads Syncing while its new pods
-        // stream lists) are not object events.
+        // Nothing of the other types' streams: no cluster status (bookmarks may come).
+        assert_ne!(
+            e.r#type,
+            proto::EventType::ClusterStatus as i32,
+            "a namespaces Watch told of other types' streams: {e:?}"
+        );
         if e.object.is_some() {
             break e;
         }
     };
     assert_eq!(first.r#type, proto::EventType::Added as i32, "{first:?}");
     assert_eq!(first.object.unwrap().name, "after-reload");
+    // The configmaps Watch was told its streams moved and came back, each time
+    // saying why.
+    let mut back = std::collections::BTreeSet::new();
+    let mut away = std::collections::BTreeSet::new();
+    while back.len() < 2 {
+        let e = tokio::time::timeout(PATIENCE, moved.message())
+            .await
+            .expect("the configmaps Watch is told")
+            .unwrap()
+            .unwrap();
+        let Some(f) = e
+            .cluster
+            .filter(|_| e.r#type == proto::EventType::ClusterStatus as i32)
+        else {
+            continue;
+        };
+        if f.freshness == proto::Freshness::Synced as i32 {
+            if away.contains(&f.cluster) {
+                back.insert(f.cluster);
+            }
+        } else {
+            assert!(!f.message.is_empty(), "a status without a reason: {f:?}");
+            away.insert(f.cluster);
+        }
+    }
 
     // A misspelt key: the last good configuration stays, and everyone is told why.
     replace(

@@ -278,6 +278,18 @@ impl ClusterStatus {
                 None,
                 "loaded from the store; resuming watches".into(),
             ),
+            // Never a status without a reason: a stream between its watches (its
+            // settings changed, its watch ended) has no error to give.
+            other if why.is_empty() => (
+                other,
+                since,
+                match other {
+                    Freshness::Stale => {
+                        "re-establishing a watch (its settings changed or it ended); answers hold the last state seen".into()
+                    }
+                    _ => "a stream cannot list or watch".into(),
+                },
+            ),
             other => (other, since, why),
         }
     }

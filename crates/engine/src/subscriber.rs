@@ -35,6 +35,7 @@ use crate::status::{ClusterFreshness, StatusTable};
 use crate::view::{event_object, fleet_object, shown};
 use fleetscope_informer::Update;
 use fleetscope_informer::history::HistoryEnd;
+use fleetscope_model::fleet::Freshness;
 
 /// Starts a Watch: subscribes at once (so a bad start is an error of the call), and
 /// spawns its producer.
@@ -114,6 +115,16 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
             (cluster, c)
         })
         .collect();
+    let watched = resource.name();
+    let told = engine
+        .status
+        .clusters()
+        .into_iter()
+        .map(|c| {
+            let (freshness, _, message) = c.freshness(Some(&watched));
+            (c.name, (freshness, message))
+        })
+        .collect();
     let producer = Producer {
         reached: reached.clone(),
         costly: costly(&query),
@@ -127,6 +138,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         policy,
         resource,
         scopes: HashMap::new(),
+        told,
         switch: None,
         index: engine.index.clone(),
         status: engine.status.clone(),
@@ -243,6 +255,9 @@ struct Producer {
     resource: ResourceType,
     /// What `policy` grants in each cluster seen, decided once per cluster.
     scopes: HashMap<ClusterName, Namespaces>,
+    /// Each cluster's freshness for the watched type, as the Watch stood at its start
+    /// or was last told.
+    told: HashMap<ClusterName, (Freshness, String)>,
     /// A policy that replaces `policy` once the subscriber reaches the snapshot taken
     /// when it came (every event up to it is checked against the old one).
     switch: Option<(Arc<dyn Policy>, Arc<State>)>,
@@ -311,6 +326,31 @@ impl Producer {
                 labels,
             },
         )
+    }
+
+    /// A cluster's change of freshness as it concerns the watched type, if it changes
+    /// what this Watch was last told of (or would have been, at its start).
+    fn as_watched(&mut self, c: ClusterFreshness) -> Option<ClusterFreshness> {
+        let c = match self.status.cluster(&c.cluster) {
+            Some(status) => {
+                let (freshness, stale_since, message) =
+                    status.freshness(Some(&self.resource.name()));
+                ClusterFreshness {
+                    cluster: c.cluster,
+                    freshness,
+                    stale_since,
+                    message,
+                }
+            }
+            // Gone from the fleet: said as it is.
+            None => c,
+        };
+        let now = (c.freshness, c.message.clone());
+        if self.told.get(&c.cluster) == Some(&now) {
+            return None;
+        }
+        self.told.insert(c.cluster.clone(), now);
+        Some(c)
     }
 
     /// Whether the policy in force grants the subscriber objects of `namespace` in `cluster`.
@@ -907,6 +947,9 @@ impl Producer {
                 }
                 c = self.statuses.recv() => {
                     let Ok(c) = c else { continue };
+                    // What the change means for this Watch's type: a change of other
+                    // types' streams is none of its business.
+                    let Some(c) = self.as_watched(c) else { continue };
                     // A cluster added (again) may have other labels: decide anew.
                     if let Some(labels) = self.status.labels(&c.cluster) {
                         self.labels.insert(c.cluster.clone(), labels);

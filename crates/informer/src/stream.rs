@@ -1334,12 +1334,15 @@ mod tests {
     async fn a_watch_line_longer_than_the_largest_object_is_passed_over_unheld() {
         let long = "x".repeat(200 << 10);
         let text = format!("first\n{long}\nsecond\r\nlast");
-        let mut lines =
-            WatchLines::new(futures::io::Cursor::new(text.into_bytes()), 64 << 10);
+        let mut lines = WatchLines::new(futures::io::Cursor::new(text.into_bytes()), 64 << 10);
         let mut got = Vec::new();
         while let Some(line) = lines.next().await {
             got.push(line.unwrap().to_string());
-            assert!(lines.line.capacity() <= (128 << 10) + 64, "held {}", lines.line.capacity());
+            assert!(
+                lines.line.capacity() <= (128 << 10) + 64,
+                "held {}",
+                lines.line.capacity()
+            );
         }
         assert_eq!(got, ["first", "", "second", "last"]);
         assert_eq!(lines.too_long(), 1);
