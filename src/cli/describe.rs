@@ -18,6 +18,7 @@ const EVENTS: &str = "events";
 
 /// `describe`: every object the arguments name, each with its events.
 pub async fn describe(client: &mut Client, args: args::DescribeArgs) -> Result<(), ClientError> {
+    super::check_clusters(client, &args.query).await?;
     let targets = targets(&args.query.resource, &args.names)?;
     let mut described = 0;
     let mut missing = Vec::new();

@@ -496,10 +496,56 @@ impl Target {
     }
 }
 
+/// kubectl's habit for a context that does not exist: `--cluster NAME` that no cluster
+/// of the fleet (as the caller may see it) is named is an error; a glob that matches
+/// none, a warning.
+pub(crate) async fn check_clusters(
+    client: &mut Client,
+    q: &args::QueryArgs,
+) -> Result<(), ClientError> {
+    if q.clusters.is_empty() {
+        return Ok(());
+    }
+    let known: Vec<fleetscope_model::ClusterName> = client
+        .list_clusters(ListClustersRequest::default())
+        .await?
+        .into_inner()
+        .clusters
+        .into_iter()
+        .map(|c| fleetscope_model::ClusterName::from(c.name))
+        .collect();
+    let mut unknown = Vec::new();
+    for pattern in &q.clusters {
+        let filter = fleetscope_model::ClusterFilter::parse(std::slice::from_ref(pattern), "")
+            .map_err(|e| message(format!("--cluster: {e}")))?;
+        for warning in filter.unmatched(known.iter()) {
+            if pattern.contains(['*', '?', '[']) {
+                eprintln!("Warning: {warning}");
+            } else {
+                unknown.push(format!("{pattern:?}"));
+            }
+        }
+    }
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = known.iter().map(|c| c.as_str()).collect();
+    Err(message(format!(
+        "error: no cluster named {} in the fleet (clusters: {})",
+        unknown.join(", "),
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    )))
+}
+
 /// `get`: a list (every page), or objects by name across the selected clusters and
 /// namespaces; then, with `-w`, changes as they arrive. Several types (or TYPE/NAME
 /// arguments) print a table per type, each name prefixed with its type.
 pub async fn get(client: &mut Client, args: args::GetArgs) -> Result<(), ClientError> {
+    check_clusters(client, &args.query).await?;
     let targets = targets(&args.query.resource, &args.names)?;
     let sort_by = args
         .sort_by
@@ -835,6 +881,7 @@ fn warn_not_current(clusters: &[proto::ClusterFreshness]) {
 
 /// `count`: grouped counts.
 pub async fn count(client: &mut Client, args: args::CountArgs) -> Result<(), ClientError> {
+    check_clusters(client, &args.query).await?;
     let query = args.query.query();
     let r = client
         .count(CountRequest {
@@ -889,6 +936,7 @@ pub async fn count(client: &mut Client, args: args::CountArgs) -> Result<(), Cli
 
 /// `watch`: changes as they happen, until interrupted; resumes by itself.
 pub async fn watch(client: &mut Client, args: args::WatchArgs) -> Result<(), ClientError> {
+    check_clusters(client, &args.query).await?;
     let query = args.query.query();
     let one_namespace = args.query.namespaces.len() == 1;
     let mut follower = Follower::new(client.clone(), query, args.since, args.initial);

@@ -198,6 +198,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             clusters: convert::clusters_freshness(answer.clusters),
             partial: answer.partial,
             remaining_item_count: answer.remaining,
+            warnings: answer.warnings,
         }))
     }
 
@@ -250,6 +251,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             revision: answer.revision.0,
             clusters: convert::clusters_freshness(answer.clusters),
             partial: answer.partial,
+            warnings: answer.warnings,
         }))
     }
 

@@ -336,6 +336,21 @@ impl Router {
         ))
     }
 
+    /// Names and globs of `filter` that name no cluster of the ring, served or not.
+    fn unmatched(
+        filter: &fleetscope_model::ClusterFilter,
+        members: &[Member],
+        serving: &BTreeMap<String, &Member>,
+    ) -> Vec<String> {
+        let known: Vec<fleetscope_model::ClusterName> = serving
+            .keys()
+            .cloned()
+            .chain(Self::unowned(members, serving))
+            .map(fleetscope_model::ClusterName::from)
+            .collect();
+        filter.unmatched(known.iter())
+    }
+
     fn unowned_freshness(&self, cluster: &str) -> ClusterFreshness {
         ClusterFreshness {
             cluster: cluster.into(),
@@ -537,6 +552,7 @@ impl Fleet for Router {
             clusters,
             partial,
             resume: serde_json::to_vec(&positions).unwrap_or_default(),
+            warnings: Self::unmatched(&r.query.clusters, &members, &serving),
         })
     }
 
@@ -589,6 +605,7 @@ impl Fleet for Router {
             revision: newest,
             clusters,
             partial,
+            warnings: Self::unmatched(&r.query.clusters, &members, &serving),
         })
     }
 

@@ -1207,3 +1207,101 @@ async fn get_takes_several_types_and_type_slash_name_and_describe_shows_events()
     assert!(!out.status.success());
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_named_that_the_fleet_lacks_is_an_error_in_the_cli_and_a_warning_over_grpc() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 20).await;
+    let log = dir.path().join("serve.log");
+    let server = common::process::Server::start(
+        &kubeconfig,
+        &["--no-persist", "--resources", "configmaps"],
+        &log,
+    );
+    let url = server.url();
+    common::wait_serving(&url).await;
+    let mut c = fleetscope::proto::fleet_client::FleetClient::connect(url.clone())
+        .await
+        .unwrap();
+    common::wait_for_clusters(&mut c, "synced", |r| {
+        r.clusters.len() == 2
+            && r.clusters
+                .iter()
+                .all(|c| c.freshness == fleetscope::proto::Freshness::Synced as i32)
+    })
+    .await;
+    let address = url.trim_start_matches("http://");
+    // kubectl's habit for a context that does not exist: an error naming it.
+    for command in [
+        &["get", "configmaps", "--cluster", "sim-9"][..],
+        &[
+            "get",
+            "configmaps",
+            "--cluster",
+            "sim-1",
+            "--cluster",
+            "sim-9",
+        ],
+        &["count", "configmaps", "--cluster", "sim-9"],
+        &["describe", "configmaps", "--cluster", "sim-9"],
+        &["watch", "configmaps", "--cluster", "sim-9"],
+    ] {
+        let out = run_cli(address, command).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("no cluster named \"sim-9\" in the fleet (clusters: sim-1, sim-2)"),
+            "{command:?}: {stderr}"
+        );
+        assert!(!stderr.contains("No resources found"), "{stderr}");
+    }
+    // A glob that matches nothing is a warning; the answer is empty.
+    let out = run_cli(address, &["get", "configmaps", "--cluster", "prod-*"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("Warning: no cluster of the fleet matches \"prod-*\""),
+        "{stderr}"
+    );
+    // Over gRPC, the answer says so.
+    let query = |clusters: &[&str]| fleetscope::proto::Query {
+        resource: "configmaps".into(),
+        clusters: clusters.iter().map(|c| c.to_string()).collect(),
+        ..Default::default()
+    };
+    let listed = c
+        .list(fleetscope::proto::ListRequest {
+            query: Some(query(&["sim-1", "sim-9", "x-*"])),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!listed.items.is_empty());
+    assert_eq!(
+        listed.warnings,
+        [
+            "no cluster of the fleet is named \"sim-9\"",
+            "no cluster of the fleet matches \"x-*\""
+        ]
+    );
+    let counted = c
+        .count(fleetscope::proto::CountRequest {
+            query: Some(query(&["sim-9"])),
+            group_by: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((counted.total, counted.warnings.len()), (0, 1));
+    let whole = c
+        .count(fleetscope::proto::CountRequest {
+            query: Some(query(&["sim-*"])),
+            group_by: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(whole.warnings.is_empty(), "{:?}", whole.warnings);
+    drop(server);
+    fleet.shutdown().await;
+}

@@ -124,6 +124,7 @@ impl Fleet for Engine {
             clusters: built.freshness,
             partial: built.partial,
             resume: Vec::new(),
+            warnings: built.warnings,
         })
     }
 
@@ -146,6 +147,7 @@ impl Fleet for Engine {
             revision,
             clusters: built.freshness,
             partial: built.partial,
+            warnings: built.warnings,
         })
     }
 

@@ -31,6 +31,8 @@ pub(crate) struct Built {
     pub freshness: Vec<ClusterFreshness>,
     /// Whether some selected cluster is not synced.
     pub partial: bool,
+    /// Names and globs of the query that name no cluster the caller may read.
+    pub warnings: Vec<String>,
 }
 
 impl Engine {
@@ -135,6 +137,27 @@ impl Engine {
         verb: Verb,
     ) -> Result<(ResourceType, Built), FleetError> {
         let rt = self.resolve_resource(&q.resource, access)?;
+        let warnings = if q.clusters.patterns().is_empty() {
+            Vec::new()
+        } else {
+            // Against every cluster the caller may read some of: one it may not read is
+            // to it as one that does not exist.
+            let everyone = self.status.clusters();
+            let reach = access.reach(
+                verb,
+                &rt,
+                everyone.iter().map(|c| ClusterRef {
+                    name: &c.name,
+                    labels: &c.labels,
+                }),
+            );
+            let visible: Vec<&fleetscope_model::ClusterName> = everyone
+                .iter()
+                .map(|c| &c.name)
+                .filter(|c| reach.as_ref().is_none_or(|r| r.reaches(c)))
+                .collect();
+            q.clusters.unmatched(visible.iter().copied())
+        };
         let mut clusters = self.selected(&q.clusters);
         let reach = access.reach(
             verb,
@@ -178,6 +201,7 @@ impl Engine {
                 query,
                 freshness,
                 partial,
+                warnings,
             },
         ))
     }

@@ -67,6 +67,26 @@ impl ClusterFilter {
         self.patterns.is_empty() || self.patterns.iter().any(|p| p.matches(name))
     }
 
+    /// A warning for each name or glob that names none of `clusters` (the fleet as the
+    /// caller may see it): a name mistyped reads as an empty fleet otherwise.
+    pub fn unmatched<'a>(
+        &self,
+        clusters: impl IntoIterator<Item = &'a ClusterName> + Clone,
+    ) -> Vec<String> {
+        self.patterns
+            .iter()
+            .filter(|p| !clusters.clone().into_iter().any(|c| p.matches(c.as_str())))
+            .map(|p| {
+                let text = p.as_str();
+                if text.contains(['*', '?', '[']) {
+                    format!("no cluster of the fleet matches {text:?}")
+                } else {
+                    format!("no cluster of the fleet is named {text:?}")
+                }
+            })
+            .collect()
+    }
+
     /// Whether it selects every cluster.
     pub fn is_everything(&self) -> bool {
         self.patterns.is_empty() && self.selector.is_empty()

@@ -249,6 +249,8 @@ pub struct ListAnswer {
     /// Where a fleet made of other fleets continues, carried (signed) in the page
     /// token beside `revision` and `next`; empty for an engine.
     pub resume: Vec<u8>,
+    /// What the caller may want to know of the query (see [`ClusterFilter::unmatched`]).
+    pub warnings: Vec<String>,
 }
 
 /// How to group a count.
@@ -314,6 +316,8 @@ pub struct CountAnswer {
     pub clusters: Vec<ClusterFreshness>,
     /// Whether some cluster drawn on is not synced.
     pub partial: bool,
+    /// What the caller may want to know of the query (see [`ClusterFilter::unmatched`]).
+    pub warnings: Vec<String>,
 }
 
 /// Stream changes.
