@@ -749,6 +749,18 @@ struct Follower {
     /// Through a router: the last position token, and each cluster's position since.
     token: String,
     after: std::collections::BTreeMap<String, proto::StreamPosition>,
+    /// Every object the Watch has shown and not deleted, as last shown: what a list
+    /// again is told against, as a reflector replaces its store.
+    known: std::collections::BTreeMap<(String, String, String), proto::Object>,
+    /// Listing again (the position was no longer held): the objects listed so far.
+    relisted: Option<std::collections::BTreeSet<(String, String, String)>>,
+    /// Events made by a list again, handed out before the stream's next.
+    pending: std::collections::VecDeque<proto::WatchEvent>,
+}
+
+/// An object's place in a Watch: cluster, namespace, name.
+fn place(o: &proto::Object) -> (String, String, String) {
+    (o.cluster.clone(), o.namespace.clone(), o.name.clone())
 }
 
 impl Follower {
@@ -762,7 +774,84 @@ impl Follower {
             broken: false,
             token: String::new(),
             after: std::collections::BTreeMap::new(),
+            known: std::collections::BTreeMap::new(),
+            relisted: None,
+            pending: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The position is no longer held: the Watch starts again with a list, which is
+    /// then told against what was shown (see [`Follower::told`]), as a reflector does.
+    fn list_again(&mut self, why: &str) {
+        eprintln!(
+            "fleetscope: revision {} is no longer held ({why}): listing again",
+            self.since
+        );
+        self.since = 0;
+        self.token.clear();
+        self.after.clear();
+        self.stream = None;
+        self.relisted = Some(std::collections::BTreeSet::new());
+    }
+
+    /// What an event from the server means to the person watching: inside a list
+    /// again, an object shown already and unchanged is not shown again, a changed one
+    /// is MODIFIED, and at the list's end each object shown before and not listed is
+    /// DELETED. `None` for an event not to show.
+    fn told(&mut self, mut e: proto::WatchEvent) -> Option<proto::WatchEvent> {
+        use proto::EventType as T;
+        let kind = e.r#type();
+        if let Some(listed) = &mut self.relisted {
+            match (kind, &e.object) {
+                (T::Added, Some(o)) => {
+                    let p = place(o);
+                    listed.insert(p.clone());
+                    let same = self
+                        .known
+                        .get(&p)
+                        .is_some_and(|k| k.resource_version == o.resource_version);
+                    if self.known.contains_key(&p) {
+                        e.r#type = T::Modified as i32;
+                    }
+                    self.known.insert(p, o.clone());
+                    return (!same).then_some(e);
+                }
+                (T::InitialEventsEnd, _) => {
+                    let listed = self.relisted.take().unwrap_or_default();
+                    let gone: Vec<_> = self
+                        .known
+                        .keys()
+                        .filter(|p| !listed.contains(*p))
+                        .cloned()
+                        .collect();
+                    for p in gone {
+                        if let Some(o) = self.known.remove(&p) {
+                            self.pending.push_back(proto::WatchEvent {
+                                r#type: T::Deleted as i32,
+                                object: Some(o),
+                                revision: e.revision,
+                                ..Default::default()
+                            });
+                        }
+                    }
+                    eprintln!("fleetscope: listed again at revision {}", e.revision);
+                    return None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(o) = &e.object {
+            match kind {
+                T::Deleted => {
+                    self.known.remove(&place(o));
+                }
+                T::Added | T::Modified => {
+                    self.known.insert(place(o), o.clone());
+                }
+                _ => {}
+            }
+        }
+        Some(e)
     }
 
     /// The objects the Watch starts with (it was made with `initial`), up to the end
@@ -783,13 +872,17 @@ impl Follower {
     async fn next(&mut self) -> Result<proto::WatchEvent, ClientError> {
         let mut delay = Duration::from_millis(250);
         loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Ok(e);
+            }
             let Some(stream) = &mut self.stream else {
                 let opened = self
                     .client
                     .watch(WatchRequest {
                         query: Some(self.query.clone()),
                         since_revision: if self.token.is_empty() { self.since } else { 0 },
-                        send_initial_events: self.initial && self.token.is_empty(),
+                        send_initial_events: (self.initial || self.relisted.is_some())
+                            && self.token.is_empty(),
                         bookmark_interval: None,
                         resume_token: self.token.clone(),
                         resume_positions: self.after.values().cloned().collect(),
@@ -812,6 +905,9 @@ impl Follower {
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(5));
                     }
+                    Err(s) if s.code() == tonic::Code::OutOfRange && self.relisted.is_none() => {
+                        self.list_again(s.message());
+                    }
                     Err(s) => return Err(resource_error(&self.query.resource, s)),
                 }
                 continue;
@@ -825,11 +921,16 @@ impl Follower {
                     } else if let Some(p) = &e.position {
                         self.after.insert(p.cluster.clone(), p.clone());
                     }
-                    return Ok(e);
+                    if let Some(e) = self.told(e) {
+                        return Ok(e);
+                    }
                 }
                 Some(Err(s)) if retryable(&s) => {
                     self.stream = None;
                     self.broke(s.message());
+                }
+                Some(Err(s)) if s.code() == tonic::Code::OutOfRange && self.relisted.is_none() => {
+                    self.list_again(s.message());
                 }
                 Some(Err(s)) => return Err(s.into()),
                 None => {

@@ -886,10 +886,11 @@ fn version_and_shell_completions_print() {
 }
 
 /// `fleetscope serve` on a given port over a data directory, logging to `log`.
+/// `serve` on `port` over configmaps, its store in `data` (in memory when `None`).
 fn serve_on(
     port: u16,
     kubeconfig: &std::path::Path,
-    data: &std::path::Path,
+    data: Option<&std::path::Path>,
     log: &std::path::Path,
 ) -> Running {
     let log = std::fs::OpenOptions::new()
@@ -908,8 +909,10 @@ fn serve_on(
             ])
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .arg("--data-dir")
-            .arg(data)
+            .args(match data {
+                Some(d) => vec!["--data-dir".into(), d.as_os_str().to_owned()],
+                None => vec!["--no-persist".into()],
+            })
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -955,7 +958,7 @@ async fn watch_json_resumes_across_a_crash(preload: usize) {
     let (data, log) = (dir.path().join("data"), dir.path().join("serve.log"));
     let port = common::process::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut server = serve_on(port, &kubeconfig, &data, &log);
+    let mut server = serve_on(port, &kubeconfig, Some(&data), &log);
     common::wait_serving(&format!("http://{addr}")).await;
 
     let errors = dir.path().join("watch.err");
@@ -1027,7 +1030,7 @@ async fn watch_json_resumes_across_a_crash(preload: usize) {
 
     // SIGKILL, and the server comes back on the same port and data directory.
     drop(server);
-    server = serve_on(port, &kubeconfig, &data, &log);
+    server = serve_on(port, &kubeconfig, Some(&data), &log);
     common::wait_serving(&format!("http://{addr}")).await;
     store
         .create(
@@ -1302,6 +1305,156 @@ async fn a_cluster_named_that_the_fleet_lacks_is_an_error_in_the_cli_and_a_warni
         .unwrap()
         .into_inner();
     assert!(whole.warnings.is_empty(), "{:?}", whole.warnings);
+    drop(server);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_json_lists_again_by_itself_when_its_position_is_gone() {
+    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fleet.write_kubeconfig(&kubeconfig).unwrap();
+    let log = dir.path().join("serve.log");
+    let port = common::process::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // In memory, as the demo: a restart begins with revisions no earlier run issued.
+    let mut server = serve_on(port, &kubeconfig, None, &log);
+    common::wait_serving(&format!("http://{addr}")).await;
+    let errors = dir.path().join("watch.err");
+    let mut watch = Running(
+        Command::new(BIN)
+            .args(["watch", "configmaps", "-o", "json", "--server", &addr])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&errors).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = watch.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send(line);
+        }
+    });
+    // Every (type, name) shown until `name` is shown as `kind`.
+    let until = |kind: &str, name: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let mut shown = Vec::new();
+        loop {
+            let line = lines
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "no {kind} of {name}; shown {shown:?}; the CLI said: {}",
+                        std::fs::read_to_string(&errors).unwrap_or_default()
+                    )
+                });
+            let e: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let event = (
+                e["type"].as_str().unwrap_or_default().to_string(),
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            shown.push(event.clone());
+            if event == (kind.to_string(), name.to_string()) {
+                return shown;
+            }
+        }
+    };
+    let store = &fleet.servers()[0].cluster().store;
+    let create = |name: &str| {
+        store
+            .create(
+                "configmaps",
+                Some("team-0"),
+                serde_json::json!({"metadata": {"name": name}}),
+            )
+            .unwrap();
+    };
+    // The Watch is open once the first change reaches it.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut first = 0;
+    let mut shown_before: Vec<String> = loop {
+        first += 1;
+        create(&format!("first-{first}"));
+        if let Ok(line) = lines.recv_timeout(std::time::Duration::from_millis(500)) {
+            let e: serde_json::Value = serde_json::from_str(&line).unwrap();
+            break vec![
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ];
+        }
+        assert!(std::time::Instant::now() < deadline, "the Watch opens");
+    };
+    create("kept");
+    create("doomed");
+    shown_before.extend(until("ADDED", "doomed").into_iter().map(|(_, n)| n));
+    // SIGKILL; while the server is down, one goes, one comes, one changes.
+    drop(server);
+    store.delete("configmaps", "team-0", "doomed").unwrap();
+    create("while-down");
+    store
+        .update(
+            "configmaps",
+            "team-0",
+            "kept",
+            serde_json::json!({"metadata": {"name": "kept", "namespace": "team-0"}, "data": {"k": "v"}}),
+        )
+        .unwrap();
+    server = serve_on(port, &kubeconfig, None, &log);
+    common::wait_serving(&format!("http://{addr}")).await;
+    // Once the CLI has listed again, a change made then follows what the list told.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !std::fs::read_to_string(&errors)
+        .unwrap_or_default()
+        .contains("listed again")
+    {
+        assert!(std::time::Instant::now() < deadline, "the CLI lists again");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    create("after-restart");
+    let shown = until("ADDED", "after-restart");
+    for event in [
+        ("DELETED", "doomed"),
+        ("ADDED", "while-down"),
+        ("MODIFIED", "kept"),
+    ] {
+        let event = (event.0.to_string(), event.1.to_string());
+        assert!(
+            shown.contains(&event),
+            "{event:?} not in {shown:?}; the CLI said: {}",
+            std::fs::read_to_string(&errors).unwrap_or_default()
+        );
+    }
+    // Nothing shown already is shown as new again (what did not change, not at all).
+    for name in &shown_before {
+        assert!(
+            !shown.iter().any(|(k, n)| k == "ADDED" && n == name),
+            "{name} shown again: {shown:?}"
+        );
+    }
+    assert_eq!(
+        shown
+            .iter()
+            .filter(|(_, n)| shown_before.contains(n))
+            .count(),
+        2,
+        "of what was shown, only kept and doomed are shown again: {shown:?}"
+    );
+    let said = std::fs::read_to_string(&errors).unwrap();
+    assert!(said.contains("listing again"), "{said}");
+    // And it goes on.
+    create("later");
+    until("ADDED", "later");
+    watch.0.kill().unwrap();
     drop(server);
     fleet.shutdown().await;
 }
