@@ -2517,6 +2517,48 @@ async fn a_router_passes_its_caller_s_identity_and_nobody_else_is_served() {
     for nobody in [Some(("carol", &[][..])), None] {
         assert_eq!(code(count(nobody).await), tonic::Code::NotFound);
     }
+    // A Secret's value reaches a passed identity without secretData by no group key
+    // or selector either: the replica sees the object as that caller is shown it.
+    kube::Api::<Secret>::namespaced(common::kube_client(&s.kubeconfig, "sim-1").await, "team-0")
+        .create(&Default::default(), &applied_secret("routed"))
+        .await
+        .unwrap();
+    let by_value = async |user: Option<(&str, &[&str])>, fields: &str| {
+        let mut r = router().await.unwrap();
+        r.count(passing(
+            proto::CountRequest {
+                query: Some(proto::Query {
+                    resource: "secrets".into(),
+                    clusters: vec!["sim-1".into()],
+                    namespaces: vec!["team-0".into()],
+                    field_selector: fields.into(),
+                    ..Default::default()
+                }),
+                group_by: vec!["field:data.password".into()],
+            },
+            user,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while by_value(bob, "").await.total == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the Secret arrives");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let selected = r"data.password=aHVudGVyMg\=\=";
+    let dave = Some(("dave", &["team-a"][..]));
+    let hidden = by_value(dave, "").await;
+    assert!(
+        hidden.groups.iter().all(|g| g.key == [""]),
+        "{:?}",
+        hidden.groups
+    );
+    assert_eq!(by_value(dave, selected).await.total, 0);
+    let shown = by_value(bob, selected).await;
+    assert_eq!(shown.total, 1);
+    assert_eq!(shown.groups[0].key, ["aHVudGVyMg=="]);
 
     // A caller that is not a router is refused, whatever it presents; identity
     // headers from it are refused as unauthenticated.
