@@ -540,9 +540,12 @@ async fn get_prints_as_kubectl_does_with_the_cluster_first() {
         String::from_utf8_lossy(&out.stderr).contains("No resources found in namespace nowhere."),
         "{out:?}"
     );
+    // A cluster the fleet lacks is an error, as kubectl's unknown context.
     let out = run_cli(server, &["get", "pods", "--cluster", "no-such-cluster"]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No resources found")
+        String::from_utf8_lossy(&out.stderr).contains("no cluster named \"no-such-cluster\""),
+        "{out:?}"
     );
 
     // Mistakes: a misspelt type, a bad output format, a bad --sort-by.
