@@ -560,22 +560,15 @@ async fn a_watch_whose_client_stops_answering_leaves_the_count_after_the_keepali
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected() {
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
-    let log = dir.path().join("serve.log");
-    let metrics = format!("127.0.0.1:{}", common::process::free_port());
-    let server = Server::start(
-        &kubeconfig,
-        &[
-            "--no-persist",
-            "--resources",
-            "configmaps",
-            "--metrics-listen",
-            &metrics,
-        ],
-        &log,
-    );
-    common::wait_serving(&server.url()).await;
-    let mut c = FleetClient::connect(server.url()).await.unwrap();
+    let Served {
+        fleet,
+        dir: _dir,
+        log,
+        server,
+        metrics,
+        mut client,
+    } = serving_configmaps(&[]).await;
+    let c = &mut client;
     let listed = async |c: &mut FleetClient<tonic::transport::Channel>, selector: &str| {
         let mut names: Vec<String> = c
             .list(proto::ListRequest {
@@ -591,13 +584,6 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
         names.sort();
         names
     };
-    common::wait_for_clusters(&mut c, "synced", |r| {
-        r.clusters.len() == 1
-            && r.clusters
-                .iter()
-                .all(|c| c.freshness == proto::Freshness::Synced as i32)
-    })
-    .await;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let before = server.resident_bytes().unwrap();
     // Two ConfigMaps of 60,000 labels each (about 0.9 MB of JSON each, which an API
@@ -626,17 +612,14 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
         )
         .unwrap();
     // Selected by any of their labels, beside objects whose labels are indexed.
-    while listed(&mut c, "bomb-2-54321=x").await != ["bomb-2"] {
+    while listed(c, "bomb-2-54321=x").await != ["bomb-2"] {
         assert!(tokio::time::Instant::now() < deadline, "the bombs arrive");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        listed(&mut c, "kind=bomb-or-plain").await,
-        ["bomb-1", "plain"]
-    );
-    assert_eq!(listed(&mut c, "bomb-1-00007").await, ["bomb-1"]);
+    assert_eq!(listed(c, "kind=bomb-or-plain").await, ["bomb-1", "plain"]);
+    assert_eq!(listed(c, "bomb-1-00007").await, ["bomb-1"]);
     assert!(
-        !listed(&mut c, "!bomb-1-00007")
+        !listed(c, "!bomb-1-00007")
             .await
             .contains(&"bomb-1".to_string())
     );
@@ -684,31 +667,14 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_api_server_s_versions_and_oversized_objects_are_dropped_and_counted() {
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
-    let log = dir.path().join("serve.log");
-    let metrics = format!("127.0.0.1:{}", common::process::free_port());
-    let server = Server::start(
-        &kubeconfig,
-        &[
-            "--no-persist",
-            "--resources",
-            "configmaps",
-            "--max-object-bytes",
-            "65536",
-            "--metrics-listen",
-            &metrics,
-        ],
-        &log,
-    );
-    common::wait_serving(&server.url()).await;
-    let mut c = FleetClient::connect(server.url()).await.unwrap();
-    common::wait_for_clusters(&mut c, "synced", |r| {
-        r.clusters.len() == 1
-            && r.clusters
-                .iter()
-                .all(|c| c.freshness == proto::Freshness::Synced as i32)
-    })
-    .await;
+    let Served {
+        fleet,
+        dir: _dir,
+        log,
+        server,
+        metrics,
+        client: mut c,
+    } = serving_configmaps(&["--max-object-bytes", "65536"]).await;
     let cluster = fleet.servers()[0].cluster();
     let event = |kind: &str, name: &str, rv: &str| {
         serde_json::json!({"type": kind, "object": {
@@ -812,4 +778,49 @@ async fn a_hostile_api_server_s_versions_and_oversized_objects_are_dropped_and_c
     }
     drop(server);
     fleet.shutdown().await;
+}
+
+/// A `serve` process over one simulated cluster's configmaps, synced.
+struct Served {
+    fleet: fleetscope_sim::SimFleet,
+    dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+    server: Server,
+    /// The metrics listener's address.
+    metrics: String,
+    client: FleetClient<tonic::transport::Channel>,
+}
+
+/// `serve` with `more` flags over one simulated cluster's configmaps, with a metrics
+/// listener, once its cluster reads synced.
+async fn serving_configmaps(more: &[&str]) -> Served {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 10).await;
+    let log = dir.path().join("serve.log");
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let mut args = vec![
+        "--no-persist",
+        "--resources",
+        "configmaps",
+        "--metrics-listen",
+        &metrics,
+    ];
+    args.extend_from_slice(more);
+    let server = Server::start(&kubeconfig, &args, &log);
+    common::wait_serving(&server.url()).await;
+    let mut client = FleetClient::connect(server.url()).await.unwrap();
+    common::wait_for_clusters(&mut client, "synced", |r| {
+        r.clusters.len() == 1
+            && r.clusters
+                .iter()
+                .all(|c| c.freshness == proto::Freshness::Synced as i32)
+    })
+    .await;
+    Served {
+        fleet,
+        dir,
+        log,
+        server,
+        metrics,
+        client,
+    }
 }

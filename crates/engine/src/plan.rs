@@ -143,14 +143,7 @@ impl Engine {
             // Against every cluster the caller may read some of: one it may not read is
             // to it as one that does not exist.
             let everyone = self.status.clusters();
-            let reach = access.reach(
-                verb,
-                &rt,
-                everyone.iter().map(|c| ClusterRef {
-                    name: &c.name,
-                    labels: &c.labels,
-                }),
-            );
+            let reach = reach_in(access, verb, &rt, &everyone);
             let visible: Vec<&fleetscope_model::ClusterName> = everyone
                 .iter()
                 .map(|c| &c.name)
@@ -159,14 +152,7 @@ impl Engine {
             q.clusters.unmatched(visible.iter().copied())
         };
         let mut clusters = self.selected(&q.clusters);
-        let reach = access.reach(
-            verb,
-            &rt,
-            clusters.iter().map(|c| ClusterRef {
-                name: &c.name,
-                labels: &c.labels,
-            }),
-        );
+        let reach = reach_in(access, verb, &rt, &clusters);
         if let Some(reach) = &reach {
             clusters.retain(|c| reach.reaches(&c.name));
         }
@@ -257,4 +243,22 @@ impl Engine {
             }),
         }
     }
+}
+
+/// The places of `clusters` the caller may `verb` objects of `rt` in (see
+/// [`Access::reach`]).
+fn reach_in(
+    access: &Access,
+    verb: Verb,
+    rt: &ResourceType,
+    clusters: &[ClusterStatus],
+) -> Option<fleetscope_model::access::Reach> {
+    access.reach(
+        verb,
+        rt,
+        clusters.iter().map(|c| ClusterRef {
+            name: &c.name,
+            labels: &c.labels,
+        }),
+    )
 }
