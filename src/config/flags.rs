@@ -222,6 +222,10 @@ pub struct RouterArgs {
     /// The ring whose replicas serve the fleet.
     #[arg(long, env = "FLEETSCOPE_SHARD_RING", value_name = "NAME", value_parser = ring_name)]
     pub shard_ring: String,
+    /// The ring's lease duration, as its replicas are given it: a replica whose Lease
+    /// is not seen to change for this long is counted gone, whatever its Lease says.
+    #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_timeout)]
+    pub shard_lease_duration: Duration,
     /// The cluster holding the ring's Leases: a context of the kubeconfigs, or
     /// `in-cluster`.
     #[arg(

@@ -341,8 +341,10 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
     let stop = tokio_util::sync::CancellationToken::new();
     let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
     let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
-    let (observed_tx, observed) =
-        tokio::sync::watch::channel(crate::shard::lease::Observed::default());
+    let (observed_tx, observed) = tokio::sync::watch::channel(crate::shard::lease::Observed::new(
+        &args.shard_ring,
+        args.shard_lease_duration,
+    ));
     crate::tasks::spawn(
         "lease-follower",
         crate::shard::lease::follow(api, args.shard_ring.clone(), observed_tx, stop.clone()),

@@ -310,16 +310,33 @@ struct Seen {
     changed_at: Instant,
 }
 
-/// The Leases of a ring as this replica sees them, and who is alive by them.
+/// The Leases of a ring as this replica sees them, and who is alive by them (by
+/// default, of no ring: nobody).
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
     leases: BTreeMap<String, Seen>,
     /// Whether the ring's Leases have been listed once (until then, who is alive is
     /// not known).
     pub listed: bool,
+    /// The ring, whose Leases are named `RING-IDENTITY`.
+    ring: String,
+    /// How long a Lease seen unchanged still counts, by the ring's own setting: a
+    /// Lease's own `leaseDurationSeconds` is its writer's claim, and only shortens it.
+    lease_duration: Duration,
 }
 
 impl Observed {
+    /// The Leases of `ring`, none seen yet, judged alive for `lease_duration` after
+    /// each change seen.
+    pub fn new(ring: &str, lease_duration: Duration) -> Self {
+        Self {
+            leases: BTreeMap::new(),
+            listed: false,
+            ring: ring.to_string(),
+            lease_duration,
+        }
+    }
+
     /// Records a Lease as read or watched `now`. A Lease seen again unchanged keeps
     /// the time it was last seen to change: a replica that stopped renewing is not
     /// made alive by being read again.
@@ -352,16 +369,23 @@ impl Observed {
         self.leases.remove(name);
     }
 
-    /// The members alive `now`, by identity: each Lease that names a holder and was
-    /// seen to change within its duration.
+    /// The members alive `now`, by identity: each Lease named for the identity it
+    /// holds (`RING-IDENTITY`; anyone may write a Lease, but a name is one Lease) and
+    /// seen to change within the ring's lease duration (or its own, if shorter).
     pub fn alive(&self, now: Instant) -> Vec<Member> {
         let mut members: Vec<Member> = self
             .leases
-            .values()
-            .filter(|s| now.saturating_duration_since(s.changed_at) < s.duration)
-            .filter_map(|s| {
+            .iter()
+            .filter(|(_, s)| {
+                now.saturating_duration_since(s.changed_at) < s.duration.min(self.lease_duration)
+            })
+            .filter_map(|(name, s)| {
+                let identity = s.holder.clone()?;
+                if *name != lease_name(&self.ring, &identity) {
+                    return None;
+                }
                 Some(Member {
-                    identity: s.holder.clone()?,
+                    identity,
                     annotations: s.annotations.clone(),
                 })
             })
@@ -490,9 +514,29 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_counts_under_its_own_name_and_for_the_ring_s_duration_at_most() {
+        let t0 = Instant::now();
+        let mut seen = Observed::new("ring", Duration::from_secs(15));
+        let ids = |m: Vec<Member>| m.into_iter().map(|m| m.identity).collect::<Vec<_>>();
+        // A ghost claiming two billion seconds, and a copy of another's identity.
+        seen.saw(&lease("ring-ghost", Some("ghost"), "1", 2_000_000_000), t0);
+        seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
+        seen.saw(&lease("ring-aaa", Some("a"), "1", 15), t0);
+        seen.saw(&lease("ring-b", Some("replica-1"), "1", 15), t0);
+        assert_eq!(ids(seen.alive(t0)), ["a", "ghost"]);
+        let t16 = t0 + Duration::from_secs(16);
+        seen.saw(&lease("ring-a", Some("a"), "2", 15), t16);
+        assert_eq!(
+            ids(seen.alive(t16)),
+            ["a"],
+            "the ghost is dead after the ring's duration"
+        );
+    }
+
+    #[test]
     fn a_member_is_alive_while_its_lease_changes_within_its_duration() {
         let t0 = Instant::now();
-        let mut seen = Observed::default();
+        let mut seen = Observed::new("ring", Duration::from_secs(60));
         seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
         seen.saw(&lease("ring-b", Some("b"), "1", 15), t0);
         let ids = |m: Vec<Member>| m.into_iter().map(|m| m.identity).collect::<Vec<_>>();

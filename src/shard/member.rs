@@ -91,7 +91,8 @@ pub async fn run(
     view: watch::Sender<View>,
     stop: CancellationToken,
 ) {
-    let (observed_tx, mut observed) = watch::channel(Observed::default());
+    let (observed_tx, mut observed) =
+        watch::channel(Observed::new(&config.ring, config.lease_duration));
     let follower = crate::tasks::spawn(
         "lease-follower",
         lease::follow(api.clone(), config.ring.clone(), observed_tx, stop.clone()),

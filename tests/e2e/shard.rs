@@ -43,7 +43,7 @@ async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_
     let (fleet, _dir, kubeconfig) = common::fleet_with_kubeconfig(1, 0).await;
     let client = common::kube_client(&kubeconfig, "sim-1").await;
     let api: Api<Lease> = Api::namespaced(client, "default");
-    let (tx, mut observed) = watch::channel(Observed::default());
+    let (tx, mut observed) = watch::channel(Observed::new(RING, DURATION));
     let stop = tokio_util::sync::CancellationToken::new();
     let follower = tokio::spawn(lease::follow(api.clone(), RING.into(), tx, stop.clone()));
 
@@ -614,6 +614,8 @@ impl RouterProcess {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--shard-ring", RING, "--shard-coordination", "sim-1"])
+            // The replicas' lease duration (see Replica::start).
+            .args(["--shard-lease-duration", "3s"])
             .arg("--shard-page-token-key-file")
             .arg(kubeconfig.with_file_name("page-token.key"))
             .env(
@@ -1948,6 +1950,31 @@ async fn leases_edited_to_garbage_or_raced_leave_the_ring_whole() {
     }))
     .unwrap();
     leases.create(&Default::default(), &bogus).await.unwrap();
+    // A ghost written once, claiming to live two billion seconds and every cluster
+    // ready: counted for the ring's own lease duration at most, then dead.
+    let ghost: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("{RING}-ghost"),
+            "labels": {"fleetscope.io/ring": RING},
+            "annotations": {"fleetscope.io/address": "", "fleetscope.io/ready": clusters.join(",")}
+        },
+        "spec": {"holderIdentity": "ghost", "leaseDurationSeconds": 2_000_000_000}
+    }))
+    .unwrap();
+    leases.create(&Default::default(), &ghost).await.unwrap();
+    // A copy of replica-a's identity under another name, with replica-b's address:
+    // a Lease counts only under the name the ring gives its identity.
+    let copy: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("{RING}-replica-aaa"),
+            "labels": {"fleetscope.io/ring": RING},
+            "annotations": {"fleetscope.io/address": replicas[1].advertise, "fleetscope.io/ready": clusters.join(",")}
+        },
+        "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 2_000_000_000}
+    }))
+    .unwrap();
+    leases.create(&Default::default(), &copy).await.unwrap();
+    let written = tokio::time::Instant::now();
     // replica-a's own Lease edited to garbage: its annotations and duration.
     let name = format!("{RING}-replica-a");
     let mut own = leases.get(&name).await.unwrap();
@@ -2012,6 +2039,32 @@ async fn leases_edited_to_garbage_or_raced_leave_the_ring_whole() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Past the ring's lease duration from the ghost's write, every replica counts the
+    // three of them alone: neither the ghost nor the copy is a member.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut members = Vec::new();
+        for r in &replicas {
+            members.push(common::sample(&r.metrics, "fleetscope_shard_members").await);
+        }
+        if written.elapsed() > Duration::from_secs(4) && members.iter().all(|m| *m == Some(3)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "members as each replica counts them: {members:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every cluster listed through the router, by its real owner.
+    let listed = one
+        .client()
+        .await
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.clusters.len(), clusters.len(), "{listed:?}");
     // replica-a's Lease is its own again.
     let own = leases.get(&name).await.unwrap();
     let annotations = own.metadata.annotations.unwrap_or_default();
