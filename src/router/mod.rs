@@ -293,15 +293,7 @@ impl Router {
     fn request<T>(&self, message: T, access: &Access) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
         if self.upstream.passes_identity {
-            let s = access.subject();
-            if let Ok(user) = s.user.parse() {
-                r.metadata_mut().insert(crate::auth::REMOTE_USER, user);
-            }
-            for g in &s.groups {
-                if let Ok(g) = g.parse() {
-                    r.metadata_mut().append(crate::auth::REMOTE_GROUP, g);
-                }
-            }
+            crate::auth::pass_identity(r.metadata_mut(), access.subject());
         }
         r
     }
