@@ -952,6 +952,16 @@ impl Follower {
     }
 }
 
+/// A cluster's owners through a router, the assigned one first; `<none>` from a
+/// single server (or where no replica serves it).
+fn owners_text(owners: &[String]) -> String {
+    if owners.is_empty() {
+        "<none>".into()
+    } else {
+        owners.join(",")
+    }
+}
+
 /// Whether a Watch failure is worth resuming from the last revision.
 fn retryable(s: &tonic::Status) -> bool {
     matches!(
@@ -1181,7 +1191,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
             serde_json::json!({
                 "name": c.name, "freshness": freshness_name(c.freshness()), "labels": labels,
                 "server": c.server, "kubernetesVersion": c.kubernetes_version, "source": c.source,
-                "lastError": c.last_error, "streams": streams,
+                "lastError": c.last_error, "streams": streams, "owners": c.owners,
             })
         }).collect();
         let mut doc = serde_json::json!({"clusters": clusters});
@@ -1206,6 +1216,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
                 rows.push(vec![
                     c.name.clone(),
                     freshness_name(c.freshness()),
+                    owners_text(&c.owners),
                     s.resource.clone(),
                     state_name(s.state()),
                     s.object_count.to_string(),
@@ -1223,6 +1234,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
                 rows.push(vec![
                     c.name.clone(),
                     freshness_name(c.freshness()),
+                    owners_text(&c.owners),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -1236,6 +1248,7 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
         [
             "CLUSTER",
             "FRESHNESS",
+            "OWNERS",
             "RESOURCE",
             "STATE",
             "OBJECTS",

@@ -654,7 +654,10 @@ impl Fleet for Router {
                     continue;
                 }
                 let mut info = convert::cluster_in(c);
-                info.owners = std::iter::once(identity.clone())
+                // The replica answering and every other holding it ready, the one the
+                // assignment makes its owner first (rendezvous over the live members,
+                // as the replicas rank them), whichever serves it during a move.
+                let mut owners: Vec<String> = std::iter::once(identity.clone())
                     .chain(
                         members
                             .iter()
@@ -665,6 +668,10 @@ impl Fleet for Router {
                             .map(|m| m.identity.clone()),
                     )
                     .collect();
+                let live: Vec<String> = members.iter().map(|m| m.identity.clone()).collect();
+                let rank = crate::shard::assign::owners(info.name.as_str(), &live, live.len());
+                owners.sort_by_key(|o| rank.iter().position(|r| r == o).unwrap_or(usize::MAX));
+                info.owners = owners;
                 out.clusters.push(info);
             }
         }

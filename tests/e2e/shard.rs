@@ -792,6 +792,39 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
         assert_eq!(cl.owners.first(), Some(holder), "{cl:?}");
         assert_eq!(cl.freshness, fleetscope::proto::Freshness::Synced as i32);
     }
+    // The CLI through a router shows each cluster's owners, in -o wide and -o json.
+    let server = format!("127.0.0.1:{}", one.port);
+    let cli = |output: &str| {
+        let out = std::process::Command::new(common::process::BIN)
+            .args(["clusters", "-o", output, "--server", &server])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let wide = cli("wide");
+    let mut lines = wide.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header[..3], ["CLUSTER", "FRESHNESS", "OWNERS"], "{wide}");
+    for line in lines {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        let cl = listed.clusters.iter().find(|c| c.name == cells[0]).unwrap();
+        let owners = if cl.owners.is_empty() {
+            "<none>".to_string()
+        } else {
+            cl.owners.join(",")
+        };
+        assert_eq!(cells[2], owners, "{wide}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&cli("json")).unwrap();
+    for c in json["clusters"].as_array().unwrap() {
+        let cl = listed
+            .clusters
+            .iter()
+            .find(|l| c["name"] == *l.name)
+            .unwrap();
+        assert_eq!(c["owners"], serde_json::json!(cl.owners), "{c}");
+    }
 
     // Count sums the replicas', by cluster too, and says a drawn-on cluster is missing.
     let count = one
