@@ -409,7 +409,7 @@ pub async fn follow<F: Fleet>(
                             due = Some(tokio::time::Instant::now() + settle);
                         }
                     }
-                    Some((i, Ok(WatchEvent::InitialEventsEnd(_)))) => {
+                    Some((i, Ok(WatchEvent::InitialEventsEnd { .. }))) => {
                         initial[i] = true;
                         if initial.iter().all(|d| *d) {
                             publish(Arc::new(Rbac::compile(&held)));

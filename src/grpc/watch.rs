@@ -53,9 +53,10 @@ fn event(e: WatchEvent, resource: &str) -> proto::WatchEvent {
             revision: revision.0,
             ..proto::WatchEvent::default()
         },
-        WatchEvent::InitialEventsEnd(revision) => {
-            marker(proto::EventType::InitialEventsEnd, revision)
-        }
+        WatchEvent::InitialEventsEnd { revision, token } => proto::WatchEvent {
+            position_token: token,
+            ..marker(proto::EventType::InitialEventsEnd, revision)
+        },
         WatchEvent::ClusterStatus { cluster, revision } => proto::WatchEvent {
             r#type: proto::EventType::ClusterStatus as i32,
             revision: revision.0,

@@ -211,11 +211,12 @@ impl Routed {
     /// The initial objects are all sent: says so, and where the subscriber stands.
     fn initial_done(&mut self) {
         self.initial_pending = false;
-        self.out
-            .push_back(WatchEvent::InitialEventsEnd(self.newest));
-        self.out.push_back(WatchEvent::Bookmark {
-            token: self.token(),
+        let token = self.token();
+        self.out.push_back(WatchEvent::InitialEventsEnd {
+            revision: self.newest,
+            token: token.clone(),
         });
+        self.out.push_back(WatchEvent::Bookmark { token });
         self.dirty = false;
     }
 

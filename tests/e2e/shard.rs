@@ -914,7 +914,7 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
         .unwrap()
         .into_inner();
     let mut initial = Vec::new();
-    loop {
+    let end = loop {
         let e = tokio::time::timeout(PATIENCE, watching.message())
             .await
             .unwrap()
@@ -925,12 +925,26 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
                 let o = e.object.unwrap();
                 initial.push((o.cluster, o.namespace, o.name));
             }
-            fleetscope::proto::EventType::InitialEventsEnd => break,
+            fleetscope::proto::EventType::InitialEventsEnd => break e,
             _ => {}
         }
-    }
+    };
     initial.sort();
     assert_eq!(initial, want, "every object once before the end marker");
+    // The end marker carries where the subscriber stands, as the proto says: a Watch
+    // resumed from it continues after the initial objects.
+    assert!(!end.position_token.is_empty(), "{end:?}");
+    let mut resumed = two
+        .client()
+        .await
+        .watch(fleetscope::proto::WatchRequest {
+            query: Some(configmaps_query()),
+            resume_token: end.position_token.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("a Watch resumes from the end marker's token")
+        .into_inner();
     let sim2: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(common::kube_client(&kubeconfig, "sim-2").await, "team-1");
     sim2.create(
@@ -950,6 +964,27 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
         {
             assert_eq!(e.r#type, fleetscope::proto::EventType::Added as i32);
             assert_eq!(o.cluster, "sim-2");
+            break;
+        }
+    }
+    // The Watch resumed from the end marker's token sees the same change, and no
+    // initial object again.
+    loop {
+        let e = tokio::time::timeout(PATIENCE, resumed.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some(o) = e.object {
+            assert_eq!(
+                (e.r#type, o.cluster.as_str(), o.name.as_str()),
+                (
+                    fleetscope::proto::EventType::Added as i32,
+                    "sim-2",
+                    "watched"
+                ),
+                "only the change after the token"
+            );
             break;
         }
     }

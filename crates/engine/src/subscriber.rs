@@ -829,7 +829,11 @@ impl Producer {
                 return;
             }
             let at = snapshot.revision();
-            if !self.send(WatchEvent::InitialEventsEnd(at)).await {
+            let end = WatchEvent::InitialEventsEnd {
+                revision: at,
+                token: String::new(),
+            };
+            if !self.send(end).await {
                 return;
             }
             self.reach(at);
@@ -1135,7 +1139,7 @@ mod tests {
         assert_eq!(next_object(&mut w).await.1, "a/p1");
         let at = e.index.snapshot().revision();
         match next(&mut w).await {
-            WatchEvent::InitialEventsEnd(r) => assert_eq!(r, at),
+            WatchEvent::InitialEventsEnd { revision, .. } => assert_eq!(revision, at),
             other => panic!("expected the end of the initial objects, got {other:?}"),
         }
         e.index.apply([pod("a", "p3", "web")]);
@@ -1360,7 +1364,7 @@ mod tests {
         assert_eq!(next_object(&mut w).await.1, "a/p1");
         assert!(matches!(
             next(&mut w).await,
-            WatchEvent::InitialEventsEnd(_)
+            WatchEvent::InitialEventsEnd { .. }
         ));
         // Changes outside the grant are never sent; one inside is.
         e.index

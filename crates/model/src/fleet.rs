@@ -391,8 +391,14 @@ pub enum WatchEvent {
         /// its last, nor an initial object).
         position: Option<Arc<str>>,
     },
-    /// The initial objects have all been sent; the snapshot's revision.
-    InitialEventsEnd(Revision),
+    /// The initial objects have all been sent.
+    InitialEventsEnd {
+        /// The snapshot's revision.
+        revision: Revision,
+        /// Through a router: where the subscriber stands, as a token to resume from
+        /// (as a [`WatchEvent::Bookmark`] carries it); empty from a single server.
+        token: String,
+    },
     /// Where each watched stream stands (member resourceVersions by cluster; empty
     /// when not known), reported once the Watch stands somewhere.
     Positions {
@@ -963,11 +969,17 @@ mod tests {
         let (tx, rx) = futures::channel::mpsc::unbounded::<Result<WatchEvent, FleetError>>();
         let watch = Watch::new(rx, Arc::new(AtomicU64::new(0))).gated(switch.clone());
         let mut watch = Box::pin(watch);
-        tx.unbounded_send(Ok(WatchEvent::InitialEventsEnd(Revision(1))))
-            .unwrap();
+        tx.unbounded_send(Ok(WatchEvent::InitialEventsEnd {
+            revision: Revision(1),
+            token: String::new(),
+        }))
+        .unwrap();
         assert!(matches!(
             watch.next().await,
-            Some(Ok(WatchEvent::InitialEventsEnd(Revision(1))))
+            Some(Ok(WatchEvent::InitialEventsEnd {
+                revision: Revision(1),
+                ..
+            }))
         ));
         // Nothing to read: the watch waits, and is woken by the gate closing.
         let waiting = tokio::spawn(async move {
