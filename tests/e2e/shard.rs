@@ -512,6 +512,24 @@ async fn serve_replicas_share_the_clusters_hand_them_over_and_are_fenced_without
             .unwrap_or(0.0)
             > 0.0
     );
+    // Fenced, it reports no cluster as current: each says why.
+    let fenced = c
+        .client()
+        .await
+        .unwrap()
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!fenced.clusters.is_empty());
+    for cl in &fenced.clusters {
+        assert_ne!(
+            cl.freshness,
+            fleetscope::proto::Freshness::Synced as i32,
+            "{cl:?}"
+        );
+        assert!(cl.last_error.contains("lease"), "{cl:?}");
+    }
     fleet.servers()[0].come_online().await.unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while c.count().await != Ok(total) {

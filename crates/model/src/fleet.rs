@@ -599,8 +599,28 @@ impl<F: Fleet> Fleet for Gated<F> {
         filter: ClusterFilter,
         access: &Access,
     ) -> Result<ClustersAnswer, FleetError> {
-        let answer = self.inner.clusters(filter, access).await;
-        answer.map_err(|e| self.why_unavailable(e))
+        let mut answer = self
+            .inner
+            .clusters(filter, access)
+            .await
+            .map_err(|e| self.why_unavailable(e))?;
+        // Behind a closed gate nothing is served: each cluster says so, and why,
+        // rather than reading as current.
+        if let Err(closed) = self.check() {
+            let why = closed.to_string();
+            for c in &mut answer.clusters {
+                if matches!(
+                    c.freshness.freshness,
+                    Freshness::Synced | Freshness::Restored | Freshness::Syncing
+                ) {
+                    c.freshness.freshness = Freshness::Stale;
+                    c.freshness.stale_since.get_or_insert_with(SystemTime::now);
+                }
+                c.freshness.message = why.clone();
+                c.last_error = why.clone();
+            }
+        }
+        Ok(answer)
     }
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         let answer = self.inner.resource_types(access).await;
