@@ -6,11 +6,13 @@
 //!   the index takes it and the store keeps it.
 //! - [`Fleet`]: the seam every front end talks through, with its request and answer
 //!   types and [`FleetError`].
-//! - [`Access`]: who asks and the policy they are held to, enforced below the seam.
+//! - [`Access`]: who asks and the policy they are held to, enforced below the seam;
+//!   [`access::Hidden`], where Secrets' values are hidden from a query.
 //! - [`ClusterFilter`]: which clusters a query draws on, evaluated against the live fleet.
 //! - [`selector::LabelSelector`] and [`selector::FieldSelector`]: Kubernetes selector
 //!   syntax, parsed with errors that name the position, and matched against labels
 //!   ([`selector::Labels`]) or fields ([`selector::Fields`]).
+//! - [`file::read_capped`]: a configured file, read to a bound.
 
 pub mod access;
 pub mod catalogue;
