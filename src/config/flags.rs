@@ -226,6 +226,11 @@ pub struct RouterArgs {
     /// is not seen to change for this long is counted gone, whatever its Lease says.
     #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_timeout)]
     pub shard_lease_duration: Duration,
+    /// How long the router waits for a replica (to connect, and for its answer or a
+    /// Watch's start) before asking each of its clusters' next holder: a replica that
+    /// stopped (before its Lease expires) costs a request this long, not more.
+    #[arg(long, env = "FLEETSCOPE_REPLICA_TIMEOUT", default_value = "5s", value_parser = crate::config::parse_timeout)]
+    pub replica_timeout: Duration,
     /// The cluster holding the ring's Leases: a context of the kubeconfigs, or
     /// `in-cluster`.
     #[arg(

@@ -357,7 +357,7 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
             passes_identity: upstream_tls.as_ref().is_some_and(|(_, cert)| *cert),
             tls: upstream_tls.map(|(tls, _)| tls),
             page_token_key: key.clone(),
-            timeout: Duration::from_secs(30),
+            timeout: args.replica_timeout,
         },
     ));
     let mut reloads = Reloads::default();

@@ -292,11 +292,16 @@ impl Replica {
             "sim-1",
             "--shard-identity",
             identity,
-            "--shard-lease-duration",
-            "3s",
-            "--shard-renew-period",
-            "500ms",
         ];
+        // Short leases, unless asked otherwise.
+        for (flag, value) in [
+            ("--shard-lease-duration", "3s"),
+            ("--shard-renew-period", "500ms"),
+        ] {
+            if !more.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
         args.extend_from_slice(more);
         let server = common::process::Server::start_at(port, kubeconfig, &args, log, &[]);
         // Listening before anything else picks a free port: none can be given this one.
@@ -620,6 +625,12 @@ struct RouterProcess {
 
 impl RouterProcess {
     fn start(kubeconfig: &std::path::Path, log_path: &std::path::Path) -> Self {
+        // The replicas' lease duration (see Replica::start).
+        Self::start_with(kubeconfig, log_path, &["--shard-lease-duration", "3s"])
+    }
+
+    /// [`RouterProcess::start`] with more arguments.
+    fn start_with(kubeconfig: &std::path::Path, log_path: &std::path::Path, more: &[&str]) -> Self {
         let port = common::process::free_port();
         let log = log_path;
         let log_file = std::fs::OpenOptions::new()
@@ -632,8 +643,7 @@ impl RouterProcess {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--shard-ring", RING, "--shard-coordination", "sim-1"])
-            // The replicas' lease duration (see Replica::start).
-            .args(["--shard-lease-duration", "3s"])
+            .args(more)
             .arg("--shard-page-token-key-file")
             .arg(kubeconfig.with_file_name("page-token.key"))
             .env(
@@ -2398,4 +2408,73 @@ async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
     printed("configmap/while-watched");
     let _ = get.kill();
     let _ = get.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_replica_costs_a_routed_request_the_replica_timeout_then_its_next_holder_answers()
+{
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(3, 10).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=3).map(|i| format!("sim-{i}")).collect();
+    // Two owners of every cluster, and a lease far longer than anything waited for
+    // here: a stopped replica stays a member throughout.
+    let more = [
+        "--shard-replication",
+        "2",
+        "--shard-lease-duration",
+        "120s",
+        "--shard-renew-period",
+        "1s",
+    ];
+    let a = Replica::start_with(&kubeconfig, "replica-a", &log, &more);
+    let b = Replica::start_with(&kubeconfig, "replica-b", &log, &more);
+    let router = RouterProcess::start_with(
+        &kubeconfig,
+        &log,
+        &["--shard-lease-duration", "120s", "--replica-timeout", "1s"],
+    );
+    routers_see(&[&router], clusters.len(), 2).await;
+    let total = common::truth(&fleet, "configmaps").len() as u64;
+    let count = async || {
+        let mut request = tonic::Request::new(fleetscope::proto::CountRequest {
+            query: Some(configmaps_query()),
+            group_by: vec![],
+        });
+        // Well under the lease: only a fall-back to the next holder answers in time.
+        request.set_timeout(Duration::from_secs(20));
+        router
+            .client()
+            .await
+            .count(request)
+            .await
+            .map(tonic::Response::into_inner)
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while count().await.map(|c| c.total).ok() != Some(total) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "whole before the stop"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each replica stopped in turn: every cluster is answered by its other owner.
+    for stopped in [&a, &b] {
+        let pid = stopped.server.child.id().to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        for _ in 0..3 {
+            let answer = count().await.expect("answered by the next holders");
+            assert_eq!((answer.total, answer.partial), (total, false), "{answer:?}");
+        }
+        let status = std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    drop((a, b, router));
+    fleet.shutdown().await;
 }
