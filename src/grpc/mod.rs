@@ -283,21 +283,19 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                     self.config.max_watches_per_caller
                 ))
             })?;
-        let positions = |given: &[proto::StreamPosition]| -> Vec<(ClusterName, Arc<str>)> {
-            given
-                .iter()
-                .map(|p| {
-                    (
-                        ClusterName::from(p.cluster.as_str()),
-                        Arc::from(p.resource_version.as_str()),
-                    )
-                })
-                .collect()
+        let resume = if r.resume_token.is_empty() {
+            None
+        } else {
+            Some(fleetscope_model::fleet::Resume {
+                token: r.resume_token.clone(),
+                after: positions(&r.resume_positions, &query, "resume_positions")?,
+            })
         };
-        let resume = (!r.resume_token.is_empty()).then(|| fleetscope_model::fleet::Resume {
-            token: r.resume_token.clone(),
-            after: positions(&r.resume_positions),
-        });
+        let start_positions = if r.start_positions.is_empty() {
+            None
+        } else {
+            Some(positions(&r.start_positions, &query, "start_positions")?)
+        };
         let watch = self
             .fleet
             .watch(WatchRequest {
@@ -306,7 +304,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 since: (r.since_revision > 0).then_some(Revision(r.since_revision)),
                 initial: r.send_initial_events,
                 access,
-                positions: (!r.start_positions.is_empty()).then(|| positions(&r.start_positions)),
+                positions: start_positions,
                 report_positions: r.report_positions,
                 resume,
             })
@@ -414,4 +412,49 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             write_errors: s.write_errors,
         }))
     }
+}
+
+/// The stream positions a client gave in `field`, each checked against what a member
+/// can have: of the query's type, in a cluster the query names (by name or glob), at a
+/// resourceVersion an API server makes (a number) or none (inside a re-list).
+fn positions(
+    given: &[proto::StreamPosition],
+    query: &proto::Query,
+    field: &str,
+) -> Result<Vec<(ClusterName, Arc<str>)>, Status> {
+    let names = fleetscope_model::ClusterFilter::parse(&query.clusters, "")
+        .map_err(|e| Status::invalid_argument(format!("query.clusters: {e}")))?;
+    given
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let bad = |why: String| Status::invalid_argument(format!("{field}[{i}]: {why}"));
+            if !p.resource.is_empty() && p.resource != query.resource {
+                return Err(bad(format!(
+                    "resource {:?} is not the query's ({:?})",
+                    echo(&p.resource),
+                    echo(&query.resource)
+                )));
+            }
+            if !names.names_match(&p.cluster) {
+                return Err(bad(format!(
+                    "cluster {:?} is not one the query names",
+                    echo(&p.cluster)
+                )));
+            }
+            let rv = &p.resource_version;
+            if !rv.is_empty()
+                && (!rv.bytes().all(|b| b.is_ascii_digit()) || rv.parse::<u64>().is_err())
+            {
+                return Err(bad(format!(
+                    "resource_version {:?} is not one an API server makes (a number)",
+                    echo(rv)
+                )));
+            }
+            Ok((
+                ClusterName::from(p.cluster.as_str()),
+                Arc::from(rv.as_str()),
+            ))
+        })
+        .collect()
 }

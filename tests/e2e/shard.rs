@@ -973,6 +973,43 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
         .await
         .expect("a Watch resumes from the end marker's token")
         .into_inner();
+    // Positions no member can have are refused: another type, a cluster the query
+    // does not name, a resourceVersion that is not one.
+    let at = |cluster: &str, resource: &str, rv: &str| fleetscope::proto::StreamPosition {
+        cluster: cluster.into(),
+        resource: resource.into(),
+        resource_version: rv.into(),
+    };
+    for (clusters, position) in [
+        (vec![], at("sim-1", "pods", "5")),
+        (vec![], at("sim-1", "configmaps", "abc")),
+        (vec![], at("sim-1", "configmaps", "-1")),
+        (vec!["sim-1".to_string()], at("sim-2", "configmaps", "5")),
+    ] {
+        let refused = two
+            .client()
+            .await
+            .watch(fleetscope::proto::WatchRequest {
+                query: Some(fleetscope::proto::Query {
+                    clusters,
+                    ..configmaps_query()
+                }),
+                resume_token: end.position_token.clone(),
+                resume_positions: vec![position.clone()],
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{position:?}: {refused:?}"
+        );
+        assert!(
+            refused.message().contains("resume_positions[0]"),
+            "{refused:?}"
+        );
+    }
     let sim2: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(common::kube_client(&kubeconfig, "sim-2").await, "team-1");
     sim2.create(
