@@ -889,6 +889,33 @@ fn version_and_shell_completions_print() {
 }
 
 /// `fleetscope serve` on a given port over a data directory, logging to `log`.
+/// `fleetscope watch configmaps -o json` against `addr` with `more` flags, its stderr
+/// in `errors`: the process, and its stdout's lines as they come.
+fn watch_json(
+    addr: &str,
+    errors: &std::path::Path,
+    more: &[&str],
+) -> (Running, std::sync::mpsc::Receiver<String>) {
+    let mut watch = Running(
+        Command::new(BIN)
+            .args(["watch", "configmaps", "-o", "json", "--server", addr])
+            .args(more)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(errors).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = watch.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send(line);
+        }
+    });
+    (watch, lines)
+}
+
 /// `serve` on `port` over configmaps, its store in `data` (in memory when `None`).
 fn serve_on(
     port: u16,
@@ -965,30 +992,7 @@ async fn watch_json_resumes_across_a_crash(preload: usize) {
     common::wait_serving(&format!("http://{addr}")).await;
 
     let errors = dir.path().join("watch.err");
-    let mut watch = Running(
-        Command::new(BIN)
-            .args([
-                "watch",
-                "configmaps",
-                "-o",
-                "json",
-                "--initial",
-                "--server",
-                &addr,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&errors).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let (tx, lines) = std::sync::mpsc::channel::<String>();
-    let out = watch.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
+    let (watch, lines) = watch_json(&addr, &errors, &["--initial"]);
     let store = &fleet.servers()[0].cluster().store;
     // What the server and the CLI said, for a failure's message.
     let said = || {
@@ -1327,22 +1331,7 @@ async fn watch_json_lists_again_by_itself_when_its_position_is_gone() {
     let mut server = serve_on(port, &kubeconfig, None, &log);
     common::wait_serving(&format!("http://{addr}")).await;
     let errors = dir.path().join("watch.err");
-    let mut watch = Running(
-        Command::new(BIN)
-            .args(["watch", "configmaps", "-o", "json", "--server", &addr])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&errors).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let (tx, lines) = std::sync::mpsc::channel::<String>();
-    let out = watch.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
+    let (mut watch, lines) = watch_json(&addr, &errors, &[]);
     // Every (type, name) shown until `name` is shown as `kind`.
     let until = |kind: &str, name: &str| {
         let deadline = std::time::Instant::now() + PATIENCE;
