@@ -928,7 +928,9 @@ impl Informer {
                 // Later pages come from storage at the first page's resourceVersion.
                 Some(c) => lp = lp.continue_token(&c),
                 None => {
-                    if !well_formed(&meta.resource_version) {
+                    // None at all is taken as before (nothing to resume from); one that
+                    // is not a number is no API server's.
+                    if !meta.resource_version.is_empty() && !well_formed(&meta.resource_version) {
                         return Err(Stop::Failed(format!(
                             "the list's resourceVersion {:?} is not a number",
                             meta.resource_version
@@ -1060,7 +1062,9 @@ impl Informer {
                         .filter(RawBookmarkMeta::initial_events_end)
                         .map(|b| b.resource_version);
                     return match end {
-                        Some(resource_version) if !well_formed(&resource_version) => {
+                        Some(resource_version)
+                            if !resource_version.is_empty() && !well_formed(&resource_version) =>
+                        {
                             Err(Stop::Failed(format!(
                                 "the streaming list ended at resourceVersion {resource_version:?}, not a number"
                             ))
