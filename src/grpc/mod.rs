@@ -443,9 +443,7 @@ fn positions(
                 )));
             }
             let rv = &p.resource_version;
-            if !rv.is_empty()
-                && (!rv.bytes().all(|b| b.is_ascii_digit()) || rv.parse::<u64>().is_err())
-            {
+            if !rv.is_empty() && !fleetscope_model::is_resource_version(rv) {
                 return Err(bad(format!(
                     "resource_version {:?} is not one an API server makes (a number)",
                     echo(rv)

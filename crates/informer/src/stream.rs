@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleetscope_model::{ClusterName, ResourceType};
+use fleetscope_model::{ClusterName, ResourceType, is_resource_version};
 use kube::Client;
 use kube::Resource;
 use kube::api::{DynamicObject, ListParams, WatchParams};
@@ -162,11 +162,6 @@ impl Drops {
         self.malformed_version += other.malformed_version;
         self.backward_version += other.backward_version;
     }
-}
-
-/// Whether a resourceVersion is one an API server makes: etcd's revision, a number.
-fn well_formed(rv: &str) -> bool {
-    !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit()) && rv.parse::<u64>().is_ok()
 }
 
 /// Why a stream listed.
@@ -930,7 +925,9 @@ impl Informer {
                 None => {
                     // None at all is taken as before (nothing to resume from); one that
                     // is not a number is no API server's.
-                    if !meta.resource_version.is_empty() && !well_formed(&meta.resource_version) {
+                    if !meta.resource_version.is_empty()
+                        && !is_resource_version(&meta.resource_version)
+                    {
                         return Err(Stop::Failed(format!(
                             "the list's resourceVersion {:?} is not a number",
                             meta.resource_version
@@ -1063,7 +1060,7 @@ impl Informer {
                         .map(|b| b.resource_version);
                     return match end {
                         Some(resource_version)
-                            if !resource_version.is_empty() && !well_formed(&resource_version) =>
+                            if !resource_version.is_empty() && !is_resource_version(&resource_version) =>
                         {
                             Err(Stop::Failed(format!(
                                 "the streaming list ended at resourceVersion {resource_version:?}, not a number"
@@ -1134,7 +1131,7 @@ impl Informer {
             tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), namespace = %object.namespace, name = %object.name, bytes = object.json.len(), max = self.config.max_object_bytes, "dropping an object larger than the largest object taken (--max-object-bytes)");
             return None;
         }
-        if !object.resource_version.is_empty() && !well_formed(&object.resource_version) {
+        if !object.resource_version.is_empty() && !is_resource_version(&object.resource_version) {
             drops.malformed_version += 1;
             tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), namespace = %object.namespace, name = %object.name, resource_version = %object.resource_version, "dropping an object whose resourceVersion is not a number");
             return None;
@@ -1249,7 +1246,7 @@ impl Informer {
                     let Some(b) = bookmark(object.get()) else {
                         continue;
                     };
-                    if !well_formed(&b.resource_version) {
+                    if !is_resource_version(&b.resource_version) {
                         drops.malformed_version += 1;
                         tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), resource_version = %b.resource_version, "dropping a bookmark whose resourceVersion is not a number");
                         continue;
@@ -1356,10 +1353,10 @@ mod tests {
     #[test]
     fn resource_versions_are_etcd_s_numbers() {
         for rv in ["1", "42", "18446744073709551615"] {
-            assert!(well_formed(rv), "{rv}");
+            assert!(is_resource_version(rv), "{rv}");
         }
         for rv in ["", "abc", "-1", "+1", "1.5", " 1", "18446744073709551616"] {
-            assert!(!well_formed(rv), "{rv}");
+            assert!(!is_resource_version(rv), "{rv}");
         }
     }
 

@@ -303,6 +303,12 @@ pub enum EventType {
     Deleted,
 }
 
+/// Whether a member resourceVersion is one an API server makes: etcd's revision, a
+/// number (a stream could neither resume from nor order anything else).
+pub fn is_resource_version(rv: &str) -> bool {
+    !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit()) && rv.parse::<u64>().is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

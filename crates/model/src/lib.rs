@@ -47,7 +47,7 @@ pub use clusters::{ClusterFilter, ClusterFilterError};
 pub use fleet::{Fleet, FleetError, GroupBy};
 pub use identity::{
     ClusterName, EventType, Location, ObjectKey, ResourceNameError, ResourceType, Revision,
-    check_resource_name,
+    check_resource_name, is_resource_version,
 };
 pub use json::Json;
 pub use object::ObjectState;
