@@ -385,6 +385,19 @@ impl Collector for FleetCollector {
                 ("resource", resource.to_string()),
             ]
         };
+        // A counter of every stream, one series per value of `key`.
+        let by_stream = |key: &'static str,
+                         values: fn(
+            &fleetscope_engine::status::StreamCounts,
+        ) -> Vec<(&'static str, u64)>| {
+            streams.iter().flat_map(move |(c, r, s)| {
+                values(&s.counts).into_iter().map(move |(value, n)| {
+                    let mut l = labels(c, r);
+                    l.push((key, value.to_string()));
+                    (l, ConstCounter::new(n))
+                })
+            })
+        };
         family(
             &mut e,
             "fleetscope_objects",
@@ -422,17 +435,12 @@ impl Collector for FleetCollector {
             "fleetscope_watch_events",
             "Watch events received from the clusters, by type.",
             MetricType::Counter,
-            streams.iter().flat_map(|(c, r, s)| {
-                [
-                    ("ADDED", s.counts.added),
-                    ("MODIFIED", s.counts.modified),
-                    ("DELETED", s.counts.deleted),
+            by_stream("type", |c| {
+                vec![
+                    ("ADDED", c.added),
+                    ("MODIFIED", c.modified),
+                    ("DELETED", c.deleted),
                 ]
-                .map(|(kind, n)| {
-                    let mut l = labels(c, r);
-                    l.push(("type", kind.to_string()));
-                    (l, ConstCounter::new(n))
-                })
             }),
         )?;
         family(
@@ -440,16 +448,8 @@ impl Collector for FleetCollector {
             "fleetscope_relists",
             "Lists made by the streams, by reason: initial (nothing to resume from) or expired (410 Gone).",
             MetricType::Counter,
-            streams.iter().flat_map(|(c, r, s)| {
-                [
-                    ("initial", s.counts.initial_lists),
-                    ("expired", s.counts.expired_lists),
-                ]
-                .map(|(reason, n)| {
-                    let mut l = labels(c, r);
-                    l.push(("reason", reason.to_string()));
-                    (l, ConstCounter::new(n))
-                })
+            by_stream("reason", |c| {
+                vec![("initial", c.initial_lists), ("expired", c.expired_lists)]
             }),
         )?;
         family(
@@ -457,18 +457,13 @@ impl Collector for FleetCollector {
             "fleetscope_stream_dropped",
             "Objects and watch events a stream dropped of what its cluster sent, by reason: too_large (--max-object-bytes), malformed_resource_version, backward_resource_version.",
             MetricType::Counter,
-            streams.iter().flat_map(|(c, r, s)| {
-                let d = &s.counts.dropped;
-                [
+            by_stream("reason", |c| {
+                let d = &c.dropped;
+                vec![
                     ("too_large", d.too_large),
                     ("malformed_resource_version", d.malformed_version),
                     ("backward_resource_version", d.backward_version),
                 ]
-                .map(|(reason, n)| {
-                    let mut l = labels(c, r);
-                    l.push(("reason", reason.to_string()));
-                    (l, ConstCounter::new(n))
-                })
             }),
         )?;
         family(
