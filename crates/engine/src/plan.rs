@@ -120,11 +120,7 @@ impl Engine {
 
     /// The clusters a filter selects now.
     pub(crate) fn selected(&self, filter: &ClusterFilter) -> Vec<ClusterStatus> {
-        self.status
-            .clusters()
-            .into_iter()
-            .filter(|c| filter.matches(&c.name, &c.labels))
-            .collect()
+        select(self.status.clusters(), filter)
     }
 
     /// Resolves a query against the collected types and the live fleet, for a caller
@@ -137,12 +133,12 @@ impl Engine {
         verb: Verb,
     ) -> Result<(ResourceType, Built), FleetError> {
         let rt = self.resolve_resource(&q.resource, access)?;
+        let everyone = self.status.clusters();
         let warnings = if q.clusters.patterns().is_empty() {
             Vec::new()
         } else {
             // Against every cluster the caller may read some of: one it may not read is
             // to it as one that does not exist.
-            let everyone = self.status.clusters();
             let reach = reach_in(access, verb, &rt, &everyone);
             let visible: Vec<&fleetscope_model::ClusterName> = everyone
                 .iter()
@@ -151,7 +147,7 @@ impl Engine {
                 .collect();
             q.clusters.unmatched(visible.iter().copied())
         };
-        let mut clusters = self.selected(&q.clusters);
+        let mut clusters = select(everyone, &q.clusters);
         let reach = reach_in(access, verb, &rt, &clusters);
         if let Some(reach) = &reach {
             clusters.retain(|c| reach.reaches(&c.name));
@@ -261,4 +257,12 @@ fn reach_in(
             labels: &c.labels,
         }),
     )
+}
+
+/// The clusters of `clusters` a filter selects.
+fn select(clusters: Vec<ClusterStatus>, filter: &ClusterFilter) -> Vec<ClusterStatus> {
+    clusters
+        .into_iter()
+        .filter(|c| filter.matches(&c.name, &c.labels))
+        .collect()
 }
