@@ -202,7 +202,9 @@ pub struct ShardArgs {
     ["sharding.pageTokenKeyFile", Text, Restart]
     /// A file of at least 32 random bytes shared by the ring's replicas and routers:
     /// page tokens are signed with it, so a router continues a replica's list and
-    /// any router continues another's. Default: the data directory's own key.
+    /// any router continues another's, and each replica seals its Lease with it, so
+    /// that a Lease anyone else writes counts for nothing. Required with a ring;
+    /// without one, the data directory's own key.
     #[arg(long, env = "FLEETSCOPE_SHARD_PAGE_TOKEN_KEY_FILE", value_name = "FILE")]
     pub shard_page_token_key_file: Option<PathBuf>,
 }
@@ -686,6 +688,13 @@ impl ShardArgs {
                 "--shard-identity {identity:?}: not usable in a Lease's name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"
             ),
         )?;
+        let Some(key_file) = &self.shard_page_token_key_file else {
+            return Err(ArgsError::Invalid(
+                "--shard-page-token-key-file (sharding.pageTokenKeyFile) is required with --shard-ring: a replica seals its Lease with the ring's key, and the others count no Lease that is not".into(),
+            ));
+        };
+        let key = crate::grpc::TokenKey::from_file(key_file)
+            .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
         ensure(
             self.shard_lease_duration >= Duration::from_secs(2),
             "--shard-lease-duration (sharding.leaseDuration) must be at least 2s",
@@ -709,6 +718,7 @@ impl ShardArgs {
                 lease_duration: self.shard_lease_duration,
                 renew_period: self.shard_renew_period,
                 replication: usize::try_from(self.shard_replication).unwrap_or(1),
+                key: crate::shard::seal::LeaseKey::of(&key),
             },
             advertise,
         )))

@@ -46,6 +46,13 @@ impl TokenKey {
         }
         Ok(Self(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret)))
     }
+
+    /// A key of its own for `purpose`, derived from this one (HMAC of the purpose),
+    /// so that what is signed for one purpose is never valid for another.
+    pub fn derive(&self, purpose: &[u8]) -> ring::hmac::Key {
+        let tag = ring::hmac::sign(&self.0, purpose);
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, tag.as_ref())
+    }
 }
 
 /// The system's random generator failed: no key can be made, and a predictable one

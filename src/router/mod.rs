@@ -77,8 +77,9 @@ impl Router {
         }
     }
 
-    /// The ring's live members now; retryable until the ring's Leases were read
-    /// (before that, every cluster would look unserved).
+    /// The ring's live members now; retryable until the ring's Leases were read and
+    /// one replica's taken (before that, the ring's clusters are not known, and the
+    /// fleet would read as empty).
     fn members(&self) -> Result<Vec<Member>, FleetError> {
         let observed = self.observed.borrow();
         if !observed.listed {
@@ -87,7 +88,32 @@ impl Router {
                 self.ring
             )));
         }
+        if observed.ring_clusters().is_none() {
+            let refused = observed.refused();
+            let why = match refused.iter().next() {
+                None => "no replica has published one yet".to_string(),
+                Some((name, reason)) => format!(
+                    "{} Lease(s) of the ring are not taken, e.g. {name}: {reason}",
+                    refused.len()
+                ),
+            };
+            return Err(FleetError::Unavailable(format!(
+                "the router has taken no replica's Lease of ring {} ({why}); retry",
+                self.ring
+            )));
+        }
         Ok(observed.alive(Instant::now()))
+    }
+
+    /// Resolves once the router can answer: the ring's Leases read, one replica's
+    /// taken.
+    pub fn ready(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut observed = self.observed.clone();
+        async move {
+            let _ = observed
+                .wait_for(|o| o.listed && o.ring_clusters().is_some())
+                .await;
+        }
     }
 
     /// The replica serving each cluster some member holds ready: among those holding
@@ -126,19 +152,26 @@ impl Router {
             .collect()
     }
 
-    /// The clusters known to the ring that no replica serves now: those the replicas
-    /// report unowned, and those a replica runs without holding them ready yet (a
-    /// cluster being taken up is unserved for that while, never absent).
-    fn unowned(members: &[Member], serving: &BTreeMap<String, &Member>) -> BTreeSet<String> {
-        members
-            .iter()
-            .flat_map(|m| {
-                owner::listed(m, owner::UNOWNED)
-                    .into_iter()
-                    .chain(owner::listed(m, owner::HELD))
-            })
-            .filter(|c| !serving.contains_key(*c))
-            .map(str::to_string)
+    /// The ring's clusters: those its replicas publish as configured (kept while
+    /// every Lease has expired: a coordination outage never empties the fleet), and
+    /// any a replica serves.
+    fn known(&self, serving: &BTreeMap<String, &Member>) -> BTreeSet<String> {
+        let observed = self.observed.borrow();
+        observed
+            .ring_clusters()
+            .into_iter()
+            .flatten()
+            .cloned()
+            .chain(serving.keys().cloned())
+            .collect()
+    }
+
+    /// The ring's clusters no replica serves now (nobody holds them ready: being
+    /// taken up, between owners, or their replica gone): unserved, never absent.
+    fn unserved(&self, serving: &BTreeMap<String, &Member>) -> BTreeSet<String> {
+        self.known(serving)
+            .into_iter()
+            .filter(|c| !serving.contains_key(c))
             .collect()
     }
 
@@ -162,13 +195,15 @@ impl Router {
 
     /// `call` made for every cluster `filter`'s names select, once per replica with
     /// the clusters it serves; a replica that cannot answer (`UNAVAILABLE`: killed,
-    /// before its Lease expires) has its clusters asked of their next holders.
+    /// before its Lease expires, or fenced) has its clusters asked of their next
+    /// holders. The answers, and each cluster no holder could answer for, with why:
+    /// an answer without them is partial, never a failure of the whole call.
     async fn spread<'m, T, F, Fut>(
         &self,
         members: &'m [Member],
         filter: &ClusterFilter,
         call: F,
-    ) -> Result<Vec<T>, FleetError>
+    ) -> Result<(Vec<T>, BTreeMap<String, String>), FleetError>
     where
         F: Fn(&'m Member, Vec<String>) -> Fut,
         Fut: Future<Output = Result<T, FleetError>>,
@@ -181,7 +216,8 @@ impl Router {
             .map(String::as_str)
             .collect();
         let mut out = Vec::new();
-        let mut last: Option<FleetError> = None;
+        let mut unreached: BTreeMap<String, String> = BTreeMap::new();
+        let mut why_failed: BTreeMap<&str, String> = BTreeMap::new();
         while !todo.is_empty() {
             let mut plan: BTreeMap<&str, (&'m Member, Vec<String>)> = BTreeMap::new();
             for c in todo.drain(..) {
@@ -189,7 +225,20 @@ impl Router {
                     .iter()
                     .find(|m| !failed.contains(m.identity.as_str()))
                 else {
-                    return Err(last.unwrap_or_else(|| self.no_owner(c)));
+                    let why = holders[c]
+                        .iter()
+                        .rev()
+                        .find_map(|m| why_failed.get(m.identity.as_str()))
+                        .cloned()
+                        .unwrap_or_default();
+                    unreached.insert(
+                        c.to_string(),
+                        format!(
+                            "no replica of ring {} serving this cluster could answer: {why}",
+                            self.ring
+                        ),
+                    );
+                    continue;
                 };
                 plan.entry(m.identity.as_str())
                     .or_insert_with(|| (*m, Vec::new()))
@@ -206,18 +255,18 @@ impl Router {
                     Err(FleetError::Unavailable(why)) => {
                         tracing::debug!(replica = %identity, %why, "a replica could not answer: asking its clusters' next holders");
                         failed.insert(identity);
+                        why_failed.insert(identity, why);
                         todo.extend(
                             clusters
                                 .iter()
                                 .filter_map(|c| holders.get_key_value(c).map(|(k, _)| k.as_str())),
                         );
-                        last = Some(FleetError::Unavailable(why));
                     }
                     Err(e) => return Err(e),
                 }
             }
         }
-        Ok(out)
+        Ok((out, unreached))
     }
 
     /// A client for `member`, over the channel kept for its address.
@@ -330,26 +379,66 @@ impl Router {
 
     /// Names and globs of `filter` that name no cluster of the ring, served or not.
     fn unmatched(
+        &self,
         filter: &fleetscope_model::ClusterFilter,
-        members: &[Member],
         serving: &BTreeMap<String, &Member>,
     ) -> Vec<String> {
-        let known: Vec<fleetscope_model::ClusterName> = serving
-            .keys()
-            .cloned()
-            .chain(Self::unowned(members, serving))
+        let known: Vec<fleetscope_model::ClusterName> = self
+            .known(serving)
+            .into_iter()
             .map(fleetscope_model::ClusterName::from)
             .collect();
         filter.unmatched(known.iter())
     }
 
-    fn unowned_freshness(&self, cluster: &str) -> ClusterFreshness {
+    /// Why nobody serves a cluster, with the Leases of the ring not taken, when any
+    /// (a router given another key than the replicas' takes none of theirs).
+    fn unserved_why(&self) -> String {
+        let observed = self.observed.borrow();
+        let refused = observed.refused();
+        let mut why = format!("no replica of ring {} serves this cluster now", self.ring);
+        if let Some((name, reason)) = refused.iter().next() {
+            why.push_str(&format!(
+                " ({} Lease(s) of the ring not taken, e.g. {name}: {reason})",
+                refused.len()
+            ));
+        }
+        why
+    }
+
+    /// A cluster of the ring not in an answer, and why.
+    fn unserved_freshness(cluster: &str, why: String) -> ClusterFreshness {
         ClusterFreshness {
             cluster: cluster.into(),
             freshness: Freshness::Error,
             stale_since: None,
-            message: format!("no replica of ring {} serves this cluster", self.ring),
+            message: why,
         }
+    }
+
+    /// Each cluster `filter` selects that nobody serves or no holder could answer
+    /// for, with why.
+    fn missing(
+        &self,
+        filter: &ClusterFilter,
+        serving: &BTreeMap<String, &Member>,
+        unreached: BTreeMap<String, String>,
+    ) -> Vec<ClusterFreshness> {
+        let mut missing: Vec<ClusterFreshness> = unreached
+            .into_iter()
+            .map(|(c, why)| Self::unserved_freshness(&c, why))
+            .collect();
+        let unserved = self.unserved(serving);
+        if !unserved.is_empty() {
+            let why = self.unserved_why();
+            missing.extend(
+                unserved
+                    .into_iter()
+                    .filter(|c| filter.names_match(c))
+                    .map(|c| Self::unserved_freshness(&c, why.clone())),
+            );
+        }
+        missing
     }
 }
 
@@ -373,7 +462,7 @@ impl Fleet for Router {
         let members = self.members()?;
         let serving = Self::serving(&members);
         let Some(member) = serving.get(&r.cluster) else {
-            if Self::unowned(&members, &serving).contains(&r.cluster) {
+            if self.known(&serving).contains(&r.cluster) {
                 return Err(self.no_owner(&r.cluster));
             }
             return Err(FleetError::NotFound(format!(
@@ -425,7 +514,7 @@ impl Fleet for Router {
             cluster: answer
                 .cluster
                 .map(convert::cluster_freshness_in)
-                .unwrap_or_else(|| self.unowned_freshness(&r.cluster)),
+                .unwrap_or_else(|| Self::unserved_freshness(&r.cluster, self.unserved_why())),
             revision: Revision(answer.revision),
         })
     }
@@ -436,16 +525,22 @@ impl Fleet for Router {
         let limit = r.limit.max(1);
         let projection = r.projection;
         let caller = self.upstream_caller(&r.access);
+        // The clusters selected that no page comes from.
+        let missing: Vec<ClusterFreshness>;
         // Each replica's page, with the clusters it was asked for.
         let pages: Vec<(String, Vec<String>, proto::ListResponse)> = if r.resume.is_empty() {
             // A first page: from each cluster's serving replica, or its next holder
             // when that one cannot answer (killed, before its Lease expires).
-            self.spread(&members, &r.query.clusters, |member, clusters| {
-                let query = convert::query_out(&r.query, projection, &clusters);
-                self.page_of(member, clusters, first_page(query, limit), &r.access)
-            })
-            .await?
+            let (pages, unreached) = self
+                .spread(&members, &r.query.clusters, |member, clusters| {
+                    let query = convert::query_out(&r.query, projection, &clusters);
+                    self.page_of(member, clusters, first_page(query, limit), &r.access)
+                })
+                .await?;
+            missing = self.missing(&r.query.clusters, &serving, unreached);
+            pages
         } else {
+            missing = Vec::new();
             let positions: Positions = serde_json::from_slice(&r.resume).map_err(|_| {
                 FleetError::InvalidArgument("page_token: not a routed list's".into())
             })?;
@@ -511,13 +606,9 @@ impl Fleet for Router {
             positions.s.push((identity, page.revision, asked_clusters));
             items.extend(page.items.into_iter().map(convert::object_in));
         }
-        // Clusters the query names that nobody serves: drawn on, and missing.
-        for c in Self::unowned(&members, &serving) {
-            if r.query.clusters.names_match(&c) {
-                clusters.push(self.unowned_freshness(&c));
-                partial = true;
-            }
-        }
+        // Clusters the query selects that no page comes from: drawn on, and missing.
+        partial |= !missing.is_empty();
+        clusters.extend(missing);
         items.sort_by(|a, b| a.key.cmp(&b.key));
         let fetched = items.len();
         let mut taken = 0;
@@ -544,7 +635,7 @@ impl Fleet for Router {
             clusters,
             partial,
             resume: serde_json::to_vec(&positions).unwrap_or_default(),
-            warnings: Self::unmatched(&r.query.clusters, &members, &serving),
+            warnings: self.unmatched(&r.query.clusters, &serving),
         })
     }
 
@@ -561,7 +652,7 @@ impl Fleet for Router {
                 fleetscope_model::GroupBy::Field(p) => format!("field:{p}"),
             })
             .collect();
-        let answers = self
+        let (answers, unreached) = self
             .spread(&members, &r.query.clusters, |member, clusters| {
                 let message = proto::CountRequest {
                     query: Some(convert::query_out(&r.query, Projection::Full, &clusters)),
@@ -585,19 +676,16 @@ impl Fleet for Router {
             newest = newest.max(Revision(a.revision));
             clusters.extend(a.clusters.into_iter().map(convert::cluster_freshness_in));
         }
-        for c in Self::unowned(&members, &serving) {
-            if r.query.clusters.names_match(&c) {
-                clusters.push(self.unowned_freshness(&c));
-                partial = true;
-            }
-        }
+        let missing = self.missing(&r.query.clusters, &serving, unreached);
+        partial |= !missing.is_empty();
+        clusters.extend(missing);
         Ok(CountAnswer {
             groups,
             total,
             revision: newest,
             clusters,
             partial,
-            warnings: Self::unmatched(&r.query.clusters, &members, &serving),
+            warnings: self.unmatched(&r.query.clusters, &serving),
         })
     }
 
@@ -628,7 +716,7 @@ impl Fleet for Router {
     ) -> Result<ClustersAnswer, FleetError> {
         let members = self.members()?;
         let serving = Self::serving(&members);
-        let answers = self
+        let (answers, unreached) = self
             .spread(&members, &filter, |member, clusters| {
                 let message = proto::ListClustersRequest {
                     clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
@@ -675,22 +763,19 @@ impl Fleet for Router {
                 out.clusters.push(info);
             }
         }
-        for c in Self::unowned(&members, &serving) {
-            if filter.names_match(&c) {
-                let freshness = self.unowned_freshness(&c);
-                out.clusters.push(ClusterInfo {
-                    name: c.as_str().into(),
-                    labels: BTreeMap::new(),
-                    server: String::new(),
-                    last_error: freshness.message.clone(),
-                    freshness,
-                    kubernetes_version: String::new(),
-                    streams: Vec::new(),
-                    source: format!("ring {}", self.ring),
-                    source_loaded: std::time::SystemTime::UNIX_EPOCH,
-                    owners: Vec::new(),
-                });
-            }
+        for freshness in self.missing(&filter, &serving, unreached) {
+            out.clusters.push(ClusterInfo {
+                name: freshness.cluster.clone(),
+                labels: BTreeMap::new(),
+                server: String::new(),
+                last_error: freshness.message.clone(),
+                freshness,
+                kubernetes_version: String::new(),
+                streams: Vec::new(),
+                source: format!("ring {}", self.ring),
+                source_loaded: std::time::SystemTime::UNIX_EPOCH,
+                owners: Vec::new(),
+            });
         }
         out.clusters.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -698,20 +783,21 @@ impl Fleet for Router {
 
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         let members = self.members()?;
-        let serving = Self::serving(&members);
-        let plan = Self::plan(&ClusterFilter::default(), &serving);
-        let calls = plan.values().map(|(member, clusters)| {
-            let request = self.request(proto::ListResourceTypesRequest {}, access);
-            async move {
-                let answer = self
-                    .ask(member, |mut c| async move {
-                        c.list_resource_types(request).await
-                    })
-                    .await?;
-                Ok::<_, FleetError>((clusters, answer))
-            }
-        });
-        let answers = futures::future::try_join_all(calls).await?;
+        // The types of the clusters that can be reached (the answer has no place for
+        // the others: ListClusters names them).
+        let (answers, _) = self
+            .spread(&members, &ClusterFilter::default(), |member, clusters| {
+                let request = self.request(proto::ListResourceTypesRequest {}, access);
+                async move {
+                    let answer = self
+                        .ask(member, |mut c| async move {
+                            c.list_resource_types(request).await
+                        })
+                        .await?;
+                    Ok::<_, FleetError>((clusters, answer))
+                }
+            })
+            .await?;
         let mut merged: BTreeMap<String, ResourceTypeInfo> = BTreeMap::new();
         for (clusters, answer) in answers {
             for t in answer

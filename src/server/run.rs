@@ -344,6 +344,7 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
     let (observed_tx, observed) = tokio::sync::watch::channel(crate::shard::lease::Observed::new(
         &args.shard_ring,
         args.shard_lease_duration,
+        crate::shard::seal::LeaseKey::of(&key),
     ));
     crate::tasks::spawn(
         "lease-follower",
@@ -379,14 +380,9 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
     let mut config = crate::grpc::ServiceConfig::new(key);
     config.inputs = reloads.status();
     crate::tasks::spawn("reloader", reloads.run(hangups, stop.clone()));
+    // Ready once the ring's Leases have been read and one replica's taken.
+    let ready = router.ready();
     let service = FleetService::new(router, config, stop.clone());
-    // Ready once the ring's Leases have been read.
-    let ready = {
-        let mut observed = observed.clone();
-        async move {
-            let _ = observed.wait_for(|o| o.listed).await;
-        }
-    };
     crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
     crate::tasks::spawn("shutdown-signal", {
         let stop = stop.clone();

@@ -8,7 +8,8 @@
 //! leader: alive while its Lease names a holder and this replica saw the Lease change
 //! within its duration by this replica's own clock (clocks of different machines are
 //! never compared). Releasing clears the holder, so the others see the replica leave
-//! at once instead of after the duration.
+//! at once instead of after the duration. Every Lease is sealed with the ring's key
+//! ([`super::seal`]): one that is not counts for nothing, whoever wrote it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,6 +21,8 @@ use kube::api::{Api, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use super::seal::{self, LeaseKey, Refused};
 
 /// The label every Lease of a ring carries, naming the ring.
 pub const RING_LABEL: &str = "fleetscope.io/ring";
@@ -83,11 +86,19 @@ pub struct OwnLease {
     /// Another process's hold on the Lease as last seen: its `resourceVersion`, and
     /// when this replica saw it change (client-go's observed record and time).
     foreign: Option<(String, Instant)>,
+    /// What this Lease is sealed with.
+    key: LeaseKey,
 }
 
 impl OwnLease {
     /// `identity`'s Lease in `ring`, in the namespace of `api`.
-    pub fn new(api: Api<Lease>, ring: &str, identity: &str, duration: Duration) -> Self {
+    pub fn new(
+        api: Api<Lease>,
+        ring: &str,
+        identity: &str,
+        duration: Duration,
+        key: LeaseKey,
+    ) -> Self {
         Self {
             api,
             name: lease_name(ring, identity),
@@ -97,6 +108,7 @@ impl OwnLease {
             last: None,
             instance: instance_id(),
             foreign: None,
+            key,
         }
     }
 
@@ -144,6 +156,16 @@ impl OwnLease {
         }
         let mut annotations = annotations.clone();
         annotations.insert(INSTANCE.to_string(), self.instance.clone());
+        let last_signed = current
+            .as_ref()
+            .and_then(|l| l.metadata.annotations.as_ref())
+            .and_then(seal::signed_at);
+        self.key.seal(
+            &self.name,
+            Some(&self.identity),
+            &mut annotations,
+            seal::next_signing(last_signed),
+        );
         let annotations = &annotations;
         let written = match current {
             None => {
@@ -201,21 +223,21 @@ impl OwnLease {
     }
 
     /// Refuses a Lease another process of this identity holds: named as holder by
-    /// another instance, and seen to change within its duration (by this replica's
-    /// clock, from when it first saw that hold). A Lease released, expired, or held
-    /// under another name (edited by hand) is taken, as client-go takes an expired one.
+    /// another instance, sealed with the ring's key, and seen to change within its
+    /// duration (by this replica's clock, from when it first saw that hold). A Lease
+    /// released, expired, held under another name or not sealed (edited by someone
+    /// without the key) is taken, as client-go takes an expired one.
     fn check_foreign(&mut self, lease: &Lease) -> Result<(), LeaseError> {
         let spec = lease.spec.clone().unwrap_or_default();
-        let instance = lease
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(INSTANCE))
-            .cloned()
-            .unwrap_or_default();
+        let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+        let instance = annotations.get(INSTANCE).cloned().unwrap_or_default();
         let held_by_twin = spec.holder_identity.as_deref() == Some(self.identity.as_str())
             && !instance.is_empty()
-            && instance != self.instance;
+            && instance != self.instance
+            && self
+                .key
+                .verify(&self.name, Some(&self.identity), &annotations)
+                .is_ok();
         if !held_by_twin {
             self.foreign = None;
             return Ok(());
@@ -263,6 +285,14 @@ impl OwnLease {
         }
         spec.holder_identity = None;
         spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        let last_signed = seal::signed_at(annotations);
+        self.key.seal(
+            &self.name,
+            None,
+            annotations,
+            seal::next_signing(last_signed),
+        );
         let written = self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
@@ -303,11 +333,12 @@ pub struct Member {
 #[derive(Debug, Clone)]
 struct Seen {
     holder: Option<String>,
-    resource_version: String,
     duration: Duration,
     annotations: BTreeMap<String, String>,
-    /// When this replica saw its `resourceVersion` change, by its own clock.
+    /// When this replica saw it renewed (signed anew), by its own clock.
     changed_at: Instant,
+    /// When it was signed, by its writer's clock.
+    signed_at: u64,
 }
 
 /// The Leases of a ring as this replica sees them, and who is alive by them (by
@@ -323,50 +354,107 @@ pub struct Observed {
     /// How long a Lease seen unchanged still counts, by the ring's own setting: a
     /// Lease's own `leaseDurationSeconds` is its writer's claim, and only shortens it.
     lease_duration: Duration,
+    /// The key the ring's Leases are sealed with (none: no Lease counts).
+    key: Option<LeaseKey>,
+    /// The Leases last refused, and why.
+    refused: BTreeMap<String, Refused>,
+    /// The ring's configured clusters, as the replica whose Lease was signed last
+    /// publishes them, with that moment: kept when every Lease expires, so that a
+    /// cluster nobody serves is never taken for one the ring does not have.
+    clusters: Option<(u64, std::collections::BTreeSet<String>)>,
 }
 
 impl Observed {
     /// The Leases of `ring`, none seen yet, judged alive for `lease_duration` after
     /// each change seen.
-    pub fn new(ring: &str, lease_duration: Duration) -> Self {
+    pub fn new(ring: &str, lease_duration: Duration, key: LeaseKey) -> Self {
         Self {
             leases: BTreeMap::new(),
             listed: false,
             ring: ring.to_string(),
             lease_duration,
+            key: Some(key),
+            refused: BTreeMap::new(),
+            clusters: None,
         }
     }
 
-    /// Records a Lease as read or watched `now`. A Lease seen again unchanged keeps
-    /// the time it was last seen to change: a replica that stopped renewing is not
-    /// made alive by being read again.
-    pub fn saw(&mut self, lease: &Lease, now: Instant) {
+    /// Records a Lease as read or watched `now`. Only a Lease sealed with the ring's
+    /// key is taken, and only a signing later than the one taken before renews it: a
+    /// Lease read again unchanged, edited by someone else, or written back from an
+    /// older copy leaves the member as it was (alive until its duration runs out). A
+    /// refused Lease is remembered with why.
+    pub fn saw(&mut self, lease: &Lease, now: Instant) -> Result<(), Refused> {
         let Some(name) = lease.metadata.name.clone() else {
-            return;
+            return Ok(());
         };
-        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
-        let changed_at = match self.leases.get(&name) {
-            Some(s) if s.resource_version == rv => s.changed_at,
+        let holder = spec.holder_identity.filter(|h| !h.is_empty());
+        let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+        let previous = self.leases.get(&name);
+        let verified = match &self.key {
+            None => Err(Refused::BadSignature),
+            Some(k) => k.verify(&name, holder.as_deref(), &annotations),
+        };
+        let signed_at = match (verified, previous) {
+            (Ok(at), Some(p)) if at < p.signed_at => Err(Refused::Replayed),
+            (result, _) => result,
+        };
+        let signed_at = match signed_at {
+            Ok(at) => at,
+            Err(why) => {
+                self.refused.insert(name, why.clone());
+                return Err(why);
+            }
+        };
+        self.refused.remove(&name);
+        let changed_at = match previous {
+            Some(p) if p.signed_at == signed_at => p.changed_at,
             _ => now,
         };
+        if let Some(c) = annotations.get(super::owner::CLUSTERS)
+            && self
+                .clusters
+                .as_ref()
+                .is_none_or(|(at, _)| *at <= signed_at)
+        {
+            let set = c
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect();
+            self.clusters = Some((signed_at, set));
+        }
         self.leases.insert(
             name,
             Seen {
-                holder: spec.holder_identity.filter(|h| !h.is_empty()),
-                resource_version: rv,
+                holder,
                 duration: Duration::from_secs(
                     u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
                 ),
-                annotations: lease.metadata.annotations.clone().unwrap_or_default(),
+                annotations,
                 changed_at,
+                signed_at,
             },
         );
+        Ok(())
     }
 
     /// Records that a Lease was deleted.
     pub fn deleted(&mut self, name: &str) {
         self.leases.remove(name);
+        self.refused.remove(name);
+    }
+
+    /// The ring's configured clusters, as the replicas last published them; `None`
+    /// until a replica's Lease was taken.
+    pub fn ring_clusters(&self) -> Option<&std::collections::BTreeSet<String>> {
+        self.clusters.as_ref().map(|(_, c)| c)
+    }
+
+    /// The Leases of the ring refused (by name), and why.
+    pub fn refused(&self) -> &BTreeMap<String, Refused> {
+        &self.refused
     }
 
     /// The members alive `now`, by identity: each Lease named for the identity it
@@ -433,8 +521,9 @@ pub async fn follow(
                 .filter_map(|l| l.metadata.name.clone())
                 .collect();
             o.leases.retain(|name, _| names.contains(name));
+            o.refused.retain(|name, _| names.contains(name));
             for lease in &list.items {
-                o.saw(lease, now);
+                see(o, ring, lease, now);
             }
             o.listed = true;
         });
@@ -466,7 +555,7 @@ pub async fn follow(
                     None => break,
                     Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
                         version = l.metadata.resource_version.clone().unwrap_or(version);
-                        observed.send_modify(|o| o.saw(&l, now));
+                        observed.send_modify(|o| see(o, ring, &l, now));
                     }
                     Some(Ok(WatchEvent::Deleted(l))) => {
                         version = l.metadata.resource_version.clone().unwrap_or(version);
@@ -494,15 +583,35 @@ pub async fn follow(
     }
 }
 
+/// `observed` with `lease` seen `now`; a refusal logged when its reason is new for
+/// the Lease (a Lease written again and again is not logged each time).
+fn see(observed: &mut Observed, ring: &str, lease: &Lease, now: Instant) {
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    let before = observed.refused.get(name).cloned();
+    if let Err(why) = observed.saw(lease, now)
+        && before.as_ref() != Some(&why)
+    {
+        tracing::warn!(ring, lease = name, why = %why, "a Lease of the ring is not taken");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn key() -> LeaseKey {
+        LeaseKey::of(&crate::grpc::TokenKey::new(&[3; 32]))
+    }
+
+    /// A Lease sealed with [`key`], signed at `rv` (each test's versions rise).
     fn lease(name: &str, holder: Option<&str>, rv: &str, seconds: i32) -> Lease {
+        let mut annotations = BTreeMap::new();
+        key().seal(name, holder, &mut annotations, rv.parse().unwrap());
         Lease {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 resource_version: Some(rv.into()),
+                annotations: Some(annotations),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -516,16 +625,16 @@ mod tests {
     #[test]
     fn a_lease_counts_under_its_own_name_and_for_the_ring_s_duration_at_most() {
         let t0 = Instant::now();
-        let mut seen = Observed::new("ring", Duration::from_secs(15));
+        let mut seen = Observed::new("ring", Duration::from_secs(15), key());
         let ids = |m: Vec<Member>| m.into_iter().map(|m| m.identity).collect::<Vec<_>>();
         // A ghost claiming two billion seconds, and a copy of another's identity.
-        seen.saw(&lease("ring-ghost", Some("ghost"), "1", 2_000_000_000), t0);
-        seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
-        seen.saw(&lease("ring-aaa", Some("a"), "1", 15), t0);
-        seen.saw(&lease("ring-b", Some("replica-1"), "1", 15), t0);
+        let _ = seen.saw(&lease("ring-ghost", Some("ghost"), "1", 2_000_000_000), t0);
+        let _ = seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
+        let _ = seen.saw(&lease("ring-aaa", Some("a"), "1", 15), t0);
+        let _ = seen.saw(&lease("ring-b", Some("replica-1"), "1", 15), t0);
         assert_eq!(ids(seen.alive(t0)), ["a", "ghost"]);
         let t16 = t0 + Duration::from_secs(16);
-        seen.saw(&lease("ring-a", Some("a"), "2", 15), t16);
+        let _ = seen.saw(&lease("ring-a", Some("a"), "2", 15), t16);
         assert_eq!(
             ids(seen.alive(t16)),
             ["a"],
@@ -534,24 +643,103 @@ mod tests {
     }
 
     #[test]
+    fn only_a_lease_sealed_with_the_ring_s_key_and_signed_anew_counts() {
+        let t0 = Instant::now();
+        let mut seen = Observed::new("ring", Duration::from_secs(15), key());
+        let ids = |m: Vec<Member>| m.into_iter().map(|m| m.identity).collect::<Vec<_>>();
+        // A Lease written by hand: no signature.
+        let mut ghost = lease("ring-ghost", Some("ghost"), "1", 2_000_000_000);
+        ghost.metadata.annotations = None;
+        assert_eq!(seen.saw(&ghost, t0), Err(Refused::Unsigned));
+        // A replica's Lease edited by someone else: its readiness claim changed.
+        let mut edited = lease("ring-a", Some("a"), "5", 15);
+        edited
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(super::super::owner::READY.into(), "every,cluster".into());
+        assert_eq!(seen.saw(&edited, t0), Err(Refused::BadSignature));
+        // Sealed with another ring's key.
+        let mut other = BTreeMap::new();
+        LeaseKey::of(&crate::grpc::TokenKey::new(&[4; 32])).seal(
+            "ring-b",
+            Some("b"),
+            &mut other,
+            1,
+        );
+        let mut foreign = lease("ring-b", Some("b"), "1", 15);
+        foreign.metadata.annotations = Some(other);
+        assert_eq!(seen.saw(&foreign, t0), Err(Refused::BadSignature));
+        assert!(seen.alive(t0).is_empty());
+        assert_eq!(seen.refused().len(), 3);
+        // The real one, then an older copy of it written back: not a renewal.
+        assert_eq!(seen.saw(&lease("ring-a", Some("a"), "5", 15), t0), Ok(()));
+        let t10 = t0 + Duration::from_secs(10);
+        assert_eq!(
+            seen.saw(&lease("ring-a", Some("a"), "4", 15), t10),
+            Err(Refused::Replayed)
+        );
+        let t16 = t0 + Duration::from_secs(16);
+        assert!(
+            seen.alive(t16).is_empty(),
+            "a written-back copy renews nothing"
+        );
+        // Signed anew: alive again; the refusal of its name is forgotten.
+        assert_eq!(seen.saw(&lease("ring-a", Some("a"), "6", 15), t16), Ok(()));
+        assert_eq!(ids(seen.alive(t16)), ["a"]);
+        assert!(!seen.refused().contains_key("ring-a"));
+    }
+
+    #[test]
+    fn the_ring_s_clusters_are_the_last_signed_and_outlive_every_lease() {
+        let t0 = Instant::now();
+        let mut seen = Observed::new("ring", Duration::from_secs(15), key());
+        assert_eq!(seen.ring_clusters(), None);
+        let with = |name: &str, id: &str, at: &str, clusters: &str| {
+            let mut annotations = BTreeMap::from([(
+                super::super::owner::CLUSTERS.to_string(),
+                clusters.to_string(),
+            )]);
+            key().seal(name, Some(id), &mut annotations, at.parse().unwrap());
+            let mut l = lease(name, Some(id), at, 15);
+            l.metadata.annotations = Some(annotations);
+            l
+        };
+        seen.saw(&with("ring-a", "a", "10", "x,y"), t0).unwrap();
+        seen.saw(&with("ring-b", "b", "9", "x"), t0).unwrap();
+        let set = |s: &[&str]| {
+            s.iter()
+                .map(|c| c.to_string())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        assert_eq!(seen.ring_clusters(), Some(&set(&["x", "y"])));
+        seen.saw(&with("ring-b", "b", "11", "x,y,z"), t0).unwrap();
+        assert_eq!(seen.ring_clusters(), Some(&set(&["x", "y", "z"])));
+        seen.deleted("ring-a");
+        seen.deleted("ring-b");
+        assert_eq!(seen.ring_clusters(), Some(&set(&["x", "y", "z"])));
+    }
+
+    #[test]
     fn a_member_is_alive_while_its_lease_changes_within_its_duration() {
         let t0 = Instant::now();
-        let mut seen = Observed::new("ring", Duration::from_secs(60));
-        seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
-        seen.saw(&lease("ring-b", Some("b"), "1", 15), t0);
+        let mut seen = Observed::new("ring", Duration::from_secs(60), key());
+        let _ = seen.saw(&lease("ring-a", Some("a"), "1", 15), t0);
+        let _ = seen.saw(&lease("ring-b", Some("b"), "1", 15), t0);
         let ids = |m: Vec<Member>| m.into_iter().map(|m| m.identity).collect::<Vec<_>>();
         assert_eq!(ids(seen.alive(t0)), ["a", "b"]);
         // a renews at 10 s; b is read again unchanged: that is no renewal.
         let t10 = t0 + Duration::from_secs(10);
-        seen.saw(&lease("ring-a", Some("a"), "2", 15), t10);
-        seen.saw(&lease("ring-b", Some("b"), "1", 15), t10);
+        let _ = seen.saw(&lease("ring-a", Some("a"), "2", 15), t10);
+        let _ = seen.saw(&lease("ring-b", Some("b"), "1", 15), t10);
         let t16 = t0 + Duration::from_secs(16);
         assert_eq!(ids(seen.alive(t16)), ["a"]);
         // A released Lease (no holder) is gone at once, whatever its age.
-        seen.saw(&lease("ring-a", None, "3", 15), t16);
+        let _ = seen.saw(&lease("ring-a", None, "3", 15), t16);
         assert!(seen.alive(t16).is_empty());
         // Taken up again.
-        seen.saw(&lease("ring-a", Some("a"), "4", 15), t16);
+        let _ = seen.saw(&lease("ring-a", Some("a"), "4", 15), t16);
         assert_eq!(ids(seen.alive(t16)), ["a"]);
         seen.deleted("ring-a");
         assert!(seen.alive(t16).is_empty());

@@ -31,6 +31,8 @@ pub struct MembershipConfig {
     pub renew_period: Duration,
     /// Owners per cluster (1 or 2).
     pub replication: usize,
+    /// What the ring's Leases are sealed with (derived from the ring's key).
+    pub key: super::seal::LeaseKey,
 }
 
 /// The ring as this replica sees it.
@@ -91,13 +93,22 @@ pub async fn run(
     view: watch::Sender<View>,
     stop: CancellationToken,
 ) {
-    let (observed_tx, mut observed) =
-        watch::channel(Observed::new(&config.ring, config.lease_duration));
+    let (observed_tx, mut observed) = watch::channel(Observed::new(
+        &config.ring,
+        config.lease_duration,
+        config.key.clone(),
+    ));
     let follower = crate::tasks::spawn(
         "lease-follower",
         lease::follow(api.clone(), config.ring.clone(), observed_tx, stop.clone()),
     );
-    let mut own = OwnLease::new(api, &config.ring, &config.identity, config.lease_duration);
+    let mut own = OwnLease::new(
+        api,
+        &config.ring,
+        &config.identity,
+        config.lease_duration,
+        config.key.clone(),
+    );
     let mut tick = tokio::time::interval(config.renew_period);
     // The last failure logged: the same failure again is not logged every period.
     let mut failing: Option<String> = None;

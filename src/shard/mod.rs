@@ -9,3 +9,4 @@ pub mod lease;
 pub mod member;
 pub mod owner;
 pub mod replica;
+pub mod seal;

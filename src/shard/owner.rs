@@ -31,6 +31,10 @@ pub const HELD: &str = "fleetscope.io/held";
 /// The annotation listing the configured clusters no live replica publishes ready,
 /// as this replica sees the ring: a router reports them unowned.
 pub const UNOWNED: &str = "fleetscope.io/unowned";
+/// The annotation listing every cluster the ring is configured with, as this
+/// replica's configuration has it: a router knows from it which clusters the ring
+/// has, served or not.
+pub const CLUSTERS: &str = "fleetscope.io/clusters";
 /// The annotation a replica sets while it shuts down: the others take its clusters
 /// over as if it had left, while it still serves them.
 pub const LEAVING: &str = "fleetscope.io/leaving";
@@ -282,6 +286,7 @@ impl Owner {
                 .collect();
             let mut annotations = BTreeMap::from([
                 (ADDRESS.to_string(), self.advertise.clone()),
+                (CLUSTERS.to_string(), configured.join(",")),
                 (READY.to_string(), ready.join(",")),
                 (
                     HELD.to_string(),

@@ -18,6 +18,12 @@ use common::PATIENCE;
 const RING: &str = "fleet";
 const DURATION: Duration = Duration::from_secs(15);
 
+/// The ring's Lease key, as the replicas derive it from the page token key file
+/// [`Replica::start`] writes.
+fn ring_key() -> fleetscope::shard::seal::LeaseKey {
+    fleetscope::shard::seal::LeaseKey::of(&fleetscope::grpc::TokenKey::new(&[7u8; 32]))
+}
+
 fn identities(o: &Observed) -> Vec<String> {
     o.alive(tokio::time::Instant::now())
         .into_iter()
@@ -43,15 +49,15 @@ async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_
     let (fleet, _dir, kubeconfig) = common::fleet_with_kubeconfig(1, 0).await;
     let client = common::kube_client(&kubeconfig, "sim-1").await;
     let api: Api<Lease> = Api::namespaced(client, "default");
-    let (tx, mut observed) = watch::channel(Observed::new(RING, DURATION));
+    let (tx, mut observed) = watch::channel(Observed::new(RING, DURATION, ring_key()));
     let stop = tokio_util::sync::CancellationToken::new();
     let follower = tokio::spawn(lease::follow(api.clone(), RING.into(), tx, stop.clone()));
 
     let published = |address: &str| {
         BTreeMap::from([("fleetscope.io/address".to_string(), address.to_string())])
     };
-    let mut a = OwnLease::new(api.clone(), RING, "fleetscope-0", DURATION);
-    let mut b = OwnLease::new(api.clone(), RING, "fleetscope-1", DURATION);
+    let mut a = OwnLease::new(api.clone(), RING, "fleetscope-0", DURATION, ring_key());
+    let mut b = OwnLease::new(api.clone(), RING, "fleetscope-1", DURATION, ring_key());
     a.renew(&published("10.0.0.1:50051")).await.unwrap();
     b.renew(&published("10.0.0.2:50051")).await.unwrap();
     let seen = wait_for(&mut observed, &["fleetscope-0", "fleetscope-1"]).await;
@@ -97,7 +103,7 @@ async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_
 
     // A second process given the same identity finds the Lease held by another
     // instance and renewed within its duration: it says so and writes nothing.
-    let mut twin = OwnLease::new(api.clone(), RING, "fleetscope-0", DURATION);
+    let mut twin = OwnLease::new(api.clone(), RING, "fleetscope-0", DURATION, ring_key());
     let before = api.get(a.name()).await.unwrap();
     let refused = twin.renew(&published("10.0.0.9:50051")).await.unwrap_err();
     assert!(
@@ -152,6 +158,7 @@ fn member(api: &Api<Lease>, identity: &str, replication: usize) -> Running {
         lease_duration: Duration::from_secs(3),
         renew_period: Duration::from_millis(300),
         replication,
+        key: ring_key(),
     };
     let (_published_tx, published) = watch::channel(BTreeMap::new());
     let (tx, view) = watch::channel(View::default());
@@ -2513,5 +2520,173 @@ async fn a_stopped_replica_costs_a_routed_request_the_replica_timeout_then_its_n
         assert!(status.success());
     }
     drop((a, b, router));
+    fleet.shutdown().await;
+}
+
+/// A Lease as anyone with write access to the ring's namespace may write it.
+fn forged_lease(name: &str, holder: &str, annotations: serde_json::Value) -> Lease {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": {"fleetscope.io/ring": RING},
+            "annotations": annotations,
+        },
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 2_000_000_000}
+    }))
+    .unwrap()
+}
+
+/// Asks `router` for a Count of every configmap and the ring's clusters.
+async fn whole_answers(
+    router: &RouterProcess,
+) -> Result<
+    (
+        fleetscope::proto::CountResponse,
+        fleetscope::proto::ListClustersResponse,
+    ),
+    tonic::Status,
+> {
+    let mut c = router.client().await;
+    let count = c
+        .count(fleetscope::proto::CountRequest {
+            query: Some(configmaps_query()),
+            group_by: vec![],
+        })
+        .await?
+        .into_inner();
+    let clusters = c
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await?
+        .into_inner();
+    Ok((count, clusters))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_written_by_anyone_but_the_ring_move_nothing_and_a_router_with_another_key_says_so()
+{
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    let total = common::truth(&fleet, "configmaps").len() as u64;
+    let moves = |r: &Replica| {
+        let metrics = r.metrics.clone();
+        async move { common::sample(&metrics, "fleetscope_shard_moves").await }
+    };
+    let moved_before = (moves(&a).await, moves(&b).await);
+    let leases: Api<Lease> =
+        Api::namespaced(common::kube_client(&kubeconfig, "sim-1").await, "default");
+
+    // A ghost written once: alive "two billion seconds", every cluster ready, and
+    // clusters nobody configured, as the ring's and as unowned.
+    let phantoms: Vec<String> = (0..2000).map(|i| format!("phantom-{i}")).collect();
+    let ghost = forged_lease(
+        &format!("{RING}-ghost"),
+        "ghost",
+        serde_json::json!({
+            "fleetscope.io/address": "",
+            "fleetscope.io/ready": clusters.join(","),
+            "fleetscope.io/clusters": phantoms.join(","),
+            "fleetscope.io/unowned": phantoms.join(","),
+            "fleetscope.io/signed-at": u64::MAX.to_string(),
+            "fleetscope.io/signature": "AAAA",
+        }),
+    );
+    leases.create(&Default::default(), &ghost).await.unwrap();
+    // replica-a's own Lease rewritten, again and again, by someone without the key:
+    // its readiness claimed for every cluster, replica-b's address, another
+    // instance of its identity (which a real twin would be).
+    let own = format!("{RING}-replica-a");
+    let forge_own = async {
+        let started = tokio::time::Instant::now();
+        let mut written = 0;
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(mut l) = leases.get(&own).await {
+                let annotations = l.metadata.annotations.get_or_insert_with(Default::default);
+                annotations.insert("fleetscope.io/address".into(), b.advertise.clone());
+                annotations.insert("fleetscope.io/ready".into(), clusters.join(","));
+                annotations.insert("fleetscope.io/instance".into(), "twin".into());
+                if leases.replace(&own, &Default::default(), &l).await.is_ok() {
+                    written += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        written
+    };
+    // Meanwhile, and for three lease durations, every answer through the router is
+    // whole: every cluster listed, every configmap counted, nothing partial.
+    let watch_answers = async {
+        let started = tokio::time::Instant::now();
+        let mut asked = 0;
+        while started.elapsed() < Duration::from_secs(10) {
+            let (count, listed) = whole_answers(&router).await.unwrap_or_else(|e| {
+                panic!(
+                    "the router failed while Leases were forged: {e:?}; log: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            });
+            let names: Vec<&str> = listed.clusters.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(names, clusters, "{listed:?}");
+            assert!(
+                count.total == total && !count.partial,
+                "an answer was not whole while Leases were forged: {count:?}"
+            );
+            asked += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        asked
+    };
+    let (written, asked) = tokio::join!(forge_own, watch_answers);
+    assert!(
+        written > 5 && asked > 20,
+        "forged {written} times, asked {asked} times"
+    );
+    // No replica took up or let go a cluster, and none was fenced or stopped.
+    assert_eq!((moves(&a).await, moves(&b).await), moved_before);
+    for r in [&a, &b] {
+        assert_eq!(
+            common::sample(&r.metrics, "fleetscope_shard_fenced").await,
+            Some(0)
+        );
+        assert_eq!(
+            common::sample(&r.metrics, "fleetscope_shard_members").await,
+            Some(2)
+        );
+    }
+
+    // A router given another key than the replicas' takes none of their Leases, and
+    // says so, retryably, instead of reading the fleet as empty.
+    let other_key = dir.path().join("other.key");
+    std::fs::write(&other_key, [9u8; 32]).unwrap();
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let other_kubeconfig = other_dir.join("kubeconfig");
+    std::fs::copy(&kubeconfig, &other_kubeconfig).unwrap();
+    std::fs::copy(&other_key, other_dir.join("page-token.key")).unwrap();
+    let wrong = RouterProcess::start(&other_kubeconfig, &log);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let refused = loop {
+        match whole_answers(&wrong).await {
+            Err(s) if s.message().contains("not taken") => break s,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "a router with another key never said why it serves nothing: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("--shard-page-token-key-file"),
+        "{refused:?}"
+    );
+    drop((a, b, router, wrong));
     fleet.shutdown().await;
 }
