@@ -2690,3 +2690,113 @@ async fn leases_written_by_anyone_but_the_ring_move_nothing_and_a_router_with_an
     drop((a, b, router, wrong));
     fleet.shutdown().await;
 }
+
+/// What a poller of a router saw: answers whole, answers partial, and every answer
+/// that left a cluster out while claiming to be whole, or failed.
+#[derive(Default, Debug)]
+struct Answers {
+    whole: usize,
+    partial: usize,
+    violations: Vec<String>,
+}
+
+/// Asks `router` for a Count and ListClusters until `stop`, checking each answer
+/// against the fleet's `total` configmaps and `clusters`.
+async fn poll_answers(
+    router: &RouterProcess,
+    total: u64,
+    clusters: &[String],
+    stop: tokio_util::sync::CancellationToken,
+) -> Answers {
+    let mut seen = Answers::default();
+    while !stop.is_cancelled() {
+        match whole_answers(router).await {
+            Err(e) => seen.violations.push(format!("failed: {e:?}")),
+            Ok((count, listed)) => {
+                let names: Vec<&str> = listed.clusters.iter().map(|c| c.name.as_str()).collect();
+                if names != clusters {
+                    seen.violations
+                        .push(format!("ListClusters left clusters out: {names:?}"));
+                }
+                let missing: Vec<&str> = count
+                    .clusters
+                    .iter()
+                    .filter(|c| c.freshness != fleetscope::proto::Freshness::Synced as i32)
+                    .map(|c| c.cluster.as_str())
+                    .collect();
+                if count.partial {
+                    seen.partial += 1;
+                    if missing.is_empty() {
+                        seen.violations
+                            .push(format!("partial without a cluster not current: {count:?}"));
+                    }
+                } else if count.total == total {
+                    seen.whole += 1;
+                } else {
+                    seen.violations
+                        .push(format!("{} of {total}, partial=false", count.total));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_between_owners_or_in_a_coordination_outage_is_reported_unserved_never_left_out()
+{
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(6, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=6).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let mut c = Replica::start(&kubeconfig, "replica-c", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b, &c], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    let total = common::truth(&fleet, "configmaps").len() as u64;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let faults = async {
+        // A kill: c's clusters are between owners until its Lease expires and the
+        // others take them up.
+        c.server.kill();
+        split(&[&a, &b], &clusters, &log).await;
+        routers_see(&[&router], clusters.len(), 1).await;
+        // The coordination cluster away past the lease: every replica fenced, every
+        // Lease expired by the router's clock.
+        let coordination = &fleet.servers()[0];
+        coordination.go_offline().await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Ok((count, _)) = whole_answers(&router).await
+                && count.partial
+                && count.total == 0
+                && count.clusters.len() == clusters.len()
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the router never reported every cluster unserved during the outage"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        coordination.come_online().await.unwrap();
+        split(&[&a, &b], &clusters, &log).await;
+        routers_see(&[&router], clusters.len(), 1).await;
+        stop.cancel();
+    };
+    let (seen, ()) = tokio::join!(poll_answers(&router, total, &clusters, stop.clone()), faults);
+    assert!(
+        seen.violations.is_empty(),
+        "{} answers left clusters out or failed (of {} whole, {} partial), first: {:?}",
+        seen.violations.len(),
+        seen.whole,
+        seen.partial,
+        seen.violations.first()
+    );
+    assert!(seen.whole > 0 && seen.partial > 0, "{seen:?}");
+    drop((a, b, c, router));
+    fleet.shutdown().await;
+}
