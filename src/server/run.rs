@@ -221,6 +221,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
             .await?;
             let api = kube::Api::namespaced(client, &args.shard.shard_lease_namespace);
             let engine = fleet.clone();
+            let resume = fleet.clone();
             Some(crate::shard::replica::Replica::start(
                 api,
                 membership,
@@ -231,6 +232,11 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                         .get()
                         .map(|e| e.synced_since(since))
                         .unwrap_or_default()
+                }),
+                Box::new(move || {
+                    if let Some(e) = resume.get() {
+                        e.rewatch();
+                    }
                 }),
                 reload.clone(),
             ))

@@ -169,6 +169,9 @@ pub struct Owner {
     /// The clusters the engine holds synced, when asked (and, given a moment, whose
     /// streams were all confirmed current since).
     pub synced: Box<dyn Fn(Option<std::time::Instant>) -> BTreeSet<String> + Send + Sync>,
+    /// Makes every stream of the engine resume its watch at once, confirming it
+    /// current (after a gap, so that quiet clusters need not wait for a change).
+    pub rewatch: Box<dyn Fn() + Send + Sync>,
     /// Where the shard's status goes.
     pub status: watch::Sender<ShardStatus>,
     /// Set when this replica shuts down: it publishes that it is leaving.
@@ -205,8 +208,9 @@ impl Owner {
             let gap = now.saturating_duration_since(last_turn);
             last_turn = now;
             if gap > self.config.lease_duration {
-                tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current");
+                tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current, each watch resumed now to confirm it");
                 barrier = Some(now);
+                (self.rewatch)();
             }
             let view = self.view.borrow_and_update().clone();
             if first

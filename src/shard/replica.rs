@@ -33,14 +33,15 @@ impl Replica {
     /// Joins the ring through `api` (the ring's Lease namespace in the coordination
     /// cluster), publishing `advertise`, sharing the clusters of `desired`; `synced`
     /// tells which held clusters the engine holds synced (and current since a
-    /// moment, when given one). Runs until `stop` (then
-    /// releases the Lease).
+    /// moment, when given one); `rewatch` makes the engine's streams resume their
+    /// watches (after a gap). Runs until `stop` (then releases the Lease).
     pub fn start(
         api: Api<Lease>,
         config: MembershipConfig,
         advertise: String,
         desired: watch::Receiver<SourceSet>,
         synced: Box<dyn Fn(Option<std::time::Instant>) -> BTreeSet<String> + Send + Sync>,
+        rewatch: Box<dyn Fn() + Send + Sync>,
         stop: CancellationToken,
     ) -> Self {
         let (published_tx, published) = watch::channel(BTreeMap::from([
@@ -71,6 +72,7 @@ impl Replica {
                 held: held_tx,
                 published: published_tx,
                 synced,
+                rewatch,
                 status: status_tx,
                 leaving: leaving.clone(),
             }

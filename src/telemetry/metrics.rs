@@ -446,10 +446,14 @@ impl Collector for FleetCollector {
         family(
             &mut e,
             "fleetscope_relists",
-            "Lists made by the streams, by reason: initial (nothing to resume from) or expired (410 Gone).",
+            "Lists made by the streams, by reason: initial (nothing to resume from), expired (410 Gone) or confirm (a replica confirming its streams after a pause).",
             MetricType::Counter,
             by_stream("reason", |c| {
-                vec![("initial", c.initial_lists), ("expired", c.expired_lists)]
+                vec![
+                    ("initial", c.initial_lists),
+                    ("expired", c.expired_lists),
+                    ("confirm", c.confirm_lists),
+                ]
             }),
         )?;
         family(

@@ -1938,7 +1938,8 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current() {
+async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current_and_confirms_its_quiet_clusters()
+ {
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 6).await;
     let log = dir.path().join("ring.log");
     let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
@@ -2031,8 +2032,25 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Its watches thawed, a catches up and takes its clusters back once each stream
-    // is confirmed current (by a change, as here, or the member's next bookmark).
+    // a confirms each of its streams itself (a consistent list, diffed against what
+    // it holds) and takes its clusters back: no change, no bookmark, and its watches
+    // still frozen, so that nothing but its own list can confirm them.
+    split(&[&a, &b], &clusters, &log).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
+        assert!(tokio::time::Instant::now() < deadline, "never whole again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let confirmed = common::scrape(&a.metrics).await.unwrap_or_default();
+    assert!(
+        confirmed
+            .lines()
+            .any(|l| l.starts_with("fleetscope_relists_total{")
+                && l.contains("reason=\"confirm\"")
+                && !l.ends_with(" 0")),
+        "a confirmed no stream by a list: {confirmed}"
+    );
+    // Thawed, and changed: a serves the change.
     for c in &stale {
         server(c).cluster().freeze_watches(false);
     }
@@ -2045,7 +2063,6 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current(
     }
     let truth: Vec<(String, String, String)> =
         common::truth(&fleet, "configmaps").into_keys().collect();
-    split(&[&a, &b], &clusters, &log).await;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
         assert!(tokio::time::Instant::now() < deadline, "never whole again");
@@ -2787,7 +2804,10 @@ async fn a_cluster_between_owners_or_in_a_coordination_outage_is_reported_unserv
         routers_see(&[&router], clusters.len(), 1).await;
         stop.cancel();
     };
-    let (seen, ()) = tokio::join!(poll_answers(&router, total, &clusters, stop.clone()), faults);
+    let (seen, ()) = tokio::join!(
+        poll_answers(&router, total, &clusters, stop.clone()),
+        faults
+    );
     assert!(
         seen.violations.is_empty(),
         "{} answers left clusters out or failed (of {} whole, {} partial), first: {:?}",

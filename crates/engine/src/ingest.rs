@@ -368,6 +368,7 @@ impl Writer {
         match reason {
             ListReason::Initial => b.count(&stream, |c| c.initial_lists += 1),
             ListReason::Expired => b.count(&stream, |c| c.expired_lists += 1),
+            ListReason::Confirm => b.count(&stream, |c| c.confirm_lists += 1),
             ListReason::Dropped => {}
         }
         let id = key_of(&stream);

@@ -178,6 +178,8 @@ pub struct Engine {
     /// Every running stream's history reader, for carrying a Watch from a member
     /// position its stream is past.
     pub(crate) histories: catchup::Histories,
+    /// Changed to make every stream list again (see [`Engine::rewatch`]).
+    rewatch: watch::Sender<u64>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
@@ -291,7 +293,9 @@ impl Engine {
         let histories = catchup::Histories::default();
         let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
         let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
+        let (rewatch, rewatch_rx) = watch::channel(0u64);
         let mut members = reconcile::Members {
+            rewatch: rewatch_rx,
             config: settings_rx,
             labels: labels_rx,
             restore_confirm: config.restore_confirm,
@@ -327,9 +331,19 @@ impl Engine {
             subscriber_stall: config.subscriber_stall,
             ready_patience: config.ready_patience,
             histories,
+            rewatch,
             cancel,
             tasks,
         }
+    }
+
+    /// Makes every stream end its watch and list again (a consistent read, diffed
+    /// against what is held, counted as a `confirm` list), so that each is confirmed
+    /// current by its cluster's API server now rather than whenever its next change
+    /// or bookmark comes: after this process did not run for a while (stopped,
+    /// starved), its quiet streams would otherwise stay unconfirmed for as long.
+    pub fn rewatch(&self) {
+        self.rewatch.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Applies new settings to the running fleet: what to collect and how (resource

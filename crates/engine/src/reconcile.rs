@@ -81,6 +81,8 @@ pub(crate) struct Members {
     pub histories: crate::catchup::Histories,
     /// Clusters already in the status table, registered before the reconciler ran.
     pub registered: std::collections::HashSet<ClusterName>,
+    /// Given to every cluster: changed when each stream must resume its watch.
+    pub rewatch: watch::Receiver<u64>,
 }
 
 /// A running cluster.
@@ -206,7 +208,8 @@ impl Members {
         if !self.registered.remove(&name) {
             self.register(&source);
         }
-        let seed = self.stored.remove(&name).unwrap_or_default();
+        let mut seed = self.stored.remove(&name).unwrap_or_default();
+        seed.rewatch = Some(self.rewatch.clone());
         let (tx, rx) = watch::channel(source);
         let report = Arc::new(Reporter {
             status: self.status.clone(),

@@ -51,6 +51,9 @@ pub struct StreamCounts {
     pub initial_lists: u64,
     /// Lists after its resourceVersion expired.
     pub expired_lists: u64,
+    /// Lists made to confirm the stream current (after this process did not run for
+    /// a while).
+    pub confirm_lists: u64,
     /// Objects stored with more labels than the label index takes of one object
     /// (`fleetscope_index::MAX_INDEXED_LABELS`): selected by a scan.
     pub unindexed_labels: u64,
@@ -67,6 +70,7 @@ impl StreamCounts {
         self.deleted += other.deleted;
         self.initial_lists += other.initial_lists;
         self.expired_lists += other.expired_lists;
+        self.confirm_lists += other.confirm_lists;
         self.unindexed_labels += other.unindexed_labels;
         self.dropped.add(&other.dropped);
     }

@@ -210,6 +210,10 @@ pub struct Seed {
     pub resume: Resume,
     /// The last discovery answer; empty if none was kept.
     pub served: Vec<Served>,
+    /// Changed to make each stream of the cluster list again, consistently, diffed
+    /// against what it holds: confirmed current (after this process did not run for
+    /// a while, say).
+    pub rewatch: Option<watch::Receiver<u64>>,
 }
 
 /// What a cluster's loop reports besides its streams' updates. Called from the loop's
@@ -345,6 +349,8 @@ struct Cluster {
     /// The last discovery answer, kept or current.
     served: Vec<Served>,
     outage: Arc<crate::outage::Outage>,
+    /// Asks each stream to resume its watch at once (see [`Seed::rewatch`]).
+    rewatch: Option<watch::Receiver<u64>>,
 }
 
 /// Runs one cluster until `cancel` (shutdown) or until `source`'s sender is dropped
@@ -380,6 +386,7 @@ pub async fn run(
         streams: HashMap::new(),
         resume: seed.resume,
         served: seed.served,
+        rewatch: seed.rewatch,
         outage: Arc::new(crate::outage::Outage::new(ClusterName::from(
             current.name.as_str(),
         ))),
@@ -829,7 +836,7 @@ impl Cluster {
                     stream,
                     start,
                     self.tx.clone(),
-                    token.clone(),
+                    (token.clone(), self.rewatch.clone()),
                 )
                 .instrument(span),
             );

@@ -123,7 +123,7 @@ fn ended(stop: Stop) -> HistoryEnd {
     match stop {
         Stop::Expired => HistoryEnd::Expired,
         Stop::Cancelled => HistoryEnd::Cancelled,
-        Stop::Reconnect => HistoryEnd::Failed("the member ended the list".into()),
+        Stop::Reconnect | Stop::Confirm => HistoryEnd::Failed("the member ended the list".into()),
         Stop::Forbidden(m)
         | Stop::NotFound(m)
         | Stop::Invalid(m)

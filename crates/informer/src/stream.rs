@@ -173,6 +173,9 @@ pub enum ListReason {
     Expired,
     /// Its type is no longer served: an empty list drops its objects.
     Dropped,
+    /// Asked to confirm it current (this process did not run for a while): a
+    /// consistent list, whatever its resourceVersion.
+    Confirm,
 }
 
 impl ListReason {
@@ -182,6 +185,7 @@ impl ListReason {
             ListReason::Initial => "initial",
             ListReason::Expired => "expired",
             ListReason::Dropped => "dropped",
+            ListReason::Confirm => "confirm",
         }
     }
 }
@@ -291,7 +295,7 @@ impl ListFrom {
     /// The read for a stream holding state at `held` (if anything) that lists for `reason`.
     pub fn choose(held: Option<&str>, reason: ListReason) -> Self {
         match (reason, held) {
-            (ListReason::Expired, _) => ListFrom::Consistent,
+            (ListReason::Expired | ListReason::Confirm, _) => ListFrom::Consistent,
             (_, Some(rv)) if !rv.is_empty() => ListFrom::NotOlderThan(rv.to_string()),
             _ => ListFrom::Cache,
         }
@@ -393,6 +397,8 @@ pub(crate) enum Stop {
     Expired,
     /// The watch ended normally (timeout, EOF) or went silent: reconnect from the last RV.
     Reconnect,
+    /// Asked to confirm the stream current: list (consistently) again.
+    Confirm,
     /// Refused: 401 or 403.
     Forbidden(String),
     /// The type is not served: 404.
@@ -591,6 +597,16 @@ impl From<Stop> for ListStop {
     }
 }
 
+/// Resolves when `rewatch` changes; never without one (or once its sender is gone).
+async fn asked_to_rewatch(rewatch: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    let Some(r) = rewatch else {
+        return std::future::pending().await;
+    };
+    if r.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 pub(crate) struct Informer {
     client: Client,
     id: Arc<StreamId>,
@@ -599,6 +615,8 @@ pub(crate) struct Informer {
     tx: mpsc::Sender<Update>,
     cancel: CancellationToken,
     path: String,
+    /// Changed when the stream must end its watch and resume it at once.
+    rewatch: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 /// Where an informer starts.
@@ -612,7 +630,8 @@ pub struct Start {
     pub floor: Option<String>,
 }
 
-/// Runs one informer until cancelled, from `start`.
+/// Runs one informer until cancelled (the token of `stop`), from `start`; each change
+/// of `stop`'s receiver makes it list again (consistently), confirming it current.
 ///
 /// Returns where a successor resumes: the resourceVersion of the last update it
 /// handed to `tx` (`None` when nothing was listed), so a stream restarted with new
@@ -624,9 +643,11 @@ pub(crate) async fn run(
     config: StreamConfig,
     start: Start,
     tx: mpsc::Sender<Update>,
-    cancel: CancellationToken,
+    stop: (CancellationToken, Option<tokio::sync::watch::Receiver<u64>>),
 ) -> Option<String> {
-    let informer = Informer::new(client, id, outage, config, tx, cancel);
+    let (cancel, rewatch) = stop;
+    let mut informer = Informer::new(client, id, outage, config, tx, cancel);
+    informer.rewatch = rewatch;
     let reached = informer.run(start).await;
     // A stream that stops holds no outage open.
     informer.outage.forget(&informer.id.name);
@@ -664,6 +685,7 @@ impl Informer {
             tx,
             cancel,
             path,
+            rewatch: None,
         }
     }
 
@@ -821,6 +843,12 @@ impl Informer {
             let (state, error, wait) = match stop {
                 Stop::Cancelled => return rv,
                 Stop::Reconnect => continue,
+                Stop::Confirm => {
+                    // Listed again, diffed against what is held, never older than it.
+                    rv = None;
+                    reason = ListReason::Confirm;
+                    continue;
+                }
                 Stop::Expired => {
                     tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
                     rv = None;
@@ -1193,6 +1221,10 @@ impl Informer {
         let silence = self.config.watch_timeout + self.config.idle_margin;
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut drops = Drops::default();
+        let mut rewatch = self.rewatch.clone();
+        if let Some(r) = &mut rewatch {
+            r.borrow_and_update();
+        }
         loop {
             if !self.report(&mut drops).await {
                 return (Stop::Cancelled, seen);
@@ -1200,6 +1232,10 @@ impl Informer {
             let next = tokio::select! {
                 r = tokio::time::timeout(silence, lines.next()) => r,
                 _ = self.cancel.cancelled() => return (Stop::Cancelled, seen),
+                _ = asked_to_rewatch(&mut rewatch) => {
+                    tracing::debug!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "listing again to confirm the stream current, as asked");
+                    return (Stop::Confirm, seen);
+                }
             };
             let line = match next {
                 Err(_) => {

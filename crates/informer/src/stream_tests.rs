@@ -108,7 +108,7 @@ async fn start_in_parts(
         config,
         start,
         tx,
-        cancel.clone(),
+        (cancel.clone(), None),
     ));
     (rx, cancel, id)
 }
@@ -518,7 +518,7 @@ async fn start_with(
         config,
         stream::Start::default(),
         tx,
-        cancel.clone(),
+        (cancel.clone(), None),
     ));
     (rx, cancel)
 }
