@@ -51,6 +51,8 @@ pub(super) struct Routed {
     positions: BTreeMap<String, Arc<str>>,
     /// Which stream (replica, generation) each cluster's events are taken from.
     owner: BTreeMap<String, (String, u64)>,
+    /// The clusters the subscriber was told are followed from no replica.
+    unserved: BTreeSet<String>,
     /// Open streams, by generation, and how to end each.
     live: BTreeMap<u64, CancellationToken>,
     streams: SelectAll<BoxStream<'static, Item>>,
@@ -91,6 +93,7 @@ impl Routed {
             fingerprint,
             positions: BTreeMap::new(),
             owner: BTreeMap::new(),
+            unserved: BTreeSet::new(),
             live: BTreeMap::new(),
             streams: SelectAll::new(),
             next_generation: 0,
@@ -222,25 +225,43 @@ impl Routed {
 
     /// Follows each selected cluster from the replica serving it now, continuing from
     /// where the subscriber stands; ends streams no cluster is taken from any more.
-    /// `strict`: a failure to open a stream is the Watch's (at its start).
-    async fn follow(&mut self, strict: bool) -> Result<(), FleetError> {
+    /// A stream whose replica no longer holds a cluster ready (it let the cluster go,
+    /// or its Lease expired) or that broke is no longer that cluster's source: nothing
+    /// more of the cluster is taken from it. A selected cluster no replica can be
+    /// followed from is reported to the subscriber (`CLUSTER_STATUS`, stale, saying
+    /// why) until it is followed again (then `CLUSTER_STATUS` synced, naming the
+    /// replica).
+    async fn follow(&mut self, _strict: bool) -> Result<(), FleetError> {
         let members = self.router.members()?;
         let holders = Router::holders(&members);
+        let known = self.router.known(&Router::serving(&members));
         // A stream from any holder that stays goes on (a holder ranked higher
         // appearing is no reason to move).
         let mut to_follow: Vec<&String> = Vec::new();
-        for (cluster, ready) in &holders {
-            if !self.query.clusters.names_match(cluster) {
-                continue;
-            }
+        let selected: Vec<&String> = known
+            .iter()
+            .filter(|c| self.query.clusters.names_match(c))
+            .collect();
+        for cluster in selected {
+            let ready = holders.get(cluster);
             let current = self.owner.get(cluster).is_some_and(|(id, g)| {
                 self.live.contains_key(g)
-                    && ready
-                        .iter()
-                        .any(|m| m.identity == *id && !crate::shard::owner::leaving(m))
+                    && ready.is_some_and(|ready| {
+                        ready.iter().any(|m| {
+                            m.identity == *id
+                                && (!crate::shard::owner::leaving(m)
+                                    || ready.iter().all(|m| crate::shard::owner::leaving(m)))
+                        })
+                    })
             });
-            if !current {
+            if current {
+                continue;
+            }
+            self.owner.remove(cluster);
+            if ready.is_some() {
                 to_follow.push(cluster);
+            } else {
+                self.unserved(cluster, self.router.unserved_why());
             }
         }
         // Each from its first holder; from the next when that one cannot be reached
@@ -255,11 +276,14 @@ impl Routed {
                     .iter()
                     .find(|m| !failed.contains(&m.identity))
                 else {
-                    // Every holder failed: at the start that is the Watch's answer;
-                    // later, the next look tries again.
-                    if strict && let Some(e) = last_error.take() {
-                        return Err(e);
-                    }
+                    // Every holder failed: said, and tried again at the next look.
+                    let why = last_error
+                        .as_ref()
+                        .map_or_else(String::new, ToString::to_string);
+                    self.unserved(
+                        cluster,
+                        format!("no replica holding this cluster could be followed: {why}"),
+                    );
                     continue;
                 };
                 wanted
@@ -295,6 +319,9 @@ impl Routed {
                 match opened {
                     Ok(stream) => {
                         tracing::debug!(replica = %identity, clusters = ?clusters, "a routed Watch follows clusters from a replica");
+                        for c in &clusters {
+                            self.served_again(c, &identity);
+                        }
                         self.add(identity, &clusters, stream);
                     }
                     Err(e) if permanent(&e) => return Err(e),
@@ -321,6 +348,37 @@ impl Routed {
             self.initial_ended(g);
         }
         Ok(())
+    }
+
+    /// Tells the subscriber, once, that `cluster` is followed from no replica now.
+    fn unserved(&mut self, cluster: &str, why: String) {
+        if self.unserved.insert(cluster.to_string()) {
+            tracing::debug!(%cluster, %why, "a routed Watch follows a cluster from no replica");
+            self.out.push_back(WatchEvent::ClusterStatus {
+                cluster: fleetscope_model::fleet::ClusterFreshness {
+                    cluster: ClusterName::from(cluster),
+                    freshness: fleetscope_model::fleet::Freshness::Stale,
+                    stale_since: Some(std::time::SystemTime::now()),
+                    message: format!("{why}; its changes follow once a replica serves it"),
+                },
+                revision: self.newest,
+            });
+        }
+    }
+
+    /// Tells the subscriber that `cluster`, said unserved, is followed again.
+    fn served_again(&mut self, cluster: &str, replica: &str) {
+        if self.unserved.remove(cluster) {
+            self.out.push_back(WatchEvent::ClusterStatus {
+                cluster: fleetscope_model::fleet::ClusterFreshness {
+                    cluster: ClusterName::from(cluster),
+                    freshness: fleetscope_model::fleet::Freshness::Synced,
+                    stale_since: None,
+                    message: format!("served again by replica {replica}"),
+                },
+                revision: self.newest,
+            });
+        }
     }
 
     /// A stream that will send no more initial objects.

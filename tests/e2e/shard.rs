@@ -1170,6 +1170,12 @@ struct Seen {
     /// the next Watch resumes, also one started anew on this record.
     token: String,
     after: BTreeMap<String, fleetscope::proto::StreamPosition>,
+    /// The clusters between a `RESET` and its `RESET_END`.
+    resetting: std::collections::BTreeSet<String>,
+    /// Whether the initial objects are still coming.
+    initial: bool,
+    /// Each `CLUSTER_STATUS` received: the cluster, its freshness, the message.
+    statuses: Vec<(String, i32, String)>,
 }
 
 /// Follows every configmap through the routers at `ports`, as a client should: from
@@ -1209,7 +1215,9 @@ async fn subscribe_to(
                 // Nothing to resume from: all over again.
                 s.objects.clear();
                 s.last.clear();
+                s.initial = true;
             }
+            s.resetting.clear();
             WatchRequest {
                 query: Some(query.clone()),
                 send_initial_events: s.token.is_empty(),
@@ -1251,7 +1259,32 @@ async fn subscribe_to(
                     s.last.insert(p.cluster.clone(), n);
                 }
             }
+            // Every change carries its position, but the initial objects and those
+            // between RESET and RESET_END: a change of no position could be a re-list
+            // taken for changes.
+            if matches!(
+                t,
+                EventType::Added | EventType::Modified | EventType::Deleted
+            ) && !s.initial
+                && let Some(o) = &e.object
+                && !s.resetting.contains(&o.cluster)
+                && e.position
+                    .as_ref()
+                    .is_none_or(|p| p.resource_version.is_empty())
+            {
+                let v = format!(
+                    "{t:?} of {}/{} with no position outside a reset",
+                    o.cluster, o.name
+                );
+                s.violations.push(v);
+            }
             match t {
+                EventType::InitialEventsEnd => s.initial = false,
+                EventType::ClusterStatus => {
+                    if let Some(c) = e.cluster {
+                        s.statuses.push((c.cluster, c.freshness, c.message));
+                    }
+                }
                 EventType::Added | EventType::Modified => {
                     let o = e.object.unwrap();
                     s.changes += 1;
@@ -1268,9 +1301,11 @@ async fn subscribe_to(
                     s.resets += 1;
                     s.objects.retain(|(c, _, _), _| *c != cluster);
                     s.last.remove(&cluster);
+                    s.resetting.insert(cluster);
                 }
                 EventType::ResetEnd => {
                     let p = e.position.unwrap();
+                    s.resetting.remove(&p.cluster);
                     if let Ok(n) = p.resource_version.parse::<u64>() {
                         s.last.insert(p.cluster, n);
                     }
@@ -2282,7 +2317,8 @@ async fn the_coordination_cluster_s_expiring_exec_credential_is_renewed_ahead_of
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // The router reads the ring's Leases with it, before and after.
+    // The router reads the ring's Leases with it, before and after (no replica runs:
+    // it says it has read them and found none).
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let answer = one
@@ -2290,7 +2326,9 @@ async fn the_coordination_cluster_s_expiring_exec_credential_is_renewed_ahead_of
             .await
             .list_clusters(fleetscope::proto::ListClustersRequest::default())
             .await;
-        if answer.is_ok() {
+        if let Err(s) = &answer
+            && s.message().contains("no replica has published one yet")
+        {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{answer:?}");
@@ -2818,5 +2856,87 @@ async fn a_cluster_between_owners_or_in_a_coordination_outage_is_reported_unserv
     );
     assert!(seen.whole > 0 && seen.partial > 0, "{seen:?}");
     drop((a, b, c, router));
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_interrupted_by_a_kill_costs_a_routed_watch_no_repeat_and_no_lost_delete() {
+    use std::sync::Arc;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 8).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let mut a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    let members = [a.identity.clone(), b.identity.clone()];
+    let of_a = assigned(&clusters, &members, &a.identity);
+    assert!(!of_a.is_empty());
+
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let subscriber = tokio::spawn(subscribe(vec![router.port], seen.clone(), stop.clone()));
+    let churning = Churning::start(&kubeconfig, &clusters);
+    let progress = |n: usize| churning.progress(&seen, n);
+    progress(10).await;
+    for round in 0..3 {
+        // a is killed: b takes its clusters up.
+        a.server.kill();
+        split(&[&b], &clusters, &log).await;
+        progress(10).await;
+        // a returns and takes them back; b lets them go as soon as a holds them
+        // ready, and a is killed right then, before the router has moved.
+        a = Replica::start(&kubeconfig, "replica-a", &log);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let held_by_b = b.synced().await.unwrap_or_default();
+            if of_a.iter().any(|c| !held_by_b.contains(c)) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: a never took its clusters back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        a.server.kill();
+        split(&[&b], &clusters, &log).await;
+        progress(10).await;
+    }
+    churning.stop().await;
+    // While a's clusters were followed from no replica (a killed, its Lease not yet
+    // expired), the subscriber was told so, and told again when they were served.
+    {
+        use fleetscope::proto::Freshness;
+        let s = seen.lock().unwrap();
+        for c in &of_a {
+            let of_c: Vec<&(String, i32, String)> =
+                s.statuses.iter().filter(|(n, _, _)| n == c).collect();
+            let stale = of_c
+                .iter()
+                .position(|(_, f, _)| *f == Freshness::Stale as i32);
+            let again = of_c.iter().rposition(|(_, f, m)| {
+                *f == Freshness::Synced as i32 && m.contains("served again")
+            });
+            assert!(
+                stale.is_some() && again.is_some() && stale < again,
+                "{c}: statuses {of_c:?}"
+            );
+        }
+    }
+    // Once the changes stop, the subscriber holds exactly the clusters' truth: no
+    // change repeated or out of order, none of no position outside a reset, and no
+    // delete lost.
+    until_truth(
+        "subscriber",
+        &seen,
+        || common::truth(&fleet, "configmaps"),
+        &log,
+    )
+    .await;
+    stop.cancel();
+    subscriber.await.unwrap();
+    drop((a, b, router));
     fleet.shutdown().await;
 }

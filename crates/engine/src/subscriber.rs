@@ -419,11 +419,15 @@ impl Producer {
         }
         if e.cluster_removed && self.report {
             // The cluster left this fleet (to another replica): no change of the
-            // cluster, and nothing a router passes on; it follows the cluster to
-            // where it went.
-            self.streams.remove(cluster);
-            self.catching.remove(cluster);
-            return Follow::Skip;
+            // cluster, and this stream is no longer its source. It ends, retryably,
+            // so that a router follows the cluster to where it is served and
+            // continues the others from where they stand; were it to go on, the
+            // cluster taken up here again would come as a list of no position.
+            self.end(FleetError::Unavailable(format!(
+                "cluster {cluster} left this replica: follow it where it is served now"
+            )))
+            .await;
+            return Follow::Gone;
         }
         if self.catching.contains_key(cluster) {
             // Its history brings the subscriber to where this stream stands.
@@ -1735,7 +1739,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_position_with_no_history_here_is_reset_and_a_cluster_leaving_is_not_reported() {
+    async fn a_position_with_no_history_here_is_reset_and_a_cluster_leaving_ends_the_stream() {
         let e = engine(1000);
         join(&e, "a", &[]);
         e.index
@@ -1770,16 +1774,25 @@ mod tests {
             object_at(&next_change(&mut w).await),
             ("p4".into(), Some("31"))
         );
-        // The cluster leaving this fleet is no change of it: nothing is reported, and
-        // the next change comes from elsewhere.
+        // The cluster leaving this fleet is no change of it: nothing of it is
+        // reported, and the stream ends, retryably (a router follows the cluster
+        // where it is served now); the cluster taken up here again is never sent on
+        // it as a list of no position.
         e.index
             .apply([Change::RemoveCluster(ClusterName::from("a"))]);
-        join(&e, "b", &[]);
-        e.index.apply([pod_at("b", "q1", 3)]);
-        assert_eq!(
-            object_at(&next_change(&mut w).await),
-            ("q1".into(), Some("3"))
-        );
+        join(&e, "a", &[]);
+        e.index.apply([pod_at("a", "p1", 40)]);
+        loop {
+            match tokio::time::timeout(PATIENCE, w.next()).await.unwrap() {
+                Some(Ok(WatchEvent::ClusterStatus { .. } | WatchEvent::Positions { .. })) => {}
+                Some(Err(FleetError::Unavailable(why))) => {
+                    assert!(why.contains("cluster a left this replica"), "{why}");
+                    break;
+                }
+                other => panic!("the stream went on after its cluster left: {other:?}"),
+            }
+        }
+        assert!(w.next().await.is_none());
     }
 
     #[tokio::test]
