@@ -27,6 +27,7 @@ use crate::proto::fleet_client::FleetClient;
 use crate::shard::lease::{Member, Observed};
 use crate::shard::owner;
 
+mod pool;
 mod watch;
 
 /// How the router reaches the replicas.
@@ -51,7 +52,7 @@ pub struct Router {
     ring: String,
     observed: tokio::sync::watch::Receiver<Observed>,
     upstream: Upstream,
-    channels: Arc<std::sync::Mutex<BTreeMap<String, tonic::transport::Channel>>>,
+    connections: Arc<pool::Pools>,
 }
 
 /// Where a routed list continues: for each replica drawn on, the snapshot it listed
@@ -73,7 +74,7 @@ impl Router {
             ring,
             observed,
             upstream,
-            channels: Arc::default(),
+            connections: Arc::default(),
         }
     }
 
@@ -269,21 +270,30 @@ impl Router {
         Ok((out, unreached))
     }
 
-    /// A client for `member`, over the channel kept for its address.
+    /// A client for one call to `member`, on the least busy of its connections (see
+    /// [`pool`]), and the call's place there, given back when dropped.
     fn client(
         &self,
         member: &Member,
-    ) -> Result<FleetClient<tonic::transport::Channel>, FleetError> {
+    ) -> Result<(FleetClient<tonic::transport::Channel>, pool::Place), FleetError> {
         let address = member.annotations.get(owner::ADDRESS).ok_or_else(|| {
             FleetError::Unavailable(format!(
                 "replica {} publishes no address on its Lease; retry",
                 member.identity
             ))
         })?;
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = channels.get(address) {
-            return Ok(FleetClient::new(c.clone()));
-        }
+        let (channel, place) = self
+            .connections
+            .place(address, || self.connect(member, address))?;
+        Ok((FleetClient::new(channel), place))
+    }
+
+    /// A new connection (made when first used) to `member` at `address`.
+    fn connect(
+        &self,
+        member: &Member,
+        address: &str,
+    ) -> Result<tonic::transport::Channel, FleetError> {
         let scheme = if self.upstream.tls.is_some() {
             "https"
         } else {
@@ -302,9 +312,7 @@ impl Router {
         if let Some(tls) = &self.upstream.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(bad)?;
         }
-        let channel = endpoint.connect_lazy();
-        channels.insert(address.clone(), channel.clone());
-        Ok(FleetClient::new(channel))
+        Ok(endpoint.connect_lazy())
     }
 
     /// One call to `member`: `call` made on a client over its channel, the answer
@@ -317,10 +325,27 @@ impl Router {
     where
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        call(self.client(member)?)
+        self.ask_held(member, call)
+            .await
+            .map(|(answer, _place)| answer)
+    }
+
+    /// [`Router::ask`], with the call's place on its connection, for a call that goes
+    /// on after its answer (a Watch's stream): the place is held until dropped.
+    async fn ask_held<T, Fut>(
+        &self,
+        member: &Member,
+        call: impl FnOnce(FleetClient<tonic::transport::Channel>) -> Fut,
+    ) -> Result<(T, pool::Place), FleetError>
+    where
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let (client, place) = self.client(member)?;
+        let answer = call(client)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| from_replica(&member.identity, &s))
+            .map_err(|s| from_replica(&member.identity, &s))?;
+        Ok((answer, place))
     }
 
     /// `member`'s List page for `clusters`, with who answered and what it was asked.

@@ -133,7 +133,7 @@ impl Routed {
                     let router = &routed.router;
                     async move {
                         let stream = router
-                            .ask(member, |mut c| async move { c.watch(request).await })
+                            .ask_held(member, |mut c| async move { c.watch(request).await })
                             .await?;
                         Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), stream))
                     }
@@ -194,14 +194,18 @@ impl Routed {
         &mut self,
         identity: String,
         clusters: &[String],
-        stream: tonic::Streaming<proto::WatchEvent>,
+        (stream, place): (tonic::Streaming<proto::WatchEvent>, super::pool::Place),
     ) -> u64 {
         let g = self.next_generation;
         self.next_generation += 1;
         let cancel = CancellationToken::new();
+        // The stream holds its place on its connection until it is dropped.
         let items = stream
             .take_until(cancel.clone().cancelled_owned())
-            .map(move |item| (g, Some(item)))
+            .map(move |item| {
+                let _held = &place;
+                (g, Some(item))
+            })
             .chain(stream::once(async move { (g, None) }));
         self.streams.push(items.boxed());
         self.live.insert(g, cancel);
@@ -314,7 +318,7 @@ impl Routed {
                 let request = self.router.request(message, &self.access);
                 let opened = self
                     .router
-                    .ask(&member, |mut c| async move { c.watch(request).await })
+                    .ask_held(&member, |mut c| async move { c.watch(request).await })
                     .await;
                 match opened {
                     Ok(stream) => {

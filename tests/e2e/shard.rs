@@ -2940,3 +2940,103 @@ async fn a_hand_back_interrupted_by_a_kill_costs_a_routed_watch_no_repeat_and_no
     drop((a, b, router));
     fleet.shutdown().await;
 }
+
+/// TCP connections established to the local `port`, as the kernel lists them.
+fn established_to(port: u16) -> usize {
+    let wanted = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local address, remote address, state (01: established).
+            f.len() > 3 && f[1].ends_with(&wanted) && f[3] == "01"
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_else() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    let total = common::truth(&fleet, "configmaps").len() as u64;
+    // One caller's 1,000 Watches (its limit), over two connections to the router:
+    // each a stream from the router to the replica for as long as it runs.
+    let url = format!("http://127.0.0.1:{}", router.port);
+    let mut channels = Vec::new();
+    for _ in 0..2 {
+        channels.push(
+            tonic::transport::Endpoint::from_shared(url.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut watches = Vec::new();
+    for i in 0..1000 {
+        let mut c = fleetscope::proto::fleet_client::FleetClient::new(channels[i % 2].clone());
+        let mut stream = c
+            .watch(fleetscope::proto::WatchRequest {
+                query: Some(configmaps_query()),
+                send_initial_events: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("watch {i}: {e:?}"))
+            .into_inner();
+        // Started: its initial objects come, then their end.
+        loop {
+            let e = tokio::time::timeout(PATIENCE, stream.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if e.r#type == fleetscope::proto::EventType::InitialEventsEnd as i32 {
+                break;
+            }
+        }
+        watches.push(stream);
+    }
+    // Everyone else's calls, many at once, are answered whole.
+    let mut other = router.client().await;
+    // The router carries them on several connections to the replica (at most
+    // 100 calls each), not on one a caller could fill.
+    let port: u16 = a.advertise.rsplit_once(':').unwrap().1.parse().unwrap();
+    let connections = established_to(port);
+    assert!(
+        connections >= 10,
+        "the router's connections to the replica: {connections}"
+    );
+    let counts = (0..300).map(|_| {
+        let mut c = other.clone();
+        async move {
+            c.count(fleetscope::proto::CountRequest {
+                query: Some(configmaps_query()),
+                group_by: vec![],
+            })
+            .await
+        }
+    });
+    for answer in futures::future::join_all(counts).await {
+        let answer = answer.unwrap().into_inner();
+        assert!(
+            answer.total == total && !answer.partial,
+            "a call starved by one caller's Watches: {answer:?}"
+        );
+    }
+    let got = other
+        .list_clusters(fleetscope::proto::ListClustersRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(got.into_inner().clusters.len(), clusters.len());
+    drop(watches);
+    drop((a, router));
+    fleet.shutdown().await;
+}
