@@ -688,13 +688,6 @@ impl ShardArgs {
                 "--shard-identity {identity:?}: not usable in a Lease's name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"
             ),
         )?;
-        let Some(key_file) = &self.shard_page_token_key_file else {
-            return Err(ArgsError::Invalid(
-                "--shard-page-token-key-file (sharding.pageTokenKeyFile) is required with --shard-ring: a replica seals its Lease with the ring's key, and the others count no Lease that is not".into(),
-            ));
-        };
-        let key = crate::grpc::TokenKey::from_file(key_file)
-            .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
         ensure(
             self.shard_lease_duration >= Duration::from_secs(2),
             "--shard-lease-duration (sharding.leaseDuration) must be at least 2s",
@@ -704,6 +697,13 @@ impl ShardArgs {
                 && self.shard_renew_period * 2 <= self.shard_lease_duration,
             "--shard-renew-period (sharding.renewPeriod) must be at most half of --shard-lease-duration (sharding.leaseDuration)",
         )?;
+        let Some(key_file) = &self.shard_page_token_key_file else {
+            return Err(ArgsError::Invalid(
+                "--shard-page-token-key-file (sharding.pageTokenKeyFile) is required with --shard-ring: a replica seals its Lease with the ring's key, and the others count no Lease that is not".into(),
+            ));
+        };
+        let key = crate::grpc::TokenKey::from_file(key_file)
+            .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
         let advertise = match &self.shard_advertise {
             Some(a) => a.clone(),
             None => {

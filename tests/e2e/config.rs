@@ -425,6 +425,7 @@ async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
             "sharding:\n  ring: r\n  leaseDuration: 10s\n  renewPeriod: 6s\n",
             "sharding.renewPeriod",
         ),
+        ("sharding:\n  ring: r\n", "sharding.pageTokenKeyFile"),
         (
             "security:\n  policy: /dev/zero\n",
             "/dev/zero: larger than 64 MiB",
