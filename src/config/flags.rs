@@ -102,6 +102,7 @@ pub fn serve_settings() -> impl Iterator<Item = &'static Setting> {
         ServeArgs::SETTINGS,
         EngineArgs::SETTINGS,
         PersistArgs::SETTINGS,
+        ListenerArgs::SETTINGS,
         SecurityArgs::SETTINGS,
         ShardArgs::SETTINGS,
     ]
@@ -125,10 +126,6 @@ pub struct ServeArgs {
     /// Contexts to watch, by name or glob (`prod-*`); repeat for several. Default: every context.
     #[arg(long = "context", value_name = "PATTERN")]
     pub contexts: Vec<String>,
-    ["listen", Text, Restart]
-    /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
-    pub listen: String,
     ["inCluster.enabled", Bool, Sources]
     /// Also watch the cluster fleetscope runs in, through its service account.
     #[arg(long, env = "FLEETSCOPE_IN_CLUSTER")]
@@ -214,9 +211,6 @@ pub struct ShardArgs {
 /// callers are secured.
 #[derive(Debug, Args)]
 pub struct RouterArgs {
-    /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
-    pub listen: String,
     /// A kubeconfig file holding the coordination cluster's context; repeat for
     /// several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
     #[arg(long = "kubeconfig", value_name = "FILE")]
@@ -278,6 +272,9 @@ pub struct RouterArgs {
         requires = "replica_cert"
     )]
     pub replica_key: Option<PathBuf>,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub listener: ListenerArgs,
     #[allow(missing_docs)]
     #[command(flatten)]
     pub security: SecurityArgs,
@@ -458,14 +455,117 @@ impl SecurityArgs {
 }
 
 crate::settings! {
-/// What to collect and how: shared by `serve` and `demo`.
+/// How the gRPC and metrics listeners serve their callers: shared by `serve`, `demo`
+/// and `router`.
 #[derive(Debug, Args)]
-pub struct EngineArgs {
+pub struct ListenerArgs {
+    ["listen", Text, Restart]
+    /// The gRPC listen address.
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    pub listen: String,
     ["metricsListen", Text, Restart]
     /// Serve Prometheus metrics at /metrics (with /healthz and /readyz) on this
     /// `host:port`; off unless set.
     #[arg(long, env = "FLEETSCOPE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = host_port)]
     pub metrics_listen: Option<String>,
+    ["watch.bookmarkInterval", Seconds, Restart]
+    /// Seconds between Watch bookmarks.
+    #[arg(long, default_value_t = 30)]
+    pub bookmark_seconds: u64,
+    ["grpc.requestTimeout", Duration, Restart]
+    /// The longest a gRPC request may take to its response (a Watch: to its first
+    /// message); a client's own deadline may be shorter.
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
+    pub grpc_request_timeout: Duration,
+    ["grpc.maxInFlight", Count, Restart]
+    /// gRPC requests handled at once, across all connections; more are refused at once
+    /// with UNAVAILABLE (retryable). Health checks are never refused.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_in_flight: u64,
+    ["grpc.maxConnections", Count, Restart]
+    /// Connections open at once (gRPC and metrics each); a connection beyond is closed
+    /// at once, with a log line. Where callers authenticate (client certificates or
+    /// bearer tokens), an eighth of them is kept for connections that did, and when
+    /// the rest are full, the oldest connection that has not is closed for a new one.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_connections: u64,
+    ["grpc.maxConnectionsPerAddress", Count, Restart]
+    /// Connections one peer address may have open at once (gRPC and metrics each).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_connections_per_address: u64,
+    ["grpc.handshakeTimeout", Duration, Restart]
+    /// How long a new connection may take to complete its TLS handshake and begin
+    /// speaking HTTP/2 before it is closed; and then, where callers authenticate and
+    /// it presented no client certificate, to make its first authenticated call
+    /// before it is closed with a GOAWAY.
+    #[arg(long, default_value = "10s", value_parser = crate::config::parse_timeout)]
+    pub grpc_handshake_timeout: Duration,
+    ["grpc.idleTimeout", Duration, Restart]
+    /// How long a gRPC connection may have no call open before it is closed with an
+    /// HTTP/2 GOAWAY (clients open a new connection for their next call).
+    #[arg(long, default_value = "5m", value_parser = crate::config::parse_timeout)]
+    pub grpc_idle_timeout: Duration,
+    ["grpc.keepaliveInterval", Duration, Restart]
+    /// An HTTP/2 PING after this much silence on a gRPC connection; one not answered
+    /// within --grpc-keepalive-timeout closes the connection and ends its streams (a
+    /// client that vanished leaves the Watch count).
+    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
+    pub grpc_keepalive_interval: Duration,
+    ["grpc.keepaliveTimeout", Duration, Restart]
+    /// See --grpc-keepalive-interval.
+    #[arg(long, default_value = "20s", value_parser = crate::config::parse_timeout)]
+    pub grpc_keepalive_timeout: Duration,
+    ["grpc.maxWatchesPerCaller", Count, Restart]
+    /// Watch streams one caller (identity) may have open at once; one more is
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub grpc_max_watches_per_caller: u64,
+}
+}
+
+impl ListenerArgs {
+    /// The gRPC server's limits.
+    pub fn limits(&self) -> crate::server::limits::Limits {
+        crate::server::limits::Limits {
+            request_timeout: self.grpc_request_timeout,
+            max_in_flight: usize::try_from(self.grpc_max_in_flight).unwrap_or(usize::MAX),
+            keepalive_interval: self.grpc_keepalive_interval,
+            keepalive_timeout: self.grpc_keepalive_timeout,
+            ..Default::default()
+        }
+    }
+
+    /// How connections are admitted; with `keep_for_authenticated` (callers prove who
+    /// they are), some places are kept for connections that did.
+    pub fn admission(&self, keep_for_authenticated: bool) -> crate::server::tls::Admission {
+        crate::server::tls::Admission {
+            max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
+            keep_for_authenticated,
+            max_connections_per_address: usize::try_from(self.grpc_max_connections_per_address)
+                .unwrap_or(usize::MAX),
+            handshake_timeout: self.grpc_handshake_timeout,
+            idle_timeout: self.grpc_idle_timeout,
+        }
+    }
+
+    /// The Fleet service's settings, page tokens signed with `token_key`.
+    pub fn service(&self, token_key: crate::grpc::TokenKey) -> ServiceConfig {
+        ServiceConfig {
+            bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
+            max_watches_per_caller: usize::try_from(self.grpc_max_watches_per_caller)
+                .unwrap_or(usize::MAX),
+            ..ServiceConfig::new(token_key)
+        }
+    }
+}
+
+crate::settings! {
+/// What to collect and how: shared by `serve` and `demo`.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub listener: ListenerArgs,
     ["resources", Resources, Collection]
     /// Resource types to collect, kubectl-style (`pods`, `deployments.apps`, `apps/v1/deployments`), comma-separated; `*` for every watchable type.
     #[arg(
@@ -548,53 +648,6 @@ pub struct EngineArgs {
     /// Events a Watch subscriber may fall behind before it is ended.
     #[arg(long, default_value_t = 10_000)]
     pub subscriber_buffer: usize,
-    ["watch.bookmarkInterval", Seconds, Restart]
-    /// Seconds between Watch bookmarks.
-    #[arg(long, default_value_t = 30)]
-    pub bookmark_seconds: u64,
-    ["grpc.requestTimeout", Duration, Restart]
-    /// The longest a gRPC request may take to its response (a Watch: to its first
-    /// message); a client's own deadline may be shorter.
-    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
-    pub grpc_request_timeout: Duration,
-    ["grpc.maxInFlight", Count, Restart]
-    /// gRPC requests handled at once, across all connections; more are refused at once
-    /// with UNAVAILABLE (retryable). Health checks are never refused.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub grpc_max_in_flight: u64,
-    ["grpc.maxConnections", Count, Restart]
-    /// Connections open at once (gRPC and metrics each); a connection beyond is closed
-    /// at once, with a log line. Where callers authenticate (client certificates or
-    /// bearer tokens), an eighth of them is kept for connections that did, and when
-    /// the rest are full, the oldest connection that has not is closed for a new one.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub grpc_max_connections: u64,
-    ["grpc.maxConnectionsPerAddress", Count, Restart]
-    /// Connections one peer address may have open at once (gRPC and metrics each).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub grpc_max_connections_per_address: u64,
-    ["grpc.handshakeTimeout", Duration, Restart]
-    /// How long a new connection may take to complete its TLS handshake and begin
-    /// speaking HTTP/2 before it is closed; and then, where callers authenticate and
-    /// it presented no client certificate, to make its first authenticated call
-    /// before it is closed with a GOAWAY.
-    #[arg(long, default_value = "10s", value_parser = crate::config::parse_timeout)]
-    pub grpc_handshake_timeout: Duration,
-    ["grpc.idleTimeout", Duration, Restart]
-    /// How long a gRPC connection may have no call open before it is closed with an
-    /// HTTP/2 GOAWAY (clients open a new connection for their next call).
-    #[arg(long, default_value = "5m", value_parser = crate::config::parse_timeout)]
-    pub grpc_idle_timeout: Duration,
-    ["grpc.keepaliveInterval", Duration, Restart]
-    /// An HTTP/2 PING after this much silence on a gRPC connection; one not answered
-    /// within --grpc-keepalive-timeout closes the connection and ends its streams (a
-    /// client that vanished leaves the Watch count).
-    #[arg(long, default_value = "30s", value_parser = crate::config::parse_timeout)]
-    pub grpc_keepalive_interval: Duration,
-    ["grpc.keepaliveTimeout", Duration, Restart]
-    /// See --grpc-keepalive-interval.
-    #[arg(long, default_value = "20s", value_parser = crate::config::parse_timeout)]
-    pub grpc_keepalive_timeout: Duration,
     ["informer.execTimeout", Duration, Collection]
     /// The longest an exec credential plugin may run (`30s`, `2m`); it is then killed
     /// with the processes it started, and its cluster reported as failing.
@@ -610,11 +663,6 @@ pub struct EngineArgs {
     /// (RESOURCE_EXHAUSTED, with the revision to resume from).
     #[arg(long, default_value = "60s", value_parser = crate::config::parse_timeout)]
     pub watch_stall_timeout: Duration,
-    ["grpc.maxWatchesPerCaller", Count, Restart]
-    /// Watch streams one caller (identity) may have open at once; one more is
-    /// RESOURCE_EXHAUSTED.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub grpc_max_watches_per_caller: u64,
 }
 }
 
@@ -838,40 +886,6 @@ impl EngineArgs {
             ..Default::default()
         })
     }
-
-    /// The gRPC server's limits.
-    pub fn limits(&self) -> crate::server::limits::Limits {
-        crate::server::limits::Limits {
-            request_timeout: self.grpc_request_timeout,
-            max_in_flight: usize::try_from(self.grpc_max_in_flight).unwrap_or(usize::MAX),
-            keepalive_interval: self.grpc_keepalive_interval,
-            keepalive_timeout: self.grpc_keepalive_timeout,
-            ..Default::default()
-        }
-    }
-
-    /// How connections are admitted; with `keep_for_authenticated` (callers prove who
-    /// they are), some places are kept for connections that did.
-    pub fn admission(&self, keep_for_authenticated: bool) -> crate::server::tls::Admission {
-        crate::server::tls::Admission {
-            max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
-            keep_for_authenticated,
-            max_connections_per_address: usize::try_from(self.grpc_max_connections_per_address)
-                .unwrap_or(usize::MAX),
-            handshake_timeout: self.grpc_handshake_timeout,
-            idle_timeout: self.grpc_idle_timeout,
-        }
-    }
-
-    /// The Fleet service's settings, page tokens signed with `token_key`.
-    pub fn service(&self, token_key: crate::grpc::TokenKey) -> ServiceConfig {
-        ServiceConfig {
-            bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
-            max_watches_per_caller: usize::try_from(self.grpc_max_watches_per_caller)
-                .unwrap_or(usize::MAX),
-            ..ServiceConfig::new(token_key)
-        }
-    }
 }
 
 /// The simulated clusters of `demo` and `sim`.
@@ -939,9 +953,6 @@ impl FleetArgs {
 /// `demo`'s flags.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
-    pub listen: String,
     #[allow(missing_docs)]
     #[command(flatten)]
     pub fleet: FleetArgs,

@@ -28,6 +28,7 @@ use crate::shard::lease::{Member, Observed};
 use crate::shard::owner;
 
 mod pool;
+pub mod stats;
 mod watch;
 
 /// How the router reaches the replicas.
@@ -53,6 +54,7 @@ pub struct Router {
     observed: tokio::sync::watch::Receiver<Observed>,
     upstream: Upstream,
     connections: Arc<pool::Pools>,
+    stats: Arc<stats::Stats>,
 }
 
 /// Where a routed list continues: for each replica drawn on, the snapshot it listed
@@ -75,6 +77,7 @@ impl Router {
             observed,
             upstream,
             connections: Arc::default(),
+            stats: Arc::default(),
         }
     }
 
@@ -340,12 +343,40 @@ impl Router {
     where
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let (client, place) = self.client(member)?;
-        let answer = call(client)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| from_replica(&member.identity, &s))?;
-        Ok((answer, place))
+        let started = std::time::Instant::now();
+        let answer = match self.client(member) {
+            Ok((client, place)) => call(client)
+                .await
+                .map(|a| (a.into_inner(), place))
+                .map_err(|s| from_replica(&member.identity, &s)),
+            Err(e) => Err(e),
+        };
+        self.stats.record(
+            &member.identity,
+            started.elapsed(),
+            answer.as_ref().map(|_| ()),
+        );
+        answer
+    }
+
+    /// The ring and the replicas' calls as this router sees them now, for its
+    /// metrics.
+    pub fn figures(&self) -> stats::RingFigures {
+        let members = self.members().unwrap_or_default();
+        let serving = Self::serving(&members);
+        stats::RingFigures {
+            members: members.len(),
+            unserved: self.unserved(&serving).len(),
+            refused: self.observed.borrow().refused().len(),
+            connections: self.connections.figures(),
+            calls: self.stats.calls(),
+        }
+    }
+
+    /// Whether the router can answer: the ring's Leases read and one replica's taken
+    /// (see [`Router::ready`]); why not, when not.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.members().map(|_| ()).map_err(|e| e.to_string())
     }
 
     /// `member`'s List page for `clusters`, with who answered and what it was asked.

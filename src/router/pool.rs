@@ -70,6 +70,18 @@ impl Pools {
         Ok((chosen.channel, Place(chosen.open)))
     }
 
+    /// Per address: connections open, and calls open on them.
+    pub fn figures(&self) -> BTreeMap<String, (usize, usize)> {
+        let pools = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        pools
+            .iter()
+            .map(|(a, p)| {
+                let open = p.iter().map(|c| c.open.load(Ordering::Acquire)).sum();
+                (a.clone(), (p.len(), open))
+            })
+            .collect()
+    }
+
     /// Connections open to each address.
     #[cfg(test)]
     fn connections(&self) -> BTreeMap<String, usize> {

@@ -9,9 +9,7 @@ use std::time::Duration;
 use fleetscope_model::fleet::Deferred;
 use fleetscope_sim::SimFleet;
 
-use crate::config::flags::{
-    ArgsError, DemoArgs, EngineArgs, FleetArgs, SecurityArgs, ServeArgs, SimArgs,
-};
+use crate::config::flags::{ArgsError, DemoArgs, FleetArgs, SecurityArgs, ServeArgs, SimArgs};
 use crate::config::kubeconfig::{KubeconfigSources, LoadError};
 use crate::config::reload::{self, ConfigFile, Reloads};
 use crate::config::resolve::{ResolveError, Row};
@@ -162,7 +160,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let reload = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     // A ring's coordination cluster, like a kubeconfig, is checked before any port is bound.
-    let membership = match args.shard.membership(&args.listen)? {
+    let membership = match args.shard.membership(&args.engine.listener.listen)? {
         None => None,
         Some((membership, advertise)) => Some((
             membership,
@@ -194,7 +192,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     check_security(&args.security, &kubeconfig_paths)?;
     // What serve writes (the store, its key) is for its own user only.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    let listener = server::bind(&args.listen).await?;
+    let listener = server::bind(&args.engine.listener.listen).await?;
     let key = match (&args.shard.shard_page_token_key_file, &data_dir) {
         (Some(file), dir) => {
             if let Some(dir) = dir {
@@ -209,7 +207,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         }
         (None, None) => crate::grpc::TokenKey::random()?,
     };
-    let mut service = args.engine.service(key);
+    let mut service = args.engine.listener.service(key);
     let replica = match membership {
         None => None,
         Some((membership, advertise, source)) => {
@@ -290,14 +288,16 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         kubeconfig_paths.clone(),
         reload::sources_input(sources, desired_tx),
     );
-    let metrics = bind_metrics(&args.engine).await?;
+    let metrics = bind_metrics(&args.engine.listener).await?;
     let security = secure(
         &args.security,
         Some(&fleet),
         &kubeconfig_paths,
         (
             args.engine.exec_timeout,
-            args.engine.admission(args.security.authenticates()),
+            args.engine
+                .listener
+                .admission(args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &reload,
@@ -312,7 +312,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         start,
         Serving {
             service,
-            limits: args.engine.limits(),
+            limits: args.engine.listener.limits(),
             security,
             reloads: reload.clone(),
             replica,
@@ -343,7 +343,8 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
         .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
     let upstream_tls = args.upstream_tls()?;
     check_security(&args.security, &kubeconfigs)?;
-    let listener = server::bind(&args.listen).await?;
+    let listener = server::bind(&args.listener.listen).await?;
+    let metrics = bind_metrics(&args.listener).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
     let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
@@ -374,21 +375,32 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
         &kubeconfigs,
         (
             EXEC_TIMEOUT,
-            server::tls::Admission {
-                keep_for_authenticated: args.security.authenticates(),
-                ..Default::default()
-            },
+            args.listener.admission(args.security.authenticates()),
         ),
-        (&listener, None),
+        (&listener, metrics.as_ref()),
         &stop,
         &mut reloads,
     )?;
-    let mut config = crate::grpc::ServiceConfig::new(key);
+    let mut config = args.listener.service(key);
     config.inputs = reloads.status();
     crate::tasks::spawn("reloader", reloads.run(hangups, stop.clone()));
     // Ready once the ring's Leases have been read and one replica's taken.
     let ready = router.ready();
-    let service = FleetService::new(router, config, stop.clone());
+    let inputs = config.inputs.clone();
+    let service = FleetService::new(router.clone(), config, stop.clone());
+    let counted = serve_metrics(
+        metrics,
+        telemetry::metrics::Sources {
+            engine: None,
+            router: Some(router.clone()),
+            subscribers: service.subscribers(),
+            inputs,
+            shard: None,
+        },
+        router,
+        &security,
+        &stop,
+    );
     crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
     crate::tasks::spawn("shutdown-signal", {
         let stop = stop.clone();
@@ -405,8 +417,8 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
             let stop = stop.clone();
             async move { stop.cancelled().await }
         },
-        GrpcLayer::off(),
-        server::limits::Limits::default(),
+        counted,
+        args.listener.limits(),
         security,
     )
     .await;
@@ -454,7 +466,7 @@ pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<()
     let (sources, _) = plan(&args)?;
     let clusters = sources.load()?;
     check_security(&args.security, &sources.paths)?;
-    args.shard.membership(&args.listen)?;
+    args.shard.membership(&args.engine.listener.listen)?;
     let names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
     say!(
         "\n{}: valid; {} cluster(s): {}",
@@ -548,34 +560,19 @@ async fn run(
         replica.as_ref().map(|r| r.gate.clone()),
     ));
     let service = FleetService::new(gated, service, stop.clone());
-    let mut counted = GrpcLayer::off();
-    if let Some(listener) = metrics {
-        let (registry, grpc) = telemetry::metrics::registry(telemetry::metrics::Sources {
-            engine: fleet.clone(),
+    let counted = serve_metrics(
+        metrics,
+        telemetry::metrics::Sources {
+            engine: Some(fleet.clone()),
+            router: None,
             subscribers: service.subscribers(),
             inputs,
             shard: replica.as_ref().map(|r| r.status.clone()),
-        });
-        counted = GrpcLayer::new(grpc);
-        if let Ok(addr) = listener.local_addr() {
-            let scheme = if security.tls.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            tracing::info!("metrics on {scheme}://{addr}/metrics (and /healthz, /readyz)");
-        }
-        crate::tasks::spawn(
-            "metrics-listener",
-            telemetry::metrics::serve(
-                listener,
-                std::sync::Arc::new(registry),
-                fleet.clone(),
-                security.clone(),
-                stop.clone(),
-            ),
-        );
-    }
+        },
+        fleet.clone(),
+        &security,
+        &stop,
+    );
     let (started_tx, started) = tokio::sync::oneshot::channel::<std::sync::Arc<Engine>>();
     let ready = async move {
         match started.await {
@@ -962,16 +959,53 @@ fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {
 }
 
 /// Binds the metrics listener when one is asked for, before anything starts.
-async fn bind_metrics(args: &EngineArgs) -> Result<Option<tokio::net::TcpListener>, RunError> {
+async fn bind_metrics(
+    args: &crate::config::flags::ListenerArgs,
+) -> Result<Option<tokio::net::TcpListener>, RunError> {
     match &args.metrics_listen {
         Some(addr) => Ok(Some(server::bind(addr).await?)),
         None => Ok(None),
     }
 }
 
+/// Serves the metrics of `sources` on `listener` (when given) until `stop`, `/readyz`
+/// by `ready`; the layer that counts the gRPC server's calls into them (off without
+/// a listener).
+fn serve_metrics(
+    listener: Option<tokio::net::TcpListener>,
+    sources: telemetry::metrics::Sources,
+    ready: std::sync::Arc<dyn telemetry::metrics::Readiness>,
+    security: &server::Security,
+    stop: &tokio_util::sync::CancellationToken,
+) -> GrpcLayer {
+    let Some(listener) = listener else {
+        return GrpcLayer::off();
+    };
+    let (registry, grpc) = telemetry::metrics::registry(sources);
+    if let Ok(addr) = listener.local_addr() {
+        let scheme = if security.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!("metrics on {scheme}://{addr}/metrics (and /livez, /readyz)");
+    }
+    crate::tasks::spawn(
+        "metrics-listener",
+        telemetry::metrics::serve(
+            listener,
+            std::sync::Arc::new(registry),
+            ready,
+            security.clone(),
+            stop.clone(),
+        ),
+    );
+    GrpcLayer::new(grpc)
+}
+
 /// `fleetscope demo`: simulated clusters and the server over them, in memory.
 pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
-    let listener = server::bind(&args.listen).await?;
+    let listener = server::bind(&args.engine.listener.listen).await?;
     let fleet = start_fleet(&args.fleet).await?;
     let kubeconfig =
         std::env::temp_dir().join(format!("fleetscope-demo-{}.kubeconfig", std::process::id()));
@@ -1013,7 +1047,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         churn = args.fleet.churn,
     );
     // The demo's clusters are new each run, so it keeps its state in memory.
-    let metrics = bind_metrics(&args.engine).await?;
+    let metrics = bind_metrics(&args.engine.listener).await?;
     let stop_reloads = tokio_util::sync::CancellationToken::new();
     let fleet_view = std::sync::Arc::new(Deferred::<Engine>::default());
     let mut reloads = Reloads::default();
@@ -1023,7 +1057,9 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         std::slice::from_ref(&kubeconfig),
         (
             args.engine.exec_timeout,
-            args.engine.admission(args.security.authenticates()),
+            args.engine
+                .listener
+                .admission(args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &stop_reloads,
@@ -1036,7 +1072,10 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
             return Err(e);
         }
     };
-    let mut service = args.engine.service(crate::grpc::TokenKey::random()?);
+    let mut service = args
+        .engine
+        .listener
+        .service(crate::grpc::TokenKey::random()?);
     service.inputs = reloads.status();
     let hangups = server::hangups().map_err(RunError::Signal)?;
     crate::tasks::spawn("reloader", reloads.run(hangups, stop_reloads.clone()));
@@ -1047,7 +1086,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         move || Ok(Engine::start(clusters, config)),
         Serving {
             service,
-            limits: args.engine.limits(),
+            limits: args.engine.listener.limits(),
             security,
             reloads: stop_reloads.clone(),
             replica: None,

@@ -27,11 +27,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::grpc::Subscribers;
 
-/// What the metrics are read from: the engine once started, and the gRPC service's
-/// Watch streams.
+/// What the metrics are read from: the engine once started (a server's), the router
+/// (a router's), and the gRPC service's Watch streams.
 pub struct Sources {
-    /// The engine, set once started.
-    pub engine: Arc<Deferred<Engine>>,
+    /// The engine, set once started; none in a router.
+    pub engine: Option<Arc<Deferred<Engine>>>,
+    /// The router, in a router.
+    pub router: Option<Arc<crate::router::Router>>,
     /// The service's Watch streams.
     pub subscribers: Arc<Subscribers>,
     /// The server's inputs that reload.
@@ -43,7 +45,10 @@ pub struct Sources {
 impl std::fmt::Debug for Sources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sources")
-            .field("started", &self.engine.get().is_some())
+            .field(
+                "started",
+                &self.engine.as_ref().is_some_and(|e| e.get().is_some()),
+            )
             .field("subscribers", &self.subscribers)
             .finish()
     }
@@ -190,6 +195,82 @@ fn process(e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     ] {
         single(e, name, help, MetricType::Gauge, ConstGauge::new(value))?;
     }
+    Ok(())
+}
+
+/// A router's figures: the ring as it sees it, its connections and each replica's
+/// calls.
+fn router_metrics(
+    e: &mut DescriptorEncoder,
+    r: &crate::router::stats::RingFigures,
+) -> Result<(), std::fmt::Error> {
+    let count = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+    single(
+        e,
+        "fleetscope_router_members",
+        "Live replicas of the ring, as this router counts them (their Leases sealed with the ring's key and renewed within the lease duration).",
+        MetricType::Gauge,
+        count(r.members),
+    )?;
+    single(
+        e,
+        "fleetscope_router_clusters_unserved",
+        "Clusters of the ring no replica serves now (answers drawing on them are partial).",
+        MetricType::Gauge,
+        count(r.unserved),
+    )?;
+    single(
+        e,
+        "fleetscope_router_leases_refused",
+        "Leases of the ring not taken: not sealed with this router's ring key, edited since, or written back from an older copy.",
+        MetricType::Gauge,
+        count(r.refused),
+    )?;
+    let by_address = |value: fn(&(usize, usize)) -> usize| {
+        r.connections
+            .iter()
+            .map(move |(a, f)| (vec![("address", a.clone())], count(value(f))))
+    };
+    family(
+        e,
+        "fleetscope_router_replica_connections",
+        "Connections open to each replica address (another opens once each carries 100 calls).",
+        MetricType::Gauge,
+        by_address(|f| f.0),
+    )?;
+    family(
+        e,
+        "fleetscope_router_replica_calls_open",
+        "Calls open to each replica address now (a Watch's stream counts while it runs).",
+        MetricType::Gauge,
+        by_address(|f| f.1),
+    )?;
+    family(
+        e,
+        "fleetscope_router_replica_request_duration_seconds",
+        "How long each call to a replica took to its answer (a Watch: to its start), answered or not.",
+        MetricType::Histogram,
+        r.calls.iter().map(|(replica, c)| {
+            (
+                vec![("replica", replica.clone())],
+                HistogramValue(&c.latency),
+            )
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_router_replica_errors",
+        "Calls to a replica that failed, by gRPC code.",
+        MetricType::Counter,
+        r.calls.iter().flat_map(|(replica, c)| {
+            c.errors.iter().map(move |(code, n)| {
+                (
+                    vec![("replica", replica.clone()), ("code", code.clone())],
+                    ConstCounter::new(*n),
+                )
+            })
+        }),
+    )?;
     Ok(())
 }
 
@@ -362,7 +443,10 @@ impl Collector for FleetCollector {
         if let Some(shard) = &self.0.shard {
             shard_metrics(&mut e, &shard.borrow())?;
         }
-        let Some(engine) = self.0.engine.get() else {
+        if let Some(router) = &self.0.router {
+            router_metrics(&mut e, &router.figures())?;
+        }
+        let Some(engine) = self.0.engine.as_ref().and_then(|e| e.get()) else {
             // Starting: the engine's figures come once it is.
             return Ok(());
         };
@@ -585,13 +669,36 @@ impl Collector for FleetCollector {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
-/// `/readyz` answers 200 once the engine is ready (restored, or every cluster
-/// discovered once or failed), 503 before.
+/// Whether a process can answer, and why not when it cannot (for `/readyz`).
+pub trait Readiness: Send + Sync + 'static {
+    /// `Ok` when ready; why not, otherwise.
+    fn readiness(&self) -> Result<(), String>;
+}
+
+impl Readiness for Deferred<Engine> {
+    /// Ready once the engine is (restored, or every cluster discovered once or
+    /// failed).
+    fn readiness(&self) -> Result<(), String> {
+        match self.get() {
+            Some(e) if e.observe().ready => Ok(()),
+            Some(_) => Err("discovering clusters".into()),
+            None => Err("starting: loading the store".into()),
+        }
+    }
+}
+
+impl Readiness for crate::router::Router {
+    fn readiness(&self) -> Result<(), String> {
+        crate::router::Router::readiness(self)
+    }
+}
+
+/// Serves `/metrics`, `/healthz`, `/livez` and `/readyz` on `listener` until `stop`.
+/// `/readyz` answers 200 once `ready` says so, 503 (saying why) before.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    engine: Arc<Deferred<Engine>>,
+    engine: Arc<dyn Readiness>,
     security: crate::server::Security,
     stop: CancellationToken,
 ) {
@@ -664,7 +771,7 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
 fn answer(
     r: &Request<Incoming>,
     registry: &Registry,
-    engine: &Deferred<Engine>,
+    engine: &Arc<dyn Readiness>,
 ) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if r.method() != Method::GET && r.method() != Method::HEAD {
@@ -687,18 +794,9 @@ fn answer(
             }
         }
         "/healthz" | "/livez" => text(StatusCode::OK, PLAIN, "ok\n".into()),
-        "/readyz" => match engine.get() {
-            Some(e) if e.observe().ready => text(StatusCode::OK, PLAIN, "ok\n".into()),
-            Some(_) => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                PLAIN,
-                "discovering clusters\n".into(),
-            ),
-            None => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                PLAIN,
-                "starting: loading the store\n".into(),
-            ),
+        "/readyz" => match engine.readiness() {
+            Ok(()) => text(StatusCode::OK, PLAIN, "ok\n".into()),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, format!("{why}\n")),
         },
         _ => text(
             StatusCode::NOT_FOUND,

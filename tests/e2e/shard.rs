@@ -3040,3 +3040,109 @@ async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_el
     drop((a, router));
     fleet.shutdown().await;
 }
+
+/// `path` of the HTTP listener at `addr`: its status and body.
+async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_has_its_own_metrics_readiness_and_limits() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(3, 2).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=3).map(|i| format!("sim-{i}")).collect();
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    // Before any replica runs, the router is live and not ready, and says why.
+    std::fs::write(kubeconfig.with_file_name("page-token.key"), [7u8; 32]).unwrap();
+    let router = RouterProcess::start_with(
+        &kubeconfig,
+        &log,
+        &[
+            "--shard-lease-duration",
+            "3s",
+            "--metrics-listen",
+            &metrics,
+            "--grpc-max-watches-per-caller",
+            "2",
+        ],
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let not_ready = loop {
+        if let Some((503, body)) = http_get(&metrics, "/readyz").await {
+            break body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no /readyz");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        not_ready.contains("no replica has published one yet"),
+        "{not_ready}"
+    );
+    assert_eq!(
+        http_get(&metrics, "/livez").await.map(|(c, _)| c),
+        Some(200)
+    );
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    split(&[&a, &b], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    assert_eq!(
+        http_get(&metrics, "/readyz").await.map(|(c, _)| c),
+        Some(200)
+    );
+    // Its per-caller limit: a third Watch of one caller is refused.
+    let mut c = router.client().await;
+    let watch = || fleetscope::proto::WatchRequest {
+        query: Some(configmaps_query()),
+        ..Default::default()
+    };
+    let first = c.watch(watch()).await.unwrap();
+    let second = c.watch(watch()).await.unwrap();
+    let third = c.watch(watch()).await.map(|_| ()).unwrap_err();
+    assert_eq!(third.code(), tonic::Code::ResourceExhausted, "{third:?}");
+    // Its series: the ring as it sees it, each replica's calls, its gRPC server's.
+    let text = common::scrape(&metrics).await.unwrap();
+    let value = |series: &str| common::sample_in(&text, series);
+    assert_eq!(value("fleetscope_router_members"), Some(2.0), "{text}");
+    assert_eq!(
+        value("fleetscope_router_clusters_unserved"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        value("fleetscope_router_leases_refused"),
+        Some(0.0),
+        "{text}"
+    );
+    for replica in ["replica-a", "replica-b"] {
+        let calls = text
+            .lines()
+            .find(|l| {
+                l.starts_with("fleetscope_router_replica_request_duration_seconds_count{")
+                    && l.contains(&format!("replica=\"{replica}\""))
+            })
+            .unwrap_or_else(|| panic!("no calls of {replica}: {text}"));
+        assert!(!calls.ends_with(" 0"), "{calls}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("fleetscope_router_replica_calls_open{") && !l.ends_with(" 0")),
+        "the open Watches hold their places: {text}"
+    );
+    assert!(
+        text.contains("fleetscope_grpc_server_handled_total"),
+        "{text}"
+    );
+    drop((first, second));
+    drop((a, b, router));
+    fleet.shutdown().await;
+}
