@@ -3077,7 +3077,9 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
     );
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let not_ready = loop {
-        if let Some((503, body)) = http_get(&metrics, "/readyz").await {
+        if let Some((503, body)) = http_get(&metrics, "/readyz").await
+            && body.contains("no replica has published one yet")
+        {
             break body;
         }
         assert!(tokio::time::Instant::now() < deadline, "no /readyz");
@@ -3143,6 +3145,134 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
         "{text}"
     );
     drop((first, second));
+    drop((a, b, router));
+    fleet.shutdown().await;
+}
+
+/// Quorum reads (consistent and exact lists) the simulated clusters served.
+fn quorum_lists(fleet: &fleetscope_sim::SimFleet) -> u64 {
+    fleet
+        .servers()
+        .iter()
+        .map(|s| s.cluster().lists_of(fleetscope_sim::ListKind::Quorum))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_from_one_old_position_read_each_member_once_and_a_position_past_it_is_refused() {
+    use fleetscope::proto::{EventType, StreamPosition, WatchRequest};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
+    let mut a = Replica::start(&kubeconfig, "replica-a", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    // A subscriber's position: the end of its initial objects.
+    let mut first = router
+        .client()
+        .await
+        .watch(WatchRequest {
+            query: Some(configmaps_query()),
+            send_initial_events: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let token = loop {
+        let e = tokio::time::timeout(PATIENCE, first.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if e.r#type == EventType::InitialEventsEnd as i32 && !e.position_token.is_empty() {
+            break e.position_token;
+        }
+    };
+    drop(first);
+    // Changes after it; then the clusters move to a replica that took them up with a
+    // list made after those changes: a resume from the position reads the members'
+    // history.
+    for c in &clusters {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(common::kube_client(&kubeconfig, c).await, "team-1");
+        for i in 0..2 {
+            let cm = serde_json::from_value(
+                serde_json::json!({"metadata": {"name": format!("after-{i}")}}),
+            )
+            .unwrap();
+            api.create(&Default::default(), &cm).await.unwrap();
+        }
+    }
+    a.server.kill();
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    split(&[&b], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+
+    // 30 subscribers resume from that one position at once: each gets the 4
+    // changes, and each member's history is read about once, not 30 times.
+    let before = quorum_lists(&fleet);
+    let resume = |after: Vec<StreamPosition>| WatchRequest {
+        query: Some(configmaps_query()),
+        resume_token: token.clone(),
+        resume_positions: after,
+        ..Default::default()
+    };
+    let resumes = (0..30).map(|_| {
+        let router = &router;
+        let request = resume(Vec::new());
+        async move {
+            let mut s = router
+                .client()
+                .await
+                .watch(request)
+                .await
+                .unwrap()
+                .into_inner();
+            let mut changes = 0;
+            while changes < 4 {
+                let e = tokio::time::timeout(PATIENCE, s.message())
+                    .await
+                    .expect("the changes in time")
+                    .unwrap()
+                    .expect("the stream goes on");
+                if e.r#type == EventType::Added as i32 {
+                    changes += 1;
+                }
+                assert_ne!(e.r#type, EventType::Reset as i32, "the history was there");
+            }
+        }
+    });
+    futures::future::join_all(resumes).await;
+    let read = quorum_lists(&fleet) - before;
+    assert!(
+        read <= 2 * clusters.len() as u64,
+        "{read} quorum reads of the members for 30 resumes from one position"
+    );
+
+    // A position past what its member has given is refused, not taken as muting it.
+    let mut c = router.client().await;
+    let far = resume(vec![StreamPosition {
+        cluster: "sim-1".into(),
+        resource: "configmaps".into(),
+        resource_version: "999999999".into(),
+    }]);
+    let refused = match c.watch(far).await {
+        Err(s) => s,
+        Ok(s) => {
+            let mut s = s.into_inner();
+            loop {
+                match tokio::time::timeout(PATIENCE, s.message()).await.unwrap() {
+                    Err(status) => break status,
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("the stream ended without refusing the position"),
+                }
+            }
+        }
+    };
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("999999999"), "{refused:?}");
     drop((a, b, router));
     fleet.shutdown().await;
 }

@@ -29,9 +29,49 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-/// Every running stream's history reader, lent by the cluster loops.
+/// Every running stream's history reader, lent by the cluster loops, and the reads
+/// in progress, shared.
 #[derive(Clone, Default)]
-pub(crate) struct Histories(Arc<Mutex<HashMap<(ClusterName, String), History>>>);
+pub(crate) struct Histories(
+    Arc<Mutex<HashMap<(ClusterName, String), History>>>,
+    Arc<Mutex<HashMap<ReadKey, std::sync::Weak<SharedRead>>>>,
+);
+
+/// A read of one stream's history from one position.
+type ReadKey = (ClusterName, Arc<str>, Arc<str>);
+
+/// One read of a member's history from one position, shared by every subscriber
+/// carried from there at once: what it has given so far is kept, so a subscriber that
+/// joins late is given all of it, and the member is read once however many resume
+/// from the same position. It stops once no subscriber holds it.
+pub(crate) struct SharedRead {
+    /// The updates so far, and how the read ended.
+    log: Mutex<(Vec<Update>, Option<HistoryEnd>)>,
+    /// How many entries the log has (updates, and the end), for readers to wait on.
+    grown: tokio::sync::watch::Sender<usize>,
+    /// Stops the read.
+    stop: CancellationToken,
+}
+
+impl Drop for SharedRead {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl SharedRead {
+    /// The entries from `from` on: the updates, and the end once every update is
+    /// given.
+    fn since(&self, from: usize) -> (Vec<Update>, Option<HistoryEnd>) {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let updates = log
+            .0
+            .get(from..)
+            .map(<[Update]>::to_vec)
+            .unwrap_or_default();
+        (updates, log.1.clone())
+    }
+}
 
 impl Histories {
     /// Keeps (or, with `None`, forgets) the reader of `resource` in `cluster`.
@@ -52,6 +92,70 @@ impl Histories {
     pub(crate) fn of(&self, cluster: &ClusterName, resource: &str) -> Option<History> {
         let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
         held.get(&(cluster.clone(), resource.to_string())).cloned()
+    }
+
+    /// The read of `history` from `from`: the one in progress, joined, or a new one
+    /// (on `tasks`, until no one holds it or `cancel`).
+    pub(crate) fn read(
+        &self,
+        history: History,
+        from: Arc<str>,
+        tasks: &TaskTracker,
+        cancel: &CancellationToken,
+    ) -> Arc<SharedRead> {
+        let key = (
+            history.stream().cluster.clone(),
+            history.stream().name.clone(),
+            from.clone(),
+        );
+        let mut reads = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(read) = reads.get(&key).and_then(std::sync::Weak::upgrade) {
+            return read;
+        }
+        reads.retain(|_, r| r.strong_count() > 0);
+        let read = Arc::new(SharedRead {
+            log: Mutex::default(),
+            grown: tokio::sync::watch::Sender::new(0),
+            stop: cancel.child_token(),
+        });
+        reads.insert(key, Arc::downgrade(&read));
+        let span = tracing::info_span!("task", task = "watch-history", cluster = %history.stream().cluster, resource = %history.stream().name);
+        let (token, shared) = (read.stop.clone(), Arc::downgrade(&read));
+        tasks.spawn(
+            async move {
+                let (updates, mut rx) = mpsc::channel(64);
+                let reading = history.read(&from, updates, token);
+                tokio::pin!(reading);
+                let push = |entry: Result<Update, HistoryEnd>| {
+                    let Some(shared) = shared.upgrade() else {
+                        return false;
+                    };
+                    let mut log = shared.log.lock().unwrap_or_else(|e| e.into_inner());
+                    match entry {
+                        Ok(u) => log.0.push(u),
+                        Err(end) => log.1 = Some(end),
+                    }
+                    let n = log.0.len() + usize::from(log.1.is_some());
+                    drop(log);
+                    shared.grown.send_replace(n);
+                    true
+                };
+                let end = loop {
+                    tokio::select! {
+                        end = &mut reading => break end,
+                        Some(u) = rx.recv() => if !push(Ok(u)) { return },
+                    }
+                };
+                while let Some(u) = rx.recv().await {
+                    if !push(Ok(u)) {
+                        return;
+                    }
+                }
+                push(Err(end));
+            }
+            .instrument(span),
+        );
+        read
     }
 }
 
@@ -75,8 +179,11 @@ pub(crate) struct CatchUp {
     /// The revision the Watch started at: this replica's changes up to it are not
     /// the subscriber's concern (a replay of the cluster leaving earlier, say).
     floor: Revision,
-    /// Stops the read when the catch-up is dropped.
+    /// Stops passing the read on when the catch-up is dropped.
     _read: DropGuard,
+    /// The read, shared with other subscribers from the same position: it stops once
+    /// none holds it.
+    _shared: Arc<SharedRead>,
 }
 
 /// Where a caught-up stream goes on from this replica's own.
@@ -97,10 +204,11 @@ pub(crate) enum Meet {
 }
 
 impl CatchUp {
-    /// Starts reading `history` from `from` (on `tasks`, until dropped or
-    /// `cancel`), its updates sent on `tx` as `cluster`'s.
+    /// Passes `read` (of `cluster`'s history from `from`) on to `tx` as `cluster`'s,
+    /// from its first update (on `tasks`, until dropped or `cancel`).
     pub(crate) fn start(
-        history: History,
+        read: Arc<SharedRead>,
+        cluster: ClusterName,
         from: Arc<str>,
         floor: Revision,
         tx: mpsc::Sender<(ClusterName, Caught)>,
@@ -108,30 +216,32 @@ impl CatchUp {
         cancel: &CancellationToken,
     ) -> Self {
         let stop = cancel.child_token();
-        let cluster = history.stream().cluster.clone();
-        let span = tracing::info_span!("task", task = "watch-history", cluster = %cluster, resource = %history.stream().name);
-        let (from_, token) = (from.clone(), stop.clone());
+        let span = tracing::info_span!("task", task = "watch-history-reader", cluster = %cluster);
+        let (shared, token) = (read.clone(), stop.clone());
         tasks.spawn(
             async move {
-                let (updates, mut rx) = mpsc::channel(64);
-                let read = history.read(&from_, updates, token);
-                tokio::pin!(read);
-                let end = loop {
-                    tokio::select! {
-                        end = &mut read => break end,
-                        Some(u) = rx.recv() => {
-                            if tx.send((cluster.clone(), Caught::Update(u))).await.is_err() {
-                                return;
-                            }
+                let mut grown = shared.grown.subscribe();
+                let mut given = 0;
+                loop {
+                    let (updates, end) = shared.since(given);
+                    let all = updates.is_empty();
+                    for u in updates {
+                        given += 1;
+                        if tx.send((cluster.clone(), Caught::Update(u))).await.is_err() {
+                            return;
                         }
                     }
-                };
-                while let Some(u) = rx.recv().await {
-                    if tx.send((cluster.clone(), Caught::Update(u))).await.is_err() {
+                    if all && let Some(end) = end {
+                        let _ = tx.send((cluster, Caught::End(end))).await;
                         return;
                     }
+                    if all {
+                        tokio::select! {
+                            r = grown.changed() => if r.is_err() { return },
+                            _ = token.cancelled() => return,
+                        }
+                    }
                 }
-                let _ = tx.send((cluster, Caught::End(end))).await;
             }
             .instrument(span),
         );
@@ -141,6 +251,7 @@ impl CatchUp {
             listed: false,
             floor,
             _read: stop.drop_guard(),
+            _shared: read,
         }
     }
 
@@ -312,6 +423,11 @@ mod tests {
             listed: false,
             floor: Revision(0),
             _read: CancellationToken::new().drop_guard(),
+            _shared: Arc::new(SharedRead {
+                log: Mutex::default(),
+                grown: tokio::sync::watch::Sender::new(0),
+                stop: CancellationToken::new(),
+            }),
         }
     }
 

@@ -104,8 +104,15 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         .into_iter()
         .map(|(cluster, position, history)| {
             tracing::debug!(%cluster, resource = %resource.name(), %position, "a Watch's stream read from the member's history");
-            let c = CatchUp::start(
+            let read = engine.histories.read(
                 history,
+                position.clone(),
+                &engine.tasks,
+                &engine.cancel,
+            );
+            let c = CatchUp::start(
+                read,
+                cluster.clone(),
                 position,
                 subscription.snapshot.revision(),
                 caught_tx.clone(),
@@ -126,6 +133,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         })
         .collect();
     let producer = Producer {
+        histories: engine.histories.clone(),
         reached: reached.clone(),
         costly: costly(&query),
         query: Arc::new(query),
@@ -234,6 +242,8 @@ fn costly(query: &fleetscope_index::Query) -> bool {
 
 /// One subscriber's producer.
 struct Producer {
+    /// Every running stream's history reader (to ask a member where it stands).
+    histories: crate::catchup::Histories,
     query: Arc<fleetscope_index::Query>,
     /// Whether `query`'s live evaluation runs on a query thread.
     costly: bool,
@@ -826,8 +836,42 @@ impl Producer {
         }
     }
 
+    /// Checks each stream whose subscriber stands ahead of this replica against its
+    /// member: a position past the member's newest resourceVersion is none the member
+    /// can have given (a client's mistake or forgery, which would mute the cluster):
+    /// the Watch ends with `INVALID_ARGUMENT` saying so. A member that cannot be asked
+    /// leaves the position as it is. False once the subscriber is ended.
+    async fn check_ahead(&mut self) -> bool {
+        let ahead: Vec<(ClusterName, u64)> = self
+            .streams
+            .iter()
+            .filter_map(|(c, t)| Some((c.clone(), t.skip_to?)))
+            .collect();
+        for (cluster, position) in ahead {
+            let Some(history) = self.histories.of(&cluster, &self.resource.name()) else {
+                continue;
+            };
+            let newest = history.newest(self.cancel.child_token()).await;
+            if let Ok(newest) = newest
+                && let Some(n) = number(&newest)
+                && position > n
+            {
+                self.end(FleetError::InvalidArgument(format!(
+                    "position {position} of cluster {cluster} ({}) is past its API server's newest resourceVersion {n}: not a position it has given",
+                    self.resource.name()
+                )))
+                .await;
+                return false;
+            }
+        }
+        true
+    }
+
     async fn run(mut self, subscription: Subscription) {
         let Subscription { snapshot, mut feed } = subscription;
+        if !self.check_ahead().await {
+            return;
+        }
         if let Some(initial) = self.initial.take() {
             if !self.send_objects(&snapshot, initial).await {
                 return;

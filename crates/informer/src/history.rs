@@ -21,7 +21,14 @@ pub struct History {
     client: Client,
     id: Arc<StreamId>,
     config: StreamConfig,
+    /// Places for reads of this stream's history at once, shared by every clone: the
+    /// member is read by at most [`READS_AT_ONCE`] subscribers together; others wait.
+    reads: Arc<tokio::sync::Semaphore>,
 }
+
+/// Reads of one stream's history at once, whatever asks for them: more wait, so that
+/// no number of subscribers resuming together makes the replica hammer a member.
+pub const READS_AT_ONCE: usize = 2;
 
 impl std::fmt::Debug for History {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -50,7 +57,40 @@ const EMPTY_REOPENS: u32 = 5;
 
 impl History {
     pub(crate) fn new(client: Client, id: Arc<StreamId>, config: StreamConfig) -> Self {
-        Self { client, id, config }
+        Self {
+            client,
+            id,
+            config,
+            reads: Arc::new(tokio::sync::Semaphore::new(READS_AT_ONCE)),
+        }
+    }
+
+    /// Waits for a place to read the member (see [`READS_AT_ONCE`]); `None` when
+    /// cancelled first.
+    async fn place(&self, cancel: &CancellationToken) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        tokio::select! {
+            p = self.reads.clone().acquire_owned() => p.ok(),
+            _ = cancel.cancelled() => None,
+        }
+    }
+
+    /// The member's newest resourceVersion of the stream's collection now (a
+    /// consistent list of one object), within the same places as reads.
+    pub async fn newest(&self, cancel: CancellationToken) -> Result<String, HistoryEnd> {
+        let Some(_place) = self.place(&cancel).await else {
+            return Err(HistoryEnd::Cancelled);
+        };
+        let (tx, _) = mpsc::channel(1);
+        let outage = Arc::new(crate::outage::Outage::new(self.id.cluster.clone()));
+        let informer = Informer::new(
+            self.client.clone(),
+            self.id.clone(),
+            outage,
+            self.config.clone(),
+            tx,
+            cancel,
+        );
+        informer.newest().await.map_err(ended)
     }
 
     /// The stream this reads.
@@ -58,7 +98,8 @@ impl History {
         &self.id
     }
 
-    /// Reads the stream's history from `from` until cancelled: first
+    /// Reads the stream's history from `from` until cancelled (once a place is free:
+    /// see [`READS_AT_ONCE`]): first
     /// [`Update::Listed`] with the state at exactly `from`, then each change after it
     /// ([`Update::Applied`], [`Update::Deleted`]) and the member's bookmarks
     /// ([`Update::Progress`]), in the member's order, on `tx`. A watch that ends is
@@ -69,6 +110,9 @@ impl History {
         tx: mpsc::Sender<Update>,
         cancel: CancellationToken,
     ) -> HistoryEnd {
+        let Some(_place) = self.place(&cancel).await else {
+            return HistoryEnd::Cancelled;
+        };
         let outage = Arc::new(crate::outage::Outage::new(self.id.cluster.clone()));
         let informer = Informer::new(
             self.client.clone(),

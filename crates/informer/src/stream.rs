@@ -914,6 +914,31 @@ impl Informer {
 
     /// Lists every page, pruning each item as its bytes arrive. An expired continue
     /// token restarts the list, so the result is always one consistent snapshot.
+    /// The member's newest resourceVersion of this stream's collection now: a
+    /// consistent list of one object (read from etcd), its objects passed over.
+    pub(crate) async fn newest(&self) -> Result<String, Stop> {
+        let lp = self.list_params(&ListFrom::Consistent).limit(1);
+        let req = Request::new(&self.path)
+            .list(&lp)
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        let mut reader = crate::prune::ListReader::new(&self.id.resource, &self.config.pruning);
+        let mut none = |_: Result<PrunedObject, crate::prune::PruneError>| {};
+        tokio::select! {
+            r = fetch_list(&self.client, req, &mut reader, &mut none) => r.map_err(classify)?,
+            _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+        }
+        let meta = reader
+            .finish(&mut none)
+            .map_err(|e| Stop::Failed(format!("the list response is not a list: {e}")))?;
+        if !is_resource_version(&meta.resource_version) {
+            return Err(Stop::Failed(format!(
+                "the list's resourceVersion {:?} is not a number",
+                meta.resource_version
+            )));
+        }
+        Ok(meta.resource_version)
+    }
+
     pub(crate) async fn list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
         let mut objects = Vec::new();
         let mut drops = Drops::default();
