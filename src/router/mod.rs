@@ -222,6 +222,7 @@ impl Router {
         let mut out = Vec::new();
         let mut unreached: BTreeMap<String, String> = BTreeMap::new();
         let mut why_failed: BTreeMap<&str, String> = BTreeMap::new();
+        let mut not_found: Option<FleetError> = None;
         while !todo.is_empty() {
             let mut plan: BTreeMap<&str, (&'m Member, Vec<String>)> = BTreeMap::new();
             for c in todo.drain(..) {
@@ -254,21 +255,36 @@ impl Router {
                 .map(|(member, clusters)| call(member, clusters.clone()));
             let answers = futures::future::join_all(calls).await;
             for ((identity, (_, clusters)), answer) in plan.into_iter().zip(answers) {
-                match answer {
-                    Ok(t) => out.push(t),
-                    Err(FleetError::Unavailable(why)) => {
-                        tracing::debug!(replica = %identity, %why, "a replica could not answer: asking its clusters' next holders");
-                        failed.insert(identity);
-                        why_failed.insert(identity, why);
-                        todo.extend(
-                            clusters
-                                .iter()
-                                .filter_map(|c| holders.get_key_value(c).map(|(k, _)| k.as_str())),
-                        );
+                let why = match answer {
+                    Ok(t) => {
+                        out.push(t);
+                        continue;
+                    }
+                    Err(FleetError::Unavailable(why)) => why,
+                    // A replica that let the clusters go since the router last read
+                    // its Lease collects nothing of them: their next holders answer
+                    // (and if every replica says so, so does the router).
+                    Err(e @ FleetError::NotFound(_)) => {
+                        let why = e.to_string();
+                        not_found = Some(e);
+                        why
                     }
                     Err(e) => return Err(e),
-                }
+                };
+                tracing::debug!(replica = %identity, %why, "a replica could not answer: asking its clusters' next holders");
+                failed.insert(identity);
+                why_failed.insert(identity, why);
+                todo.extend(
+                    clusters
+                        .iter()
+                        .filter_map(|c| holders.get_key_value(c).map(|(k, _)| k.as_str())),
+                );
             }
+        }
+        if out.is_empty()
+            && let Some(e) = not_found
+        {
+            return Err(e);
         }
         Ok((out, unreached))
     }
@@ -460,6 +476,26 @@ impl Router {
             ));
         }
         why
+    }
+
+    /// The clusters `asked` of `replica` that its answer says nothing of (`answered`
+    /// names none of them): it let them go since the router read its Lease, so its
+    /// answer holds none of their objects.
+    fn silent(
+        replica: &str,
+        asked: &[String],
+        answered: &[proto::ClusterFreshness],
+    ) -> Vec<ClusterFreshness> {
+        asked
+            .iter()
+            .filter(|c| !answered.iter().any(|a| a.cluster == **c))
+            .map(|c| {
+                Self::unserved_freshness(
+                    c,
+                    format!("replica {replica} no longer serves this cluster (it moved); retry"),
+                )
+            })
+            .collect()
     }
 
     /// A cluster of the ring not in an answer, and why.
@@ -654,7 +690,9 @@ impl Fleet for Router {
         let mut partial = false;
         let mut positions = Positions { s: Vec::new() };
         let mut newest = Revision(0);
+        let mut missing = missing;
         for (identity, asked_clusters, page) in pages {
+            missing.extend(Self::silent(&identity, &asked_clusters, &page.clusters));
             more += page.remaining_item_count;
             partial |= page.partial;
             clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
@@ -715,7 +753,12 @@ impl Fleet for Router {
                     group_by: group_by.clone(),
                 };
                 let request = self.request(message, &r.access);
-                self.ask(member, |mut c| async move { c.count(request).await })
+                async move {
+                    let answer = self
+                        .ask(member, |mut c| async move { c.count(request).await })
+                        .await?;
+                    Ok::<_, FleetError>((member.identity.clone(), clusters, answer))
+                }
             })
             .await?;
         let mut groups: BTreeMap<Vec<String>, u64> = BTreeMap::new();
@@ -723,7 +766,9 @@ impl Fleet for Router {
         let mut clusters = Vec::new();
         let mut partial = false;
         let mut newest = Revision(0);
-        for a in answers {
+        let mut silent = Vec::new();
+        for (identity, asked, a) in answers {
+            silent.extend(Self::silent(&identity, &asked, &a.clusters));
             for g in a.groups {
                 *groups.entry(g.key).or_default() += g.count;
             }
@@ -732,7 +777,8 @@ impl Fleet for Router {
             newest = newest.max(Revision(a.revision));
             clusters.extend(a.clusters.into_iter().map(convert::cluster_freshness_in));
         }
-        let missing = self.missing(&r.query.clusters, &serving, unreached);
+        let mut missing = self.missing(&r.query.clusters, &serving, unreached);
+        missing.extend(silent);
         partial |= !missing.is_empty();
         clusters.extend(missing);
         Ok(CountAnswer {
@@ -790,7 +836,18 @@ impl Fleet for Router {
             })
             .await?;
         let mut out = ClustersAnswer::default();
+        let mut silent = Vec::new();
         for (identity, asked, answer) in answers {
+            for c in &asked {
+                if !answer.clusters.iter().any(|a| a.name == *c) {
+                    silent.push(Self::unserved_freshness(
+                        c,
+                        format!(
+                            "replica {identity} no longer serves this cluster (it moved); retry"
+                        ),
+                    ));
+                }
+            }
             for c in answer.clusters {
                 // Only the report of the replica asked for the cluster (another may
                 // still hold it while handing it over).
@@ -819,7 +876,9 @@ impl Fleet for Router {
                 out.clusters.push(info);
             }
         }
-        for freshness in self.missing(&filter, &serving, unreached) {
+        let mut missing = self.missing(&filter, &serving, unreached);
+        missing.extend(silent);
+        for freshness in missing {
             out.clusters.push(ClusterInfo {
                 name: freshness.cluster.clone(),
                 labels: BTreeMap::new(),

@@ -1358,9 +1358,15 @@ async fn until_truth(
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{name} never reached the truth: {} held, {} true; missing {:?}; extra {:?}; log: {}",
+                "{name} never reached the truth: {} held, {} true; stale {:?}; missing {:?}; extra {:?}; log: {}",
                 s.objects.len(),
                 truth.len(),
+                s.objects
+                    .iter()
+                    .filter(|(k, v)| truth.get(*k).is_some_and(|t| t != *v))
+                    .map(|(k, v)| (k, v, &truth[k]))
+                    .take(5)
+                    .collect::<Vec<_>>(),
                 truth
                     .keys()
                     .filter(|k| !s.objects.contains_key(*k))
@@ -3274,5 +3280,220 @@ async fn resumes_from_one_old_position_read_each_member_once_and_a_position_past
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("999999999"), "{refused:?}");
     drop((a, b, router));
+    fleet.shutdown().await;
+}
+
+/// What a chaos poller saw of one router: answers, those partial, the dishonest ones,
+/// and the longest each cluster was listed unserved.
+#[derive(Default, Debug)]
+struct Honesty {
+    answers: usize,
+    partial: usize,
+    violations: Vec<String>,
+    unserved_for: BTreeMap<String, Duration>,
+}
+
+/// Asks `router` for ListClusters and a Count until `stop`: every cluster is always
+/// listed; a Count is partial exactly when a cluster it draws on is not current; and
+/// how long each cluster stays listed as served by nobody.
+async fn poll_honesty(
+    router: &RouterProcess,
+    clusters: &[String],
+    stop: tokio_util::sync::CancellationToken,
+) -> Honesty {
+    let mut seen = Honesty::default();
+    let mut since: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
+    while !stop.is_cancelled() {
+        match whole_answers(router).await {
+            Err(e) => seen.violations.push(format!("failed: {e:?}")),
+            Ok((count, listed)) => {
+                seen.answers += 1;
+                let names: Vec<&str> = listed.clusters.iter().map(|c| c.name.as_str()).collect();
+                if names != clusters {
+                    seen.violations
+                        .push(format!("ListClusters left clusters out: {names:?}"));
+                }
+                let now = tokio::time::Instant::now();
+                for c in &listed.clusters {
+                    let unserved = c.owners.is_empty();
+                    if unserved {
+                        let from = *since.entry(c.name.clone()).or_insert(now);
+                        let longest = seen.unserved_for.entry(c.name.clone()).or_default();
+                        *longest = (*longest).max(now - from);
+                    } else {
+                        since.remove(&c.name);
+                    }
+                }
+                let stale = count
+                    .clusters
+                    .iter()
+                    .any(|c| c.freshness != fleetscope::proto::Freshness::Synced as i32);
+                if count.partial {
+                    seen.partial += 1;
+                }
+                if count.partial != stale || count.clusters.len() != clusters.len() {
+                    seen.violations.push(format!(
+                        "partial={} with clusters {:?}",
+                        count.partial,
+                        count
+                            .clusters
+                            .iter()
+                            .map(|c| (c.cluster.clone(), c.freshness))
+                            .collect::<Vec<_>>()
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_hostile_leases_kills_pauses_interrupted_hand_backs_and_a_greedy_caller_leave_every_answer_honest_and_every_watch_exact()
+ {
+    use std::sync::Arc;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 6).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    let mut a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let mut c = Replica::start(&kubeconfig, "replica-c", &log);
+    let one = RouterProcess::start(&kubeconfig, &log);
+    let two = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a, &b, &c], &clusters, &log).await;
+    routers_see(&[&one, &two], clusters.len(), 1).await;
+    let leases: Api<Lease> =
+        Api::namespaced(common::kube_client(&kubeconfig, "sim-1").await, "default");
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let other = Arc::new(std::sync::Mutex::new(Seen::default()));
+    let subscribers = [
+        tokio::spawn(subscribe(
+            vec![one.port, two.port],
+            seen.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(subscribe(vec![two.port], other.clone(), stop.clone())),
+    ];
+    let churning = Churning::start(&kubeconfig, &clusters);
+    let polled = tokio_util::sync::CancellationToken::new();
+    let faults = async {
+        let progress = |n: usize| churning.progress(&seen, n);
+        progress(10).await;
+        // A ghost and a forged edit of a's own Lease.
+        let ghost = forged_lease(
+            &format!("{RING}-ghost"),
+            "ghost",
+            serde_json::json!({
+                "fleetscope.io/address": "",
+                "fleetscope.io/ready": clusters.join(","),
+                "fleetscope.io/clusters": "phantom-1,phantom-2",
+            }),
+        );
+        leases.create(&Default::default(), &ghost).await.unwrap();
+        let own = format!("{RING}-replica-a");
+        if let Ok(mut l) = leases.get(&own).await {
+            let annotations = l.metadata.annotations.get_or_insert_with(Default::default);
+            annotations.insert("fleetscope.io/ready".into(), clusters.join(","));
+            annotations.insert("fleetscope.io/address".into(), b.advertise.clone());
+            let _ = leases.replace(&own, &Default::default(), &l).await;
+        }
+        progress(10).await;
+        // A kill, and the replica back.
+        c.server.kill();
+        split(&[&a, &b], &clusters, &log).await;
+        c = Replica::start(&kubeconfig, "replica-c", &log);
+        split(&[&a, &b, &c], &clusters, &log).await;
+        progress(10).await;
+        // A pause past the lease.
+        let pid = b.server.child.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        split(&[&a, &c], &clusters, &log).await;
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        split(&[&a, &b, &c], &clusters, &log).await;
+        progress(10).await;
+        // A hand-back interrupted: a killed, back, and killed as the others let its
+        // clusters go; then back for good.
+        let members = [a.identity.clone(), b.identity.clone(), c.identity.clone()];
+        let of_a = assigned(&clusters, &members, &a.identity);
+        a.server.kill();
+        split(&[&b, &c], &clusters, &log).await;
+        a = Replica::start(&kubeconfig, "replica-a", &log);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let mut held = b.synced().await.unwrap_or_default();
+            held.extend(c.synced().await.unwrap_or_default());
+            if of_a.iter().any(|x| !held.contains(x)) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never handed back");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        a.server.kill();
+        split(&[&b, &c], &clusters, &log).await;
+        a = Replica::start(&kubeconfig, "replica-a", &log);
+        split(&[&a, &b, &c], &clusters, &log).await;
+        progress(10).await;
+        // A greedy caller: 300 Watches on one router.
+        let mut greedy = Vec::new();
+        for _ in 0..300 {
+            let mut client = one.client().await;
+            if let Ok(s) = client
+                .watch(fleetscope::proto::WatchRequest {
+                    query: Some(configmaps_query()),
+                    ..Default::default()
+                })
+                .await
+            {
+                greedy.push(s.into_inner());
+            }
+        }
+        progress(10).await;
+        drop(greedy);
+        churning.stop().await;
+        polled.cancel();
+    };
+    let (honesty, ()) = tokio::join!(poll_honesty(&two, &clusters, polled.clone()), faults);
+    assert!(
+        honesty.violations.is_empty(),
+        "{} dishonest answers of {}, first: {:?}",
+        honesty.violations.len(),
+        honesty.answers,
+        honesty.violations.first()
+    );
+    // No cluster went unserved longer than the lease (3 s) and a sync, with room.
+    let longest = honesty
+        .unserved_for
+        .values()
+        .max()
+        .copied()
+        .unwrap_or_default();
+    assert!(
+        longest < Duration::from_secs(15),
+        "a cluster unserved for {longest:?}: {:?}",
+        honesty.unserved_for
+    );
+    for (name, s) in [("subscriber", &seen), ("other", &other)] {
+        until_truth(name, s, || common::truth(&fleet, "configmaps"), &log).await;
+    }
+    stop.cancel();
+    for s in subscribers {
+        s.await.unwrap();
+    }
+    drop((a, b, c, one, two));
     fleet.shutdown().await;
 }
