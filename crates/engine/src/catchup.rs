@@ -29,13 +29,19 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-/// Every running stream's history reader, lent by the cluster loops, and the reads
-/// in progress, shared.
+/// Every running stream's history reader, lent by the cluster loops, the reads in
+/// progress, shared, and each caller's places for new reads.
 #[derive(Clone, Default)]
 pub(crate) struct Histories(
     Arc<Mutex<HashMap<(ClusterName, String), History>>>,
     Arc<Mutex<HashMap<ReadKey, std::sync::Weak<SharedRead>>>>,
+    Arc<Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>>,
 );
+
+/// Reads of members' histories one caller's Watches may start at once, whatever the
+/// clusters (joining a read in progress costs none): more wait, so that no caller can
+/// make a replica read members on its behalf without bound.
+pub(crate) const READS_PER_CALLER: usize = 4;
 
 /// A read of one stream's history from one position.
 type ReadKey = (ClusterName, Arc<str>, Arc<str>);
@@ -95,11 +101,13 @@ impl Histories {
     }
 
     /// The read of `history` from `from`: the one in progress, joined, or a new one
-    /// (on `tasks`, until no one holds it or `cancel`).
+    /// started for `caller` once it has a place (on `tasks`, until no one holds it or
+    /// `cancel`).
     pub(crate) fn read(
         &self,
         history: History,
         from: Arc<str>,
+        caller: &str,
         tasks: &TaskTracker,
         cancel: &CancellationToken,
     ) -> Arc<SharedRead> {
@@ -119,10 +127,24 @@ impl Histories {
             stop: cancel.child_token(),
         });
         reads.insert(key, Arc::downgrade(&read));
+        drop(reads);
+        let places = {
+            let mut callers = self.2.lock().unwrap_or_else(|e| e.into_inner());
+            // Callers with no read in progress are forgotten.
+            callers.retain(|_, s| Arc::strong_count(s) > 1);
+            callers
+                .entry(caller.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(READS_PER_CALLER)))
+                .clone()
+        };
         let span = tracing::info_span!("task", task = "watch-history", cluster = %history.stream().cluster, resource = %history.stream().name);
         let (token, shared) = (read.stop.clone(), Arc::downgrade(&read));
         tasks.spawn(
             async move {
+                let _place = tokio::select! {
+                    p = places.acquire_owned() => p,
+                    _ = token.cancelled() => return,
+                };
                 let (updates, mut rx) = mpsc::channel(64);
                 let reading = history.read(&from, updates, token);
                 tokio::pin!(reading);

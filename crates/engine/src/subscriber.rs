@@ -48,6 +48,8 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         ));
     }
     let mut access = r.access;
+    // Who reads members' histories for this Watch (see [`crate::catchup::Histories`]).
+    let caller = access.caller();
     // The policy in force now is the one the start is held to; a later one is a change.
     let policy = access.policy_seen();
     let (resource, built) = engine.build(&r.query, &access, Verb::Watch)?;
@@ -107,6 +109,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
             let read = engine.histories.read(
                 history,
                 position.clone(),
+                &caller,
                 &engine.tasks,
                 &engine.cancel,
             );
