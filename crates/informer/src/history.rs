@@ -81,16 +81,21 @@ impl History {
             return Err(HistoryEnd::Cancelled);
         };
         let (tx, _) = mpsc::channel(1);
+        self.informer(tx, cancel).newest().await.map_err(ended)
+    }
+
+    /// An informer of the stream with its client and settings, for one read, handing
+    /// its updates to `tx`.
+    fn informer(&self, tx: mpsc::Sender<Update>, cancel: CancellationToken) -> Informer {
         let outage = Arc::new(crate::outage::Outage::new(self.id.cluster.clone()));
-        let informer = Informer::new(
+        Informer::new(
             self.client.clone(),
             self.id.clone(),
             outage,
             self.config.clone(),
             tx,
             cancel,
-        );
-        informer.newest().await.map_err(ended)
+        )
     }
 
     /// The stream this reads.
@@ -113,15 +118,7 @@ impl History {
         let Some(_place) = self.place(&cancel).await else {
             return HistoryEnd::Cancelled;
         };
-        let outage = Arc::new(crate::outage::Outage::new(self.id.cluster.clone()));
-        let informer = Informer::new(
-            self.client.clone(),
-            self.id.clone(),
-            outage,
-            self.config.clone(),
-            tx,
-            cancel,
-        );
+        let informer = self.informer(tx, cancel);
         let listed = match informer.list(&ListFrom::Exact(from.to_string())).await {
             Ok(listed) => listed,
             Err(ListStop::Stop(stop)) => return ended(stop),
