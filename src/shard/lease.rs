@@ -358,6 +358,9 @@ pub struct Observed {
     key: Option<LeaseKey>,
     /// The Leases last refused, and why.
     refused: BTreeMap<String, Refused>,
+    /// The latest signing taken of each Lease name, kept when the Lease is deleted: a
+    /// Lease deleted and written again from an older copy is no renewal either.
+    signed: BTreeMap<String, u64>,
     /// The ring's configured clusters, as the replica whose Lease was signed last
     /// publishes them, with that moment: kept when every Lease expires, so that a
     /// cluster nobody serves is never taken for one the ring does not have.
@@ -375,6 +378,7 @@ impl Observed {
             lease_duration,
             key: Some(key),
             refused: BTreeMap::new(),
+            signed: BTreeMap::new(),
             clusters: None,
         }
     }
@@ -396,8 +400,10 @@ impl Observed {
             None => Err(Refused::BadSignature),
             Some(k) => k.verify(&name, holder.as_deref(), &annotations),
         };
+        let latest = self.signed.get(&name).copied();
         let signed_at = match (verified, previous) {
             (Ok(at), Some(p)) if at < p.signed_at => Err(Refused::Replayed),
+            (Ok(at), None) if latest.is_some_and(|l| at <= l) => Err(Refused::Replayed),
             (result, _) => result,
         };
         let signed_at = match signed_at {
@@ -408,6 +414,7 @@ impl Observed {
             }
         };
         self.refused.remove(&name);
+        self.signed.insert(name.clone(), signed_at);
         let changed_at = match previous {
             Some(p) if p.signed_at == signed_at => p.changed_at,
             _ => now,
@@ -689,6 +696,14 @@ mod tests {
         assert_eq!(seen.saw(&lease("ring-a", Some("a"), "6", 15), t16), Ok(()));
         assert_eq!(ids(seen.alive(t16)), ["a"]);
         assert!(!seen.refused().contains_key("ring-a"));
+        // Deleted, then written again from a copy taken before: refused too.
+        seen.deleted("ring-a");
+        assert_eq!(
+            seen.saw(&lease("ring-a", Some("a"), "6", 15), t16),
+            Err(Refused::Replayed)
+        );
+        assert!(seen.alive(t16).is_empty());
+        assert_eq!(seen.saw(&lease("ring-a", Some("a"), "7", 15), t16), Ok(()));
     }
 
     #[test]
