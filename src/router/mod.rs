@@ -93,14 +93,9 @@ impl Router {
             )));
         }
         if observed.ring_clusters().is_none() {
-            let refused = observed.refused();
-            let why = match refused.iter().next() {
-                None => "no replica has published one yet".to_string(),
-                Some((name, reason)) => format!(
-                    "{} Lease(s) of the ring are not taken, e.g. {name}: {reason}",
-                    refused.len()
-                ),
-            };
+            let why = observed
+                .refusals()
+                .unwrap_or_else(|| "no replica has published one yet".to_string());
             return Err(FleetError::Unavailable(format!(
                 "the router has taken no replica's Lease of ring {} ({why}); retry",
                 self.ring
@@ -466,29 +461,25 @@ impl Router {
     /// Why nobody serves a cluster, with the Leases of the ring not taken, when any
     /// (a router given another key than the replicas' takes none of theirs).
     fn unserved_why(&self) -> String {
-        let observed = self.observed.borrow();
-        let refused = observed.refused();
         let mut why = format!("no replica of ring {} serves this cluster now", self.ring);
-        if let Some((name, reason)) = refused.iter().next() {
-            why.push_str(&format!(
-                " ({} Lease(s) of the ring not taken, e.g. {name}: {reason})",
-                refused.len()
-            ));
+        if let Some(refusals) = self.observed.borrow().refusals() {
+            why.push_str(&format!(" ({refusals})"));
         }
         why
     }
 
-    /// The clusters `asked` of `replica` that its answer says nothing of (`answered`
-    /// names none of them): it let them go since the router read its Lease, so its
-    /// answer holds none of their objects.
-    fn silent(
+    /// The clusters `asked` of `replica` that its answer says nothing of (none of the
+    /// clusters it `answered` for): it let them go since the router read its Lease, so
+    /// its answer holds none of their objects.
+    fn silent<'a>(
         replica: &str,
         asked: &[String],
-        answered: &[proto::ClusterFreshness],
+        answered: impl IntoIterator<Item = &'a str>,
     ) -> Vec<ClusterFreshness> {
+        let answered: BTreeSet<&str> = answered.into_iter().collect();
         asked
             .iter()
-            .filter(|c| !answered.iter().any(|a| a.cluster == **c))
+            .filter(|c| !answered.contains(c.as_str()))
             .map(|c| {
                 Self::unserved_freshness(
                     c,
@@ -618,7 +609,7 @@ impl Fleet for Router {
         let projection = r.projection;
         let caller = self.upstream_caller(&r.access);
         // The clusters selected that no page comes from.
-        let missing: Vec<ClusterFreshness>;
+        let mut missing: Vec<ClusterFreshness> = Vec::new();
         // Each replica's page, with the clusters it was asked for.
         let pages: Vec<(String, Vec<String>, proto::ListResponse)> = if r.resume.is_empty() {
             // A first page: from each cluster's serving replica, or its next holder
@@ -632,7 +623,6 @@ impl Fleet for Router {
             missing = self.missing(&r.query.clusters, &serving, unreached);
             pages
         } else {
-            missing = Vec::new();
             let positions: Positions = serde_json::from_slice(&r.resume).map_err(|_| {
                 FleetError::InvalidArgument("page_token: not a routed list's".into())
             })?;
@@ -690,9 +680,12 @@ impl Fleet for Router {
         let mut partial = false;
         let mut positions = Positions { s: Vec::new() };
         let mut newest = Revision(0);
-        let mut missing = missing;
         for (identity, asked_clusters, page) in pages {
-            missing.extend(Self::silent(&identity, &asked_clusters, &page.clusters));
+            missing.extend(Self::silent(
+                &identity,
+                &asked_clusters,
+                page.clusters.iter().map(|c| c.cluster.as_str()),
+            ));
             more += page.remaining_item_count;
             partial |= page.partial;
             clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
@@ -768,7 +761,11 @@ impl Fleet for Router {
         let mut newest = Revision(0);
         let mut silent = Vec::new();
         for (identity, asked, a) in answers {
-            silent.extend(Self::silent(&identity, &asked, &a.clusters));
+            silent.extend(Self::silent(
+                &identity,
+                &asked,
+                a.clusters.iter().map(|c| c.cluster.as_str()),
+            ));
             for g in a.groups {
                 *groups.entry(g.key).or_default() += g.count;
             }
@@ -837,17 +834,14 @@ impl Fleet for Router {
             .await?;
         let mut out = ClustersAnswer::default();
         let mut silent = Vec::new();
+        // Owners in the order the assignment ranks them over the live members.
+        let live: Vec<String> = members.iter().map(|m| m.identity.clone()).collect();
         for (identity, asked, answer) in answers {
-            for c in &asked {
-                if !answer.clusters.iter().any(|a| a.name == *c) {
-                    silent.push(Self::unserved_freshness(
-                        c,
-                        format!(
-                            "replica {identity} no longer serves this cluster (it moved); retry"
-                        ),
-                    ));
-                }
-            }
+            silent.extend(Self::silent(
+                &identity,
+                &asked,
+                answer.clusters.iter().map(|c| c.name.as_str()),
+            ));
             for c in answer.clusters {
                 // Only the report of the replica asked for the cluster (another may
                 // still hold it while handing it over).
@@ -869,7 +863,6 @@ impl Fleet for Router {
                             .map(|m| m.identity.clone()),
                     )
                     .collect();
-                let live: Vec<String> = members.iter().map(|m| m.identity.clone()).collect();
                 let rank = crate::shard::assign::owners(info.name.as_str(), &live, live.len());
                 owners.sort_by_key(|o| rank.iter().position(|r| r == o).unwrap_or(usize::MAX));
                 info.owners = owners;

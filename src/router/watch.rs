@@ -112,7 +112,7 @@ impl Routed {
                 for (cluster, rv) in resume.after {
                     routed.positions.insert(cluster.to_string(), rv);
                 }
-                routed.follow(true).await?;
+                routed.follow().await?;
             }
             None => {
                 let members = routed.router.members()?;
@@ -235,7 +235,7 @@ impl Routed {
     /// followed from is reported to the subscriber (`CLUSTER_STATUS`, stale, saying
     /// why) until it is followed again (then `CLUSTER_STATUS` synced, naming the
     /// replica).
-    async fn follow(&mut self, _strict: bool) -> Result<(), FleetError> {
+    async fn follow(&mut self) -> Result<(), FleetError> {
         let members = self.router.members()?;
         let holders = Router::holders(&members);
         let known = self.router.known(&Router::serving(&members));
@@ -540,7 +540,7 @@ impl Routed {
                     None => Ok(()),
                 },
                 _ = self.tick.tick() => {
-                    let followed = self.follow(false).await;
+                    let followed = self.follow().await;
                     if followed.is_ok() && self.dirty && !self.initial_pending {
                         self.dirty = false;
                         self.out.push_back(WatchEvent::Bookmark { token: self.token() });

@@ -337,8 +337,6 @@ struct Seen {
     annotations: BTreeMap<String, String>,
     /// When this replica saw it renewed (signed anew), by its own clock.
     changed_at: Instant,
-    /// When it was signed, by its writer's clock.
-    signed_at: u64,
 }
 
 /// The Leases of a ring as this replica sees them, and who is alive by them (by
@@ -400,11 +398,14 @@ impl Observed {
             None => Err(Refused::BadSignature),
             Some(k) => k.verify(&name, holder.as_deref(), &annotations),
         };
+        // The same signing seen again is the Lease read again, unless it was deleted
+        // since: then it is a copy written back.
         let latest = self.signed.get(&name).copied();
-        let signed_at = match (verified, previous) {
-            (Ok(at), Some(p)) if at < p.signed_at => Err(Refused::Replayed),
-            (Ok(at), None) if latest.is_some_and(|l| at <= l) => Err(Refused::Replayed),
-            (result, _) => result,
+        let signed_at = match verified {
+            Ok(at) if latest.is_some_and(|l| at < l || (at == l && previous.is_none())) => {
+                Err(Refused::Replayed)
+            }
+            result => result,
         };
         let signed_at = match signed_at {
             Ok(at) => at,
@@ -416,7 +417,7 @@ impl Observed {
         self.refused.remove(&name);
         self.signed.insert(name.clone(), signed_at);
         let changed_at = match previous {
-            Some(p) if p.signed_at == signed_at => p.changed_at,
+            Some(p) if latest == Some(signed_at) => p.changed_at,
             _ => now,
         };
         if let Some(c) = annotations.get(super::owner::CLUSTERS)
@@ -441,7 +442,6 @@ impl Observed {
                 ),
                 annotations,
                 changed_at,
-                signed_at,
             },
         );
         Ok(())
@@ -462,6 +462,16 @@ impl Observed {
     /// The Leases of the ring refused (by name), and why.
     pub fn refused(&self) -> &BTreeMap<String, Refused> {
         &self.refused
+    }
+
+    /// The Leases refused, said for a person (how many, one of them and why); `None`
+    /// when none is.
+    pub fn refusals(&self) -> Option<String> {
+        let (name, reason) = self.refused.iter().next()?;
+        Some(format!(
+            "{} Lease(s) of the ring not taken, e.g. {name}: {reason}",
+            self.refused.len()
+        ))
     }
 
     /// The members alive `now`, by identity: each Lease named for the identity it
