@@ -15,26 +15,12 @@ use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{Query, WatchRequest};
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// GET `path` from `addr`: the status code and body, or `None` while nothing listens.
-async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.ok()?;
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    Some((code, body.to_string()))
-}
 
 /// Scrapes until `check` holds, or panics with the last scrape.
 async fn scrape_until(addr: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        if let Some((200, body)) = get(addr, "/metrics").await
+        if let Some((200, body)) = common::http_get(addr, "/metrics").await
             && check(&body)
         {
             return body;
@@ -42,7 +28,7 @@ async fn scrape_until(addr: &str, what: &str, check: impl Fn(&str) -> bool) -> S
         assert!(
             tokio::time::Instant::now() < deadline,
             "{what}: never seen; last scrape: {:?}",
-            get(addr, "/metrics").await
+            common::http_get(addr, "/metrics").await
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -84,12 +70,15 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
     );
     // Ready once every cluster is discovered; healthy as soon as it answers.
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while get(&metrics, "/readyz").await.map(|(c, _)| c) != Some(200) {
+    while common::http_get(&metrics, "/readyz").await.map(|(c, _)| c) != Some(200) {
         assert!(tokio::time::Instant::now() < deadline, "never ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(get(&metrics, "/healthz").await.unwrap().0, 200);
-    assert_eq!(get(&metrics, "/nothing-here").await.unwrap().0, 404);
+    assert_eq!(common::http_get(&metrics, "/healthz").await.unwrap().0, 200);
+    assert_eq!(
+        common::http_get(&metrics, "/nothing-here").await.unwrap().0,
+        404
+    );
 
     let count = |i: usize| fleet.servers()[i].cluster().store.count("configmaps") as f64;
     let series = |name: &str, cluster: &str, extra: &str| {

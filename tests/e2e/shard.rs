@@ -3047,20 +3047,6 @@ async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_el
     fleet.shutdown().await;
 }
 
-/// `path` of the HTTP listener at `addr`: its status and body.
-async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.ok()?;
-    let text = String::from_utf8(raw).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_has_its_own_metrics_readiness_and_limits() {
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(3, 2).await;
@@ -3083,7 +3069,7 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
     );
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let not_ready = loop {
-        if let Some((503, body)) = http_get(&metrics, "/readyz").await
+        if let Some((503, body)) = common::http_get(&metrics, "/readyz").await
             && body.contains("no replica has published one yet")
         {
             break body;
@@ -3096,7 +3082,7 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
         "{not_ready}"
     );
     assert_eq!(
-        http_get(&metrics, "/livez").await.map(|(c, _)| c),
+        common::http_get(&metrics, "/livez").await.map(|(c, _)| c),
         Some(200)
     );
     let a = Replica::start(&kubeconfig, "replica-a", &log);
@@ -3104,7 +3090,7 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
     split(&[&a, &b], &clusters, &log).await;
     routers_see(&[&router], clusters.len(), 1).await;
     assert_eq!(
-        http_get(&metrics, "/readyz").await.map(|(c, _)| c),
+        common::http_get(&metrics, "/readyz").await.map(|(c, _)| c),
         Some(200)
     );
     // Its per-caller limit: a third Watch of one caller is refused.

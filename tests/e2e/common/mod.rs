@@ -492,6 +492,21 @@ pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// GET `path` from `addr` (plain HTTP): the status code and body, or `None` while
+/// nothing listens or the answer is no HTTP response.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
 /// The text of `/metrics` at `addr` (plain HTTP), or `None` while nothing answers.
 pub async fn scrape(addr: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
