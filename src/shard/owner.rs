@@ -208,7 +208,7 @@ impl Owner {
             let gap = now.saturating_duration_since(last_turn);
             last_turn = now;
             if gap > self.config.lease_duration {
-                tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current, each watch resumed now to confirm it");
+                tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current, each listed again now to confirm it");
                 barrier = Some(now);
                 (self.rewatch)();
             }
