@@ -25,6 +25,12 @@ pub use watch::{Revocation, Subscribers, WatchStream};
 use crate::proto;
 use crate::proto::fleet_server;
 
+/// The response header a replica of a ring answers every call with: `ring/identity`,
+/// the name its Lease is held under. A router checks it against the Lease whose
+/// address it dialled, so an address that reaches another server (a reused address,
+/// a wrong `--shard-advertise`) is never read as that replica.
+pub const REPLICA_HEADER: &str = "fleetscope-replica";
+
 /// The most `group_by` entries of a Count.
 pub const MAX_GROUP_BY: usize = 8;
 /// The most groups a Count answers with.
@@ -49,6 +55,9 @@ pub struct ServiceConfig {
     /// The status of the server's inputs that reload, served in `ListClusters`.
     /// Default: none.
     pub inputs: crate::config::inputs::Inputs,
+    /// This server as a replica of a ring, `ring/identity`: sent as
+    /// [`REPLICA_HEADER`] with every answer. Default: none (not a replica).
+    pub replica: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl ServiceConfig {
@@ -63,6 +72,7 @@ impl ServiceConfig {
             token_key,
             max_watches_per_caller: 1000,
             inputs: crate::config::inputs::no_inputs(),
+            replica: None,
         }
     }
 }
@@ -101,6 +111,15 @@ impl<F: Fleet> FleetService<F> {
     pub fn subscribers(&self) -> Arc<Subscribers> {
         self.subscribers.clone()
     }
+
+    /// `message` as an answer, naming this server as the replica it is (if it is one).
+    fn answer<T>(&self, message: T) -> Response<T> {
+        let mut r = Response::new(message);
+        if let Some(replica) = &self.config.replica {
+            r.metadata_mut().insert(REPLICA_HEADER, replica.clone());
+        }
+        r
+    }
 }
 
 /// The caller's access, as the authentication layer established it. A request that
@@ -138,7 +157,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             })
             .await
             .map_err(status)?;
-        Ok(Response::new(proto::GetResponse {
+        Ok(self.answer(proto::GetResponse {
             object: Some(convert::object(answer.object)),
             cluster: Some(convert::cluster_freshness(answer.cluster)),
             revision: answer.revision.0,
@@ -191,7 +210,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 )
             })
             .unwrap_or_default();
-        Ok(Response::new(proto::ListResponse {
+        Ok(self.answer(proto::ListResponse {
             items: answer.items.into_iter().map(convert::object).collect(),
             next_page_token,
             revision: answer.revision.0,
@@ -241,7 +260,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 answer.groups.len()
             )));
         }
-        Ok(Response::new(proto::CountResponse {
+        Ok(self.answer(proto::CountResponse {
             groups: answer
                 .groups
                 .into_iter()
@@ -310,7 +329,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             })
             .await
             .map_err(status)?;
-        Ok(Response::new(watch::stream(
+        Ok(self.answer(watch::stream(
             watch,
             query.resource.clone(),
             interval,
@@ -329,7 +348,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         convert::names("clusters", &r.clusters).map_err(status)?;
         let filter = convert::cluster_filter(&r.clusters, "").map_err(status)?;
         let answer = self.fleet.clusters(filter, &access).await.map_err(status)?;
-        Ok(Response::new(proto::ListClustersResponse {
+        Ok(self.answer(proto::ListClustersResponse {
             clusters: answer.clusters.into_iter().map(convert::cluster).collect(),
             sources_loaded_time: answer.sources_loaded.map(convert::timestamp),
             sources_error: answer
@@ -382,7 +401,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 }
             })
             .collect();
-        Ok(Response::new(proto::ListResourceTypesResponse {
+        Ok(self.answer(proto::ListResourceTypesResponse {
             resource_types,
         }))
     }
@@ -393,9 +412,9 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
     ) -> Result<Response<proto::GetStoreResponse>, Status> {
         let access = access(&request)?;
         let Some(s) = self.fleet.store(&access).await.map_err(status)? else {
-            return Ok(Response::new(proto::GetStoreResponse::default()));
+            return Ok(self.answer(proto::GetStoreResponse::default()));
         };
-        Ok(Response::new(proto::GetStoreResponse {
+        Ok(self.answer(proto::GetStoreResponse {
             persisted: true,
             size_on_disk_bytes: s.size_on_disk,
             pending_changes: s.pending as u64,

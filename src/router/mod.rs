@@ -57,6 +57,37 @@ pub struct Router {
     stats: Arc<stats::Stats>,
 }
 
+/// Whether an answer's headers name the replica `member` of `ring` as the one that
+/// gave it: a server reached at the address `member`'s Lease gives (a reused
+/// address, a wrong `--shard-advertise`) but answering as another, or as no replica
+/// at all, answers for nobody: its clusters go to their next holders, or are
+/// reported unreached.
+fn answered_as(
+    headers: &tonic::metadata::MetadataMap,
+    ring: &str,
+    member: &Member,
+) -> Result<(), FleetError> {
+    let named = headers
+        .get(crate::grpc::REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok());
+    if named.and_then(|n| n.split_once('/')) == Some((ring, member.identity.as_str())) {
+        return Ok(());
+    }
+    let address = member
+        .annotations
+        .get(owner::ADDRESS)
+        .map(String::as_str)
+        .unwrap_or_default();
+    let who = match named {
+        Some(n) => format!("replica {n:?}"),
+        None => "no replica of a ring".to_string(),
+    };
+    Err(FleetError::Unavailable(format!(
+        "the server at {address}, the address replica {} of ring {ring} publishes, answers as {who}: check that replica's --shard-advertise",
+        member.identity
+    )))
+}
+
 /// Where a routed list continues: for each replica drawn on, the snapshot it listed
 /// from and the clusters it was asked for.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -356,10 +387,11 @@ impl Router {
     {
         let started = std::time::Instant::now();
         let answer = match self.client(member) {
-            Ok((client, place)) => call(client)
-                .await
-                .map(|a| (a.into_inner(), place))
-                .map_err(|s| from_replica(&member.identity, &s)),
+            Ok((client, place)) => match call(client).await {
+                Ok(a) => answered_as(a.metadata(), &self.ring, member)
+                    .map(|()| (a.into_inner(), place)),
+                Err(s) => Err(from_replica(&member.identity, &s)),
+            },
             Err(e) => Err(e),
         };
         self.stats.record(
@@ -940,5 +972,38 @@ impl Fleet for Router {
     async fn store(&self, _access: &Access) -> Result<Option<StoreStats>, FleetError> {
         // A router holds no store: the replicas each keep their own.
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_counts_only_from_the_replica_its_lease_names() {
+        let member = Member {
+            identity: "replica-a".into(),
+            annotations: BTreeMap::from([(owner::ADDRESS.to_string(), "10.0.0.1:50051".into())]),
+        };
+        let headers = |value: Option<&str>| {
+            let mut h = tonic::metadata::MetadataMap::new();
+            if let Some(v) = value {
+                h.insert(crate::grpc::REPLICA_HEADER, v.parse().unwrap());
+            }
+            h
+        };
+        assert!(answered_as(&headers(Some("ring/replica-a")), "ring", &member).is_ok());
+        for (value, says) in [
+            (Some("ring/replica-b"), "answers as replica \"ring/replica-b\""),
+            (Some("other/replica-a"), "answers as replica \"other/replica-a\""),
+            (Some("replica-a"), "answers as replica \"replica-a\""),
+            (None, "answers as no replica of a ring"),
+        ] {
+            let refused = answered_as(&headers(value), "ring", &member).unwrap_err();
+            assert!(
+                matches!(&refused, FleetError::Unavailable(m) if m.contains(says) && m.contains("10.0.0.1:50051") && m.contains("--shard-advertise")),
+                "{value:?}: {refused}"
+            );
+        }
     }
 }

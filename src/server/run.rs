@@ -211,6 +211,12 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let replica = match membership {
         None => None,
         Some((membership, advertise, source)) => {
+            let named = format!("{}/{}", membership.ring, membership.identity);
+            service.replica = Some(named.parse().map_err(|_| {
+                ArgsError::Invalid(format!(
+                    "--shard-ring and --shard-identity: {named:?} cannot be sent in a header"
+                ))
+            })?);
             let client = crate::shard::coordination::client(
                 &source,
                 args.engine.exec_timeout,

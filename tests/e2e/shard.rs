@@ -284,8 +284,6 @@ impl Replica {
         }
         let key = key.display().to_string();
         let mut args = vec![
-            "--shard-advertise",
-            &advertise,
             "--shard-page-token-key-file",
             &key,
             "--resources",
@@ -300,8 +298,9 @@ impl Replica {
             "--shard-identity",
             identity,
         ];
-        // Short leases, unless asked otherwise.
+        // Short leases and its own address, unless asked otherwise.
         for (flag, value) in [
+            ("--shard-advertise", advertise.as_str()),
             ("--shard-lease-duration", "3s"),
             ("--shard-renew-period", "500ms"),
         ] {
@@ -3482,4 +3481,113 @@ async fn chaos_hostile_leases_kills_pauses_interrupted_hand_backs_and_a_greedy_c
     }
     drop((a, b, c, one, two));
     fleet.shutdown().await;
+}
+
+/// A replica's Lease giving an address where another server answers (the address
+/// reused, `--shard-advertise` wrong): a router reads that server's answers for
+/// nobody, and reports the replica's clusters unreached, saying why, instead of
+/// serving another fleet's objects as theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_takes_answers_only_from_the_replica_the_lease_names() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
+    // Another fleet, its clusters named as the ring's, served by a plain server.
+    let (other, _other_dir, other_kubeconfig) = common::fleet_with_kubeconfig(4, 3).await;
+    for s in other.servers() {
+        for i in 0..5 {
+            s.cluster()
+                .store
+                .create(
+                    "configmaps",
+                    Some("default"),
+                    serde_json::json!({"metadata": {"name": format!("elsewhere-{i}")}}),
+                )
+                .unwrap();
+        }
+    }
+    let impostor = common::process::Server::start(
+        &other_kubeconfig,
+        &["--resources", "configmaps", "--no-persist"],
+        &log,
+    );
+    common::wait_serving(&impostor.url()).await;
+    let elsewhere = format!("127.0.0.1:{}", impostor.port);
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let c = Replica::start_with(
+        &kubeconfig,
+        "replica-c",
+        &log,
+        &["--shard-advertise", &elsewhere],
+    );
+    split(&[&a, &c], &clusters, &log).await;
+    let members = ["replica-a".to_string(), "replica-c".to_string()];
+    let misplaced = assigned(&clusters, &members, "replica-c");
+    assert!(!misplaced.is_empty(), "replica-c holds a cluster");
+    let router = RouterProcess::start(&kubeconfig, &log);
+    let truth = truth_where(&fleet, |cluster, _| !misplaced.iter().any(|m| m == cluster));
+    assert_ne!(
+        common::truth(&other, "configmaps").len(),
+        common::truth(&fleet, "configmaps").len(),
+        "the other fleet is another fleet"
+    );
+    // Every answer, once the router has taken both Leases, counts replica-a's clusters
+    // whole and replica-c's as unreached, naming the server that answered instead.
+    let honest = |count: &fleetscope::proto::CountResponse,
+                  listed: &fleetscope::proto::ListClustersResponse| {
+        let unreached: Vec<&str> = listed
+            .clusters
+            .iter()
+            .filter(|c| {
+                c.freshness == fleetscope::proto::Freshness::Error as i32
+                    && c.last_error.contains("answers as no replica")
+                    && c.last_error.contains(&elsewhere)
+            })
+            .map(|c| c.name.as_str())
+            .collect();
+        count.partial && count.total == truth.len() as u64 && unreached == misplaced
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match whole_answers(&router).await {
+            Ok((count, listed)) if honest(&count, &listed) => break,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the router never said replica-c's clusters are unreached: {other:?}; log: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    for _ in 0..20 {
+        let (count, listed) = whole_answers(&router).await.unwrap();
+        assert!(
+            honest(&count, &listed),
+            "an answer read another server as replica-c: {count:?} {listed:?}"
+        );
+    }
+    // A Get of one of replica-c's objects: unavailable, never the other fleet's.
+    let (cluster, namespace, name) = common::truth(&fleet, "configmaps")
+        .into_keys()
+        .find(|(cluster, _, _)| misplaced.contains(cluster))
+        .unwrap();
+    let got = router
+        .client()
+        .await
+        .get(fleetscope::proto::GetRequest {
+            resource: "configmaps".into(),
+            cluster,
+            namespace,
+            name,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(got.code(), tonic::Code::Unavailable, "{got:?}");
+    assert!(got.message().contains("replica-c"), "{got:?}");
+    drop((a, c, router, impostor));
+    fleet.shutdown().await;
+    other.shutdown().await;
 }
