@@ -401,9 +401,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                 }
             })
             .collect();
-        Ok(self.answer(proto::ListResourceTypesResponse {
-            resource_types,
-        }))
+        Ok(self.answer(proto::ListResourceTypesResponse { resource_types }))
     }
 
     async fn get_store(

@@ -388,8 +388,9 @@ impl Router {
         let started = std::time::Instant::now();
         let answer = match self.client(member) {
             Ok((client, place)) => match call(client).await {
-                Ok(a) => answered_as(a.metadata(), &self.ring, member)
-                    .map(|()| (a.into_inner(), place)),
+                Ok(a) => {
+                    answered_as(a.metadata(), &self.ring, member).map(|()| (a.into_inner(), place))
+                }
                 Err(s) => Err(from_replica(&member.identity, &s)),
             },
             Err(e) => Err(e),
@@ -994,8 +995,14 @@ mod tests {
         };
         assert!(answered_as(&headers(Some("ring/replica-a")), "ring", &member).is_ok());
         for (value, says) in [
-            (Some("ring/replica-b"), "answers as replica \"ring/replica-b\""),
-            (Some("other/replica-a"), "answers as replica \"other/replica-a\""),
+            (
+                Some("ring/replica-b"),
+                "answers as replica \"ring/replica-b\"",
+            ),
+            (
+                Some("other/replica-a"),
+                "answers as replica \"other/replica-a\"",
+            ),
             (Some("replica-a"), "answers as replica \"replica-a\""),
             (None, "answers as no replica of a ring"),
         ] {

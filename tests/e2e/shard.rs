@@ -3591,3 +3591,192 @@ async fn a_router_takes_answers_only_from_the_replica_the_lease_names() {
     fleet.shutdown().await;
     other.shutdown().await;
 }
+
+/// `request` as the caller holding `token` sends it.
+fn as_caller<T>(token: &str, request: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(request);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+/// How many clusters `replica` holds synced, asked as the caller holding `token`.
+async fn synced_as(replica: &Replica, token: &str) -> Option<usize> {
+    let listed = replica
+        .client()
+        .await?
+        .list_clusters(as_caller(
+            token,
+            fleetscope::proto::ListClustersRequest::default(),
+        ))
+        .await
+        .ok()?
+        .into_inner();
+    Some(
+        listed
+            .clusters
+            .iter()
+            .filter(|c| c.freshness == fleetscope::proto::Freshness::Synced as i32)
+            .count(),
+    )
+}
+
+/// Waits until `cond` holds of the fleet's quorum (exact) lists since `before`.
+async fn until_quorum_lists(
+    fleet: &fleetscope_sim::SimFleet,
+    before: u64,
+    what: &str,
+    cond: impl Fn(u64) -> bool,
+) -> u64 {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let made = quorum_lists(fleet) - before;
+        if cond(made) {
+            return made;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {made} exact lists of the members"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads `stream` until it has added each of `names` in each of `clusters` (as a
+/// change, or anew after an explicit reset).
+async fn added_in(
+    stream: &mut tonic::Streaming<fleetscope::proto::WatchEvent>,
+    clusters: &[String],
+    names: &[&str],
+) {
+    let mut missing: std::collections::BTreeSet<(String, String)> = clusters
+        .iter()
+        .flat_map(|c| names.iter().map(move |n| (c.clone(), n.to_string())))
+        .collect();
+    while !missing.is_empty() {
+        let e = tokio::time::timeout(PATIENCE, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("never added: {missing:?}"))
+            .unwrap()
+            .expect("the stream goes on");
+        if e.r#type == fleetscope::proto::EventType::Added as i32
+            && let Some(o) = e.object
+        {
+            missing.remove(&(o.cluster, o.name));
+        }
+    }
+}
+
+/// A caller's Watch starting from old positions in many clusters reads the members'
+/// histories a few at a time (the rest wait their turn), and another caller's reads
+/// start meanwhile: no caller makes a replica hammer the members, or waits on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_s_history_reads_run_a_few_at_a_time_and_leave_another_caller_room() {
+    use fleetscope::proto::{StreamPosition, WatchRequest};
+    const READS_PER_CALLER: u64 = 4;
+    let n = 6;
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(n, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=n).map(|i| format!("sim-{i}")).collect();
+    let tokens = dir.path().join("tokens.yaml");
+    let mut text = String::from("tokens:\n");
+    for (token, name) in [("alice-token", "alice"), ("bob-token", "bob")] {
+        text += &format!(
+            "  - name: {name}\n    groups: []\n    sha256: {}\n",
+            fleetscope::auth::tokens::hex_hash(token)
+        );
+    }
+    std::fs::write(&tokens, text).unwrap();
+    // Two positions in each member's history, both older than any list the replica
+    // makes: before two changes, and between them.
+    let mut positions: [Vec<StreamPosition>; 2] = Default::default();
+    for s in fleet.servers() {
+        let store = &s.cluster().store;
+        for (i, at) in positions.iter_mut().enumerate() {
+            at.push(StreamPosition {
+                cluster: s.cluster().name().to_string(),
+                resource: "configmaps".into(),
+                resource_version: store.resource_version().to_string(),
+            });
+            store
+                .create(
+                    "configmaps",
+                    Some("team-1"),
+                    serde_json::json!({"metadata": {"name": format!("after-{i}")}}),
+                )
+                .unwrap();
+        }
+    }
+    let tokens_arg = tokens.display().to_string();
+    let a = Replica::start_with(
+        &kubeconfig,
+        "replica-a",
+        &log,
+        &["--tokens-file", &tokens_arg],
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while synced_as(&a, "alice-token").await != Some(n) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replica never synced its clusters; log: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // From here on the members hold every new watch request unanswered: a history
+    // read, once it has listed, waits there; the replica's own watches run on.
+    for s in fleet.servers() {
+        s.cluster().stall_next_watches(2);
+    }
+    let watch = |token: &'static str, at: Vec<StreamPosition>| {
+        let a = &a;
+        async move {
+            a.client()
+                .await
+                .unwrap()
+                .watch(as_caller(
+                    token,
+                    WatchRequest {
+                        query: Some(configmaps_query()),
+                        start_positions: at,
+                        ..Default::default()
+                    },
+                ))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let before = quorum_lists(&fleet);
+    // alice starts from the first position in all six clusters: four reads, no more.
+    let mut alice = watch("alice-token", positions[0].clone()).await;
+    until_quorum_lists(&fleet, before, "alice's first reads", |m| {
+        m >= READS_PER_CALLER
+    })
+    .await;
+    // bob, from the second position in two clusters: his reads start at once.
+    let mut bob = watch("bob-token", positions[1][..2].to_vec()).await;
+    let made =
+        until_quorum_lists(&fleet, before, "bob's reads", |m| m >= READS_PER_CALLER + 2).await;
+    assert_eq!(
+        made,
+        READS_PER_CALLER + 2,
+        "alice's reads past her four waited, bob's did not"
+    );
+    // Released: alice's other reads take their turn, and both get every change.
+    for s in fleet.servers() {
+        s.cluster().release_stalls();
+    }
+    until_quorum_lists(&fleet, before, "alice's waiting reads", |m| {
+        m >= n as u64 + 2
+    })
+    .await;
+    added_in(&mut alice, &clusters, &["after-0", "after-1"]).await;
+    let bob_clusters: Vec<String> = positions[1][..2]
+        .iter()
+        .map(|p| p.cluster.clone())
+        .collect();
+    added_in(&mut bob, &bob_clusters, &["after-1"]).await;
+    drop(a);
+    fleet.shutdown().await;
+}
