@@ -67,15 +67,19 @@ async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
     // With a configuration file, the command line is parsed again with the file's
     // values as the flags' defaults (flag > environment > file > default).
     let mut config = None;
-    if let args::Command::Serve(serve) = &parsed.command
-        && let Some(path) = serve.config.clone()
-    {
-        let argv = config::resolve::serve_argv();
+    let file = match &parsed.command {
+        args::Command::Serve(serve) => serve.config.clone().map(|path| ("serve", path)),
+        args::Command::Router(router) => router.config.clone().map(|path| ("router", path)),
+        _ => None,
+    };
+    if let Some((subcommand, path)) = file {
+        let argv = config::resolve::process_argv();
         let command = <args::Cli as clap::CommandFactory>::command();
-        let resolved = config::resolve::resolve(command.clone(), &argv, &path)?;
+        let resolved = config::resolve::resolve(command.clone(), subcommand, &argv, &path)?;
         parsed = <args::Cli as clap::FromArgMatches>::from_arg_matches(&resolved.matches)?;
         config = Some(config::reload::ConfigFile {
             path,
+            subcommand,
             argv,
             command,
             last: resolved.rows,
@@ -87,17 +91,19 @@ async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
     }
     match parsed.command {
         args::Command::Serve(args) => Ok(run::serve(args, config).await?),
-        args::Command::Router(args) => Ok(run::router(*args).await?),
-        args::Command::Config(args::ConfigCommand::Settings { output }) => {
+        args::Command::Router(args) => Ok(run::router(*args, config).await?),
+        args::Command::Config(args::ConfigCommand::Settings {
+            output,
+            command: of,
+        }) => {
             let mut command = <args::Cli as clap::CommandFactory>::command();
             command.build();
-            run::config_settings(&command, &output);
+            run::config_settings(&command, &of, &output);
             Ok(())
         }
-        args::Command::Config(args::ConfigCommand::Check { file }) => Ok(run::config_check(
-            &file,
-            <args::Cli as clap::CommandFactory>::command(),
-        )?),
+        args::Command::Config(args::ConfigCommand::Check { file, command: of }) => Ok(
+            run::config_check(&file, &of, <args::Cli as clap::CommandFactory>::command())?,
+        ),
         args::Command::Demo(args) => Ok(run::demo(args).await?),
         args::Command::Sim(args) => Ok(run::sim(args).await?),
         args::Command::Get(args) => {

@@ -57,19 +57,26 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Validate FILE as `serve --config FILE` would read it (with this environment)
-    /// and print every setting, its value and where the value comes from.
+    /// Validate FILE as `serve --config FILE` (or `router --config FILE`) would read
+    /// it (with this environment) and print every setting, its value and where the
+    /// value comes from.
     Check {
         /// The configuration file.
         file: PathBuf,
+        /// The command the file configures.
+        #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router"])]
+        command: String,
     },
-    /// Print every setting of `serve`: its key in the configuration file, its flag,
-    /// its environment variable, its default and whether a change applies live or at
-    /// the next restart.
+    /// Print every setting of `serve` (or `router`): its key in the configuration
+    /// file, its flag, its environment variable, its default and whether a change
+    /// applies live or at the next restart.
     Settings {
         /// Output format: table or markdown (with each setting's description).
         #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "markdown"])]
         output: String,
+        /// The command whose settings to print.
+        #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router"])]
+        command: String,
     },
 }
 

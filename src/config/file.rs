@@ -27,20 +27,31 @@ pub struct Given {
     pub values: Vec<String>,
 }
 
-/// Reads a configuration file: the settings it gives.
+/// Reads a configuration file of `serve`: the settings it gives.
 pub fn read(path: &Path) -> Result<Vec<Given>, FileError> {
-    parse(path, &text_of(path)?)
+    read_for(path, &serve_settings().collect::<Vec<_>>())
 }
 
-/// Parses a configuration document (`path` names it in errors): the settings it
-/// gives, each checked by its kind.
+/// Reads a configuration file of a command whose settings are `settings`: the ones
+/// it gives.
+pub fn read_for(path: &Path, settings: &[&'static Setting]) -> Result<Vec<Given>, FileError> {
+    parse_for(path, &text_of(path)?, settings)
+}
+
+/// Parses a configuration document of `serve` (`path` names it in errors): the
+/// settings it gives, each checked by its kind.
 pub fn parse(path: &Path, text: &str) -> Result<Vec<Given>, FileError> {
+    parse_for(path, text, &serve_settings().collect::<Vec<_>>())
+}
+
+/// Parses a configuration document of a command whose settings are `settings`.
+pub fn parse_for(
+    path: &Path,
+    text: &str,
+    settings: &[&'static Setting],
+) -> Result<Vec<Given>, FileError> {
     let document = value(path, text)?;
-    let settings: Vec<&'static Setting> = serve_settings().collect();
-    let reader = Reader {
-        path,
-        settings: &settings,
-    };
+    let reader = Reader { path, settings };
     match &document {
         Value::Null => return Ok(Vec::new()),
         Value::Object(map) => reader.known(map, "")?,

@@ -105,9 +105,33 @@ pub fn serve_settings() -> impl Iterator<Item = &'static Setting> {
         ListenerArgs::SETTINGS,
         SecurityArgs::SETTINGS,
         ShardArgs::SETTINGS,
+        RingArgs::SETTINGS,
     ]
     .into_iter()
     .flatten()
+}
+
+/// Every setting of `router`, in the order of its flags.
+pub fn router_settings() -> impl Iterator<Item = &'static Setting> {
+    [
+        GlobalArgs::SETTINGS,
+        RouterArgs::SETTINGS,
+        RingArgs::SETTINGS,
+        ListenerArgs::SETTINGS,
+        SecurityArgs::SETTINGS,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Every setting of the command named `command` (`serve`, `router`), in the order of
+/// its flags; none for another.
+pub fn settings_of(command: &str) -> Vec<&'static Setting> {
+    match command {
+        "serve" => serve_settings().collect(),
+        "router" => router_settings().collect(),
+        _ => Vec::new(),
+    }
 }
 
 crate::settings! {
@@ -154,14 +178,14 @@ pub struct ServeArgs {
 }
 
 crate::settings! {
-/// How a replica shares the fleet's clusters with the others of its ring (off unless
-/// a ring is named).
+/// The ring, as its replicas and routers both are given it.
 #[derive(Debug, Args)]
-pub struct ShardArgs {
+pub struct RingArgs {
     ["sharding.ring", Text, Restart]
-    /// Run as a replica of this ring: the clusters are shared among the ring's live
-    /// replicas through Leases in the coordination cluster, each cluster watched by its
-    /// owners only. Unset: this server watches every cluster.
+    /// The ring: a `serve` runs as one of its replicas (the clusters shared among the
+    /// ring's live replicas through Leases in the coordination cluster, each cluster
+    /// watched by its owners only; unset, it watches every cluster); a `router` serves
+    /// the fleet its replicas hold (required).
     #[arg(long, env = "FLEETSCOPE_SHARD_RING", value_name = "NAME", value_parser = ring_name)]
     pub shard_ring: Option<String>,
     ["sharding.coordination", Text, Restart]
@@ -173,29 +197,12 @@ pub struct ShardArgs {
     /// The namespace of the ring's Leases.
     #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_NAMESPACE", default_value = "default", value_name = "NAMESPACE")]
     pub shard_lease_namespace: String,
-    ["sharding.identity", Text, Restart]
-    /// This replica's identity in the ring, unique and kept across restarts (with its
-    /// data directory). Default: the host name (a StatefulSet pod's name).
-    #[arg(long, env = "FLEETSCOPE_SHARD_IDENTITY", value_name = "NAME")]
-    pub shard_identity: Option<String>,
-    ["sharding.advertise", Text, Restart]
-    /// The address routers reach this replica's gRPC listener at, published on its
-    /// Lease. Default: the host name and the listen port.
-    #[arg(long, env = "FLEETSCOPE_SHARD_ADVERTISE", value_name = "HOST:PORT", value_parser = host_port)]
-    pub shard_advertise: Option<String>,
     ["sharding.leaseDuration", Duration, Restart]
     /// How long a Lease holds without renewal: a replica silent this long is counted
-    /// gone by the others, and stops answering for its clusters itself.
+    /// gone by the others and the routers, whatever its Lease says, and stops
+    /// answering for its clusters itself. The same for every replica and router.
     #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_timeout)]
     pub shard_lease_duration: Duration,
-    ["sharding.renewPeriod", Duration, Restart]
-    /// How often a replica renews its Lease (well under the lease duration).
-    #[arg(long, env = "FLEETSCOPE_SHARD_RENEW_PERIOD", default_value = "2s", value_parser = crate::config::parse_timeout)]
-    pub shard_renew_period: Duration,
-    ["sharding.replication", Count, Restart]
-    /// Owners per cluster: 1, or 2 so that losing one replica loses no cluster.
-    #[arg(long, env = "FLEETSCOPE_SHARD_REPLICATION", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=2))]
-    pub shard_replication: u64,
     ["sharding.pageTokenKeyFile", Text, Restart]
     /// A file of at least 32 random bytes shared by the ring's replicas and routers:
     /// page tokens are signed with it, so a router continues a replica's list and
@@ -207,70 +214,72 @@ pub struct ShardArgs {
 }
 }
 
+crate::settings! {
+/// How a replica shares the fleet's clusters with the others of its ring (off unless
+/// a ring is named).
+#[derive(Debug, Args)]
+pub struct ShardArgs {
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub ring: RingArgs,
+    ["sharding.identity", Text, Restart]
+    /// This replica's identity in the ring, unique and kept across restarts (with its
+    /// data directory). Default: the host name (a StatefulSet pod's name).
+    #[arg(long, env = "FLEETSCOPE_SHARD_IDENTITY", value_name = "NAME")]
+    pub shard_identity: Option<String>,
+    ["sharding.advertise", Text, Restart]
+    /// The address routers reach this replica's gRPC listener at, published on its
+    /// Lease. Default: the host name and the listen port.
+    #[arg(long, env = "FLEETSCOPE_SHARD_ADVERTISE", value_name = "HOST:PORT", value_parser = host_port)]
+    pub shard_advertise: Option<String>,
+    ["sharding.renewPeriod", Duration, Restart]
+    /// How often a replica renews its Lease (well under the lease duration).
+    #[arg(long, env = "FLEETSCOPE_SHARD_RENEW_PERIOD", default_value = "2s", value_parser = crate::config::parse_timeout)]
+    pub shard_renew_period: Duration,
+    ["sharding.replication", Count, Restart]
+    /// Owners per cluster: 1, or 2 so that losing one replica loses no cluster.
+    #[arg(long, env = "FLEETSCOPE_SHARD_REPLICATION", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=2))]
+    pub shard_replication: u64,
+}
+}
+
+crate::settings! {
 /// `router`'s flags: the ring it serves, how it reaches the replicas, and how its
 /// callers are secured.
 #[derive(Debug, Args)]
 pub struct RouterArgs {
+    /// A YAML configuration file for every setting below (the keys `serve`'s file
+    /// has for them); flags and environment variables override it. Reloaded when it
+    /// changes and on SIGHUP.
+    #[arg(long, env = "FLEETSCOPE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    ["kubeconfigs", Texts, Restart]
     /// A kubeconfig file holding the coordination cluster's context; repeat for
     /// several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
     #[arg(long = "kubeconfig", value_name = "FILE")]
     pub kubeconfigs: Vec<PathBuf>,
-    /// The ring whose replicas serve the fleet.
-    #[arg(long, env = "FLEETSCOPE_SHARD_RING", value_name = "NAME", value_parser = ring_name)]
-    pub shard_ring: String,
-    /// The ring's lease duration, as its replicas are given it: a replica whose Lease
-    /// is not seen to change for this long is counted gone, whatever its Lease says.
-    #[arg(long, env = "FLEETSCOPE_SHARD_LEASE_DURATION", default_value = "15s", value_parser = crate::config::parse_timeout)]
-    pub shard_lease_duration: Duration,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub ring: RingArgs,
+    ["router.replicaTimeout", Duration, Restart]
     /// How long the router waits for a replica (to connect, and for its answer or a
     /// Watch's start) before asking each of its clusters' next holder: a replica that
     /// stopped (before its Lease expires) costs a request this long, not more.
     #[arg(long, env = "FLEETSCOPE_REPLICA_TIMEOUT", default_value = "5s", value_parser = crate::config::parse_timeout)]
     pub replica_timeout: Duration,
-    /// The cluster holding the ring's Leases: a context of the kubeconfigs, or
-    /// `in-cluster`.
-    #[arg(
-        long,
-        env = "FLEETSCOPE_SHARD_COORDINATION",
-        default_value = "in-cluster",
-        value_name = "CONTEXT"
-    )]
-    pub shard_coordination: String,
-    /// The namespace of the ring's Leases.
-    #[arg(
-        long,
-        env = "FLEETSCOPE_SHARD_LEASE_NAMESPACE",
-        default_value = "default",
-        value_name = "NAMESPACE"
-    )]
-    pub shard_lease_namespace: String,
-    /// The page token key file the ring's replicas are given (at least 32 bytes).
-    #[arg(
-        long,
-        env = "FLEETSCOPE_SHARD_PAGE_TOKEN_KEY_FILE",
-        value_name = "FILE"
-    )]
-    pub shard_page_token_key_file: PathBuf,
+    ["router.replicaCa", Text, Restart]
     /// The CA certificates (PEM) the replicas' server certificates are verified with;
     /// without it the replicas are reached in plaintext (loopback only).
     #[arg(long, env = "FLEETSCOPE_REPLICA_CA", value_name = "FILE")]
     pub replica_ca: Option<PathBuf>,
+    ["router.replicaCert", Text, Restart]
     /// The router's client certificate (PEM) for the replicas, which name its user
     /// with --router-name: the router then passes its callers' identities.
-    #[arg(
-        long,
-        env = "FLEETSCOPE_REPLICA_CERT",
-        value_name = "FILE",
-        requires = "replica_key"
-    )]
+    #[arg(long, env = "FLEETSCOPE_REPLICA_CERT", value_name = "FILE", requires = "replica_key")]
     pub replica_cert: Option<PathBuf>,
+    ["router.replicaKey", Text, Restart]
     /// The key of --replica-cert.
-    #[arg(
-        long,
-        env = "FLEETSCOPE_REPLICA_KEY",
-        value_name = "FILE",
-        requires = "replica_cert"
-    )]
+    #[arg(long, env = "FLEETSCOPE_REPLICA_KEY", value_name = "FILE", requires = "replica_cert")]
     pub replica_key: Option<PathBuf>,
     #[allow(missing_docs)]
     #[command(flatten)]
@@ -279,8 +288,28 @@ pub struct RouterArgs {
     #[command(flatten)]
     pub security: SecurityArgs,
 }
+}
 
 impl RouterArgs {
+    /// The ring the router serves and the ring's key, read from
+    /// `--shard-page-token-key-file`: both required.
+    pub fn ring_and_key(&self) -> Result<(String, crate::grpc::TokenKey), ArgsError> {
+        let ring = self.ring.shard_ring.clone().ok_or_else(|| {
+            ArgsError::Invalid(
+                "--shard-ring (sharding.ring) is required: the ring whose replicas the router serves"
+                    .into(),
+            )
+        })?;
+        let file = self.ring.shard_page_token_key_file.as_ref().ok_or_else(|| {
+            ArgsError::Invalid(
+                "--shard-page-token-key-file (sharding.pageTokenKeyFile) is required: the ring's key, which its replicas seal their Leases and sign page tokens with".into(),
+            )
+        })?;
+        let key = crate::grpc::TokenKey::from_file(file)
+            .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
+        Ok((ring, key))
+    }
+
     /// TLS to the replicas, and whether it presents a client certificate; `None`
     /// for plaintext.
     pub fn upstream_tls(
@@ -715,7 +744,7 @@ impl ShardArgs {
         &self,
         listen: &str,
     ) -> Result<Option<(crate::shard::member::MembershipConfig, String)>, ArgsError> {
-        let Some(ring) = &self.shard_ring else {
+        let Some(ring) = &self.ring.shard_ring else {
             return Ok(None);
         };
         let host = rustix::system::uname()
@@ -737,15 +766,15 @@ impl ShardArgs {
             ),
         )?;
         ensure(
-            self.shard_lease_duration >= Duration::from_secs(2),
+            self.ring.shard_lease_duration >= Duration::from_secs(2),
             "--shard-lease-duration (sharding.leaseDuration) must be at least 2s",
         )?;
         ensure(
             self.shard_renew_period > Duration::ZERO
-                && self.shard_renew_period * 2 <= self.shard_lease_duration,
+                && self.shard_renew_period * 2 <= self.ring.shard_lease_duration,
             "--shard-renew-period (sharding.renewPeriod) must be at most half of --shard-lease-duration (sharding.leaseDuration)",
         )?;
-        let Some(key_file) = &self.shard_page_token_key_file else {
+        let Some(key_file) = &self.ring.shard_page_token_key_file else {
             return Err(ArgsError::Invalid(
                 "--shard-page-token-key-file (sharding.pageTokenKeyFile) is required with --shard-ring: a replica seals its Lease with the ring's key, and the others count no Lease that is not".into(),
             ));
@@ -763,7 +792,7 @@ impl ShardArgs {
             crate::shard::member::MembershipConfig {
                 ring: ring.clone(),
                 identity,
-                lease_duration: self.shard_lease_duration,
+                lease_duration: self.ring.shard_lease_duration,
                 renew_period: self.shard_renew_period,
                 replication: usize::try_from(self.shard_replication).unwrap_or(1),
                 key: crate::shard::seal::LeaseKey::of(&key),

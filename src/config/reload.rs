@@ -1,4 +1,4 @@
-//! The reload of `serve`'s inputs while it runs, in one place: the configuration
+//! The reload of `serve`'s (and `router`'s) inputs while it runs, in one place: the configuration
 //! file, the kubeconfigs (the cluster sources), the tokens file, the policy and the
 //! TLS files. One [`Reloads`] hub follows them all: one debounced watcher over the
 //! directories of the files it follows (editors and Kubernetes Secret and ConfigMap
@@ -205,6 +205,8 @@ impl Reloads {
 pub struct ConfigFile {
     /// The file.
     pub path: PathBuf,
+    /// The command it configures: `serve` or `router`.
+    pub subcommand: &'static str,
     /// The process's command line.
     pub argv: Vec<OsString>,
     /// The command line's definition.
@@ -256,12 +258,28 @@ fn reload_config(
     config: &mut ConfigFile,
     plan: Plan,
 ) -> Result<(KubeconfigSources, EngineConfig, Vec<&'static str>), String> {
-    let resolved = resolve::resolve(config.command.clone(), &config.argv, &config.path)
-        .map_err(|e| e.to_string())?;
+    let resolved = resolve_again(config)?;
     let Some(args) = resolved.serve().map_err(|e| e.to_string())? else {
         return Err("the command line is not `serve`".into());
     };
     let (sources, engine) = plan(&args)?;
+    Ok((sources, engine, changed(config, resolved)))
+}
+
+/// The configuration file resolved again with the process's command line.
+fn resolve_again(config: &ConfigFile) -> Result<resolve::Resolved, String> {
+    resolve::resolve(
+        config.command.clone(),
+        config.subcommand,
+        &config.argv,
+        &config.path,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The keys `resolved` changes from the last good resolution, which it becomes; each
+/// change of a setting that applies at restart is logged as such.
+fn changed(config: &mut ConfigFile, resolved: resolve::Resolved) -> Vec<&'static str> {
     for row in &resolved.rows {
         let flag = row.flag.as_str();
         let (was, now) = (value(&config.last, flag), Some(row.value.as_str()));
@@ -281,7 +299,31 @@ fn reload_config(
         .map(|r| r.key)
         .collect();
     config.last = resolved.rows;
-    Ok((sources, engine, changed))
+    changed
+}
+
+/// The configuration file of a command whose every setting applies at restart (the
+/// router's): resolved again and checked with `check`, each change logged as taking
+/// effect at the next restart; a file that no longer resolves or passes `check` is
+/// an error, the settings in force kept.
+pub fn restart_input(
+    mut config: ConfigFile,
+    check: fn(&resolve::Resolved) -> Result<(), String>,
+) -> Reload {
+    Box::new(move |_why| {
+        let resolved = resolve_again(&config)?;
+        check(&resolved)?;
+        let changed = changed(&mut config, resolved);
+        Ok(Reloaded {
+            said: (!changed.is_empty()).then(|| {
+                format!(
+                    "configuration reloaded from {}: changed {changed:?}, each at the next restart",
+                    config.path.display()
+                )
+            }),
+            ..Reloaded::default()
+        })
+    })
 }
 
 /// The kubeconfigs as an input: the sources in force loaded again, a changed set

@@ -10,7 +10,7 @@ use clap::FromArgMatches;
 use clap::parser::ValueSource;
 
 use super::file::{self, FileError, Given};
-use super::flags::{ServeArgs, serve_settings};
+use super::flags::{RouterArgs, ServeArgs, settings_of};
 use super::settings::Applies;
 
 /// Why a command line and configuration file cannot be resolved.
@@ -24,7 +24,7 @@ pub enum ResolveError {
     Args(String),
 }
 
-/// One setting of `serve`: its flag, its key in the file, its value and its source.
+/// One setting of a command (`serve`, `router`): its flag, its key in the file, its value and its source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     /// The key in the configuration file (`-` when the file has none for it).
@@ -44,7 +44,8 @@ pub struct Row {
 pub struct Resolved {
     /// The command line's matches, with the file's values in place.
     pub matches: clap::ArgMatches,
-    /// Every `serve` setting, for `config check` and for telling what a reload changed.
+    /// Every setting of the command, for `config check` and for telling what a
+    /// reload changed.
     pub rows: Vec<Row>,
 }
 
@@ -56,9 +57,18 @@ impl Resolved {
 
     /// The `serve` flags, when the command is `serve`.
     pub fn serve(&self) -> Result<Option<ServeArgs>, ResolveError> {
+        self.args("serve")
+    }
+
+    /// The `router` flags, when the command is `router`.
+    pub fn router(&self) -> Result<Option<RouterArgs>, ResolveError> {
+        self.args("router")
+    }
+
+    fn args<T: FromArgMatches>(&self, subcommand: &str) -> Result<Option<T>, ResolveError> {
         self.matches
-            .subcommand_matches("serve")
-            .map(ServeArgs::from_arg_matches)
+            .subcommand_matches(subcommand)
+            .map(T::from_arg_matches)
             .transpose()
             .map_err(|e| ResolveError::Args(first_line(&e)))
     }
@@ -71,22 +81,25 @@ pub fn value<'a>(rows: &'a [Row], flag: &str) -> Option<&'a str> {
         .map(|r| r.value.as_str())
 }
 
-/// Resolves `argv` (a `serve` command line of `command`, the whole command line's
-/// definition) with the configuration file at `path`.
+/// Resolves `argv` (a command line of `command`, the whole command line's
+/// definition, running its `subcommand`: `serve` or `router`) with the configuration
+/// file at `path`, which may set that subcommand's settings.
 pub fn resolve(
     command: clap::Command,
+    subcommand: &str,
     argv: &[OsString],
     path: &Path,
 ) -> Result<Resolved, ResolveError> {
-    let given = file::read(path)?;
-    let mut cmd = with_defaults(command, &given);
+    let settings = settings_of(subcommand);
+    let given = file::read_for(path, &settings)?;
+    let mut cmd = with_defaults(command, subcommand, &given);
     let matches = cmd
         .try_get_matches_from_mut(argv)
-        .map_err(|e| attribute(e, &cmd, &given, path))?;
+        .map_err(|e| attribute(e, &cmd, subcommand, &given, path))?;
     let mut rows = Vec::new();
     if let (Some(serve), Some(sub)) = (
-        matches.subcommand_matches("serve"),
-        cmd.find_subcommand("serve"),
+        matches.subcommand_matches(subcommand),
+        cmd.find_subcommand(subcommand),
     ) {
         for arg in sub.get_arguments() {
             let id = arg.get_id().as_str();
@@ -115,7 +128,7 @@ pub fn resolve(
                 }
                 _ => "default".to_string(),
             };
-            let setting = serve_settings().find(|s| s.id == id);
+            let setting = settings.iter().find(|s| s.id == id);
             rows.push(Row {
                 key: setting.map_or("-", |s| s.key),
                 flag: format!("--{long}"),
@@ -128,14 +141,14 @@ pub fn resolve(
     Ok(Resolved { matches, rows })
 }
 
-/// The command with the file's values as its flags' defaults.
-fn with_defaults(mut cmd: clap::Command, given: &[Given]) -> clap::Command {
+/// The command with the file's values as its `subcommand`'s flags' defaults.
+fn with_defaults(mut cmd: clap::Command, subcommand: &str, given: &[Given]) -> clap::Command {
     for g in given {
         let values = g.values.clone();
         if cmd.get_arguments().any(|a| a.get_id() == g.arg) {
             cmd = cmd.mut_arg(g.arg, |a| a.default_values(values));
         } else {
-            cmd = cmd.mut_subcommand("serve", |sc| {
+            cmd = cmd.mut_subcommand(subcommand, |sc| {
                 sc.mut_arg(g.arg, |a| a.default_values(values))
             });
         }
@@ -144,7 +157,13 @@ fn with_defaults(mut cmd: clap::Command, given: &[Given]) -> clap::Command {
 }
 
 /// A parse error, named by the file's key when the bad value is the file's.
-fn attribute(e: clap::Error, cmd: &clap::Command, given: &[Given], path: &Path) -> ResolveError {
+fn attribute(
+    e: clap::Error,
+    cmd: &clap::Command,
+    subcommand: &str,
+    given: &[Given],
+    path: &Path,
+) -> ResolveError {
     use clap::error::{ContextKind, ContextValue};
     let text = |kind| match e.get(kind) {
         Some(ContextValue::String(s)) => Some(s.clone()),
@@ -154,7 +173,7 @@ fn attribute(e: clap::Error, cmd: &clap::Command, given: &[Given], path: &Path) 
         text(ContextKind::InvalidArg),
         text(ContextKind::InvalidValue),
     ) {
-        let serve = cmd.find_subcommand("serve");
+        let serve = cmd.find_subcommand(subcommand);
         let args = cmd
             .get_arguments()
             .chain(serve.into_iter().flat_map(|s| s.get_arguments()));
@@ -184,9 +203,9 @@ fn first_line(e: &clap::Error) -> String {
     line.strip_prefix("error: ").unwrap_or(line).to_string()
 }
 
-/// The `serve` command line of a process, from `std::env::args_os`, for resolving
-/// the configuration file again when it changes.
-pub fn serve_argv() -> Vec<OsString> {
+/// The command line of a process, from `std::env::args_os`, for resolving the
+/// configuration file again when it changes.
+pub fn process_argv() -> Vec<OsString> {
     std::env::args_os().collect()
 }
 
@@ -209,7 +228,7 @@ mod tests {
     }
 
     fn resolve(argv: &[OsString], path: &Path) -> Result<Resolved, ResolveError> {
-        super::resolve(command(), argv, path)
+        super::resolve(command(), "serve", argv, path)
     }
 
     fn write(text: &str) -> tempfile::NamedTempFile {

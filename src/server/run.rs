@@ -167,7 +167,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
             advertise,
             context_source(
                 "--shard-coordination",
-                &args.shard.shard_coordination,
+                &args.shard.ring.shard_coordination,
                 &kubeconfig_paths,
             )?,
         )),
@@ -193,7 +193,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     // What serve writes (the store, its key) is for its own user only.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let listener = server::bind(&args.engine.listener.listen).await?;
-    let key = match (&args.shard.shard_page_token_key_file, &data_dir) {
+    let key = match (&args.shard.ring.shard_page_token_key_file, &data_dir) {
         (Some(file), dir) => {
             if let Some(dir) = dir {
                 private(dir)?;
@@ -223,7 +223,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                 reload.clone(),
             )
             .await?;
-            let api = kube::Api::namespaced(client, &args.shard.shard_lease_namespace);
+            let api = kube::Api::namespaced(client, &args.shard.ring.shard_lease_namespace);
             let engine = fleet.clone();
             let resume = fleet.clone();
             Some(crate::shard::replica::Replica::start(
@@ -331,41 +331,44 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     result
 }
 
-/// `fleetscope router`: the fleet of a ring's replicas served whole, until SIGTERM.
-pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunError> {
+/// `fleetscope router`: the fleet of a ring's replicas served whole, until SIGTERM;
+/// `config`, its configuration file, followed (its settings apply at restart).
+pub async fn router(
+    args: crate::config::flags::RouterArgs,
+    config: Option<ConfigFile>,
+) -> Result<(), RunError> {
     let hangups = server::hangups().map_err(RunError::Signal)?;
     let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
-    let kubeconfigs = if args.shard_coordination == "in-cluster" {
+    let (ring, key) = args.ring_and_key()?;
+    let kubeconfigs = if args.ring.shard_coordination == "in-cluster" {
         Vec::new()
     } else {
         crate::sources::kubeconfig_paths(&args.kubeconfigs)?
     };
     let source = context_source(
         "--shard-coordination",
-        &args.shard_coordination,
+        &args.ring.shard_coordination,
         &kubeconfigs,
     )?;
-    let key = crate::grpc::TokenKey::from_file(&args.shard_page_token_key_file)
-        .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?;
     let upstream_tls = args.upstream_tls()?;
     check_security(&args.security, &kubeconfigs)?;
     let listener = server::bind(&args.listener.listen).await?;
     let metrics = bind_metrics(&args.listener).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
-    let api = kube::Api::namespaced(client, &args.shard_lease_namespace);
+    let api = kube::Api::namespaced(client, &args.ring.shard_lease_namespace);
     let (observed_tx, observed) = tokio::sync::watch::channel(crate::shard::lease::Observed::new(
-        &args.shard_ring,
-        args.shard_lease_duration,
+        &ring,
+        args.ring.shard_lease_duration,
         crate::shard::seal::LeaseKey::of(&key),
     ));
     crate::tasks::spawn(
         "lease-follower",
-        crate::shard::lease::follow(api, args.shard_ring.clone(), observed_tx, stop.clone()),
+        crate::shard::lease::follow(api, ring.clone(), observed_tx, stop.clone()),
     );
-    tracing::info!(ring = %args.shard_ring, "routing to the ring's replicas");
+    tracing::info!(%ring, "routing to the ring's replicas");
     let router = std::sync::Arc::new(crate::router::Router::new(
-        args.shard_ring.clone(),
+        ring,
         observed.clone(),
         crate::router::Upstream {
             passes_identity: upstream_tls.as_ref().is_some_and(|(_, cert)| *cert),
@@ -375,6 +378,19 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
         },
     ));
     let mut reloads = Reloads::default();
+    if let Some(config) = config {
+        let path = config.path.clone();
+        reloads.follow(
+            "config",
+            "the configuration",
+            vec![path],
+            reload::restart_input(config, |resolved| match resolved.router() {
+                Ok(Some(args)) => args.ring_and_key().map(|_| ()).map_err(|e| e.to_string()),
+                Ok(None) => Err("the command line is not `router`".into()),
+                Err(e) => Err(e.to_string()),
+            }),
+        );
+    }
     let security = secure(
         &args.security,
         None,
@@ -437,18 +453,23 @@ pub async fn router(args: crate::config::flags::RouterArgs) -> Result<(), RunErr
 /// How long an exec credential plugin may run for the router's coordination cluster.
 const EXEC_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `fleetscope config check FILE`: the configuration as `serve --config FILE` would
-/// resolve it in this environment, each value with its source; then the same checks
-/// `serve` makes before it starts (selectors, labels, aliases, the kubeconfigs and
-/// context patterns), changing nothing.
-pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<(), RunError> {
+/// `fleetscope config check FILE`: the configuration as `serve --config FILE` (or
+/// `router`, `of`) would resolve it in this environment, each value with its source;
+/// then the same checks the command makes before it starts (for `serve`: selectors,
+/// labels, aliases, the kubeconfigs and context patterns; for `router`: the ring and
+/// its key, the replicas' TLS files), changing nothing.
+pub fn config_check(
+    file: &std::path::Path,
+    of: &str,
+    command: clap::Command,
+) -> Result<(), RunError> {
     let argv: Vec<std::ffi::OsString> = vec![
         "fleetscope".into(),
-        "serve".into(),
+        of.into(),
         "--config".into(),
         file.into(),
     ];
-    let resolved = crate::config::resolve::resolve(command, &argv, file)?;
+    let resolved = crate::config::resolve::resolve(command, of, &argv, file)?;
     let width = |f: fn(&Row) -> usize| resolved.rows.iter().map(f).max().unwrap_or(0);
     let (kw, fw, vw) = (
         width(|r| r.key.len()).max(3),
@@ -465,6 +486,12 @@ pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<()
             value,
             r.source
         );
+    }
+    if let Some(args) = resolved.router()? {
+        let (ring, _) = args.ring_and_key()?;
+        args.upstream_tls()?;
+        say!("\n{}: valid; routes to ring {ring}", file.display());
+        return Ok(());
     }
     let Some(args) = resolved.serve()? else {
         return Ok(());
@@ -483,14 +510,15 @@ pub fn config_check(file: &std::path::Path, command: clap::Command) -> Result<()
     Ok(())
 }
 
-/// `fleetscope config settings`: every setting of `serve` from its declaration, as an
-/// aligned table or (`markdown`) the reference `docs/operating.md` holds.
-pub fn config_settings(command: &clap::Command, output: &str) {
-    let Some(serve) = command.find_subcommand("serve") else {
+/// `fleetscope config settings`: every setting of `serve` (or `router`, `of`) from its
+/// declaration, as an aligned table or (`markdown`) the reference `docs/operating.md`
+/// holds.
+pub fn config_settings(command: &clap::Command, of: &str, output: &str) {
+    let Some(sub) = command.find_subcommand(of) else {
         return;
     };
     let described =
-        crate::config::settings::describe(serve, crate::config::flags::serve_settings());
+        crate::config::settings::describe(sub, crate::config::flags::settings_of(of).into_iter());
     if output == "markdown" {
         say!(
             "{}",

@@ -506,31 +506,43 @@ fn every_link_of_the_readme_and_the_docs_reaches_a_file_and_a_heading() {
 
 #[test]
 fn the_settings_reference_is_the_declarations() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetscope"))
-        .args(["config", "settings", "-o", "markdown"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let printed = String::from_utf8(out.stdout).unwrap();
     let page =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operating.md"))
             .unwrap();
-    let (_, rest) = page.split_once("<!-- settings: begin -->\n").unwrap();
-    let (table, _) = rest.split_once("<!-- settings: end -->").unwrap();
-    assert_eq!(
-        table.trim(),
-        printed.trim(),
-        "docs/operating.md's table differs from `fleetscope config settings -o markdown`"
-    );
-    // Every setting is there, each once, with when it applies.
-    for line in printed.lines().skip(2) {
-        assert!(
-            line.contains("| live |") || line.contains("| restart |"),
-            "{line}"
+    for (command, marker, example) in [
+        (
+            "serve",
+            "settings",
+            "| `informer.pageSize` | `--page-size` |",
+        ),
+        (
+            "router",
+            "router settings",
+            "| `router.replicaTimeout` | `--replica-timeout` |",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetscope"))
+            .args(["config", "settings", "--for", command, "-o", "markdown"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let printed = String::from_utf8(out.stdout).unwrap();
+        let (_, rest) = page
+            .split_once(&format!("<!-- {marker}: begin -->\n"))
+            .unwrap();
+        let (table, _) = rest.split_once(&format!("<!-- {marker}: end -->")).unwrap();
+        assert_eq!(
+            table.trim(),
+            printed.trim(),
+            "docs/operating.md's table differs from `fleetscope config settings --for {command} -o markdown`"
         );
+        // Every setting is there, each once, with when it applies.
+        for line in printed.lines().skip(2) {
+            assert!(
+                line.contains("| live |") || line.contains("| restart |"),
+                "{line}"
+            );
+        }
+        assert!(printed.contains(example), "{printed}");
     }
-    assert!(
-        printed.contains("| `informer.pageSize` | `--page-size` |"),
-        "{printed}"
-    );
 }

@@ -3780,3 +3780,133 @@ async fn one_caller_s_history_reads_run_a_few_at_a_time_and_leave_another_caller
     drop(a);
     fleet.shutdown().await;
 }
+
+/// Writes `text` to `path` as an editor does: a new file renamed over the old.
+fn rewrite(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A router configured by a file alone (`router --config FILE`, the keys `serve`'s
+/// file has, plus `router.*`): it serves the ring, `config check --for router` reads
+/// the file as the router does, and the file, followed, is reloaded when it changes;
+/// a file that no longer resolves keeps the settings in force and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_runs_from_its_configuration_file_and_follows_it() {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    split(&[&a], &clusters, &log).await;
+    let port = common::process::free_port();
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let file = dir.path().join("router.yaml");
+    let config = |timeout: &str| {
+        format!(
+            "kubeconfigs: [{kubeconfig}]\nlisten: 127.0.0.1:{port}\nmetricsListen: {metrics}\n\
+             sharding:\n  ring: {RING}\n  coordination: sim-1\n  leaseDuration: 3s\n  pageTokenKeyFile: {key}\n\
+             router:\n  replicaTimeout: {timeout}\n",
+            kubeconfig = kubeconfig.display(),
+            key = kubeconfig.with_file_name("page-token.key").display(),
+        )
+    };
+    rewrite(&file, &config("2s"));
+
+    // `config check --for router` reads it as the router will.
+    let check = |path: &std::path::Path| {
+        std::process::Command::new(common::process::BIN)
+            .args(["config", "check", "--for", "router"])
+            .arg(path)
+            .env_remove("FLEETSCOPE_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let checked = check(&file);
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{checked:?}");
+    assert!(
+        out.contains("router.replicaTimeout")
+            && out.contains("2s")
+            && out.contains(&format!("routes to ring {RING}")),
+        "{out}"
+    );
+    let misspelt = dir.path().join("misspelt.yaml");
+    std::fs::write(
+        &misspelt,
+        config("2s").replace("replicaTimeout", "replicaTimout"),
+    )
+    .unwrap();
+    let refused = check(&misspelt);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("router.replicaTimout"),
+        "{err}"
+    );
+
+    // The router, from the file alone.
+    let child = std::process::Command::new(common::process::BIN)
+        .args(["router", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    listening(port, &log);
+    let router = RouterProcess { child, port };
+    routers_see(&[&router], clusters.len(), 1).await;
+    assert!(
+        common::scrape(&metrics)
+            .await
+            .is_some_and(|m| m.contains("fleetscope_router_members 1")),
+        "the file's metrics listener serves the router's metrics"
+    );
+    let mut c = router.client().await;
+    let reloads = |r: &fleetscope::proto::ListClustersResponse| {
+        r.inputs
+            .iter()
+            .find(|i| i.name == "config")
+            .map(|i| (i.reloads, i.error.clone()))
+    };
+    let before = reloads(&common::list_clusters(&mut c).await)
+        .expect("the file is an input of the router")
+        .0;
+
+    // Changed: reloaded (the new timeout applies at the next restart).
+    rewrite(&file, &config("3s"));
+    common::wait_for_clusters(&mut c, "the reload", |r| {
+        reloads(r).is_some_and(|(n, e)| n > before && e.is_empty())
+    })
+    .await;
+    // Misspelt: the settings in force stay, the router serves on, and says why.
+    rewrite(
+        &file,
+        &config("3s").replace("replicaTimeout", "replicaTimout"),
+    );
+    let r = common::wait_for_clusters(&mut c, "the reload error", |r| {
+        reloads(r).is_some_and(|(_, e)| e.contains("router.replicaTimout"))
+    })
+    .await;
+    assert!(
+        reloads(&r).unwrap().1.contains("did you mean"),
+        "{:?}",
+        reloads(&r)
+    );
+    let total = common::truth(&fleet, "configmaps").len() as u64;
+    let (count, _) = whole_answers(&router).await.unwrap();
+    assert!(count.total == total && !count.partial, "{count:?}");
+    // Fixed: the error clears.
+    rewrite(&file, &config("3s"));
+    common::wait_for_clusters(&mut c, "the error cleared", |r| {
+        reloads(r).is_some_and(|(_, e)| e.is_empty())
+    })
+    .await;
+    drop((a, router));
+    fleet.shutdown().await;
+}
