@@ -94,6 +94,11 @@ fn answered_as(
 struct Positions {
     /// replica identity, its snapshot's revision, its clusters.
     s: Vec<(String, u64, Vec<String>)>,
+    /// For each of `s`, how many of its matches follow the page returned, so that
+    /// the replica's next page need not count them again (absent in a token of an
+    /// earlier version: the replica then counts).
+    #[serde(default)]
+    r: Vec<u64>,
 }
 
 impl Router {
@@ -666,7 +671,9 @@ impl Fleet for Router {
                     .is_some_and(|hs| hs.iter().any(|m| m.identity == identity))
             };
             let mut asked = Vec::new();
+            let mut remaining = positions.r.into_iter();
             for (identity, revision, clusters) in positions.s {
+                let known = remaining.next();
                 // The snapshot is the replica's own: exact only while it still holds
                 // every cluster it was asked for ready.
                 let moved = clusters.iter().find(|c| !holds(c, &identity));
@@ -683,9 +690,9 @@ impl Fleet for Router {
                     .iter()
                     .find(|m| m.identity == identity)
                     .ok_or_else(|| self.no_owner(&identity))?;
-                asked.push((member, clusters, Revision(revision)));
+                asked.push((member, clusters, Revision(revision), known));
             }
-            let calls = asked.iter().map(|(member, clusters, revision)| {
+            let calls = asked.iter().map(|(member, clusters, revision, known)| {
                 let query = convert::query_out(&r.query, projection, clusters);
                 let message = match &r.after {
                     Some((_, after)) => proto::ListRequest {
@@ -697,7 +704,9 @@ impl Fleet for Router {
                             *revision,
                             &query,
                             after,
-                            b"",
+                            &known
+                                .map(fleetscope_model::fleet::remaining_resume)
+                                .unwrap_or_default(),
                         ),
                         keep_snapshot: true,
                     },
@@ -707,41 +716,47 @@ impl Fleet for Router {
             });
             futures::future::try_join_all(calls).await?
         };
-        let mut items: Vec<FleetObject> = Vec::new();
-        let mut more = 0u64;
+        // Each object with the index of the replica page it came from.
+        let mut items: Vec<(usize, FleetObject)> = Vec::new();
         let mut clusters = Vec::new();
         let mut partial = false;
-        let mut positions = Positions { s: Vec::new() };
+        let mut positions = Positions {
+            s: Vec::new(),
+            r: Vec::new(),
+        };
         let mut newest = Revision(0);
-        for (identity, asked_clusters, page) in pages {
+        for (i, (identity, asked_clusters, page)) in pages.into_iter().enumerate() {
             missing.extend(Self::silent(
                 &identity,
                 &asked_clusters,
                 page.clusters.iter().map(|c| c.cluster.as_str()),
             ));
-            more += page.remaining_item_count;
+            positions.r.push(page.remaining_item_count);
             partial |= page.partial;
             clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
             newest = newest.max(Revision(page.revision));
             positions.s.push((identity, page.revision, asked_clusters));
-            items.extend(page.items.into_iter().map(convert::object_in));
+            items.extend(page.items.into_iter().map(|o| (i, convert::object_in(o))));
         }
         // Clusters the query selects that no page comes from: drawn on, and missing.
         partial |= !missing.is_empty();
         clusters.extend(missing);
-        items.sort_by(|a, b| a.key.cmp(&b.key));
-        let fetched = items.len();
+        items.sort_by(|a, b| a.1.key.cmp(&b.1.key));
         let mut taken = 0;
         let mut bytes = 0;
-        for o in &items {
+        for (_, o) in &items {
             if taken >= limit || (taken > 0 && bytes + size(o) > r.max_bytes) {
                 break;
             }
             bytes += size(o);
             taken += 1;
         }
-        items.truncate(taken);
-        let remaining = more + (fetched - taken) as u64;
+        // What each replica fetched beyond the page follows it there too.
+        for (i, _) in items.drain(taken..) {
+            positions.r[i] += 1;
+        }
+        let items: Vec<FleetObject> = items.into_iter().map(|(_, o)| o).collect();
+        let remaining: u64 = positions.r.iter().sum();
         let next: Option<ObjectKey> = if remaining > 0 {
             items.last().map(|o| o.key.clone())
         } else {

@@ -88,10 +88,15 @@ impl Fleet for Engine {
         built.query.deadline = Some(deadline);
         let (limit, max_bytes) = (r.limit.max(1), r.max_bytes);
         let (query, after) = (built.query.clone(), r.after.clone());
+        // A continued list: how many matched after the previous page, as it said.
+        let known = r
+            .after
+            .as_ref()
+            .and_then(|_| fleetscope_model::fleet::resumed_remaining(&r.resume));
         let (page, snapshot) = self
             .evaluate(deadline, move || {
                 let after = after.as_ref().map(|(_, key)| key);
-                let page = snapshot.page_within(&query, after, limit, max_bytes);
+                let page = snapshot.page_from(&query, after, known, limit, max_bytes);
                 (page, snapshot)
             })
             .await?;
@@ -123,7 +128,8 @@ impl Fleet for Engine {
             remaining: page.remaining,
             clusters: built.freshness,
             partial: built.partial,
-            resume: Vec::new(),
+            // The next page's remainder is this one's less what it returns.
+            resume: fleetscope_model::fleet::remaining_resume(page.remaining),
             warnings: built.warnings,
         })
     }

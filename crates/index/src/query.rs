@@ -251,16 +251,15 @@ impl State {
         after: Option<&'a ObjectKey>,
     ) -> Box<dyn Iterator<Item = &'a ObjectRef> + Send + 'a> {
         if let Some(set) = self.indexed_candidates(q) {
-            let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
             // The set may be a union built here; the objects it names live in `self`.
-            let candidates: Vec<&'a ObjectRef> = until(
-                q.deadline,
-                set.range::<_, ObjectKey>((lower, Bound::Unbounded)),
-            )
-            .filter(|e| q.matches(&e.0))
-            .filter_map(|e| self.get(&e.0.key))
-            .collect();
-            return Box::new(candidates.into_iter());
+            return Box::new(Candidates {
+                set,
+                state: self,
+                query: q,
+                cursor: after.cloned(),
+                ready: Vec::new().into_iter(),
+                done: false,
+            });
         }
         let prefixes = self.scan_prefixes(q);
         let resource: Arc<str> = Arc::from(q.resource.as_str());
@@ -304,15 +303,38 @@ impl State {
         limit: usize,
         max_bytes: usize,
     ) -> Page {
+        self.page_from(q, after, None, limit, max_bytes)
+    }
+
+    /// [`State::page_within`], continuing a page of this snapshot that said `known`
+    /// matching objects follow it (its [`Page::remaining`]): this page's remainder is
+    /// then that less what it returns, so no page counts what follows it and a list
+    /// read page by page costs its objects once. A first page's remainder comes from
+    /// the indexes where they give it (the per-namespace totals without selectors, an
+    /// index that alone answers the selector); only a first page with other selectors
+    /// counts its matches.
+    pub fn page_from(
+        &self,
+        q: &Query,
+        after: Option<&ObjectKey>,
+        known: Option<u64>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Page {
         if self.index_answers_exactly(q)
             && let Some(set) = self.indexed_candidates(q)
         {
             // Every key in the set matches: page and remainder come from the set alone.
             let lower: Bound<&ObjectKey> = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let known = known.or_else(|| after.is_none().then(|| set.len() as u64));
             let keys = set.range::<_, ObjectKey>((lower, Bound::Unbounded));
-            return cut(keys.map(|e| &e.0), limit, max_bytes);
+            return cut(keys.map(|e| &e.0), limit, max_bytes, known);
         }
-        cut(self.matching(q, after), limit, max_bytes)
+        let known = known.or_else(|| {
+            (after.is_none() && q.labels.is_empty() && q.fields.is_empty())
+                .then(|| self.count_from_totals(q, &[]).total)
+        });
+        cut(self.matching(q, after), limit, max_bytes, known)
     }
 
     /// Counts the matching objects, grouped.
@@ -401,8 +423,14 @@ fn until<T>(
     })
 }
 
-/// Takes a page from `matching`, then counts what follows it.
-fn cut<'a>(matching: impl Iterator<Item = &'a ObjectRef>, limit: usize, max_bytes: usize) -> Page {
+/// Takes a page from `matching`. What follows it is `known` (every match `matching`
+/// yields) less the page, when known, else counted.
+fn cut<'a>(
+    matching: impl Iterator<Item = &'a ObjectRef>,
+    limit: usize,
+    max_bytes: usize,
+    known: Option<u64>,
+) -> Page {
     let mut matching = matching.peekable();
     let mut items: Vec<ObjectRef> = Vec::new();
     let mut bytes = 0usize;
@@ -416,15 +444,76 @@ fn cut<'a>(matching: impl Iterator<Item = &'a ObjectRef>, limit: usize, max_byte
         items.push((*o).clone());
         matching.next();
     }
-    let remaining = matching.count() as u64;
-    let next = if remaining > 0 {
-        items.last().map(|o| o.key.clone())
-    } else {
-        None
+    let more = matching.peek().is_some();
+    let remaining = match (more, known) {
+        (false, _) => 0,
+        // At least the one seen, whatever the count said.
+        (true, Some(n)) => n.saturating_sub(items.len() as u64).max(1),
+        (true, None) => matching.count() as u64,
     };
     Page {
+        next: if more {
+            items.last().map(|o| o.key.clone())
+        } else {
+            None
+        },
         items,
-        next,
         remaining,
+    }
+}
+
+/// The objects an index's candidate set names that match a query, after a key, read
+/// from the set a few at a time: a page takes what it needs, never every candidate
+/// after it.
+struct Candidates<'a> {
+    set: KeySet,
+    state: &'a State,
+    query: &'a Query,
+    /// The last key read from the set.
+    cursor: Option<ObjectKey>,
+    /// Matches read and not yet taken.
+    ready: std::vec::IntoIter<&'a ObjectRef>,
+    /// The set is read to its end, or the query's deadline passed.
+    done: bool,
+}
+
+/// Candidates read from the set at once.
+const CANDIDATES_AT_ONCE: usize = 256;
+
+impl<'a> Iterator for Candidates<'a> {
+    type Item = &'a ObjectRef;
+
+    fn next(&mut self) -> Option<&'a ObjectRef> {
+        loop {
+            if let Some(o) = self.ready.next() {
+                return Some(o);
+            }
+            if self.done {
+                return None;
+            }
+            let lower: Bound<&ObjectKey> = self
+                .cursor
+                .as_ref()
+                .map_or(Bound::Unbounded, Bound::Excluded);
+            let read: Vec<&ObjectRef> = self
+                .set
+                .range::<_, ObjectKey>((lower, Bound::Unbounded))
+                .take(CANDIDATES_AT_ONCE)
+                .map(|e| &e.0)
+                .collect();
+            self.done = read.len() < CANDIDATES_AT_ONCE
+                || self
+                    .query
+                    .deadline
+                    .is_some_and(|d| std::time::Instant::now() >= d);
+            self.cursor = read.last().map(|o| o.key.clone());
+            let (state, query) = (self.state, self.query);
+            let matched: Vec<&'a ObjectRef> = read
+                .into_iter()
+                .filter(|o| query.matches(o))
+                .filter_map(|o| state.get(&o.key))
+                .collect();
+            self.ready = matched.into_iter();
+        }
     }
 }

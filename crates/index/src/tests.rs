@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use fleetscope_model::{ClusterName, EventType, LabelSelector, ObjectKey, Revision};
+use fleetscope_model::{ClusterName, EventType, FieldSelector, LabelSelector, ObjectKey, Revision};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -283,6 +283,49 @@ fn pages_walk_one_snapshot_with_remaining_counts() {
         }
         assert_eq!(seen.len(), 25);
     }
+}
+
+#[test]
+fn an_index_s_candidates_are_read_as_pages_need_them_and_every_remainder_is_exact() {
+    let idx = Index::new(Config::default());
+    idx.apply((0..1000).map(|i| {
+        let app = if i % 2 == 0 { "web" } else { "db" };
+        Change::Upsert(input(
+            "pods",
+            "c1",
+            "ns",
+            &format!("p{i:04}"),
+            i,
+            &[("app", app)],
+        ))
+    }));
+    let s = idx.snapshot();
+    // The label index gives the candidates; the field selector filters them.
+    let q = Query {
+        labels: LabelSelector::parse("app=web").unwrap(),
+        fields: FieldSelector::parse("metadata.name!=p0010").unwrap(),
+        ..Query::all("pods")
+    };
+    let expected: Vec<String> = (0..1000)
+        .filter(|i| i % 2 == 0 && *i != 10)
+        .map(|i| {
+            ObjectKey::new("pods", &ClusterName::from("c1"), "ns", &format!("p{i:04}")).to_string()
+        })
+        .collect();
+    let (mut after, mut known, mut seen) = (None, None, Vec::new());
+    loop {
+        let page = s.page_from(&q, after.as_ref(), known, 100, usize::MAX);
+        seen.extend(names(&page.items));
+        assert_eq!(page.remaining as usize, expected.len() - seen.len());
+        match page.next {
+            Some(k) => {
+                after = Some(k);
+                known = Some(page.remaining);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, expected);
 }
 
 #[test]
@@ -1010,6 +1053,24 @@ proptest! {
         let expected: Vec<String> = model.values().filter(|i| q.labels.matches(i.labels.as_slice())).map(|i| i.key.to_string()).collect();
         let got = names(&s.page(&q, None, 1000).items);
         prop_assert_eq!(&got, &expected);
+        // Read page by page, each page's remainder carried to the next (never counted
+        // again): the same objects, and every remainder exact.
+        for size in [1, 3] {
+            let (mut after, mut known, mut seen) = (None, None, Vec::new());
+            loop {
+                let page = s.page_from(&q, after.as_ref(), known, size, usize::MAX);
+                seen.extend(names(&page.items));
+                prop_assert_eq!(page.remaining as usize, expected.len() - seen.len());
+                match page.next {
+                    Some(k) => {
+                        after = Some(k);
+                        known = Some(page.remaining);
+                    }
+                    None => break,
+                }
+            }
+            prop_assert_eq!(&seen, &expected);
+        }
         // Replaying the events gives the same state, and every object carries its latest input.
         prop_assert_eq!(replayed.keys().collect::<Vec<_>>(), model.keys().collect::<Vec<_>>());
         for (k, i) in &model {

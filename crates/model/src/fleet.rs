@@ -204,15 +204,25 @@ pub struct ListRequest {
     pub max_bytes: usize,
     /// Continue a list: the snapshot's revision and the last key returned.
     pub after: Option<(Revision, ObjectKey)>,
-    /// Continue a list of a fleet made of other fleets (a router): what its previous
-    /// page's [`ListAnswer::resume`] said, unchanged; empty for a first page and for
-    /// a fleet that needs only `after`.
+    /// Continue a list: what its previous page's [`ListAnswer::resume`] said,
+    /// unchanged; empty for a first page.
     pub resume: Vec<u8>,
     /// Keep the snapshot for a continuation even when this page is the last (a
     /// router continues each fleet it merges from where the merged page ended).
     pub keep_snapshot: bool,
     /// Who asks, and the policy they are held to.
     pub access: Access,
+}
+
+/// An engine's [`ListAnswer::resume`]: how many matching objects follow its page, so
+/// that its next page is cut without counting them again.
+pub fn remaining_resume(remaining: u64) -> Vec<u8> {
+    remaining.to_le_bytes().to_vec()
+}
+
+/// The count a [`remaining_resume`] carries, if `resume` is one.
+pub fn resumed_remaining(resume: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(resume).ok().map(u64::from_le_bytes)
 }
 
 impl ListRequest {
@@ -246,8 +256,10 @@ pub struct ListAnswer {
     pub clusters: Vec<ClusterFreshness>,
     /// Whether some cluster drawn on is not synced.
     pub partial: bool,
-    /// Where a fleet made of other fleets continues, carried (signed) in the page
-    /// token beside `revision` and `next`; empty for an engine.
+    /// What the fleet needs besides `revision` and `next` to continue, carried
+    /// (signed) in the page token: where a fleet made of other fleets (a router)
+    /// continues each; how many objects an engine's page said follow it, so the next
+    /// page need not count them again.
     pub resume: Vec<u8>,
     /// What the caller may want to know of the query (see [`ClusterFilter::unmatched`]).
     pub warnings: Vec<String>,
