@@ -408,6 +408,247 @@ impl Router {
         answer
     }
 
+    /// A routed list's first page: every replica serving a selected cluster (or its
+    /// next holder when that one cannot answer: killed, before its Lease expires)
+    /// lists a page from a snapshot of its own, kept for the pages after; the page is
+    /// the merge's first `limit`, and each replica's position remembers how many of
+    /// its matches follow it.
+    async fn first_list_page(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
+        let members = self.members()?;
+        let serving = Self::serving(&members);
+        let limit = r.limit.max(1);
+        let (pages, unreached) = self
+            .spread(&members, &r.query.clusters, |member, clusters| {
+                let query = convert::query_out(&r.query, r.projection, &clusters);
+                self.page_of(member, clusters, first_page(query, limit), &r.access)
+            })
+            .await?;
+        // The clusters selected that no page comes from: drawn on, and missing.
+        let mut missing = self.missing(&r.query.clusters, &serving, unreached);
+        let mut items: Vec<(usize, FleetObject)> = Vec::new();
+        let mut clusters = Vec::new();
+        let mut partial = false;
+        let mut positions = Positions {
+            s: Vec::new(),
+            r: Vec::new(),
+        };
+        for (i, (identity, asked, page)) in pages.into_iter().enumerate() {
+            missing.extend(Self::silent(
+                &identity,
+                &asked,
+                page.clusters.iter().map(|c| c.cluster.as_str()),
+            ));
+            positions.r.push(page.remaining_item_count);
+            partial |= page.partial;
+            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
+            positions.s.push((identity, page.revision, asked));
+            items.extend(page.items.into_iter().map(|o| (i, convert::object_in(o))));
+        }
+        partial |= !missing.is_empty();
+        clusters.extend(missing);
+        items.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+        let taken = fits(items.iter().map(|(_, o)| o), limit, r.max_bytes);
+        // What each replica gave beyond the page follows it there too.
+        for (i, _) in items.drain(taken..) {
+            positions.r[i] += 1;
+        }
+        let items = items.into_iter().map(|(_, o)| o).collect();
+        Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
+    }
+
+    /// A routed list's next page, from the snapshots its first page took. A cluster's
+    /// objects are contiguous in key order and each was listed from one replica, so
+    /// the page is read cluster by cluster from the last key on: the replica of the
+    /// next clusters is asked for what the page still needs of them, and the next
+    /// replica only once those are exhausted; no replica is asked for objects the
+    /// page will not hold.
+    async fn next_list_page(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
+        let members = self.members()?;
+        let serving = Self::serving(&members);
+        let limit = r.limit.max(1);
+        let caller = self.upstream_caller(&r.access);
+        let mut positions: Positions = serde_json::from_slice(&r.resume)
+            .map_err(|_| FleetError::InvalidArgument("page_token: not a routed list's".into()))?;
+        let after = r
+            .after
+            .as_ref()
+            .map(|(_, key)| key.clone())
+            .ok_or_else(|| FleetError::InvalidArgument("page_token: no position".into()))?;
+        let holders = Self::holders(&members);
+        let mut asked = Vec::new();
+        for (identity, _, clusters) in &positions.s {
+            // The snapshot is the replica's own: exact only while it still holds every
+            // cluster it was asked for ready.
+            let holds = |c: &String| {
+                holders
+                    .get(c)
+                    .is_some_and(|hs| hs.iter().any(|m| m.identity == *identity))
+            };
+            if let Some(c) = clusters.iter().find(|c| !holds(c)) {
+                return Err(FleetError::OutOfRange {
+                    message: format!(
+                        "cluster {c} moved from replica {identity} since this list began, so its snapshot cannot be continued: list again"
+                    ),
+                    reason: reason::PAGE_SNAPSHOT_RELEASED,
+                    oldest: None,
+                });
+            }
+            asked.push(
+                members
+                    .iter()
+                    .find(|m| m.identity == *identity)
+                    .ok_or_else(|| self.no_owner(identity))?,
+            );
+        }
+        if positions.r.len() != positions.s.len() {
+            // A token of an earlier version carries no remainders: each replica counts
+            // its own once.
+            positions.r = self
+                .remainders(&positions, &asked, &after, &r, &caller)
+                .await?;
+        }
+        // Runs of clusters from the last key's on, each listed from one replica.
+        let mut order: Vec<(&str, usize)> = positions
+            .s
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, _, cs))| cs.iter().map(move |c| (c.as_str(), i)))
+            .filter(|(c, _)| *c >= after.cluster.as_str())
+            .collect();
+        order.sort_unstable();
+        let mut runs: Vec<(usize, Vec<String>)> = Vec::new();
+        for (c, i) in order {
+            match runs.last_mut() {
+                Some((j, cs)) if *j == i => cs.push(c.to_string()),
+                _ => runs.push((i, vec![c.to_string()])),
+            }
+        }
+        let mut items: Vec<FleetObject> = Vec::new();
+        let mut clusters = Vec::new();
+        let mut partial = false;
+        let mut missing = Vec::new();
+        let mut bytes = 0;
+        for (i, run) in runs {
+            if positions.r[i] == 0 {
+                continue;
+            }
+            let (identity, revision, _) = &positions.s[i];
+            let query = convert::query_out(&r.query, r.projection, &run);
+            // What follows in the whole replica: the replica need not count it.
+            let known = positions.r[i];
+            let message = proto::ListRequest {
+                query: None,
+                limit: (limit - items.len()) as u32,
+                page_token: encode_token(
+                    &self.upstream.page_token_key,
+                    &caller,
+                    Revision(*revision),
+                    &query,
+                    &after,
+                    &fleetscope_model::fleet::remaining_resume(known),
+                ),
+                keep_snapshot: true,
+            };
+            let (_, _, page) = self
+                .page_of(asked[i], run.clone(), message, &r.access)
+                .await?;
+            missing.extend(Self::silent(
+                identity,
+                &run,
+                page.clusters.iter().map(|c| c.cluster.as_str()),
+            ));
+            partial |= page.partial;
+            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
+            let more_in_run = !page.next_page_token.is_empty();
+            let got: Vec<FleetObject> = page.items.into_iter().map(convert::object_in).collect();
+            let mut taken = 0;
+            for o in &got {
+                let held = items.len() + taken;
+                if held >= limit || (held > 0 && bytes + size(o) > r.max_bytes) {
+                    break;
+                }
+                bytes += size(o);
+                taken += 1;
+            }
+            positions.r[i] = positions.r[i].saturating_sub(taken as u64);
+            let cut = taken < got.len();
+            items.extend(got.into_iter().take(taken));
+            if more_in_run || cut || items.len() >= limit {
+                break;
+            }
+        }
+        partial |= !missing.is_empty();
+        clusters.extend(missing);
+        Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
+    }
+
+    /// How many objects follow `after` in each replica of `positions` (each counts),
+    /// for a list continued from a token that carries no remainders.
+    async fn remainders(
+        &self,
+        positions: &Positions,
+        asked: &[&Member],
+        after: &ObjectKey,
+        r: &ListRequest,
+        caller: &str,
+    ) -> Result<Vec<u64>, FleetError> {
+        let calls = positions
+            .s
+            .iter()
+            .zip(asked)
+            .map(|((_, revision, cs), member)| {
+                let query = convert::query_out(&r.query, r.projection, cs);
+                let message = proto::ListRequest {
+                    query: None,
+                    limit: 1,
+                    page_token: encode_token(
+                        &self.upstream.page_token_key,
+                        caller,
+                        Revision(*revision),
+                        &query,
+                        after,
+                        b"",
+                    ),
+                    keep_snapshot: true,
+                };
+                self.page_of(member, cs.clone(), message, &r.access)
+            });
+        let pages = futures::future::try_join_all(calls).await?;
+        Ok(pages
+            .iter()
+            .map(|(_, _, p)| p.items.len() as u64 + p.remaining_item_count)
+            .collect())
+    }
+
+    /// A routed list's page: `items`, and the token's positions when more follow.
+    fn routed_page(
+        &self,
+        items: Vec<FleetObject>,
+        clusters: Vec<ClusterFreshness>,
+        partial: bool,
+        positions: Positions,
+        r: &ListRequest,
+        serving: &BTreeMap<String, &Member>,
+    ) -> ListAnswer {
+        let remaining: u64 = positions.r.iter().sum();
+        let next: Option<ObjectKey> = if remaining > 0 {
+            items.last().map(|o| o.key.clone())
+        } else {
+            None
+        };
+        ListAnswer {
+            items,
+            next,
+            // Every page of the list names the same revision: the newest snapshot.
+            revision: Revision(positions.s.iter().map(|p| p.1).max().unwrap_or(0)),
+            remaining,
+            clusters,
+            partial,
+            resume: serde_json::to_vec(&positions).unwrap_or_default(),
+            warnings: self.unmatched(&r.query.clusters, serving),
+        }
+    }
+
     /// The ring and the replicas' calls as this router sees them now, for its
     /// metrics.
     pub fn figures(&self) -> stats::RingFigures {
@@ -573,6 +814,20 @@ fn first_page(query: proto::Query, limit: usize) -> proto::ListRequest {
     }
 }
 
+/// How many of `items`, in order, a page of at most `limit` objects and `max_bytes`
+/// holds (at least one, however large, so paging always moves on).
+fn fits<'a>(items: impl Iterator<Item = &'a FleetObject>, limit: usize, max_bytes: usize) -> usize {
+    let (mut taken, mut bytes) = (0, 0);
+    for o in items {
+        if taken >= limit || (taken > 0 && bytes + size(o) > max_bytes) {
+            break;
+        }
+        bytes += size(o);
+        taken += 1;
+    }
+    taken
+}
+
 /// The size a page counts for an object: its JSON and its key.
 fn size(o: &FleetObject) -> usize {
     o.json.len() + o.key.cluster.as_str().len() + o.key.namespace.len() + o.key.name.len()
@@ -641,137 +896,11 @@ impl Fleet for Router {
     }
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
-        let limit = r.limit.max(1);
-        let projection = r.projection;
-        let caller = self.upstream_caller(&r.access);
-        // The clusters selected that no page comes from.
-        let mut missing: Vec<ClusterFreshness> = Vec::new();
-        // Each replica's page, with the clusters it was asked for.
-        let pages: Vec<(String, Vec<String>, proto::ListResponse)> = if r.resume.is_empty() {
-            // A first page: from each cluster's serving replica, or its next holder
-            // when that one cannot answer (killed, before its Lease expires).
-            let (pages, unreached) = self
-                .spread(&members, &r.query.clusters, |member, clusters| {
-                    let query = convert::query_out(&r.query, projection, &clusters);
-                    self.page_of(member, clusters, first_page(query, limit), &r.access)
-                })
-                .await?;
-            missing = self.missing(&r.query.clusters, &serving, unreached);
-            pages
+        if r.resume.is_empty() {
+            self.first_list_page(r).await
         } else {
-            let positions: Positions = serde_json::from_slice(&r.resume).map_err(|_| {
-                FleetError::InvalidArgument("page_token: not a routed list's".into())
-            })?;
-            let holders = Self::holders(&members);
-            let holds = |c: &String, identity: &str| {
-                holders
-                    .get(c)
-                    .is_some_and(|hs| hs.iter().any(|m| m.identity == identity))
-            };
-            let mut asked = Vec::new();
-            let mut remaining = positions.r.into_iter();
-            for (identity, revision, clusters) in positions.s {
-                let known = remaining.next();
-                // The snapshot is the replica's own: exact only while it still holds
-                // every cluster it was asked for ready.
-                let moved = clusters.iter().find(|c| !holds(c, &identity));
-                if let Some(c) = moved {
-                    return Err(FleetError::OutOfRange {
-                        message: format!(
-                            "cluster {c} moved from replica {identity} since this list began, so its snapshot cannot be continued: list again"
-                        ),
-                        reason: reason::PAGE_SNAPSHOT_RELEASED,
-                        oldest: None,
-                    });
-                }
-                let member = members
-                    .iter()
-                    .find(|m| m.identity == identity)
-                    .ok_or_else(|| self.no_owner(&identity))?;
-                asked.push((member, clusters, Revision(revision), known));
-            }
-            let calls = asked.iter().map(|(member, clusters, revision, known)| {
-                let query = convert::query_out(&r.query, projection, clusters);
-                let message = match &r.after {
-                    Some((_, after)) => proto::ListRequest {
-                        query: None,
-                        limit: limit as u32,
-                        page_token: encode_token(
-                            &self.upstream.page_token_key,
-                            &caller,
-                            *revision,
-                            &query,
-                            after,
-                            &known
-                                .map(fleetscope_model::fleet::remaining_resume)
-                                .unwrap_or_default(),
-                        ),
-                        keep_snapshot: true,
-                    },
-                    None => first_page(query, limit),
-                };
-                self.page_of(member, clusters.clone(), message, &r.access)
-            });
-            futures::future::try_join_all(calls).await?
-        };
-        // Each object with the index of the replica page it came from.
-        let mut items: Vec<(usize, FleetObject)> = Vec::new();
-        let mut clusters = Vec::new();
-        let mut partial = false;
-        let mut positions = Positions {
-            s: Vec::new(),
-            r: Vec::new(),
-        };
-        let mut newest = Revision(0);
-        for (i, (identity, asked_clusters, page)) in pages.into_iter().enumerate() {
-            missing.extend(Self::silent(
-                &identity,
-                &asked_clusters,
-                page.clusters.iter().map(|c| c.cluster.as_str()),
-            ));
-            positions.r.push(page.remaining_item_count);
-            partial |= page.partial;
-            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
-            newest = newest.max(Revision(page.revision));
-            positions.s.push((identity, page.revision, asked_clusters));
-            items.extend(page.items.into_iter().map(|o| (i, convert::object_in(o))));
+            self.next_list_page(r).await
         }
-        // Clusters the query selects that no page comes from: drawn on, and missing.
-        partial |= !missing.is_empty();
-        clusters.extend(missing);
-        items.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-        let mut taken = 0;
-        let mut bytes = 0;
-        for (_, o) in &items {
-            if taken >= limit || (taken > 0 && bytes + size(o) > r.max_bytes) {
-                break;
-            }
-            bytes += size(o);
-            taken += 1;
-        }
-        // What each replica fetched beyond the page follows it there too.
-        for (i, _) in items.drain(taken..) {
-            positions.r[i] += 1;
-        }
-        let items: Vec<FleetObject> = items.into_iter().map(|(_, o)| o).collect();
-        let remaining: u64 = positions.r.iter().sum();
-        let next: Option<ObjectKey> = if remaining > 0 {
-            items.last().map(|o| o.key.clone())
-        } else {
-            None
-        };
-        Ok(ListAnswer {
-            items,
-            next,
-            revision: newest,
-            remaining,
-            clusters,
-            partial,
-            resume: serde_json::to_vec(&positions).unwrap_or_default(),
-            warnings: self.unmatched(&r.query.clusters, &serving),
-        })
     }
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {

@@ -707,6 +707,8 @@ async fn list_through(
     limit: u32,
 ) -> Result<Vec<(String, String, String)>, tonic::Status> {
     let mut out = Vec::new();
+    // After each page: how many it said follow, and how many came so far.
+    let mut said = Vec::new();
     let mut token = String::new();
     for turn in 0.. {
         let mut client = routers[turn % routers.len()].client().await;
@@ -725,10 +727,15 @@ async fn list_through(
                 .into_iter()
                 .map(|o| (o.cluster, o.namespace, o.name)),
         );
+        said.push((page.remaining_item_count, out.len()));
         if page.next_page_token.is_empty() {
             break;
         }
         token = page.next_page_token;
+    }
+    // Every page's remainder is exact: what followed it.
+    for (remaining, so_far) in said {
+        assert_eq!(remaining as usize, out.len() - so_far, "{out:?}");
     }
     Ok(out)
 }
