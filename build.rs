@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// maps 64 KiB of a binary around each page it faults in, and a server runs about 5 MB
 /// of the 19 MB, spread over nearly all of it in the linker's own order (over three
 /// API servers' 15,605 configmaps, 6.3 MB of code resident instead of 14.2;
-/// docs/performance.md). LLD's symbol ordering file, for the default linker of
+/// docs/notes/performance-log.md). LLD's symbol ordering file, for the default linker of
 /// x86_64 Linux; names the binary no longer has are skipped. `FLEETSCOPE_LINK_ORDER=off`
 /// leaves the order to the linker (for a linker without `--symbol-ordering-file`).
 fn order_text() -> Result<(), Box<dyn std::error::Error>> {

@@ -6,7 +6,7 @@
 /// resident until the thread that owned it ran again, so the workers of a first sync,
 /// once idle, held what the compressing pass freed (at a million pods 0.72 × the pruned
 /// JSON once settled instead of 1.45 ×, thirty clusters at rest 171–174 MB instead of
-/// 371–464; docs/performance.md). Right after a load it serves some allocations exactly
+/// 371–464; docs/notes/performance-log.md). Right after a load it serves some allocations exactly
 /// a size class in size from the next class up (1.45–1.47 × instead of 1.43 × at a
 /// million pods, before the objects settle). A page freed goes back to the system once
 /// its purge delay has passed and some thread next frees a page: [`return_freed`] sees
@@ -14,7 +14,7 @@
 /// arena: a larger one has a mapping of its own, so a zeroed one is never written and a
 /// freed one goes back at once (sled's 41 zeroed histograms of 512 KiB, which it never
 /// records into, had 2-8 MB resident at random from the arena's reused memory: a server
-/// over 15,605 configmaps held 21-24 MB at rest instead of 23-32; docs/performance.md).
+/// over 15,605 configmaps held 21-24 MB at rest instead of 23-32; docs/notes/performance-log.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -32,7 +32,7 @@ const PAGE_OF_ITS_OWN: usize = 1 << 20;
 /// server at rest, whose probes and scrapes allocate a few small blocks, does neither,
 /// so what a first sync freed stayed resident (one simulated cluster of 5,070 pods with
 /// its store: 34–44 MB at rest, 24–28 MB with this run every second, 22–23 MB with no
-/// delay; docs/performance.md).
+/// delay; docs/notes/performance-log.md).
 /// Freeing the block is such a page: the purges due run on this thread, at the cost of
 /// one allocation that is never written.
 pub fn run_due_purges() {
@@ -59,7 +59,7 @@ pub async fn return_freed(stop: tokio_util::sync::CancellationToken) {
 /// `MIMALLOC_ALLOW_THP` chooses otherwise. mimalloc asks for transparent huge pages on
 /// each 1 GiB region it reserves, so every 2 MiB of it that is touched at all is held
 /// whole: a server over 15,000 objects held 82–90 MB instead of 70–74 MB in memory,
-/// and 192–213 MB instead of 97–140 MB with its store (docs/performance.md). Call first
+/// and 192–213 MB instead of 97–140 MB with its store (docs/notes/performance-log.md). Call first
 /// thing in `main`, before threads start. An error (a kernel without the setting)
 /// leaves pages as they are.
 pub fn small_pages() -> std::io::Result<()> {

@@ -665,7 +665,7 @@ pub struct EngineArgs {
     /// Hold each object's JSON compressed against a dictionary of its resource type
     /// once it has settled (true), or always as text (false): a third to a fifth of
     /// the memory for the JSON, for CPU once per settled state and on every object
-    /// read (see docs/performance.md).
+    /// read (see docs/notes/performance-log.md).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub compress_objects: bool,
     ["index.compressAfter", Duration, Restart]

@@ -84,7 +84,7 @@ impl Default for PersistConfig {
 /// as good as a snapshot, and a compaction would reclaim only the storage engine's own
 /// slack from the writes (a first sync of 5,100 pods left 11.0–13.6 MB, which a copy
 /// made 8.4–11.0 MB). Written then, while the fleet syncs, a snapshot left about 4 MB
-/// and a copy 6–12 MB more memory resident after a first sync (docs/performance.md).
+/// and a copy 6–12 MB more memory resident after a first sync (docs/notes/performance-log.md).
 /// Once filled, the log written while filling counts as a snapshot until the next
 /// one, and the store's size as its size after a compaction. A store also counts as
 /// filled once it holds [`FILL_MAX_JSON`].
