@@ -85,6 +85,12 @@ impl Default for Reloads {
 }
 
 impl Reloads {
+    /// Follows the configuration file at `path` as the input `config`, reloaded with
+    /// `reload`.
+    pub fn follow_config(&mut self, path: PathBuf, reload: Reload) {
+        self.follow("config", "the configuration", vec![path], reload);
+    }
+
     /// Follows an input loaded just now from `files`: `reload` reads it again when
     /// one of them changes and on SIGHUP. Inputs reload in the order they are followed.
     pub fn follow(

@@ -274,11 +274,8 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let mut reloads = Reloads::default();
     let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
     if let Some(config) = config {
-        let path = config.path.clone();
-        reloads.follow(
-            "config",
-            "the configuration",
-            vec![path],
+        reloads.follow_config(
+            config.path.clone(),
             reload::config_input(
                 config,
                 |args| plan(args).map_err(|e| crate::sources::chain(&e)),
@@ -379,11 +376,8 @@ pub async fn router(
     ));
     let mut reloads = Reloads::default();
     if let Some(config) = config {
-        let path = config.path.clone();
-        reloads.follow(
-            "config",
-            "the configuration",
-            vec![path],
+        reloads.follow_config(
+            config.path.clone(),
             reload::restart_input(config, |resolved| match resolved.router() {
                 Ok(Some(args)) => args.ring_and_key().map(|_| ()).map_err(|e| e.to_string()),
                 Ok(None) => Err("the command line is not `router`".into()),

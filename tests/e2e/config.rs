@@ -239,10 +239,13 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
     // saying why.
     let mut back = std::collections::BTreeSet::new();
     let mut away = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while back.len() < 2 {
-        let e = tokio::time::timeout(PATIENCE, moved.message())
+        let e = tokio::time::timeout_at(deadline, moved.message())
             .await
-            .expect("the configmaps Watch is told")
+            .unwrap_or_else(|_| {
+                panic!("the configmaps Watch was never told both clusters moved and came back: away {away:?}, back {back:?}")
+            })
             .unwrap()
             .unwrap();
         let Some(f) = e

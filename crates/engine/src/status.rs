@@ -310,12 +310,43 @@ pub struct SourcesStatus {
     pub error: Option<(String, SystemTime)>,
 }
 
+/// A change of a cluster's freshness, as it stood when it happened.
+#[derive(Debug, Clone)]
+pub struct FreshnessChange {
+    /// The cluster as a whole.
+    pub overall: ClusterFreshness,
+    /// Each type's stream as it stood then, by resource name, when the change was one
+    /// of its streams (a Watch of one type is told its own type's change even when
+    /// the stream is current again by the time the Watch reads it); `None` for a
+    /// change of the whole cluster (added, removed, the store's writes).
+    pub by_type: Option<Arc<BTreeMap<String, ClusterFreshness>>>,
+}
+
+impl FreshnessChange {
+    /// A change of the whole cluster.
+    fn of(overall: ClusterFreshness) -> Self {
+        Self {
+            overall,
+            by_type: None,
+        }
+    }
+}
+
+/// How current each of a cluster's streams is, in the order of their names.
+fn types_freshness(status: &ClusterStatus) -> Vec<Freshness> {
+    status
+        .streams
+        .keys()
+        .map(|t| status.freshness(Some(t)).0)
+        .collect()
+}
+
 /// Every cluster's status. Cheap to clone.
 #[derive(Clone)]
 pub struct StatusTable {
     inner: Arc<RwLock<BTreeMap<ClusterName, ClusterStatus>>>,
     sources: Arc<RwLock<SourcesStatus>>,
-    changes: broadcast::Sender<ClusterFreshness>,
+    changes: broadcast::Sender<FreshnessChange>,
     store: Arc<RwLock<Option<StoreStall>>>,
     /// The types collected somewhere, with their names: built when first asked for
     /// after what is collected changed (a stream or a cluster added or removed, a
@@ -369,12 +400,12 @@ impl StatusTable {
         };
         self.write().insert(name.clone(), status);
         self.catalogue_changed();
-        let _ = self.changes.send(ClusterFreshness {
+        let _ = self.changes.send(FreshnessChange::of(ClusterFreshness {
             cluster: name.clone(),
             freshness: Freshness::Syncing,
             stale_since: None,
             message: "added to the fleet".into(),
-        });
+        }));
     }
 
     /// A cluster left the fleet: forgotten, or (`kept`) held as it was with its
@@ -397,12 +428,12 @@ impl StatusTable {
         }
         if self.write().remove(name).is_some() {
             self.catalogue_changed();
-            let _ = self.changes.send(ClusterFreshness {
+            let _ = self.changes.send(FreshnessChange::of(ClusterFreshness {
                 cluster: name.clone(),
                 freshness: Freshness::Error,
                 stale_since: None,
                 message: "removed from the fleet".into(),
-            });
+            }));
         }
     }
 
@@ -509,12 +540,12 @@ impl StatusTable {
         if changed {
             for c in self.clusters() {
                 let (freshness, stale_since, message) = c.freshness(None);
-                let _ = self.changes.send(ClusterFreshness {
+                let _ = self.changes.send(FreshnessChange::of(ClusterFreshness {
                     cluster: c.name.clone(),
                     freshness,
                     stale_since,
                     message,
-                });
+                }));
             }
         }
     }
@@ -563,7 +594,7 @@ impl StatusTable {
     }
 
     /// Freshness changes, as they happen.
-    pub fn subscribe(&self) -> broadcast::Receiver<ClusterFreshness> {
+    pub fn subscribe(&self) -> broadcast::Receiver<FreshnessChange> {
         self.changes.subscribe()
     }
 
@@ -574,6 +605,7 @@ impl StatusTable {
             return;
         };
         let before = status.freshness(None).0;
+        let types_before = types_freshness(status);
         let shape = |c: &ClusterStatus| (c.streams.len(), Arc::as_ptr(&c.served));
         let shape_before = shape(status);
         f(status);
@@ -583,11 +615,30 @@ impl StatusTable {
         let (after, stale_since, message) = status.freshness(None);
         if before != after {
             tracing::info!(cluster = %name, ?before, ?after, "cluster freshness changed");
-            let _ = self.changes.send(ClusterFreshness {
-                cluster: name.clone(),
-                freshness: after,
-                stale_since,
-                message,
+        }
+        if before != after || types_freshness(status) != types_before {
+            let by_type = status
+                .streams
+                .keys()
+                .map(|t| {
+                    let (freshness, stale_since, message) = status.freshness(Some(t));
+                    let c = ClusterFreshness {
+                        cluster: name.clone(),
+                        freshness,
+                        stale_since,
+                        message,
+                    };
+                    (t.clone(), c)
+                })
+                .collect();
+            let _ = self.changes.send(FreshnessChange {
+                overall: ClusterFreshness {
+                    cluster: name.clone(),
+                    freshness: after,
+                    stale_since,
+                    message,
+                },
+                by_type: Some(Arc::new(by_type)),
             });
         }
     }
@@ -770,6 +821,35 @@ mod tests {
         }
         writer.join().unwrap();
         reader.join().unwrap();
+    }
+
+    #[test]
+    fn a_change_tells_each_type_as_it_stood_then_even_once_it_is_current_again() {
+        let table = StatusTable::default();
+        let a = ClusterName::from("a");
+        let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+        let cms = ResourceType::new("", "v1", "configmaps", "ConfigMap", true);
+        table.add_cluster(&a, "test", BTreeMap::new());
+        table.update(&a, |c| c.discovered = true);
+        for rt in [&pods, &cms] {
+            table.stream_state(&a, rt, StreamState::Listing, None);
+            table.stream_listed(&a, rt, "5");
+            table.stream_state(&a, rt, StreamState::Watching, None);
+        }
+        let mut changes = table.subscribe();
+        // configmaps list again (their selection changed) and are current again before
+        // anyone reads the changes.
+        table.stream_state(&a, &cms, StreamState::Listing, None);
+        table.stream_listed(&a, &cms, "9");
+        table.stream_state(&a, &cms, StreamState::Watching, None);
+        let mut told = Vec::new();
+        while let Ok(c) = changes.try_recv() {
+            let types = c.by_type.expect("a stream's change carries every type's");
+            assert_eq!(types["pods"].freshness, Freshness::Synced, "{types:?}");
+            told.push(types["configmaps"].freshness);
+        }
+        assert_eq!(told.first(), Some(&Freshness::Stale), "{told:?}");
+        assert_eq!(told.last(), Some(&Freshness::Synced), "{told:?}");
     }
 
     #[test]

@@ -278,7 +278,7 @@ struct Producer {
     status: StatusTable,
     /// The query for the initial state (drawing on the clusters selected at start).
     initial: Option<fleetscope_index::Query>,
-    statuses: broadcast::Receiver<ClusterFreshness>,
+    statuses: broadcast::Receiver<crate::status::FreshnessChange>,
     cancel: CancellationToken,
     tx: mpsc::Sender<Delivery>,
     /// Where it has read to, stored after everything up to it was handed over.
@@ -343,9 +343,16 @@ impl Producer {
 
     /// A cluster's change of freshness as it concerns the watched type, if it changes
     /// what this Watch was last told of (or would have been, at its start).
-    fn as_watched(&mut self, c: ClusterFreshness) -> Option<ClusterFreshness> {
-        let c = match self.status.cluster(&c.cluster) {
-            Some(status) => {
+    fn as_watched(&mut self, change: crate::status::FreshnessChange) -> Option<ClusterFreshness> {
+        let watched = change
+            .by_type
+            .as_ref()
+            .and_then(|types| types.get(&self.resource.name()).cloned());
+        let c = change.overall;
+        let c = match (watched, self.status.cluster(&c.cluster)) {
+            // Its stream as it stood at the change.
+            (Some(watched), _) => watched,
+            (None, Some(status)) => {
                 let (freshness, stale_since, message) =
                     status.freshness(Some(&self.resource.name()));
                 ClusterFreshness {
@@ -356,7 +363,7 @@ impl Producer {
                 }
             }
             // Gone from the fleet: said as it is.
-            None => c,
+            (None, None) => c,
         };
         let now = (c.freshness, c.message.clone());
         if self.told.get(&c.cluster) == Some(&now) {

@@ -312,20 +312,30 @@ fn an_index_s_candidates_are_read_as_pages_need_them_and_every_remainder_is_exac
             ObjectKey::new("pods", &ClusterName::from("c1"), "ns", &format!("p{i:04}")).to_string()
         })
         .collect();
-    let (mut after, mut known, mut seen) = (None, None, Vec::new());
+    let (seen, remainders) = page_through(&s, &q, 100);
+    assert_eq!(seen, expected);
+    for (remaining, so_far) in remainders {
+        assert_eq!(remaining + so_far, expected.len());
+    }
+}
+
+/// Every match of `q` in `s`, read `size` at a time, each page's remainder carried to
+/// the next as a page token carries it; and after each page, its remainder and how
+/// many came so far.
+fn page_through(s: &State, q: &Query, size: usize) -> (Vec<String>, Vec<(usize, usize)>) {
+    let (mut after, mut known, mut seen, mut remainders) = (None, None, Vec::new(), Vec::new());
     loop {
-        let page = s.page_from(&q, after.as_ref(), known, 100, usize::MAX);
+        let page = s.page_from(q, after.as_ref(), known, size, usize::MAX);
         seen.extend(names(&page.items));
-        assert_eq!(page.remaining as usize, expected.len() - seen.len());
+        remainders.push((page.remaining as usize, seen.len()));
         match page.next {
             Some(k) => {
                 after = Some(k);
                 known = Some(page.remaining);
             }
-            None => break,
+            None => return (seen, remainders),
         }
     }
-    assert_eq!(seen, expected);
 }
 
 #[test]
@@ -1056,20 +1066,9 @@ proptest! {
         // Read page by page, each page's remainder carried to the next (never counted
         // again): the same objects, and every remainder exact.
         for size in [1, 3] {
-            let (mut after, mut known, mut seen) = (None, None, Vec::new());
-            loop {
-                let page = s.page_from(&q, after.as_ref(), known, size, usize::MAX);
-                seen.extend(names(&page.items));
-                prop_assert_eq!(page.remaining as usize, expected.len() - seen.len());
-                match page.next {
-                    Some(k) => {
-                        after = Some(k);
-                        known = Some(page.remaining);
-                    }
-                    None => break,
-                }
-            }
+            let (seen, remainders) = page_through(&s, &q, size);
             prop_assert_eq!(&seen, &expected);
+            prop_assert!(remainders.iter().all(|(remaining, so_far)| remaining + so_far == expected.len()));
         }
         // Replaying the events gives the same state, and every object carries its latest input.
         prop_assert_eq!(replayed.keys().collect::<Vec<_>>(), model.keys().collect::<Vec<_>>());
