@@ -1,0 +1,130 @@
+//! `fleetscope router`: a ring's replicas served whole.
+
+use std::time::Duration;
+
+use super::{
+    RunError, SHUTDOWN_GRACE, bind_metrics, check_security, context_source, secure, serve_metrics,
+};
+use crate::config::reload::{self, ConfigFile, Reloads};
+use crate::grpc::FleetService;
+use crate::server;
+use crate::telemetry;
+
+/// `fleetscope router`: the fleet of a ring's replicas served whole, until SIGTERM;
+/// `config`, its configuration file, followed (its settings apply at restart).
+pub async fn router(
+    args: crate::config::flags::RouterArgs,
+    config: Option<ConfigFile>,
+) -> Result<(), RunError> {
+    let hangups = server::hangups().map_err(RunError::Signal)?;
+    let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
+    let (ring, key) = args.ring_and_key()?;
+    let kubeconfigs = if args.ring.shard_coordination == "in-cluster" {
+        Vec::new()
+    } else {
+        crate::sources::kubeconfig_paths(&args.kubeconfigs)?
+    };
+    let source = context_source(
+        "--shard-coordination",
+        &args.ring.shard_coordination,
+        &kubeconfigs,
+    )?;
+    let upstream_tls = args.upstream_tls()?;
+    check_security(&args.security, &kubeconfigs)?;
+    let listener = server::bind(&args.listener.listen).await?;
+    let metrics = bind_metrics(&args.listener).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
+    let api = kube::Api::namespaced(client, &args.ring.shard_lease_namespace);
+    let (observed_tx, observed) = tokio::sync::watch::channel(crate::shard::lease::Observed::new(
+        &ring,
+        args.ring.shard_lease_duration,
+        crate::shard::seal::LeaseKey::of(&key),
+    ));
+    crate::tasks::spawn(
+        "lease-follower",
+        crate::shard::lease::follow(api, ring.clone(), observed_tx, stop.clone()),
+    );
+    tracing::info!(%ring, "routing to the ring's replicas");
+    let router = std::sync::Arc::new(crate::router::Router::new(
+        ring,
+        observed.clone(),
+        crate::router::Upstream {
+            passes_identity: upstream_tls.as_ref().is_some_and(|(_, cert)| *cert),
+            tls: upstream_tls.map(|(tls, _)| tls),
+            page_token_key: key.clone(),
+            timeout: args.replica_timeout,
+        },
+    ));
+    let mut reloads = Reloads::default();
+    if let Some(config) = config {
+        reloads.follow_config(
+            config.path.clone(),
+            reload::restart_input(config, |resolved| match resolved.router() {
+                Ok(Some(args)) => args.ring_and_key().map(|_| ()).map_err(|e| e.to_string()),
+                Ok(None) => Err("the command line is not `router`".into()),
+                Err(e) => Err(e.to_string()),
+            }),
+        );
+    }
+    let security = secure(
+        &args.security,
+        None,
+        &kubeconfigs,
+        (
+            EXEC_TIMEOUT,
+            args.listener.admission(args.security.authenticates()),
+        ),
+        (&listener, metrics.as_ref()),
+        &stop,
+        &mut reloads,
+    )?;
+    let mut config = args.listener.service(key);
+    config.inputs = reloads.status();
+    crate::tasks::spawn("reloader", reloads.run(hangups, stop.clone()));
+    // Ready once the ring's Leases have been read and one replica's taken.
+    let ready = router.ready();
+    let inputs = config.inputs.clone();
+    let service = FleetService::new(router.clone(), config, stop.clone());
+    let counted = serve_metrics(
+        metrics,
+        telemetry::metrics::Sources {
+            engine: None,
+            router: Some(router.clone()),
+            subscribers: service.subscribers(),
+            inputs,
+            shard: None,
+        },
+        router,
+        &security,
+        &stop,
+    );
+    crate::tasks::spawn("memory-return", crate::memory::return_freed(stop.clone()));
+    crate::tasks::spawn("shutdown-signal", {
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
+    let served = server::serve_with(
+        listener,
+        service,
+        ready,
+        {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        },
+        counted,
+        args.listener.limits(),
+        security,
+    )
+    .await;
+    stop.cancel();
+    let _ = crate::tasks::shutdown(SHUTDOWN_GRACE).await;
+    served?;
+    Ok(())
+}
+
+/// How long an exec credential plugin may run for the router's coordination cluster.
+const EXEC_TIMEOUT: Duration = Duration::from_secs(30);

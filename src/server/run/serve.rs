@@ -1,0 +1,245 @@
+//! `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served until
+//! SIGTERM; and the plan of its settings, which `config check` and a reload make too.
+
+use fleetscope_model::fleet::Deferred;
+
+use super::{
+    RunError, Serving, bind_metrics, check_security, context_source, ensure, private, run, secure,
+    token_key,
+};
+use crate::config::flags::{ArgsError, ServeArgs};
+use crate::config::kubeconfig::KubeconfigSources;
+use crate::config::reload::{self, ConfigFile, Reloads};
+use crate::engine::{Engine, EngineConfig, SourceSet, Stored};
+use crate::server;
+use crate::sources;
+
+/// The cluster sources and engine settings of `serve`'s flags: checked, with no side
+/// effect but reading `$KUBECONFIG`. Used at start, by `config check` and on reload.
+pub fn plan(args: &ServeArgs) -> Result<(KubeconfigSources, EngineConfig), RunError> {
+    let only_in_cluster =
+        args.in_cluster && args.kubeconfigs.is_empty() && std::env::var_os("KUBECONFIG").is_none();
+    let sources = KubeconfigSources {
+        paths: if only_in_cluster {
+            Vec::new()
+        } else {
+            sources::kubeconfig_paths(&args.kubeconfigs)?
+        },
+        contexts: args.contexts.clone(),
+        in_cluster: args.in_cluster.then(|| args.in_cluster_name.clone()),
+        aliases: args.aliases()?,
+    };
+    let mut config = args.engine.config()?;
+    let p = &args.persist;
+    ensure(
+        p.event_log_disk_share.is_finite() && p.event_log_disk_share >= 0.0,
+        "--event-log-disk-share must be a number, 0 or more",
+    )?;
+    ensure(
+        p.compact_share.is_finite() && p.compact_share >= 0.0,
+        "--compact-share must be a number, 0 or more",
+    )?;
+    collect_rbac(&mut config, args.security.rbac_authorization);
+    config.keep_removed_clusters = p.keep_removed_clusters;
+    config.persist.log_share = p.event_log_disk_share;
+    config.persist.compact_share = p.compact_share;
+    config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
+    Ok((sources, config))
+}
+
+/// With delegated authorization, each cluster's RBAC is read from its objects,
+/// collected like any others.
+pub(super) fn collect_rbac(config: &mut EngineConfig, on: bool) {
+    if !on || config.resources.iter().any(|r| r == "*") {
+        return;
+    }
+    for t in crate::auth::rbac::TYPES {
+        if !config.resources.iter().any(|r| r == t) {
+            config.resources.push(t.to_string());
+        }
+    }
+}
+
+/// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
+/// until SIGTERM. `config` is the configuration file's resolution, when there is one.
+pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), RunError> {
+    // SIGHUP reloads every input; it never ends the process, from here on.
+    let hangups = server::hangups().map_err(RunError::Signal)?;
+    let (sources, config_now) = plan(&args)?;
+    let kubeconfig_paths = sources.paths.clone();
+    // A bad kubeconfig at start is an error before any port is bound.
+    let clusters = sources.load()?;
+    for c in &clusters {
+        tracing::info!(cluster = %c.name, origin = %c.origin, "cluster source");
+    }
+    let (desired_tx, desired) = tokio::sync::watch::channel(SourceSet::of(clusters));
+    let reload = tokio_util::sync::CancellationToken::new();
+    let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
+    // A ring's coordination cluster, like a kubeconfig, is checked before any port is bound.
+    let membership = match args.shard.membership(&args.engine.listener.listen)? {
+        None => None,
+        Some((membership, advertise)) => Some((
+            membership,
+            advertise,
+            context_source(
+                "--shard-coordination",
+                &args.shard.ring.shard_coordination,
+                &kubeconfig_paths,
+            )?,
+        )),
+    };
+    let (settings_tx, mut settings) = tokio::sync::watch::channel(config_now.clone());
+    settings.mark_unchanged();
+    if args.persist.flush_ms.is_some() {
+        tracing::warn!(
+            "--flush-ms no longer applies: each store write starts as soon as the previous one ends"
+        );
+    }
+    let data_dir = match &args.persist.data_dir {
+        _ if args.persist.no_persist => None,
+        Some(d) => Some(d.clone()),
+        None => Some(
+            dirs::data_dir()
+                .ok_or(RunError::NoDataDir)?
+                .join("fleetscope"),
+        ),
+    };
+    // Bad security files, like a bad kubeconfig, are an error before any port is bound.
+    check_security(&args.security, &kubeconfig_paths)?;
+    // What serve writes (the store, its key) is for its own user only.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    let listener = server::bind(&args.engine.listener.listen).await?;
+    let key = match (&args.shard.ring.shard_page_token_key_file, &data_dir) {
+        (Some(file), dir) => {
+            if let Some(dir) = dir {
+                private(dir)?;
+            }
+            crate::grpc::TokenKey::from_file(file)
+                .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?
+        }
+        (None, Some(dir)) => {
+            private(dir)?;
+            token_key(dir)?
+        }
+        (None, None) => crate::grpc::TokenKey::random()?,
+    };
+    let mut service = args.engine.listener.service(key);
+    let replica = match membership {
+        None => None,
+        Some((membership, advertise, source)) => {
+            let named = format!("{}/{}", membership.ring, membership.identity);
+            service.replica = Some(named.parse().map_err(|_| {
+                ArgsError::Invalid(format!(
+                    "--shard-ring and --shard-identity: {named:?} cannot be sent in a header"
+                ))
+            })?);
+            let client = crate::shard::coordination::client(
+                &source,
+                args.engine.exec_timeout,
+                reload.clone(),
+            )
+            .await?;
+            let api = kube::Api::namespaced(client, &args.shard.ring.shard_lease_namespace);
+            let engine = fleet.clone();
+            let resume = fleet.clone();
+            Some(crate::shard::replica::Replica::start(
+                api,
+                membership,
+                advertise,
+                desired.clone(),
+                Box::new(move |since| {
+                    engine
+                        .get()
+                        .map(|e| e.synced_since(since))
+                        .unwrap_or_default()
+                }),
+                Box::new(move || {
+                    if let Some(e) = resume.get() {
+                        e.rewatch();
+                    }
+                }),
+                reload.clone(),
+            ))
+        }
+    };
+    // A replica's engine runs the clusters it holds, not every configured one.
+    let engine_sources = replica.as_ref().map_or(desired, |r| r.held.clone());
+    // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
+    let start = move || {
+        let engine = match data_dir {
+            None => {
+                tracing::info!("running in memory only (--no-persist)");
+                Engine::start_live(engine_sources, config_now, None)
+            }
+            Some(dir) => {
+                let opened =
+                    fleetscope_store::SledStore::open(&dir).map_err(|source| RunError::Store {
+                        dir: dir.clone(),
+                        source,
+                    })?;
+                tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
+                let stored = Stored {
+                    store: std::sync::Arc::new(opened.store),
+                    loaded: opened.loaded,
+                };
+                Engine::start_live(engine_sources, config_now, Some(stored))
+            }
+        };
+        Ok(engine)
+    };
+    let mut reloads = Reloads::default();
+    let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
+    if let Some(config) = config {
+        reloads.follow_config(
+            config.path.clone(),
+            reload::config_input(
+                config,
+                |args| plan(args).map_err(|e| crate::sources::chain(&e)),
+                sources.clone(),
+                settings_tx,
+                desired_tx.clone(),
+            ),
+        );
+    }
+    reloads.follow(
+        "sources",
+        "the cluster sources",
+        kubeconfig_paths.clone(),
+        reload::sources_input(sources, desired_tx),
+    );
+    let metrics = bind_metrics(&args.engine.listener).await?;
+    let security = secure(
+        &args.security,
+        Some(&fleet),
+        &kubeconfig_paths,
+        (
+            args.engine.exec_timeout,
+            args.engine
+                .listener
+                .admission(args.security.authenticates()),
+        ),
+        (&listener, metrics.as_ref()),
+        &reload,
+        &mut reloads,
+    )?;
+    service.inputs = reloads.status();
+    let reloader = crate::tasks::spawn("reloader", reloads.run(hangups, reload.clone()));
+    let result = run(
+        fleet,
+        listener,
+        metrics,
+        start,
+        Serving {
+            service,
+            limits: args.engine.listener.limits(),
+            security,
+            reloads: reload.clone(),
+            replica,
+        },
+        Some(settings),
+    )
+    .await;
+    reload.cancel();
+    let _ = reloader.await;
+    result
+}
