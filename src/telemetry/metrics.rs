@@ -333,147 +333,176 @@ fn shard_metrics(
 
 impl Collector for FleetCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        family(
-            &mut e,
-            "fleetscope_build_info",
-            "The fleetscope build: 1, labelled with its version.",
-            MetricType::Gauge,
-            [(
-                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
-                ConstGauge::new(1i64),
-            )],
-        )?;
-        let subscribers = &self.0.subscribers;
-        single(
-            &mut e,
-            "fleetscope_watch_subscribers",
-            "Watch streams open now.",
-            MetricType::Gauge,
-            ConstGauge::new(subscribers.active()),
-        )?;
-        single(
-            &mut e,
-            "fleetscope_watch_subscribers_ended",
-            "Watch streams ended, for any reason (client gone, fallen behind, shutdown).",
-            MetricType::Counter,
-            ConstCounter::new(subscribers.ended()),
-        )?;
-        process(&mut e)?;
-        family(
-            &mut e,
-            "fleetscope_grpc_connections_refused",
-            "Connections closed at admission (gRPC and metrics listeners), by reason: cap (--grpc-max-connections), address_cap (--grpc-max-connections-per-address), reserved (only the places kept for callers with a client certificate were left).",
-            MetricType::Counter,
-            crate::server::tls::Refusal::ALL
-                .iter()
-                .zip(&crate::server::tls::REFUSED)
-                .map(|(why, n)| {
-                    (
-                        vec![("reason", why.as_str().to_string())],
-                        ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed)),
-                    )
-                }),
-        )?;
-        single(
-            &mut e,
-            "fleetscope_grpc_connections_closed_idle",
-            "gRPC connections closed with a GOAWAY after --grpc-idle-timeout with no call open.",
-            MetricType::Counter,
-            ConstCounter::new(
-                crate::server::idle::CLOSED_IDLE.load(std::sync::atomic::Ordering::Relaxed),
-            ),
-        )?;
-        single(
-            &mut e,
-            "fleetscope_grpc_connections_closed_unauthenticated",
-            "gRPC connections closed with a GOAWAY for making no authenticated call within --grpc-handshake-timeout, or to make room for a newer connection while none had.",
-            MetricType::Counter,
-            ConstCounter::new(
-                crate::server::idle::CLOSED_UNAUTHENTICATED
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            ),
-        )?;
-        let inputs = self.0.inputs.borrow().clone();
-        let by_input = |value: fn(&crate::config::inputs::InputStatus) -> f64| {
-            inputs.iter().map(move |i| {
-                (
-                    vec![("input", i.input.to_string())],
-                    ConstGauge::new(value(i)),
-                )
-            })
-        };
-        family(
-            &mut e,
-            "fleetscope_config_reloads",
-            "Reloads of each input of the server (config: the configuration file; sources: the kubeconfigs; tokens; policy; tls), each after its files' content changed or on SIGHUP.",
-            MetricType::Counter,
-            inputs.iter().map(|i| {
-                (
-                    vec![("input", i.input.to_string())],
-                    ConstCounter::new(i.reloads),
-                )
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_config_input_last_reload_successful",
-            "1 when the last reload of the input succeeded (or it was not reloaded yet), 0 when it failed: the version before stays in force.",
-            MetricType::Gauge,
-            by_input(|i| f64::from(u8::from(i.error.is_none()))),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_config_input_loaded_timestamp_seconds",
-            "When the version of the input in force was loaded, in seconds since the epoch.",
-            MetricType::Gauge,
-            by_input(|i| unix_seconds(i.loaded_at)),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_tasks",
-            "Tasks of the server running now, by name (listeners, connections, reloaders, readiness, signals); the engine's own are not counted here.",
-            MetricType::Gauge,
-            crate::tasks::running().into_iter().map(|(task, n)| {
-                (
-                    vec![("task", task.to_string())],
-                    ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)),
-                )
-            }),
-        )?;
-        if let Some(shard) = &self.0.shard {
+        let sources = &self.0;
+        server_metrics(&mut e, &sources.subscribers)?;
+        input_metrics(&mut e, &sources.inputs.borrow())?;
+        if let Some(shard) = &sources.shard {
             shard_metrics(&mut e, &shard.borrow())?;
         }
-        if let Some(router) = &self.0.router {
+        if let Some(router) = &sources.router {
             router_metrics(&mut e, &router.figures())?;
         }
-        let Some(engine) = self.0.engine.as_ref().and_then(|e| e.get()) else {
+        let Some(engine) = sources.engine.as_ref().and_then(|e| e.get()) else {
             // Starting: the engine's figures come once it is.
             return Ok(());
         };
         // One summary, read at once: what the engine reports to operators.
         let observed = engine.observe();
-        let streams: Vec<_> = observed
-            .clusters
+        stream_metrics(&mut e, &observed)?;
+        cluster_metrics(&mut e, &observed)?;
+        if let Some(store) = &observed.store {
+            store_metrics(&mut e, store)?;
+        }
+        Ok(())
+    }
+}
+
+/// The process and its server: the build, Watch streams, connections, tasks.
+fn server_metrics(
+    e: &mut DescriptorEncoder,
+    subscribers: &Subscribers,
+) -> Result<(), std::fmt::Error> {
+    family(
+        e,
+        "fleetscope_build_info",
+        "The fleetscope build: 1, labelled with its version.",
+        MetricType::Gauge,
+        [(
+            vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+            ConstGauge::new(1i64),
+        )],
+    )?;
+    single(
+        e,
+        "fleetscope_watch_subscribers",
+        "Watch streams open now.",
+        MetricType::Gauge,
+        ConstGauge::new(subscribers.active()),
+    )?;
+    single(
+        e,
+        "fleetscope_watch_subscribers_ended",
+        "Watch streams ended, for any reason (client gone, fallen behind, shutdown).",
+        MetricType::Counter,
+        ConstCounter::new(subscribers.ended()),
+    )?;
+    process(e)?;
+    family(
+        e,
+        "fleetscope_grpc_connections_refused",
+        "Connections closed at admission (gRPC and metrics listeners), by reason: cap (--grpc-max-connections), address_cap (--grpc-max-connections-per-address), reserved (only the places kept for callers with a client certificate were left).",
+        MetricType::Counter,
+        crate::server::tls::Refusal::ALL
             .iter()
-            .cloned()
-            .flat_map(|c| {
-                let cluster = c.name.to_string();
-                c.streams
-                    .into_values()
-                    .map(move |(rt, s)| (cluster.clone(), rt.name(), s))
-            })
-            .collect();
-        let labels = |cluster: &str, resource: &str| {
-            vec![
-                ("cluster", cluster.to_string()),
-                ("resource", resource.to_string()),
-            ]
-        };
-        // A counter of every stream, one series per value of `key`.
-        let by_stream = |key: &'static str,
-                         values: fn(
-            &fleetscope_engine::status::StreamCounts,
-        ) -> Vec<(&'static str, u64)>| {
+            .zip(&crate::server::tls::REFUSED)
+            .map(|(why, n)| {
+                (
+                    vec![("reason", why.as_str().to_string())],
+                    ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed)),
+                )
+            }),
+    )?;
+    single(
+        e,
+        "fleetscope_grpc_connections_closed_idle",
+        "gRPC connections closed with a GOAWAY after --grpc-idle-timeout with no call open.",
+        MetricType::Counter,
+        ConstCounter::new(
+            crate::server::idle::CLOSED_IDLE.load(std::sync::atomic::Ordering::Relaxed),
+        ),
+    )?;
+    single(
+        e,
+        "fleetscope_grpc_connections_closed_unauthenticated",
+        "gRPC connections closed with a GOAWAY for making no authenticated call within --grpc-handshake-timeout, or to make room for a newer connection while none had.",
+        MetricType::Counter,
+        ConstCounter::new(
+            crate::server::idle::CLOSED_UNAUTHENTICATED.load(std::sync::atomic::Ordering::Relaxed),
+        ),
+    )?;
+    family(
+        e,
+        "fleetscope_tasks",
+        "Tasks of the server running now, by name (listeners, connections, reloaders, readiness, signals); the engine's own are not counted here.",
+        MetricType::Gauge,
+        crate::tasks::running().into_iter().map(|(task, n)| {
+            (
+                vec![("task", task.to_string())],
+                ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)),
+            )
+        }),
+    )?;
+    Ok(())
+}
+
+/// Each input of the server that reloads, and how its last reload went.
+fn input_metrics(
+    e: &mut DescriptorEncoder,
+    inputs: &[crate::config::inputs::InputStatus],
+) -> Result<(), std::fmt::Error> {
+    let by_input = |value: fn(&crate::config::inputs::InputStatus) -> f64| {
+        inputs.iter().map(move |i| {
+            (
+                vec![("input", i.input.to_string())],
+                ConstGauge::new(value(i)),
+            )
+        })
+    };
+    family(
+        e,
+        "fleetscope_config_reloads",
+        "Reloads of each input of the server (config: the configuration file; sources: the kubeconfigs; tokens; policy; tls), each after its files' content changed or on SIGHUP.",
+        MetricType::Counter,
+        inputs.iter().map(|i| {
+            (
+                vec![("input", i.input.to_string())],
+                ConstCounter::new(i.reloads),
+            )
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_config_input_last_reload_successful",
+        "1 when the last reload of the input succeeded (or it was not reloaded yet), 0 when it failed: the version before stays in force.",
+        MetricType::Gauge,
+        by_input(|i| f64::from(u8::from(i.error.is_none()))),
+    )?;
+    family(
+        e,
+        "fleetscope_config_input_loaded_timestamp_seconds",
+        "When the version of the input in force was loaded, in seconds since the epoch.",
+        MetricType::Gauge,
+        by_input(|i| unix_seconds(i.loaded_at)),
+    )?;
+    Ok(())
+}
+
+/// Each cluster's streams: objects, sync, lag, events, lists.
+fn stream_metrics(
+    e: &mut DescriptorEncoder,
+    observed: &fleetscope_engine::Observation,
+) -> Result<(), std::fmt::Error> {
+    let streams: Vec<_> = observed
+        .clusters
+        .iter()
+        .cloned()
+        .flat_map(|c| {
+            let cluster = c.name.to_string();
+            c.streams
+                .into_values()
+                .map(move |(rt, s)| (cluster.clone(), rt.name(), s))
+        })
+        .collect();
+    let labels = |cluster: &str, resource: &str| {
+        vec![
+            ("cluster", cluster.to_string()),
+            ("resource", resource.to_string()),
+        ]
+    };
+    // A counter of every stream, one series per value of `key`.
+    let by_stream =
+        |key: &'static str,
+         values: fn(&fleetscope_engine::status::StreamCounts) -> Vec<(&'static str, u64)>| {
             streams.iter().flat_map(move |(c, r, s)| {
                 values(&s.counts).into_iter().map(move |(value, n)| {
                     let mut l = labels(c, r);
@@ -482,191 +511,204 @@ impl Collector for FleetCollector {
                 })
             })
         };
-        family(
-            &mut e,
-            "fleetscope_objects",
-            "Objects held, by cluster and resource type.",
-            MetricType::Gauge,
-            observed.objects.iter().map(|(r, c, n)| {
+    family(
+        e,
+        "fleetscope_objects",
+        "Objects held, by cluster and resource type.",
+        MetricType::Gauge,
+        observed.objects.iter().map(|(r, c, n)| {
+            (
+                labels(c.as_str(), r),
+                ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX)),
+            )
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_stream_synced",
+        "1 when the stream's list is complete and its watch current, else 0.",
+        MetricType::Gauge,
+        streams.iter().map(|(c, r, s)| {
+            let synced = i64::from(s.freshness() == Freshness::Synced);
+            (labels(c, r), ConstGauge::new(synced))
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_sync_lag_seconds",
+        "How far behind its cluster the stream may be: 0 while its watch is current, else the time since it was last known current.",
+        MetricType::Gauge,
+        streams.iter().filter_map(|(c, r, s)| {
+            s.sync_lag()
+                .map(|lag| (labels(c, r), ConstGauge::new(seconds(lag))))
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_watch_events",
+        "Watch events received from the clusters, by type.",
+        MetricType::Counter,
+        by_stream("type", |c| {
+            vec![
+                ("ADDED", c.added),
+                ("MODIFIED", c.modified),
+                ("DELETED", c.deleted),
+            ]
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_relists",
+        "Lists made by the streams, by reason: initial (nothing to resume from), expired (410 Gone) or confirm (a replica confirming its streams after a pause).",
+        MetricType::Counter,
+        by_stream("reason", |c| {
+            vec![
+                ("initial", c.initial_lists),
+                ("expired", c.expired_lists),
+                ("confirm", c.confirm_lists),
+            ]
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_stream_dropped",
+        "Objects and watch events a stream dropped of what its cluster sent, by reason: too_large (--max-object-bytes), malformed_resource_version, backward_resource_version.",
+        MetricType::Counter,
+        by_stream("reason", |c| {
+            let d = &c.dropped;
+            vec![
+                ("too_large", d.too_large),
+                ("malformed_resource_version", d.malformed_version),
+                ("backward_resource_version", d.backward_version),
+            ]
+        }),
+    )?;
+    family(
+        e,
+        "fleetscope_objects_labels_unindexed",
+        "Objects stored with more labels than the label index takes of one object: held, served and selected by a scan.",
+        MetricType::Counter,
+        streams
+            .iter()
+            .map(|(c, r, s)| (labels(c, r), ConstCounter::new(s.counts.unindexed_labels))),
+    )?;
+    Ok(())
+}
+
+/// The clusters' API requests, the cluster sources' reload and the index's packer.
+fn cluster_metrics(
+    e: &mut DescriptorEncoder,
+    observed: &fleetscope_engine::Observation,
+) -> Result<(), std::fmt::Error> {
+    let clusters = &observed.clusters;
+    family(
+        e,
+        "fleetscope_rest_client_requests",
+        "Requests to the clusters' API servers, by HTTP method and response code (<error> when none came).",
+        MetricType::Counter,
+        clusters.iter().flat_map(|c| {
+            c.requests.snapshot().into_iter().map(|(method, code, n)| {
                 (
-                    labels(c.as_str(), r),
-                    ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX)),
+                    vec![
+                        ("cluster", c.name.to_string()),
+                        ("code", code),
+                        ("method", method),
+                    ],
+                    ConstCounter::new(n),
                 )
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_stream_synced",
-            "1 when the stream's list is complete and its watch current, else 0.",
-            MetricType::Gauge,
-            streams.iter().map(|(c, r, s)| {
-                let synced = i64::from(s.freshness() == Freshness::Synced);
-                (labels(c, r), ConstGauge::new(synced))
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_sync_lag_seconds",
-            "How far behind its cluster the stream may be: 0 while its watch is current, else the time since it was last known current.",
-            MetricType::Gauge,
-            streams.iter().filter_map(|(c, r, s)| {
-                s.sync_lag()
-                    .map(|lag| (labels(c, r), ConstGauge::new(seconds(lag))))
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_watch_events",
-            "Watch events received from the clusters, by type.",
-            MetricType::Counter,
-            by_stream("type", |c| {
-                vec![
-                    ("ADDED", c.added),
-                    ("MODIFIED", c.modified),
-                    ("DELETED", c.deleted),
-                ]
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_relists",
-            "Lists made by the streams, by reason: initial (nothing to resume from), expired (410 Gone) or confirm (a replica confirming its streams after a pause).",
-            MetricType::Counter,
-            by_stream("reason", |c| {
-                vec![
-                    ("initial", c.initial_lists),
-                    ("expired", c.expired_lists),
-                    ("confirm", c.confirm_lists),
-                ]
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_stream_dropped",
-            "Objects and watch events a stream dropped of what its cluster sent, by reason: too_large (--max-object-bytes), malformed_resource_version, backward_resource_version.",
-            MetricType::Counter,
-            by_stream("reason", |c| {
-                let d = &c.dropped;
-                vec![
-                    ("too_large", d.too_large),
-                    ("malformed_resource_version", d.malformed_version),
-                    ("backward_resource_version", d.backward_version),
-                ]
-            }),
-        )?;
-        family(
-            &mut e,
-            "fleetscope_objects_labels_unindexed",
-            "Objects stored with more labels than the label index takes of one object: held, served and selected by a scan.",
-            MetricType::Counter,
-            streams
-                .iter()
-                .map(|(c, r, s)| (labels(c, r), ConstCounter::new(s.counts.unindexed_labels))),
-        )?;
-        let clusters = &observed.clusters;
-        family(
-            &mut e,
-            "fleetscope_rest_client_requests",
-            "Requests to the clusters' API servers, by HTTP method and response code (<error> when none came).",
-            MetricType::Counter,
-            clusters.iter().flat_map(|c| {
-                c.requests.snapshot().into_iter().map(|(method, code, n)| {
-                    (
-                        vec![
-                            ("cluster", c.name.to_string()),
-                            ("code", code),
-                            ("method", method),
-                        ],
-                        ConstCounter::new(n),
-                    )
-                })
-            }),
-        )?;
-        let sources = &observed.sources;
+            })
+        }),
+    )?;
+    let sources = &observed.sources;
+    single(
+        e,
+        "fleetscope_config_last_reload_successful",
+        "1 when the last reload of the configuration file and kubeconfigs succeeded, 0 when it failed (the configuration before it stays in force).",
+        MetricType::Gauge,
+        ConstGauge::new(i64::from(sources.error.is_none())),
+    )?;
+    if let Some(at) = sources.loaded_at {
         single(
-            &mut e,
-            "fleetscope_config_last_reload_successful",
-            "1 when the last reload of the configuration file and kubeconfigs succeeded, 0 when it failed (the configuration before it stays in force).",
+            e,
+            "fleetscope_config_last_reload_success_timestamp_seconds",
+            "When the cluster sources in force were loaded, in seconds since the epoch.",
             MetricType::Gauge,
-            ConstGauge::new(i64::from(sources.error.is_none())),
+            ConstGauge::new(unix_seconds(at)),
         )?;
-        if let Some(at) = sources.loaded_at {
-            single(
-                &mut e,
-                "fleetscope_config_last_reload_success_timestamp_seconds",
-                "When the cluster sources in force were loaded, in seconds since the epoch.",
-                MetricType::Gauge,
-                ConstGauge::new(unix_seconds(at)),
-            )?;
-        }
-        single(
-            &mut e,
-            "fleetscope_index_objects_compressed",
-            "Object states the index compressed once they settled (index.compressObjects).",
-            MetricType::Counter,
-            ConstCounter::new(observed.objects_compressed),
-        )?;
-        if let Some(s) = &observed.store {
-            let one = ConstGauge::new;
-            single(
-                &mut e,
-                "fleetscope_store_size_bytes",
-                "Bytes the store takes on disk, as of its last write.",
-                MetricType::Gauge,
-                one(s.size_on_disk as f64),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_pending_changes",
-                "Changes gathered and not yet written (nor visible).",
-                MetricType::Gauge,
-                one(s.pending as f64),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_write_failing",
-                "1 while the store's writes fail (nothing newer than the last write is visible; writes are retried), 0 while they succeed.",
-                MetricType::Gauge,
-                ConstGauge::new(i64::from(s.last_error.is_some())),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_write_errors",
-                "Store writes that failed (each is retried).",
-                MetricType::Counter,
-                ConstCounter::new(s.write_errors),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_writes",
-                "Store writes (each durable before what it holds is visible).",
-                MetricType::Counter,
-                ConstCounter::new(s.flushes),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_write_seconds",
-                "How long store writes take.",
-                MetricType::Histogram,
-                HistogramValue(&s.write_seconds),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_last_write_seconds",
-                "How long the last store write took.",
-                MetricType::Gauge,
-                one(seconds(s.last_flush)),
-            )?;
-            single(
-                &mut e,
-                "fleetscope_store_max_write_seconds",
-                "The longest store write since start.",
-                MetricType::Gauge,
-                one(seconds(s.max_flush)),
-            )?;
-        }
-        Ok(())
     }
+    single(
+        e,
+        "fleetscope_index_objects_compressed",
+        "Object states the index compressed once they settled (index.compressObjects).",
+        MetricType::Counter,
+        ConstCounter::new(observed.objects_compressed),
+    )?;
+    Ok(())
+}
+
+/// The store's size, writes and their failures.
+fn store_metrics(
+    e: &mut DescriptorEncoder,
+    s: &fleetscope_engine::persist::PersistStats,
+) -> Result<(), std::fmt::Error> {
+    let one = ConstGauge::new;
+    single(
+        e,
+        "fleetscope_store_size_bytes",
+        "Bytes the store takes on disk, as of its last write.",
+        MetricType::Gauge,
+        one(s.size_on_disk as f64),
+    )?;
+    single(
+        e,
+        "fleetscope_store_pending_changes",
+        "Changes gathered and not yet written (nor visible).",
+        MetricType::Gauge,
+        one(s.pending as f64),
+    )?;
+    single(
+        e,
+        "fleetscope_store_write_failing",
+        "1 while the store's writes fail (nothing newer than the last write is visible; writes are retried), 0 while they succeed.",
+        MetricType::Gauge,
+        ConstGauge::new(i64::from(s.last_error.is_some())),
+    )?;
+    single(
+        e,
+        "fleetscope_store_write_errors",
+        "Store writes that failed (each is retried).",
+        MetricType::Counter,
+        ConstCounter::new(s.write_errors),
+    )?;
+    single(
+        e,
+        "fleetscope_store_writes",
+        "Store writes (each durable before what it holds is visible).",
+        MetricType::Counter,
+        ConstCounter::new(s.flushes),
+    )?;
+    single(
+        e,
+        "fleetscope_store_write_seconds",
+        "How long store writes take.",
+        MetricType::Histogram,
+        HistogramValue(&s.write_seconds),
+    )?;
+    single(
+        e,
+        "fleetscope_store_last_write_seconds",
+        "How long the last store write took.",
+        MetricType::Gauge,
+        one(seconds(s.last_flush)),
+    )?;
+    single(
+        e,
+        "fleetscope_store_max_write_seconds",
+        "The longest store write since start.",
+        MetricType::Gauge,
+        one(seconds(s.max_flush)),
+    )?;
+    Ok(())
 }
 
 /// Whether a process can answer, and why not when it cannot (for `/readyz`).
