@@ -99,6 +99,38 @@ struct Positions {
     /// earlier version: the replica then counts).
     #[serde(default)]
     r: Vec<u64>,
+    /// For each of `s`, when the router last asked it for this list (seconds since
+    /// the epoch): a replica keeps a list's snapshot for a while after its last use
+    /// only, so one not asked for a while (its clusters come later in the list) is
+    /// asked again before it lets the snapshot go.
+    #[serde(default)]
+    t: Vec<u64>,
+}
+
+/// How long a routed list may leave a replica unasked before it asks it again, to
+/// keep its snapshot: well under the replicas' five minutes.
+const KEEP_SNAPSHOT_EVERY: u64 = 60;
+
+/// Seconds since the epoch, now.
+fn now_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The replicas of a routed list (by index) to ask again so they keep its snapshot:
+/// those with something still to give, not asked since `KEEP_SNAPSHOT_EVERY` before
+/// `now` (or never, by a token of an earlier version).
+fn to_keep(positions: &Positions, now: u64) -> Vec<usize> {
+    (0..positions.s.len())
+        .filter(|&i| positions.r.get(i).is_some_and(|r| *r > 0))
+        .filter(|&i| {
+            positions
+                .t
+                .get(i)
+                .is_none_or(|t| now.saturating_sub(*t) >= KEEP_SNAPSHOT_EVERY)
+        })
+        .collect()
 }
 
 impl Router {
@@ -431,8 +463,10 @@ impl Router {
         let mut positions = Positions {
             s: Vec::new(),
             r: Vec::new(),
+            t: Vec::new(),
         };
         for (i, (identity, asked, page)) in pages.into_iter().enumerate() {
+            positions.t.push(now_seconds());
             missing.extend(Self::silent(
                 &identity,
                 &asked,
@@ -571,6 +605,8 @@ impl Router {
                 taken += 1;
             }
             positions.r[i] = positions.r[i].saturating_sub(taken as u64);
+            positions.t.resize(positions.s.len(), 0);
+            positions.t[i] = now_seconds();
             let cut = taken < got.len();
             items.extend(got.into_iter().take(taken));
             if more_in_run || cut || items.len() >= limit {
@@ -579,7 +615,50 @@ impl Router {
         }
         partial |= !missing.is_empty();
         clusters.extend(missing);
+        self.keep_snapshots(&mut positions, &asked, &after, &r, &caller)
+            .await;
         Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
+    }
+
+    /// Asks each replica of a routed list not asked for a while for one object, so
+    /// that it keeps the list's snapshot until the list reaches its clusters (what it
+    /// answers is not needed: a replica that cannot answer fails the list when it is
+    /// reached, as it would have anyway).
+    async fn keep_snapshots(
+        &self,
+        positions: &mut Positions,
+        asked: &[&Member],
+        after: &ObjectKey,
+        r: &ListRequest,
+        caller: &str,
+    ) {
+        let now = now_seconds();
+        let keep = to_keep(positions, now);
+        let calls = keep.iter().map(|&i| {
+            let (_, revision, cs) = &positions.s[i];
+            let query = convert::query_out(&r.query, r.projection, cs);
+            let message = proto::ListRequest {
+                query: None,
+                limit: 1,
+                page_token: encode_token(
+                    &self.upstream.page_token_key,
+                    caller,
+                    Revision(*revision),
+                    &query,
+                    after,
+                    &fleetscope_model::fleet::remaining_resume(positions.r[i]),
+                ),
+                keep_snapshot: true,
+            };
+            self.page_of(asked[i], cs.clone(), message, &r.access)
+        });
+        let answers = futures::future::join_all(calls).await;
+        positions.t.resize(positions.s.len(), 0);
+        for (&i, answer) in keep.iter().zip(answers) {
+            if answer.is_ok() {
+                positions.t[i] = now;
+            }
+        }
     }
 
     /// How many objects follow `after` in each replica of `positions` (each counts),
@@ -1123,6 +1202,28 @@ impl Fleet for Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_routed_list_asks_again_only_replicas_left_unasked_that_still_have_objects() {
+        let positions = Positions {
+            s: (0..4).map(|i| (format!("r{i}"), 1, Vec::new())).collect(),
+            r: vec![5, 5, 0, 5],
+            t: vec![
+                1_000,
+                1_000 - KEEP_SNAPSHOT_EVERY,
+                0,
+                1_000 - KEEP_SNAPSHOT_EVERY + 1,
+            ],
+        };
+        // r1 was asked a while ago; r2 has nothing left; r0 and r3 recently.
+        assert_eq!(to_keep(&positions, 1_000), vec![1]);
+        // A token of an earlier version: every replica with objects left.
+        let earlier = Positions {
+            t: Vec::new(),
+            ..positions
+        };
+        assert_eq!(to_keep(&earlier, 1_000), vec![0, 1, 3]);
+    }
 
     #[test]
     fn an_answer_counts_only_from_the_replica_its_lease_names() {
