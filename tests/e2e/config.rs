@@ -11,20 +11,13 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::{BIN, Server, free_port};
+use common::{PATIENCE, replace};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self};
 use fleetscope_sim::{FleetSpec, SimFleet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use tonic::transport::Channel;
-
-/// Writes a file the way editors and ConfigMap volumes do: a new file renamed over the old.
-fn replace(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
 
 /// Every cluster synced with exactly `types` watching, and labelled `env`.
 fn settled(r: &proto::ListClustersResponse, names: &[&str], types: &[&str], env: &str) -> bool {

@@ -8,24 +8,17 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::Server;
 use common::subscriber::Subscriber;
+use common::{PATIENCE, replace};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self};
 use fleetscope_sim::{Context, FleetSpec, SimFleet, Token};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
-
-/// Writes a kubeconfig the way editors and Secret volumes do: a new file renamed over the old.
-fn replace(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
 
 fn kubeconfig_text(contexts: &[Context]) -> String {
     serde_json::to_string_pretty(&fleetscope_sim::kubeconfig(contexts)).unwrap()

@@ -9,8 +9,8 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::{BIN, Server, free_port};
+use common::{PATIENCE, replace, tokens_file};
 use fleetscope::cli::args::ServerArg;
 use fleetscope::cli::{Client, connect};
 use fleetscope::proto::{self, EventType};
@@ -77,25 +77,6 @@ impl Ca {
             p.distinguished_name.push(DnType::OrganizationName, org);
         })
     }
-}
-
-/// Writes a file the way Secret volumes and editors do: a new file renamed over the old.
-fn replace(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-fn tokens_file(entries: &[(&str, &str, &[&str])]) -> String {
-    let mut s = String::from("tokens:\n");
-    for (token, name, groups) in entries {
-        s += &format!(
-            "  - name: {name}\n    groups: [{}]\n    sha256: {}\n",
-            groups.join(", "),
-            fleetscope::auth::tokens::hex_hash(token)
-        );
-    }
-    s
 }
 
 /// team-a (by certificate) reads `namespace` of sim-1; bob (by token) reads everything,

@@ -3688,14 +3688,11 @@ async fn one_caller_s_history_reads_run_a_few_at_a_time_and_leave_another_caller
     let log = dir.path().join("ring.log");
     let clusters: Vec<String> = (1..=n).map(|i| format!("sim-{i}")).collect();
     let tokens = dir.path().join("tokens.yaml");
-    let mut text = String::from("tokens:\n");
-    for (token, name) in [("alice-token", "alice"), ("bob-token", "bob")] {
-        text += &format!(
-            "  - name: {name}\n    groups: []\n    sha256: {}\n",
-            fleetscope::auth::tokens::hex_hash(token)
-        );
-    }
-    std::fs::write(&tokens, text).unwrap();
+    std::fs::write(
+        &tokens,
+        common::tokens_file(&[("alice-token", "alice", &[]), ("bob-token", "bob", &[])]),
+    )
+    .unwrap();
     // Two positions in each member's history, both older than any list the replica
     // makes: before two changes, and between them.
     let mut positions: [Vec<StreamPosition>; 2] = Default::default();
@@ -3790,13 +3787,6 @@ async fn one_caller_s_history_reads_run_a_few_at_a_time_and_leave_another_caller
     fleet.shutdown().await;
 }
 
-/// Writes `text` to `path` as an editor does: a new file renamed over the old.
-fn rewrite(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// A router configured by a file alone (`router --config FILE`, the keys `serve`'s
 /// file has, plus `router.*`): it serves the ring, `config check --for router` reads
 /// the file as the router does, and the file, followed, is reloaded when it changes;
@@ -3820,7 +3810,7 @@ async fn a_router_runs_from_its_configuration_file_and_follows_it() {
             key = kubeconfig.with_file_name("page-token.key").display(),
         )
     };
-    rewrite(&file, &config("2s"));
+    common::replace(&file, &config("2s"));
 
     // `config check --for router` reads it as the router will.
     let check = |path: &std::path::Path| {
@@ -3888,13 +3878,13 @@ async fn a_router_runs_from_its_configuration_file_and_follows_it() {
         .0;
 
     // Changed: reloaded (the new timeout applies at the next restart).
-    rewrite(&file, &config("3s"));
+    common::replace(&file, &config("3s"));
     common::wait_for_clusters(&mut c, "the reload", |r| {
         reloads(r).is_some_and(|(n, e)| n > before && e.is_empty())
     })
     .await;
     // Misspelt: the settings in force stay, the router serves on, and says why.
-    rewrite(
+    common::replace(
         &file,
         &config("3s").replace("replicaTimeout", "replicaTimout"),
     );
@@ -3911,7 +3901,7 @@ async fn a_router_runs_from_its_configuration_file_and_follows_it() {
     let (count, _) = whole_answers(&router).await.unwrap();
     assert!(count.total == total && !count.partial, "{count:?}");
     // Fixed: the error clears.
-    rewrite(&file, &config("3s"));
+    common::replace(&file, &config("3s"));
     common::wait_for_clusters(&mut c, "the error cleared", |r| {
         reloads(r).is_some_and(|(_, e)| e.is_empty())
     })

@@ -564,3 +564,25 @@ pub fn add_widgets(cluster: &fleetscope_sim::Cluster, names: &[&str]) {
             .unwrap();
     }
 }
+
+/// Writes `text` to `path` as an editor or a Kubernetes volume does: a new file renamed
+/// over the old, so a reader sees one or the other, whole.
+pub fn replace(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A tokens file (`--tokens-file`) of `(token, name, groups)` entries, each by its
+/// SHA-256.
+pub fn tokens_file(entries: &[(&str, &str, &[&str])]) -> String {
+    let mut s = String::from("tokens:\n");
+    for (token, name, groups) in entries {
+        s += &format!(
+            "  - name: {name}\n    groups: [{}]\n    sha256: {}\n",
+            groups.join(", "),
+            fleetscope::auth::tokens::hex_hash(token)
+        );
+    }
+    s
+}
