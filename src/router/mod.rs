@@ -567,22 +567,14 @@ impl Router {
                 continue;
             }
             let (identity, revision, _) = &positions.s[i];
-            let query = convert::query_out(&r.query, r.projection, &run);
             // What follows in the whole replica: the replica need not count it.
-            let known = positions.r[i];
-            let message = proto::ListRequest {
-                query: None,
-                limit: (limit - items.len()) as u32,
-                page_token: encode_token(
-                    &self.upstream.page_token_key,
-                    &caller,
-                    Revision(*revision),
-                    &query,
-                    &after,
-                    &fleetscope_model::fleet::remaining_resume(known),
-                ),
-                keep_snapshot: true,
-            };
+            let message = self.continued(
+                (&caller, &r),
+                (*revision, &run),
+                &after,
+                limit - items.len(),
+                Some(positions.r[i]),
+            );
             let (_, _, page) = self
                 .page_of(asked[i], run.clone(), message, &r.access)
                 .await?;
@@ -636,20 +628,8 @@ impl Router {
         let keep = to_keep(positions, now);
         let calls = keep.iter().map(|&i| {
             let (_, revision, cs) = &positions.s[i];
-            let query = convert::query_out(&r.query, r.projection, cs);
-            let message = proto::ListRequest {
-                query: None,
-                limit: 1,
-                page_token: encode_token(
-                    &self.upstream.page_token_key,
-                    caller,
-                    Revision(*revision),
-                    &query,
-                    after,
-                    &fleetscope_model::fleet::remaining_resume(positions.r[i]),
-                ),
-                keep_snapshot: true,
-            };
+            let message =
+                self.continued((caller, r), (*revision, cs), after, 1, Some(positions.r[i]));
             self.page_of(asked[i], cs.clone(), message, &r.access)
         });
         let answers = futures::future::join_all(calls).await;
@@ -658,6 +638,36 @@ impl Router {
             if answer.is_ok() {
                 positions.t[i] = now;
             }
+        }
+    }
+
+    /// The request continuing a routed list in one replica's snapshot: for `caller`'s
+    /// list `r`, the snapshot at `revision` of `clusters`, after `after`, at most
+    /// `limit` objects, and how many of its matches follow `after` when known (the
+    /// replica then need not count them); the snapshot kept either way.
+    fn continued(
+        &self,
+        (caller, r): (&str, &ListRequest),
+        (revision, clusters): (u64, &[String]),
+        after: &ObjectKey,
+        limit: usize,
+        known: Option<u64>,
+    ) -> proto::ListRequest {
+        let query = convert::query_out(&r.query, r.projection, clusters);
+        proto::ListRequest {
+            query: None,
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            page_token: encode_token(
+                &self.upstream.page_token_key,
+                caller,
+                Revision(revision),
+                &query,
+                after,
+                &known
+                    .map(fleetscope_model::fleet::remaining_resume)
+                    .unwrap_or_default(),
+            ),
+            keep_snapshot: true,
         }
     }
 
@@ -676,20 +686,7 @@ impl Router {
             .iter()
             .zip(asked)
             .map(|((_, revision, cs), member)| {
-                let query = convert::query_out(&r.query, r.projection, cs);
-                let message = proto::ListRequest {
-                    query: None,
-                    limit: 1,
-                    page_token: encode_token(
-                        &self.upstream.page_token_key,
-                        caller,
-                        Revision(*revision),
-                        &query,
-                        after,
-                        b"",
-                    ),
-                    keep_snapshot: true,
-                };
+                let message = self.continued((caller, r), (*revision, cs), after, 1, None);
                 self.page_of(member, cs.clone(), message, &r.access)
             });
         let pages = futures::future::try_join_all(calls).await?;
