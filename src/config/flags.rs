@@ -743,7 +743,7 @@ impl ShardArgs {
     pub fn membership(
         &self,
         listen: &str,
-    ) -> Result<Option<(crate::shard::member::MembershipConfig, String)>, ArgsError> {
+    ) -> Result<Option<(fleetscope_ring::member::MembershipConfig, String)>, ArgsError> {
         let Some(ring) = &self.ring.shard_ring else {
             return Ok(None);
         };
@@ -789,13 +789,13 @@ impl ShardArgs {
             }
         };
         Ok(Some((
-            crate::shard::member::MembershipConfig {
+            fleetscope_ring::member::MembershipConfig {
                 ring: ring.clone(),
                 identity,
                 lease_duration: self.ring.shard_lease_duration,
                 renew_period: self.shard_renew_period,
                 replication: usize::try_from(self.shard_replication).unwrap_or(1),
-                key: crate::shard::seal::LeaseKey::of(&key),
+                key: crate::shard::lease_key(&key),
             },
             advertise,
         )))

@@ -24,8 +24,8 @@ use crate::grpc::status::from_replica;
 use crate::grpc::token::{TokenKey, encode_token};
 use crate::proto;
 use crate::proto::fleet_client::FleetClient;
-use crate::shard::lease::{Member, Observed};
-use crate::shard::owner;
+use fleetscope_ring::lease::{Member, Observed};
+use fleetscope_ring::vocabulary as owner;
 
 mod pool;
 pub mod stats;

@@ -253,8 +253,10 @@ impl Routed {
                     && ready.is_some_and(|ready| {
                         ready.iter().any(|m| {
                             m.identity == *id
-                                && (!crate::shard::owner::leaving(m)
-                                    || ready.iter().all(|m| crate::shard::owner::leaving(m)))
+                                && (!fleetscope_ring::vocabulary::leaving(m)
+                                    || ready
+                                        .iter()
+                                        .all(|m| fleetscope_ring::vocabulary::leaving(m)))
                         })
                     })
             });
@@ -273,7 +275,7 @@ impl Routed {
         let mut failed: BTreeSet<String> = BTreeSet::new();
         let mut last_error: Option<FleetError> = None;
         while !to_follow.is_empty() {
-            let mut wanted: BTreeMap<String, (crate::shard::lease::Member, Vec<String>)> =
+            let mut wanted: BTreeMap<String, (fleetscope_ring::lease::Member, Vec<String>)> =
                 BTreeMap::new();
             for cluster in std::mem::take(&mut to_follow) {
                 let Some(member) = holders[cluster]

@@ -1,12 +1,18 @@
 //! fleetscope beyond one machine: replicas share the fleet's clusters through
-//! Kubernetes Leases in one coordination cluster ([`lease`], [`member`]), every
-//! replica computes the same owners for every cluster from the live members
-//! ([`assign`]), and each runs the clusters it holds ([`owner`]).
+//! Kubernetes Leases in one coordination cluster (`fleetscope_ring`: the Leases,
+//! their seal and vocabulary, a replica's membership), every replica computes the
+//! same owners for every cluster from the live members ([`assign`]), and each runs
+//! the clusters it holds ([`owner`]).
 
 pub mod assign;
-pub mod coordination;
-pub mod lease;
-pub mod member;
 pub mod owner;
 pub mod replica;
-pub mod seal;
+
+use fleetscope_ring::seal::LeaseKey;
+
+use crate::grpc::TokenKey;
+
+/// The key the Leases of the ring whose page token key is `key` are sealed with.
+pub fn lease_key(key: &TokenKey) -> LeaseKey {
+    LeaseKey::derived(|purpose| key.derive(purpose))
+}

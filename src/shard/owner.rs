@@ -17,45 +17,32 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::assign;
-use super::lease::Member;
-use super::member::{MembershipConfig, View};
 use crate::engine::SourceSet;
+use fleetscope_ring::lease::Member;
+use fleetscope_ring::member::{MembershipConfig, View};
+use fleetscope_ring::vocabulary::{
+    ADDRESS, CLUSTERS, HELD, LEAVING, READY, UNOWNED, leaving, ready_of,
+};
 
-/// The annotation naming the address a replica's gRPC listener is reached at.
-pub const ADDRESS: &str = "fleetscope.io/address";
-/// The annotation listing the clusters a replica holds synced, comma-separated.
-pub const READY: &str = "fleetscope.io/ready";
-/// The annotation listing the clusters a replica runs, ready or not (a router counts
-/// one that no replica holds ready as unserved, never as absent).
-pub const HELD: &str = "fleetscope.io/held";
-/// The annotation listing the configured clusters no live replica publishes ready,
-/// as this replica sees the ring: a router reports them unowned.
-pub const UNOWNED: &str = "fleetscope.io/unowned";
-/// The annotation listing every cluster the ring is configured with, as this
-/// replica's configuration has it: a router knows from it which clusters the ring
-/// has, served or not.
-pub const CLUSTERS: &str = "fleetscope.io/clusters";
-/// The annotation a replica sets while it shuts down: the others take its clusters
-/// over as if it had left, while it still serves them.
-pub const LEAVING: &str = "fleetscope.io/leaving";
-
-/// The clusters a member publishes ready.
-pub fn ready_of(member: &Member) -> BTreeSet<&str> {
-    listed(member, READY)
-}
-
-/// The comma-separated names a member publishes under `annotation`.
-pub fn listed<'a>(member: &'a Member, annotation: &str) -> BTreeSet<&'a str> {
-    member
-        .annotations
-        .get(annotation)
-        .map(|r| r.split(',').filter(|c| !c.is_empty()).collect())
-        .unwrap_or_default()
-}
-
-/// Whether a member is shutting down.
-pub fn leaving(member: &Member) -> bool {
-    member.annotations.get(LEAVING).is_some_and(|v| v == "true")
+/// The clusters of `clusters` that `config.identity` owns `now` by the assignment,
+/// with `config.replication` owners each; none while it is fenced.
+pub fn owned(
+    view: &View,
+    now: Instant,
+    config: &MembershipConfig,
+    clusters: &[String],
+) -> Vec<String> {
+    if view.fenced(now, config.lease_duration) {
+        return Vec::new();
+    }
+    let members: Vec<String> = view.members(now).into_iter().map(|m| m.identity).collect();
+    clusters
+        .iter()
+        .filter(|c| {
+            assign::owners(c, &members, config.replication).contains(&config.identity.as_str())
+        })
+        .cloned()
+        .collect()
 }
 
 /// The members clusters are assigned over: the live ones that are not leaving.
@@ -158,7 +145,7 @@ pub struct Owner {
     pub config: MembershipConfig,
     /// The address published on the Lease.
     pub advertise: String,
-    /// The ring as seen (from [`super::member::run`]).
+    /// The ring as seen (from `fleetscope_ring::member::run`).
     pub view: watch::Receiver<View>,
     /// Every configured cluster.
     pub desired: watch::Receiver<SourceSet>,

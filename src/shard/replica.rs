@@ -1,4 +1,4 @@
-//! `serve` as a replica of a ring: its membership ([`super::member`]), the clusters
+//! `serve` as a replica of a ring: its membership (`fleetscope_ring::member`), the clusters
 //! it holds ([`super::owner`]) given to the engine in place of every configured one,
 //! the fence in front of its answers, and its handover on shutdown.
 
@@ -7,12 +7,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use fleetscope_model::fleet::Gate;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::member::{self, MembershipConfig, View};
+use fleetscope_ring::leases::Leases;
+use fleetscope_ring::member::{self, MembershipConfig, View};
+use fleetscope_ring::vocabulary::{ADDRESS, READY};
+
 use super::owner::{self, Owner, ShardStatus};
 use crate::engine::SourceSet;
 
@@ -30,13 +31,13 @@ pub struct Replica {
 }
 
 impl Replica {
-    /// Joins the ring through `api` (the ring's Lease namespace in the coordination
-    /// cluster), publishing `advertise`, sharing the clusters of `desired`; `synced`
+    /// Joins the ring through `leases` (the ring's Lease namespace in the
+    /// coordination cluster), publishing `advertise`, sharing the clusters of `desired`; `synced`
     /// tells which held clusters the engine holds synced (and current since a
     /// moment, when given one); `rewatch` makes the engine's streams resume their
     /// watches (after a gap). Runs until `stop` (then releases the Lease).
     pub fn start(
-        api: Api<Lease>,
+        leases: Leases,
         config: MembershipConfig,
         advertise: String,
         desired: watch::Receiver<SourceSet>,
@@ -45,8 +46,8 @@ impl Replica {
         stop: CancellationToken,
     ) -> Self {
         let (published_tx, published) = watch::channel(BTreeMap::from([
-            (owner::ADDRESS.to_string(), advertise.clone()),
-            (owner::READY.to_string(), String::new()),
+            (ADDRESS.to_string(), advertise.clone()),
+            (READY.to_string(), String::new()),
         ]));
         let (view_tx, view) = watch::channel(View::default());
         let (held_tx, held) = watch::channel(SourceSet::default());
@@ -60,7 +61,7 @@ impl Replica {
         tracing::info!(ring = %config.ring, identity = %config.identity, address = %advertise, "joining the ring");
         crate::tasks::spawn(
             "shard-membership",
-            member::run(api, config.clone(), published, view_tx, stop.clone()),
+            member::run(leases, config.clone(), published, view_tx, stop.clone()),
         );
         crate::tasks::spawn(
             "shard-owner",

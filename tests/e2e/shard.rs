@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleetscope::shard::lease::{self, LeaseError, Observed, OwnLease};
+use fleetscope_ring::lease::{self, LeaseError, Observed, OwnLease};
+use fleetscope_ring::leases::Leases;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use tokio::sync::watch;
@@ -20,8 +21,8 @@ const DURATION: Duration = Duration::from_secs(15);
 
 /// The ring's Lease key, as the replicas derive it from the page token key file
 /// [`Replica::start`] writes.
-fn ring_key() -> fleetscope::shard::seal::LeaseKey {
-    fleetscope::shard::seal::LeaseKey::of(&fleetscope::grpc::TokenKey::new(&[7u8; 32]))
+fn ring_key() -> fleetscope_ring::seal::LeaseKey {
+    fleetscope::shard::lease_key(&fleetscope::grpc::TokenKey::new(&[7u8; 32]))
 }
 
 fn identities(o: &Observed) -> Vec<String> {
@@ -48,7 +49,9 @@ async fn wait_for(observed: &mut watch::Receiver<Observed>, want: &[&str]) -> Ob
 async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_once() {
     let (fleet, _dir, kubeconfig) = common::fleet_with_kubeconfig(1, 0).await;
     let client = common::kube_client(&kubeconfig, "sim-1").await;
-    let api: Api<Lease> = Api::namespaced(client, "default");
+    // The Leases as the replicas reach them, and as anyone else may read and write them.
+    let api = Leases::new(client.clone(), "default");
+    let raw: Api<Lease> = Api::namespaced(client, "default");
     let (tx, mut observed) = watch::channel(Observed::new(RING, DURATION, ring_key()));
     let stop = tokio_util::sync::CancellationToken::new();
     let follower = tokio::spawn(lease::follow(api.clone(), RING.into(), tx, stop.clone()));
@@ -68,32 +71,32 @@ async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_
     );
 
     // The Lease as client-go writes it.
-    let written = api.get(a.name()).await.unwrap();
+    let written = raw.get(a.name()).await.unwrap();
     let spec = written.spec.clone().unwrap();
     assert_eq!(spec.holder_identity.as_deref(), Some("fleetscope-0"));
     assert_eq!(spec.lease_duration_seconds, Some(15));
     assert_eq!(spec.lease_transitions, Some(0));
     assert!(spec.renew_time.is_some() && spec.acquire_time.is_some());
     assert_eq!(
-        written.metadata.labels.as_ref().unwrap()[lease::RING_LABEL],
+        written.metadata.labels.as_ref().unwrap()[fleetscope_ring::vocabulary::RING_LABEL],
         RING
     );
 
     // Another writer (a person, a tool) replaces the Lease in between: the next
     // write carries a stale resourceVersion and loses, leaving the other's write in
     // place; the write after it reads first and holds.
-    let mut edited = api.get(a.name()).await.unwrap();
+    let mut edited = raw.get(a.name()).await.unwrap();
     edited
         .metadata
         .labels
         .get_or_insert_with(BTreeMap::new)
         .insert("edited".into(), "by-hand".into());
-    api.replace(a.name(), &Default::default(), &edited)
+    raw.replace(a.name(), &Default::default(), &edited)
         .await
         .unwrap();
     let lost = a.renew(&published("10.0.0.1:50051")).await.unwrap_err();
     assert!(matches!(lost, LeaseError::Conflict { .. }), "{lost}");
-    let kept = api.get(a.name()).await.unwrap();
+    let kept = raw.get(a.name()).await.unwrap();
     assert_eq!(
         kept.metadata.labels.as_ref().unwrap()["edited"],
         "by-hand",
@@ -104,14 +107,14 @@ async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_
     // A second process given the same identity finds the Lease held by another
     // instance and renewed within its duration: it says so and writes nothing.
     let mut twin = OwnLease::new(api.clone(), RING, "fleetscope-0", DURATION, ring_key());
-    let before = api.get(a.name()).await.unwrap();
+    let before = raw.get(a.name()).await.unwrap();
     let refused = twin.renew(&published("10.0.0.9:50051")).await.unwrap_err();
     assert!(
         matches!(refused, LeaseError::HeldByAnother { .. })
             && refused.to_string().contains("--shard-identity"),
         "{refused}"
     );
-    let after = api.get(a.name()).await.unwrap();
+    let after = raw.get(a.name()).await.unwrap();
     assert_eq!(
         after.metadata.resource_version, before.metadata.resource_version,
         "the twin wrote nothing"
@@ -122,16 +125,16 @@ async fn replicas_hold_their_leases_lose_races_without_overwriting_and_leave_at_
     // once, long before its duration.
     b.release().await.unwrap();
     wait_for(&mut observed, &["fleetscope-0"]).await;
-    let released = api.get(b.name()).await.unwrap().spec.unwrap();
+    let released = raw.get(b.name()).await.unwrap().spec.unwrap();
     assert_eq!(released.holder_identity, None);
     // Taken up again: a transition.
     b.renew(&published("10.0.0.2:50051")).await.unwrap();
     wait_for(&mut observed, &["fleetscope-0", "fleetscope-1"]).await;
-    let again = api.get(b.name()).await.unwrap().spec.unwrap();
+    let again = raw.get(b.name()).await.unwrap().spec.unwrap();
     assert_eq!(again.lease_transitions, Some(1));
 
     // A deleted Lease leaves the ring too.
-    api.delete(a.name(), &Default::default()).await.unwrap();
+    raw.delete(a.name(), &Default::default()).await.unwrap();
     wait_for(&mut observed, &["fleetscope-1"]).await;
 
     stop.cancel();
@@ -144,14 +147,14 @@ fn cluster_names(n: usize) -> Vec<String> {
 }
 
 struct Running {
-    config: fleetscope::shard::member::MembershipConfig,
-    view: watch::Receiver<fleetscope::shard::member::View>,
+    config: fleetscope_ring::member::MembershipConfig,
+    view: watch::Receiver<fleetscope_ring::member::View>,
     stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
-fn member(api: &Api<Lease>, identity: &str, replication: usize) -> Running {
-    use fleetscope::shard::member::{self, MembershipConfig, View};
+fn member(api: &Leases, identity: &str, replication: usize) -> Running {
+    use fleetscope_ring::member::{self, MembershipConfig, View};
     let config = MembershipConfig {
         ring: RING.into(),
         identity: identity.into(),
@@ -180,9 +183,12 @@ fn member(api: &Api<Lease>, identity: &str, replication: usize) -> Running {
 
 impl Running {
     fn owned(&self, clusters: &[String]) -> Vec<String> {
-        self.view
-            .borrow()
-            .owned(tokio::time::Instant::now(), &self.config, clusters)
+        fleetscope::shard::owner::owned(
+            &self.view.borrow(),
+            tokio::time::Instant::now(),
+            &self.config,
+            clusters,
+        )
     }
 
     async fn until(&mut self, what: &str, cond: impl Fn(&Self) -> bool) {
@@ -205,7 +211,7 @@ impl Running {
 async fn replicas_split_the_clusters_take_over_a_leaver_s_and_a_cut_off_one_is_fenced() {
     let (fleet, _dir, kubeconfig) = common::fleet_with_kubeconfig(1, 0).await;
     let client = common::kube_client(&kubeconfig, "sim-1").await;
-    let api: Api<Lease> = Api::namespaced(client, "default");
+    let api = Leases::new(client, "default");
     let clusters = cluster_names(40);
     let mut a = member(&api, "fleetscope-0", 1);
     let mut b = member(&api, "fleetscope-1", 1);

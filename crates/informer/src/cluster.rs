@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use fleetscope_model::{ClusterName, ResourceType};
 use tokio::sync::{mpsc, watch};
@@ -468,14 +468,10 @@ impl Cluster {
         self.report.connected(&self.name, &conn.server);
         self.outage.server(&conn.server);
         self.outage.recovered("connect");
-        // Renew an expiring credential a minute ahead (at least 10 s from now).
-        let renew = conn.expires.map(|at| {
-            let left = at
-                .duration_since(SystemTime::now())
-                .unwrap_or_default()
-                .saturating_sub(Duration::from_secs(60));
-            tokio::time::Instant::now() + left.max(Duration::from_secs(10))
-        });
+        // Renew an expiring credential ahead of its expiry.
+        let renew = conn
+            .expires
+            .map(|at| tokio::time::Instant::now() + source::renew_in(at));
         let mut backoff = Backoff::new(
             self.config.stream.backoff_start,
             self.config.stream.backoff_cap,

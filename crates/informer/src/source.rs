@@ -345,6 +345,82 @@ pub async fn client(
     Ok((conn.client, conn.expires))
 }
 
+/// How long before its expiry an exec credential is fetched again.
+const RENEW_AHEAD: std::time::Duration = std::time::Duration::from_secs(60);
+/// The soonest an exec credential is fetched again after the last fetch.
+const RENEW_SOONEST: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long from now a credential that expires `at` is renewed: a minute ahead of
+/// its expiry, as client-go's exec authenticator does, and never sooner than 10 s.
+pub fn renew_in(at: std::time::SystemTime) -> std::time::Duration {
+    at.duration_since(std::time::SystemTime::now())
+        .unwrap_or_default()
+        .saturating_sub(RENEW_AHEAD)
+        .max(RENEW_SOONEST)
+}
+
+/// The work that keeps a [`renewing_client`]'s credential fresh, for the caller to
+/// run as a task of its own.
+pub type Renewal = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A client for `source` that always sends the newest credential: when its exec
+/// plugin gives one that expires (EKS, GKE and most cloud logins do, within minutes
+/// to an hour), the [`Renewal`] returned with it fetches one again ahead of the
+/// expiry ([`renew_in`]) until `stop`, retrying a failed fetch with backoff while
+/// the credential in hand still works. No renewal when the credential does not
+/// expire.
+pub async fn renewing_client(
+    source: &ClusterSource,
+    exec_timeout: std::time::Duration,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(kube::Client, Option<Renewal>), SourceError> {
+    use std::sync::{Arc, RwLock};
+    let (first, expires) = client(source, exec_timeout).await?;
+    let Some(expires) = expires else {
+        return Ok((first, None));
+    };
+    let namespace = first.default_namespace().to_string();
+    let current = Arc::new(RwLock::new(first));
+    let renewed = current.clone();
+    let source = source.clone();
+    let renewal = async move {
+        let mut expires = expires;
+        let mut retry = RENEW_SOONEST;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(renew_in(expires)) => {}
+                _ = stop.cancelled() => return,
+            }
+            match client(&source, exec_timeout).await {
+                Ok((fresh, next)) => {
+                    *renewed.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                    tracing::debug!(cluster = %source.name, "the credential was renewed");
+                    retry = RENEW_SOONEST;
+                    match next {
+                        Some(next) => expires = next,
+                        // No longer expiring: the one in hand serves from now on.
+                        None => return,
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = %source.name, error = %chain(&e), "renewing the credential failed: retrying");
+                    retry = (retry * 2).min(RENEW_AHEAD);
+                    // Retried after `retry`, however close the expiry.
+                    expires = std::time::SystemTime::now() + RENEW_AHEAD + retry;
+                }
+            }
+        }
+    };
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let newest = current.read().unwrap_or_else(|e| e.into_inner()).clone();
+        async move { newest.send(request).await }
+    });
+    Ok((
+        kube::Client::new(service, namespace),
+        Some(Box::pin(renewal)),
+    ))
+}
+
 /// The kube client configuration of one source (its server URL, credentials, TLS).
 async fn config(source: &ClusterSource) -> Result<kube::Config, SourceError> {
     let path = match &source.origin {

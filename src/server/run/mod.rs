@@ -489,6 +489,23 @@ fn context_source(
         })
 }
 
+/// The ring's Leases in `namespace` of the coordination cluster `source`, their
+/// credential (when it expires) renewed by a task until `stop`.
+async fn coordination(
+    source: &fleetscope_informer::ClusterSource,
+    namespace: &str,
+    exec_timeout: Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<fleetscope_ring::leases::Leases, RunError> {
+    let (leases, renewal) =
+        fleetscope_ring::leases::Leases::connect(source, namespace, exec_timeout, stop.clone())
+            .await?;
+    if let Some(renewal) = renewal {
+        crate::tasks::spawn("coordination-credential", renewal);
+    }
+    Ok(leases)
+}
+
 /// The key page tokens are signed with, kept in the data directory (made by
 /// [`private`]) so tokens a client holds stay good across a restart; made the first time.
 fn token_key(dir: &std::path::Path) -> Result<crate::grpc::TokenKey, RunError> {

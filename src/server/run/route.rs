@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use super::{
-    RunError, SHUTDOWN_GRACE, bind_metrics, check_security, context_source, secure, serve_metrics,
+    RunError, SHUTDOWN_GRACE, bind_metrics, check_security, context_source, coordination, secure,
+    serve_metrics,
 };
 use crate::config::reload::{self, ConfigFile, Reloads};
 use crate::grpc::FleetService;
@@ -34,16 +35,22 @@ pub async fn router(
     let listener = server::bind(&args.listener.listen).await?;
     let metrics = bind_metrics(&args.listener).await?;
     let stop = tokio_util::sync::CancellationToken::new();
-    let client = crate::shard::coordination::client(&source, EXEC_TIMEOUT, stop.clone()).await?;
-    let api = kube::Api::namespaced(client, &args.ring.shard_lease_namespace);
-    let (observed_tx, observed) = tokio::sync::watch::channel(crate::shard::lease::Observed::new(
-        &ring,
-        args.ring.shard_lease_duration,
-        crate::shard::seal::LeaseKey::of(&key),
-    ));
+    let leases = coordination(
+        &source,
+        &args.ring.shard_lease_namespace,
+        EXEC_TIMEOUT,
+        &stop,
+    )
+    .await?;
+    let (observed_tx, observed) =
+        tokio::sync::watch::channel(fleetscope_ring::lease::Observed::new(
+            &ring,
+            args.ring.shard_lease_duration,
+            crate::shard::lease_key(&key),
+        ));
     crate::tasks::spawn(
         "lease-follower",
-        crate::shard::lease::follow(api, ring.clone(), observed_tx, stop.clone()),
+        fleetscope_ring::lease::follow(leases, ring.clone(), observed_tx, stop.clone()),
     );
     tracing::info!(%ring, "routing to the ring's replicas");
     let router = std::sync::Arc::new(crate::router::Router::new(

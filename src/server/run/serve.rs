@@ -133,17 +133,17 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                     "--shard-ring and --shard-identity: {named:?} cannot be sent in a header"
                 ))
             })?);
-            let client = crate::shard::coordination::client(
+            let leases = super::coordination(
                 &source,
+                &args.shard.ring.shard_lease_namespace,
                 args.engine.exec_timeout,
-                reload.clone(),
+                &reload,
             )
             .await?;
-            let api = kube::Api::namespaced(client, &args.shard.ring.shard_lease_namespace);
             let engine = fleet.clone();
             let resume = fleet.clone();
             Some(crate::shard::replica::Replica::start(
-                api,
+                leases,
                 membership,
                 advertise,
                 desired.clone(),

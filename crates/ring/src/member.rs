@@ -9,14 +9,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::assign;
-use super::lease::{self, Member, Observed, OwnLease};
+use crate::lease::{self, Member, Observed, OwnLease};
+use crate::leases::Leases;
 
 /// How a replica takes part in its ring.
 #[derive(Debug, Clone)]
@@ -32,7 +30,7 @@ pub struct MembershipConfig {
     /// Owners per cluster (1 or 2).
     pub replication: usize,
     /// What the ring's Leases are sealed with (derived from the ring's key).
-    pub key: super::seal::LeaseKey,
+    pub key: crate::seal::LeaseKey,
 }
 
 /// The ring as this replica sees it.
@@ -60,55 +58,50 @@ impl View {
     pub fn members(&self, now: Instant) -> Vec<Member> {
         self.observed.alive(now)
     }
-
-    /// The clusters of `clusters` that `identity` owns `now` with `replication`
-    /// owners each; none while it is fenced.
-    pub fn owned(
-        &self,
-        now: Instant,
-        config: &MembershipConfig,
-        clusters: &[String],
-    ) -> Vec<String> {
-        if self.fenced(now, config.lease_duration) {
-            return Vec::new();
-        }
-        let members: Vec<String> = self.members(now).into_iter().map(|m| m.identity).collect();
-        clusters
-            .iter()
-            .filter(|c| {
-                assign::owners(c, &members, config.replication).contains(&config.identity.as_str())
-            })
-            .cloned()
-            .collect()
-    }
 }
 
 /// Keeps this replica in its ring until `stop`: renews its Lease every renew period
 /// with what `published` holds (its address, the clusters it serves), follows the
 /// ring's Leases, and publishes the view to `view`; then releases the Lease.
 pub async fn run(
-    api: Api<Lease>,
+    leases: Leases,
     config: MembershipConfig,
     published: watch::Receiver<BTreeMap<String, String>>,
     view: watch::Sender<View>,
     stop: CancellationToken,
 ) {
-    let (observed_tx, mut observed) = watch::channel(Observed::new(
+    let (observed_tx, observed) = watch::channel(Observed::new(
         &config.ring,
         config.lease_duration,
         config.key.clone(),
     ));
-    let follower = crate::tasks::spawn(
-        "lease-follower",
-        lease::follow(api.clone(), config.ring.clone(), observed_tx, stop.clone()),
+    let follower = lease::follow(
+        leases.clone(),
+        config.ring.clone(),
+        observed_tx,
+        stop.clone(),
     );
-    let mut own = OwnLease::new(
-        api,
+    let own = OwnLease::new(
+        leases,
         &config.ring,
         &config.identity,
         config.lease_duration,
         config.key.clone(),
     );
+    // The Leases are followed while this replica's own is renewed, in this task.
+    tokio::join!(follower, keep(own, config, published, view, observed, stop));
+}
+
+/// Renews this replica's own Lease every renew period until `stop`, publishing the
+/// ring as `observed` shows it to `view`; then releases the Lease.
+async fn keep(
+    mut own: OwnLease,
+    config: MembershipConfig,
+    published: watch::Receiver<BTreeMap<String, String>>,
+    view: watch::Sender<View>,
+    mut observed: watch::Receiver<Observed>,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(config.renew_period);
     // The last failure logged: the same failure again is not logged every period.
     let mut failing: Option<String> = None;
@@ -121,7 +114,7 @@ pub async fn run(
                 if view.borrow().fenced(sent, config.lease_duration) {
                     // After a gap (this replica fenced, or not running) it claims no
                     // cluster ready until its owner has decided again what is current.
-                    annotations.insert(super::owner::READY.to_string(), String::new());
+                    annotations.insert(crate::vocabulary::READY.to_string(), String::new());
                 }
                 match own.renew(&annotations).await {
                     Ok(()) => {
@@ -134,7 +127,7 @@ pub async fn run(
                         });
                     }
                     Err(e) => {
-                        let text = crate::sources::chain(&e);
+                        let text = fleetscope_informer::source::chain(&e);
                         if failing.as_deref() != Some(text.as_str()) {
                             tracing::warn!(ring = %config.ring, lease = own.name(), error = %text, "lease renewal failed");
                             failing = Some(text.clone());
@@ -159,5 +152,4 @@ pub async fn run(
     if let Err(e) = own.release().await {
         tracing::warn!(ring = %config.ring, lease = own.name(), error = %e, "lease release failed: the others count this replica gone after the lease duration");
     }
-    let _ = follower.await;
 }

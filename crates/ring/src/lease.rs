@@ -9,7 +9,7 @@
 //! within its duration by this replica's own clock (clocks of different machines are
 //! never compared). Releasing clears the holder, so the others see the replica leave
 //! at once instead of after the duration. Every Lease is sealed with the ring's key
-//! ([`super::seal`]): one that is not counts for nothing, whoever wrote it.
+//! ([`crate::seal`]): one that is not counts for nothing, whoever wrote it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,14 +22,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::seal::{self, LeaseKey, Refused};
-
-/// The label every Lease of a ring carries, naming the ring.
-pub const RING_LABEL: &str = "fleetscope.io/ring";
-
-/// The annotation naming the process that holds a Lease (random for each start), so
-/// that two processes given one identity tell each other apart.
-pub const INSTANCE: &str = "fleetscope.io/instance";
+use crate::seal::{self, LeaseKey, Refused};
+use crate::vocabulary::{INSTANCE, RING_LABEL};
 
 /// Why a Lease could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -93,14 +87,14 @@ pub struct OwnLease {
 impl OwnLease {
     /// `identity`'s Lease in `ring`, in the namespace of `api`.
     pub fn new(
-        api: Api<Lease>,
+        leases: crate::leases::Leases,
         ring: &str,
         identity: &str,
         duration: Duration,
         key: LeaseKey,
     ) -> Self {
         Self {
-            api,
+            api: leases.api,
             name: lease_name(ring, identity),
             ring: ring.to_string(),
             identity: identity.to_string(),
@@ -420,7 +414,7 @@ impl Observed {
             Some(p) if latest == Some(signed_at) => p.changed_at,
             _ => now,
         };
-        if let Some(c) = annotations.get(super::owner::CLUSTERS)
+        if let Some(c) = annotations.get(crate::vocabulary::CLUSTERS)
             && self
                 .clusters
                 .as_ref()
@@ -506,11 +500,12 @@ impl Observed {
 /// gone or the API server fails), each change published to `observed` as it is seen,
 /// until `stop`. Membership is watched, never polled.
 pub async fn follow(
-    api: Api<Lease>,
+    leases: crate::leases::Leases,
     ring: String,
     observed: watch::Sender<Observed>,
     stop: CancellationToken,
 ) {
+    let api = leases.api;
     let ring = ring.as_str();
     let selector = format!("{RING_LABEL}={ring}");
     let retry = Duration::from_secs(1);
@@ -617,7 +612,7 @@ mod tests {
     use super::*;
 
     fn key() -> LeaseKey {
-        LeaseKey::of(&crate::grpc::TokenKey::new(&[3; 32]))
+        LeaseKey::derived(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &[3; 32]))
     }
 
     /// A Lease sealed with [`key`], signed at `rv` (each test's versions rise).
@@ -675,11 +670,11 @@ mod tests {
             .annotations
             .as_mut()
             .unwrap()
-            .insert(super::super::owner::READY.into(), "every,cluster".into());
+            .insert(crate::vocabulary::READY.into(), "every,cluster".into());
         assert_eq!(seen.saw(&edited, t0), Err(Refused::BadSignature));
         // Sealed with another ring's key.
         let mut other = BTreeMap::new();
-        LeaseKey::of(&crate::grpc::TokenKey::new(&[4; 32])).seal(
+        LeaseKey::derived(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &[4; 32])).seal(
             "ring-b",
             Some("b"),
             &mut other,
@@ -723,7 +718,7 @@ mod tests {
         assert_eq!(seen.ring_clusters(), None);
         let with = |name: &str, id: &str, at: &str, clusters: &str| {
             let mut annotations = BTreeMap::from([(
-                super::super::owner::CLUSTERS.to_string(),
+                crate::vocabulary::CLUSTERS.to_string(),
                 clusters.to_string(),
             )]);
             key().seal(name, Some(id), &mut annotations, at.parse().unwrap());

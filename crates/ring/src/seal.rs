@@ -11,8 +11,6 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 
-use crate::grpc::TokenKey;
-
 /// The annotation holding a Lease's signature (base64url, no padding).
 pub const SIGNATURE: &str = "fleetscope.io/signature";
 /// The annotation holding when a Lease was signed (milliseconds since the Unix
@@ -50,9 +48,10 @@ pub enum Refused {
 }
 
 impl LeaseKey {
-    /// The Lease key of the ring whose page token key is `key`.
-    pub fn of(key: &TokenKey) -> Self {
-        Self(key.derive(PURPOSE))
+    /// The Lease key of a ring, derived from the ring's key by `derive` (given what
+    /// the key is for, it returns a key for that purpose alone).
+    pub fn derived(derive: impl FnOnce(&[u8]) -> ring::hmac::Key) -> Self {
+        Self(derive(PURPOSE))
     }
 
     /// What a signature covers: each part with its length first, so that no two
@@ -135,7 +134,7 @@ mod tests {
     use super::*;
 
     fn key(byte: u8) -> LeaseKey {
-        LeaseKey::of(&TokenKey::new(&[byte; 32]))
+        LeaseKey::derived(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &[byte; 32]))
     }
 
     fn annotations() -> BTreeMap<String, String> {
