@@ -349,6 +349,15 @@ impl Collector for FleetCollector {
         // One summary, read at once: what the engine reports to operators.
         let observed = engine.observe();
         stream_metrics(&mut e, &observed)?;
+        let dropped = observed.watches_dropped;
+        family(
+            &mut e,
+            "fleetscope_watch_subscribers_dropped",
+            "Watch streams the server ended for not keeping up, by reason: unread (events left unread for --watch-stall-timeout), behind (fell further behind than the event log holds). Each is told where to resume.",
+            MetricType::Counter,
+            [("unread", dropped.unread), ("behind", dropped.behind)]
+                .map(|(reason, n)| (vec![("reason", reason.to_string())], ConstCounter::new(n))),
+        )?;
         cluster_metrics(&mut e, &observed)?;
         if let Some(store) = &observed.store {
             store_metrics(&mut e, store)?;
@@ -700,6 +709,20 @@ fn store_metrics(
         "How long the last store write took.",
         MetricType::Gauge,
         one(seconds(s.last_flush)),
+    )?;
+    single(
+        e,
+        "fleetscope_store_snapshot_in_progress",
+        "1 while a snapshot of the index is being written, 0 otherwise.",
+        MetricType::Gauge,
+        ConstGauge::new(i64::from(s.snapshot_in_progress)),
+    )?;
+    single(
+        e,
+        "fleetscope_store_compaction_in_progress",
+        "1 while the store is being compacted, 0 otherwise.",
+        MetricType::Gauge,
+        ConstGauge::new(i64::from(s.compaction_in_progress)),
     )?;
     single(
         e,

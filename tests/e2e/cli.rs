@@ -698,8 +698,7 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
             .await
             .unwrap();
     // Wait until the type is collected, then hold a Watch open.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let mut stream = loop {
+    let mut stream = common::eventually("configmaps collected", async || {
         let req = fleetscope::proto::WatchRequest {
             query: Some(fleetscope::proto::Query {
                 resource: "configmaps".into(),
@@ -707,34 +706,17 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
             }),
             ..Default::default()
         };
-        match client.watch(req).await {
-            Ok(s) => break s.into_inner(),
-            Err(e) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "never collected: {e}"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        }
-    };
+        client.watch(req).await
+    })
+    .await
+    .into_inner();
     // It holds the cluster's objects before it is stopped.
-    loop {
-        let clusters = client
-            .list_clusters(fleetscope::proto::ListClustersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .clusters;
-        if clusters
+    common::wait_for_clusters(&mut client, "synced", |r| {
+        r.clusters
             .iter()
             .all(|c| c.freshness() == fleetscope::proto::Freshness::Synced)
-        {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never synced");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let pid = child.id().to_string();
     assert!(
         Command::new("kill")
@@ -1060,21 +1042,19 @@ async fn watch_json_resumes_across_a_crash(preload: usize) {
 
 /// Runs the CLI until its output satisfies `done` (at most PATIENCE), returning it.
 async fn cli_until(server: &str, args: &[&str], done: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let out = run_cli(server, args).await;
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        if out.status.success() && done(&text) {
-            return text;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "fleetscope {}: {text}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    common::eventually(
+        format!("fleetscope {} shows what is expected", args.join(" ")),
+        async || {
+            let out = run_cli(server, args).await;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            if out.status.success() && done(&text) {
+                Ok(text)
+            } else {
+                Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -1370,22 +1350,22 @@ async fn watch_json_lists_again_by_itself_when_its_position_is_gone() {
             .unwrap();
     };
     // The Watch is open once the first change reaches it.
-    let deadline = std::time::Instant::now() + PATIENCE;
     let mut first = 0;
-    let mut shown_before: Vec<String> = loop {
+    let mut shown_before: Vec<String> = common::eventually("the Watch opens", async || {
         first += 1;
         create(&format!("first-{first}"));
-        if let Ok(line) = lines.recv_timeout(std::time::Duration::from_millis(500)) {
-            let e: serde_json::Value = serde_json::from_str(&line).unwrap();
-            break vec![
-                e["object"]["metadata"]["name"]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
-            ];
-        }
-        assert!(std::time::Instant::now() < deadline, "the Watch opens");
-    };
+        let line = lines
+            .recv_timeout(std::time::Duration::from_millis(500))
+            .ok()?;
+        let e: serde_json::Value = serde_json::from_str(&line).unwrap();
+        Some(vec![
+            e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        ])
+    })
+    .await;
     create("kept");
     create("doomed");
     shown_before.extend(until("ADDED", "doomed").into_iter().map(|(_, n)| n));
@@ -1404,14 +1384,12 @@ async fn watch_json_lists_again_by_itself_when_its_position_is_gone() {
     server = serve_on(port, &kubeconfig, None, &log);
     common::wait_serving(&format!("http://{addr}")).await;
     // Once the CLI has listed again, a change made then follows what the list told.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while !std::fs::read_to_string(&errors)
-        .unwrap_or_default()
-        .contains("listed again")
-    {
-        assert!(std::time::Instant::now() < deadline, "the CLI lists again");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::eventually("the CLI says it listed again", async || {
+        std::fs::read_to_string(&errors)
+            .unwrap_or_default()
+            .contains("listed again")
+    })
+    .await;
     create("after-restart");
     let shown = until("ADDED", "after-restart");
     for event in [

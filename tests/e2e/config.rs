@@ -9,7 +9,6 @@
 use crate::common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::process::{BIN, Server, free_port};
 use common::{PATIENCE, replace};
@@ -179,16 +178,11 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
     .await;
     for (name, want) in ["sim-1", "second"].into_iter().zip(team_1) {
         assert!(want > 0);
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while configmaps(&mut c, name, None).await != want
-            || configmaps(&mut c, name, Some("team-1")).await != want
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name}: team-1 never held alone"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        common::eventually(format!("{name}: team-1 held alone"), async || {
+            configmaps(&mut c, name, None).await == want
+                && configmaps(&mut c, name, Some("team-1")).await == want
+        })
+        .await;
     }
     // One streaming list (a WATCH that goes on) per cluster for the moved configmaps,
     // the same for the new pods; no LIST; nothing for namespaces.

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::process::Server;
-use common::{Churn, ChurnSpec, PATIENCE, truth};
+use common::{Churn, ChurnSpec, truth};
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{ListRequest, Query};
 use fleetscope_sim::store::ReadAt;
@@ -185,20 +185,11 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
         }
         let mut server = serve(&kubeconfig, &data, &log);
         // Serves: after the first round, at once from the store.
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(pods) = listed(server.port, "pods").await
-                && (round == 0 || !pods.is_empty())
-            {
-                break;
-            }
+        common::eventually(format!("round {round}: served"), async || {
             server.assert_running(&log);
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "round {round}: never served"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            matches!(listed(server.port, "pods").await, Some(pods) if round == 0 || !pods.is_empty())
+        })
+        .await;
         // The kill lands somewhere in the next 0–400 ms of ingest and writes.
         tokio::time::sleep(Duration::from_millis(next() % 400)).await;
         server.kill();
@@ -216,19 +207,12 @@ async fn sigkill_at_random_moments_under_write_load_fifty_times() {
     churn.stop().await;
     let last = serve(&kubeconfig, &data, &log);
     let port = last.port;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     for resource in ["configmaps", "pods"] {
         let want = truth(&fleet, resource);
-        loop {
-            if listed(port, resource).await.as_ref() == Some(&want) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{resource}: never converged"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::eventually(format!("{resource} converged"), async || {
+            listed(port, resource).await.as_ref() == Some(&want)
+        })
+        .await;
     }
     let logged = std::fs::read_to_string(&log).unwrap();
     let compactions = logged.matches("store compacted").count();
@@ -334,31 +318,22 @@ async fn a_full_disk_makes_answers_stale_and_writes_resume_once_space_frees() {
         },
     );
     // The disk fills: every answer says it is not current, none reads SYNCED.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some((error, freshness, why)) = store_state(server.port).await
-            && !error.is_empty()
-        {
-            assert_eq!(freshness, Freshness::Stale as i32, "{why}");
-            assert!(why.contains("store"), "{why}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the disk fills");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_, freshness, why) = common::eventually("the disk fills", async || {
+        store_state(server.port)
+            .await
+            .filter(|(error, _, _)| !error.is_empty())
+    })
+    .await;
+    assert_eq!(freshness, Freshness::Stale as i32, "{why}");
+    assert!(why.contains("store"), "{why}");
     for _ in 0..10 {
         // The error's text may change between two reads (a write fails, then the
         // reopening): read until both calls tell the same.
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        let (error, freshness, _) = loop {
-            if let Some(state) = store_state(server.port).await {
-                break state;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "ListClusters and GetStore agree"
-            );
-        };
+        let (error, freshness, _) =
+            common::eventually("ListClusters and GetStore agree", async || {
+                store_state(server.port).await
+            })
+            .await;
         assert!(!error.is_empty(), "still full");
         assert_ne!(
             freshness,
@@ -385,40 +360,28 @@ async fn a_full_disk_makes_answers_stale_and_writes_resume_once_space_frees() {
     // Space frees: writes resume by themselves, and answers are current again.
     disk.resize("64m");
     let freed = tokio::time::Instant::now();
-    let deadline = freed + PATIENCE;
-    loop {
-        if let Some((error, freshness, _)) = store_state(server.port).await
-            && error.is_empty()
-            && freshness == Freshness::Synced as i32
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "writes resume: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually(common::with_log("writes resume", &log), async || {
+        matches!(store_state(server.port).await,
+            Some((error, freshness, _)) if error.is_empty() && freshness == Freshness::Synced as i32)
+    })
+    .await;
     eprintln!(
         "writes resumed and answers were current {:?} after space freed",
         freed.elapsed()
     );
     churn.stop().await;
     let expected = truth(&fleet, "configmaps");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while listed(server.port, "configmaps").await.as_ref() != Some(&expected) {
-        assert!(tokio::time::Instant::now() < deadline, "converges");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("converges", async || {
+        listed(server.port, "configmaps").await.as_ref() == Some(&expected)
+    })
+    .await;
     // What it wrote after the stall is whole on disk: a SIGKILL and a restart serve it.
     server.kill();
     let server = Server::start(&kubeconfig, &args, &log);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while listed(server.port, "configmaps").await.as_ref() != Some(&expected) {
-        assert!(tokio::time::Instant::now() < deadline, "restarts whole");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("restarts whole", async || {
+        listed(server.port, "configmaps").await.as_ref() == Some(&expected)
+    })
+    .await;
     drop(server);
     drop(disk);
     fleet.shutdown().await;

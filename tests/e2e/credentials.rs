@@ -10,7 +10,6 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self, ListClustersRequest};
@@ -108,19 +107,16 @@ exit 7"#,
     );
     let url = server.url();
     common::wait_serving(&url).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let (failed, hung) = loop {
+    let (failed, hung) = common::eventually("both clusters reported", async || {
         let failed = cluster_status(&url, "failing").await;
         let hung = cluster_status(&url, "hanging").await;
         if !failed.last_error.is_empty() && hung.freshness == proto::Freshness::Error as i32 {
-            break (failed, hung);
+            Ok((failed, hung))
+        } else {
+            Err(format!("{failed:#?} {hung:#?}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never reported: {failed:#?} {hung:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     for (error, says) in [
         (&failed.last_error, "fail-plugin"),
         (&failed.last_error, "exit status 7"),
@@ -180,44 +176,30 @@ exit 7"#,
         &log,
     );
     // (Not ready: a cluster is still connecting through the plugin.)
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let plugin_pids = loop {
+    let plugin_pids = common::eventually("the hanging plugin runs", async || {
         let text = std::fs::read_to_string(&pids).unwrap_or_default();
         let found: Vec<String> = text.split_whitespace().map(str::to_string).collect();
-        if found.len() >= 2 {
-            break found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the hanging plugin never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (found.len() >= 2).then_some(found)
+    })
+    .await;
     let term = std::process::Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
         .status()
         .unwrap();
     assert!(term.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "serve did not end within its grace period after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = common::eventually_within(
+        Duration::from_secs(30),
+        "serve ends within its grace period after SIGTERM",
+        async || server.child.try_wait().unwrap(),
+    )
+    .await;
     assert!(status.success(), "serve ended with {status}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for pid in &plugin_pids {
-        while running(pid) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "plugin process {pid} outlived the server"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::eventually_within(
+            Duration::from_secs(20),
+            format!("plugin process {pid} ends with the server"),
+            async || !running(pid),
+        )
+        .await;
     }
 }

@@ -36,8 +36,7 @@ fn truth(h: &Harness, id: &str) -> u64 {
 /// Waits until the index holds what the clusters hold of `resource`.
 async fn holds_all(h: &Harness, resource: &str, id: &str) {
     let mut c = h.client().await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually(format!("the index holds every {resource}"), async || {
         let want = truth(h, id);
         let got = c
             .count(CountRequest {
@@ -50,14 +49,12 @@ async fn holds_all(h: &Harness, resource: &str, id: &str) {
             .await
             .map(|r| r.into_inner().total);
         if got.as_ref().is_ok_and(|&n| n == want && n > 0) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("the index holds {got:?}, the clusters {want}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{resource}: the index holds {got:?}, the clusters {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -202,9 +199,8 @@ async fn a_kept_discovery_answer_starts_a_custom_type_while_discovery_fails() {
     common::add_widgets(h.cluster(0), &["w"]);
     // Discovery is asked again every 500 ms: wait for an answer that has widgets (it
     // is kept in the store as it arrives).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     let cluster = fleetscope_model::ClusterName::from("sim-1");
-    common::until(deadline, "widgets never discovered", || {
+    common::eventually("widgets discovered", async || {
         h.engine
             .status_for_tests()
             .cluster(&cluster)
@@ -264,8 +260,7 @@ async fn an_aggregated_api_that_is_down_keeps_its_types_and_the_cluster_synced()
     let c = h.cluster(0);
     c.fail_group_version("apps/v1", true);
     let before = c.requests_of(Verb::Discovery);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    common::until(deadline, "discovery stopped", || {
+    common::eventually("thirty more discoveries", async || {
         c.requests_of(Verb::Discovery) >= before + 30
     })
     .await;
@@ -373,8 +368,7 @@ async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store()
             .cluster(&fleetscope_model::ClusterName::from(name))
             .is_some_and(|c| !c.served.is_empty())
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    common::until(deadline, "both discovered", || {
+    common::eventually("both discovered", async || {
         discovered("sim-1") && discovered("sim-2")
     })
     .await;
@@ -382,7 +376,7 @@ async fn a_cluster_removed_at_run_time_leaves_no_discovery_answer_in_the_store()
         sources.into_iter().filter(|s| s.name == "sim-1").collect(),
     ));
     let gone = fleetscope_model::ClusterName::from("sim-2");
-    common::until(deadline, "sim-2 left", || {
+    common::eventually("sim-2 left", async || {
         engine.status_for_tests().cluster(&gone).is_none()
     })
     .await;
@@ -419,14 +413,13 @@ async fn discovery_that_streams_wait_on_asks_for_several_group_versions_at_once(
         fleetscope::sources::resolve(&[kubeconfig], &[]).unwrap(),
         test_config(&["*"]),
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    common::until(deadline, "two group versions asked for at once", || {
+    common::eventually("two group versions asked for at once", async || {
         cluster.group_versions_in_flight() >= 2
     })
     .await;
     cluster.hold_group_versions(false);
     let name = fleetscope_model::ClusterName::from("sim-1");
-    common::until(deadline, "every type synced", || {
+    common::eventually("every type synced", async || {
         engine.status_for_tests().cluster(&name).is_some_and(|c| {
             c.freshness(None).0 == fleetscope::status::Freshness::Synced
                 && c.streams.keys().any(|r| r == "deployments.apps")

@@ -988,8 +988,7 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
 
     let store = &h.cluster(0).store;
     common::add_widgets(h.cluster(0), &["w"]);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("the new type collected", async || {
         let r = c
             .count(CountRequest {
                 query: Some(query("widgets")),
@@ -997,18 +996,15 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
             })
             .await;
         if r.as_ref().is_ok_and(|r| r.get_ref().total == 1) {
-            break;
+            Ok(())
+        } else {
+            Err(r)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new type was never collected: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     store.remove_resource("widgets.example.com");
     // Once no cluster serves it, the type is unknown again: NOT_FOUND, and not listed.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("the vanished type no longer answered", async || {
         let r = c
             .count(fleetscope::proto::CountRequest {
                 query: Some(query("widgets.example.com")),
@@ -1016,14 +1012,12 @@ async fn custom_resources_that_appear_later_are_collected_and_dropped_when_gone(
             })
             .await;
         if r.as_ref().is_err_and(|e| e.code() == tonic::Code::NotFound) {
-            break;
+            Ok(())
+        } else {
+            Err(r)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the vanished type is still answered: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let listed = c
         .list_resource_types(fleetscope::proto::ListResourceTypesRequest::default())
         .await
@@ -1045,18 +1039,11 @@ async fn an_in_cluster_source_outside_a_cluster_is_reported_not_fatal() {
         vec![fleetscope::sources::ClusterSource::in_cluster("home")],
         test_config(&["pods"]),
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let status = loop {
+    let status = common::eventually("a status for the in-cluster source", async || {
         let s = engine.status_for_tests().cluster(&"home".into()).unwrap();
-        if s.error.is_some() {
-            break s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no status for the in-cluster source"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        s.error.is_some().then_some(s)
+    })
+    .await;
     assert!(status.error.unwrap().contains("in-cluster"));
     engine.shutdown(Duration::from_secs(5)).await;
 }
@@ -1138,15 +1125,11 @@ async fn an_object_nested_two_hundred_levels_deep_is_matched_and_projected_corre
             .items
         }
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let found = loop {
+    let found = common::eventually("the uid matches", async || {
         let found = list(format!("metadata.uid={uid}"), proto::Projection::Full).await;
-        if !found.is_empty() {
-            break found;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never matched");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].name, "deep");
     // `!=` does not match it, and a path at the bottom of the nesting is read.

@@ -16,6 +16,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::common::eventually_blocking;
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::Value;
 
@@ -471,15 +472,6 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
     );
 }
 
-/// Waits (at most 30 s) until `done` holds, re-checking as the controllers work.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// The objects of type `id` in `namespace`, as the cluster holds them.
 fn held_in(fleet: &SimFleet, id: &str, namespace: &str) -> Vec<Value> {
     let store = &fleet.servers()[0].cluster().store;
@@ -572,7 +564,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
         let old = r["metadata"]["name"] == first_rs.as_str();
         assert_eq!(r["spec"]["replicas"], if old { 0 } else { 3 }, "{r}");
     }
-    eventually("three pods of nginx:2 only", || {
+    eventually_blocking("three pods of nginx:2 only", || {
         let p = pods("shop");
         p.len() == 3
             && p.iter()
@@ -584,13 +576,13 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
     // Scaling, and a deleted pod replaced.
     k.ok(&["scale", "deployment/web", "--replicas", "1", "-n", "shop"]);
     rolled_out(k, "shop", "web");
-    eventually("one pod", || pods("shop").len() == 1);
+    eventually_blocking("one pod", || pods("shop").len() == 1);
     let victim = pods("shop")[0]["metadata"]["name"]
         .as_str()
         .unwrap()
         .to_string();
     k.ok(&["delete", "pod", &victim, "-n", "shop"]);
-    eventually("a replacement pod", || {
+    eventually_blocking("a replacement pod", || {
         let p = pods("shop");
         p.len() == 1 && p[0]["metadata"]["name"] != victim.as_str()
     });
@@ -606,7 +598,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
 
     // The garbage collector: a deleted Deployment takes its ReplicaSets and pods.
     k.ok(&["delete", "deployment", "web", "-n", "shop"]);
-    eventually("no replica sets or pods left", || {
+    eventually_blocking("no replica sets or pods left", || {
         held_in(fleet, "replicasets.apps", "shop").is_empty() && pods("shop").is_empty()
     });
 
@@ -632,7 +624,7 @@ fn controllers(k: &Kubectl, fleet: &SimFleet) {
     rolled_out(k, "doomed", "api");
     assert_eq!(running("doomed"), 1);
     k.ok(&["delete", "namespace", "doomed"]);
-    eventually("namespace doomed emptied", || {
+    eventually_blocking("namespace doomed emptied", || {
         fleet.servers()[0]
             .cluster()
             .store

@@ -6,8 +6,6 @@
 
 use crate::common;
 
-use std::time::Duration;
-
 use common::PATIENCE;
 use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
@@ -86,9 +84,12 @@ async fn hostile_requests_are_bounded_and_answered_clearly() {
     let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(1, 60).await;
     let data = dir.path().join("data");
     let log = dir.path().join("serve.log");
+    let metrics = format!("127.0.0.1:{}", common::process::free_port());
     let server = Server::start(
         &kubeconfig,
         &[
+            "--metrics-listen",
+            &metrics,
             "--data-dir",
             data.to_str().unwrap(),
             "--resources",
@@ -223,16 +224,14 @@ async fn hostile_requests_are_bounded_and_answered_clearly() {
     let store = &fleet.servers()[0].cluster().store;
     let filler = "x".repeat(4096);
     let mut i = 0;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("a Watch left its events unread")
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the unread Watch is ended"
-        );
-        // More than the transport buffers hold, until the server gives up on it.
+    // Fed more than the transport buffers hold, until the server gives up on it: then no
+    // Watch is open (every other one was dropped).
+    common::eventually("the unread Watch is ended", async || {
+        let series = "fleetscope_watch_subscribers_dropped_total{reason=\"unread\"}";
+        let dropped = common::sample(&metrics, series).await;
+        if dropped == Some(1) {
+            return Ok(());
+        }
         for _ in 0..200 {
             store
                 .create(
@@ -243,8 +242,9 @@ async fn hostile_requests_are_bounded_and_answered_clearly() {
                 .unwrap();
             i += 1;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(dropped)
+    })
+    .await;
     let ended = loop {
         match tokio::time::timeout(PATIENCE, unread.message())
             .await
@@ -323,33 +323,29 @@ async fn idle_sockets_are_closed_and_connections_past_the_cap_refused_at_once() 
         .unwrap();
     let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
     // Past the cap: closed at once, and counted.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while refused().await.unwrap_or(0) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the cap is counted");
+    common::eventually("the cap is counted", async || {
+        if refused().await.unwrap_or(0) > 0 {
+            return true;
+        }
         let mut over = tokio::net::TcpStream::connect(&addr).await.unwrap();
         closed(&mut over).await;
-    }
+        false
+    })
+    .await;
     // The idle socket is closed once its handshake time is up.
     closed(&mut idle).await;
     // Its place is free again: a new client is served.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let served = match FleetClient::connect(server.url()).await {
+    common::eventually(
+        "a new client is served",
+        async || match FleetClient::connect(server.url()).await {
             Ok(mut other) => other
                 .list_clusters(proto::ListClustersRequest::default())
                 .await
                 .is_ok(),
             Err(_) => false,
-        };
-        if served {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a new client is served"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        },
+    )
+    .await;
     // The first client was never disturbed.
     c.list_clusters(proto::ListClustersRequest::default())
         .await
@@ -457,16 +453,11 @@ async fn a_count_of_more_groups_than_the_limit_is_refused_and_a_coarser_one_answ
             .await
         }
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match count("namespace").await {
-            Ok(r) if r.get_ref().total as usize >= over => break,
-            _ => {
-                assert!(tokio::time::Instant::now() < deadline, "synced");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    common::eventually(
+        "synced",
+        async || matches!(count("namespace").await, Ok(r) if r.get_ref().total as usize >= over),
+    )
+    .await;
     let e = count("field:metadata.name").await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("50000"), "{}", e.message());
@@ -516,38 +507,31 @@ async fn a_watch_whose_client_stops_answering_leaves_the_count_after_the_keepali
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("the other process watches", async || {
         match watch(&mut c).await {
-            Err(e) if e.code() == Code::ResourceExhausted => break,
-            Ok(w) => drop(w),
+            Err(e) if e.code() == Code::ResourceExhausted => true,
+            Ok(w) => {
+                drop(w);
+                false
+            }
             Err(e) => panic!("{e}"),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the other process watches"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let stopped = std::process::Command::new("kill")
         .args(["-STOP", &held.id().to_string()])
         .status()
         .unwrap();
     assert!(stopped.success());
     let hung = tokio::time::Instant::now();
-    let deadline = hung + PATIENCE;
-    let _mine = loop {
+    let _mine = common::eventually("the hung client's Watch leaves", async || {
         match watch(&mut c).await {
-            Ok(w) => break w,
-            Err(e) if e.code() == Code::ResourceExhausted => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the hung client's Watch never left"
-                );
-            }
+            Ok(w) => Ok(w),
+            Err(e) if e.code() == Code::ResourceExhausted => Err(e),
             Err(e) => panic!("{e}"),
         }
-    };
+    })
+    .await;
     eprintln!(
         "a hung client's Watch left the count {:?} after it hung",
         hung.elapsed()
@@ -584,7 +568,6 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
         names.sort();
         names
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     let before = server.resident_bytes().unwrap();
     // Two ConfigMaps of 60,000 labels each (about 0.9 MB of JSON each, which an API
     // server takes), one of them with a label the others carry too.
@@ -612,10 +595,10 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
         )
         .unwrap();
     // Selected by any of their labels, beside objects whose labels are indexed.
-    while listed(c, "bomb-2-54321=x").await != ["bomb-2"] {
-        assert!(tokio::time::Instant::now() < deadline, "the bombs arrive");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("the bombs arrive", async || {
+        listed(c, "bomb-2-54321=x").await == ["bomb-2"]
+    })
+    .await;
     assert_eq!(listed(c, "kind=bomb-or-plain").await, ["bomb-1", "plain"]);
     assert_eq!(listed(c, "bomb-1-00007").await, ["bomb-1"]);
     assert!(
@@ -644,14 +627,18 @@ async fn an_object_with_a_label_bomb_costs_about_its_size_and_is_still_selected(
     // Once what decoding them took is given back, the two hold a few of their sizes
     // (each took about 80 MB when every label was indexed).
     let grown = || server.resident_bytes().unwrap().saturating_sub(before);
-    while grown() > 24 << 20 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} MB more held for two objects of 0.9 MB",
-            grown() >> 20
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::eventually(
+        "at most 24 MB more held for two objects of 0.9 MB",
+        async || {
+            let mb = grown() >> 20;
+            if mb <= 24 {
+                Ok(())
+            } else {
+                Err(format!("{mb} MB"))
+            }
+        },
+    )
+    .await;
     eprintln!(
         "two objects of 60,000 labels: {:.1} MB more resident",
         grown() as f64 / 1e6
@@ -710,9 +697,8 @@ async fn a_hostile_api_server_s_versions_and_oversized_objects_are_dropped_and_c
     };
     // What no API server sends, on the live watch, each followed by a real change that
     // shows the watch went on past it (repeated, should a watch reconnect between).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut round = 0;
-    loop {
+    common::eventually("every hostile line dropped and counted", async || {
         round += 1;
         cluster.send_watch_line("configmaps", &event("ADDED", "abc-rv", "abc"));
         cluster.send_watch_line("configmaps", &event("ADDED", "negative-rv", "-1"));
@@ -740,24 +726,22 @@ async fn a_hostile_api_server_s_versions_and_oversized_objects_are_dropped_and_c
                 serde_json::json!({"metadata": {"name": marker}}),
             )
             .unwrap();
-        while !names(&mut c).await.contains(&marker) {
-            assert!(tokio::time::Instant::now() < deadline, "{marker} arrives");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if dropped("malformed_resource_version").await >= 3
-            && dropped("backward_resource_version").await >= 1
-            && dropped("too_large").await >= 2
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "dropped: {} malformed, {} behind, {} too large",
+        common::eventually(format!("{marker} arrives"), async || {
+            names(&mut c).await.contains(&marker)
+        })
+        .await;
+        let counts = [
             dropped("malformed_resource_version").await,
             dropped("backward_resource_version").await,
-            dropped("too_large").await
-        );
-    }
+            dropped("too_large").await,
+        ];
+        if counts[0] >= 3 && counts[1] >= 1 && counts[2] >= 2 {
+            Ok(())
+        } else {
+            Err(format!("dropped: {} malformed, {} behind, {} too large", counts[0], counts[1], counts[2]))
+        }
+    })
+    .await;
     let held = names(&mut c).await;
     for never in ["abc-rv", "negative-rv", "behind-rv", "huge-line", "large-1"] {
         assert!(

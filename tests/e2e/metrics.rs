@@ -7,10 +7,9 @@
 use crate::common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::process::{Server, free_port};
-use common::{PATIENCE, sample_in};
+use common::sample_in;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{Query, WatchRequest};
 use fleetscope_sim::{FleetSpec, SimFleet};
@@ -18,20 +17,13 @@ use serde_json::json;
 
 /// Scrapes until `check` holds, or panics with the last scrape.
 async fn scrape_until(addr: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some((200, body)) = common::http_get(addr, "/metrics").await
-            && check(&body)
-        {
-            return body;
+    common::eventually(what, async || {
+        match common::http_get(addr, "/metrics").await {
+            Some((200, body)) if check(&body) => Ok(body),
+            other => Err(other),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: never seen; last scrape: {:?}",
-            common::http_get(addr, "/metrics").await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn write_kubeconfig(path: &Path, fleet: &SimFleet, names: &[&str]) {
@@ -69,11 +61,10 @@ async fn metrics_follow_the_fleet_its_streams_and_its_subscribers() {
         &log,
     );
     // Ready once every cluster is discovered; healthy as soon as it answers.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while common::http_get(&metrics, "/readyz").await.map(|(c, _)| c) != Some(200) {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually("ready", async || {
+        common::http_get(&metrics, "/readyz").await.map(|(c, _)| c) == Some(200)
+    })
+    .await;
     assert_eq!(common::http_get(&metrics, "/healthz").await.unwrap().0, 200);
     assert_eq!(
         common::http_get(&metrics, "/nothing-here").await.unwrap().0,

@@ -100,18 +100,11 @@ fn truth(h: &Harness, resource: &str) -> BTreeSet<(String, String, String, Strin
 
 /// Waits until the index equals the clusters for every type.
 async fn converged(h: &Harness) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     for t in TYPES {
-        loop {
-            if served(h, t).await.0 == truth(h, t) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{t}: the index never matched the clusters"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        common::eventually(format!("{t}: the index matches the clusters"), async || {
+            served(h, t).await.0 == truth(h, t)
+        })
+        .await;
     }
 }
 
@@ -429,20 +422,20 @@ async fn a_store_that_cannot_write_shows_nothing_unwritten_and_catches_up() {
         fleetscope_store::Loaded::default(),
     );
     let held = |e: &fleetscope::engine::Engine| e.index_for_tests().snapshot().len();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let stats = engine.store_stats().unwrap();
-        // The cluster's objects are gathered while the store refuses every write, and
-        // none of them is visible: nothing is served before it is durable.
-        if let Some(error) = &stats.last_error
-            && stats.pending > 0
-        {
-            assert!(error.contains("No space left"), "{error}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    // The cluster's objects are gathered while the store refuses every write, and none
+    // of them is visible: nothing is served before it is durable.
+    let error = common::eventually(
+        "the store refuses writes with objects pending",
+        async || {
+            let stats = engine.store_stats().unwrap();
+            match &stats.last_error {
+                Some(error) if stats.pending > 0 => Ok(error.clone()),
+                _ => Err(stats),
+            }
+        },
+    )
+    .await;
+    assert!(error.contains("No space left"), "{error}");
     assert_eq!(store.load().unwrap().objects.len(), 0);
     assert_eq!(held(&engine), 0, "nothing unwritten is visible");
     let empty = engine.index_for_tests().snapshot().revision();
@@ -453,14 +446,15 @@ async fn a_store_that_cannot_write_shows_nothing_unwritten_and_catches_up() {
     // Space again: what gathered is written, then visible, and the store holds what
     // the index holds.
     store.fail_writes(false);
-    loop {
+    common::eventually("what gathered is written", async || {
         let stats = engine.store_stats().unwrap();
         if stats.last_error.is_none() && stats.pending == 0 && held(&engine) > 0 {
-            break;
+            Ok(())
+        } else {
+            Err(stats)
         }
-        assert!(tokio::time::Instant::now() < deadline, "{stats:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     assert!(engine.index_for_tests().snapshot().revision() > empty);
     engine.shutdown(std::time::Duration::from_secs(10)).await;
     let loaded = store.load().unwrap();
@@ -485,14 +479,12 @@ async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
     // Churn: configmaps created, changed and deleted until the store has compacted
     // at least twice.
     let store = &h.cluster(0).store;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut round = 0;
-    while h.engine.store_stats().unwrap().compactions < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            h.engine.store_stats()
-        );
+    common::eventually("two compactions", async || {
+        let stats = h.engine.store_stats();
+        if stats.as_ref().unwrap().compactions >= 2 {
+            return Ok(());
+        }
         let name = format!("churn-{round}");
         let big = "x".repeat(4096);
         store
@@ -512,7 +504,9 @@ async fn a_store_compacted_under_churn_restarts_whole_without_listing() {
             // Let the writer catch up between bursts.
             converged(&h).await;
         }
-    }
+        Err(stats)
+    })
+    .await;
     converged(&h).await;
     // The store reports its compactions and size over the API.
     let store = h

@@ -118,8 +118,8 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
     // Each third round is killed as a snapshot is being written, each third as the
     // store is being compacted, the rest at a random moment.
     let writes = [
-        ("writing a snapshot", "snapshot written"),
-        ("compacting the store", "store compacted"),
+        "fleetscope_store_snapshot_in_progress",
+        "fleetscope_store_compaction_in_progress",
     ];
     let mut mid_write = [0usize; 2];
     let mut token: Option<String> = None;
@@ -141,8 +141,10 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
         [mid_write[0] + found[0], mid_write[1] + found[1]]
     };
     while round < KILLS || (landed(&mid_write).contains(&0) && round < 3 * KILLS) {
-        let from = log_len(&setup.log());
-        let mut server = setup.serve(&args);
+        let metrics = format!("127.0.0.1:{}", common::process::free_port());
+        let mut with_metrics = args.to_vec();
+        with_metrics.extend(["--metrics-listen", &metrics]);
+        let mut server = setup.serve(&with_metrics);
         if let Some(token) = token.take() {
             assert_token_refused(&server.url(), &token, Code::OutOfRange).await;
         }
@@ -156,19 +158,20 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
             2 => Some(1),
             _ => None,
         };
+        // Whether the server said, just before the kill, that the write was under way.
+        let mut under_way = false;
         if let Some(w) = during {
-            let (start, end) = writes[w];
             // A write of this run under way (a start compacts the store at its first
             // write), or one due within a batch or two; one not due within this (the
             // store grows by half between compactions) leaves the kill to land at
             // random, and later rounds try again.
-            let under_way = || {
-                let run = log_since(&setup.log(), from);
-                run.rfind(start).is_some_and(|at| !run[at..].contains(end))
-            };
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
-            // Reading on, so the server is never held up by its subscriber.
-            while !under_way() && tokio::time::Instant::now() < deadline {
+            let give_up = tokio::time::Instant::now() + Duration::from_secs(4);
+            while tokio::time::Instant::now() < give_up {
+                under_way = common::sample(&metrics, writes[w]).await == Some(1);
+                if under_way {
+                    break;
+                }
+                // Reading on, so the server is never held up by its subscriber.
                 let until = tokio::time::Instant::now() + Duration::from_millis(1);
                 sub.read_until(&mut stream, until).await;
             }
@@ -183,15 +186,8 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
             started.elapsed().as_secs_f64(),
             sub.events
         );
-        if let Some(w) = during {
-            // What the killed process logged last about that write: begun, not ended.
-            let (start, end) = writes[w];
-            let run = log_since(&setup.log(), from);
-            if let Some(at) = run.rfind(start)
-                && !run[at..].contains(end)
-            {
-                mid_write[w] += 1;
-            }
+        if let Some(w) = during.filter(|_| under_way) {
+            mid_write[w] += 1;
         }
         round += 1;
     }
@@ -265,16 +261,18 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
             .await
             .map(|n| n as usize)
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while compressed_total().await.unwrap_or(0) * 10 < truth.len() * 9 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nearly every object compressed: {:?} of {}",
-            compressed_total().await,
-            truth.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually(
+        format!("nearly every one of {} objects compressed", truth.len()),
+        async || {
+            let compressed = compressed_total().await;
+            if compressed.unwrap_or(0) * 10 >= truth.len() * 9 {
+                Ok(())
+            } else {
+                Err(compressed)
+            }
+        },
+    )
+    .await;
     let texts = |objects: Vec<fleetscope::proto::Object>| -> BTreeMap<Key, String> {
         objects
             .into_iter()
@@ -289,16 +287,6 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
     common::wait_serving(&plain.url()).await;
     assert_eq!(texts(list_objects(&plain.url()).await.0), held);
     setup.fleet.shutdown().await;
-}
-
-fn log_len(log: &Path) -> usize {
-    std::fs::metadata(log).map_or(0, |m| m.len() as usize)
-}
-
-/// What the log gained after `from` bytes.
-fn log_since(log: &Path, from: usize) -> String {
-    let all = std::fs::read(log).unwrap_or_default();
-    String::from_utf8_lossy(all.get(from..).unwrap_or_default()).into_owned()
 }
 
 /// A first page's token (of a list that has more pages).
@@ -346,16 +334,10 @@ async fn resumed_flowing(
 /// A token from before a restart is refused (the snapshot it pages is not held),
 /// once the server answers at all.
 async fn assert_token_refused(url: &str, token: &str, code: Code) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let mut client = match FleetClient::connect(url.to_string()).await {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(tokio::time::Instant::now() < deadline, "never came up: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    let e = common::eventually("the server answers", async || {
+        let mut client = FleetClient::connect(url.to_string())
+            .await
+            .map_err(|e| e.to_string())?;
         let e = client
             .list(ListRequest {
                 query: None,
@@ -366,14 +348,13 @@ async fn assert_token_refused(url: &str, token: &str, code: Code) {
             .await
             .expect_err("a page token from before the restart pages nothing");
         if e.code() == Code::Unavailable {
-            assert!(tokio::time::Instant::now() < deadline, "never served: {e}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
+            return Err(e.to_string());
         }
-        assert_eq!(e.code(), code, "{e}");
-        assert!(e.message().contains("again"), "{e}");
-        return;
-    }
+        Ok(e)
+    })
+    .await;
+    assert_eq!(e.code(), code, "{e}");
+    assert!(e.message().contains("again"), "{e}");
 }
 
 /// Lists every configmap with paging, retrying while the server starts; returns each
@@ -390,8 +371,7 @@ async fn list_all(url: &str) -> (BTreeMap<Key, String>, u64) {
 /// Every configmap, listed with paging, retrying while the server starts, and the
 /// list's revision.
 async fn list_objects(url: &str) -> (Vec<fleetscope::proto::Object>, u64) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    'again: loop {
+    common::eventually("the server lists", async || {
         let mut client = FleetClient::connect(url.to_string()).await.unwrap();
         let (mut out, mut token, mut revision) = (Vec::new(), String::new(), 0);
         loop {
@@ -405,21 +385,19 @@ async fn list_objects(url: &str) -> (Vec<fleetscope::proto::Object>, u64) {
                 .await
             {
                 Ok(p) => p.into_inner(),
-                Err(s) if s.code() == Code::Unavailable => {
-                    assert!(tokio::time::Instant::now() < deadline, "never listed: {s}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue 'again;
-                }
+                // Starting: listed again from the first page.
+                Err(s) if s.code() == Code::Unavailable => return Err(s),
                 Err(s) => panic!("list refused: {s}"),
             };
             revision = page.revision.max(revision);
             out.extend(page.items);
             if page.next_page_token.is_empty() {
-                return (out, revision);
+                return Ok((out, revision));
             }
             token = page.next_page_token;
         }
-    }
+    })
+    .await
 }
 
 /// A subscriber of a server that is restarted without its store (`damage` prepares
@@ -532,8 +510,7 @@ async fn repeated_updates_of_a_multi_megabyte_object_keep_memory_within_the_even
     let held = |rv: String| {
         let mut client = client.clone();
         async move {
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            loop {
+            common::eventually(format!("the server holds {rv}"), async || {
                 let got = client
                     .get(GetRequest {
                         cluster: "sim-1".into(),
@@ -543,14 +520,9 @@ async fn repeated_updates_of_a_multi_megabyte_object_keep_memory_within_the_even
                         ..Default::default()
                     })
                     .await;
-                if let Ok(r) = got
-                    && r.into_inner().object.unwrap().resource_version == rv
-                {
-                    return;
-                }
-                assert!(tokio::time::Instant::now() < deadline, "never held {rv}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+                matches!(got, Ok(r) if r.get_ref().object.as_ref().unwrap().resource_version == rv)
+            })
+            .await
         }
     };
     let rv = store
@@ -639,18 +611,11 @@ fn spoil_sled_snapshot(db: &Path) {
 /// Lists until the server holds every configmap of the clusters.
 async fn list_in_full(setup: &Setup, url: &str) -> BTreeMap<Key, String> {
     let want = common::truth(&setup.fleet, "configmaps").len();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("listed in full", async || {
         let (listed, _) = list_all(url).await;
-        if listed.len() == want {
-            return listed;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never listed in full"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (listed.len() == want).then_some(listed)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

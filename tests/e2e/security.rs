@@ -135,23 +135,14 @@ impl Setup {
 
     /// Waits until `clusters` answers with both clusters synced.
     async fn until_ready(&self, clusters: impl AsyncFn() -> Option<proto::ListClustersResponse>) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(r) = clusters().await
-                && r.clusters.len() == 2
-                && r.clusters
-                    .iter()
-                    .all(|c| c.freshness == proto::Freshness::Synced as i32)
-            {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not ready: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        common::eventually(
+            common::with_log("both clusters synced", &self.log),
+            async || {
+                matches!(clusters().await, Some(r) if r.clusters.len() == 2
+                && r.clusters.iter().all(|c| c.freshness == proto::Freshness::Synced as i32))
+            },
+        )
+        .await
     }
 
     /// `serve` started with more arguments, not waited for.
@@ -764,8 +755,7 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
     let secret = |c: &mut Client| {
         let mut c = c.clone();
         async move {
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            loop {
+            common::eventually("the Secret arrives", async || {
                 match c
                     .get(proto::GetRequest {
                         resource: "secrets".into(),
@@ -778,15 +768,13 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
                 {
                     Ok(r) => {
                         let json = r.into_inner().object.unwrap().json;
-                        break serde_json::from_str::<serde_json::Value>(&json).unwrap();
+                        Ok(serde_json::from_str::<serde_json::Value>(&json).unwrap())
                     }
-                    Err(e) if e.code() == tonic::Code::NotFound => {
-                        assert!(tokio::time::Instant::now() < deadline, "the Secret arrives");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                    Err(e) if e.code() == tonic::Code::NotFound => Err(e),
                     Err(e) => panic!("{e}"),
                 }
-            }
+            })
+            .await
         }
     };
     let redacted = secret(&mut alice).await;
@@ -873,22 +861,13 @@ async fn tls_identities_and_grants_hold_on_every_rpc() {
         &s.path("tokens.yaml"),
         &tokens_file(&[("carol-token", "carol", &[])]),
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match bob
-            .list_clusters(proto::ListClustersRequest::default())
-            .await
-        {
-            Err(e) if e.code() == tonic::Code::Unauthenticated => break,
-            _ => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "bob's token is revoked"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    common::eventually("bob's token is revoked", async || {
+        matches!(
+            bob.list_clusters(proto::ListClustersRequest::default()).await,
+            Err(e) if e.code() == tonic::Code::Unauthenticated
+        )
+    })
+    .await;
 }
 
 /// The next object event (skipping bookmarks and cluster status): type, namespace/name.
@@ -1012,23 +991,20 @@ async fn every_watch_event_is_checked_against_the_policy_in_force() {
         &s.path("policy.yaml"),
         "grants:\n  - subjects: [{user: x}]\n    verbs: [read]\n",
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let failed = loop {
+    let failed = common::eventually("the bad policy is reported", async || {
         let r = alice
             .list_clusters(proto::ListClustersRequest::default())
             .await
             .unwrap()
             .into_inner();
         let policy = r.inputs.into_iter().find(|i| i.name == "policy").unwrap();
-        if !policy.error.is_empty() {
-            break policy;
+        if policy.error.is_empty() {
+            Err(policy)
+        } else {
+            Ok(policy)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the bad policy is reported: {policy:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert!(
         failed.error.contains("policy.yaml") && failed.error_time.is_some(),
         "{failed:?}"
@@ -1058,24 +1034,16 @@ async fn every_watch_event_is_checked_against_the_policy_in_force() {
         ca: Some(ca),
         ..s.server_arg(&Who::Cert("alice"))
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let reached = match connect(&with_ca(ca2.ca())).await {
+    common::eventually("the new certificate is served", async || {
+        match connect(&with_ca(ca2.ca())).await {
             Ok(mut c) => c
                 .list_clusters(proto::ListClustersRequest::default())
                 .await
                 .is_ok(),
             Err(_) => false,
-        };
-        if reached {
-            break;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new certificate is served"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let old = match connect(&with_ca(s.ca.ca())).await {
         Ok(mut c) => c
             .list_clusters(proto::ListClustersRequest::default())
@@ -1218,17 +1186,12 @@ async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cac
             .await
         }
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match count(&mut dora).await {
-            Ok(r) if r.get_ref().total == truth => break,
-            Ok(_) => {}
-            Err(e) if e.code() == tonic::Code::Unavailable => {}
-            Err(e) => panic!("{e}"),
-        }
-        assert!(tokio::time::Instant::now() < deadline, "dora is served");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually("dora is served", async || match count(&mut dora).await {
+        Ok(r) => r.get_ref().total == truth,
+        Err(e) if e.code() == tonic::Code::Unavailable => false,
+        Err(e) => panic!("{e}"),
+    })
+    .await;
     // Within the TTL, her calls cost no further review.
     let before = reviews();
     for _ in 0..5 {
@@ -1261,19 +1224,10 @@ async fn a_token_the_server_does_not_list_is_checked_with_a_token_review_and_cac
     let (status, took) = ended(&mut dora_w, revoked).await;
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     eprintln!("a Watch whose token a review no longer accepts ended {took:?} after the revocation");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match count(&mut dora).await {
-            Err(e) if e.code() == tonic::Code::Unauthenticated => break,
-            _ => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the revocation is seen"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    common::eventually("the revocation is seen", async || {
+        matches!(count(&mut dora).await, Err(e) if e.code() == tonic::Code::Unauthenticated)
+    })
+    .await;
     drop(server);
     fleet.shutdown().await;
 }
@@ -1402,30 +1356,30 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
     })
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let got = c
-            .count(proto::CountRequest {
-                query: Some(configmaps(&[])),
-                group_by: vec!["cluster".into()],
-            })
-            .await
-            .map(|r| {
-                r.into_inner()
-                    .groups
-                    .into_iter()
-                    .map(|g| (g.key, g.count))
-                    .collect::<Vec<_>>()
-            });
-        if got.as_ref().is_ok_and(|g| *g == want) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "erin sees what RBAC grants: {got:?}, want {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually(
+        format!("erin sees what RBAC grants: {want:?}"),
+        async || {
+            let got = c
+                .count(proto::CountRequest {
+                    query: Some(configmaps(&[])),
+                    group_by: vec!["cluster".into()],
+                })
+                .await
+                .map(|r| {
+                    r.into_inner()
+                        .groups
+                        .into_iter()
+                        .map(|g| (g.key, g.count))
+                        .collect::<Vec<_>>()
+                });
+            if got.as_ref().is_ok_and(|g| *g == want) {
+                Ok(())
+            } else {
+                Err(got)
+            }
+        },
+    )
+    .await;
     // A `*` rule grants every type there, and nothing elsewhere.
     let mut fred = connect(&ServerArg {
         server: server.url(),
@@ -1560,8 +1514,7 @@ async fn a_subscriber_held_to_a_grant_resumes_across_a_sigkill_seeing_only_its_g
         };
         let (since, initial) = (sub.last.unwrap_or(0), sub.last.is_none());
         async move {
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            loop {
+            let stream = common::eventually("the server serves the Watch", async || {
                 let attempt = match connect(&arg).await {
                     Ok(mut c) => {
                         c.watch(proto::WatchRequest {
@@ -1575,14 +1528,13 @@ async fn a_subscriber_held_to_a_grant_resumes_across_a_sigkill_seeing_only_its_g
                     Err(e) => Err(tonic::Status::unavailable(e.to_string())),
                 };
                 match attempt {
-                    Ok(s) => return s.into_inner(),
-                    Err(e) if e.code() == tonic::Code::Unavailable => {
-                        assert!(tokio::time::Instant::now() < deadline, "never served: {e}");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+                    Ok(s) => Ok(s),
+                    Err(e) if e.code() == tonic::Code::Unavailable => Err(e),
                     Err(e) => panic!("the watch was refused: {e}"),
                 }
-            }
+            })
+            .await;
+            stream.into_inner()
         }
     };
     let mut server = Server::start(&kubeconfig, &args, &log);
@@ -1776,8 +1728,7 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
     let mut watches = Vec::new();
     for projection in [proto::Projection::Full, proto::Projection::Metadata] {
         // The initial events carry `before` (once it is synced), the live ones `after`.
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        let w = loop {
+        let w = common::eventually("the secret is synced", async || {
             let mut w = alice
                 .watch(proto::WatchRequest {
                     query: Some(secrets(projection)),
@@ -1798,15 +1749,9 @@ async fn a_secret_s_values_reach_no_one_without_secret_data_by_any_rpc_or_projec
                     break;
                 }
             }
-            if names.contains(&"before".to_string()) {
-                break w;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the secret is synced"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+            names.contains(&"before".to_string()).then_some(w)
+        })
+        .await;
         watches.push(w);
         let list = alice
             .list(proto::ListRequest {
@@ -2091,15 +2036,11 @@ async fn followed_files_reload_only_when_their_content_changes() {
     let mut text = std::fs::read_to_string(s.path("policy.yaml")).unwrap();
     text.push_str("# changed\n");
     replace(&s.path("policy.yaml"), &text);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let after = loop {
+    let after = common::eventually("the policy reloads", async || {
         let now = reloads(&s).await;
-        if now != before {
-            break now;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the policy reloads");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (now != before).then_some(now)
+    })
+    .await;
     let changed: Vec<_> = before
         .iter()
         .zip(&after)
@@ -2163,11 +2104,7 @@ async fn a_reviewing_cluster_that_stops_answering_makes_new_tokens_unavailable_a
         .await
     };
     let dora = connect(&arg("dora")).await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while count(dora.clone()).await.is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "dora is served");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually("dora is served", async || count(dora.clone()).await.is_ok()).await;
     // The reviewing cluster accepts connections but answers nothing any more.
     reviewer.set_latency(Duration::from_secs(3600));
     let erin = connect(&arg("erin")).await.unwrap();
@@ -2204,24 +2141,14 @@ async fn a_reviewing_cluster_that_stops_answering_makes_new_tokens_unavailable_a
         &log,
     );
     // Not ready while sim-2 never answers its discovery: wait for the listener only.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let erin = loop {
-        match connect(&ServerArg {
+    let erin = common::eventually("the server listens", async || {
+        connect(&ServerArg {
             server: server.url(),
             ..arg("erin")
         })
         .await
-        {
-            Ok(c) => break c,
-            Err(e) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "never listened: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    })
+    .await;
     let asked = tokio::time::Instant::now();
     let e = tokio::time::timeout(Duration::from_secs(30), count(erin))
         .await
@@ -2408,14 +2335,10 @@ async fn connections_that_never_call_are_closed_and_cannot_keep_any_credential_o
             >= 12
     );
     // The token holders' connections, authenticated, were closed only once idle.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while counter(&s, "fleetscope_grpc_connections_closed_idle_total").await < 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "idle connections are closed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::eventually("idle connections are closed", async || {
+        counter(&s, "fleetscope_grpc_connections_closed_idle_total").await >= 4
+    })
+    .await;
     // The Watch opened before goes on.
     let mut bookmarks = Vec::new();
     s.create_configmap("sim-1", "team-0", "after-idle").await;
@@ -2534,11 +2457,10 @@ async fn a_router_passes_its_caller_s_identity_and_nobody_else_is_served() {
         .unwrap()
         .into_inner()
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while by_value(bob, "").await.total == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the Secret arrives");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually("the Secret arrives", async || {
+        by_value(bob, "").await.total > 0
+    })
+    .await;
     let selected = r"data.password=aHVudGVyMg\=\=";
     let dave = Some(("dave", &["team-a"][..]));
     let hidden = by_value(dave, "").await;

@@ -192,18 +192,17 @@ impl Running {
     }
 
     async fn until(&mut self, what: &str, cond: impl Fn(&Self) -> bool) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while !cond(self) {
-            assert!(tokio::time::Instant::now() < deadline, "{what}");
-            // The view changes as Leases are renewed and seen; fencing is judged by
-            // the clock, so the wait also wakes on its own.
-            let waited =
-                tokio::time::timeout(Duration::from_millis(100), self.view.changed()).await;
-            if let Ok(Err(_)) = waited {
-                // The member has stopped: nothing will change but the clock.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        common::eventually(what, async || {
+            if cond(self) {
+                return true;
             }
-        }
+            // The view changes as Leases are renewed and seen; fencing is judged by
+            // the clock, so the wait also wakes on its own (and, once the member has
+            // stopped, nothing changes but the clock).
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.view.changed()).await;
+            false
+        })
+        .await
     }
 }
 
@@ -412,24 +411,17 @@ async fn split(replicas: &[&Replica], clusters: &[String], log: &std::path::Path
         .iter()
         .map(|m| assigned(clusters, &members, m))
         .collect();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let what = format!("the replicas hold their assignment {want:?}");
+    common::eventually(common::with_log(what, log), async || {
         let mut held = Vec::new();
         for r in replicas {
             let mut synced = r.synced().await.unwrap_or_default();
             synced.sort();
             held.push(synced);
         }
-        if held == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the replicas never held their assignment {want:?}; last {held:?}; log: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if held == want { Ok(()) } else { Err(held) }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,23 +437,25 @@ async fn serve_replicas_share_the_clusters_hand_them_over_and_are_fenced_without
     // Three replicas: every cluster held by exactly one, none unowned, and the counts
     // of the three add up to the fleet's.
     split(&[&a, &b, &c], &clusters, &log).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let mut sum = 0;
-        for r in [&a, &b, &c] {
-            sum += r.count().await.unwrap_or(0);
-        }
-        let members = c.metric("fleetscope_shard_members").await;
-        let unowned = c.metric("fleetscope_shard_unowned_clusters").await;
-        if sum == total && members == Some(3.0) && unowned == Some(0.0) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "counts add up to {sum} of {total}; members {members:?}, unowned {unowned:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(
+        "the counts add up, three members, none unowned",
+        async || {
+            let mut sum = 0;
+            for r in [&a, &b, &c] {
+                sum += r.count().await.unwrap_or(0);
+            }
+            let members = c.metric("fleetscope_shard_members").await;
+            let unowned = c.metric("fleetscope_shard_unowned_clusters").await;
+            if sum == total && members == Some(3.0) && unowned == Some(0.0) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "counts add up to {sum} of {total}; members {members:?}, unowned {unowned:?}"
+                ))
+            }
+        },
+    )
+    .await;
 
     // SIGKILL: a's clusters are taken up by the others once its Lease expires.
     a.server.kill();
@@ -487,11 +481,10 @@ async fn serve_replicas_share_the_clusters_hand_them_over_and_are_fenced_without
         Some(6),
         "c holds every cluster synced when b has stopped"
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while c.metric("fleetscope_shard_members").await != Some(1.0) {
-        assert!(tokio::time::Instant::now() < deadline, "c sees b gone");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("c sees b gone", async || {
+        c.metric("fleetscope_shard_members").await == Some(1.0)
+    })
+    .await;
     assert!(
         c.metric("fleetscope_shard_moves_total")
             .await
@@ -503,26 +496,16 @@ async fn serve_replicas_share_the_clusters_hand_them_over_and_are_fenced_without
     // The coordination cluster goes away: once its lease duration has passed without
     // a renewal, c answers for no cluster (UNAVAILABLE, retryable); back, it does.
     fleet.servers()[0].go_offline().await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match c.count().await {
-            Err(tonic::Code::Unavailable) => break,
-            other => assert!(
-                tokio::time::Instant::now() < deadline,
-                "c never fenced; it answers {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("c fenced", async || match c.count().await {
+        Err(tonic::Code::Unavailable) => Ok(()),
+        other => Err(other),
+    })
+    .await;
     // The gauge follows at the replica's next look at its Lease (a renew period).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while c.metric("fleetscope_shard_fenced").await != Some(1.0) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never reported fenced"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("c reports itself fenced", async || {
+        c.metric("fleetscope_shard_fenced").await == Some(1.0)
+    })
+    .await;
     assert!(
         c.metric("fleetscope_shard_lease_renew_failures_total")
             .await
@@ -548,11 +531,7 @@ async fn serve_replicas_share_the_clusters_hand_them_over_and_are_fenced_without
         assert!(cl.last_error.contains("lease"), "{cl:?}");
     }
     fleet.servers()[0].come_online().await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while c.count().await != Ok(total) {
-        assert!(tokio::time::Instant::now() < deadline, "c answers again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("c answers again", async || c.count().await == Ok(total)).await;
     drop(c);
     fleet.shutdown().await;
 }
@@ -568,22 +547,19 @@ async fn a_second_replica_given_the_same_identity_serves_nothing_and_says_why() 
     let second = Replica::start(&kubeconfig, "twin", &log);
     // The second holds no Lease: it answers for nothing, saying why, until the first
     // stops renewing; the first serves on.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match second.counted().await {
+    common::eventually(
+        "the twin says why it serves nothing",
+        async || match second.counted().await {
             Err(s)
                 if s.code() == tonic::Code::Unavailable
                     && s.message().contains("--shard-identity") =>
             {
-                break;
+                Ok(())
             }
-            other => assert!(
-                tokio::time::Instant::now() < deadline,
-                "the twin never said why it serves nothing: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            other => Err(other),
+        },
+    )
+    .await;
     assert_eq!(second.metric("fleetscope_shard_fenced").await, Some(1.0));
     // What it reports of itself says so too, not that it is loading a store.
     let clusters = second
@@ -602,15 +578,10 @@ async fn a_second_replica_given_the_same_identity_serves_nothing_and_says_why() 
     // The first is killed: once its Lease has gone a duration without renewal, the
     // second takes it and serves the fleet.
     drop(first);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while second.count().await != Ok(total) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the twin never took over; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(common::with_log("the twin takes over", &log), async || {
+        second.count().await == Ok(total)
+    })
+    .await;
     drop(second);
     fleet.shutdown().await;
 }
@@ -618,15 +589,10 @@ async fn a_second_replica_given_the_same_identity_serves_nothing_and_says_why() 
 /// Waits (up to [`PATIENCE`]) until something listens on loopback `port`: a process
 /// started on it has bound it, so no later free port can be this one.
 fn listening(port: u16, log: &std::path::Path) {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing listens on {port}; log: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let what = format!("something listens on {port}");
+    common::eventually_blocking(common::with_log(what, log), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
 }
 
 /// A `fleetscope router` process over the ring `RING`, killed when dropped.
@@ -674,22 +640,11 @@ impl RouterProcess {
     async fn client(
         &self,
     ) -> fleetscope::proto::fleet_client::FleetClient<tonic::transport::Channel> {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Ok(c) = fleetscope::proto::fleet_client::FleetClient::connect(format!(
-                "http://127.0.0.1:{}",
-                self.port
-            ))
-            .await
-            {
-                return c;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the router never listened"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let url = format!("http://127.0.0.1:{}", self.port);
+        common::eventually("the router listens", async || {
+            fleetscope::proto::fleet_client::FleetClient::connect(url.clone()).await
+        })
+        .await
     }
 }
 
@@ -791,34 +746,33 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
     split(&[&a, &b, &c], &clusters, &log).await;
 
     // ListClusters: every served cluster with its owner, and the one nobody serves.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let listed = loop {
-        let answer = one
-            .client()
-            .await
-            .list_clusters(fleetscope::proto::ListClustersRequest::default())
-            .await
-            .map(tonic::Response::into_inner);
-        if let Ok(a) = &answer
-            && a.clusters
-                .iter()
-                .map(|c| c.name.clone())
-                .collect::<Vec<_>>()
-                == with_unreachable
-            && a.clusters.iter().all(|c| {
-                c.name == "unreachable"
-                    || c.freshness == fleetscope::proto::Freshness::Synced as i32
-            })
-        {
-            break answer.unwrap();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the router never listed every cluster: {answer:?}; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let listed = common::eventually(
+        common::with_log("the router lists every cluster", &log),
+        async || {
+            let answer = one
+                .client()
+                .await
+                .list_clusters(fleetscope::proto::ListClustersRequest::default())
+                .await
+                .map(tonic::Response::into_inner);
+            if let Ok(a) = &answer
+                && a.clusters
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .collect::<Vec<_>>()
+                    == with_unreachable
+                && a.clusters.iter().all(|c| {
+                    c.name == "unreachable"
+                        || c.freshness == fleetscope::proto::Freshness::Synced as i32
+                })
+            {
+                Ok(answer.unwrap())
+            } else {
+                Err(answer)
+            }
+        },
+    )
+    .await;
     let mut holders = Vec::new();
     for r in [&a, &b, &c] {
         holders.push((r.identity.clone(), r.synced().await.unwrap_or_default()));
@@ -1122,18 +1076,15 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
     drop(watching);
     // Once the new owners publish the clusters ready, a list through the routers is
     // whole again.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("whole again", async || {
         let again = list_through(&[&two, &one], 7).await;
         if again.as_ref().ok() == Some(&want) {
-            break;
+            Ok(())
+        } else {
+            Err(again)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never whole again: {again:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     drop((b, c, one, two));
     fleet.shutdown().await;
 }
@@ -1142,8 +1093,8 @@ async fn routers_serve_the_ring_s_fleet_whole_and_say_which_clusters_nobody_serv
 /// owners: the routers' view of the ring's Leases has caught up.
 async fn routers_see(routers: &[&RouterProcess], clusters: usize, owners: usize) {
     for router in routers {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        let what = format!("a router sees {owners} owner(s) of each cluster");
+        common::eventually(what, async || {
             let answer = router
                 .client()
                 .await
@@ -1156,14 +1107,12 @@ async fn routers_see(routers: &[&RouterProcess], clusters: usize, owners: usize)
                     .iter()
                     .all(|c| c.owners.len() == owners)
             {
-                break;
+                Ok(())
+            } else {
+                Err(answer)
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "a router never saw {owners} owner(s) of each cluster: {answer:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await;
     }
 }
 
@@ -1344,8 +1293,8 @@ async fn until_truth(
     truth: impl Fn() -> BTreeMap<(String, String, String), String>,
     log: &std::path::Path,
 ) -> Ended {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let what = common::with_log(format!("{name} reaches the truth"), log);
+    common::eventually(what, async || {
         let truth = truth();
         {
             let s = seen.lock().unwrap();
@@ -1363,14 +1312,13 @@ async fn until_truth(
                     s.resumes,
                     s.resets
                 );
-                return Ended {
+                return Ok(Ended {
                     resumes: s.resumes,
                     resets: s.resets,
-                };
+                });
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name} never reached the truth: {} held, {} true; stale {:?}; missing {:?}; extra {:?}; log: {}",
+            Err(format!(
+                "{} held, {} true; stale {:?}; missing {:?}; extra {:?}",
                 s.objects.len(),
                 truth.len(),
                 s.objects
@@ -1389,11 +1337,10 @@ async fn until_truth(
                     .filter(|k| !truth.contains_key(*k))
                     .take(5)
                     .collect::<Vec<_>>(),
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
+            ))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// Configmaps changing in every cluster ([`churn`]), and what has been made.
@@ -1421,18 +1368,20 @@ impl Churning {
         use std::sync::atomic::Ordering;
         let from = self.made.load(Ordering::Relaxed);
         let received = seen.lock().unwrap().changes;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while self.made.load(Ordering::Relaxed) < from + n
-            || seen.lock().unwrap().changes <= received
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no progress: {} made since {from}; {:?}",
-                self.made.load(Ordering::Relaxed),
-                seen.lock().unwrap(),
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        common::eventually(format!("{n} changes made and some received"), async || {
+            if self.made.load(Ordering::Relaxed) >= from + n
+                && seen.lock().unwrap().changes > received
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} made since {from}; {:?}",
+                    self.made.load(Ordering::Relaxed),
+                    seen.lock().unwrap()
+                ))
+            }
+        })
+        .await;
     }
 
     /// Stops the changes.
@@ -1598,11 +1547,9 @@ async fn compact_behind_subscribers(fleet: &fleetscope_sim::SimFleet, clusters: 
         let c = sim(fleet, name);
         c.freeze_watches(true);
         let frozen_at = c.store.resource_version();
-        common::until(
-            tokio::time::Instant::now() + PATIENCE,
-            "a change after the freeze",
-            || c.store.resource_version() > frozen_at,
-        )
+        common::eventually("a change after the freeze", async || {
+            c.store.resource_version() > frozen_at
+        })
         .await;
         c.compact();
     }
@@ -1649,11 +1596,9 @@ async fn a_watch_resumed_where_its_cluster_went_away_and_came_back_misses_no_del
     until_truth("subscriber", &seen, truth, &log).await;
     // The first token, sent with the end of the initial objects, holds where each
     // cluster stands.
-    common::until(
-        tokio::time::Instant::now() + PATIENCE,
-        "a position token",
-        || !seen.lock().unwrap().token.is_empty(),
-    )
+    common::eventually("a position token", async || {
+        !seen.lock().unwrap().token.is_empty()
+    })
     .await;
     stop.cancel();
     subscriber.await.unwrap();
@@ -1681,20 +1626,13 @@ async fn a_watch_resumed_where_its_cluster_went_away_and_came_back_misses_no_del
             .unwrap();
     }
     // The second replica has them all before it goes.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("the router serves the changes", async || {
         let want: Vec<_> = truth().into_keys().collect();
         let mut listed = list_through(&[&router], 500).await.unwrap_or_default();
         listed.sort();
-        if listed == want {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the router never served the changes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        listed == want
+    })
+    .await;
 
     // It stops and hands the clusters back to the first, which lists them afresh.
     let mut b = b;
@@ -1748,8 +1686,7 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
     let two = RouterProcess::start(&kubeconfig, &log);
     // Every cluster synced by both its owners.
     let members: Vec<String> = replicas.iter().map(|r| r.identity.clone()).collect();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually(common::with_log("two owners each", &log), async || {
         let mut whole = true;
         for r in &replicas {
             let mut synced = r.synced().await.unwrap_or_default();
@@ -1763,16 +1700,9 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
                 .collect();
             whole &= synced == want;
         }
-        if whole {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never two owners each; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        whole
+    })
+    .await;
     // ... and both routers see both owners of every cluster.
     routers_see(&[&one, &two], clusters.len(), 2).await;
 
@@ -1807,13 +1737,10 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
     progress(30).await;
     // The survivors are each other's second owner now: once they hold every cluster
     // twice over, the kill has been absorbed.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while b.synced().await.map(|s| s.len()) != Some(4)
-        || c.synced().await.map(|s| s.len()) != Some(4)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never absorbed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("b and c absorb a's clusters", async || {
+        b.synced().await.map(|s| s.len()) == Some(4) && c.synced().await.map(|s| s.len()) == Some(4)
+    })
+    .await;
     progress(30).await;
     churning.stop().await;
     let ended = until_truth(
@@ -2041,36 +1968,26 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current_
             api.create(&Default::default(), &cm).await.unwrap();
         }
     }
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while b.synced().await.map(|s| s.len()) != Some(4) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "b never took a's clusters"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("b takes a's clusters", async || {
+        b.synced().await.map(|s| s.len()) == Some(4)
+    })
+    .await;
     let truth: Vec<(String, String, String)> =
         common::truth(&fleet, "configmaps").into_keys().collect();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never whole through b"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("whole through b", async || {
+        list_through(&[&one], 50).await.ok().as_ref() == Some(&truth)
+    })
+    .await;
 
     // a continues and renews its Lease: it is a member again, but what it holds of
     // those clusters is what it held before it stopped. Through the router every
     // answer is the truth (from b) or retryable, never a's stale copy.
     signal("-CONT", a.server.child.id());
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while a.metric("fleetscope_shard_fenced").await != Some(0.0)
-        || a.metric("fleetscope_shard_members").await != Some(2.0)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "a never renewed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually("a renews", async || {
+        a.metric("fleetscope_shard_fenced").await == Some(0.0)
+            && a.metric("fleetscope_shard_members").await == Some(2.0)
+    })
+    .await;
     let mut answers = 0;
     while answers < 20 {
         match list_through(&[&one], 50).await {
@@ -2089,11 +2006,10 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current_
     // it holds) and takes its clusters back: no change, no bookmark, and its watches
     // still frozen, so that nothing but its own list can confirm them.
     split(&[&a, &b], &clusters, &log).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
-        assert!(tokio::time::Instant::now() < deadline, "never whole again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("whole again", async || {
+        list_through(&[&one], 50).await.ok().as_ref() == Some(&truth)
+    })
+    .await;
     let confirmed = common::scrape(&a.metrics).await.unwrap_or_default();
     assert!(
         confirmed
@@ -2116,11 +2032,10 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current_
     }
     let truth: Vec<(String, String, String)> =
         common::truth(&fleet, "configmaps").into_keys().collect();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while list_through(&[&one], 50).await.ok().as_ref() != Some(&truth) {
-        assert!(tokio::time::Instant::now() < deadline, "never whole again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("whole again", async || {
+        list_through(&[&one], 50).await.ok().as_ref() == Some(&truth)
+    })
+    .await;
     drop((a, b, one));
     fleet.shutdown().await;
 }
@@ -2226,8 +2141,7 @@ async fn leases_edited_to_garbage_or_raced_leave_the_ring_whole() {
         r.server.assert_running(&log);
     }
     split(&[&replicas[0], &replicas[1], &replicas[2]], &clusters, &log).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually(common::with_log("whole again", &log), async || {
         let counted = one
             .client()
             .await
@@ -2240,32 +2154,26 @@ async fn leases_edited_to_garbage_or_raced_leave_the_ring_whole() {
             && c.get_ref().total == total
             && !c.get_ref().partial
         {
-            break;
+            Ok(())
+        } else {
+            Err(counted)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never whole again: {counted:?}; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     // Past the ring's lease duration from the ghost's write, every replica counts the
     // three of them alone: neither the ghost nor the copy is a member.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("three members as each replica counts them", async || {
         let mut members = Vec::new();
         for r in &replicas {
             members.push(common::sample(&r.metrics, "fleetscope_shard_members").await);
         }
         if written.elapsed() > Duration::from_secs(4) && members.iter().all(|m| *m == Some(3)) {
-            break;
+            Ok(())
+        } else {
+            Err(members)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "members as each replica counts them: {members:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     // Every cluster listed through the router, by its real owner.
     let listed = one
         .client()
@@ -2326,32 +2234,25 @@ async fn the_coordination_cluster_s_expiring_exec_credential_is_renewed_ahead_of
             .lines()
             .count()
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while count() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the credential was never renewed; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    common::eventually(
+        common::with_log("the credential renewed", &log),
+        async || count() >= 2,
+    )
+    .await;
     // The router reads the ring's Leases with it, before and after (no replica runs:
     // it says it has read them and found none).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually("the router says no replica published one yet", async || {
         let answer = one
             .client()
             .await
             .list_clusters(fleetscope::proto::ListClustersRequest::default())
             .await;
-        if let Err(s) = &answer
-            && s.message().contains("no replica has published one yet")
-        {
-            break;
+        match &answer {
+            Err(s) if s.message().contains("no replica has published one yet") => Ok(()),
+            _ => Err(answer),
         }
-        assert!(tokio::time::Instant::now() < deadline, "{answer:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     drop(one);
     fleet.shutdown().await;
 }
@@ -2430,18 +2331,9 @@ async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
         .spawn()
         .unwrap();
     let _group = Group(sh.id());
-    let deadline = std::time::Instant::now() + 2 * PATIENCE;
-    let status = loop {
-        if let Some(status) = sh.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the script never ended; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let what = common::with_log("the script ends", &log);
+    let status =
+        common::eventually_within(2 * PATIENCE, what, async || sh.try_wait().unwrap()).await;
     let printed = std::fs::read_to_string(&out).unwrap();
     assert!(
         status.success(),
@@ -2566,14 +2458,10 @@ async fn a_stopped_replica_costs_a_routed_request_the_replica_timeout_then_its_n
             .await
             .map(tonic::Response::into_inner)
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while count().await.map(|c| c.total).ok() != Some(total) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "whole before the stop"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually("whole before the stop", async || {
+        count().await.map(|c| c.total).ok() == Some(total)
+    })
+    .await;
     // Each replica stopped in turn: every cluster is answered by its other owner.
     for stopped in [&a, &b] {
         let pid = stopped.server.child.id().to_string();
@@ -2742,19 +2630,12 @@ async fn leases_written_by_anyone_but_the_ring_move_nothing_and_a_router_with_an
     std::fs::copy(&kubeconfig, &other_kubeconfig).unwrap();
     std::fs::copy(&other_key, other_dir.join("page-token.key")).unwrap();
     let wrong = RouterProcess::start(&other_kubeconfig, &log);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let refused = loop {
-        match whole_answers(&wrong).await {
-            Err(s) if s.message().contains("not taken") => break s,
-            other => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "a router with another key never said why it serves nothing: {other:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let what = "a router with another key says why it serves nothing";
+    let refused = common::eventually(what, async || match whole_answers(&wrong).await {
+        Err(s) if s.message().contains("not taken") => Ok(s),
+        other => Err(other),
+    })
+    .await;
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     assert!(
         refused.message().contains("--shard-page-token-key-file"),
@@ -2840,21 +2721,12 @@ async fn a_cluster_between_owners_or_in_a_coordination_outage_is_reported_unserv
         // Lease expired by the router's clock.
         let coordination = &fleet.servers()[0];
         coordination.go_offline().await;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Ok((count, _)) = whole_answers(&router).await
-                && count.partial
-                && count.total == 0
-                && count.clusters.len() == clusters.len()
-            {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the router never reported every cluster unserved during the outage"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = "the router reports every cluster unserved during the outage";
+        common::eventually(what, async || {
+            matches!(whole_answers(&router).await, Ok((count, _))
+                if count.partial && count.total == 0 && count.clusters.len() == clusters.len())
+        })
+        .await;
         coordination.come_online().await.unwrap();
         split(&[&a, &b], &clusters, &log).await;
         routers_see(&[&router], clusters.len(), 1).await;
@@ -2906,18 +2778,14 @@ async fn a_hand_back_interrupted_by_a_kill_costs_a_routed_watch_no_repeat_and_no
         // a returns and takes them back; b lets them go as soon as a holds them
         // ready, and a is killed right then, before the router has moved.
         a = Replica::start(&kubeconfig, "replica-a", &log);
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let held_by_b = b.synced().await.unwrap_or_default();
-            if of_a.iter().any(|c| !held_by_b.contains(c)) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "round {round}: a never took its clusters back"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::eventually(
+            format!("round {round}: a takes its clusters back"),
+            async || {
+                let held_by_b = b.synced().await.unwrap_or_default();
+                of_a.iter().any(|c| !held_by_b.contains(c))
+            },
+        )
+        .await;
         a.server.kill();
         split(&[&b], &clusters, &log).await;
         progress(10).await;
@@ -3079,16 +2947,15 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
             "2",
         ],
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let not_ready = loop {
-        if let Some((503, body)) = common::http_get(&metrics, "/readyz").await
-            && body.contains("no replica has published one yet")
-        {
-            break body;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no /readyz");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let not_ready =
+        common::eventually(
+            "/readyz says no replica published",
+            async || match common::http_get(&metrics, "/readyz").await {
+                Some((503, body)) if body.contains("no replica has published one yet") => Ok(body),
+                other => Err(other),
+            },
+        )
+        .await;
     assert!(
         not_ready.contains("no replica has published one yet"),
         "{not_ready}"
@@ -3433,16 +3300,12 @@ async fn chaos_hostile_leases_kills_pauses_interrupted_hand_backs_and_a_greedy_c
         a.server.kill();
         split(&[&b, &c], &clusters, &log).await;
         a = Replica::start(&kubeconfig, "replica-a", &log);
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        common::eventually("a's clusters handed back", async || {
             let mut held = b.synced().await.unwrap_or_default();
             held.extend(c.synced().await.unwrap_or_default());
-            if of_a.iter().any(|x| !held.contains(x)) {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never handed back");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            of_a.iter().any(|x| !held.contains(x))
+        })
+        .await;
         a.server.kill();
         split(&[&b, &c], &clusters, &log).await;
         a = Replica::start(&kubeconfig, "replica-a", &log);
@@ -3562,20 +3425,15 @@ async fn a_router_takes_answers_only_from_the_replica_the_lease_names() {
             .collect();
         count.partial && count.total == truth.len() as u64 && unreached == misplaced
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match whole_answers(&router).await {
-            Ok((count, listed)) if honest(&count, &listed) => break,
-            other => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the router never said replica-c's clusters are unreached: {other:?}; log: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    let what = "the router says replica-c's clusters are unreached";
+    common::eventually(
+        common::with_log(what, &log),
+        async || match whole_answers(&router).await {
+            Ok((count, listed)) if honest(&count, &listed) => Ok(()),
+            other => Err(other),
+        },
+    )
+    .await;
     for _ in 0..20 {
         let (count, listed) = whole_answers(&router).await.unwrap();
         assert!(
@@ -3643,18 +3501,15 @@ async fn until_quorum_lists(
     what: &str,
     cond: impl Fn(u64) -> bool,
 ) -> u64 {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    common::eventually(what, async || {
         let made = quorum_lists(fleet) - before;
         if cond(made) {
-            return made;
+            Ok(made)
+        } else {
+            Err(format!("{made} exact lists of the members"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: {made} exact lists of the members"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Reads `stream` until it has added each of `names` in each of `clusters` (as a
@@ -3726,15 +3581,11 @@ async fn one_caller_s_history_reads_run_a_few_at_a_time_and_leave_another_caller
         &log,
         &["--tokens-file", &tokens_arg],
     );
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while synced_as(&a, "alice-token").await != Some(n) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the replica never synced its clusters; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(
+        common::with_log("the replica syncs its clusters", &log),
+        async || synced_as(&a, "alice-token").await == Some(n),
+    )
+    .await;
     // From here on the members hold every new watch request unanswered: a history
     // read, once it has listed, waits there; the replica's own watches run on.
     for s in fleet.servers() {

@@ -10,9 +10,7 @@
 use crate::common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use common::PATIENCE;
 use common::process::Server;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{CountRequest, Query};
@@ -66,21 +64,13 @@ impl Receiver {
 
     /// Waits for a span `matching`, or panics with what was received.
     async fn wait(&self, what: &str, matching: impl Fn(&Span) -> bool) -> (Vec<KeyValue>, Span) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(found) = self.spans().into_iter().find(|(_, s)| matching(s)) {
-                return found;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{what}: never received; spans: {:#?}",
-                self.spans()
-                    .iter()
-                    .map(|(_, s)| &s.name)
-                    .collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{what}: received");
+        common::eventually(what, async || {
+            let spans = self.spans();
+            let names: Vec<String> = spans.iter().map(|(_, s)| s.name.clone()).collect();
+            spans.into_iter().find(|(_, s)| matching(s)).ok_or(names)
+        })
+        .await
     }
 }
 
@@ -192,20 +182,15 @@ async fn rpcs_and_lists_are_exported_over_otlp_in_the_callers_trace() {
         })
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while receiver
-        .spans()
-        .iter()
-        .filter(|(_, s)| s.name == "fleetscope.v1.Fleet/Count")
-        .count()
-        < 2
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "second Count never exported"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually("the second Count exported", async || {
+        receiver
+            .spans()
+            .iter()
+            .filter(|(_, s)| s.name == "fleetscope.v1.Fleet/Count")
+            .count()
+            >= 2
+    })
+    .await;
     let own: Vec<Span> = receiver
         .spans()
         .into_iter()

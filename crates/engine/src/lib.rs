@@ -148,6 +148,24 @@ pub struct Observation {
     pub ready: bool,
     /// Object states the index compressed once they settled, since start.
     pub objects_compressed: u64,
+    /// Watches the engine ended for not keeping up, since start.
+    pub watches_dropped: WatchesDropped,
+}
+
+/// Watches the engine ended for not keeping up, by why.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WatchesDropped {
+    /// Its subscriber left its events unread for the stall bound.
+    pub unread: u64,
+    /// It fell further behind than the event log holds.
+    pub behind: u64,
+}
+
+/// The counts behind [`WatchesDropped`], shared with every Watch's producer.
+#[derive(Debug, Default)]
+pub(crate) struct DroppedCounts {
+    pub(crate) unread: std::sync::atomic::AtomicU64,
+    pub(crate) behind: std::sync::atomic::AtomicU64,
 }
 
 /// The running engine: the index, the status table, and the tasks feeding them.
@@ -173,6 +191,8 @@ pub struct Engine {
     pub(crate) query_timeout: Duration,
     /// See [`EngineConfig::subscriber_stall`].
     pub(crate) subscriber_stall: Duration,
+    /// Watches ended for not keeping up.
+    pub(crate) dropped: Arc<DroppedCounts>,
     /// See [`EngineConfig::ready_patience`].
     ready_patience: Duration,
     /// Every running stream's history reader, for carrying a Watch from a member
@@ -329,6 +349,7 @@ impl Engine {
             queries: Arc::new(tokio::sync::Semaphore::new(config.query_threads.max(1))),
             query_timeout: config.query_timeout,
             subscriber_stall: config.subscriber_stall,
+            dropped: Arc::default(),
             ready_patience: config.ready_patience,
             histories,
             rewatch,
@@ -438,6 +459,16 @@ impl Engine {
             store: self.store_stats(),
             ready: self.is_ready(),
             objects_compressed: self.index.compressed_count(),
+            watches_dropped: WatchesDropped {
+                unread: self
+                    .dropped
+                    .unread
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                behind: self
+                    .dropped
+                    .behind
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            },
         }
     }
 

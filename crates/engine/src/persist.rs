@@ -225,6 +225,8 @@ pub struct Persister {
     held_json: Mutex<i64>,
     disk: Mutex<OnDisk>,
     stats: Mutex<PersistStats>,
+    /// Snapshots being written now (0 or 1), and compactions under way (0 or 1).
+    in_progress: [AtomicU64; 2],
     /// Serialises writes: the writer task and the final flush.
     writing: tokio::sync::Mutex<()>,
     /// Signalled after each write, for an ingest waiting on a full backlog.
@@ -359,6 +361,7 @@ impl Persister {
                 size_on_disk: store.size_on_disk(),
                 ..PersistStats::default()
             }),
+            in_progress: [AtomicU64::new(0), AtomicU64::new(0)],
             writing: tokio::sync::Mutex::new(()),
             written: Notify::new(),
             compacted: AtomicU64::new(0),
@@ -522,7 +525,15 @@ impl Persister {
         let mut s = lock(&self.stats).clone();
         s.pending = lock(&self.pending).changes();
         s.logged_events = lock(&self.disk).events;
+        s.snapshot_in_progress = self.in_progress[SNAPSHOT].load(Ordering::Relaxed) > 0;
+        s.compaction_in_progress = self.in_progress[COMPACTION].load(Ordering::Relaxed) > 0;
         s
+    }
+
+    /// Counts a snapshot's writing or a compaction as under way until the guard drops.
+    fn under_way(&self, kind: usize) -> UnderWay<'_> {
+        self.in_progress[kind].fetch_add(1, Ordering::Relaxed);
+        UnderWay(&self.in_progress[kind])
     }
 
     /// Writes what gathers, one write after another, until cancelled: a write starts
@@ -712,7 +723,11 @@ impl Persister {
         self.covered.store(covers, Ordering::Relaxed);
         let this = self.clone();
         *writing = Some(tokio::task::spawn_blocking(move || {
-            match write_snapshot(&*store, &state) {
+            let written = {
+                let _writing = this.under_way(SNAPSHOT);
+                write_snapshot(&*store, &state)
+            };
+            match written {
                 Ok(ready) => *lock(&this.snapshot_ready) = Some(ready),
                 Err(e) => {
                     this.covered.store(0, Ordering::Relaxed);
@@ -760,7 +775,10 @@ impl Persister {
         }
         let started = Instant::now();
         tracing::debug!(size, "compacting the store");
-        match store.compact() {
+        let compacting = self.under_way(COMPACTION);
+        let compacted = store.compact();
+        drop(compacting);
+        match compacted {
             Ok(Some((before, after))) => {
                 let took = started.elapsed();
                 self.compacted.store(after, Ordering::Relaxed);
@@ -865,8 +883,11 @@ impl Persister {
         }
         let mut snapshot_took = None;
         if let Some(state) = p.snapshot.as_ref().filter(|_| p.snapshot_inline) {
-            let (meta, took) =
-                write_snapshot(&*store, state).map_err(|e| (e.to_string(), ready))?;
+            let written = {
+                let _writing = self.under_way(SNAPSHOT);
+                write_snapshot(&*store, state)
+            };
+            let (meta, took) = written.map_err(|e| (e.to_string(), ready))?;
             batch.snapshot = Some((meta, disk.snapshot));
             disk.snapshot = Some(meta);
             snapshot_took = Some(took);
@@ -942,6 +963,20 @@ impl Persister {
             return Err((e.to_string(), ready));
         }
         Ok((disk, written, snapshot_took))
+    }
+}
+
+/// Which of [`Persister`]'s in-progress counters: a snapshot's writing.
+const SNAPSHOT: usize = 0;
+/// Which of [`Persister`]'s in-progress counters: a compaction.
+const COMPACTION: usize = 1;
+
+/// A snapshot's writing or a compaction under way, until dropped.
+struct UnderWay<'a>(&'a AtomicU64);
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

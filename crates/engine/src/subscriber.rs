@@ -159,6 +159,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         tx,
         stall: engine.subscriber_stall,
         stalled: stalled.clone(),
+        dropped: engine.dropped.clone(),
         report: r.report_positions,
         positioned,
         streams,
@@ -287,6 +288,8 @@ struct Producer {
     stall: std::time::Duration,
     /// Why the producer ended the subscriber for not reading, for its stream to say.
     stalled: Arc<std::sync::Mutex<Option<FleetError>>>,
+    /// The engine's counts of Watches ended for not keeping up.
+    dropped: Arc<crate::DroppedCounts>,
     /// Report member positions (a router's Watch).
     report: bool,
     /// The Watch started from member positions.
@@ -816,6 +819,7 @@ impl Producer {
             Ok(sent) => sent.is_ok(),
             Err(_) => {
                 let reached = self.reached.load(Ordering::Acquire);
+                self.dropped.unread.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(stall = ?self.stall, %reached, "a Watch left its events unread: ended");
                 *self.stalled.lock().unwrap_or_else(|e| e.into_inner()) = Some(
                     FleetError::ResourceExhausted {
@@ -983,6 +987,7 @@ impl Producer {
                         self.reach(feed.reached());
                     }
                     Err(e @ FeedError::Behind { reached, .. }) => {
+                        self.dropped.behind.fetch_add(1, Ordering::Relaxed);
                         return self.end(FleetError::ResourceExhausted {
                             message: e.to_string(),
                             reason: reason::WATCH_BEHIND,

@@ -816,6 +816,10 @@ pub struct StoreStats {
     pub compactions: u64,
     /// How long the last compaction took.
     pub last_compaction: Duration,
+    /// Whether a snapshot is being written now.
+    pub snapshot_in_progress: bool,
+    /// Whether the store is being compacted now.
+    pub compaction_in_progress: bool,
     /// How long each write took.
     pub write_seconds: Histogram,
 }

@@ -2,8 +2,11 @@
 //! and server over them, and a real gRPC client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod eventually;
 pub mod process;
 pub mod subscriber;
+
+pub use eventually::{eventually, eventually_blocking, eventually_within, with_log};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -169,30 +172,21 @@ impl Harness {
         cond: impl Fn(&[proto::Cluster]) -> bool,
     ) -> Vec<proto::Cluster> {
         let mut client = self.client().await;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let clusters = client
-                .list_clusters(ListClustersRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .clusters;
+        eventually("the clusters reach the expected state", async || {
+            let clusters = list_clusters(&mut client).await.clusters;
             if cond(&clusters) {
-                return clusters;
+                Ok(clusters)
+            } else {
+                Err(clusters)
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "clusters never reached the expected state: {clusters:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until the index holds `n` objects matching a query.
     pub async fn wait_count(&self, query: proto::Query, n: u64) {
         let mut client = self.client().await;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        eventually(format!("a count of {n}"), async || {
             let total = client
                 .count(proto::CountRequest {
                     query: Some(query.clone()),
@@ -202,15 +196,9 @@ impl Harness {
                 .unwrap()
                 .into_inner()
                 .total;
-            if total == n {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "count stayed {total}, expected {n}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            if total == n { Ok(()) } else { Err(total) }
+        })
+        .await
     }
 
     /// Stops the server and the engine and waits for them to finish cleanly.
@@ -274,9 +262,8 @@ pub async fn wait_serving(url: &str) -> Vec<i32> {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut seen = Vec::new();
-    loop {
+    eventually(format!("{url} reports SERVING"), async || {
         if let Ok(channel) = Channel::from_shared(url.to_string())
             .unwrap()
             .connect()
@@ -289,16 +276,14 @@ pub async fn wait_serving(url: &str) -> Vec<i32> {
         {
             let status = reply.into_inner().status;
             if status == ServingStatus::Serving as i32 {
-                return seen;
+                return Ok(());
             }
             seen.push(status);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{url} never reported SERVING: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        Err(seen.clone())
+    })
+    .await;
+    seen
 }
 
 /// The simulated clusters' objects of a type at their latest resourceVersion:
@@ -426,15 +411,6 @@ pub async fn kube_client(kubeconfig: &std::path::Path, context: &str) -> kube::C
     kube::Client::try_from(config).unwrap()
 }
 
-/// Waits until `cond` holds (a readiness signal the test can read), failing with
-/// `what` once `deadline` has passed.
-pub async fn until(deadline: tokio::time::Instant, what: &str, cond: impl Fn() -> bool) {
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The server's ListClusters answer.
 pub async fn list_clusters(c: &mut FleetClient<Channel>) -> proto::ListClustersResponse {
     c.list_clusters(ListClustersRequest::default())
@@ -449,18 +425,11 @@ pub async fn wait_for_clusters(
     what: &str,
     check: impl Fn(&proto::ListClustersResponse) -> bool,
 ) -> proto::ListClustersResponse {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    eventually(what, async || {
         let now = list_clusters(c).await;
-        if check(&now) {
-            return now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: never happened; last ListClusters: {now:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if check(&now) { Ok(now) } else { Err(now) }
+    })
+    .await
 }
 
 /// Simulated clusters without churn, and a kubeconfig for them in a fresh directory.

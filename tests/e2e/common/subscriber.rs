@@ -2,7 +2,6 @@
 //! the last revision it was given, and a resume from that revision after a restart.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{EventType, Query, WatchEvent, WatchRequest};
@@ -77,8 +76,7 @@ impl Subscriber {
     /// Starting, discovering or unreachable servers are retried; any other refusal
     /// is returned.
     pub async fn watch(&mut self, url: &str) -> Result<Streaming<WatchEvent>, Status> {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        let stream = super::eventually(format!("{url} serves a Watch"), async || {
             let attempt = async {
                 let mut client = FleetClient::connect(url.to_string())
                     .await
@@ -98,18 +96,15 @@ impl Subscriber {
                     })
                     .await
             };
+            // Starting, discovering or unreachable: tried again.
             match attempt.await {
-                Ok(stream) => {
-                    self.initial = self.last.is_none();
-                    return Ok(stream.into_inner());
-                }
-                Err(s) if s.code() == Code::Unavailable => {
-                    assert!(tokio::time::Instant::now() < deadline, "never served: {s}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err(s) => return Err(s),
+                Err(s) if s.code() == Code::Unavailable => Err(s),
+                other => Ok(other),
             }
-        }
+        })
+        .await?;
+        self.initial = self.last.is_none();
+        Ok(stream.into_inner())
     }
 
     /// Reads events until `until`; then (the server killed) what it had already sent.
