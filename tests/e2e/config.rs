@@ -59,16 +59,6 @@ async fn truth(kubeconfig: &Path, context: &str, namespace: &str) -> u64 {
     api.list(&Default::default()).await.unwrap().items.len() as u64
 }
 
-async fn scrape(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    raw
-}
-
 const FIRST: &str = "\
 # What each cluster collects, and how.
 resources:
@@ -270,7 +260,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
         &["configmaps", "namespaces", "pods"],
         "staging"
     ));
-    let body = scrape(&metrics).await;
+    let body = common::scrape(&metrics).await.unwrap();
     assert!(
         body.contains("fleetscope_config_last_reload_successful 0"),
         "{body}"
@@ -288,7 +278,7 @@ async fn a_changed_file_applies_at_once_and_leaves_other_streams_alone() {
         r.sources_error.is_empty() && input.is_some_and(|i| i.error.is_empty())
     })
     .await;
-    let body = scrape(&metrics).await;
+    let body = common::scrape(&metrics).await.unwrap();
     assert!(
         body.contains("fleetscope_config_last_reload_successful 1"),
         "{body}"

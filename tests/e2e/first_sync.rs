@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use common::{Harness, PATIENCE, test_config};
 use fleetscope::proto::{self, CountRequest, Query, StreamState, SyncMethod};
-use fleetscope_sim::store::ReadAt;
 use fleetscope_sim::{FleetSpec, ListKind, Verb, WatchListSupport};
 use serde_json::json;
 
@@ -19,18 +18,7 @@ const TYPES: [&str; 3] = ["pods", "configmaps", "deployments.apps"];
 
 /// How many objects of a type the clusters hold now.
 fn truth(h: &Harness, id: &str) -> u64 {
-    h.fleet
-        .servers()
-        .iter()
-        .map(|s| {
-            s.cluster()
-                .store
-                .snapshot(id, ReadAt::Latest)
-                .unwrap()
-                .objects
-                .len() as u64
-        })
-        .sum()
+    common::truth(&h.fleet, id).len() as u64
 }
 
 /// Waits until the index holds what the clusters hold of `resource`.

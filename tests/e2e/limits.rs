@@ -8,6 +8,7 @@ use crate::common;
 
 use common::PATIENCE;
 use common::process::Server;
+use common::subscriber::configmaps;
 use fleetscope::proto::fleet_client::FleetClient;
 use fleetscope::proto::{self, WatchRequest};
 use tonic::Code;
@@ -70,13 +71,6 @@ async fn raw_call(url: &str, method: &'static str, body: Vec<u8>) -> tonic::Stat
     )
     .await
     .expect_err("refused")
-}
-
-fn configmaps() -> proto::Query {
-    proto::Query {
-        resource: "configmaps".into(),
-        ..Default::default()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

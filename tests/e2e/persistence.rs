@@ -74,27 +74,9 @@ async fn served(h: &Harness, resource: &str) -> (BTreeSet<(String, String, Strin
 
 /// The same, as the simulated clusters hold it now.
 fn truth(h: &Harness, resource: &str) -> BTreeSet<(String, String, String, String)> {
-    h.fleet
-        .servers()
-        .iter()
-        .flat_map(|s| {
-            let name = s.cluster().name().to_string();
-            s.cluster()
-                .store
-                .snapshot(resource, ReadAt::Latest)
-                .unwrap()
-                .objects
-                .values()
-                .map(|o| {
-                    (
-                        name.clone(),
-                        o.namespace.clone(),
-                        o.name.clone(),
-                        o.rv.to_string(),
-                    )
-                })
-                .collect::<Vec<_>>()
-        })
+    common::truth(&h.fleet, resource)
+        .into_iter()
+        .map(|((cluster, namespace, name), rv)| (cluster, namespace, name, rv))
         .collect()
 }
 
