@@ -15,6 +15,7 @@ mod fleet;
 mod ingest;
 pub mod persist;
 mod plan;
+mod progress;
 mod reconcile;
 pub mod status;
 mod subscriber;
@@ -34,7 +35,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub use fleetscope_informer::{Scope, ScopeError};
-pub use ingest::{Progress, ProgressLog};
+pub use progress::{Progress, ProgressLog};
 pub use reconcile::{ClusterLabels, SourceSet, labels_for};
 
 use crate::persist::{PersistConfig, Persister};

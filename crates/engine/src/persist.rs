@@ -25,7 +25,7 @@ use fleetscope_store::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::ProgressLog;
+use crate::progress::ProgressLog;
 use crate::status::StatusTable;
 
 /// A snapshot written beside the batches and not yet current, with how long writing
