@@ -10,7 +10,6 @@
 //!   how current it is;
 //! - [`persist::Persister`]: write-behind persistence, publication after durability.
 
-mod catchup;
 mod fleet;
 mod ingest;
 pub mod persist;
@@ -198,7 +197,7 @@ pub struct Engine {
     ready_patience: Duration,
     /// Every running stream's history reader, for carrying a Watch from a member
     /// position its stream is past.
-    pub(crate) histories: catchup::Histories,
+    pub(crate) histories: subscriber::Histories,
     /// Changed to make every stream list again (see [`Engine::rewatch`]).
     rewatch: watch::Sender<u64>,
     cancel: CancellationToken,
@@ -311,7 +310,7 @@ impl Engine {
                     .instrument(tracing::info_span!("packer")),
             );
         }
-        let histories = catchup::Histories::default();
+        let histories = subscriber::Histories::default();
         let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
         let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
         let (rewatch, rewatch_rx) = watch::channel(0u64);

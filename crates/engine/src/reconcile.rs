@@ -78,7 +78,7 @@ pub(crate) struct Members {
     /// Where discovery answers are kept, with persistence on.
     pub persister: Option<Arc<crate::persist::Persister>>,
     /// Every running stream's history reader.
-    pub histories: crate::catchup::Histories,
+    pub histories: crate::subscriber::Histories,
     /// Clusters already in the status table, registered before the reconciler ran.
     pub registered: std::collections::HashSet<ClusterName>,
     /// Given to every cluster: changed when each stream must resume its watch.
@@ -243,7 +243,7 @@ struct Reporter {
     restore_confirm: Duration,
     cancel: CancellationToken,
     persister: Option<Arc<crate::persist::Persister>>,
-    histories: crate::catchup::Histories,
+    histories: crate::subscriber::Histories,
 }
 
 /// A kept discovery entry as the informers take it.
