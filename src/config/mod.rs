@@ -7,6 +7,7 @@ pub mod file;
 pub mod flags;
 pub mod inputs;
 pub mod kubeconfig;
+pub mod plan;
 pub mod reload;
 pub mod resolve;
 pub mod settings;

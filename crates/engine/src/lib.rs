@@ -373,6 +373,37 @@ impl Engine {
     /// selection changed stop, start or list again. The index, store, batch and
     /// retention settings (and the field indexes) stay as the engine started.
     pub fn reconfigure(&self, config: &EngineConfig) {
+        self.apply_settings(config);
+    }
+
+    /// Follows `settings` (a configuration file's reloads) until the engine stops:
+    /// each new value is applied as [`Engine::reconfigure`] applies it, the one in
+    /// `settings` now first if it changed while the engine started.
+    pub fn follow(self: &Arc<Self>, mut settings: watch::Receiver<EngineConfig>) {
+        let engine = Arc::downgrade(self);
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(
+            async move {
+                let mut due = settings.has_changed().unwrap_or(false);
+                loop {
+                    if due {
+                        let Some(engine) = engine.upgrade() else {
+                            return;
+                        };
+                        engine.apply_settings(&settings.borrow_and_update());
+                    }
+                    tokio::select! {
+                        changed = settings.changed() => if changed.is_err() { return },
+                        _ = cancel.cancelled() => return,
+                    }
+                    due = true;
+                }
+            }
+            .instrument(tracing::info_span!("task", task = "settings")),
+        );
+    }
+
+    fn apply_settings(&self, config: &EngineConfig) {
         let mut cluster = config.cluster_config();
         cluster
             .stream

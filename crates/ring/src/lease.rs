@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::seal::{self, LeaseKey, Refused};
+pub use crate::vocabulary::Member;
 use crate::vocabulary::{INSTANCE, RING_LABEL};
 
 /// Why a Lease could not be read or written.
@@ -312,15 +313,6 @@ fn instance_id() -> String {
 
 fn seconds(d: Duration) -> i32 {
     i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
-}
-
-/// A member of a ring, as its Lease shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    /// Its identity (the Lease's holder).
-    pub identity: String,
-    /// What it publishes on its Lease.
-    pub annotations: BTreeMap<String, String>,
 }
 
 /// One Lease as this replica has seen it.

@@ -3,9 +3,7 @@
 //! ring's configured clusters as it sees them, whether it is leaving), with the
 //! readings of them every part of the ring shares.
 
-use std::collections::BTreeSet;
-
-use crate::lease::Member;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The label every Lease of a ring carries, naming the ring.
 pub const RING_LABEL: &str = "fleetscope.io/ring";
@@ -31,6 +29,15 @@ pub const CLUSTERS: &str = "fleetscope.io/clusters";
 /// The annotation a replica sets while it shuts down: the others take its clusters
 /// over as if it had left, while it still serves them.
 pub const LEAVING: &str = "fleetscope.io/leaving";
+
+/// A member of a ring, as its Lease shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its identity (the Lease's holder).
+    pub identity: String,
+    /// What it publishes on its Lease.
+    pub annotations: BTreeMap<String, String>,
+}
 
 /// The clusters a member publishes ready.
 pub fn ready_of(member: &Member) -> BTreeSet<&str> {

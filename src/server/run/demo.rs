@@ -2,7 +2,6 @@
 
 use fleetscope_model::fleet::Deferred;
 
-use super::serve::collect_rbac;
 use super::sim::{start_fleet, write_kubeconfig};
 use super::{RunError, Serving, bind_metrics, run, secure, this_binary};
 use crate::config::flags::DemoArgs;
@@ -20,7 +19,9 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     let first = write_kubeconfig(&fleet, &kubeconfig)?;
     let clusters = sources::resolve(std::slice::from_ref(&kubeconfig), &[])?;
     let mut config = args.engine.config()?;
-    collect_rbac(&mut config, args.security.rbac_authorization);
+    if args.security.rbac_authorization {
+        crate::config::plan::collect(&mut config, &crate::auth::rbac::TYPES);
+    }
     let addr = listener.local_addr().map_err(RunError::Listen)?;
     let kc = kubeconfig.display();
     // Resolved once: it reads PATH and the file system.

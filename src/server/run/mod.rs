@@ -38,6 +38,9 @@ pub enum RunError {
     /// A flag's value cannot be used.
     #[error(transparent)]
     Args(#[from] ArgsError),
+    /// The settings make no plan.
+    #[error(transparent)]
+    Plan(#[from] crate::config::plan::PlanError),
     /// The kubeconfigs or context patterns cannot be used.
     #[error(transparent)]
     Sources(#[from] LoadError),
@@ -89,14 +92,6 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
-}
-
-fn ensure(holds: bool, message: &str) -> Result<(), RunError> {
-    if holds {
-        Ok(())
-    } else {
-        Err(ArgsError::Invalid(message.to_string()).into())
-    }
 }
 
 mod config;
@@ -225,22 +220,8 @@ async fn run(
     };
     fleet.set(engine.clone());
     let _ = started_tx.send(engine.clone());
-    if let Some(mut settings) = settings {
-        let engine = engine.clone();
-        let stop = stop.clone();
-        crate::tasks::spawn("settings", async move {
-            // Settings reloaded while the engine started are applied first.
-            loop {
-                if settings.has_changed().unwrap_or(false) {
-                    engine.reconfigure(&settings.borrow_and_update());
-                }
-                tokio::select! {
-                    changed = settings.changed() => if changed.is_err() { return },
-                    _ = stop.cancelled() => return,
-                }
-                engine.reconfigure(&settings.borrow_and_update());
-            }
-        });
+    if let Some(settings) = settings {
+        engine.follow(settings);
     }
     stop.cancelled().await;
     reloads.cancel();

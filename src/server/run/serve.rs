@@ -1,63 +1,25 @@
 //! `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served until
-//! SIGTERM; and the plan of its settings, which `config check` and a reload make too.
+//! SIGTERM.
 
 use fleetscope_model::fleet::Deferred;
 
 use super::{
-    RunError, Serving, bind_metrics, check_security, context_source, ensure, private, run, secure,
+    RunError, Serving, bind_metrics, check_security, context_source, private, run, secure,
     token_key,
 };
 use crate::config::flags::{ArgsError, ServeArgs};
-use crate::config::kubeconfig::KubeconfigSources;
 use crate::config::reload::{self, ConfigFile, Reloads};
 use crate::engine::{Engine, EngineConfig, SourceSet, Stored};
 use crate::server;
-use crate::sources;
 
-/// The cluster sources and engine settings of `serve`'s flags: checked, with no side
-/// effect but reading `$KUBECONFIG`. Used at start, by `config check` and on reload.
-pub fn plan(args: &ServeArgs) -> Result<(KubeconfigSources, EngineConfig), RunError> {
-    let only_in_cluster =
-        args.in_cluster && args.kubeconfigs.is_empty() && std::env::var_os("KUBECONFIG").is_none();
-    let sources = KubeconfigSources {
-        paths: if only_in_cluster {
-            Vec::new()
-        } else {
-            sources::kubeconfig_paths(&args.kubeconfigs)?
-        },
-        contexts: args.contexts.clone(),
-        in_cluster: args.in_cluster.then(|| args.in_cluster_name.clone()),
-        aliases: args.aliases()?,
-    };
-    let mut config = args.engine.config()?;
-    let p = &args.persist;
-    ensure(
-        p.event_log_disk_share.is_finite() && p.event_log_disk_share >= 0.0,
-        "--event-log-disk-share must be a number, 0 or more",
-    )?;
-    ensure(
-        p.compact_share.is_finite() && p.compact_share >= 0.0,
-        "--compact-share must be a number, 0 or more",
-    )?;
-    collect_rbac(&mut config, args.security.rbac_authorization);
-    config.keep_removed_clusters = p.keep_removed_clusters;
-    config.persist.log_share = p.event_log_disk_share;
-    config.persist.compact_share = p.compact_share;
-    config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
-    Ok((sources, config))
-}
-
-/// With delegated authorization, each cluster's RBAC is read from its objects,
-/// collected like any others.
-pub(super) fn collect_rbac(config: &mut EngineConfig, on: bool) {
-    if !on || config.resources.iter().any(|r| r == "*") {
-        return;
-    }
-    for t in crate::auth::rbac::TYPES {
-        if !config.resources.iter().any(|r| r == t) {
-            config.resources.push(t.to_string());
-        }
-    }
+/// `serve`'s plan: with delegated authorization, each cluster's RBAC is collected too.
+pub fn plan(
+    args: &ServeArgs,
+) -> Result<
+    (crate::config::kubeconfig::KubeconfigSources, EngineConfig),
+    crate::config::plan::PlanError,
+> {
+    crate::config::plan::plan(args, &crate::auth::rbac::TYPES)
 }
 
 /// `fleetscope serve`: the kubeconfigs' clusters, reloaded as they change, served
