@@ -204,7 +204,7 @@ pub fn describe<'a>(
         .collect()
 }
 
-/// The settings as a Markdown table, as `docs/operating.md` shows them.
+/// The settings as a Markdown table, as `docs/settings.md` shows them.
 pub fn markdown(described: &[Described]) -> String {
     let cell = |s: &str| s.replace('|', "\\|");
     let mut out = String::from(

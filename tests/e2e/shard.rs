@@ -2289,13 +2289,13 @@ fn free_prefix(n: u16, not: u16) -> u16 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ring_on_one_machine_runs_as_docs_operating_md_writes_it() {
+async fn the_ring_on_one_machine_runs_as_docs_scaling_md_writes_it() {
     use std::os::unix::process::CommandExt;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let doc = std::fs::read_to_string(root.join("docs/operating.md")).unwrap();
+    let doc = std::fs::read_to_string(root.join("docs/scaling.md")).unwrap();
     let from = doc
         .find("Three replicas and two routers on one machine")
-        .expect("docs/operating.md shows a ring on one machine");
+        .expect("docs/scaling.md shows a ring on one machine");
     let block = &doc[from..];
     let block = &block[block.find("```sh\n").unwrap() + "```sh\n".len()..];
     let block = &block[..block.find("```").unwrap()];

@@ -61,7 +61,7 @@ pub fn config_check(
 }
 
 /// `fleetscope config settings`: every setting of `serve` (or `router`, `of`) from its
-/// declaration, as an aligned table or (`markdown`) the reference `docs/operating.md`
+/// declaration, as an aligned table or (`markdown`) the reference `docs/settings.md`
 /// holds.
 pub fn config_settings(command: &clap::Command, of: &str, output: &str) {
     let Some(sub) = command.find_subcommand(of) else {
