@@ -1,29 +1,23 @@
 //! Prometheus metrics, read from the engine at each scrape (so a cluster that leaves
-//! takes its series with it), served beside `/healthz` and `/readyz` on their own
-//! listener (`--metrics-listen`).
+//! takes its series with it); `crate::server::probes` serves them beside `/healthz`
+//! and `/readyz` on their own listener (`--metrics-listen`).
 //!
 //! Names follow Prometheus conventions (`_total` counters, base units) and the shapes
 //! client-go made familiar: per cluster and resource type, `fleetscope_objects`,
 //! `fleetscope_stream_synced`, `fleetscope_sync_lag_seconds`,
 //! `fleetscope_watch_events_total{type}` and `fleetscope_relists_total{reason}`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fleetscope_engine::Engine;
 use fleetscope_model::fleet::{Deferred, Freshness};
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::grpc::Subscribers;
 
@@ -40,6 +34,22 @@ pub struct Sources {
     pub inputs: crate::config::inputs::Inputs,
     /// The shard as this replica sees it, when it is a replica of a ring.
     pub shard: Option<tokio::sync::watch::Receiver<crate::shard::owner::ShardStatus>>,
+    /// The server's own figures, read at each scrape.
+    pub server: fn() -> ServerFigures,
+}
+
+/// The server's figures as metrics read them: its connections' admission and
+/// closing, and its tasks.
+#[derive(Debug, Clone, Default)]
+pub struct ServerFigures {
+    /// Connections refused at admission since start, by reason.
+    pub refused: Vec<(&'static str, u64)>,
+    /// Connections closed idle since start.
+    pub closed_idle: u64,
+    /// Connections closed for making no authenticated call in time, since start.
+    pub closed_unauthenticated: u64,
+    /// The server's tasks running now, by name.
+    pub tasks: Vec<(&'static str, usize)>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -334,7 +344,7 @@ fn shard_metrics(
 impl Collector for FleetCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let sources = &self.0;
-        server_metrics(&mut e, &sources.subscribers)?;
+        server_metrics(&mut e, &sources.subscribers, sources.server)?;
         input_metrics(&mut e, &sources.inputs.borrow())?;
         if let Some(shard) = &sources.shard {
             shard_metrics(&mut e, &shard.borrow())?;
@@ -370,6 +380,7 @@ impl Collector for FleetCollector {
 fn server_metrics(
     e: &mut DescriptorEncoder,
     subscribers: &Subscribers,
+    server: fn() -> ServerFigures,
 ) -> Result<(), std::fmt::Error> {
     family(
         e,
@@ -396,45 +407,37 @@ fn server_metrics(
         ConstCounter::new(subscribers.ended()),
     )?;
     process(e)?;
+    let figures = server();
     family(
         e,
         "fleetscope_grpc_connections_refused",
         "Connections closed at admission (gRPC and metrics listeners), by reason: cap (--grpc-max-connections), address_cap (--grpc-max-connections-per-address), reserved (only the places kept for callers with a client certificate were left).",
         MetricType::Counter,
-        crate::server::tls::Refusal::ALL
+        figures
+            .refused
             .iter()
-            .zip(&crate::server::tls::REFUSED)
-            .map(|(why, n)| {
-                (
-                    vec![("reason", why.as_str().to_string())],
-                    ConstCounter::new(n.load(std::sync::atomic::Ordering::Relaxed)),
-                )
-            }),
+            .map(|(why, n)| (vec![("reason", (*why).to_string())], ConstCounter::new(*n))),
     )?;
     single(
         e,
         "fleetscope_grpc_connections_closed_idle",
         "gRPC connections closed with a GOAWAY after --grpc-idle-timeout with no call open.",
         MetricType::Counter,
-        ConstCounter::new(
-            crate::server::idle::CLOSED_IDLE.load(std::sync::atomic::Ordering::Relaxed),
-        ),
+        ConstCounter::new(figures.closed_idle),
     )?;
     single(
         e,
         "fleetscope_grpc_connections_closed_unauthenticated",
         "gRPC connections closed with a GOAWAY for making no authenticated call within --grpc-handshake-timeout, or to make room for a newer connection while none had.",
         MetricType::Counter,
-        ConstCounter::new(
-            crate::server::idle::CLOSED_UNAUTHENTICATED.load(std::sync::atomic::Ordering::Relaxed),
-        ),
+        ConstCounter::new(figures.closed_unauthenticated),
     )?;
     family(
         e,
         "fleetscope_tasks",
         "Tasks of the server running now, by name (listeners, connections, reloaders, readiness, signals); the engine's own are not counted here.",
         MetricType::Gauge,
-        crate::tasks::running().into_iter().map(|(task, n)| {
+        figures.tasks.into_iter().map(|(task, n)| {
             (
                 vec![("task", task.to_string())],
                 ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)),
@@ -732,141 +735,4 @@ fn store_metrics(
         one(seconds(s.max_flush)),
     )?;
     Ok(())
-}
-
-/// Whether a process can answer, and why not when it cannot (for `/readyz`).
-pub trait Readiness: Send + Sync + 'static {
-    /// `Ok` when ready; why not, otherwise.
-    fn readiness(&self) -> Result<(), String>;
-}
-
-impl Readiness for Deferred<Engine> {
-    /// Ready once the engine is (restored, or every cluster discovered once or
-    /// failed).
-    fn readiness(&self) -> Result<(), String> {
-        match self.get() {
-            Some(e) if e.observe().ready => Ok(()),
-            Some(_) => Err("discovering clusters".into()),
-            None => Err("starting: loading the store".into()),
-        }
-    }
-}
-
-impl Readiness for crate::router::Router {
-    fn readiness(&self) -> Result<(), String> {
-        crate::router::Router::readiness(self)
-    }
-}
-
-/// Serves `/metrics`, `/healthz`, `/livez` and `/readyz` on `listener` until `stop`.
-/// `/readyz` answers 200 once `ready` says so, 503 (saying why) before.
-pub async fn serve(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    engine: Arc<dyn Readiness>,
-    security: crate::server::Security,
-    stop: CancellationToken,
-) {
-    use futures::StreamExt as _;
-    let mut incoming = Box::pin(crate::server::tls::incoming(
-        listener,
-        security.tls,
-        crate::server::tls::Protocol::Http1,
-        security.admission,
-        stop.clone(),
-    ));
-    let guard = Arc::new(security.guard);
-    loop {
-        let stream = tokio::select! {
-            accepted = incoming.next() => match accepted {
-                Some(Ok(a)) => a,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
-                    continue;
-                }
-                None => return,
-            },
-            _ = stop.cancelled() => return,
-        };
-        let peer = tonic::transport::server::Connected::connect_info(&stream);
-        let (registry, engine, guard) = (registry.clone(), engine.clone(), guard.clone());
-        let service = hyper::service::service_fn(move |r: Request<Incoming>| {
-            let (registry, engine, guard, peer) = (
-                registry.clone(),
-                engine.clone(),
-                guard.clone(),
-                peer.clone(),
-            );
-            async move {
-                if r.uri().path() == "/metrics"
-                    && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer)).await
-                {
-                    let code = match refused.code() {
-                        tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-                        tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                        _ => StatusCode::FORBIDDEN,
-                    };
-                    let body = format!("{}\n", refused.message());
-                    return Ok::<_, Infallible>(text(code, "text/plain; charset=utf-8", body));
-                }
-                Ok(answer(&r, &registry, &engine))
-            }
-        });
-        let stop = stop.clone();
-        crate::tasks::spawn("metrics-connection", async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            tokio::select! {
-                _ = conn => {}
-                _ = stop.cancelled() => {}
-            }
-        });
-    }
-}
-
-fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-fn answer(
-    r: &Request<Incoming>,
-    registry: &Registry,
-    engine: &Arc<dyn Readiness>,
-) -> Response<Full<Bytes>> {
-    const PLAIN: &str = "text/plain; charset=utf-8";
-    if r.method() != Method::GET && r.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "GET only\n".into());
-    }
-    match r.uri().path() {
-        "/metrics" => {
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, registry) {
-                Ok(()) => text(
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    body,
-                ),
-                Err(_) => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    PLAIN,
-                    "encoding the metrics failed\n".into(),
-                ),
-            }
-        }
-        "/healthz" | "/livez" => text(StatusCode::OK, PLAIN, "ok\n".into()),
-        "/readyz" => match engine.readiness() {
-            Ok(()) => text(StatusCode::OK, PLAIN, "ok\n".into()),
-            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, format!("{why}\n")),
-        },
-        _ => text(
-            StatusCode::NOT_FOUND,
-            PLAIN,
-            "not found: /metrics, /healthz, /readyz\n".into(),
-        ),
-    }
 }

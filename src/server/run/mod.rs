@@ -156,6 +156,7 @@ async fn run(
             subscribers: service.subscribers(),
             inputs,
             shard: replica.as_ref().map(|r| r.status.clone()),
+            server: crate::server::probes::figures,
         },
         fleet.clone(),
         &security,
@@ -521,7 +522,7 @@ async fn bind_metrics(
 fn serve_metrics(
     listener: Option<tokio::net::TcpListener>,
     sources: telemetry::metrics::Sources,
-    ready: std::sync::Arc<dyn telemetry::metrics::Readiness>,
+    ready: std::sync::Arc<dyn crate::server::probes::Readiness>,
     security: &server::Security,
     stop: &tokio_util::sync::CancellationToken,
 ) -> GrpcLayer {
@@ -539,7 +540,7 @@ fn serve_metrics(
     }
     crate::tasks::spawn(
         "metrics-listener",
-        telemetry::metrics::serve(
+        crate::server::probes::serve(
             listener,
             std::sync::Arc::new(registry),
             ready,

@@ -101,6 +101,7 @@ pub async fn router(
             subscribers: service.subscribers(),
             inputs,
             shard: None,
+            server: crate::server::probes::figures,
         },
         router,
         &security,
