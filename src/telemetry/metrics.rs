@@ -1,6 +1,6 @@
 //! Prometheus metrics, read from the engine at each scrape (so a cluster that leaves
 //! takes its series with it); the server serves them beside `/healthz` and `/readyz`
-//! and `/readyz` on their own listener (`--metrics-listen`).
+//! on their own listener (`--metrics-listen`).
 //!
 //! Names follow Prometheus conventions (`_total` counters, base units) and the shapes
 //! client-go made familiar: per cluster and resource type, `fleetscope_objects`,
