@@ -68,8 +68,8 @@ async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
     // values as the flags' defaults (flag > environment > file > default).
     let mut config = None;
     let file = match &parsed.command {
-        args::Command::Serve(serve) => serve.config.clone().map(|path| ("serve", path)),
-        args::Command::Router(router) => router.config.clone().map(|path| ("router", path)),
+        args::Command::Serve(serve) => serve.file.config.clone().map(|path| ("serve", path)),
+        args::Command::Router(router) => router.file.config.clone().map(|path| ("router", path)),
         _ => None,
     };
     if let Some((subcommand, path)) = file {

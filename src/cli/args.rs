@@ -88,7 +88,7 @@ pub struct ServerArg {
         long,
         short = 's',
         env = "FLEETSCOPE_SERVER",
-        default_value = "127.0.0.1:50051"
+        default_value = crate::config::flags::DEFAULT_LISTEN
     )]
     pub server: String,
     /// CA certificates (PEM) to verify the server with; default: the public web roots.

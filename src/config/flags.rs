@@ -134,14 +134,26 @@ pub fn settings_of(command: &str) -> Vec<&'static Setting> {
     }
 }
 
+/// Where a server listens by default, and where its clients look for it.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+
+/// The configuration file of `serve` and `router`.
+#[derive(Debug, Args)]
+pub struct ConfigFileArg {
+    /// A YAML configuration file for every setting (docs/settings.md names each key);
+    /// flags and environment variables override it. Reloaded when it changes and on
+    /// SIGHUP.
+    #[arg(long, env = "FLEETSCOPE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
 crate::settings! {
 /// `serve`'s flags.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// A YAML configuration file for every setting below and per-resource settings;
-    /// flags and environment variables override it. Reloaded when it changes and on SIGHUP.
-    #[arg(long, env = "FLEETSCOPE_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub file: ConfigFileArg,
     ["kubeconfigs", Texts, Sources]
     /// A kubeconfig file; repeat for several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
     #[arg(long = "kubeconfig", value_name = "FILE")]
@@ -248,11 +260,9 @@ crate::settings! {
 /// callers are secured.
 #[derive(Debug, Args)]
 pub struct RouterArgs {
-    /// A YAML configuration file for every setting below (the keys `serve`'s file
-    /// has for them); flags and environment variables override it. Reloaded when it
-    /// changes and on SIGHUP.
-    #[arg(long, env = "FLEETSCOPE_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[allow(missing_docs)]
+    #[command(flatten)]
+    pub file: ConfigFileArg,
     ["kubeconfigs", Texts, Restart]
     /// A kubeconfig file holding the coordination cluster's context; repeat for
     /// several. Default: $KUBECONFIG (a path list), else ~/.kube/config.
@@ -490,7 +500,7 @@ crate::settings! {
 pub struct ListenerArgs {
     ["listen", Text, Restart]
     /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = "127.0.0.1:50051", value_parser = host_port)]
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = DEFAULT_LISTEN, value_parser = host_port)]
     pub listen: String,
     ["metricsListen", Text, Restart]
     /// Serve Prometheus metrics at /metrics (with /healthz and /readyz) on this
