@@ -2,15 +2,18 @@
 //! cluster first), with the events about each from its cluster when the fleet collects
 //! events.
 
+use super::connect::{Client, ClientError};
+use super::lookup::{Listed, check_clusters, list_all, targets, where_looked};
+use super::printing::print;
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use serde_json::Value;
 
+use super::args;
 use super::columns::age_of;
 use super::jsonpath::text;
 use super::output::Item;
-use super::{Client, ClientError, Listed, args, list_all, print, targets, where_looked};
 use crate::proto::Query;
 
 /// The events' type as the fleet collects it.
@@ -18,7 +21,7 @@ const EVENTS: &str = "events";
 
 /// `describe`: every object the arguments name, each with its events.
 pub async fn describe(client: &mut Client, args: args::DescribeArgs) -> Result<(), ClientError> {
-    super::check_clusters(client, &args.query).await?;
+    check_clusters(client, &args.query).await?;
     let targets = targets(&args.query.resource, &args.names)?;
     let mut described = 0;
     let mut missing = Vec::new();

@@ -1,0 +1,305 @@
+#![allow(clippy::unwrap_used)]
+
+use fleetscope_index::Change;
+use fleetscope_model::ObjectKey;
+use fleetscope_store::MemoryStore;
+
+use super::*;
+
+fn pod(name: &str, rv: u64) -> Change {
+    Change::Upsert(ObjectState {
+        key: ObjectKey::new("pods", &ClusterName::from("c1"), "ns", name),
+        json: format!(
+            r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#
+        ),
+        labels: Vec::new(),
+        owners: Vec::new(),
+        fields: Vec::new(),
+    })
+}
+
+/// An index and a persister over a store in memory, as a fresh start makes them.
+fn persisted() -> (Arc<Index>, Arc<Persister>, Arc<MemoryStore>) {
+    persisted_with(PersistConfig::default())
+}
+
+fn persisted_with(config: PersistConfig) -> (Arc<Index>, Arc<Persister>, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    store.initialise().unwrap();
+    let base = Revision(1_000);
+    let index = Arc::new(Index::starting_after(
+        fleetscope_index::Config::default(),
+        base,
+    ));
+    let persister = Arc::new(Persister::new(
+        store.clone(),
+        config,
+        Continued {
+            held_json: 0,
+            records: Vec::new(),
+            snapshot: None,
+            change_log: 0,
+            revision: base,
+        },
+        index.clone(),
+        StatusTable::default(),
+    ));
+    persister.write_snapshot_of(index.snapshot());
+    (index, persister, store)
+}
+
+/// Stages one change and records it, as the ingest does.
+fn record(index: &Index, persister: &Persister, change: Change) {
+    persister.record(index.stage([change]), [], crate::ProgressLog::default());
+}
+
+/// The revisions a subscriber has been handed since it last asked.
+fn delivered(feed: &mut fleetscope_index::Feed) -> Vec<u64> {
+    feed.try_next()
+        .unwrap()
+        .iter()
+        .map(|e| e.revision.0)
+        .collect()
+}
+
+/// The names of the objects an index holds, in key order.
+pub(crate) fn names(index: &Index) -> Vec<String> {
+    index
+        .snapshot()
+        .iter()
+        .map(|o| o.key.name.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_is_invisible_until_its_write_is_confirmed() {
+    let (index, persister, store) = persisted();
+    let mut feed = index.subscribe(None).unwrap().feed;
+    record(&index, &persister, pod("a", 1));
+    assert!(names(&index).is_empty(), "readers see nothing unwritten");
+    assert!(feed.try_next().unwrap().is_empty(), "nor do subscribers");
+    assert_eq!(index.snapshot().revision(), Revision(1_000));
+    persister.flush().await.unwrap();
+    assert_eq!(names(&index), ["a"]);
+    assert_eq!(delivered(&mut feed), [1_001]);
+    // What was published is what the store holds: a restart continues from it.
+    let loaded = store.load().unwrap();
+    assert_eq!(loaded.revision, Revision(1_001));
+    assert_eq!(loaded.objects.len(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_write_keeps_its_batch_invisible_and_is_retried() {
+    let (index, persister, store) = persisted();
+    persister.flush().await.unwrap();
+    let mut feed = index.subscribe(None).unwrap().feed;
+    store.fail_writes(true);
+    record(&index, &persister, pod("a", 1));
+    assert!(persister.flush().await.is_err());
+    assert!(names(&index).is_empty(), "a failed write shows nothing");
+    assert!(feed.try_next().unwrap().is_empty());
+    // More changes gather behind it; the retry writes them all, in order.
+    record(&index, &persister, pod("b", 2));
+    assert!(persister.flush().await.is_err());
+    store.fail_writes(false);
+    persister.flush().await.unwrap();
+    assert_eq!(names(&index), ["a", "b"]);
+    assert_eq!(delivered(&mut feed), [1_001, 1_002]);
+    assert_eq!(store.load().unwrap().objects.len(), 2);
+}
+
+#[tokio::test]
+async fn reads_of_what_is_durable_go_on_while_writes_fail() {
+    let (index, persister, store) = persisted();
+    let cancel = CancellationToken::new();
+    let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+    record(&index, &persister, pod("a", 1));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while names(&index).is_empty() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    store.fail_writes(true);
+    record(&index, &persister, pod("b", 2));
+    while persister.stats().last_error.is_none() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The writer keeps failing; readers are answered from what is durable.
+    for _ in 0..100 {
+        assert_eq!(names(&index), ["a"]);
+        assert_eq!(index.snapshot().revision(), Revision(1_001));
+    }
+    store.fail_writes(false);
+    while names(&index).len() < 2 {
+        assert!(Instant::now() < deadline, "the retry publishes");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cancel.cancel();
+    writer.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_index() {
+    // A snapshot is due after every change.
+    let (index, persister, store) = persisted_with(PersistConfig {
+        snapshot_share: 0.0,
+        snapshot_min_bytes: 0,
+        ..PersistConfig::default()
+    });
+    let cancel = CancellationToken::new();
+    let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut i = 0;
+    // Changes keep coming until snapshots taken beside them (after the first, which
+    // a fresh store writes with its first batch) are current: ten pods changed over
+    // and over, so that the store is soon past filling (see `FILLED_SHARE`).
+    while persister.stats().snapshots < 3 {
+        assert!(Instant::now() < deadline, "no snapshot became current");
+        i += 1;
+        record(&index, &persister, pod(&format!("p{}", i % 10), i));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cancel.cancel();
+    writer.await.unwrap();
+    persister.close().await.unwrap();
+    let loaded = store.load().unwrap();
+    let held: Vec<String> = loaded
+        .objects
+        .iter()
+        .map(|o| o.state.key.name.to_string())
+        .collect();
+    let mut expected = names(&index);
+    expected.sort();
+    let mut held = held;
+    held.sort();
+    assert_eq!(
+        held, expected,
+        "the store loads as the index it was written from"
+    );
+    assert_eq!(loaded.revision, index.snapshot().revision());
+}
+
+/// Whether a persister's store, started empty, is still filling.
+fn filling(persister: &Persister) -> bool {
+    matches!(*lock(&persister.fill), Fill::Filling { .. })
+}
+
+/// The revision of the snapshot a persister has gathered to write next.
+fn gathered_snapshot(persister: &Persister) -> Option<Revision> {
+    lock(&persister.pending)
+        .snapshot
+        .as_ref()
+        .map(|s| s.revision())
+}
+
+#[test]
+fn a_store_filling_from_empty_neither_snapshots_nor_compacts_until_it_is_filled() {
+    // Snapshots due after a change log of half the held JSON; compactions past it.
+    let (index, persister, _) = persisted_with(PersistConfig {
+        snapshot_min_bytes: 0,
+        compact_min_bytes: 0,
+        ..PersistConfig::default()
+    });
+    let initial = gathered_snapshot(&persister);
+    for i in 0..100 {
+        record(&index, &persister, pod(&format!("p{i}"), i));
+    }
+    // Each object recorded once: filling, whatever the log's and the file's size.
+    assert_eq!(gathered_snapshot(&persister), initial);
+    assert!(!persister.compaction_due(50 << 20, 1.0));
+    // Changed over and over: filled. The fill's log counts as a snapshot...
+    let mut rv = 100;
+    while filling(&persister) {
+        assert!(rv < 1_000, "never filled");
+        record(&index, &persister, pod("p0", rv));
+        rv += 1;
+    }
+    assert_eq!(gathered_snapshot(&persister), initial);
+    // ... and the size as compacted: the next compaction once it grows by half.
+    assert!(!persister.compaction_due(12 << 20, 1.0));
+    assert!(!persister.compaction_due(18 << 20, 1.0));
+    assert!(persister.compaction_due(19 << 20, 1.0));
+    // A change log past half the held JSON beyond the fill's: a snapshot is due.
+    let held = *lock(&persister.held_json);
+    for rv in rv..2_000 {
+        record(&index, &persister, pod("p1", rv));
+        if gathered_snapshot(&persister) != initial {
+            break;
+        }
+    }
+    assert_ne!(
+        gathered_snapshot(&persister),
+        initial,
+        "held {held} bytes of JSON"
+    );
+}
+
+#[test]
+fn a_store_that_starts_with_objects_is_not_filling() {
+    let store = Arc::new(MemoryStore::new());
+    store.initialise().unwrap();
+    let index = Arc::new(Index::starting_after(
+        fleetscope_index::Config::default(),
+        Revision(1_000),
+    ));
+    let persister = Persister::new(
+        store,
+        PersistConfig {
+            compact_min_bytes: 0,
+            ..PersistConfig::default()
+        },
+        Continued {
+            held_json: 4_096,
+            records: Vec::new(),
+            snapshot: None,
+            change_log: 0,
+            revision: Revision(1_000),
+        },
+        index,
+        StatusTable::default(),
+    );
+    assert!(!filling(&persister));
+    assert!(persister.compaction_due(50 << 20, 4_096.0));
+    assert_eq!(persister.fill_log(1 << 20, 0, 4_096.0, 0), 0);
+}
+
+#[test]
+fn a_store_filling_from_empty_is_filled_once_it_holds_its_limit() {
+    let (index, persister, _) = persisted();
+    record(&index, &persister, pod("p0", 1));
+    let held = *lock(&persister.held_json) as f64;
+    assert_eq!(persister.fill_log(1_000, 0, held, 0), 1_000, "filling");
+    // As if it held more than the limit, each object recorded once: filled, its
+    // log so far counting as a snapshot, its size taken at the next check.
+    *lock(&persister.fill) = Fill::Filling {
+        recorded: FILL_MAX_JSON as usize + 1,
+    };
+    assert_eq!(persister.fill_log(2_000, 0, FILL_MAX_JSON + 1.0, 0), 2_000);
+    assert!(!filling(&persister));
+    assert_eq!(persister.fill_log(2_500, 0, FILL_MAX_JSON + 1.0, 0), 2_000);
+    assert!(!persister.compaction_due(300 << 20, FILL_MAX_JSON + 1.0));
+    assert!(persister.compaction_due(451 << 20, FILL_MAX_JSON + 1.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_starts_as_soon_as_there_is_something_to_write() {
+    let (index, persister, _store) = persisted();
+    let cancel = CancellationToken::new();
+    let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+    let started = tokio::time::Instant::now();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        record(&index, &persister, pod(name, i as u64));
+        while names(&index).len() <= i {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    // No timer stands between a change and its write: paused time barely moves.
+    assert!(
+        started.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        started.elapsed()
+    );
+    cancel.cancel();
+    writer.await.unwrap();
+}
