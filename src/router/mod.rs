@@ -12,21 +12,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use fleetscope_model::fleet::{
-    ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, Fleet, FleetObject,
-    Freshness, GetAnswer, GetRequest, ListAnswer, ListRequest, Projection, ResourceTypeInfo,
-    StoreStats, Watch, WatchRequest, reason,
+    ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, Fleet, Freshness,
+    GetAnswer, GetRequest, ListAnswer, ListRequest, Projection, ResourceTypeInfo, StoreStats,
+    Watch, WatchRequest, reason,
 };
-use fleetscope_model::{Access, ClusterFilter, FleetError, ObjectKey, Revision};
+use fleetscope_model::{Access, ClusterFilter, FleetError, Revision};
 use tokio::time::Instant;
 
 use crate::grpc::convert;
 use crate::grpc::status::from_replica;
-use crate::grpc::token::{TokenKey, encode_token};
+use crate::grpc::token::TokenKey;
 use crate::proto;
 use crate::proto::fleet_client::FleetClient;
 use fleetscope_ring::lease::{Member, Observed};
 use fleetscope_ring::vocabulary as owner;
 
+mod list;
 mod pool;
 pub mod stats;
 mod watch;
@@ -86,51 +87,6 @@ fn answered_as(
         "the server at {address}, the address replica {} of ring {ring} publishes, answers as {who}: check that replica's --shard-advertise",
         member.identity
     )))
-}
-
-/// Where a routed list continues: for each replica drawn on, the snapshot it listed
-/// from and the clusters it was asked for.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Positions {
-    /// replica identity, its snapshot's revision, its clusters.
-    s: Vec<(String, u64, Vec<String>)>,
-    /// For each of `s`, how many of its matches follow the page returned, so that
-    /// the replica's next page need not count them again (absent in a token of an
-    /// earlier version: the replica then counts).
-    #[serde(default)]
-    r: Vec<u64>,
-    /// For each of `s`, when the router last asked it for this list (seconds since
-    /// the epoch): a replica keeps a list's snapshot for a while after its last use
-    /// only, so one not asked for a while (its clusters come later in the list) is
-    /// asked again before it lets the snapshot go.
-    #[serde(default)]
-    t: Vec<u64>,
-}
-
-/// How long a routed list may leave a replica unasked before it asks it again, to
-/// keep its snapshot: well under the replicas' five minutes.
-const KEEP_SNAPSHOT_EVERY: u64 = 60;
-
-/// Seconds since the epoch, now.
-fn now_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// The replicas of a routed list (by index) to ask again so they keep its snapshot:
-/// those with something still to give, not asked since `KEEP_SNAPSHOT_EVERY` before
-/// `now` (or never, by a token of an earlier version).
-fn to_keep(positions: &Positions, now: u64) -> Vec<usize> {
-    (0..positions.s.len())
-        .filter(|&i| positions.r.get(i).is_some_and(|r| *r > 0))
-        .filter(|&i| {
-            positions
-                .t
-                .get(i)
-                .is_none_or(|t| now.saturating_sub(*t) >= KEEP_SNAPSHOT_EVERY)
-        })
-        .collect()
 }
 
 impl Router {
@@ -440,291 +396,6 @@ impl Router {
         answer
     }
 
-    /// A routed list's first page: every replica serving a selected cluster (or its
-    /// next holder when that one cannot answer: killed, before its Lease expires)
-    /// lists a page from a snapshot of its own, kept for the pages after; the page is
-    /// the merge's first `limit`, and each replica's position remembers how many of
-    /// its matches follow it.
-    async fn first_list_page(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
-        let limit = r.limit.max(1);
-        let (pages, unreached) = self
-            .spread(&members, &r.query.clusters, |member, clusters| {
-                let query = convert::query_out(&r.query, r.projection, &clusters);
-                self.page_of(member, clusters, first_page(query, limit), &r.access)
-            })
-            .await?;
-        // The clusters selected that no page comes from: drawn on, and missing.
-        let mut missing = self.missing(&r.query.clusters, &serving, unreached);
-        let mut items: Vec<(usize, FleetObject)> = Vec::new();
-        let mut clusters = Vec::new();
-        let mut partial = false;
-        let mut positions = Positions {
-            s: Vec::new(),
-            r: Vec::new(),
-            t: Vec::new(),
-        };
-        for (i, (identity, asked, page)) in pages.into_iter().enumerate() {
-            positions.t.push(now_seconds());
-            missing.extend(Self::silent(
-                &identity,
-                &asked,
-                page.clusters.iter().map(|c| c.cluster.as_str()),
-            ));
-            positions.r.push(page.remaining_item_count);
-            partial |= page.partial;
-            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
-            positions.s.push((identity, page.revision, asked));
-            items.extend(page.items.into_iter().map(|o| (i, convert::object_in(o))));
-        }
-        partial |= !missing.is_empty();
-        clusters.extend(missing);
-        items.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-        let taken = fits(items.iter().map(|(_, o)| o), limit, r.max_bytes);
-        // What each replica gave beyond the page follows it there too.
-        for (i, _) in items.drain(taken..) {
-            positions.r[i] += 1;
-        }
-        let items = items.into_iter().map(|(_, o)| o).collect();
-        Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
-    }
-
-    /// A routed list's next page, from the snapshots its first page took. A cluster's
-    /// objects are contiguous in key order and each was listed from one replica, so
-    /// the page is read cluster by cluster from the last key on: the replica of the
-    /// next clusters is asked for what the page still needs of them, and the next
-    /// replica only once those are exhausted; no replica is asked for objects the
-    /// page will not hold.
-    async fn next_list_page(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
-        let limit = r.limit.max(1);
-        let caller = self.upstream_caller(&r.access);
-        let mut positions: Positions = serde_json::from_slice(&r.resume)
-            .map_err(|_| FleetError::InvalidArgument("page_token: not a routed list's".into()))?;
-        let after = r
-            .after
-            .as_ref()
-            .map(|(_, key)| key.clone())
-            .ok_or_else(|| FleetError::InvalidArgument("page_token: no position".into()))?;
-        let holders = Self::holders(&members);
-        let mut asked = Vec::new();
-        for (identity, _, clusters) in &positions.s {
-            // The snapshot is the replica's own: exact only while it still holds every
-            // cluster it was asked for ready.
-            let holds = |c: &String| {
-                holders
-                    .get(c)
-                    .is_some_and(|hs| hs.iter().any(|m| m.identity == *identity))
-            };
-            if let Some(c) = clusters.iter().find(|c| !holds(c)) {
-                return Err(FleetError::OutOfRange {
-                    message: format!(
-                        "cluster {c} moved from replica {identity} since this list began, so its snapshot cannot be continued: list again"
-                    ),
-                    reason: reason::PAGE_SNAPSHOT_RELEASED,
-                    oldest: None,
-                });
-            }
-            asked.push(
-                members
-                    .iter()
-                    .find(|m| m.identity == *identity)
-                    .ok_or_else(|| self.no_owner(identity))?,
-            );
-        }
-        if positions.r.len() != positions.s.len() {
-            // A token of an earlier version carries no remainders: each replica counts
-            // its own once.
-            positions.r = self
-                .remainders(&positions, &asked, &after, &r, &caller)
-                .await?;
-        }
-        // Runs of clusters from the last key's on, each listed from one replica.
-        let mut order: Vec<(&str, usize)> = positions
-            .s
-            .iter()
-            .enumerate()
-            .flat_map(|(i, (_, _, cs))| cs.iter().map(move |c| (c.as_str(), i)))
-            .filter(|(c, _)| *c >= after.cluster.as_str())
-            .collect();
-        order.sort_unstable();
-        let mut runs: Vec<(usize, Vec<String>)> = Vec::new();
-        for (c, i) in order {
-            match runs.last_mut() {
-                Some((j, cs)) if *j == i => cs.push(c.to_string()),
-                _ => runs.push((i, vec![c.to_string()])),
-            }
-        }
-        let mut items: Vec<FleetObject> = Vec::new();
-        let mut clusters = Vec::new();
-        let mut partial = false;
-        let mut missing = Vec::new();
-        let mut bytes = 0;
-        for (i, run) in runs {
-            if positions.r[i] == 0 {
-                continue;
-            }
-            let (identity, revision, _) = &positions.s[i];
-            // What follows in the whole replica: the replica need not count it.
-            let message = self.continued(
-                (&caller, &r),
-                (*revision, &run),
-                &after,
-                limit - items.len(),
-                Some(positions.r[i]),
-            );
-            let (_, _, page) = self
-                .page_of(asked[i], run.clone(), message, &r.access)
-                .await?;
-            missing.extend(Self::silent(
-                identity,
-                &run,
-                page.clusters.iter().map(|c| c.cluster.as_str()),
-            ));
-            partial |= page.partial;
-            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
-            let more_in_run = !page.next_page_token.is_empty();
-            let got: Vec<FleetObject> = page.items.into_iter().map(convert::object_in).collect();
-            let mut taken = 0;
-            for o in &got {
-                let held = items.len() + taken;
-                if held >= limit || (held > 0 && bytes + size(o) > r.max_bytes) {
-                    break;
-                }
-                bytes += size(o);
-                taken += 1;
-            }
-            positions.r[i] = positions.r[i].saturating_sub(taken as u64);
-            positions.t.resize(positions.s.len(), 0);
-            positions.t[i] = now_seconds();
-            let cut = taken < got.len();
-            items.extend(got.into_iter().take(taken));
-            if more_in_run || cut || items.len() >= limit {
-                break;
-            }
-        }
-        partial |= !missing.is_empty();
-        clusters.extend(missing);
-        self.keep_snapshots(&mut positions, &asked, &after, &r, &caller)
-            .await;
-        Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
-    }
-
-    /// Asks each replica of a routed list not asked for a while for one object, so
-    /// that it keeps the list's snapshot until the list reaches its clusters (what it
-    /// answers is not needed: a replica that cannot answer fails the list when it is
-    /// reached, as it would have anyway).
-    async fn keep_snapshots(
-        &self,
-        positions: &mut Positions,
-        asked: &[&Member],
-        after: &ObjectKey,
-        r: &ListRequest,
-        caller: &str,
-    ) {
-        let now = now_seconds();
-        let keep = to_keep(positions, now);
-        let calls = keep.iter().map(|&i| {
-            let (_, revision, cs) = &positions.s[i];
-            let message =
-                self.continued((caller, r), (*revision, cs), after, 1, Some(positions.r[i]));
-            self.page_of(asked[i], cs.clone(), message, &r.access)
-        });
-        let answers = futures::future::join_all(calls).await;
-        positions.t.resize(positions.s.len(), 0);
-        for (&i, answer) in keep.iter().zip(answers) {
-            if answer.is_ok() {
-                positions.t[i] = now;
-            }
-        }
-    }
-
-    /// The request continuing a routed list in one replica's snapshot: for `caller`'s
-    /// list `r`, the snapshot at `revision` of `clusters`, after `after`, at most
-    /// `limit` objects, and how many of its matches follow `after` when known (the
-    /// replica then need not count them); the snapshot kept either way.
-    fn continued(
-        &self,
-        (caller, r): (&str, &ListRequest),
-        (revision, clusters): (u64, &[String]),
-        after: &ObjectKey,
-        limit: usize,
-        known: Option<u64>,
-    ) -> proto::ListRequest {
-        let query = convert::query_out(&r.query, r.projection, clusters);
-        proto::ListRequest {
-            query: None,
-            limit: u32::try_from(limit).unwrap_or(u32::MAX),
-            page_token: encode_token(
-                &self.upstream.page_token_key,
-                caller,
-                Revision(revision),
-                &query,
-                after,
-                &known
-                    .map(fleetscope_model::fleet::remaining_resume)
-                    .unwrap_or_default(),
-            ),
-            keep_snapshot: true,
-        }
-    }
-
-    /// How many objects follow `after` in each replica of `positions` (each counts),
-    /// for a list continued from a token that carries no remainders.
-    async fn remainders(
-        &self,
-        positions: &Positions,
-        asked: &[&Member],
-        after: &ObjectKey,
-        r: &ListRequest,
-        caller: &str,
-    ) -> Result<Vec<u64>, FleetError> {
-        let calls = positions
-            .s
-            .iter()
-            .zip(asked)
-            .map(|((_, revision, cs), member)| {
-                let message = self.continued((caller, r), (*revision, cs), after, 1, None);
-                self.page_of(member, cs.clone(), message, &r.access)
-            });
-        let pages = futures::future::try_join_all(calls).await?;
-        Ok(pages
-            .iter()
-            .map(|(_, _, p)| p.items.len() as u64 + p.remaining_item_count)
-            .collect())
-    }
-
-    /// A routed list's page: `items`, and the token's positions when more follow.
-    fn routed_page(
-        &self,
-        items: Vec<FleetObject>,
-        clusters: Vec<ClusterFreshness>,
-        partial: bool,
-        positions: Positions,
-        r: &ListRequest,
-        serving: &BTreeMap<String, &Member>,
-    ) -> ListAnswer {
-        let remaining: u64 = positions.r.iter().sum();
-        let next: Option<ObjectKey> = if remaining > 0 {
-            items.last().map(|o| o.key.clone())
-        } else {
-            None
-        };
-        ListAnswer {
-            items,
-            next,
-            // Every page of the list names the same revision: the newest snapshot.
-            revision: Revision(positions.s.iter().map(|p| p.1).max().unwrap_or(0)),
-            remaining,
-            clusters,
-            partial,
-            resume: serde_json::to_vec(&positions).unwrap_or_default(),
-            warnings: self.unmatched(&r.query.clusters, serving),
-        }
-    }
-
     /// The ring and the replicas' calls as this router sees them now, for its
     /// metrics.
     pub fn figures(&self) -> stats::RingFigures {
@@ -743,21 +414,6 @@ impl Router {
     /// (see [`Router::ready`]); why not, when not.
     pub fn readiness(&self) -> Result<(), String> {
         self.members().map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    /// `member`'s List page for `clusters`, with who answered and what it was asked.
-    async fn page_of(
-        &self,
-        member: &Member,
-        clusters: Vec<String>,
-        message: proto::ListRequest,
-        access: &Access,
-    ) -> Result<(String, Vec<String>, proto::ListResponse), FleetError> {
-        let request = self.request(message, access);
-        let page = self
-            .ask(member, |mut c| async move { c.list(request).await })
-            .await?;
-        Ok((member.identity.clone(), clusters, page))
     }
 
     /// `message` as the router sends it for `access`'s caller.
@@ -878,35 +534,6 @@ impl Router {
         }
         missing
     }
-}
-
-/// A replica's first page of `query`, its snapshot kept for the pages after it.
-fn first_page(query: proto::Query, limit: usize) -> proto::ListRequest {
-    proto::ListRequest {
-        query: Some(query),
-        limit: limit as u32,
-        page_token: String::new(),
-        keep_snapshot: true,
-    }
-}
-
-/// How many of `items`, in order, a page of at most `limit` objects and `max_bytes`
-/// holds (at least one, however large, so paging always moves on).
-fn fits<'a>(items: impl Iterator<Item = &'a FleetObject>, limit: usize, max_bytes: usize) -> usize {
-    let (mut taken, mut bytes) = (0, 0);
-    for o in items {
-        if taken >= limit || (taken > 0 && bytes + size(o) > max_bytes) {
-            break;
-        }
-        bytes += size(o);
-        taken += 1;
-    }
-    taken
-}
-
-/// The size a page counts for an object: its JSON and its key.
-fn size(o: &FleetObject) -> usize {
-    o.json.len() + o.key.cluster.as_str().len() + o.key.namespace.len() + o.key.name.len()
 }
 
 impl Fleet for Router {

@@ -1,28 +1,6 @@
 use super::*;
 
 #[test]
-fn a_routed_list_asks_again_only_replicas_left_unasked_that_still_have_objects() {
-    let positions = Positions {
-        s: (0..4).map(|i| (format!("r{i}"), 1, Vec::new())).collect(),
-        r: vec![5, 5, 0, 5],
-        t: vec![
-            1_000,
-            1_000 - KEEP_SNAPSHOT_EVERY,
-            0,
-            1_000 - KEEP_SNAPSHOT_EVERY + 1,
-        ],
-    };
-    // r1 was asked a while ago; r2 has nothing left; r0 and r3 recently.
-    assert_eq!(to_keep(&positions, 1_000), vec![1]);
-    // A token of an earlier version: every replica with objects left.
-    let earlier = Positions {
-        t: Vec::new(),
-        ..positions
-    };
-    assert_eq!(to_keep(&earlier, 1_000), vec![0, 1, 3]);
-}
-
-#[test]
 fn an_answer_counts_only_from_the_replica_its_lease_names() {
     let member = Member {
         identity: "replica-a".into(),
