@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::flags::{DemoArgs, GlobalArgs, RouterArgs, ServeArgs, SimArgs};
+use crate::config::flags::{GlobalArgs, RouterArgs, ServeArgs};
+use crate::config::sim_flags::{DemoArgs, SimArgs};
 
 /// One gRPC view over many Kubernetes clusters.
 #[derive(Debug, Parser)]

@@ -5,7 +5,7 @@
 
 use fleetscope_engine::EngineConfig;
 
-use super::flags::{ArgsError, ServeArgs};
+use super::flags::{ArgsError, ServeArgs, ensure};
 use super::kubeconfig::KubeconfigSources;
 
 /// Settings that do not make a plan.
@@ -67,13 +67,5 @@ pub fn collect(config: &mut EngineConfig, types: &[&str]) {
         if !config.resources.iter().any(|r| r == t) {
             config.resources.push(t.to_string());
         }
-    }
-}
-
-fn ensure(holds: bool, message: &str) -> Result<(), ArgsError> {
-    if holds {
-        Ok(())
-    } else {
-        Err(ArgsError::Invalid(message.to_string()))
     }
 }

@@ -4,8 +4,8 @@ use fleetscope_model::fleet::Deferred;
 
 use super::sim::{start_fleet, write_kubeconfig};
 use super::{RunError, Serving, bind_metrics, run, secure, this_binary};
-use crate::config::flags::DemoArgs;
 use crate::config::reload::Reloads;
+use crate::config::sim_flags::DemoArgs;
 use crate::engine::Engine;
 use crate::server;
 use crate::sources;

@@ -3,7 +3,7 @@
 use fleetscope_sim::SimFleet;
 
 use super::RunError;
-use crate::config::flags::{FleetArgs, SimArgs};
+use crate::config::sim_flags::{FleetArgs, SimArgs};
 use crate::server;
 
 /// `fleetscope sim`: simulated clusters and a kubeconfig for them, until Ctrl-C.
