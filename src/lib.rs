@@ -4,14 +4,13 @@
 //! - [`server::serve`]: the gRPC server (Fleet, health, reflection);
 //! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
 //! - [`auth`]: identities (client certificates, bearer tokens) and the policy;
-//! - [`proto`]: the generated API types.
+//! - [`proto`]: the API (`fleetscope-proto`).
 
 pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod grpc;
 pub mod memory;
-pub mod proto;
 pub mod router;
 pub mod server;
 pub mod shard;
@@ -20,5 +19,6 @@ pub mod telemetry;
 
 pub use fleetscope_engine as engine;
 pub use fleetscope_engine::{persist, status};
+pub use fleetscope_proto as proto;
 
 pub use fleetscope_informer::source as sources;

@@ -1,4 +1,7 @@
-//! The generated `fleetscope.v1` API types and the descriptor set served by reflection.
+//! fleetscope's public API, `fleetscope.v1` (`proto/fleetscope/v1/fleet.proto`): the
+//! generated message types, the `Fleet` client and server, the hand-written `Object`
+//! whose JSON is shared rather than copied ([`wire`]), and the descriptor set that
+//! server reflection serves.
 
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
