@@ -2,14 +2,13 @@
 //!
 //! The root package wires the engine crates to the outside world:
 //! - [`server::serve`]: the gRPC server (Fleet, health, reflection);
-//! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation;
+//! - [`grpc::FleetService`]: the `fleetscope.v1.Fleet` implementation (`fleetscope-grpc`);
 //! - [`auth`]: identities (client certificates, bearer tokens) and the policy;
 //! - [`proto`]: the API (`fleetscope-proto`).
 
 pub mod auth;
 pub mod cli;
 pub mod config;
-pub mod grpc;
 pub mod memory;
 pub mod router;
 pub mod server;
@@ -19,6 +18,7 @@ pub mod telemetry;
 
 pub use fleetscope_engine as engine;
 pub use fleetscope_engine::{persist, status};
+pub use fleetscope_grpc as grpc;
 pub use fleetscope_proto as proto;
 
 pub use fleetscope_informer::source as sources;

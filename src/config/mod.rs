@@ -5,7 +5,6 @@
 
 pub mod file;
 pub mod flags;
-pub mod inputs;
 pub mod kubeconfig;
 pub mod plan;
 pub mod reload;

@@ -28,11 +28,11 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::flags::ServeArgs;
-pub use super::inputs::{InputStatus, Inputs, no_inputs};
 use super::kubeconfig::{self, KubeconfigSources};
 use super::resolve::{self, Row, value};
 use super::settings::Applies;
 use crate::engine::{EngineConfig, SourceSet};
+pub use fleetscope_model::inputs::{InputStatus, Inputs, no_inputs};
 
 /// How long file events settle before a reload.
 const DEBOUNCE: Duration = Duration::from_millis(300);

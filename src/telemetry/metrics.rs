@@ -31,7 +31,7 @@ pub struct Sources {
     /// The service's Watch streams.
     pub subscribers: Arc<Subscribers>,
     /// The server's inputs that reload.
-    pub inputs: crate::config::inputs::Inputs,
+    pub inputs: fleetscope_model::inputs::Inputs,
     /// The shard as this replica sees it, when it is a replica of a ring.
     pub shard: Option<tokio::sync::watch::Receiver<crate::shard::owner::ShardStatus>>,
     /// The server's own figures, read at each scrape.
@@ -450,9 +450,9 @@ fn server_metrics(
 /// Each input of the server that reloads, and how its last reload went.
 fn input_metrics(
     e: &mut DescriptorEncoder,
-    inputs: &[crate::config::inputs::InputStatus],
+    inputs: &[fleetscope_model::inputs::InputStatus],
 ) -> Result<(), std::fmt::Error> {
-    let by_input = |value: fn(&crate::config::inputs::InputStatus) -> f64| {
+    let by_input = |value: fn(&fleetscope_model::inputs::InputStatus) -> f64| {
         inputs.iter().map(move |i| {
             (
                 vec![("input", i.input.to_string())],

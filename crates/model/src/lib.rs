@@ -20,6 +20,7 @@ mod clusters;
 pub mod file;
 pub mod fleet;
 mod identity;
+pub mod inputs;
 mod json;
 mod object;
 pub mod selector;

@@ -14,7 +14,7 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 /// message: `ErrorInfo` (domain `fleetscope.io`, the reason, and `oldest_revision` or
 /// `resume_from` in its metadata) for revisions out of range and Watches ended behind,
 /// and `RetryInfo` where retrying helps (a server starting, a Watch to resume).
-pub(crate) fn status(e: FleetError) -> Status {
+pub fn status(e: FleetError) -> Status {
     match e {
         FleetError::Unavailable(m) => Status::with_error_details(
             Code::Unavailable,
@@ -52,7 +52,7 @@ pub(crate) fn status(e: FleetError) -> Status {
 /// back to its variant (with the reason and revision of its `ErrorInfo`), and what no
 /// variant holds (a replica that cannot be reached, refused the router, or failed) as
 /// retryable, naming the replica.
-pub(crate) fn from_replica(replica: &str, s: &Status) -> FleetError {
+pub fn from_replica(replica: &str, s: &Status) -> FleetError {
     let info = s.get_details_error_info();
     let known = |r: &str| {
         [

@@ -12,21 +12,20 @@ use fleetscope_model::{
     ClusterFilter, ClusterFilterError, EventType, FieldSelector, FleetError, LabelSelector,
 };
 
-use crate::proto;
+use fleetscope_proto as proto;
 
-pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+/// A moment as the API writes it.
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     prost_types::Timestamp::from(t)
 }
 
-pub(crate) fn duration(d: std::time::Duration) -> Option<prost_types::Duration> {
+/// A duration as the API writes it; `None` for zero.
+pub fn duration(d: std::time::Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
 /// The cluster filter of a query (or of `ListClusters`).
-pub(crate) fn cluster_filter(
-    clusters: &[String],
-    selector: &str,
-) -> Result<ClusterFilter, FleetError> {
+pub fn cluster_filter(clusters: &[String], selector: &str) -> Result<ClusterFilter, FleetError> {
     ClusterFilter::parse(clusters, selector).map_err(|e| match e {
         ClusterFilterError::Pattern { .. } => {
             FleetError::InvalidArgument(format!("query.clusters: {e}"))
@@ -87,7 +86,7 @@ fn label_terms(s: &LabelSelector) -> usize {
 }
 
 /// A list of names or globs within [`MAX_NAMES`] entries of [`MAX_NAME_BYTES`].
-pub(crate) fn names(field: &str, names: &[String]) -> Result<(), FleetError> {
+pub fn names(field: &str, names: &[String]) -> Result<(), FleetError> {
     if names.len() > MAX_NAMES {
         return Err(over(
             field,
@@ -110,12 +109,12 @@ pub(crate) fn names(field: &str, names: &[String]) -> Result<(), FleetError> {
 }
 
 /// A name within [`MAX_NAME_BYTES`].
-pub(crate) fn name(field: &str, name: &str) -> Result<(), FleetError> {
+pub fn name(field: &str, name: &str) -> Result<(), FleetError> {
     names(field, std::slice::from_ref(&name.to_string()))
 }
 
 /// A query, its selectors parsed, within the bounds of one request.
-pub(crate) fn query(q: &proto::Query) -> Result<Query, FleetError> {
+pub fn query(q: &proto::Query) -> Result<Query, FleetError> {
     name("query.resource", &q.resource)?;
     names("query.clusters", &q.clusters)?;
     names("query.namespaces", &q.namespaces)?;
@@ -142,14 +141,16 @@ pub(crate) fn query(q: &proto::Query) -> Result<Query, FleetError> {
     })
 }
 
-pub(crate) fn projection(p: proto::Projection) -> Projection {
+/// The projection a request asks for.
+pub fn projection(p: proto::Projection) -> Projection {
     match p {
         proto::Projection::Metadata => Projection::Metadata,
         _ => Projection::Full,
     }
 }
 
-pub(crate) fn freshness(f: Freshness) -> proto::Freshness {
+/// A cluster's freshness as the API writes it.
+pub fn freshness(f: Freshness) -> proto::Freshness {
     match f {
         Freshness::Synced => proto::Freshness::Synced,
         Freshness::Syncing => proto::Freshness::Syncing,
@@ -159,7 +160,8 @@ pub(crate) fn freshness(f: Freshness) -> proto::Freshness {
     }
 }
 
-pub(crate) fn cluster_freshness(c: ClusterFreshness) -> proto::ClusterFreshness {
+/// A cluster's freshness, with why, as the API writes it.
+pub fn cluster_freshness(c: ClusterFreshness) -> proto::ClusterFreshness {
     proto::ClusterFreshness {
         cluster: c.cluster.to_string(),
         freshness: freshness(c.freshness) as i32,
@@ -169,12 +171,12 @@ pub(crate) fn cluster_freshness(c: ClusterFreshness) -> proto::ClusterFreshness 
 }
 
 /// The freshness of every cluster an answer drew on.
-pub(crate) fn clusters_freshness(clusters: Vec<ClusterFreshness>) -> Vec<proto::ClusterFreshness> {
+pub fn clusters_freshness(clusters: Vec<ClusterFreshness>) -> Vec<proto::ClusterFreshness> {
     clusters.into_iter().map(cluster_freshness).collect()
 }
 
 /// An object for the wire, as JSON text with its identity beside it.
-pub(crate) fn object(o: FleetObject) -> proto::Object {
+pub fn object(o: FleetObject) -> proto::Object {
     proto::Object {
         cluster: o.key.cluster.to_string(),
         resource: o.key.resource.to_string(),
@@ -187,7 +189,8 @@ pub(crate) fn object(o: FleetObject) -> proto::Object {
     }
 }
 
-pub(crate) fn event_type(t: EventType) -> proto::EventType {
+/// An event type as the API writes it.
+pub fn event_type(t: EventType) -> proto::EventType {
     match t {
         EventType::Added => proto::EventType::Added,
         EventType::Modified => proto::EventType::Modified,
@@ -195,7 +198,8 @@ pub(crate) fn event_type(t: EventType) -> proto::EventType {
     }
 }
 
-pub(crate) fn stream_state(s: StreamState) -> proto::StreamState {
+/// A stream's state as the API writes it.
+pub fn stream_state(s: StreamState) -> proto::StreamState {
     match s {
         StreamState::Pending => proto::StreamState::Pending,
         StreamState::Listing => proto::StreamState::Listing,
@@ -229,7 +233,7 @@ fn stream(s: StreamInfo) -> proto::ResourceStream {
 
 /// A domain query as a replica is asked it: `clusters` in place of the query's own
 /// names and globs (each name matched exactly), its cluster selector kept.
-pub(crate) fn query_out(q: &Query, projection: Projection, clusters: &[String]) -> proto::Query {
+pub fn query_out(q: &Query, projection: Projection, clusters: &[String]) -> proto::Query {
     proto::Query {
         clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
         cluster_selector: q.clusters.selector().to_string(),
@@ -248,7 +252,8 @@ fn time_in(t: Option<prost_types::Timestamp>) -> Option<SystemTime> {
     t.and_then(|t| SystemTime::try_from(t).ok())
 }
 
-pub(crate) fn freshness_in(f: i32) -> Freshness {
+/// A freshness as a replica wrote it (an unknown value reads as unknown).
+pub fn freshness_in(f: i32) -> Freshness {
     match proto::Freshness::try_from(f) {
         Ok(proto::Freshness::Synced) => Freshness::Synced,
         Ok(proto::Freshness::Restored) => Freshness::Restored,
@@ -258,7 +263,8 @@ pub(crate) fn freshness_in(f: i32) -> Freshness {
     }
 }
 
-pub(crate) fn cluster_freshness_in(c: proto::ClusterFreshness) -> ClusterFreshness {
+/// A cluster's freshness as a replica wrote it.
+pub fn cluster_freshness_in(c: proto::ClusterFreshness) -> ClusterFreshness {
     ClusterFreshness {
         cluster: c.cluster.as_str().into(),
         freshness: freshness_in(c.freshness),
@@ -268,7 +274,7 @@ pub(crate) fn cluster_freshness_in(c: proto::ClusterFreshness) -> ClusterFreshne
 }
 
 /// An object as a replica returned it.
-pub(crate) fn object_in(o: proto::Object) -> FleetObject {
+pub fn object_in(o: proto::Object) -> FleetObject {
     FleetObject {
         key: fleetscope_model::ObjectKey::new(
             &o.resource,
@@ -313,7 +319,7 @@ fn stream_in(s: proto::ResourceStream) -> StreamInfo {
 }
 
 /// A cluster as a replica reports it.
-pub(crate) fn cluster_in(c: proto::Cluster) -> ClusterInfo {
+pub fn cluster_in(c: proto::Cluster) -> ClusterInfo {
     let name: fleetscope_model::ClusterName = c.name.as_str().into();
     let stale_since = time_in(c.stale_since);
     ClusterInfo {
@@ -336,9 +342,7 @@ pub(crate) fn cluster_in(c: proto::Cluster) -> ClusterInfo {
 }
 
 /// A collected type as a replica reports it.
-pub(crate) fn resource_type_in(
-    t: proto::ResourceType,
-) -> fleetscope_model::fleet::ResourceTypeInfo {
+pub fn resource_type_in(t: proto::ResourceType) -> fleetscope_model::fleet::ResourceTypeInfo {
     let suffix = format!(".{}", t.group);
     let plural = match t.group.as_str() {
         "" => t.name.as_str(),
@@ -360,7 +364,8 @@ pub(crate) fn resource_type_in(
     }
 }
 
-pub(crate) fn cluster(c: ClusterInfo) -> proto::Cluster {
+/// A cluster as the API writes it.
+pub fn cluster(c: ClusterInfo) -> proto::Cluster {
     proto::Cluster {
         name: c.name.to_string(),
         labels: c.labels.into_iter().collect(),
@@ -377,7 +382,7 @@ pub(crate) fn cluster(c: ClusterInfo) -> proto::Cluster {
 }
 
 /// An input of the server that reloads, and how its last reload went.
-pub fn input(i: &crate::config::inputs::InputStatus) -> proto::ServerInput {
+pub fn input(i: &fleetscope_model::inputs::InputStatus) -> proto::ServerInput {
     proto::ServerInput {
         name: i.input.to_string(),
         files: i.files.iter().map(|f| f.display().to_string()).collect(),

@@ -11,9 +11,9 @@ use fleetscope_model::{Access, ClusterName, Fleet, GroupBy, Revision};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-pub(crate) mod convert;
-pub(crate) mod status;
-pub(crate) mod token;
+pub mod convert;
+pub mod status;
+pub mod token;
 mod watch;
 
 pub use status::echo;
@@ -22,8 +22,8 @@ pub use token::{RandomUnavailable, TokenKey, random_secret};
 use token::{decode_token, encode_token};
 pub use watch::{Revocation, Subscribers, WatchStream};
 
-use crate::proto;
-use crate::proto::fleet_server;
+use fleetscope_proto as proto;
+use fleetscope_proto::fleet_server;
 
 /// The response header a replica of a ring answers every call with: `ring/identity`,
 /// the name its Lease is held under. A router checks it against the Lease whose
@@ -54,7 +54,7 @@ pub struct ServiceConfig {
     pub max_watches_per_caller: usize,
     /// The status of the server's inputs that reload, served in `ListClusters`.
     /// Default: none.
-    pub inputs: crate::config::inputs::Inputs,
+    pub inputs: fleetscope_model::inputs::Inputs,
     /// This server as a replica of a ring, `ring/identity`: sent as
     /// [`REPLICA_HEADER`] with every answer. Default: none (not a replica).
     pub replica: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
@@ -71,7 +71,7 @@ impl ServiceConfig {
             max_page_bytes: 3 << 20,
             token_key,
             max_watches_per_caller: 1000,
-            inputs: crate::config::inputs::no_inputs(),
+            inputs: fleetscope_model::inputs::no_inputs(),
             replica: None,
         }
     }

@@ -1,5 +1,5 @@
-//! The status of the server's inputs that reload (see [`super::reload`]), as the
-//! API and the metrics read it.
+//! The status of a server's inputs that reload (its configuration file, kubeconfigs,
+//! tokens, policy and TLS files), as the API and the metrics read it.
 
 use std::path::PathBuf;
 use std::time::SystemTime;

@@ -9,7 +9,7 @@ use fleetscope_model::{ClusterName, ObjectKey, Revision};
 use prost::Message as _;
 use tonic::Status;
 
-use crate::proto;
+use fleetscope_proto as proto;
 
 /// The key page tokens are signed with.
 #[derive(Clone)]
@@ -89,10 +89,14 @@ struct PageToken {
 /// What a page token continues: the snapshot's revision, the query, the last key
 /// returned, and a router's continuation (empty from a single server).
 #[derive(Debug)]
-pub(crate) struct Continuation {
+pub struct Continuation {
+    /// The snapshot's revision.
     pub revision: Revision,
+    /// The query paged.
     pub query: proto::Query,
+    /// The last key returned.
     pub after: ObjectKey,
+    /// A router's continuation; empty from a single server.
     pub resume: Vec<u8>,
 }
 
@@ -117,7 +121,7 @@ const SEALED: &[u8] = b"fleetscope sealed token\0";
 const MAX_SEALED: usize = 4 << 20;
 
 /// `payload` signed for `caller`, as a token (base64 payload, '.', base64 signature).
-pub(crate) fn seal(key: &TokenKey, caller: &str, payload: &[u8]) -> String {
+pub fn seal(key: &TokenKey, caller: &str, payload: &[u8]) -> String {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let mut signed = SEALED.to_vec();
     signed.extend_from_slice(payload);
@@ -127,7 +131,7 @@ pub(crate) fn seal(key: &TokenKey, caller: &str, payload: &[u8]) -> String {
 
 /// The payload of a token [`seal`] made for `caller` with `key`; `None` for anything
 /// else.
-pub(crate) fn unseal(key: &TokenKey, caller: &str, token: &str) -> Option<Vec<u8>> {
+pub fn unseal(key: &TokenKey, caller: &str, token: &str) -> Option<Vec<u8>> {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     if token.len() > MAX_SEALED {
         return None;
@@ -143,7 +147,9 @@ pub(crate) fn unseal(key: &TokenKey, caller: &str, token: &str) -> Option<Vec<u8
     Some(payload)
 }
 
-pub(crate) fn encode_token(
+/// A page token continuing `query` from `after` in the snapshot at `revision` (and a
+/// router's `resume`), signed for `caller`: only the same caller may continue it.
+pub fn encode_token(
     key: &TokenKey,
     caller: &str,
     revision: Revision,
@@ -168,11 +174,9 @@ pub(crate) fn encode_token(
     format!("{}.{}", b64.encode(&payload), b64.encode(tag.as_ref()))
 }
 
-pub(crate) fn decode_token(
-    key: &TokenKey,
-    caller: &str,
-    token: &str,
-) -> Result<Continuation, Status> {
+/// What a page token continues, if it was signed with `key` for `caller`; an
+/// invalid token (forged, another caller's, malformed) is `INVALID_ARGUMENT`.
+pub fn decode_token(key: &TokenKey, caller: &str, token: &str) -> Result<Continuation, Status> {
     let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let bad = || {
         Status::invalid_argument(

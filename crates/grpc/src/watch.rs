@@ -16,7 +16,7 @@ use tonic::Status;
 
 use super::convert;
 use super::status::status;
-use crate::proto;
+use fleetscope_proto as proto;
 
 /// The stream type of `Watch`.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
@@ -241,7 +241,7 @@ impl Drop for Joined {
 /// The wire stream of `watch`: its events, and a bookmark each `interval`; counted
 /// (by `joined`) while it is open; ended with the status `revocation` gives once the
 /// caller's credentials stop being valid.
-pub(crate) fn stream(
+pub fn stream(
     mut watch: Watch,
     resource: String,
     interval: Duration,
