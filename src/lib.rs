@@ -7,7 +7,9 @@
 //! - [`proto`]: the API (`fleetscope-proto`).
 
 pub mod auth;
-pub mod cli;
+// clap turns doc comments into help text: the command line is documented by `--help`.
+#[allow(missing_docs)]
+pub mod command;
 pub mod config;
 pub mod memory;
 pub mod router;
@@ -16,6 +18,7 @@ pub mod shard;
 pub mod tasks;
 pub mod telemetry;
 
+pub use fleetscope_cli as cli;
 pub use fleetscope_engine as engine;
 pub use fleetscope_engine::{persist, status};
 pub use fleetscope_grpc as grpc;

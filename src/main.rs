@@ -1,7 +1,8 @@
 //! The `fleetscope` command: parses the command line and dispatches.
 
 use clap::Parser;
-use fleetscope::cli::{self, args};
+use fleetscope::cli;
+use fleetscope::command as args;
 use fleetscope::config;
 use fleetscope::server::run;
 use fleetscope::telemetry;

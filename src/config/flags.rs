@@ -134,8 +134,8 @@ pub fn settings_of(command: &str) -> Vec<&'static Setting> {
     }
 }
 
-/// Where a server listens by default, and where its clients look for it.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Where a server listens by default.
+pub const DEFAULT_LISTEN: &str = fleetscope_proto::DEFAULT_ADDRESS;
 
 /// The configuration file of `serve` and `router`.
 #[derive(Debug, Args)]

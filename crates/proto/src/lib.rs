@@ -10,5 +10,8 @@ tonic::include_proto!("fleetscope.v1");
 pub mod wire;
 pub use wire::Object;
 
+/// Where a server listens by default, and where a client looks for one.
+pub const DEFAULT_ADDRESS: &str = "127.0.0.1:50051";
+
 /// The encoded `FileDescriptorSet` of `proto/`, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("fleetscope_descriptor");

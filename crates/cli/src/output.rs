@@ -104,7 +104,7 @@ pub struct Item {
 
 impl Item {
     /// From the API's object.
-    pub fn from_proto(o: &crate::proto::Object) -> Self {
+    pub fn from_proto(o: &fleetscope_proto::Object) -> Self {
         Self {
             cluster: o.cluster.clone(),
             resource: o.resource.clone(),

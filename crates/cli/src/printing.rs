@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::columns;
 use super::output::{self, Format, Item};
-use crate::proto::{self};
+use fleetscope_proto as proto;
 
 pub(super) fn print(text: &str) {
     let _ = std::io::stdout().write_all(text.as_bytes());

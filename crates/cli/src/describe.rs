@@ -14,7 +14,7 @@ use super::args;
 use super::columns::age_of;
 use super::jsonpath::text;
 use super::output::Item;
-use crate::proto::Query;
+use fleetscope_proto::Query;
 
 /// The events' type as the fleet collects it.
 const EVENTS: &str = "events";

@@ -6,7 +6,7 @@ use super::columns;
 use super::connect::{Client, ClientError, message};
 use super::output::{self, Format, Item, Table};
 use super::printing::warn_not_current;
-use crate::proto::{ListClustersRequest, ListRequest, Query};
+use fleetscope_proto::{ListClustersRequest, ListRequest, Query};
 
 /// Every object a list gave.
 pub(super) struct Listed {

@@ -1,85 +1,9 @@
-//! The command line: its subcommands, and the flags of the client's (`get`,
-//! `describe`, `count`, `watch`, `clusters`, `store`). The server's flags (`serve`,
-//! `demo`, `sim`) are declared in [`crate::config::flags`].
+//! The client commands' flags (`get`, `describe`, `count`, `watch`, `clusters`,
+//! `store`): the server and how to reach it, the query, and the output.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
-
-use crate::config::flags::{GlobalArgs, RouterArgs, ServeArgs};
-use crate::config::sim_flags::{DemoArgs, SimArgs};
-
-/// One gRPC view over many Kubernetes clusters.
-#[derive(Debug, Parser)]
-#[command(name = "fleetscope", version, about)]
-pub struct Cli {
-    #[command(flatten)]
-    pub global: GlobalArgs,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Serve the Fleet API over the contexts of one or more kubeconfigs.
-    Serve(ServeArgs),
-    /// Serve the whole fleet of a ring of replicas (`serve --shard-ring`), found by
-    /// their Leases.
-    Router(Box<RouterArgs>),
-    /// Run simulated clusters with a workload and the server over them: no Kubernetes needed.
-    Demo(DemoArgs),
-    /// Run simulated Kubernetes clusters on loopback and write a kubeconfig for them.
-    Sim(SimArgs),
-    /// List objects across the fleet, or get one by name.
-    Get(GetArgs),
-    /// Show objects in detail, with their cluster and the events about them.
-    Describe(DescribeArgs),
-    /// Count objects across the fleet, grouped.
-    Count(CountArgs),
-    /// Stream changes across the fleet.
-    Watch(WatchArgs),
-    /// Show the health of every cluster (and with -o wide, every stream).
-    Clusters(ClustersArgs),
-    /// Show the persisted store: size on disk, writes and their latency, errors.
-    Store(StoreArgs),
-    /// Check a configuration file: print the resolved settings with each value's
-    /// source (flag, environment, file or default), changing nothing.
-    #[command(subcommand)]
-    Config(ConfigCommand),
-    /// Print the version.
-    Version,
-    /// Print a shell completion script: `source <(fleetscope completion bash)`.
-    Completion {
-        /// The shell.
-        #[arg(value_enum)]
-        shell: clap_complete::Shell,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
-    /// Validate FILE as `serve --config FILE` (or `router --config FILE`) would read
-    /// it (with this environment) and print every setting, its value and where the
-    /// value comes from.
-    Check {
-        /// The configuration file.
-        file: PathBuf,
-        /// The command the file configures.
-        #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router"])]
-        command: String,
-    },
-    /// Print every setting of `serve` (or `router`): its key in the configuration
-    /// file, its flag, its environment variable, its default and whether a change
-    /// applies live or at the next restart.
-    Settings {
-        /// Output format: table or markdown (with each setting's description).
-        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "markdown"])]
-        output: String,
-        /// The command whose settings to print.
-        #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router"])]
-        command: String,
-    },
-}
+use clap::Args;
 
 #[derive(Debug, Args, Clone)]
 pub struct ServerArg {
@@ -89,7 +13,7 @@ pub struct ServerArg {
         long,
         short = 's',
         env = "FLEETSCOPE_SERVER",
-        default_value = crate::config::flags::DEFAULT_LISTEN
+        default_value = fleetscope_proto::DEFAULT_ADDRESS
     )]
     pub server: String,
     /// CA certificates (PEM) to verify the server with; default: the public web roots.
@@ -151,8 +75,8 @@ fn context_is_a_cluster(name: &str) -> Result<String, String> {
 }
 
 impl QueryArgs {
-    pub fn query(&self) -> crate::proto::Query {
-        crate::proto::Query {
+    pub fn query(&self) -> fleetscope_proto::Query {
+        fleetscope_proto::Query {
             clusters: self.clusters.clone(),
             cluster_selector: self.cluster_selector.clone(),
             resource: self.resource.clone(),
@@ -160,7 +84,7 @@ impl QueryArgs {
             label_selector: self.labels.clone(),
             field_selector: self.fields.clone(),
             projection: if self.metadata_only {
-                crate::proto::Projection::Metadata as i32
+                fleetscope_proto::Projection::Metadata as i32
             } else {
                 0
             },
@@ -172,8 +96,8 @@ impl QueryArgs {
 #[derive(Debug, Args)]
 pub struct PrintArgs {
     /// Output format: table, wide, json, yaml, name, jsonpath=TEMPLATE, custom-columns=HEADER:PATH[,...].
-    #[arg(short = 'o', long, default_value = "table", value_parser = crate::cli::output::parse_format)]
-    pub output: crate::cli::output::Format,
+    #[arg(short = 'o', long, default_value = "table", value_parser = crate::output::parse_format)]
+    pub output: crate::output::Format,
     /// No header row.
     #[arg(long)]
     pub no_headers: bool,

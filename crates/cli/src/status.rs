@@ -9,7 +9,7 @@ use super::output::{self};
 use super::printing::{
     duration_text, freshness_name, owners_text, print, state_name, sync_method_name,
 };
-use crate::proto::{GetStoreRequest, ListClustersRequest};
+use fleetscope_proto::{GetStoreRequest, ListClustersRequest};
 
 /// `clusters`: one row per cluster (freshness, lag, objects, labels); with `-o wide`
 /// one per stream; `-o json` everything.

@@ -6,7 +6,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::args;
-use crate::proto::fleet_client::FleetClient;
+use fleetscope_proto::fleet_client::FleetClient;
 
 /// A failure of a client command.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use super::lookup::{
 };
 use super::output::{self, Item};
 use super::printing::{print, print_items, print_streamed, println_flush, warn_not_current};
-use crate::proto::CountRequest;
+use fleetscope_proto::CountRequest;
 
 /// `get`: a list (every page), or objects by name across the selected clusters and
 /// namespaces; then, with `-w`, changes as they arrive. Several types (or TYPE/NAME

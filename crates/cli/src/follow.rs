@@ -10,7 +10,7 @@ use super::connect::{Client, ClientError};
 use super::lookup::{check_clusters, resource_error, table_for};
 use super::output::{self, Format, Item, Table};
 use super::printing::{freshness_name, print_streamed, println_flush, retryable};
-use crate::proto::{self, Query, WatchRequest};
+use fleetscope_proto::{self as proto, Query, WatchRequest};
 
 /// A Watch followed until interrupted. When the stream breaks (the server restarted
 /// or went away, or ended this subscriber), it resumes from the last revision seen
