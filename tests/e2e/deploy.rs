@@ -567,3 +567,85 @@ fn the_settings_reference_is_the_declarations() {
         assert!(printed.contains(example), "{printed}");
     }
 }
+
+/// The dependencies a crate's manifest declares (its `[dependencies]` section's keys).
+fn dependencies_of(manifest: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let mut section = "";
+    let mut out = BTreeSet::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[dependencies]"
+            && let Some((name, _)) = line.split_once(['=', '.'])
+            && !name.trim().is_empty()
+            && !line.starts_with('#')
+        {
+            out.insert(name.trim().to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_layers_of_docs_development_md_are_the_crates_dependencies() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/development.md")).unwrap();
+    let (_, layers) = page.split_once("## Layers").unwrap();
+    let mut checked = 0;
+    for row in layers.lines().filter(|l| l.starts_with("| `crates/")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let dir = cells[1].trim_matches('`');
+        let declared = dependencies_of(&root.join(dir).join("Cargo.toml"));
+        // "every fleetscope crate but model", or a list of names.
+        let forbidden: Vec<String> = if cells[3].starts_with("every fleetscope crate but") {
+            let allowed = cells[3].rsplit(' ').next().unwrap().to_string();
+            declared
+                .iter()
+                .filter(|d| d.starts_with("fleetscope-") && **d != format!("fleetscope-{allowed}"))
+                .cloned()
+                .collect()
+        } else {
+            cells[3]
+                .split([',', ';'])
+                .map(|w| w.trim().trim_matches('`'))
+                .filter(|w| !w.is_empty() && !w.contains(' '))
+                .map(|w| match w {
+                    "kube" | "tonic" | "sled" => w.to_string(),
+                    other => format!("fleetscope-{other}"),
+                })
+                .collect()
+        };
+        for name in &forbidden {
+            assert!(
+                !declared.contains(name),
+                "{dir} depends on {name}, which docs/development.md says it must not"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} crates checked");
+    // The root package sees no kube type.
+    for entry in walk(&root.join("src")) {
+        let text = std::fs::read_to_string(&entry).unwrap();
+        assert!(
+            !text.contains("kube::") && !text.contains("k8s_openapi"),
+            "{} names a kube type",
+            entry.display()
+        );
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
