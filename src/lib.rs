@@ -12,6 +12,7 @@ pub mod auth;
 pub mod command;
 pub mod config;
 pub mod memory;
+pub mod peer;
 pub mod router;
 pub mod server;
 pub mod shard;

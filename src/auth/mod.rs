@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::yaml::FileError;
-use crate::server::tls::PeerInfo;
+use crate::peer::PeerInfo;
 use policy::PolicyGrants;
 use tokens::Tokens;
 
@@ -58,6 +58,20 @@ pub struct SecurityFiles {
     /// The routers' identities (client certificate users): they alone may pass a
     /// caller's identity, and once any is named they alone are served.
     pub routers: Vec<String>,
+}
+
+impl SecurityFiles {
+    /// The files `args` name for authentication and the policy.
+    pub fn of(args: &crate::config::flags::SecurityArgs) -> Self {
+        Self {
+            tokens: args.tokens_file.clone(),
+            policy: args.policy.clone(),
+            client_certs: args.client_ca.is_some(),
+            open_health: args.open_health,
+            open_reflection: args.open_reflection,
+            routers: args.router_names.clone(),
+        }
+    }
 }
 
 /// The security in force: what the authentication layer checks each request against.

@@ -14,7 +14,6 @@ use clap::Args;
 use super::settings::Setting;
 use crate::engine::{ClusterLabels, EngineConfig, Scope, ScopeError};
 use crate::grpc::ServiceConfig;
-use crate::telemetry::LogFormat;
 
 /// A flag whose value cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +131,20 @@ pub fn settings_of(command: &str) -> Vec<&'static Setting> {
         "router" => router_settings().collect(),
         _ => Vec::new(),
     }
+}
+
+/// The log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The key the Leases of the ring whose page token key is `key` are sealed with.
+pub fn lease_key(key: &crate::grpc::TokenKey) -> fleetscope_ring::seal::LeaseKey {
+    fleetscope_ring::seal::LeaseKey::derived(|purpose| key.derive(purpose))
 }
 
 /// Where a server listens by default.
@@ -470,27 +483,6 @@ impl SecurityArgs {
             || self.tokens_file.is_some()
             || self.token_review_context.is_some()
     }
-
-    /// The TLS files, when TLS is configured.
-    pub fn tls(&self) -> Option<crate::server::tls::TlsFiles> {
-        Some(crate::server::tls::TlsFiles {
-            cert: self.tls_cert.clone()?,
-            key: self.tls_key.clone()?,
-            client_ca: self.client_ca.clone(),
-        })
-    }
-
-    /// The files authentication and the policy are read from.
-    pub fn files(&self) -> crate::auth::SecurityFiles {
-        crate::auth::SecurityFiles {
-            tokens: self.tokens_file.clone(),
-            policy: self.policy.clone(),
-            client_certs: self.client_ca.is_some(),
-            open_health: self.open_health,
-            open_reflection: self.open_reflection,
-            routers: self.router_names.clone(),
-        }
-    }
 }
 
 crate::settings! {
@@ -563,30 +555,6 @@ pub struct ListenerArgs {
 }
 
 impl ListenerArgs {
-    /// The gRPC server's limits.
-    pub fn limits(&self) -> crate::server::limits::Limits {
-        crate::server::limits::Limits {
-            request_timeout: self.grpc_request_timeout,
-            max_in_flight: usize::try_from(self.grpc_max_in_flight).unwrap_or(usize::MAX),
-            keepalive_interval: self.grpc_keepalive_interval,
-            keepalive_timeout: self.grpc_keepalive_timeout,
-            ..Default::default()
-        }
-    }
-
-    /// How connections are admitted; with `keep_for_authenticated` (callers prove who
-    /// they are), some places are kept for connections that did.
-    pub fn admission(&self, keep_for_authenticated: bool) -> crate::server::tls::Admission {
-        crate::server::tls::Admission {
-            max_connections: usize::try_from(self.grpc_max_connections).unwrap_or(usize::MAX),
-            keep_for_authenticated,
-            max_connections_per_address: usize::try_from(self.grpc_max_connections_per_address)
-                .unwrap_or(usize::MAX),
-            handshake_timeout: self.grpc_handshake_timeout,
-            idle_timeout: self.grpc_idle_timeout,
-        }
-    }
-
     /// The Fleet service's settings, page tokens signed with `token_key`.
     pub fn service(&self, token_key: crate::grpc::TokenKey) -> ServiceConfig {
         ServiceConfig {
@@ -805,7 +773,7 @@ impl ShardArgs {
                 lease_duration: self.ring.shard_lease_duration,
                 renew_period: self.shard_renew_period,
                 replication: usize::try_from(self.shard_replication).unwrap_or(1),
-                key: crate::shard::lease_key(&key),
+                key: lease_key(&key),
             },
             advertise,
         )))

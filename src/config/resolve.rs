@@ -253,8 +253,8 @@ mod tests {
         assert_eq!(row("--scope").value, "pods:namespace=a");
         assert_eq!(
             r.matches
-                .get_one::<crate::telemetry::LogFormat>("log_format"),
-            Some(&crate::telemetry::LogFormat::Json)
+                .get_one::<crate::config::flags::LogFormat>("log_format"),
+            Some(&crate::config::flags::LogFormat::Json)
         );
         assert_eq!(row("--page-size").applies, Some(Applies::Collection));
         assert_eq!(row("--listen").applies, Some(Applies::Restart));

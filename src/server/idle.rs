@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
 
-use super::peer::{ConnStreams, PeerInfo, StreamGuard};
+use crate::peer::{ConnStreams, PeerInfo, StreamGuard};
 
 /// Follows HTTP/2 frames in one direction of a connection by their headers.
 #[derive(Debug, Default)]
@@ -246,7 +246,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_must_authenticate_in_time_and_gives_its_places_back_if_evicted() {
-        use super::super::peer::Closing;
+        use crate::peer::Closing;
         let open = Arc::new(tokio::sync::Semaphore::new(1));
         let pending = Arc::new(tokio::sync::Semaphore::new(1));
         let (idle, auth) = (Duration::from_secs(60), Duration::from_secs(10));

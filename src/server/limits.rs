@@ -27,6 +27,19 @@ pub struct Limits {
     pub keepalive_timeout: Duration,
 }
 
+impl Limits {
+    /// The gRPC server's limits, as `args` set them.
+    pub fn of(args: &crate::config::flags::ListenerArgs) -> Self {
+        Self {
+            request_timeout: args.grpc_request_timeout,
+            max_in_flight: usize::try_from(args.grpc_max_in_flight).unwrap_or(usize::MAX),
+            keepalive_interval: args.grpc_keepalive_interval,
+            keepalive_timeout: args.grpc_keepalive_timeout,
+            ..Default::default()
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {

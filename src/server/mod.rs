@@ -3,7 +3,6 @@
 
 pub mod idle;
 pub mod limits;
-pub mod peer;
 pub mod probes;
 pub mod run;
 pub mod tls;

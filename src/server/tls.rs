@@ -20,8 +20,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::idle::{self, Frames, PREFACE};
-pub use super::peer::PeerInfo;
-use super::peer::{Closing, ConnStreams};
+pub use crate::peer::PeerInfo;
+use crate::peer::{Closing, ConnStreams};
 
 /// The files a TLS server is configured from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,17 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// CAs whose client certificates identify callers (PEM); none: no client certificates.
     pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The TLS files `args` name, when TLS is configured.
+    pub fn of(args: &crate::config::flags::SecurityArgs) -> Option<Self> {
+        Some(Self {
+            cert: args.tls_cert.clone()?,
+            key: args.tls_key.clone()?,
+            client_ca: args.client_ca.clone(),
+        })
+    }
 }
 
 impl TlsFiles {
@@ -417,6 +428,21 @@ pub struct Admission {
     /// How long a gRPC connection may have no stream open before it is closed with an
     /// HTTP/2 GOAWAY (clients open a new one for their next call).
     pub idle_timeout: Duration,
+}
+
+impl Admission {
+    /// How the listeners of `args` admit connections; with `keep_for_authenticated`
+    /// (callers prove who they are), some places are kept for connections that did.
+    pub fn of(args: &crate::config::flags::ListenerArgs, keep_for_authenticated: bool) -> Self {
+        Self {
+            max_connections: usize::try_from(args.grpc_max_connections).unwrap_or(usize::MAX),
+            keep_for_authenticated,
+            max_connections_per_address: usize::try_from(args.grpc_max_connections_per_address)
+                .unwrap_or(usize::MAX),
+            handshake_timeout: args.grpc_handshake_timeout,
+            idle_timeout: args.grpc_idle_timeout,
+        }
+    }
 }
 
 impl Default for Admission {

@@ -7,12 +7,3 @@
 pub mod assign;
 pub mod owner;
 pub mod replica;
-
-use fleetscope_ring::seal::LeaseKey;
-
-use crate::grpc::TokenKey;
-
-/// The key the Leases of the ring whose page token key is `key` are sealed with.
-pub fn lease_key(key: &TokenKey) -> LeaseKey {
-    LeaseKey::derived(|purpose| key.derive(purpose))
-}

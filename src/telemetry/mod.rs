@@ -8,14 +8,7 @@ pub mod trace;
 
 use tracing_subscriber::EnvFilter;
 
-/// The log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use crate::config::flags::LogFormat;
 
 /// What must outlive the process's work for telemetry to be complete: the tracer
 /// provider, whose last spans are flushed when this is dropped.

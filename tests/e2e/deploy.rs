@@ -649,3 +649,44 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+#[test]
+fn the_root_package_s_rooms_only_use_the_rooms_below_them() {
+    // From the bottom: each room may name only the rooms before it (and the crates).
+    const FLOORS: [&str; 10] = [
+        "tasks",
+        "memory",
+        "peer",
+        "config",
+        "auth",
+        "shard",
+        "router",
+        "telemetry",
+        "server",
+        "command",
+    ];
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for (floor, room) in FLOORS.iter().enumerate() {
+        let files = if src.join(room).is_dir() {
+            walk(&src.join(room))
+        } else {
+            vec![src.join(format!("{room}.rs"))]
+        };
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (at, _) in text.match_indices("crate::") {
+                let named: String = text[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if let Some(above) = FLOORS.iter().position(|r| *r == named) {
+                    assert!(
+                        above <= floor,
+                        "{} (room {room}) names crate::{named}, a room above it",
+                        file.display()
+                    );
+                }
+            }
+        }
+    }
+}

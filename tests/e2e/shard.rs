@@ -22,7 +22,7 @@ const DURATION: Duration = Duration::from_secs(15);
 /// The ring's Lease key, as the replicas derive it from the page token key file
 /// [`Replica::start`] writes.
 fn ring_key() -> fleetscope_ring::seal::LeaseKey {
-    fleetscope::shard::lease_key(&fleetscope::grpc::TokenKey::new(&[7u8; 32]))
+    fleetscope::config::flags::lease_key(&fleetscope::grpc::TokenKey::new(&[7u8; 32]))
 }
 
 fn identities(o: &Observed) -> Vec<String> {

@@ -66,9 +66,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         std::slice::from_ref(&kubeconfig),
         (
             args.engine.exec_timeout,
-            args.engine
-                .listener
-                .admission(args.security.authenticates()),
+            crate::server::tls::Admission::of(&args.engine.listener, args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &stop_reloads,
@@ -95,7 +93,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         move || Ok(Engine::start(clusters, config)),
         Serving {
             service,
-            limits: args.engine.listener.limits(),
+            limits: crate::server::limits::Limits::of(&args.engine.listener),
             security,
             reloads: stop_reloads.clone(),
             replica: None,

@@ -260,7 +260,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// reviewing cluster's context.
 fn check_security(args: &SecurityArgs, kubeconfigs: &[PathBuf]) -> Result<(), RunError> {
     paired(args)?;
-    if let Some(files) = args.tls() {
+    if let Some(files) = crate::server::tls::TlsFiles::of(args) {
         server::tls::server_config(&files)?;
     }
     if let Some(path) = &args.tokens_file {
@@ -303,7 +303,7 @@ fn secure(
     reloads: &mut Reloads,
 ) -> Result<server::Security, RunError> {
     paired(args)?;
-    let tls_files = args.tls();
+    let tls_files = crate::server::tls::TlsFiles::of(args);
     if tls_files.is_none() && !args.insecure_listen {
         for (l, flag) in [(Some(listener), "--listen"), (metrics, "--metrics-listen")] {
             let Some(Ok(addr)) = l.map(|l| l.local_addr()) else {
@@ -360,7 +360,12 @@ fn secure(
             .into());
         }
     };
-    let (guard, files) = crate::auth::guard(&args.files(), reviewer, rbac, stop.clone())?;
+    let (guard, files) = crate::auth::guard(
+        &crate::auth::SecurityFiles::of(args),
+        reviewer,
+        rbac,
+        stop.clone(),
+    )?;
     if let Some(tokens) = files.tokens {
         reloads.follow(
             "tokens",

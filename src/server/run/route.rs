@@ -46,7 +46,7 @@ pub async fn router(
         tokio::sync::watch::channel(fleetscope_ring::lease::Observed::new(
             &ring,
             args.ring.shard_lease_duration,
-            crate::shard::lease_key(&key),
+            crate::config::flags::lease_key(&key),
         ));
     crate::tasks::spawn(
         "lease-follower",
@@ -80,7 +80,7 @@ pub async fn router(
         &kubeconfigs,
         (
             EXEC_TIMEOUT,
-            args.listener.admission(args.security.authenticates()),
+            crate::server::tls::Admission::of(&args.listener, args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &stop,
@@ -124,7 +124,7 @@ pub async fn router(
             async move { stop.cancelled().await }
         },
         counted,
-        args.listener.limits(),
+        crate::server::limits::Limits::of(&args.listener),
         security,
     )
     .await;

@@ -176,9 +176,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         &kubeconfig_paths,
         (
             args.engine.exec_timeout,
-            args.engine
-                .listener
-                .admission(args.security.authenticates()),
+            crate::server::tls::Admission::of(&args.engine.listener, args.security.authenticates()),
         ),
         (&listener, metrics.as_ref()),
         &reload,
@@ -193,7 +191,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
         start,
         Serving {
             service,
-            limits: args.engine.listener.limits(),
+            limits: crate::server::limits::Limits::of(&args.engine.listener),
             security,
             reloads: reload.clone(),
             replica,

@@ -1,6 +1,6 @@
 //! A connection's peer as the server knows it: its address, its client certificate,
-//! and the streams it has open (counted for closing idle connections, see
-//! [`super::idle`]).
+//! and the streams it has open (counted for closing idle connections). Below both the
+//! server, which learns it at the handshake, and authentication, which reads it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
