@@ -57,35 +57,16 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
             "--flush-ms no longer applies: each store write starts as soon as the previous one ends"
         );
     }
-    let data_dir = match &args.persist.data_dir {
-        _ if args.persist.no_persist => None,
-        Some(d) => Some(d.clone()),
-        None => Some(
-            dirs::data_dir()
-                .ok_or(RunError::NoDataDir)?
-                .join("fleetscope"),
-        ),
-    };
+    let data_dir = data_dir(&args)?;
     // Bad security files, like a bad kubeconfig, are an error before any port is bound.
     check_security(&args.security, &kubeconfig_paths)?;
     // What serve writes (the store, its key) is for its own user only.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let listener = server::bind(&args.engine.listener.listen).await?;
-    let key = match (&args.shard.ring.shard_page_token_key_file, &data_dir) {
-        (Some(file), dir) => {
-            if let Some(dir) = dir {
-                private(dir)?;
-            }
-            crate::grpc::TokenKey::from_file(file)
-                .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?
-        }
-        (None, Some(dir)) => {
-            private(dir)?;
-            token_key(dir)?
-        }
-        (None, None) => crate::grpc::TokenKey::random()?,
-    };
-    let mut service = args.engine.listener.service(key);
+    let mut service = args
+        .engine
+        .listener
+        .service(page_token_key(&args, data_dir.as_deref())?);
     let replica = match membership {
         None => None,
         Some((membership, advertise, source)) => {
@@ -102,53 +83,15 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
                 &reload,
             )
             .await?;
-            let engine = fleet.clone();
-            let resume = fleet.clone();
-            Some(crate::shard::replica::Replica::start(
-                leases,
-                membership,
-                advertise,
-                desired.clone(),
-                Box::new(move |since| {
-                    engine
-                        .get()
-                        .map(|e| e.synced_since(since))
-                        .unwrap_or_default()
-                }),
-                Box::new(move || {
-                    if let Some(e) = resume.get() {
-                        e.rewatch();
-                    }
-                }),
-                reload.clone(),
+            Some(join_ring(
+                leases, membership, advertise, &desired, &fleet, &reload,
             ))
         }
     };
     // A replica's engine runs the clusters it holds, not every configured one.
     let engine_sources = replica.as_ref().map_or(desired, |r| r.held.clone());
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
-    let start = move || {
-        let engine = match data_dir {
-            None => {
-                tracing::info!("running in memory only (--no-persist)");
-                Engine::start_live(engine_sources, config_now, None)
-            }
-            Some(dir) => {
-                let opened =
-                    fleetscope_store::SledStore::open(&dir).map_err(|source| RunError::Store {
-                        dir: dir.clone(),
-                        source,
-                    })?;
-                tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
-                let stored = Stored {
-                    store: std::sync::Arc::new(opened.store),
-                    loaded: opened.loaded,
-                };
-                Engine::start_live(engine_sources, config_now, Some(stored))
-            }
-        };
-        Ok(engine)
-    };
+    let start = move || start_engine(data_dir, engine_sources, config_now);
     let mut reloads = Reloads::default();
     let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
     if let Some(config) = config {
@@ -202,4 +145,98 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     reload.cancel();
     let _ = reloader.await;
     result
+}
+
+/// Where the store is kept: `--data-dir`, else the platform's user data directory;
+/// `None` with `--no-persist`.
+fn data_dir(args: &ServeArgs) -> Result<Option<std::path::PathBuf>, RunError> {
+    Ok(match &args.persist.data_dir {
+        _ if args.persist.no_persist => None,
+        Some(d) => Some(d.clone()),
+        None => Some(
+            dirs::data_dir()
+                .ok_or(RunError::NoDataDir)?
+                .join("fleetscope"),
+        ),
+    })
+}
+
+/// The key page tokens are signed with: the ring's (a replica's), else the one kept
+/// in the data directory, else a fresh one (in memory only, tokens live as long as
+/// the process).
+fn page_token_key(
+    args: &ServeArgs,
+    data_dir: Option<&std::path::Path>,
+) -> Result<crate::grpc::TokenKey, RunError> {
+    Ok(
+        match (&args.shard.ring.shard_page_token_key_file, data_dir) {
+            (Some(file), dir) => {
+                if let Some(dir) = dir {
+                    private(dir)?;
+                }
+                crate::grpc::TokenKey::from_file(file)
+                    .map_err(|e| ArgsError::Invalid(format!("--shard-page-token-key-file {e}")))?
+            }
+            (None, Some(dir)) => {
+                private(dir)?;
+                token_key(dir)?
+            }
+            (None, None) => crate::grpc::TokenKey::random()?,
+        },
+    )
+}
+
+/// This replica in its ring: it holds the clusters of `desired` it owns, telling
+/// which it holds synced, and making the engine (once started) resume its watches
+/// after a gap.
+fn join_ring(
+    leases: fleetscope_ring::leases::Leases,
+    membership: fleetscope_ring::member::MembershipConfig,
+    advertise: String,
+    desired: &tokio::sync::watch::Receiver<SourceSet>,
+    fleet: &std::sync::Arc<Deferred<Engine>>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> crate::shard::replica::Replica {
+    let (engine, resume) = (fleet.clone(), fleet.clone());
+    crate::shard::replica::Replica::start(
+        leases,
+        membership,
+        advertise,
+        desired.clone(),
+        Box::new(move |since| {
+            engine
+                .get()
+                .map(|e| e.synced_since(since))
+                .unwrap_or_default()
+        }),
+        Box::new(move || {
+            if let Some(e) = resume.get() {
+                e.rewatch();
+            }
+        }),
+        stop.clone(),
+    )
+}
+
+/// Starts the engine over `sources`: from the store in `data_dir` (opened and
+/// verified), or in memory only.
+fn start_engine(
+    data_dir: Option<std::path::PathBuf>,
+    sources: tokio::sync::watch::Receiver<SourceSet>,
+    config: EngineConfig,
+) -> Result<Engine, RunError> {
+    let Some(dir) = data_dir else {
+        tracing::info!("running in memory only (--no-persist)");
+        return Ok(Engine::start_live(sources, config, None));
+    };
+    let opened = fleetscope_store::SledStore::open(&dir).map_err(|source| RunError::Store {
+        dir: dir.clone(),
+        source,
+    })?;
+    tracing::info!(dir = %dir.display(), objects = opened.loaded.objects.len(), revision = %opened.loaded.revision, "store opened");
+    let stored = Stored {
+        store: std::sync::Arc::new(opened.store),
+        loaded: opened.loaded,
+    };
+    Ok(Engine::start_live(sources, config, Some(stored)))
 }
