@@ -165,24 +165,44 @@ pub struct Owner {
     pub leaving: CancellationToken,
 }
 
+/// What the owner carries from one decision to the next.
+struct Decisions {
+    /// The clusters held.
+    held: BTreeSet<String>,
+    /// Clusters taken up or let go since start.
+    moves: u64,
+    /// Whether nothing has been decided yet.
+    first: bool,
+    /// When each cluster was first seen without a ready owner.
+    unowned_since: BTreeMap<String, Instant>,
+    /// The clusters logged as having no ready owner.
+    reported: BTreeSet<String>,
+    started: Instant,
+    /// When the loop last turned: it turns at least every second, and a longer gap
+    /// means the process did not run (stopped, or starved).
+    last_turn: Instant,
+    /// Since a gap: a cluster is ready again only once its streams are confirmed
+    /// current after this moment.
+    barrier: Option<Instant>,
+}
+
 impl Owner {
     /// Decides again every renew period and whenever the ring or the configured
     /// clusters change, until `stop`.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.renew_period.min(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut held: BTreeSet<String> = BTreeSet::new();
-        let mut moves = 0u64;
-        let mut first = true;
-        // When each cluster was first seen without a ready owner.
-        let mut unowned_since: BTreeMap<String, Instant> = BTreeMap::new();
-        let mut reported: BTreeSet<String> = BTreeSet::new();
         let started = Instant::now();
-        // This loop turns at least every second; a longer gap means the process did
-        // not run (stopped, or starved) and what it holds may be stale: from then on
-        // a cluster is ready again only once its streams are confirmed current.
-        let mut last_turn = started;
-        let mut barrier: Option<Instant> = None;
+        let mut d = Decisions {
+            held: BTreeSet::new(),
+            moves: 0,
+            first: true,
+            unowned_since: BTreeMap::new(),
+            reported: BTreeSet::new(),
+            started,
+            last_turn: started,
+            barrier: None,
+        };
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -191,155 +211,197 @@ impl Owner {
                 _ = self.leaving.cancelled(), if !self.published.borrow().contains_key(LEAVING) => {}
                 _ = stop.cancelled() => return,
             }
-            let now = Instant::now();
-            let gap = now.saturating_duration_since(last_turn);
-            last_turn = now;
-            if gap > self.config.lease_duration {
-                tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current, each listed again now to confirm it");
-                barrier = Some(now);
-                (self.rewatch)();
-            }
-            let view = self.view.borrow_and_update().clone();
-            if first
-                && (!view.observed.listed
-                    || view.fenced(now, self.config.lease_duration)
-                    || now.saturating_duration_since(started) < self.config.renew_period * 2)
-            {
-                // Nothing is decided before this replica holds its Lease and has seen
-                // the ring's, and replicas starting together have had two renew periods
-                // to see each other: it would take clusters the others hold or are
-                // about to, and sync them for nothing.
-                continue;
-            }
-            let desired = self.desired.borrow_and_update().clone();
-            let configured: Vec<String> = desired.clusters.iter().map(|c| c.name.clone()).collect();
-            let fenced = view.fenced(now, self.config.lease_duration);
-            let members = members_now(&view, now, &self.config, &self.published.borrow());
-            let next = if fenced || self.leaving.is_cancelled() {
-                // A fenced replica decides nothing: it keeps what it holds (answering
-                // for none of it) until it renews. A leaving one serves what it holds
-                // until it stops, and keeps it in its store for its return.
-                held.iter()
-                    .filter(|c| configured.contains(c))
-                    .cloned()
-                    .collect()
-            } else {
-                hold(
-                    &self.config.identity,
-                    self.config.replication,
-                    &members,
-                    &configured,
-                    &held,
-                )
-            };
-            for c in next.difference(&held) {
-                tracing::info!(ring = %self.config.ring, cluster = %c, "taking up the cluster");
-            }
-            for c in held.difference(&next) {
-                tracing::info!(ring = %self.config.ring, cluster = %c, "letting the cluster go: its owners hold it ready");
-            }
-            let first_decision = first;
-            if !first {
-                moves += (next.symmetric_difference(&held).count()) as u64;
-            }
-            first = false;
-            held = next;
-            let set = SourceSet {
-                clusters: desired
-                    .clusters
-                    .iter()
-                    .filter(|c| held.contains(&c.name))
-                    .cloned()
-                    .collect(),
-                loaded_at: desired.loaded_at,
-                error: desired.error.clone(),
-            };
-            if first_decision {
-                // The first decision is announced even when it holds nothing: the
-                // engine starts on it.
-                self.held.send_replace(set);
-            } else {
-                self.held.send_if_modified(|s| {
-                    let changed = *s != set;
-                    *s = set;
-                    changed
-                });
-            }
-            let synced = (self.synced)(barrier.map(Instant::into_std));
-            if barrier.is_some() && held.iter().all(|c| synced.contains(c)) {
-                tracing::info!(ring = %self.config.ring, "every cluster held is current again after the pause");
-                barrier = None;
-            }
-            let ready: Vec<&str> = held
+            self.turn(&mut d, Instant::now());
+        }
+    }
+
+    /// One decision at `now`: what to hold, what the Lease publishes, which clusters
+    /// nobody serves, and the shard's status.
+    fn turn(&mut self, d: &mut Decisions, now: Instant) {
+        self.after_a_gap(d, now);
+        let view = self.view.borrow_and_update().clone();
+        if d.first
+            && (!view.observed.listed
+                || view.fenced(now, self.config.lease_duration)
+                || now.saturating_duration_since(d.started) < self.config.renew_period * 2)
+        {
+            // Nothing is decided before this replica holds its Lease and has seen
+            // the ring's, and replicas starting together have had two renew periods
+            // to see each other: it would take clusters the others hold or are
+            // about to, and sync them for nothing.
+            return;
+        }
+        let desired = self.desired.borrow_and_update().clone();
+        let configured: Vec<String> = desired.clusters.iter().map(|c| c.name.clone()).collect();
+        let fenced = view.fenced(now, self.config.lease_duration);
+        self.decide(d, &view, now, &configured, fenced);
+        self.announce(d, &desired);
+        let members = self.publish(d, &view, now, &configured);
+        let unowned = unowned(&members, &configured);
+        self.report_unowned(d, &unowned, now);
+        let ids = assignable(&members);
+        let owned = configured
+            .iter()
+            .filter(|c| {
+                !fenced
+                    && assign::owners(c, &ids, self.config.replication)
+                        .contains(&self.config.identity.as_str())
+            })
+            .cloned()
+            .collect();
+        self.status.send_replace(ShardStatus {
+            ring: self.config.ring.clone(),
+            identity: self.config.identity.clone(),
+            fenced,
+            members: members.iter().map(|m| m.identity.clone()).collect(),
+            owned,
+            held: d.held.clone(),
+            unowned,
+            moves: d.moves,
+            renew_failures: view.renew_failures,
+        });
+    }
+
+    /// After a gap longer than the lease duration, what this replica holds may be
+    /// stale: its streams list again to confirm it, and its clusters are ready again
+    /// only once they have.
+    fn after_a_gap(&mut self, d: &mut Decisions, now: Instant) {
+        let gap = now.saturating_duration_since(d.last_turn);
+        d.last_turn = now;
+        if gap > self.config.lease_duration {
+            tracing::warn!(ring = %self.config.ring, gap = ?gap, "this replica did not run for longer than its lease duration (stopped, or starved): its clusters are ready again only once their streams are current, each listed again now to confirm it");
+            d.barrier = Some(now);
+            (self.rewatch)();
+        }
+    }
+
+    /// Decides what to hold next, and counts the moves.
+    fn decide(
+        &self,
+        d: &mut Decisions,
+        view: &View,
+        now: Instant,
+        configured: &[String],
+        fenced: bool,
+    ) {
+        let members = members_now(view, now, &self.config, &self.published.borrow());
+        let next: BTreeSet<String> = if fenced || self.leaving.is_cancelled() {
+            // A fenced replica decides nothing: it keeps what it holds (answering
+            // for none of it) until it renews. A leaving one serves what it holds
+            // until it stops, and keeps it in its store for its return.
+            d.held
                 .iter()
-                .filter(|c| synced.contains(*c))
-                .map(String::as_str)
-                .collect();
-            let mut annotations = BTreeMap::from([
-                (ADDRESS.to_string(), self.advertise.clone()),
-                (CLUSTERS.to_string(), configured.join(",")),
-                (READY.to_string(), ready.join(",")),
-                (
-                    HELD.to_string(),
-                    held.iter()
-                        .map(String::as_str)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                ),
-            ]);
-            if self.leaving.is_cancelled() {
-                annotations.insert(LEAVING.to_string(), "true".to_string());
-            }
-            let members = members_now(&view, now, &self.config, &annotations);
-            let unowned = unowned(&members, &configured);
-            annotations.insert(UNOWNED.to_string(), unowned.join(","));
-            self.published.send_if_modified(|p| {
-                let changed = *p != annotations;
-                *p = annotations;
+                .filter(|c| configured.contains(c))
+                .cloned()
+                .collect()
+        } else {
+            hold(
+                &self.config.identity,
+                self.config.replication,
+                &members,
+                configured,
+                &d.held,
+            )
+        };
+        for c in next.difference(&d.held) {
+            tracing::info!(ring = %self.config.ring, cluster = %c, "taking up the cluster");
+        }
+        for c in d.held.difference(&next) {
+            tracing::info!(ring = %self.config.ring, cluster = %c, "letting the cluster go: its owners hold it ready");
+        }
+        if !d.first {
+            d.moves += (next.symmetric_difference(&d.held).count()) as u64;
+        }
+        d.held = next;
+    }
+
+    /// Gives the engine the clusters held (the first decision even when it holds
+    /// nothing: the engine starts on it).
+    fn announce(&self, d: &mut Decisions, desired: &SourceSet) {
+        let set = SourceSet {
+            clusters: desired
+                .clusters
+                .iter()
+                .filter(|c| d.held.contains(&c.name))
+                .cloned()
+                .collect(),
+            loaded_at: desired.loaded_at,
+            error: desired.error.clone(),
+        };
+        if std::mem::take(&mut d.first) {
+            self.held.send_replace(set);
+        } else {
+            self.held.send_if_modified(|s| {
+                let changed = *s != set;
+                *s = set;
                 changed
             });
-            unowned_since.retain(|c, _| unowned.contains(c));
-            for c in &unowned {
-                unowned_since.entry(c.clone()).or_insert(now);
-            }
-            // A cluster is reported once it has had no ready owner for a lease
-            // duration (a move or a start takes a sync), and again when it has one.
-            let patience = self.config.lease_duration;
-            for (c, since) in &unowned_since {
-                let waited = now.saturating_duration_since((*since).max(started));
-                if waited >= patience && reported.insert(c.clone()) {
-                    tracing::warn!(ring = %self.config.ring, cluster = %c, waited = ?waited, "the cluster has no ready owner: no replica serves it");
-                }
-            }
-            reported.retain(|c| {
-                let still = unowned_since.contains_key(c);
-                if !still {
-                    tracing::info!(ring = %self.config.ring, cluster = %c, "the cluster has a ready owner again");
-                }
-                still
-            });
-            let ids = assignable(&members);
-            let owned = configured
-                .iter()
-                .filter(|c| {
-                    !fenced
-                        && assign::owners(c, &ids, self.config.replication)
-                            .contains(&self.config.identity.as_str())
-                })
-                .cloned()
-                .collect();
-            self.status.send_replace(ShardStatus {
-                ring: self.config.ring.clone(),
-                identity: self.config.identity.clone(),
-                fenced,
-                members: members.iter().map(|m| m.identity.clone()).collect(),
-                owned,
-                held: held.clone(),
-                unowned,
-                moves,
-                renew_failures: view.renew_failures,
-            });
         }
+    }
+
+    /// Publishes on the Lease the address, the configured, held and ready clusters,
+    /// whether this replica is leaving, and the clusters nobody serves as it sees
+    /// the ring; returns the members as they stand with what it publishes now.
+    fn publish(
+        &self,
+        d: &mut Decisions,
+        view: &View,
+        now: Instant,
+        configured: &[String],
+    ) -> Vec<Member> {
+        let synced = (self.synced)(d.barrier.map(Instant::into_std));
+        if d.barrier.is_some() && d.held.iter().all(|c| synced.contains(c)) {
+            tracing::info!(ring = %self.config.ring, "every cluster held is current again after the pause");
+            d.barrier = None;
+        }
+        let ready: Vec<&str> = d
+            .held
+            .iter()
+            .filter(|c| synced.contains(*c))
+            .map(String::as_str)
+            .collect();
+        let held: Vec<&str> = d.held.iter().map(String::as_str).collect();
+        let mut annotations = BTreeMap::from([
+            (ADDRESS.to_string(), self.advertise.clone()),
+            (CLUSTERS.to_string(), configured.join(",")),
+            (READY.to_string(), ready.join(",")),
+            (HELD.to_string(), held.join(",")),
+        ]);
+        if self.leaving.is_cancelled() {
+            annotations.insert(LEAVING.to_string(), "true".to_string());
+        }
+        let members = members_now(view, now, &self.config, &annotations);
+        annotations.insert(UNOWNED.to_string(), unowned(&members, configured).join(","));
+        self.published.send_if_modified(|p| {
+            let changed = *p != annotations;
+            *p = annotations;
+            changed
+        });
+        members
+    }
+
+    /// Logs a cluster once it has had no ready owner for a lease duration (a move or
+    /// a start takes a sync), and again when it has one.
+    fn report_unowned(&self, d: &mut Decisions, unowned: &[String], now: Instant) {
+        d.unowned_since.retain(|c, _| unowned.contains(c));
+        for c in unowned {
+            d.unowned_since.entry(c.clone()).or_insert(now);
+        }
+        let patience = self.config.lease_duration;
+        for (c, since) in &d.unowned_since {
+            let waited = now.saturating_duration_since((*since).max(d.started));
+            if waited >= patience && d.reported.insert(c.clone()) {
+                tracing::warn!(ring = %self.config.ring, cluster = %c, waited = ?waited, "the cluster has no ready owner: no replica serves it");
+            }
+        }
+        let (ring, unowned_since) = (&self.config.ring, &d.unowned_since);
+        d.reported.retain(|c| {
+            let still = unowned_since.contains_key(c);
+            if !still {
+                tracing::info!(%ring, cluster = %c, "the cluster has a ready owner again");
+            }
+            still
+        });
     }
 }
 
