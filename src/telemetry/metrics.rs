@@ -490,6 +490,9 @@ fn input_metrics(
 }
 
 /// Each cluster's streams: objects, sync, lag, events, lists.
+///
+/// (Long for a reason: a table, one metric family after another, each its name, help
+/// and values.)
 fn stream_metrics(
     e: &mut DescriptorEncoder,
     observed: &fleetscope_engine::Observation,

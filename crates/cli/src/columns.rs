@@ -404,6 +404,9 @@ fn job_duration(o: &Value, now: SystemTime) -> String {
 
 /// The columns of a built-in type, by canonical name (`pods`, `deployments.apps`);
 /// `None` for any other type.
+///
+/// (Long for a reason: a table, one arm per type, each its columns as kubectl's
+/// printers give them.)
 pub fn builtin(resource: &str) -> Option<Vec<Column>> {
     const POD_TEMPLATE: &[&str] = &["spec", "template", "spec"];
     let columns = match resource {

@@ -35,6 +35,9 @@ fn refused(why: impl std::fmt::Display) -> ApiError {
 }
 
 /// Decodes a protobuf request body into the object's JSON.
+///
+/// (Long for a reason: a table, one arm per kind kubectl sends as protobuf, each
+/// its fields.)
 pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let raw = body.strip_prefix(MAGIC).ok_or_else(|| {
         ApiError::bad_request("the protobuf body does not start with the k8s envelope")

@@ -33,6 +33,8 @@ fn text<'v>(v: &'v Value, path: &[&str]) -> &'v str {
 }
 
 /// Columns and cells for a type, as the apiserver's printers give them.
+///
+/// (Long for a reason: a table, one arm per type, each its columns.)
 fn columns(def: &ResourceDef) -> Vec<Value> {
     let name = column(
         "Name",
