@@ -197,22 +197,10 @@ async fn run(
         }
     });
     let decided = replica.as_ref().map(|r| r.decided());
-    let starting = crate::tasks::spawn("engine-start", async move {
-        if let Some(decided) = decided {
-            decided.await;
-        }
-        crate::tasks::spawn_blocking("engine-start", start).await
-    });
-    let engine = tokio::select! {
-        e = starting => e??,
-        _ = stop.cancelled() => {
-            server.await??;
-            return Ok(());
-        }
-    };
-    let engine = match engine {
-        Ok(engine) => std::sync::Arc::new(engine),
-        Err(e) => {
+    let engine = match start_engine(start, decided, &stop).await {
+        Started::Engine(engine) => engine,
+        Started::Stopped => return server.await?.map_err(RunError::from),
+        Started::Failed(e) => {
             stop.cancel();
             let _ = server.await;
             signal.abort();
@@ -226,8 +214,51 @@ async fn run(
     }
     stop.cancelled().await;
     reloads.cancel();
-    // Whatever a cluster, a client or a credential plugin is doing, the process ends
-    // within the grace period (and a little for the final store write's own bound).
+    shut_down(server, &engine).await
+}
+
+/// How the engine's start ended.
+enum Started {
+    /// Started.
+    Engine(std::sync::Arc<Engine>),
+    /// The process was told to stop first.
+    Stopped,
+    /// It could not start.
+    Failed(RunError),
+}
+
+/// Starts the engine with `start` off the async workers, once a replica has
+/// `decided` what it holds; unless `stop` comes first.
+async fn start_engine(
+    start: impl FnOnce() -> Result<Engine, RunError> + Send + 'static,
+    decided: Option<impl Future<Output = ()> + Send + 'static>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Started {
+    let starting = crate::tasks::spawn("engine-start", async move {
+        if let Some(decided) = decided {
+            decided.await;
+        }
+        crate::tasks::spawn_blocking("engine-start", start).await
+    });
+    let started = tokio::select! {
+        e = starting => e,
+        _ = stop.cancelled() => return Started::Stopped,
+    };
+    match started {
+        Ok(Ok(Ok(engine))) => Started::Engine(std::sync::Arc::new(engine)),
+        Ok(Ok(Err(e))) => Started::Failed(e),
+        Ok(Err(e)) | Err(e) => Started::Failed(RunError::Task(e)),
+    }
+}
+
+/// Stops in order, within the grace period: the server (ending open calls), the
+/// engine (writing what is pending), then every other task. Whatever a cluster, a
+/// client or a credential plugin is doing, the process ends within the grace period
+/// (and a little for the final store write's own bound).
+async fn shut_down(
+    server: tokio::task::JoinHandle<Result<(), server::ServerError>>,
+    engine: &Engine,
+) -> Result<(), RunError> {
     std::thread::spawn(|| {
         std::thread::sleep(SHUTDOWN_GRACE + Duration::from_secs(5));
         tracing::error!(grace = ?SHUTDOWN_GRACE, "shutdown did not finish within the grace period: exiting now");
