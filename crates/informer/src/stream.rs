@@ -413,6 +413,49 @@ pub(crate) async fn run(
     reached
 }
 
+/// Where a stream stands between its lists and watches.
+struct Cursor {
+    backoff: Backoff,
+    /// The resourceVersion to watch from; `None` to list.
+    rv: Option<String>,
+    /// The newest resourceVersion the ingest holds for this stream: no list older
+    /// than it is applied.
+    held: Option<String>,
+    /// The cause last logged for this stream's own (not the cluster's) failures.
+    last_logged: Option<String>,
+    /// Why the next list is made.
+    reason: ListReason,
+    last_state: Option<StreamState>,
+    /// Whether lists are asked for as streaming lists.
+    watch_list: bool,
+    /// Why the stream lists although it asked for streaming lists.
+    fallback: Option<String>,
+}
+
+impl Cursor {
+    /// A watch begun at `started` ended having seen `seen`; one that stayed healthy
+    /// for a while earns a fresh backoff.
+    fn watched(&mut self, seen: String, started: Instant) {
+        self.held = Some(seen.clone());
+        self.rv = Some(seen);
+        if started.elapsed() > Duration::from_secs(60) {
+            self.backoff.reset();
+        }
+    }
+}
+
+/// What comes after a list.
+enum Next {
+    /// The list or its watch stopped so.
+    Stop(Stop),
+    /// Go round again (watch from the list, or list another way).
+    Again,
+    /// The ingest is gone: nothing is resumed.
+    Gone,
+    /// The stream ends where it stands.
+    Ended,
+}
+
 impl Informer {
     pub(crate) fn new(
         client: Client,
@@ -472,177 +515,177 @@ impl Informer {
     }
 
     async fn run(&self, start: Start) -> Option<String> {
-        let mut backoff = Backoff::new(self.config.backoff_start, self.config.backoff_cap);
-        let mut rv = start.watch_from;
-        // The newest resourceVersion the ingest holds for this stream: no list older
-        // than it is applied.
-        let mut held = rv.clone().or(start.floor);
-        // The cause last logged for this stream's own (not the cluster's) failures.
-        let mut last_logged: Option<String> = None;
-        let mut reason = ListReason::Initial;
-        let mut last_state = None;
-        let mut watch_list = self.config.watch_list;
-        // Why the stream lists although it asked for streaming lists.
-        let mut fallback: Option<String> = None;
+        let mut c = Cursor {
+            backoff: Backoff::new(self.config.backoff_start, self.config.backoff_cap),
+            held: start.watch_from.clone().or(start.floor),
+            rv: start.watch_from,
+            last_logged: None,
+            reason: ListReason::Initial,
+            last_state: None,
+            watch_list: self.config.watch_list,
+            fallback: None,
+        };
         loop {
             if self.cancel.is_cancelled() {
-                return rv;
+                return c.rv;
             }
-            let stop = match rv.clone() {
-                None => {
-                    if !self.state(StreamState::Listing, None).await {
-                        return None;
-                    }
-                    last_state = Some(StreamState::Listing);
-                    let from = ListFrom::choose(held.as_deref(), reason);
-                    let span = tracing::info_span!(
-                        "list",
-                        cluster = %self.id.cluster,
-                        resource = %self.id.name,
-                        reason = ?reason,
-                        from = ?from,
-                        streaming = watch_list,
-                        objects = tracing::field::Empty,
-                    );
-                    // A first list goes to the index in parts as it arrives; any other
-                    // (a re-list after a 410 included) is applied whole, diffed against
-                    // what is held. The ingest checks again that nothing is held.
-                    let first = reason == ListReason::Initial && held.is_none();
-                    let parts = (first && self.config.list_part > 0)
-                        .then(|| LIST_NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-                    let listed = if watch_list {
-                        self.watch_list(&from, parts).instrument(span.clone()).await
-                    } else {
-                        self.list(&from).instrument(span.clone()).await
-                    };
-                    if let Ok(l) = &listed {
-                        span.record("objects", i64::try_from(l.count).unwrap_or(i64::MAX));
-                    }
-                    drop(span);
-                    match listed {
-                        Ok(listed) if goes_back(&listed.resource_version, held.as_deref()) => {
-                            // Several API servers behind one address can answer from
-                            // caches at different points; an older one is not applied.
-                            tracing::warn!(
-                                cluster = %self.id.cluster,
-                                resource = %self.id.name,
-                                listed = %listed.resource_version,
-                                held = held.as_deref().unwrap_or_default(),
-                                "the list is older than what is held: not applied, listing again"
-                            );
-                            Stop::Failed(format!(
-                                "the API server answered a list at resourceVersion {}, older than the {} held",
-                                listed.resource_version,
-                                held.as_deref().unwrap_or_default()
-                            ))
-                        }
-                        Ok(listed) => {
-                            self.outage.recovered(&self.id.name);
-                            let list_rv = listed.resource_version;
-                            let update = Update::Listed {
-                                stream: self.id.clone(),
-                                objects: listed.objects,
-                                parts: listed.parts,
-                                resource_version: list_rv.clone(),
-                                reason,
-                                method: Some(listed.method),
-                                fallback: fallback.clone(),
-                            };
-                            if !self.send(update).await {
-                                return None;
-                            }
-                            held = Some(list_rv.clone());
-                            rv = Some(list_rv.clone());
-                            match listed.watch {
-                                // A streaming list's watch goes on from its state.
-                                Some(lines) => {
-                                    if !self.state(StreamState::Watching, None).await {
-                                        return rv;
-                                    }
-                                    last_state = Some(StreamState::Watching);
-                                    let started = Instant::now();
-                                    let (stop, seen) = self.follow(lines, list_rv).await;
-                                    held = Some(seen.clone());
-                                    rv = Some(seen);
-                                    if started.elapsed() > Duration::from_secs(60) {
-                                        backoff.reset();
-                                    }
-                                    stop
-                                }
-                                None => continue,
-                            }
-                        }
-                        Err(ListStop::Unsupported(why)) => {
-                            tracing::info!(cluster = %self.id.cluster, resource = %self.id.name, why = %why, "streaming lists are not served: listing instead");
-                            watch_list = false;
-                            fallback = Some(why);
-                            continue;
-                        }
-                        Err(ListStop::Stop(stop)) => stop,
-                    }
-                }
+            let stop = match c.rv.clone() {
+                None => match self.list_into(&mut c).await {
+                    Next::Stop(stop) => stop,
+                    Next::Again => continue,
+                    Next::Gone => return None,
+                    Next::Ended => return c.rv,
+                },
                 Some(from) => {
-                    if last_state != Some(StreamState::Watching) {
+                    if c.last_state != Some(StreamState::Watching) {
                         if !self.state(StreamState::Watching, None).await {
-                            return rv;
+                            return c.rv;
                         }
-                        last_state = Some(StreamState::Watching);
+                        c.last_state = Some(StreamState::Watching);
                     }
                     let started = Instant::now();
                     let (stop, seen) = self.watch(&from).await;
-                    held = Some(seen.clone());
-                    rv = Some(seen);
-                    // A watch that stayed healthy for a while earns a fresh backoff.
-                    if started.elapsed() > Duration::from_secs(60) {
-                        backoff.reset();
-                    }
+                    c.watched(seen, started);
                     stop
                 }
             };
-            let (state, error, wait) = match stop {
-                Stop::Cancelled => return rv,
-                Stop::Reconnect => continue,
-                Stop::Confirm => {
-                    // Listed again, diffed against what is held, never older than it.
-                    rv = None;
-                    reason = ListReason::Confirm;
-                    continue;
-                }
-                Stop::Expired => {
-                    tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
-                    rv = None;
-                    // The history the held version belongs to is gone (compacted, or
-                    // reset by a restore): the consistent list replaces it.
-                    held = None;
-                    reason = ListReason::Expired;
-                    continue;
-                }
-                Stop::Forbidden(m) => (StreamState::Forbidden, m, self.config.forbidden_retry),
-                Stop::NotFound(m) => (StreamState::NotFound, m, self.config.forbidden_retry),
-                Stop::Failed(m) | Stop::Invalid(m) => {
-                    (StreamState::Failed, m, backoff.next_delay())
-                }
-                Stop::Throttled(m, after) => {
-                    (StreamState::Failed, m, backoff.next_delay().max(after))
-                }
-            };
-            match state {
-                // The cluster failing: once per outage, for all its streams.
-                StreamState::Failed => {
-                    self.outage.failed(&self.id.name, &error);
-                }
-                // This type refused or gone: once per change of cause.
-                _ if last_logged.as_deref() != Some(error.as_str()) => {
-                    tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %error, retry_in = ?wait, "stream failed");
-                }
-                _ => {}
-            }
-            last_logged = Some(error.clone());
-            last_state = Some(state);
-            if !self.state(state, Some(error)).await || !self.sleep(wait).await {
-                return rv;
+            if !self.after(&mut c, stop).await {
+                return c.rv;
             }
         }
+    }
+
+    /// Lists the stream's state (streaming, or a LIST) and hands it to the ingest; a
+    /// streaming list's watch then goes on. What to do next.
+    async fn list_into(&self, c: &mut Cursor) -> Next {
+        if !self.state(StreamState::Listing, None).await {
+            return Next::Gone;
+        }
+        c.last_state = Some(StreamState::Listing);
+        let from = ListFrom::choose(c.held.as_deref(), c.reason);
+        let span = tracing::info_span!(
+            "list",
+            cluster = %self.id.cluster,
+            resource = %self.id.name,
+            reason = ?c.reason,
+            from = ?from,
+            streaming = c.watch_list,
+            objects = tracing::field::Empty,
+        );
+        // A first list goes to the index in parts as it arrives; any other (a re-list
+        // after a 410 included) is applied whole, diffed against what is held. The
+        // ingest checks again that nothing is held.
+        let first = c.reason == ListReason::Initial && c.held.is_none();
+        let parts = (first && self.config.list_part > 0)
+            .then(|| LIST_NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let listed = if c.watch_list {
+            self.watch_list(&from, parts).instrument(span.clone()).await
+        } else {
+            self.list(&from).instrument(span.clone()).await
+        };
+        if let Ok(l) = &listed {
+            span.record("objects", i64::try_from(l.count).unwrap_or(i64::MAX));
+        }
+        drop(span);
+        let listed = match listed {
+            Ok(listed) if goes_back(&listed.resource_version, c.held.as_deref()) => {
+                // Several API servers behind one address can answer from caches at
+                // different points; an older one is not applied.
+                tracing::warn!(
+                    cluster = %self.id.cluster,
+                    resource = %self.id.name,
+                    listed = %listed.resource_version,
+                    held = c.held.as_deref().unwrap_or_default(),
+                    "the list is older than what is held: not applied, listing again"
+                );
+                return Next::Stop(Stop::Failed(format!(
+                    "the API server answered a list at resourceVersion {}, older than the {} held",
+                    listed.resource_version,
+                    c.held.as_deref().unwrap_or_default()
+                )));
+            }
+            Ok(listed) => listed,
+            Err(ListStop::Unsupported(why)) => {
+                tracing::info!(cluster = %self.id.cluster, resource = %self.id.name, why = %why, "streaming lists are not served: listing instead");
+                c.watch_list = false;
+                c.fallback = Some(why);
+                return Next::Again;
+            }
+            Err(ListStop::Stop(stop)) => return Next::Stop(stop),
+        };
+        self.outage.recovered(&self.id.name);
+        let list_rv = listed.resource_version;
+        let update = Update::Listed {
+            stream: self.id.clone(),
+            objects: listed.objects,
+            parts: listed.parts,
+            resource_version: list_rv.clone(),
+            reason: c.reason,
+            method: Some(listed.method),
+            fallback: c.fallback.clone(),
+        };
+        if !self.send(update).await {
+            return Next::Gone;
+        }
+        c.held = Some(list_rv.clone());
+        c.rv = Some(list_rv.clone());
+        // A streaming list's watch goes on from its state.
+        let Some(lines) = listed.watch else {
+            return Next::Again;
+        };
+        if !self.state(StreamState::Watching, None).await {
+            return Next::Ended;
+        }
+        c.last_state = Some(StreamState::Watching);
+        let started = Instant::now();
+        let (stop, seen) = self.follow(lines, list_rv).await;
+        c.watched(seen, started);
+        Next::Stop(stop)
+    }
+
+    /// What a stop means: list again, reconnect, or wait (reporting the state, and
+    /// logging a failure once per outage or change of cause). False once the stream
+    /// is to end.
+    async fn after(&self, c: &mut Cursor, stop: Stop) -> bool {
+        let (state, error, wait) = match stop {
+            Stop::Cancelled => return false,
+            Stop::Reconnect => return true,
+            Stop::Confirm => {
+                // Listed again, diffed against what is held, never older than it.
+                c.rv = None;
+                c.reason = ListReason::Confirm;
+                return true;
+            }
+            Stop::Expired => {
+                tracing::info!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "resourceVersion expired: re-listing");
+                c.rv = None;
+                // The history the held version belongs to is gone (compacted, or
+                // reset by a restore): the consistent list replaces it.
+                c.held = None;
+                c.reason = ListReason::Expired;
+                return true;
+            }
+            Stop::Forbidden(m) => (StreamState::Forbidden, m, self.config.forbidden_retry),
+            Stop::NotFound(m) => (StreamState::NotFound, m, self.config.forbidden_retry),
+            Stop::Failed(m) | Stop::Invalid(m) => (StreamState::Failed, m, c.backoff.next_delay()),
+            Stop::Throttled(m, after) => {
+                (StreamState::Failed, m, c.backoff.next_delay().max(after))
+            }
+        };
+        match state {
+            // The cluster failing: once per outage, for all its streams.
+            StreamState::Failed => {
+                self.outage.failed(&self.id.name, &error);
+            }
+            // This type refused or gone: once per change of cause.
+            _ if c.last_logged.as_deref() != Some(error.as_str()) => {
+                tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), error = %error, retry_in = ?wait, "stream failed");
+            }
+            _ => {}
+        }
+        c.last_logged = Some(error.clone());
+        c.last_state = Some(state);
+        self.state(state, Some(error)).await && self.sleep(wait).await
     }
 
     fn list_params(&self, from: &ListFrom) -> ListParams {
