@@ -35,23 +35,7 @@ pub async fn router(
     let listener = server::bind(&args.listener.listen).await?;
     let metrics = bind_metrics(&args.listener).await?;
     let stop = tokio_util::sync::CancellationToken::new();
-    let leases = coordination(
-        &source,
-        &args.ring.shard_lease_namespace,
-        EXEC_TIMEOUT,
-        &stop,
-    )
-    .await?;
-    let (observed_tx, observed) =
-        tokio::sync::watch::channel(fleetscope_ring::lease::Observed::new(
-            &ring,
-            args.ring.shard_lease_duration,
-            crate::config::flags::lease_key(&key),
-        ));
-    crate::tasks::spawn(
-        "lease-follower",
-        fleetscope_ring::lease::follow(leases, ring.clone(), observed_tx, stop.clone()),
-    );
+    let observed = follow_ring(&args, &source, &ring, &key, &stop).await?;
     tracing::info!(%ring, "routing to the ring's replicas");
     let router = std::sync::Arc::new(crate::router::Router::new(
         ring,
@@ -65,14 +49,7 @@ pub async fn router(
     ));
     let mut reloads = Reloads::default();
     if let Some(config) = config {
-        reloads.follow_config(
-            config.path.clone(),
-            reload::restart_input(config, |resolved| match resolved.router() {
-                Ok(Some(args)) => args.ring_and_key().map(|_| ()).map_err(|e| e.to_string()),
-                Ok(None) => Err("the command line is not `router`".into()),
-                Err(e) => Err(e.to_string()),
-            }),
-        );
+        follow_config(&mut reloads, config);
     }
     let security = secure(
         &args.security,
@@ -132,6 +109,42 @@ pub async fn router(
     let _ = crate::tasks::shutdown(SHUTDOWN_GRACE).await;
     served?;
     Ok(())
+}
+
+/// The ring's Leases in the coordination cluster `source`, followed by a task until
+/// `stop`: who the replicas are and what each publishes, as far as its seal holds.
+async fn follow_ring(
+    args: &crate::config::flags::RouterArgs,
+    source: &fleetscope_informer::ClusterSource,
+    ring: &str,
+    key: &crate::grpc::TokenKey,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<tokio::sync::watch::Receiver<fleetscope_ring::lease::Observed>, RunError> {
+    let leases = coordination(source, &args.ring.shard_lease_namespace, EXEC_TIMEOUT, stop).await?;
+    let (observed_tx, observed) =
+        tokio::sync::watch::channel(fleetscope_ring::lease::Observed::new(
+            ring,
+            args.ring.shard_lease_duration,
+            crate::config::flags::lease_key(key),
+        ));
+    crate::tasks::spawn(
+        "lease-follower",
+        fleetscope_ring::lease::follow(leases, ring.to_string(), observed_tx, stop.clone()),
+    );
+    Ok(observed)
+}
+
+/// The router's configuration file followed: each change checked again, and logged
+/// as taking effect at the next restart.
+fn follow_config(reloads: &mut Reloads, config: ConfigFile) {
+    reloads.follow_config(
+        config.path.clone(),
+        reload::restart_input(config, |resolved| match resolved.router() {
+            Ok(Some(args)) => args.ring_and_key().map(|_| ()).map_err(|e| e.to_string()),
+            Ok(None) => Err("the command line is not `router`".into()),
+            Err(e) => Err(e.to_string()),
+        }),
+    );
 }
 
 /// How long an exec credential plugin may run for the router's coordination cluster.

@@ -8,6 +8,7 @@ use super::{
     token_key,
 };
 use crate::config::flags::{ArgsError, ServeArgs};
+use crate::config::kubeconfig::KubeconfigSources;
 use crate::config::reload::{self, ConfigFile, Reloads};
 use crate::engine::{Engine, EngineConfig, SourceSet, Stored};
 use crate::server;
@@ -38,18 +39,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let reload = tokio_util::sync::CancellationToken::new();
     let fleet = std::sync::Arc::new(Deferred::<Engine>::default());
     // A ring's coordination cluster, like a kubeconfig, is checked before any port is bound.
-    let membership = match args.shard.membership(&args.engine.listener.listen)? {
-        None => None,
-        Some((membership, advertise)) => Some((
-            membership,
-            advertise,
-            context_source(
-                "--shard-coordination",
-                &args.shard.ring.shard_coordination,
-                &kubeconfig_paths,
-            )?,
-        )),
-    };
+    let membership = membership(&args, &kubeconfig_paths)?;
     let (settings_tx, mut settings) = tokio::sync::watch::channel(config_now.clone());
     settings.mark_unchanged();
     if args.persist.flush_ms.is_some() {
@@ -92,26 +82,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let engine_sources = replica.as_ref().map_or(desired, |r| r.held.clone());
     // The server answers (UNAVAILABLE, health NOT_SERVING) while the store loads.
     let start = move || start_engine(data_dir, engine_sources, config_now);
-    let mut reloads = Reloads::default();
-    let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
-    if let Some(config) = config {
-        reloads.follow_config(
-            config.path.clone(),
-            reload::config_input(
-                config,
-                |args| plan(args).map_err(|e| crate::sources::chain(&e)),
-                sources.clone(),
-                settings_tx,
-                desired_tx.clone(),
-            ),
-        );
-    }
-    reloads.follow(
-        "sources",
-        "the cluster sources",
-        kubeconfig_paths.clone(),
-        reload::sources_input(sources, desired_tx),
-    );
+    let mut reloads = follow_inputs(config, sources, settings_tx, desired_tx);
     let metrics = bind_metrics(&args.engine.listener).await?;
     let security = secure(
         &args.security,
@@ -145,6 +116,63 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     reload.cancel();
     let _ = reloader.await;
     result
+}
+
+/// How this replica takes part in its ring (when one is named): its membership, the
+/// address it publishes, and the coordination cluster, checked before any port is
+/// bound.
+fn membership(
+    args: &ServeArgs,
+    kubeconfigs: &[std::path::PathBuf],
+) -> Result<
+    Option<(
+        fleetscope_ring::member::MembershipConfig,
+        String,
+        fleetscope_informer::ClusterSource,
+    )>,
+    RunError,
+> {
+    let Some((membership, advertise)) = args.shard.membership(&args.engine.listener.listen)? else {
+        return Ok(None);
+    };
+    let source = context_source(
+        "--shard-coordination",
+        &args.shard.ring.shard_coordination,
+        kubeconfigs,
+    )?;
+    Ok(Some((membership, advertise, source)))
+}
+
+/// The inputs `serve` follows: its configuration file (new settings and sources),
+/// and the kubeconfigs (the clusters).
+fn follow_inputs(
+    config: Option<ConfigFile>,
+    sources: KubeconfigSources,
+    settings: tokio::sync::watch::Sender<EngineConfig>,
+    desired: tokio::sync::watch::Sender<SourceSet>,
+) -> Reloads {
+    let mut reloads = Reloads::default();
+    let paths = sources.paths.clone();
+    let sources = std::sync::Arc::new(std::sync::Mutex::new(sources));
+    if let Some(config) = config {
+        reloads.follow_config(
+            config.path.clone(),
+            reload::config_input(
+                config,
+                |args| plan(args).map_err(|e| crate::sources::chain(&e)),
+                sources.clone(),
+                settings,
+                desired.clone(),
+            ),
+        );
+    }
+    reloads.follow(
+        "sources",
+        "the cluster sources",
+        paths,
+        reload::sources_input(sources, desired),
+    );
+    reloads
 }
 
 /// Where the store is kept: `--data-dir`, else the platform's user data directory;
