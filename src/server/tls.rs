@@ -651,23 +651,50 @@ pub fn incoming(
     stop: CancellationToken,
 ) -> impl futures::Stream<Item = Result<Conn, std::io::Error>> + Send + 'static {
     let (tx, rx) = mpsc::channel::<Result<Conn, std::io::Error>>(64);
-    let open = Arc::new(Semaphore::new(admission.max_connections.max(1)));
-    let uncertified = Arc::new(Semaphore::new(admission.not_authenticated()));
-    let waiting = Waiting::default();
-    let by_address = ByAddress::default();
-    let refusals = Arc::new(std::sync::Mutex::new(Refusals::default()));
-    let refuse = move |why: Refusal, remote: SocketAddr| {
-        refusals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .refuse(why, &admission, remote);
+    let acceptor = Acceptor {
+        open: Arc::new(Semaphore::new(admission.max_connections.max(1))),
+        uncertified: Arc::new(Semaphore::new(admission.not_authenticated())),
+        waiting: Waiting::default(),
+        by_address: ByAddress::default(),
+        refusals: Arc::new(std::sync::Mutex::new(Refusals::default())),
+        admission,
+        protocol,
+        tx,
     };
-    crate::tasks::spawn("grpc-accept", async move {
+    crate::tasks::spawn("grpc-accept", acceptor.run(listener, tls, stop));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// What admitting a listener's connections shares: the places under the caps, the
+/// connections still to authenticate, and where admitted connections go.
+#[derive(Clone)]
+struct Acceptor {
+    /// Places under the connection cap.
+    open: Arc<Semaphore>,
+    /// Places for connections that have not authenticated.
+    uncertified: Arc<Semaphore>,
+    waiting: Waiting,
+    by_address: ByAddress,
+    refusals: Arc<std::sync::Mutex<Refusals>>,
+    admission: Admission,
+    protocol: Protocol,
+    tx: mpsc::Sender<Result<Conn, std::io::Error>>,
+}
+
+impl Acceptor {
+    /// Accepts connections until `stop` (or nobody takes them any more): each under
+    /// the caps gets its handshake in a task of its own.
+    async fn run(
+        self,
+        listener: TcpListener,
+        tls: Option<watch::Receiver<Arc<rustls::ServerConfig>>>,
+        stop: CancellationToken,
+    ) {
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
                 _ = stop.cancelled() => return,
-                _ = tx.closed() => return,
+                _ = self.tx.closed() => return,
             };
             let (tcp, remote) = match accepted {
                 Ok(a) => a,
@@ -679,22 +706,22 @@ pub fn incoming(
                     continue;
                 }
             };
-            let Some(place) = waiting.admit(&open) else {
-                refuse(Refusal::Cap, remote);
+            let Some(place) = self.waiting.admit(&self.open) else {
+                self.refuse(Refusal::Cap, remote);
                 continue;
             };
             let Some(address) = AddressPlace::take(
-                &by_address,
+                &self.by_address,
                 remote.ip(),
-                admission.max_connections_per_address,
+                self.admission.max_connections_per_address,
             ) else {
-                refuse(Refusal::AddressCap, remote);
+                self.refuse(Refusal::AddressCap, remote);
                 continue;
             };
             let _ = tcp.set_nodelay(true);
             let tls = tls.as_ref().map(|t| {
                 let config = t.borrow().clone();
-                match protocol {
+                match self.protocol {
                     Protocol::Http2 => config,
                     Protocol::Http1 => {
                         let mut c = (*config).clone();
@@ -703,89 +730,105 @@ pub fn incoming(
                     }
                 }
             });
-            let mut place = Some(place);
-            let tx = tx.clone();
-            let uncertified = uncertified.clone();
-            let waiting = waiting.clone();
-            let refuse = refuse.clone();
-            crate::tasks::spawn("grpc-connection", async move {
-                let handshake = handshake(tcp, remote, tls, protocol);
-                let (io, mut info, prefix) = match tokio::time::timeout(
-                    admission.handshake_timeout,
-                    handshake,
-                )
-                .await
-                {
-                    Ok(Ok(done)) => done,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%remote, error = %e, "connection closed during its handshake");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(
-                            %remote,
-                            timeout = ?admission.handshake_timeout,
-                            "connection closed: no handshake and first bytes in time"
-                        );
-                        return;
-                    }
-                };
-                let certified = matches!(info.certificate, Some(Ok(_)));
-                let (idle, uncertified) = if protocol == Protocol::Http2 {
-                    // Where nobody authenticates, every connection is as good as any.
-                    let proved = certified || !admission.keep_for_authenticated;
-                    let streams = if proved {
-                        ConnStreams::authenticated_at_start()
-                    } else {
-                        match waiting.admit(&uncertified) {
-                            Some(pending) => match place.take() {
-                                Some(open) => ConnStreams::pending(open, pending),
-                                None => return,
-                            },
-                            None => return refuse(Refusal::Unauthenticated, remote),
-                        }
-                    };
-                    let streams = Arc::new(streams);
-                    if !proved {
-                        waiting.push(&streams);
-                    }
-                    info.streams = Some(streams.clone());
-                    let idle = Idle {
-                        streams,
-                        timeout: admission.idle_timeout,
-                        to_authenticate: admission.handshake_timeout,
-                        incoming: Frames::from_client(),
-                        outgoing: Frames::default(),
-                        timer: None,
-                        goaway: None,
-                        closed: false,
-                    };
-                    (Some(idle), None)
-                } else if certified {
-                    (None, None)
-                } else {
-                    match uncertified.try_acquire_owned() {
-                        Ok(p) => (None, Some(p)),
-                        Err(_) => return refuse(Refusal::Unauthenticated, remote),
-                    }
-                };
-                let _ = tx
-                    .send(Ok(Conn {
-                        io,
-                        info,
-                        prefix,
-                        idle,
-                        _admitted: Admitted {
-                            _place: place,
-                            _address: address,
-                            _uncertified: uncertified,
-                        },
-                    }))
-                    .await;
-            });
+            crate::tasks::spawn(
+                "grpc-connection",
+                self.clone().connect(tcp, remote, tls, place, address),
+            );
         }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+
+    /// Counts and logs a connection refused.
+    fn refuse(&self, why: Refusal, remote: SocketAddr) {
+        self.refusals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refuse(why, &self.admission, remote);
+    }
+
+    /// A connection's handshake within its time, then its admission: an HTTP/2 one
+    /// that did not authenticate takes a place among those still to, and is closed
+    /// once idle; one past every place is refused.
+    async fn connect(
+        self,
+        tcp: TcpStream,
+        remote: SocketAddr,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        place: tokio::sync::OwnedSemaphorePermit,
+        address: AddressPlace,
+    ) {
+        let admission = &self.admission;
+        let handshake = handshake(tcp, remote, tls, self.protocol);
+        let (io, mut info, prefix) =
+            match tokio::time::timeout(admission.handshake_timeout, handshake).await {
+                Ok(Ok(done)) => done,
+                Ok(Err(e)) => {
+                    tracing::debug!(%remote, error = %e, "connection closed during its handshake");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(
+                        %remote,
+                        timeout = ?admission.handshake_timeout,
+                        "connection closed: no handshake and first bytes in time"
+                    );
+                    return;
+                }
+            };
+        let mut place = Some(place);
+        let certified = matches!(info.certificate, Some(Ok(_)));
+        let (idle, uncertified) = if self.protocol == Protocol::Http2 {
+            // Where nobody authenticates, every connection is as good as any.
+            let proved = certified || !admission.keep_for_authenticated;
+            let streams = if proved {
+                ConnStreams::authenticated_at_start()
+            } else {
+                match self.waiting.admit(&self.uncertified) {
+                    Some(pending) => match place.take() {
+                        Some(open) => ConnStreams::pending(open, pending),
+                        None => return,
+                    },
+                    None => return self.refuse(Refusal::Unauthenticated, remote),
+                }
+            };
+            let streams = Arc::new(streams);
+            if !proved {
+                self.waiting.push(&streams);
+            }
+            info.streams = Some(streams.clone());
+            let idle = Idle {
+                streams,
+                timeout: admission.idle_timeout,
+                to_authenticate: admission.handshake_timeout,
+                incoming: Frames::from_client(),
+                outgoing: Frames::default(),
+                timer: None,
+                goaway: None,
+                closed: false,
+            };
+            (Some(idle), None)
+        } else if certified {
+            (None, None)
+        } else {
+            match self.uncertified.clone().try_acquire_owned() {
+                Ok(p) => (None, Some(p)),
+                Err(_) => return self.refuse(Refusal::Unauthenticated, remote),
+            }
+        };
+        let _ = self
+            .tx
+            .send(Ok(Conn {
+                io,
+                info,
+                prefix,
+                idle,
+                _admitted: Admitted {
+                    _place: place,
+                    _address: address,
+                    _uncertified: uncertified,
+                },
+            }))
+            .await;
+    }
 }
 
 /// Completes a connection's handshake and waits for the client's first bytes
