@@ -513,7 +513,10 @@ fn every_link_of_the_readme_and_the_docs_reaches_a_file_and_a_heading() {
         ("docs/operating.md", 30),
     ] {
         let size = std::fs::metadata(root.join(page)).unwrap().len();
-        assert!(size <= most * 1024, "{page} is {size} bytes, over {most} KiB");
+        assert!(
+            size <= most * 1024,
+            "{page} is {size} bytes, over {most} KiB"
+        );
     }
 }
 

@@ -9,7 +9,7 @@ use super::output::{self};
 use super::printing::{
     duration_text, freshness_name, owners_text, print, state_name, sync_method_name,
 };
-use fleetscope_proto::{GetStoreRequest, ListClustersRequest};
+use fleetscope_proto::{GetStoreRequest, ListClustersRequest, ListClustersResponse};
 
 /// `clusters`: one row per cluster (freshness, lag, objects, labels); with `-o wide`
 /// one per stream; `-o json` everything.
@@ -18,135 +18,14 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
         .list_clusters(ListClustersRequest::default())
         .await?
         .into_inner();
-    let labels_text = |l: &std::collections::HashMap<String, String>| {
-        let mut v: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        v.sort();
-        if v.is_empty() {
-            "<none>".into()
-        } else {
-            v.join(",")
-        }
-    };
     if args.output == "json" {
-        let clusters: Vec<serde_json::Value> = r.clusters.iter().map(|c| {
-            let streams: Vec<serde_json::Value> = c.streams.iter().map(|s| serde_json::json!({
-                "resource": s.resource, "state": state_name(s.state()), "objects": s.object_count.to_string(),
-                "resourceVersion": s.resource_version, "lastError": s.last_error,
-                "syncLagSeconds": s.sync_lag.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
-                "syncMethod": sync_method_name(s.sync_method()), "watchListFallback": s.watch_list_fallback,
-            })).collect();
-            let labels: std::collections::BTreeMap<&String, &String> = c.labels.iter().collect();
-            serde_json::json!({
-                "name": c.name, "freshness": freshness_name(c.freshness()), "labels": labels,
-                "server": c.server, "kubernetesVersion": c.kubernetes_version, "source": c.source,
-                "lastError": c.last_error, "streams": streams, "owners": c.owners,
-            })
-        }).collect();
-        let mut doc = serde_json::json!({"clusters": clusters});
-        if !r.sources_error.is_empty() {
-            doc["sourcesError"] = r.sources_error.clone().into();
-        }
-        let inputs: Vec<serde_json::Value> = r.inputs.iter().map(|i| serde_json::json!({
-            "name": i.name, "files": i.files, "reloads": i.reloads.to_string(),
-            "loadedTime": i.loaded_time.as_ref().and_then(|t| jiff::Timestamp::new(t.seconds, t.nanos).ok()).map(|t| t.to_string()),
-            "error": i.error,
-        })).collect();
-        if !inputs.is_empty() {
-            doc["inputs"] = inputs.into();
-        }
-        print(&output::to_json(&doc));
+        print(&output::to_json(&clusters_json(&r)));
         return Ok(());
     }
-    let mut rows = Vec::new();
-    let header: Vec<String> = if args.output == "wide" {
-        for c in &r.clusters {
-            for s in &c.streams {
-                rows.push(vec![
-                    c.name.clone(),
-                    freshness_name(c.freshness()),
-                    owners_text(&c.owners),
-                    s.resource.clone(),
-                    state_name(s.state()),
-                    s.object_count.to_string(),
-                    duration_text(s.sync_lag.as_ref()),
-                    s.resource_version.clone(),
-                    sync_method_name(s.sync_method()),
-                    if s.last_error.is_empty() && !s.watch_list_fallback.is_empty() {
-                        format!("listed: {}", s.watch_list_fallback)
-                    } else {
-                        s.last_error.clone()
-                    },
-                ]);
-            }
-            if c.streams.is_empty() {
-                rows.push(vec![
-                    c.name.clone(),
-                    freshness_name(c.freshness()),
-                    owners_text(&c.owners),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    c.last_error.clone(),
-                ]);
-            }
-        }
-        [
-            "CLUSTER",
-            "FRESHNESS",
-            "OWNERS",
-            "RESOURCE",
-            "STATE",
-            "OBJECTS",
-            "LAG",
-            "RV",
-            "SYNCED-BY",
-            "ERROR",
-        ]
-        .map(String::from)
-        .to_vec()
+    let (header, rows) = if args.output == "wide" {
+        stream_rows(&r)
     } else {
-        for c in &r.clusters {
-            let objects: u64 = c.streams.iter().map(|s| s.object_count).sum();
-            let lag = c
-                .streams
-                .iter()
-                .filter_map(|s| s.sync_lag.as_ref())
-                .max_by_key(|d| (d.seconds, d.nanos));
-            let error = if c.last_error.is_empty() {
-                c.streams
-                    .iter()
-                    .find(|s| !s.last_error.is_empty())
-                    .map(|s| format!("{}: {}", s.resource, s.last_error))
-                    .unwrap_or_default()
-            } else {
-                c.last_error.clone()
-            };
-            rows.push(vec![
-                c.name.clone(),
-                freshness_name(c.freshness()),
-                c.streams.len().to_string(),
-                objects.to_string(),
-                duration_text(lag),
-                c.kubernetes_version.clone(),
-                labels_text(&c.labels),
-                error,
-            ]);
-        }
-        [
-            "CLUSTER",
-            "FRESHNESS",
-            "STREAMS",
-            "OBJECTS",
-            "LAG",
-            "VERSION",
-            "LABELS",
-            "ERROR",
-        ]
-        .map(String::from)
-        .to_vec()
+        cluster_rows(&r)
     };
     print(&output::align(Some(&header), &rows));
     if !r.sources_error.is_empty() {
@@ -165,6 +44,137 @@ pub async fn clusters(client: &mut Client, args: args::ClustersArgs) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Everything `ListClusters` said, as JSON.
+fn clusters_json(r: &ListClustersResponse) -> serde_json::Value {
+    let clusters: Vec<serde_json::Value> = r.clusters.iter().map(|c| {
+        let streams: Vec<serde_json::Value> = c.streams.iter().map(|s| serde_json::json!({
+            "resource": s.resource, "state": state_name(s.state()), "objects": s.object_count.to_string(),
+            "resourceVersion": s.resource_version, "lastError": s.last_error,
+            "syncLagSeconds": s.sync_lag.as_ref().map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9),
+            "syncMethod": sync_method_name(s.sync_method()), "watchListFallback": s.watch_list_fallback,
+        })).collect();
+        let labels: std::collections::BTreeMap<&String, &String> = c.labels.iter().collect();
+        serde_json::json!({
+            "name": c.name, "freshness": freshness_name(c.freshness()), "labels": labels,
+            "server": c.server, "kubernetesVersion": c.kubernetes_version, "source": c.source,
+            "lastError": c.last_error, "streams": streams, "owners": c.owners,
+        })
+    }).collect();
+    let mut doc = serde_json::json!({"clusters": clusters});
+    if !r.sources_error.is_empty() {
+        doc["sourcesError"] = r.sources_error.clone().into();
+    }
+    let inputs: Vec<serde_json::Value> = r.inputs.iter().map(|i| serde_json::json!({
+        "name": i.name, "files": i.files, "reloads": i.reloads.to_string(),
+        "loadedTime": i.loaded_time.as_ref().and_then(|t| jiff::Timestamp::new(t.seconds, t.nanos).ok()).map(|t| t.to_string()),
+        "error": i.error,
+    })).collect();
+    if !inputs.is_empty() {
+        doc["inputs"] = inputs.into();
+    }
+    doc
+}
+
+/// `-o wide`: one row per stream (a cluster with none, one row of its own).
+fn stream_rows(r: &ListClustersResponse) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut rows = Vec::new();
+    for c in &r.clusters {
+        for s in &c.streams {
+            rows.push(vec![
+                c.name.clone(),
+                freshness_name(c.freshness()),
+                owners_text(&c.owners),
+                s.resource.clone(),
+                state_name(s.state()),
+                s.object_count.to_string(),
+                duration_text(s.sync_lag.as_ref()),
+                s.resource_version.clone(),
+                sync_method_name(s.sync_method()),
+                if s.last_error.is_empty() && !s.watch_list_fallback.is_empty() {
+                    format!("listed: {}", s.watch_list_fallback)
+                } else {
+                    s.last_error.clone()
+                },
+            ]);
+        }
+        if c.streams.is_empty() {
+            let mut row = vec![
+                c.name.clone(),
+                freshness_name(c.freshness()),
+                owners_text(&c.owners),
+            ];
+            row.extend(std::iter::repeat_n(String::new(), 6));
+            row.push(c.last_error.clone());
+            rows.push(row);
+        }
+    }
+    let header = [
+        "CLUSTER",
+        "FRESHNESS",
+        "OWNERS",
+        "RESOURCE",
+        "STATE",
+        "OBJECTS",
+        "LAG",
+        "RV",
+        "SYNCED-BY",
+        "ERROR",
+    ];
+    (header.map(String::from).to_vec(), rows)
+}
+
+/// One row per cluster: its streams summed, its largest lag, its first error.
+fn cluster_rows(r: &ListClustersResponse) -> (Vec<String>, Vec<Vec<String>>) {
+    let labels_text = |l: &std::collections::HashMap<String, String>| {
+        let mut v: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        v.sort();
+        if v.is_empty() {
+            "<none>".into()
+        } else {
+            v.join(",")
+        }
+    };
+    let mut rows = Vec::new();
+    for c in &r.clusters {
+        let objects: u64 = c.streams.iter().map(|s| s.object_count).sum();
+        let lag = c
+            .streams
+            .iter()
+            .filter_map(|s| s.sync_lag.as_ref())
+            .max_by_key(|d| (d.seconds, d.nanos));
+        let error = if c.last_error.is_empty() {
+            c.streams
+                .iter()
+                .find(|s| !s.last_error.is_empty())
+                .map(|s| format!("{}: {}", s.resource, s.last_error))
+                .unwrap_or_default()
+        } else {
+            c.last_error.clone()
+        };
+        rows.push(vec![
+            c.name.clone(),
+            freshness_name(c.freshness()),
+            c.streams.len().to_string(),
+            objects.to_string(),
+            duration_text(lag),
+            c.kubernetes_version.clone(),
+            labels_text(&c.labels),
+            error,
+        ]);
+    }
+    let header = [
+        "CLUSTER",
+        "FRESHNESS",
+        "STREAMS",
+        "OBJECTS",
+        "LAG",
+        "VERSION",
+        "LABELS",
+        "ERROR",
+    ];
+    (header.map(String::from).to_vec(), rows)
 }
 
 /// `fleetscope store`: the persisted store's figures, one per line.
