@@ -289,27 +289,7 @@ impl Engine {
             )
             .instrument(tracing::info_span!("ingest")),
         );
-        // Abandoned pages let their snapshots go on a timer, not at the next List.
-        let every =
-            (config.index.page_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
-        tasks.spawn({
-            let (index, cancel) = (index.clone(), cancel.clone());
-            async move {
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep(every) => index.expire_pins(),
-                        _ = cancel.cancelled() => return,
-                    }
-                }
-            }
-            .instrument(tracing::info_span!("pins"))
-        });
-        if config.index.compress_objects {
-            tasks.spawn(
-                pack(index.clone(), config.index.compress_after, cancel.clone())
-                    .instrument(tracing::info_span!("packer")),
-            );
-        }
+        upkeep(&index, &config, &tasks, &cancel);
         let histories = subscriber::Histories::default();
         let (settings, settings_rx) = watch::channel(Arc::new(config.cluster_config()));
         let (labels, labels_rx) = watch::channel(config.cluster_labels.clone());
@@ -330,12 +310,7 @@ impl Engine {
         };
         // The first set is in the status table before this returns: reported, and
         // waited for by readiness.
-        for source in &desired.borrow().clusters {
-            members.register(source);
-            members
-                .registered
-                .insert(ClusterName::from(source.name.as_str()));
-        }
+        members.register_all(&desired.borrow());
         tasks.spawn(reconcile::run(members, desired).instrument(tracing::info_span!("reconciler")));
         Self {
             index,
@@ -647,6 +622,36 @@ impl Passes {
             self.last = Some((self.settled, now));
             self.settled
         })
+    }
+}
+
+/// The index's upkeep, as tasks until `cancel`: abandoned pages let their snapshots
+/// go on a timer (not at the next List), and settled objects are compressed (with
+/// `index.compressObjects`).
+fn upkeep(
+    index: &Arc<Index>,
+    config: &EngineConfig,
+    tasks: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let every = (config.index.page_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    tasks.spawn({
+        let (index, cancel) = (index.clone(), cancel.clone());
+        async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => index.expire_pins(),
+                    _ = cancel.cancelled() => return,
+                }
+            }
+        }
+        .instrument(tracing::info_span!("pins"))
+    });
+    if config.index.compress_objects {
+        tasks.spawn(
+            pack(index.clone(), config.index.compress_after, cancel.clone())
+                .instrument(tracing::info_span!("packer")),
+        );
     }
 }
 

@@ -183,6 +183,15 @@ pub(crate) async fn run(mut members: Members, mut desired: watch::Receiver<Sourc
 }
 
 impl Members {
+    /// Registers every cluster of `set` (reported, and waited for by readiness).
+    pub(crate) fn register_all(&mut self, set: &SourceSet) {
+        for source in &set.clusters {
+            self.register(source);
+            self.registered
+                .insert(ClusterName::from(source.name.as_str()));
+        }
+    }
+
     /// Puts a cluster in the status table, with the streams it resumes as restored,
     /// so it is reported (and waited for by readiness) from now on.
     pub(crate) fn register(&mut self, source: &ClusterSource) {
