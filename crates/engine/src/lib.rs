@@ -625,6 +625,39 @@ impl Passes {
     }
 }
 
+/// The clusters the store holds that are no longer configured: each kept (with
+/// `--keep-removed-clusters`, returned) or its objects deleted.
+fn not_configured(
+    config: &EngineConfig,
+    index: &Index,
+    persister: &Persister,
+    configured: &BTreeSet<ClusterName>,
+    streams: &[fleetscope_store::StreamRecord],
+) -> Vec<ClusterName> {
+    let mut held: BTreeSet<ClusterName> = index
+        .snapshot()
+        .counts()
+        .map(|(_, c, _)| c.clone())
+        .collect();
+    held.extend(streams.iter().map(|s| s.cluster.clone()));
+    let mut kept = Vec::new();
+    for gone in held.difference(configured) {
+        if config.keep_removed_clusters {
+            tracing::info!(cluster = %gone, "cluster no longer configured: keeping its stored objects");
+            kept.push(gone.clone());
+            continue;
+        }
+        tracing::info!(cluster = %gone, "cluster no longer configured: deleting its stored objects");
+        let staged = index.stage([Change::RemoveCluster(gone.clone())]);
+        let dropped = streams
+            .iter()
+            .filter(|s| &s.cluster == gone)
+            .map(|s| (s.cluster.clone(), s.resource.clone(), None));
+        persister.record(staged, dropped, ProgressLog::default());
+    }
+    kept
+}
+
 /// The index's upkeep, as tasks until `cancel`: abandoned pages let their snapshots
 /// go on a timer (not at the next List), and settled objects are compressed (with
 /// `index.compressObjects`).
@@ -710,27 +743,7 @@ fn open_store(
     if fresh {
         persister.write_snapshot_of(index.snapshot());
     }
-    let mut held: BTreeSet<ClusterName> = index
-        .snapshot()
-        .counts()
-        .map(|(_, c, _)| c.clone())
-        .collect();
-    held.extend(streams.iter().map(|s| s.cluster.clone()));
-    let mut kept = Vec::new();
-    for gone in held.difference(&configured) {
-        if config.keep_removed_clusters {
-            tracing::info!(cluster = %gone, "cluster no longer configured: keeping its stored objects");
-            kept.push(gone.clone());
-            continue;
-        }
-        tracing::info!(cluster = %gone, "cluster no longer configured: deleting its stored objects");
-        let staged = index.stage([Change::RemoveCluster(gone.clone())]);
-        let dropped = streams
-            .iter()
-            .filter(|s| &s.cluster == gone)
-            .map(|s| (s.cluster.clone(), s.resource.clone(), None));
-        persister.record(staged, dropped, ProgressLog::default());
-    }
+    let kept = not_configured(config, &index, &persister, &configured, &streams);
     let mut resume: HashMap<ClusterName, Seed> = HashMap::new();
     for d in std::mem::take(&mut loaded.discovery) {
         if configured.contains(&d.cluster) {
