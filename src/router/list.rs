@@ -130,32 +130,7 @@ impl Router {
             .as_ref()
             .map(|(_, key)| key.clone())
             .ok_or_else(|| FleetError::InvalidArgument("page_token: no position".into()))?;
-        let holders = Self::holders(&members);
-        let mut asked = Vec::new();
-        for (identity, _, clusters) in &positions.s {
-            // The snapshot is the replica's own: exact only while it still holds every
-            // cluster it was asked for ready.
-            let holds = |c: &String| {
-                holders
-                    .get(c)
-                    .is_some_and(|hs| hs.iter().any(|m| m.identity == *identity))
-            };
-            if let Some(c) = clusters.iter().find(|c| !holds(c)) {
-                return Err(FleetError::OutOfRange {
-                    message: format!(
-                        "cluster {c} moved from replica {identity} since this list began, so its snapshot cannot be continued: list again"
-                    ),
-                    reason: reason::PAGE_SNAPSHOT_RELEASED,
-                    oldest: None,
-                });
-            }
-            asked.push(
-                members
-                    .iter()
-                    .find(|m| m.identity == *identity)
-                    .ok_or_else(|| self.no_owner(identity))?,
-            );
-        }
+        let asked = self.still_held(&members, &positions)?;
         if positions.r.len() != positions.s.len() {
             // A token of an earlier version carries no remainders: each replica counts
             // its own once.
@@ -163,22 +138,7 @@ impl Router {
                 .remainders(&positions, &asked, &after, &r, &caller)
                 .await?;
         }
-        // Runs of clusters from the last key's on, each listed from one replica.
-        let mut order: Vec<(&str, usize)> = positions
-            .s
-            .iter()
-            .enumerate()
-            .flat_map(|(i, (_, _, cs))| cs.iter().map(move |c| (c.as_str(), i)))
-            .filter(|(c, _)| *c >= after.cluster.as_str())
-            .collect();
-        order.sort_unstable();
-        let mut runs: Vec<(usize, Vec<String>)> = Vec::new();
-        for (c, i) in order {
-            match runs.last_mut() {
-                Some((j, cs)) if *j == i => cs.push(c.to_string()),
-                _ => runs.push((i, vec![c.to_string()])),
-            }
-        }
+        let runs = runs_from(&positions, &after.cluster);
         let mut items: Vec<FleetObject> = Vec::new();
         let mut clusters = Vec::new();
         let mut partial = false;
@@ -232,6 +192,40 @@ impl Router {
         self.keep_snapshots(&mut positions, &asked, &after, &r, &caller)
             .await;
         Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
+    }
+
+    /// The replicas a routed list drew on, each still holding every cluster it was
+    /// asked for: its snapshot is its own, exact only while it does.
+    fn still_held<'m>(
+        &self,
+        members: &'m [Member],
+        positions: &Positions,
+    ) -> Result<Vec<&'m Member>, FleetError> {
+        let holders = Self::holders(members);
+        let mut asked = Vec::new();
+        for (identity, _, clusters) in &positions.s {
+            let holds = |c: &String| {
+                holders
+                    .get(c)
+                    .is_some_and(|hs| hs.iter().any(|m| m.identity == *identity))
+            };
+            if let Some(c) = clusters.iter().find(|c| !holds(c)) {
+                return Err(FleetError::OutOfRange {
+                    message: format!(
+                        "cluster {c} moved from replica {identity} since this list began, so its snapshot cannot be continued: list again"
+                    ),
+                    reason: reason::PAGE_SNAPSHOT_RELEASED,
+                    oldest: None,
+                });
+            }
+            asked.push(
+                members
+                    .iter()
+                    .find(|m| m.identity == *identity)
+                    .ok_or_else(|| self.no_owner(identity))?,
+            );
+        }
+        Ok(asked)
     }
 
     /// Asks each replica of a routed list not asked for a while for one object, so
@@ -394,6 +388,30 @@ pub(super) fn fits<'a>(
 /// The size a page counts for an object: its JSON and its key.
 pub(super) fn size(o: &FleetObject) -> usize {
     o.json.len() + o.key.cluster.as_str().len() + o.key.namespace.len() + o.key.name.len()
+}
+
+/// The runs of clusters from `from` on, in order, each listed from one replica (by
+/// its index in `positions`).
+fn runs_from(
+    positions: &Positions,
+    from: &fleetscope_model::ClusterName,
+) -> Vec<(usize, Vec<String>)> {
+    let mut order: Vec<(&str, usize)> = positions
+        .s
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, _, cs))| cs.iter().map(move |c| (c.as_str(), i)))
+        .filter(|(c, _)| *c >= from.as_str())
+        .collect();
+    order.sort_unstable();
+    let mut runs: Vec<(usize, Vec<String>)> = Vec::new();
+    for (c, i) in order {
+        match runs.last_mut() {
+            Some((j, cs)) if *j == i => cs.push(c.to_string()),
+            _ => runs.push((i, vec![c.to_string()])),
+        }
+    }
+    runs
 }
 
 #[cfg(test)]
