@@ -101,15 +101,25 @@ fn last_seen(event: &Value) -> &str {
 /// One object in detail: cluster, name, namespace, labels and annotations, then every
 /// other field as `Title Case: value` lines (kubectl's generic describer), then events.
 fn render(item: &Item, events: &Events, now: SystemTime) -> String {
-    let meta = &item.object["metadata"];
     let mut out = String::new();
-    let field = |out: &mut String, key: &str, value: &str| {
-        let _ = writeln!(out, "{:<13}{value}", format!("{key}:"));
-    };
-    field(&mut out, "Cluster", &item.cluster);
-    field(&mut out, "Name", &item.name);
+    header(&mut out, item);
+    fields(&mut out, item);
+    events_table(&mut out, events, now);
+    out
+}
+
+/// One `Key: value` line, values aligned as kubectl aligns them.
+fn field(out: &mut String, key: &str, value: &str) {
+    let _ = writeln!(out, "{:<13}{value}", format!("{key}:"));
+}
+
+/// Where the object is, what it is, and its labels and annotations.
+fn header(out: &mut String, item: &Item) {
+    let meta = &item.object["metadata"];
+    field(out, "Cluster", &item.cluster);
+    field(out, "Name", &item.name);
     if !item.namespace.is_empty() {
-        field(&mut out, "Namespace", &item.namespace);
+        field(out, "Namespace", &item.namespace);
     }
     for (title, key, sep) in [
         ("Labels", "labels", "="),
@@ -124,11 +134,11 @@ fn render(item: &Item, events: &Events, now: SystemTime) -> String {
             })
             .unwrap_or_default();
         if pairs.is_empty() {
-            field(&mut out, title, "<none>");
+            field(out, title, "<none>");
         } else {
             for (i, p) in pairs.iter().enumerate() {
                 if i == 0 {
-                    field(&mut out, title, p);
+                    field(out, title, p);
                 } else {
                     let _ = writeln!(out, "{:13}{p}", "");
                 }
@@ -136,15 +146,20 @@ fn render(item: &Item, events: &Events, now: SystemTime) -> String {
         }
     }
     field(
-        &mut out,
+        out,
         "API Version",
         item.object["apiVersion"].as_str().unwrap_or_default(),
     );
     field(
-        &mut out,
+        out,
         "Kind",
         item.object["kind"].as_str().unwrap_or_default(),
     );
+}
+
+/// Everything else the object holds, nested as kubectl nests it.
+fn fields(out: &mut String, item: &Item) {
+    let meta = &item.object["metadata"];
     if let Some(obj) = item.object.as_object() {
         let mut rest = serde_json::Map::new();
         if let Some(m) = meta.as_object() {
@@ -170,9 +185,13 @@ fn render(item: &Item, events: &Events, now: SystemTime) -> String {
             }
         }
         for (k, v) in &rest {
-            nested(&mut out, 0, k, v);
+            nested(out, 0, k, v);
         }
     }
+}
+
+/// The events about the object, as kubectl's describe tables them.
+fn events_table(out: &mut String, events: &Events, now: SystemTime) {
     match events {
         Events::NotCollected => out.push_str(
             "Events:      <not collected: add events to the fleet's resources to see them here>\n",
@@ -226,7 +245,6 @@ fn render(item: &Item, events: &Events, now: SystemTime) -> String {
             }
         }
     }
-    out
 }
 
 /// `creationTimestamp` → `Creation Timestamp`, as kubectl titles a field.
