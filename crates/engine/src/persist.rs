@@ -642,47 +642,14 @@ impl Persister {
             Ok((disk, events, snapshot_took)) => {
                 // Durable: now, and only now, visible.
                 self.publish(taken);
-                if snapshot_took.is_some() {
-                    // The new snapshot is current: the change log is counted after it.
-                    self.covered.store(0, Ordering::Relaxed);
-                }
-                *lock(&self.disk) = disk;
-                let mut s = lock(&self.stats);
-                if s.last_error.take().is_some() {
-                    let since = s.failing_since.take();
-                    let failed_for = since.and_then(|t| t.elapsed().ok()).unwrap_or_default();
-                    tracing::info!(failed_for = ?failed_for, "store writes succeed again: answers are current again");
-                    self.status.set_store_stall(None);
-                }
-                s.flushes += 1;
-                s.events_written += events;
-                if let Some(t) = snapshot_took {
-                    s.snapshots += 1;
-                    s.last_snapshot = t;
-                }
-                s.last_flush = took;
-                s.max_flush = s.max_flush.max(took);
-                s.write_seconds.observe(took);
+                self.written_whole(disk, events, snapshot_took, took);
                 Ok(())
             }
             Err((e, ready)) => {
                 if ready.is_some() {
                     *lock(&self.snapshot_ready) = ready;
                 }
-                let mut s = lock(&self.stats);
-                if s.last_error.as_deref() != Some(e.as_str()) {
-                    tracing::error!(error = %e, "store write failed: changes are kept in memory and retried; answers are not current until a write succeeds");
-                }
-                s.last_error = Some(e.clone());
-                s.write_errors += 1;
-                let since = *s
-                    .failing_since
-                    .get_or_insert_with(std::time::SystemTime::now);
-                self.status.set_store_stall(Some(crate::status::StoreStall {
-                    error: e.clone(),
-                    since,
-                }));
-                drop(s);
+                self.write_failed(&e);
                 lock(&self.pending).restore_under(taken);
                 Err(FlushError(e))
             }
@@ -692,6 +659,56 @@ impl Persister {
             self.start_compaction();
         }
         outcome
+    }
+
+    /// Records a durable write that took `took`: where the store now stands on disk,
+    /// and the figures (a failure before it is over).
+    fn written_whole(
+        &self,
+        disk: OnDisk,
+        events: u64,
+        snapshot_took: Option<Duration>,
+        took: Duration,
+    ) {
+        if snapshot_took.is_some() {
+            // The new snapshot is current: the change log is counted after it.
+            self.covered.store(0, Ordering::Relaxed);
+        }
+        *lock(&self.disk) = disk;
+        let mut s = lock(&self.stats);
+        if s.last_error.take().is_some() {
+            let since = s.failing_since.take();
+            let failed_for = since.and_then(|t| t.elapsed().ok()).unwrap_or_default();
+            tracing::info!(failed_for = ?failed_for, "store writes succeed again: answers are current again");
+            self.status.set_store_stall(None);
+        }
+        s.flushes += 1;
+        s.events_written += events;
+        if let Some(t) = snapshot_took {
+            s.snapshots += 1;
+            s.last_snapshot = t;
+        }
+        s.last_flush = took;
+        s.max_flush = s.max_flush.max(took);
+        s.write_seconds.observe(took);
+    }
+
+    /// Records a failed write: logged once per error, and every cluster told the
+    /// store stalls (answers are not current until a write succeeds).
+    fn write_failed(&self, e: &str) {
+        let mut s = lock(&self.stats);
+        if s.last_error.as_deref() != Some(e) {
+            tracing::error!(error = %e, "store write failed: changes are kept in memory and retried; answers are not current until a write succeeds");
+        }
+        s.last_error = Some(e.to_string());
+        s.write_errors += 1;
+        let since = *s
+            .failing_since
+            .get_or_insert_with(std::time::SystemTime::now);
+        self.status.set_store_stall(Some(crate::status::StoreStall {
+            error: e.to_string(),
+            since,
+        }));
     }
 
     /// Checks the store's size, and compacts it in the background when it has grown
