@@ -191,6 +191,25 @@ impl ClusterStatus {
         }
     }
 
+    /// The freshness of a cluster with no stream (of `resource`, or at all) yet.
+    fn no_streams(&self, resource: Option<&str>) -> (Freshness, Option<SystemTime>, String) {
+        if !self.discovered {
+            return (
+                Freshness::Syncing,
+                None,
+                "connecting to the cluster and discovering its resource types".into(),
+            );
+        }
+        match resource {
+            Some(r) => (
+                Freshness::Error,
+                None,
+                format!("the cluster serves no resource type {r}"),
+            ),
+            None => (Freshness::Syncing, None, "no resource streams yet".into()),
+        }
+    }
+
     /// [`ClusterStatus::freshness`] as its streams have it, whatever the store does.
     fn freshness_of_streams(
         &self,
@@ -212,27 +231,8 @@ impl ClusterStatus {
             };
             return (f, self.error_since, e.clone());
         }
-        if streams.is_empty() && !self.discovered {
-            return (
-                Freshness::Syncing,
-                None,
-                "connecting to the cluster and discovering its resource types".into(),
-            );
-        }
         if streams.is_empty() {
-            let why = match resource {
-                Some(r) => format!("the cluster serves no resource type {r}"),
-                None => "no resource streams yet".into(),
-            };
-            return (
-                if resource.is_some() {
-                    Freshness::Error
-                } else {
-                    Freshness::Syncing
-                },
-                None,
-                why,
-            );
+            return self.no_streams(resource);
         }
         let worst = streams
             .iter()
