@@ -443,61 +443,10 @@ impl Index {
                     resource,
                     cluster,
                     objects,
-                } => {
-                    let mut objects: Vec<ObjectState> = objects
-                        .into_iter()
-                        .filter(|o| *o.key.resource == *resource && o.key.cluster == cluster)
-                        .map(|mut o| {
-                            o.key = interner.key(&o.key);
-                            o
-                        })
-                        .collect();
-                    let held = state.keys_of(&resource, &cluster);
-                    if held.is_empty() {
-                        // A first list: nothing to diff against, added at once.
-                        in_key_order(&mut objects, |o| &o.key);
-                        state.add_new(objects, interner, &mut events);
-                        continue;
-                    }
-                    let listed: HashSet<&ObjectKey> = objects.iter().map(|o| &o.key).collect();
-                    for key in held {
-                        if !listed.contains(&key) {
-                            events.extend(state.delete(&key));
-                        }
-                    }
-                    for input in objects {
-                        events.extend(state.upsert(input, interner));
-                    }
-                }
-                Change::Add(objects) => {
-                    let (held, mut new): (Vec<ObjectState>, Vec<ObjectState>) = objects
-                        .into_iter()
-                        .map(|mut o| {
-                            o.key = interner.key(&o.key);
-                            o
-                        })
-                        .partition(|o| state.get(&o.key).is_some());
-                    // The last of one key wins, as upserts in order would have it.
-                    in_key_order(&mut new, |o| &o.key);
-                    state.add_new(new, interner, &mut events);
-                    for input in held {
-                        events.extend(state.upsert(input, interner));
-                    }
-                }
+                } => replace(state, interner, &mut events, (&resource, &cluster), objects),
+                Change::Add(objects) => add(state, interner, &mut events, objects),
                 Change::RemoveCluster(cluster) => {
-                    let streams: Vec<_> = (state.positions.keys())
-                        .filter(|(_, c)| *c == cluster)
-                        .cloned()
-                        .collect();
-                    moved |= !streams.is_empty();
-                    for stream in streams {
-                        state.positions.remove(&stream);
-                    }
-                    for resource in state.resources_of(&cluster) {
-                        for key in state.keys_of(&resource, &cluster) {
-                            events.extend(state.delete(&key).map(Event::removing_cluster));
-                        }
-                    }
+                    moved |= remove_cluster(state, &mut events, &cluster);
                 }
             }
         }
@@ -847,6 +796,82 @@ fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
     items.reverse();
     items.dedup_by(|a, b| key(a) == key(b));
     items.reverse();
+}
+
+/// A whole list of `resource` in `cluster` in place of what is held of it: what it
+/// no longer has deleted, the rest upserted (a first list added at once).
+fn replace(
+    state: &mut State,
+    interner: &mut object::Interner,
+    events: &mut Vec<Event>,
+    (resource, cluster): (&str, &ClusterName),
+    objects: Vec<ObjectState>,
+) {
+    let mut objects: Vec<ObjectState> = objects
+        .into_iter()
+        .filter(|o| *o.key.resource == *resource && o.key.cluster == *cluster)
+        .map(|mut o| {
+            o.key = interner.key(&o.key);
+            o
+        })
+        .collect();
+    let held = state.keys_of(resource, cluster);
+    if held.is_empty() {
+        // A first list: nothing to diff against, added at once.
+        in_key_order(&mut objects, |o| &o.key);
+        state.add_new(objects, interner, events);
+        return;
+    }
+    let listed: HashSet<&ObjectKey> = objects.iter().map(|o| &o.key).collect();
+    for key in held {
+        if !listed.contains(&key) {
+            events.extend(state.delete(&key));
+        }
+    }
+    for input in objects {
+        events.extend(state.upsert(input, interner));
+    }
+}
+
+/// Objects arriving together: each new one added at once, each held one upserted.
+fn add(
+    state: &mut State,
+    interner: &mut object::Interner,
+    events: &mut Vec<Event>,
+    objects: Vec<ObjectState>,
+) {
+    let (held, mut new): (Vec<ObjectState>, Vec<ObjectState>) = objects
+        .into_iter()
+        .map(|mut o| {
+            o.key = interner.key(&o.key);
+            o
+        })
+        .partition(|o| state.get(&o.key).is_some());
+    // The last of one key wins, as upserts in order would have it.
+    in_key_order(&mut new, |o| &o.key);
+    state.add_new(new, interner, events);
+    for input in held {
+        events.extend(state.upsert(input, interner));
+    }
+}
+
+/// A cluster leaving: its streams' positions dropped and every object of it deleted
+/// as the cluster's removal. Whether any position moved.
+fn remove_cluster(state: &mut State, events: &mut Vec<Event>, cluster: &ClusterName) -> bool {
+    let streams: Vec<_> = (state.positions.keys())
+        .filter(|(_, c)| c == cluster)
+        .cloned()
+        .collect();
+    let moved = !streams.is_empty();
+    for stream in streams {
+        state.positions.remove(&stream);
+    }
+    for resource in state.resources_of(cluster) {
+        for key in state.keys_of(&resource, cluster) {
+            events.extend(state.delete(&key).map(Event::removing_cluster));
+        }
+    }
+    moved
 }
 
 #[cfg(test)]
