@@ -880,24 +880,7 @@ impl Persister {
             return Err(("the store is closed".to_string(), ready));
         };
         let mut disk = lock(&self.disk).clone();
-        let mut batch = Batch {
-            revision: p.revision,
-            clusters: p.clusters.clone(),
-            field_indexes: p.field_indexes.clone(),
-            ..Batch::default()
-        };
-        for ((cluster, resource), record) in &p.streams {
-            match record {
-                Some(r) => batch.streams.push(r.clone()),
-                None => batch.drop_streams.push((cluster.clone(), resource.clone())),
-            }
-        }
-        for (cluster, record) in &p.discovery {
-            match record {
-                Some(d) => batch.discovery.push(d.clone()),
-                None => batch.drop_discovery.push(cluster.clone()),
-            }
-        }
+        let mut batch = batch_of(p);
         let mut snapshot_took = None;
         if let Some(state) = p.snapshot.as_ref().filter(|_| p.snapshot_inline) {
             let written = {
@@ -920,9 +903,24 @@ impl Persister {
                 self.covered.store(0, Ordering::Relaxed);
             }
         }
-        // The log keeps every event after the snapshot (the change log), and before it
-        // the newest within the resume log's length and size: whole records are
-        // dropped oldest first, then the oldest of the new events are not written.
+        let written = self.log(p, &mut disk, &mut batch);
+        if let Err(e) = store.commit(&batch) {
+            // A snapshot made current by this batch is offered again with the next.
+            let ready = batch
+                .snapshot
+                .filter(|_| !p.snapshot_inline)
+                .zip(snapshot_took)
+                .map(|((meta, _), took)| (meta, took));
+            return Err((e.to_string(), ready));
+        }
+        Ok((disk, written, snapshot_took))
+    }
+
+    /// Puts `p`'s events in `batch`'s log: it keeps every event after the snapshot
+    /// (the change log), and before it the newest within the resume log's length and
+    /// size: whole records are dropped oldest first, then the oldest of the new events
+    /// are not written. How many events are written.
+    fn log(&self, p: &Pending, disk: &mut OnDisk, batch: &mut Batch) -> u64 {
         let budget = (*lock(&self.held_json)).max(0) as f64 * self.config.log_share;
         let cut = disk.snapshot_revision();
         let retention = self.config.log_retention;
@@ -969,18 +967,31 @@ impl Persister {
             .filter(|(_, last, _)| *last > cut)
             .map(|(_, _, n)| n)
             .sum();
-        let written = (p.events.len() - skip) as u64;
-        if let Err(e) = store.commit(&batch) {
-            // A snapshot made current by this batch is offered again with the next.
-            let ready = batch
-                .snapshot
-                .filter(|_| !p.snapshot_inline)
-                .zip(snapshot_took)
-                .map(|((meta, _), took)| (meta, took));
-            return Err((e.to_string(), ready));
-        }
-        Ok((disk, written, snapshot_took))
+        (p.events.len() - skip) as u64
     }
+}
+
+/// A batch carrying `p`'s streams, discovery answers, clusters and field indexes.
+fn batch_of(p: &Pending) -> Batch {
+    let mut batch = Batch {
+        revision: p.revision,
+        clusters: p.clusters.clone(),
+        field_indexes: p.field_indexes.clone(),
+        ..Batch::default()
+    };
+    for ((cluster, resource), record) in &p.streams {
+        match record {
+            Some(r) => batch.streams.push(r.clone()),
+            None => batch.drop_streams.push((cluster.clone(), resource.clone())),
+        }
+    }
+    for (cluster, record) in &p.discovery {
+        match record {
+            Some(d) => batch.discovery.push(d.clone()),
+            None => batch.drop_discovery.push(cluster.clone()),
+        }
+    }
+    batch
 }
 
 /// Which of [`Persister`]'s in-progress counters: a snapshot's writing.
