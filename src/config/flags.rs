@@ -147,9 +147,6 @@ pub fn lease_key(key: &crate::grpc::TokenKey) -> fleetscope_ring::seal::LeaseKey
     fleetscope_ring::seal::LeaseKey::derived(|purpose| key.derive(purpose))
 }
 
-/// Where a server listens by default.
-pub const DEFAULT_LISTEN: &str = fleetscope_proto::DEFAULT_ADDRESS;
-
 /// The configuration file of `serve` and `router`.
 #[derive(Debug, Args)]
 pub struct ConfigFileArg {
@@ -492,7 +489,7 @@ crate::settings! {
 pub struct ListenerArgs {
     ["listen", Text, Restart]
     /// The gRPC listen address.
-    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = DEFAULT_LISTEN, value_parser = host_port)]
+    #[arg(long, env = "FLEETSCOPE_LISTEN", default_value = fleetscope_proto::DEFAULT_ADDRESS, value_parser = host_port)]
     pub listen: String,
     ["metricsListen", Text, Restart]
     /// Serve Prometheus metrics at /metrics (with /healthz and /readyz) on this

@@ -236,8 +236,7 @@ impl Owner {
         let fenced = view.fenced(now, self.config.lease_duration);
         self.decide(d, &view, now, &configured, fenced);
         self.announce(d, &desired);
-        let members = self.publish(d, &view, now, &configured);
-        let unowned = unowned(&members, &configured);
+        let (members, unowned) = self.publish(d, &view, now, &configured);
         self.report_unowned(d, &unowned, now);
         let ids = assignable(&members);
         let owned = configured
@@ -341,14 +340,15 @@ impl Owner {
 
     /// Publishes on the Lease the address, the configured, held and ready clusters,
     /// whether this replica is leaving, and the clusters nobody serves as it sees
-    /// the ring; returns the members as they stand with what it publishes now.
+    /// the ring; returns the members as they stand with what it publishes now, and
+    /// the clusters nobody serves.
     fn publish(
         &self,
         d: &mut Decisions,
         view: &View,
         now: Instant,
         configured: &[String],
-    ) -> Vec<Member> {
+    ) -> (Vec<Member>, Vec<String>) {
         let synced = (self.synced)(d.barrier.map(Instant::into_std));
         if d.barrier.is_some() && d.held.iter().all(|c| synced.contains(c)) {
             tracing::info!(ring = %self.config.ring, "every cluster held is current again after the pause");
@@ -371,13 +371,14 @@ impl Owner {
             annotations.insert(LEAVING.to_string(), "true".to_string());
         }
         let members = members_now(view, now, &self.config, &annotations);
-        annotations.insert(UNOWNED.to_string(), unowned(&members, configured).join(","));
+        let unowned = unowned(&members, configured);
+        annotations.insert(UNOWNED.to_string(), unowned.join(","));
         self.published.send_if_modified(|p| {
             let changed = *p != annotations;
             *p = annotations;
             changed
         });
-        members
+        (members, unowned)
     }
 
     /// Logs a cluster once it has had no ready owner for a lease duration (a move or

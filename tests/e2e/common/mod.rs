@@ -172,15 +172,11 @@ impl Harness {
         cond: impl Fn(&[proto::Cluster]) -> bool,
     ) -> Vec<proto::Cluster> {
         let mut client = self.client().await;
-        eventually("the clusters reach the expected state", async || {
-            let clusters = list_clusters(&mut client).await.clusters;
-            if cond(&clusters) {
-                Ok(clusters)
-            } else {
-                Err(clusters)
-            }
+        wait_for_clusters(&mut client, "the clusters reach the expected state", |r| {
+            cond(&r.clusters)
         })
         .await
+        .clusters
     }
 
     /// Waits until the index holds `n` objects matching a query.

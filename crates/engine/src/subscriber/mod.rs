@@ -88,11 +88,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         }
         None => engine.index.subscribe(since).map_err(refused)?,
     };
-    let positioned = !after.is_empty() || !resets.is_empty() || !histories.is_empty();
     let whole = built.query.clone();
-    // The cluster filter is evaluated per event against the live fleet, so a
-    // matching cluster added later is followed too; the index query reads all.
-    let initial = (r.initial && !positioned).then(|| built.query.clone());
     // The live events are checked per cluster by the producer, under the policy in
     // force when each arrives.
     let mut query = built.query;
@@ -140,6 +136,10 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
         catching,
         caught,
     };
+    let positions = Positions::new(starts, whole, engine.histories.clone());
+    // The cluster filter is evaluated per event against the live fleet, so a
+    // matching cluster added later is followed too; the index query reads all.
+    let initial = (r.initial && !positions.positioned()).then(|| positions.whole().clone());
     let producer = Producer {
         outlet,
         grant: Grant::new(
@@ -149,7 +149,7 @@ pub(crate) fn start(engine: &Engine, r: WatchRequest) -> Result<Watch, FleetErro
             r.query.clusters,
             engine.status.clone(),
         ),
-        positions: Positions::new(starts, whole, engine.histories.clone()),
+        positions,
         eval: Evaluator::new(
             query,
             r.projection,

@@ -158,6 +158,11 @@ impl Positions {
         std::mem::take(&mut self.resets)
     }
 
+    /// The query as the start resolved it (with the caller's reach).
+    pub(super) fn whole(&self) -> &Query {
+        &self.whole
+    }
+
     /// The query that sends `cluster`'s stream anew.
     pub(super) fn reset_query(&self, cluster: &ClusterName) -> Query {
         let mut query = (*self.whole).clone();
