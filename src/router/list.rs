@@ -7,11 +7,8 @@
 use std::collections::BTreeMap;
 
 use fleetscope_model::fleet::{ClusterFreshness, FleetObject, ListAnswer, ListRequest, reason};
-use fleetscope_model::{Access, FleetError, ObjectKey, Revision};
+use fleetscope_model::{Fleet as _, FleetError, ObjectKey, Revision};
 
-use crate::grpc::convert;
-use crate::grpc::token::encode_token;
-use crate::proto;
 use fleetscope_ring::lease::Member;
 
 use super::Router;
@@ -73,8 +70,8 @@ impl Router {
         let limit = r.limit.max(1);
         let (pages, unreached) = self
             .spread(&members, &r.query.clusters, |member, clusters| {
-                let query = convert::query_out(&r.query, r.projection, &clusters);
-                self.page_of(member, clusters, first_page(query, limit), &r.access)
+                let request = first_page(&r, &clusters, limit);
+                self.page_of(member, clusters, request)
             })
             .await?;
         // The clusters selected that no page comes from: drawn on, and missing.
@@ -94,11 +91,11 @@ impl Router {
                 &asked,
                 page.clusters.iter().map(|c| c.cluster.as_str()),
             ));
-            positions.r.push(page.remaining_item_count);
+            positions.r.push(page.remaining);
             partial |= page.partial;
-            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
-            positions.s.push((identity, page.revision, asked));
-            items.extend(page.items.into_iter().map(|o| (i, convert::object_in(o))));
+            clusters.extend(page.clusters);
+            positions.s.push((identity, page.revision.0, asked));
+            items.extend(page.items.into_iter().map(|o| (i, o)));
         }
         partial |= !missing.is_empty();
         clusters.extend(missing);
@@ -122,7 +119,6 @@ impl Router {
         let members = self.members()?;
         let serving = Self::serving(&members);
         let limit = r.limit.max(1);
-        let caller = self.upstream_caller(&r.access);
         let mut positions: Positions = serde_json::from_slice(&r.resume)
             .map_err(|_| FleetError::InvalidArgument("page_token: not a routed list's".into()))?;
         let after = r
@@ -134,9 +130,7 @@ impl Router {
         if positions.r.len() != positions.s.len() {
             // A token of an earlier version carries no remainders: each replica counts
             // its own once.
-            positions.r = self
-                .remainders(&positions, &asked, &after, &r, &caller)
-                .await?;
+            positions.r = self.remainders(&positions, &asked, &after, &r).await?;
         }
         let runs = runs_from(&positions, &after.cluster);
         let mut items: Vec<FleetObject> = Vec::new();
@@ -150,25 +144,23 @@ impl Router {
             }
             let (identity, revision, _) = &positions.s[i];
             // What follows in the whole replica: the replica need not count it.
-            let message = self.continued(
-                (&caller, &r),
+            let request = continued(
+                &r,
                 (*revision, &run),
                 &after,
                 limit - items.len(),
                 Some(positions.r[i]),
             );
-            let (_, _, page) = self
-                .page_of(asked[i], run.clone(), message, &r.access)
-                .await?;
+            let (_, _, page) = self.page_of(asked[i], run.clone(), request).await?;
             missing.extend(Self::silent(
                 identity,
                 &run,
                 page.clusters.iter().map(|c| c.cluster.as_str()),
             ));
             partial |= page.partial;
-            clusters.extend(page.clusters.into_iter().map(convert::cluster_freshness_in));
-            let more_in_run = !page.next_page_token.is_empty();
-            let got: Vec<FleetObject> = page.items.into_iter().map(convert::object_in).collect();
+            clusters.extend(page.clusters);
+            let more_in_run = page.next.is_some();
+            let got: Vec<FleetObject> = page.items;
             let mut taken = 0;
             for o in &got {
                 let held = items.len() + taken;
@@ -189,7 +181,7 @@ impl Router {
         }
         partial |= !missing.is_empty();
         clusters.extend(missing);
-        self.keep_snapshots(&mut positions, &asked, &after, &r, &caller)
+        self.keep_snapshots(&mut positions, &asked, &after, &r)
             .await;
         Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
     }
@@ -238,15 +230,13 @@ impl Router {
         asked: &[&Member],
         after: &ObjectKey,
         r: &ListRequest,
-        caller: &str,
     ) {
         let now = now_seconds();
         let keep = to_keep(positions, now);
         let calls = keep.iter().map(|&i| {
             let (_, revision, cs) = &positions.s[i];
-            let message =
-                self.continued((caller, r), (*revision, cs), after, 1, Some(positions.r[i]));
-            self.page_of(asked[i], cs.clone(), message, &r.access)
+            let request = continued(r, (*revision, cs), after, 1, Some(positions.r[i]));
+            self.page_of(asked[i], cs.clone(), request)
         });
         let answers = futures::future::join_all(calls).await;
         positions.t.resize(positions.s.len(), 0);
@@ -254,36 +244,6 @@ impl Router {
             if answer.is_ok() {
                 positions.t[i] = now;
             }
-        }
-    }
-
-    /// The request continuing a routed list in one replica's snapshot: for `caller`'s
-    /// list `r`, the snapshot at `revision` of `clusters`, after `after`, at most
-    /// `limit` objects, and how many of its matches follow `after` when known (the
-    /// replica then need not count them); the snapshot kept either way.
-    pub(super) fn continued(
-        &self,
-        (caller, r): (&str, &ListRequest),
-        (revision, clusters): (u64, &[String]),
-        after: &ObjectKey,
-        limit: usize,
-        known: Option<u64>,
-    ) -> proto::ListRequest {
-        let query = convert::query_out(&r.query, r.projection, clusters);
-        proto::ListRequest {
-            query: None,
-            limit: u32::try_from(limit).unwrap_or(u32::MAX),
-            page_token: encode_token(
-                &self.upstream.page_token_key,
-                caller,
-                Revision(revision),
-                &query,
-                after,
-                &known
-                    .map(fleetscope_model::fleet::remaining_resume)
-                    .unwrap_or_default(),
-            ),
-            keep_snapshot: true,
         }
     }
 
@@ -295,20 +255,19 @@ impl Router {
         asked: &[&Member],
         after: &ObjectKey,
         r: &ListRequest,
-        caller: &str,
     ) -> Result<Vec<u64>, FleetError> {
         let calls = positions
             .s
             .iter()
             .zip(asked)
             .map(|((_, revision, cs), member)| {
-                let message = self.continued((caller, r), (*revision, cs), after, 1, None);
-                self.page_of(member, cs.clone(), message, &r.access)
+                let request = continued(r, (*revision, cs), after, 1, None);
+                self.page_of(member, cs.clone(), request)
             });
         let pages = futures::future::try_join_all(calls).await?;
         Ok(pages
             .iter()
-            .map(|(_, _, p)| p.items.len() as u64 + p.remaining_item_count)
+            .map(|(_, _, p)| p.items.len() as u64 + p.remaining)
             .collect())
     }
 
@@ -346,25 +305,44 @@ impl Router {
         &self,
         member: &Member,
         clusters: Vec<String>,
-        message: proto::ListRequest,
-        access: &Access,
-    ) -> Result<(String, Vec<String>, proto::ListResponse), FleetError> {
-        let request = self.request(message, access);
+        request: ListRequest,
+    ) -> Result<(String, Vec<String>, ListAnswer), FleetError> {
         let page = self
-            .ask(member, |mut c| async move { c.list(request).await })
+            .ask(member, |remote| async move { remote.list(request).await })
             .await?;
         Ok((member.identity.clone(), clusters, page))
     }
 }
 
-/// A replica's first page of `query`, its snapshot kept for the pages after it.
-pub(super) fn first_page(query: proto::Query, limit: usize) -> proto::ListRequest {
-    proto::ListRequest {
-        query: Some(query),
-        limit: limit as u32,
-        page_token: String::new(),
-        keep_snapshot: true,
-    }
+/// A replica's first page of the routed list `r` for `clusters`, its snapshot kept
+/// for the pages after it.
+pub(super) fn first_page(r: &ListRequest, clusters: &[String], limit: usize) -> ListRequest {
+    let mut request = r.clone();
+    request.query.clusters = r.query.clusters.only(clusters);
+    request.limit = limit;
+    request.after = None;
+    request.resume = Vec::new();
+    request.keep_snapshot = true;
+    request
+}
+
+/// The request continuing the routed list `r` in one replica's snapshot: the
+/// snapshot at `revision` of `clusters`, after `after`, at most `limit` objects, and
+/// how many of its matches follow `after` when known (the replica then need not count
+/// them); the snapshot kept either way.
+pub(super) fn continued(
+    r: &ListRequest,
+    (revision, clusters): (u64, &[String]),
+    after: &ObjectKey,
+    limit: usize,
+    known: Option<u64>,
+) -> ListRequest {
+    let mut request = first_page(r, clusters, limit);
+    request.after = Some((Revision(revision), after.clone()));
+    request.resume = known
+        .map(fleetscope_model::fleet::remaining_resume)
+        .unwrap_or_default();
+    request
 }
 
 /// How many of `items`, in order, a page of at most `limit` objects and `max_bytes`

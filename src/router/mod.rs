@@ -13,17 +13,14 @@ use std::sync::Arc;
 
 use fleetscope_model::fleet::{
     ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, Fleet, Freshness,
-    GetAnswer, GetRequest, ListAnswer, ListRequest, Projection, ResourceTypeInfo, StoreStats,
-    Watch, WatchRequest, reason,
+    GetAnswer, GetRequest, ListAnswer, ListRequest, ResourceTypeInfo, StoreStats, Watch,
+    WatchRequest, reason,
 };
 use fleetscope_model::{Access, ClusterFilter, FleetError, Revision};
 use tokio::time::Instant;
 
-use crate::grpc::convert;
-use crate::grpc::status::from_replica;
+use crate::grpc::remote::{Remote, Replica, Speaking};
 use crate::grpc::token::TokenKey;
-use crate::proto;
-use crate::proto::fleet_client::FleetClient;
 use fleetscope_ring::lease::{Member, Observed};
 use fleetscope_ring::vocabulary as owner;
 
@@ -56,37 +53,6 @@ pub struct Router {
     upstream: Upstream,
     connections: Arc<pool::Pools>,
     stats: Arc<stats::Stats>,
-}
-
-/// Whether an answer's headers name the replica `member` of `ring` as the one that
-/// gave it: a server reached at the address `member`'s Lease gives (a reused
-/// address, a wrong `--shard-advertise`) but answering as another, or as no replica
-/// at all, answers for nobody: its clusters go to their next holders, or are
-/// reported unreached.
-fn answered_as(
-    headers: &tonic::metadata::MetadataMap,
-    ring: &str,
-    member: &Member,
-) -> Result<(), FleetError> {
-    let named = headers
-        .get(crate::grpc::REPLICA_HEADER)
-        .and_then(|v| v.to_str().ok());
-    if named.and_then(|n| n.split_once('/')) == Some((ring, member.identity.as_str())) {
-        return Ok(());
-    }
-    let address = member
-        .annotations
-        .get(owner::ADDRESS)
-        .map(String::as_str)
-        .unwrap_or_default();
-    let who = match named {
-        Some(n) => format!("replica {n:?}"),
-        None => "no replica of a ring".to_string(),
-    };
-    Err(FleetError::Unavailable(format!(
-        "the server at {address}, the address replica {} of ring {ring} publishes, answers as {who}: check that replica's --shard-advertise",
-        member.identity
-    )))
 }
 
 impl Router {
@@ -308,12 +274,9 @@ impl Router {
         Ok((out, unreached))
     }
 
-    /// A client for one call to `member`, on the least busy of its connections (see
-    /// [`pool`]), and the call's place there, given back when dropped.
-    fn client(
-        &self,
-        member: &Member,
-    ) -> Result<(FleetClient<tonic::transport::Channel>, pool::Place), FleetError> {
+    /// `member` as a fleet, asked over the least busy of its connections (see
+    /// [`pool`]), holding its place there until dropped.
+    fn remote(&self, member: &Member) -> Result<Remote, FleetError> {
         let address = member.annotations.get(owner::ADDRESS).ok_or_else(|| {
             FleetError::Unavailable(format!(
                 "replica {} publishes no address on its Lease; retry",
@@ -323,7 +286,16 @@ impl Router {
         let (channel, place) = self
             .connections
             .place(address, || self.connect(member, address))?;
-        Ok((FleetClient::new(channel), place))
+        let replica = Replica {
+            ring: self.ring.clone(),
+            identity: member.identity.clone(),
+            address: address.clone(),
+        };
+        let speaking = Speaking {
+            passes_identity: self.upstream.passes_identity,
+            page_token_key: self.upstream.page_token_key.clone(),
+        };
+        Ok(Remote::new(channel, replica, speaking).holding(place))
     }
 
     /// A new connection (made when first used) to `member` at `address`.
@@ -353,39 +325,18 @@ impl Router {
         Ok(endpoint.connect_lazy())
     }
 
-    /// One call to `member`: `call` made on a client over its channel, the answer
-    /// unwrapped, a failure as the fleet error it stands for (naming the replica).
+    /// One call to `member`: `call` made on it as a fleet, counted in its figures.
     async fn ask<T, Fut>(
         &self,
         member: &Member,
-        call: impl FnOnce(FleetClient<tonic::transport::Channel>) -> Fut,
+        call: impl FnOnce(Remote) -> Fut,
     ) -> Result<T, FleetError>
     where
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.ask_held(member, call)
-            .await
-            .map(|(answer, _place)| answer)
-    }
-
-    /// [`Router::ask`], with the call's place on its connection, for a call that goes
-    /// on after its answer (a Watch's stream): the place is held until dropped.
-    async fn ask_held<T, Fut>(
-        &self,
-        member: &Member,
-        call: impl FnOnce(FleetClient<tonic::transport::Channel>) -> Fut,
-    ) -> Result<(T, pool::Place), FleetError>
-    where
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        Fut: Future<Output = Result<T, FleetError>>,
     {
         let started = std::time::Instant::now();
-        let answer = match self.client(member) {
-            Ok((client, place)) => match call(client).await {
-                Ok(a) => {
-                    answered_as(a.metadata(), &self.ring, member).map(|()| (a.into_inner(), place))
-                }
-                Err(s) => Err(from_replica(&member.identity, &s)),
-            },
+        let answer = match self.remote(member) {
+            Ok(remote) => call(remote).await,
             Err(e) => Err(e),
         };
         self.stats.record(
@@ -414,38 +365,6 @@ impl Router {
     /// (see [`Router::ready`]); why not, when not.
     pub fn readiness(&self) -> Result<(), String> {
         self.members().map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    /// `message` as the router sends it for `access`'s caller.
-    fn request<T>(&self, message: T, access: &Access) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(message);
-        if self.upstream.passes_identity {
-            crate::auth::pass_identity(r.metadata_mut(), access.subject());
-        }
-        r
-    }
-
-    /// The caller a replica sees in the router's requests for `access`, as page
-    /// tokens are bound to it.
-    fn upstream_caller(&self, access: &Access) -> String {
-        let (_, policy) =
-            tokio::sync::watch::channel(Arc::new(fleetscope_model::access::Everything)
-                as Arc<dyn fleetscope_model::access::Policy>);
-        if self.upstream.passes_identity {
-            let s = access.subject();
-            let subject = crate::auth::passed_subject(s.user.clone(), s.groups.clone());
-            Access::new(subject, policy)
-                .authenticated_by("certificate")
-                .caller()
-        } else {
-            let subject = fleetscope_model::access::Subject {
-                user: crate::auth::ANONYMOUS.into(),
-                groups: vec![crate::auth::UNAUTHENTICATED.into()],
-            };
-            Access::new(subject, policy)
-                .authenticated_by("none")
-                .caller()
-        }
     }
 
     fn no_owner(&self, cluster: &str) -> FleetError {
@@ -540,7 +459,7 @@ impl Fleet for Router {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
         let members = self.members()?;
         let serving = Self::serving(&members);
-        let Some(member) = serving.get(&r.cluster) else {
+        if !serving.contains_key(&r.cluster) {
             if self.known(&serving).contains(&r.cluster) {
                 return Err(self.no_owner(&r.cluster));
             }
@@ -548,26 +467,15 @@ impl Fleet for Router {
                 "no cluster {:?} in the fleet",
                 crate::grpc::echo(&r.cluster)
             )));
-        };
-        let message = proto::GetRequest {
-            resource: r.resource.clone(),
-            cluster: r.cluster.clone(),
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            projection: match r.projection {
-                Projection::Full => proto::Projection::Unspecified,
-                Projection::Metadata => proto::Projection::Metadata,
-            } as i32,
-        };
+        }
         // The next holder answers when the serving one cannot (killed, say, before
         // its Lease expires).
         let holders = Self::holders(&members);
         let mut answer = None;
-        let mut member = *member;
         for m in holders.get(&r.cluster).into_iter().flatten() {
-            let request = self.request(message.clone(), &r.access);
+            let request = r.clone();
             match self
-                .ask(m, |mut c| async move { c.get(request).await })
+                .ask(m, |remote| async move { remote.get(request).await })
                 .await
             {
                 Err(FleetError::Unavailable(why)) => {
@@ -575,27 +483,12 @@ impl Fleet for Router {
                     answer = Some(Err(FleetError::Unavailable(why)));
                 }
                 other => {
-                    member = m;
                     answer = Some(other);
                     break;
                 }
             }
         }
-        let answer = answer.unwrap_or_else(|| Err(self.no_owner(&r.cluster)))?;
-        let object = answer.object.ok_or_else(|| {
-            FleetError::Unavailable(format!(
-                "replica {} answered without the object",
-                member.identity
-            ))
-        })?;
-        Ok(GetAnswer {
-            object: convert::object_in(object),
-            cluster: answer
-                .cluster
-                .map(convert::cluster_freshness_in)
-                .unwrap_or_else(|| Self::unserved_freshness(&r.cluster, self.unserved_why())),
-            revision: Revision(answer.revision),
-        })
+        answer.unwrap_or_else(|| Err(self.no_owner(&r.cluster)))
     }
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
@@ -609,26 +502,13 @@ impl Fleet for Router {
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
         let members = self.members()?;
         let serving = Self::serving(&members);
-        let group_by: Vec<String> = r
-            .group_by
-            .iter()
-            .map(|g| match g {
-                fleetscope_model::GroupBy::Cluster => "cluster".to_string(),
-                fleetscope_model::GroupBy::Namespace => "namespace".to_string(),
-                fleetscope_model::GroupBy::Label(k) => format!("label:{k}"),
-                fleetscope_model::GroupBy::Field(p) => format!("field:{p}"),
-            })
-            .collect();
         let (answers, unreached) = self
             .spread(&members, &r.query.clusters, |member, clusters| {
-                let message = proto::CountRequest {
-                    query: Some(convert::query_out(&r.query, Projection::Full, &clusters)),
-                    group_by: group_by.clone(),
-                };
-                let request = self.request(message, &r.access);
+                let mut request = r.clone();
+                request.query.clusters = r.query.clusters.only(&clusters);
                 async move {
                     let answer = self
-                        .ask(member, |mut c| async move { c.count(request).await })
+                        .ask(member, |remote| async move { remote.count(request).await })
                         .await?;
                     Ok::<_, FleetError>((member.identity.clone(), clusters, answer))
                 }
@@ -646,13 +526,13 @@ impl Fleet for Router {
                 &asked,
                 a.clusters.iter().map(|c| c.cluster.as_str()),
             ));
-            for g in a.groups {
-                *groups.entry(g.key).or_default() += g.count;
+            for (key, count) in a.groups {
+                *groups.entry(key).or_default() += count;
             }
             total += a.total;
             partial |= a.partial;
-            newest = newest.max(Revision(a.revision));
-            clusters.extend(a.clusters.into_iter().map(convert::cluster_freshness_in));
+            newest = newest.max(a.revision);
+            clusters.extend(a.clusters);
         }
         let mut missing = self.missing(&r.query.clusters, &serving, unreached);
         missing.extend(silent);
@@ -697,16 +577,12 @@ impl Fleet for Router {
         let serving = Self::serving(&members);
         let (answers, unreached) = self
             .spread(&members, &filter, |member, clusters| {
-                let message = proto::ListClustersRequest {
-                    clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
-                };
-                let request = self.request(message, access);
+                let filter = ClusterFilter::default().only(&clusters);
                 async move {
                     let answer = self
-                        .ask(
-                            member,
-                            |mut c| async move { c.list_clusters(request).await },
-                        )
+                        .ask(member, |remote| async move {
+                            remote.clusters(filter, access).await
+                        })
                         .await?;
                     Ok::<_, FleetError>((member.identity.clone(), clusters, answer))
                 }
@@ -725,10 +601,10 @@ impl Fleet for Router {
             for c in answer.clusters {
                 // Only the report of the replica asked for the cluster (another may
                 // still hold it while handing it over).
-                if !asked.contains(&c.name) {
+                if !asked.iter().any(|a| a == c.name.as_str()) {
                     continue;
                 }
-                let mut info = convert::cluster_in(c);
+                let mut info = c;
                 // The replica answering and every other holding it ready, the one the
                 // assignment makes its owner first (rendezvous over the live members,
                 // as the replicas rank them), whichever serves it during a move.
@@ -774,25 +650,22 @@ impl Fleet for Router {
         // The types of the clusters that can be reached (the answer has no place for
         // the others: ListClusters names them).
         let (answers, _) = self
-            .spread(&members, &ClusterFilter::default(), |member, clusters| {
-                let request = self.request(proto::ListResourceTypesRequest {}, access);
-                async move {
+            .spread(
+                &members,
+                &ClusterFilter::default(),
+                |member, clusters| async move {
                     let answer = self
-                        .ask(member, |mut c| async move {
-                            c.list_resource_types(request).await
+                        .ask(member, |remote| async move {
+                            remote.resource_types(access).await
                         })
                         .await?;
                     Ok::<_, FleetError>((clusters, answer))
-                }
-            })
+                },
+            )
             .await?;
         let mut merged: BTreeMap<String, ResourceTypeInfo> = BTreeMap::new();
         for (clusters, answer) in answers {
-            for t in answer
-                .resource_types
-                .into_iter()
-                .map(convert::resource_type_in)
-            {
+            for t in answer {
                 let counts: Vec<_> = t
                     .clusters
                     .iter()
@@ -822,6 +695,3 @@ impl Fleet for Router {
         Ok(None)
     }
 }
-
-#[cfg(test)]
-mod tests;

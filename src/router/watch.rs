@@ -12,16 +12,13 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use fleetscope_model::fleet::{Projection, Query, WatchEvent, WatchRequest};
-use fleetscope_model::{Access, ClusterName, EventType, FleetError, Revision};
+use fleetscope_model::{Access, ClusterName, Fleet as _, FleetError, Revision};
 use futures::stream::{BoxStream, SelectAll};
 use futures::{StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
 use super::Router;
-use crate::grpc::convert;
-use crate::grpc::status::from_replica;
 use crate::grpc::token::{seal, unseal};
-use crate::proto;
 
 /// How often a routed Watch looks for clusters to follow elsewhere, and sends its
 /// position when it moved.
@@ -37,7 +34,7 @@ struct Token {
 }
 
 /// One replica stream's items: its generation, and an event, an error, or its end.
-type Item = (u64, Option<Result<proto::WatchEvent, tonic::Status>>);
+type Item = (u64, Option<Result<WatchEvent, FleetError>>);
 
 /// A routed Watch in progress.
 pub(super) struct Routed {
@@ -77,12 +74,7 @@ pub(super) struct Routed {
 impl Routed {
     /// Opens a routed Watch: from the initial objects, from now, or from a token.
     pub(super) async fn start(router: Router, r: WatchRequest) -> Result<Self, FleetError> {
-        let fingerprint = {
-            use base64::Engine as _;
-            use prost::Message as _;
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .encode(convert::query_out(&r.query, r.projection, &[]).encode_to_vec())
-        };
+        let fingerprint = crate::grpc::remote::fingerprint(&r.query, r.projection);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut routed = Self {
@@ -119,21 +111,12 @@ impl Routed {
                 let serving = Router::serving(&members);
                 let plan = Router::plan(&routed.query.clusters, &serving);
                 let opened = plan.values().map(|(member, clusters)| {
-                    let message = proto::WatchRequest {
-                        query: Some(convert::query_out(
-                            &routed.query,
-                            routed.projection,
-                            clusters,
-                        )),
-                        send_initial_events: r.initial,
-                        report_positions: true,
-                        ..proto::WatchRequest::default()
-                    };
-                    let request = routed.router.request(message, &routed.access);
+                    let mut request = routed.request(clusters);
+                    request.initial = r.initial;
                     let router = &routed.router;
                     async move {
                         let stream = router
-                            .ask_held(member, |mut c| async move { c.watch(request).await })
+                            .ask(member, |remote| async move { remote.watch(request).await })
                             .await?;
                         Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), stream))
                     }
@@ -152,6 +135,16 @@ impl Routed {
             }
         }
         Ok(routed)
+    }
+
+    /// The request following `clusters` from one replica, with positions reported.
+    fn request(&self, clusters: &[String]) -> WatchRequest {
+        let mut request = WatchRequest::for_caller(self.access.clone());
+        request.query = self.query.clone();
+        request.query.clusters = self.query.clusters.only(clusters);
+        request.projection = self.projection;
+        request.report_positions = true;
+        request
     }
 
     /// The positions a token holds, when it is this caller's and this query's.
@@ -194,7 +187,7 @@ impl Routed {
         &mut self,
         identity: String,
         clusters: &[String],
-        (stream, place): (tonic::Streaming<proto::WatchEvent>, super::pool::Place),
+        stream: fleetscope_model::fleet::Watch,
     ) -> u64 {
         let g = self.next_generation;
         self.next_generation += 1;
@@ -202,10 +195,7 @@ impl Routed {
         // The stream holds its place on its connection until it is dropped.
         let items = stream
             .take_until(cancel.clone().cancelled_owned())
-            .map(move |item| {
-                let _held = &place;
-                (g, Some(item))
-            })
+            .map(move |item| (g, Some(item)))
             .chain(stream::once(async move { (g, None) }));
         self.streams.push(items.boxed());
         self.live.insert(g, cancel);
@@ -299,28 +289,23 @@ impl Routed {
                     .push(cluster.clone());
             }
             for (identity, (member, clusters)) in wanted {
-                let start_positions = clusters
-                    .iter()
-                    .map(|c| proto::StreamPosition {
-                        cluster: c.clone(),
-                        resource: self.query.resource.clone(),
-                        resource_version: self
-                            .positions
-                            .get(c)
-                            .map(|rv| rv.to_string())
-                            .unwrap_or_default(),
-                    })
-                    .collect();
-                let message = proto::WatchRequest {
-                    query: Some(convert::query_out(&self.query, self.projection, &clusters)),
-                    report_positions: true,
-                    start_positions,
-                    ..proto::WatchRequest::default()
-                };
-                let request = self.router.request(message, &self.access);
+                let mut request = self.request(&clusters);
+                request.positions = Some(
+                    clusters
+                        .iter()
+                        .map(|c| {
+                            let at = self
+                                .positions
+                                .get(c)
+                                .cloned()
+                                .unwrap_or_else(|| Arc::from(""));
+                            (ClusterName::from(c.as_str()), at)
+                        })
+                        .collect(),
+                );
                 let opened = self
                     .router
-                    .ask_held(&member, |mut c| async move { c.watch(request).await })
+                    .ask(&member, |remote| async move { remote.watch(request).await })
                     .await;
                 match opened {
                     Ok(stream) => {
@@ -404,21 +389,20 @@ impl Routed {
     fn take(
         &mut self,
         g: u64,
-        item: Option<Result<proto::WatchEvent, tonic::Status>>,
+        item: Option<Result<WatchEvent, FleetError>>,
     ) -> Result<(), FleetError> {
         let e = match item {
             Some(Ok(e)) => e,
-            Some(Err(s)) => {
+            Some(Err(e)) => {
+                if self.live.contains_key(&g) && permanent(&e) {
+                    return Err(e);
+                }
                 let replica = self
                     .owner
                     .values()
                     .find(|(_, o)| *o == g)
                     .map(|(id, _)| id.clone())
                     .unwrap_or_default();
-                let e = from_replica(&replica, &s);
-                if self.live.contains_key(&g) && permanent(&e) {
-                    return Err(e);
-                }
                 tracing::debug!(%replica, error = %e, "a replica's stream of a routed Watch broke: following its clusters again");
                 self.broken(g);
                 return Ok(());
@@ -431,46 +415,48 @@ impl Routed {
         if !self.live.contains_key(&g) {
             return Ok(());
         }
-        self.newest = self.newest.max(Revision(e.revision));
-        let t = proto::EventType::try_from(e.r#type).unwrap_or(proto::EventType::Unspecified);
-        if t != proto::EventType::Bookmark && self.initial_positions.remove(&g) {
+        if let Some(revision) = revision_of(&e) {
+            self.newest = self.newest.max(revision);
+        }
+        let positioned = matches!(
+            e,
+            WatchEvent::Positions { .. } | WatchEvent::Bookmark { .. }
+        );
+        if !positioned && self.initial_positions.remove(&g) {
             // Anything but the positions after the initial objects: no more to wait for.
             self.initial_ended(g);
         }
-        match t {
-            proto::EventType::Added | proto::EventType::Modified | proto::EventType::Deleted => {
-                let Some(object) = e.object else {
-                    return Ok(());
-                };
-                if !self.takes(&object.cluster, g) {
+        match e {
+            WatchEvent::Object {
+                kind,
+                object,
+                revision,
+                position,
+            } => {
+                if !self.takes(object.key.cluster.as_str(), g) {
                     return Ok(());
                 }
-                let position = e.position.map(|p| Arc::<str>::from(p.resource_version));
                 if let Some(rv) = &position {
-                    self.positions.insert(object.cluster.clone(), rv.clone());
+                    self.positions
+                        .insert(object.key.cluster.to_string(), rv.clone());
                     self.dirty = true;
                 }
                 self.out.push_back(WatchEvent::Object {
-                    kind: match t {
-                        proto::EventType::Added => EventType::Added,
-                        proto::EventType::Modified => EventType::Modified,
-                        _ => EventType::Deleted,
-                    },
-                    object: convert::object_in(object),
-                    revision: Revision(e.revision),
+                    kind,
+                    object,
+                    revision,
                     position,
                 });
             }
-            proto::EventType::InitialEventsEnd => {
+            WatchEvent::InitialEventsEnd { .. } => {
                 if self.initial.contains(&g) {
                     self.initial_positions.insert(g);
                 }
             }
-            proto::EventType::Bookmark => {
-                for p in e.positions {
-                    if self.takes(&p.cluster, g) {
-                        self.positions
-                            .insert(p.cluster, Arc::from(p.resource_version));
+            WatchEvent::Positions { positions, .. } => {
+                for (cluster, rv) in positions {
+                    if self.takes(cluster.as_str(), g) {
+                        self.positions.insert(cluster.to_string(), rv);
                         self.dirty = true;
                     }
                 }
@@ -478,42 +464,42 @@ impl Routed {
                     self.initial_ended(g);
                 }
             }
-            proto::EventType::Reset => {
-                let Some(p) = e.position else { return Ok(()) };
-                if !self.takes(&p.cluster, g) {
-                    return Ok(());
+            // A replica's own position token means nothing through a router.
+            WatchEvent::Bookmark { .. } => {
+                if self.initial_positions.remove(&g) {
+                    self.initial_ended(g);
                 }
-                self.positions.insert(p.cluster.clone(), Arc::from(""));
-                self.dirty = true;
-                self.out.push_back(WatchEvent::Reset {
-                    cluster: ClusterName::from(p.cluster),
-                });
             }
-            proto::EventType::ResetEnd => {
-                let Some(p) = e.position else { return Ok(()) };
-                if !self.takes(&p.cluster, g) {
+            WatchEvent::Reset { cluster } => {
+                if !self.takes(cluster.as_str(), g) {
                     return Ok(());
                 }
-                let rv: Arc<str> = Arc::from(p.resource_version);
-                self.positions.insert(p.cluster.clone(), rv.clone());
+                self.positions.insert(cluster.to_string(), Arc::from(""));
+                self.dirty = true;
+                self.out.push_back(WatchEvent::Reset { cluster });
+            }
+            WatchEvent::ResetEnd {
+                cluster,
+                position,
+                revision,
+            } => {
+                if !self.takes(cluster.as_str(), g) {
+                    return Ok(());
+                }
+                self.positions.insert(cluster.to_string(), position.clone());
                 self.dirty = true;
                 self.out.push_back(WatchEvent::ResetEnd {
-                    cluster: ClusterName::from(p.cluster),
-                    position: rv,
-                    revision: Revision(e.revision),
+                    cluster,
+                    position,
+                    revision,
                 });
             }
-            proto::EventType::ClusterStatus => {
-                if let Some(c) = e.cluster
-                    && self.takes(&c.cluster, g)
-                {
-                    self.out.push_back(WatchEvent::ClusterStatus {
-                        cluster: convert::cluster_freshness_in(c),
-                        revision: Revision(e.revision),
-                    });
+            WatchEvent::ClusterStatus { cluster, revision } => {
+                if self.takes(cluster.cluster.as_str(), g) {
+                    self.out
+                        .push_back(WatchEvent::ClusterStatus { cluster, revision });
                 }
             }
-            proto::EventType::Unspecified => {}
         }
         Ok(())
     }
@@ -573,6 +559,18 @@ impl Drop for Routed {
         for cancel in self.live.values() {
             cancel.cancel();
         }
+    }
+}
+
+/// The revision an event of a replica names, if any.
+fn revision_of(e: &WatchEvent) -> Option<Revision> {
+    match e {
+        WatchEvent::Object { revision, .. }
+        | WatchEvent::InitialEventsEnd { revision, .. }
+        | WatchEvent::Positions { revision, .. }
+        | WatchEvent::ResetEnd { revision, .. }
+        | WatchEvent::ClusterStatus { revision, .. } => Some(*revision),
+        WatchEvent::Reset { .. } | WatchEvent::Bookmark { .. } => None,
     }
 }
 

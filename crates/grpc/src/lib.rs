@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 pub mod convert;
+pub mod identity;
+pub mod remote;
 pub mod status;
 pub mod token;
 mod watch;

@@ -39,7 +39,7 @@ fn position(resource: &str, cluster: &str, rv: &str) -> proto::StreamPosition {
 }
 
 /// One event on the wire, of a Watch of `resource` (as its query names it).
-fn event(e: WatchEvent, resource: &str) -> proto::WatchEvent {
+pub(crate) fn event(e: WatchEvent, resource: &str) -> proto::WatchEvent {
     match e {
         WatchEvent::Object {
             kind,

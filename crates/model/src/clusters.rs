@@ -56,6 +56,19 @@ impl ClusterFilter {
             .collect()
     }
 
+    /// The same label selector, the names and globs replaced by exactly `names`
+    /// (each matched as written, glob characters and all); every cluster when
+    /// `names` is empty.
+    pub fn only(&self, names: &[String]) -> Self {
+        Self {
+            patterns: names
+                .iter()
+                .filter_map(|n| glob::Pattern::new(&glob::Pattern::escape(n)).ok())
+                .collect(),
+            selector: self.selector.clone(),
+        }
+    }
+
     /// The label selector over the clusters' labels.
     pub fn selector(&self) -> &LabelSelector {
         &self.selector
