@@ -113,6 +113,51 @@ pub(crate) fn input(stream: &StreamId, o: PrunedObject) -> ObjectState {
     to_input(stream_key(stream, &o), o)
 }
 
+/// A member's history, as a Watch carried by it takes it: each update of the read
+/// converted here, as the stream's own updates are, so the Watch's side deals in
+/// the index's objects only.
+#[derive(Debug, Clone)]
+pub(crate) enum Past {
+    /// The objects at exactly the position the read started from.
+    State(Vec<ObjectState>),
+    /// An object created or changed, and the member position of the change.
+    Applied(ObjectState, Arc<str>),
+    /// An object deleted (its last state), and the member position of the change.
+    Deleted(ObjectState, Arc<str>),
+    /// The member's position moved with no change (a bookmark), or the read said
+    /// something that changes nothing (`None`).
+    Progress(Option<Arc<str>>),
+}
+
+impl Past {
+    /// Whether it is a change of one object (not a state to compare whole).
+    pub(crate) fn is_change(&self) -> bool {
+        matches!(self, Past::Applied(..) | Past::Deleted(..))
+    }
+}
+
+/// One update of a member's history read, as a Watch takes it.
+pub(crate) fn past(update: Update) -> Past {
+    let position = |o: &PrunedObject| Arc::from(o.resource_version.as_str());
+    match update {
+        Update::Listed {
+            stream, objects, ..
+        } => Past::State(inputs(&stream, objects)),
+        Update::Applied { stream, object, .. } => {
+            let at = position(&object);
+            Past::Applied(input(&stream, object), at)
+        }
+        Update::Deleted { stream, object } => {
+            let at = position(&object);
+            Past::Deleted(input(&stream, object), at)
+        }
+        Update::Progress {
+            resource_version, ..
+        } => Past::Progress(Some(Arc::from(resource_version.as_str()))),
+        _ => Past::Progress(None),
+    }
+}
+
 /// An object as the index takes it: everything it needs was read in the prune pass.
 fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectState {
     ObjectState {

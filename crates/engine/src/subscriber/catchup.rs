@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use fleetscope_index::{Event, Object, ObjectRef, Query, State, number};
 use fleetscope_informer::history::{History, HistoryEnd};
-use fleetscope_informer::{PrunedObject, StreamId, Update};
 use fleetscope_model::{ClusterName, EventType, ObjectKey, Revision};
+
+use crate::ingest::Past;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -51,8 +52,8 @@ type ReadKey = (ClusterName, Arc<str>, Arc<str>);
 /// joins late is given all of it, and the member is read once however many resume
 /// from the same position. It stops once no subscriber holds it.
 pub(crate) struct SharedRead {
-    /// The updates so far, and how the read ended.
-    log: Mutex<(Vec<Update>, Option<HistoryEnd>)>,
+    /// The updates so far, as the ingest converted them, and how the read ended.
+    log: Mutex<(Vec<Past>, Option<HistoryEnd>)>,
     /// How many entries the log has (updates, and the end), for readers to wait on.
     grown: tokio::sync::watch::Sender<usize>,
     /// Stops the read.
@@ -68,13 +69,9 @@ impl Drop for SharedRead {
 impl SharedRead {
     /// The entries from `from` on: the updates, and the end once every update is
     /// given.
-    fn since(&self, from: usize) -> (Vec<Update>, Option<HistoryEnd>) {
+    fn since(&self, from: usize) -> (Vec<Past>, Option<HistoryEnd>) {
         let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let updates = log
-            .0
-            .get(from..)
-            .map(<[Update]>::to_vec)
-            .unwrap_or_default();
+        let updates = log.0.get(from..).map(<[Past]>::to_vec).unwrap_or_default();
         (updates, log.1.clone())
     }
 }
@@ -148,13 +145,13 @@ impl Histories {
                 let (updates, mut rx) = mpsc::channel(64);
                 let reading = history.read(&from, updates, token);
                 tokio::pin!(reading);
-                let push = |entry: Result<Update, HistoryEnd>| {
+                let push = |entry: Result<fleetscope_informer::Update, HistoryEnd>| {
                     let Some(shared) = shared.upgrade() else {
                         return false;
                     };
                     let mut log = shared.log.lock().unwrap_or_else(|e| e.into_inner());
                     match entry {
-                        Ok(u) => log.0.push(u),
+                        Ok(u) => log.0.push(crate::ingest::past(u)),
                         Err(end) => log.1 = Some(end),
                     }
                     let n = log.0.len() + usize::from(log.1.is_some());
@@ -185,7 +182,7 @@ impl Histories {
 #[derive(Debug)]
 pub(crate) enum Caught {
     /// The state at the position, a change, or a bookmark.
-    Update(Update),
+    Update(Past),
     /// The read ended.
     End(HistoryEnd),
 }
@@ -279,20 +276,18 @@ impl CatchUp {
 
     /// Takes an update of the history: the changes it makes, as the index's events
     /// (at `revision`, the Watch's), each with its member position.
-    pub(crate) fn apply(&mut self, update: Update, revision: Revision) -> Vec<Event> {
+    pub(crate) fn apply(&mut self, update: Past, revision: Revision) -> Vec<Event> {
         match update {
-            Update::Listed {
-                stream, objects, ..
-            } => {
-                self.objects = crate::ingest::inputs(&stream, objects)
+            Past::State(objects) => {
+                self.objects = objects
                     .into_iter()
                     .map(|input| (input.key.clone(), Object::detached(input, revision)))
                     .collect();
                 self.listed = true;
                 Vec::new()
             }
-            Update::Applied { stream, object, .. } => {
-                let (object, position) = Self::detached(&stream, object, revision);
+            Past::Applied(input, position) => {
+                let object = Object::detached(input, revision);
                 let prev = self.objects.insert(object.key.clone(), object.clone());
                 let kind = if prev.is_some() {
                     EventType::Modified
@@ -302,32 +297,18 @@ impl CatchUp {
                 self.moved(position);
                 vec![self.event(revision, kind, object, prev)]
             }
-            Update::Deleted { stream, object } => {
-                let (object, position) = Self::detached(&stream, object, revision);
+            Past::Deleted(input, position) => {
+                let object = Object::detached(input, revision);
                 let prev = self.objects.remove(&object.key);
                 self.moved(position);
                 vec![self.event(revision, EventType::Deleted, object, prev)]
             }
-            Update::Progress {
-                resource_version, ..
-            } => {
-                self.moved(Arc::from(resource_version.as_str()));
+            Past::Progress(Some(position)) => {
+                self.moved(position);
                 Vec::new()
             }
-            _ => Vec::new(),
+            Past::Progress(None) => Vec::new(),
         }
-    }
-
-    /// A changed object of the history as the index would hold it, and the member
-    /// position of its change.
-    fn detached(
-        stream: &StreamId,
-        object: PrunedObject,
-        revision: Revision,
-    ) -> (ObjectRef, Arc<str>) {
-        let position = Arc::from(object.resource_version.as_str());
-        let input = crate::ingest::input(stream, object);
-        (Object::detached(input, revision), position)
     }
 
     fn moved(&mut self, position: Arc<str>) {
@@ -418,7 +399,7 @@ impl CatchUp {
 mod tests {
     use super::*;
     use fleetscope_index::{Change, Index};
-    use fleetscope_informer::{PrunedObject, StreamId};
+    use fleetscope_informer::{PrunedObject, StreamId, Update};
     use fleetscope_model::ObjectState;
     use fleetscope_model::ResourceType;
 
@@ -435,6 +416,11 @@ mod tests {
 
     fn stream() -> Arc<StreamId> {
         Arc::new(StreamId::new(ClusterName::from("a"), pods()))
+    }
+
+    /// `u` as the read hands it on (converted by the ingest), taken by `c`.
+    fn take(c: &mut CatchUp, u: Update, revision: Revision) -> Vec<Event> {
+        c.apply(crate::ingest::past(u), revision)
     }
 
     /// A catch-up with no read behind it.
@@ -491,11 +477,9 @@ mod tests {
     #[test]
     fn changes_carry_their_previous_state_and_their_position() {
         let mut c = idle("10");
-        assert!(
-            c.apply(listed(vec![pruned("p1", 5)], "10"), Revision(7))
-                .is_empty()
-        );
-        let added = c.apply(
+        assert!(take(&mut c, listed(vec![pruned("p1", 5)], "10"), Revision(7)).is_empty());
+        let added = take(
+            &mut c,
             Update::Applied {
                 stream: stream(),
                 object: pruned("p2", 11),
@@ -506,7 +490,8 @@ mod tests {
         assert_eq!(added[0].kind, EventType::Added);
         assert!(added[0].prev.is_none());
         assert_eq!(added[0].position.as_deref(), Some("11"));
-        let changed = c.apply(
+        let changed = take(
+            &mut c,
             Update::Applied {
                 stream: stream(),
                 object: pruned("p1", 12),
@@ -516,7 +501,8 @@ mod tests {
         );
         assert_eq!(changed[0].kind, EventType::Modified);
         assert!(changed[0].prev.as_ref().unwrap().json().contains("\"5\""));
-        let deleted = c.apply(
+        let deleted = take(
+            &mut c,
             Update::Deleted {
                 stream: stream(),
                 object: pruned("p2", 13),
@@ -525,7 +511,8 @@ mod tests {
         );
         assert_eq!(deleted[0].kind, EventType::Deleted);
         assert!(deleted[0].prev.is_some());
-        c.apply(
+        take(
+            &mut c,
             Update::Progress {
                 stream: stream(),
                 resource_version: "20".into(),
@@ -545,13 +532,15 @@ mod tests {
         let mut c = idle("10");
         // Nothing listed yet: never.
         assert_eq!(c.meets(&snapshot, reached, "pods", &a, true), Meet::Apart);
-        c.apply(
+        take(
+            &mut c,
             listed(vec![pruned("p1", 5), pruned("p2", 6)], "10"),
             reached,
         );
         // Behind the stream, and other objects: not yet.
         assert_eq!(c.meets(&snapshot, reached, "pods", &a, true), Meet::Apart);
-        c.apply(
+        take(
+            &mut c,
             Update::Deleted {
                 stream: stream(),
                 object: pruned("p2", 15),
@@ -569,7 +558,8 @@ mod tests {
             }
         );
         // Past the stream: by position, skipping what it has.
-        c.apply(
+        take(
+            &mut c,
             Update::Applied {
                 stream: stream(),
                 object: pruned("p3", 40),

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use fleetscope_index::{Event, Query, State, number};
-use fleetscope_informer::Update;
 use fleetscope_informer::history::HistoryEnd;
 use fleetscope_model::{ClusterName, FleetError, ResourceType, Revision};
 use tokio::sync::mpsc;
@@ -327,7 +326,7 @@ impl Positions {
                 Told::Reset
             }
             Caught::Update(update) => {
-                let by_content = !matches!(update, Update::Applied { .. } | Update::Deleted { .. });
+                let by_content = !update.is_change();
                 Told::Changes(c.apply(update, reached), by_content)
             }
         }
