@@ -13,7 +13,6 @@ pub mod command;
 pub mod config;
 pub mod memory;
 pub mod peer;
-pub mod router;
 pub mod server;
 pub mod shard;
 pub mod tasks;
@@ -24,5 +23,6 @@ pub use fleetscope_engine as engine;
 pub use fleetscope_engine::{persist, status};
 pub use fleetscope_grpc as grpc;
 pub use fleetscope_proto as proto;
+pub use fleetscope_router as router;
 
 pub use fleetscope_informer::source as sources;

@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::assign;
 use crate::engine::SourceSet;
+use fleetscope_ring::assign;
 use fleetscope_ring::lease::Member;
 use fleetscope_ring::member::{MembershipConfig, View};
 use fleetscope_ring::vocabulary::{

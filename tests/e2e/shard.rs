@@ -398,7 +398,7 @@ impl Replica {
 fn assigned(clusters: &[String], members: &[String], identity: &str) -> Vec<String> {
     clusters
         .iter()
-        .filter(|c| fleetscope::shard::assign::owners(c, members, 1) == [identity])
+        .filter(|c| fleetscope_ring::assign::owners(c, members, 1) == [identity])
         .cloned()
         .collect()
 }
@@ -1694,7 +1694,7 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
             let want: Vec<String> = clusters
                 .iter()
                 .filter(|c| {
-                    fleetscope::shard::assign::owners(c, &members, 2).contains(&r.identity.as_str())
+                    fleetscope_ring::assign::owners(c, &members, 2).contains(&r.identity.as_str())
                 })
                 .cloned()
                 .collect();
@@ -1763,8 +1763,8 @@ async fn with_two_owners_a_killed_replica_costs_a_routed_watch_no_reset_and_no_l
         clusters
             .iter()
             .filter(|cl| {
-                !fleetscope::shard::assign::owners(cl, &members, 2).contains(&r.identity.as_str())
-                    && fleetscope::shard::assign::owners(cl, &survivors, 2)
+                !fleetscope_ring::assign::owners(cl, &members, 2).contains(&r.identity.as_str())
+                    && fleetscope_ring::assign::owners(cl, &survivors, 2)
                         .contains(&r.identity.as_str())
             })
             .count() as f64
@@ -1872,14 +1872,14 @@ async fn routed_watches_stay_exact_while_the_ring_grows_and_shrinks_under_churn(
     let moving: Vec<&String> = clusters
         .iter()
         .filter(|cl| {
-            fleetscope::shard::assign::owners(cl, &three, 1)
-                != fleetscope::shard::assign::owners(cl, &four, 1)
+            fleetscope_ring::assign::owners(cl, &three, 1)
+                != fleetscope_ring::assign::owners(cl, &four, 1)
         })
         .collect();
     assert!(
         moving
             .iter()
-            .all(|cl| fleetscope::shard::assign::owners(cl, &four, 1) == ["replica-d"]),
+            .all(|cl| fleetscope_ring::assign::owners(cl, &four, 1) == ["replica-d"]),
         "only clusters d takes move"
     );
     let d = Replica::start(&kubeconfig, "replica-d", &log);
@@ -1931,7 +1931,7 @@ async fn a_replica_paused_past_its_lease_never_serves_what_it_missed_as_current_
     let members = ["replica-a".to_string(), "replica-b".to_string()];
     let of_a: Vec<String> = clusters
         .iter()
-        .filter(|c| fleetscope::shard::assign::owners(c, &members, 1) == ["replica-a"])
+        .filter(|c| fleetscope_ring::assign::owners(c, &members, 1) == ["replica-a"])
         .cloned()
         .collect();
     assert!(!of_a.is_empty());

@@ -43,7 +43,7 @@ impl Stats {
 /// The gRPC code a failure stands for, as a metric label (`Unavailable`,
 /// `DeadlineExceeded`, …: the codes' names, as gRPC's own metrics write them).
 fn code(e: &FleetError) -> String {
-    format!("{:?}", crate::grpc::status::status(e.clone()).code())
+    format!("{:?}", fleetscope_grpc::status::status(e.clone()).code())
 }
 
 /// The ring as a router sees it when scraped.

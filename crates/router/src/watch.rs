@@ -18,7 +18,7 @@ use futures::{StreamExt as _, stream};
 use tokio_util::sync::CancellationToken;
 
 use super::Router;
-use crate::grpc::token::{seal, unseal};
+use fleetscope_grpc::token::{seal, unseal};
 
 /// How often a routed Watch looks for clusters to follow elsewhere, and sends its
 /// position when it moved.
@@ -74,7 +74,7 @@ pub(super) struct Routed {
 impl Routed {
     /// Opens a routed Watch: from the initial objects, from now, or from a token.
     pub(super) async fn start(router: Router, r: WatchRequest) -> Result<Self, FleetError> {
-        let fingerprint = crate::grpc::remote::fingerprint(&r.query, r.projection);
+        let fingerprint = fleetscope_grpc::remote::fingerprint(&r.query, r.projection);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut routed = Self {

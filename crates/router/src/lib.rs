@@ -19,8 +19,8 @@ use fleetscope_model::fleet::{
 use fleetscope_model::{Access, ClusterFilter, FleetError, Revision};
 use tokio::time::Instant;
 
-use crate::grpc::remote::{Remote, Replica, Speaking};
-use crate::grpc::token::TokenKey;
+use fleetscope_grpc::remote::{Remote, Replica, Speaking};
+use fleetscope_grpc::token::TokenKey;
 use fleetscope_ring::lease::{Member, Observed};
 use fleetscope_ring::vocabulary as owner;
 
@@ -129,7 +129,7 @@ impl Router {
             .into_iter()
             .map(|(cluster, holders)| {
                 let ids: Vec<String> = holders.iter().map(|m| m.identity.clone()).collect();
-                let ranked = crate::shard::assign::owners(cluster, &ids, ids.len());
+                let ranked = fleetscope_ring::assign::owners(cluster, &ids, ids.len());
                 let mut ordered: Vec<&Member> = ranked
                     .iter()
                     .filter_map(|id| holders.iter().copied().find(|m| m.identity == *id))
@@ -465,7 +465,7 @@ impl Fleet for Router {
             }
             return Err(FleetError::NotFound(format!(
                 "no cluster {:?} in the fleet",
-                crate::grpc::echo(&r.cluster)
+                fleetscope_grpc::echo(&r.cluster)
             )));
         }
         // The next holder answers when the serving one cannot (killed, say, before
@@ -619,7 +619,7 @@ impl Fleet for Router {
                             .map(|m| m.identity.clone()),
                     )
                     .collect();
-                let rank = crate::shard::assign::owners(info.name.as_str(), &live, live.len());
+                let rank = fleetscope_ring::assign::owners(info.name.as_str(), &live, live.len());
                 owners.sort_by_key(|o| rank.iter().position(|r| r == o).unwrap_or(usize::MAX));
                 info.owners = owners;
                 out.clusters.push(info);
