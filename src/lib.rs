@@ -6,18 +6,18 @@
 //! - [`auth`]: identities (client certificates, bearer tokens) and the policy;
 //! - [`proto`]: the API (`fleetscope-proto`).
 
-pub mod auth;
 // clap turns doc comments into help text: the command line is documented by `--help`.
 #[allow(missing_docs)]
 pub mod command;
 pub mod config;
 pub mod memory;
-pub mod peer;
 pub mod server;
 pub mod shard;
 pub mod tasks;
 pub mod telemetry;
 
+pub use fleetscope_auth as auth;
+pub use fleetscope_auth::peer;
 pub use fleetscope_cli as cli;
 pub use fleetscope_engine as engine;
 pub use fleetscope_engine::{persist, status};

@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 
 use super::flags::serve_settings;
 use super::settings::{FromFile, LABEL_RULE_KEYS, RESOURCE_KEYS, Setting};
-pub use super::yaml::FileError;
-use super::yaml::{close_match, text_of, value};
+pub use fleetscope_model::yaml::FileError;
+use fleetscope_model::yaml::{close_match, text_of, value};
 
 /// One setting the file gives: the flag it stands for (by clap id), its values as the
 /// flag would take them, and its key in the file.

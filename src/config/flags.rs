@@ -470,9 +470,22 @@ pub struct SecurityArgs {
     #[arg(long = "router-name", env = "FLEETSCOPE_ROUTER_NAMES", value_delimiter = ',', value_name = "NAME")]
     pub router_names: Vec<String>,
 }
+
 }
 
 impl SecurityArgs {
+    /// The files these settings name for authentication and the policy.
+    pub fn files(&self) -> fleetscope_auth::SecurityFiles {
+        fleetscope_auth::SecurityFiles {
+            tokens: self.tokens_file.clone(),
+            policy: self.policy.clone(),
+            client_certs: self.client_ca.is_some(),
+            open_health: self.open_health,
+            open_reflection: self.open_reflection,
+            routers: self.router_names.clone(),
+        }
+    }
+
     /// Whether callers prove who they are (client certificates, bearer tokens, or
     /// tokens reviewed by a cluster): then some connection places are kept for them.
     pub fn authenticates(&self) -> bool {

@@ -11,7 +11,6 @@ pub mod reload;
 pub mod resolve;
 pub mod settings;
 pub mod sim_flags;
-pub mod yaml;
 
 /// Parses a duration as people write it: `30s`, `500ms`, `2m`, `1h 30m`, or a bare
 /// number of seconds.

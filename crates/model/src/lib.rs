@@ -24,6 +24,7 @@ pub mod inputs;
 mod json;
 mod object;
 pub mod selector;
+pub mod yaml;
 
 /// An object's stored state, read in place: what the store writes of an object,
 /// whoever holds it (the index, or a record decoded from the store).

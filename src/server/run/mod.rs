@@ -82,7 +82,7 @@ pub enum RunError {
     Tls(#[from] server::tls::TlsError),
     /// The tokens or policy file cannot be used: nothing is served under it.
     #[error(transparent)]
-    Security(#[from] crate::config::yaml::FileError),
+    Security(#[from] fleetscope_model::yaml::FileError),
     /// A file could not be written.
     #[error("writing {}", path.display())]
     Write {
@@ -391,12 +391,10 @@ fn secure(
             .into());
         }
     };
-    let (guard, files) = crate::auth::guard(
-        &crate::auth::SecurityFiles::of(args),
-        reviewer,
-        rbac,
-        stop.clone(),
-    )?;
+    let (guard, files) = crate::auth::guard(&args.files(), reviewer, rbac, stop.clone())?;
+    if let Some(rbac) = files.rbac {
+        crate::tasks::spawn("rbac-follower", rbac);
+    }
     if let Some(tokens) = files.tokens {
         reloads.follow(
             "tokens",

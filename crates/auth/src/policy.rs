@@ -31,7 +31,7 @@ use fleetscope_model::access::{ClusterRef, Namespaces, Policy, Subject};
 use fleetscope_model::{LabelSelector, ResourceType, Verb};
 use serde::Deserialize;
 
-use crate::config::yaml::{FileError, document, text_of};
+use fleetscope_model::yaml::{FileError, document, text_of};
 
 /// Every key a policy file knows, for close-match suggestions.
 const KEYS: &[&str] = &[

@@ -16,6 +16,7 @@
 //! - Health checking is open unless configured otherwise; reflection needs an
 //!   authenticated caller (but no grant) unless configured open.
 
+pub mod peer;
 pub mod policy;
 pub mod rbac;
 pub mod review;
@@ -30,12 +31,12 @@ use fleetscope_model::access::{Everything, Policy, Subject};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::yaml::FileError;
-use crate::peer::PeerInfo;
 pub use fleetscope_grpc::identity::{
     ANONYMOUS, AUTHENTICATED, REMOTE_GROUP, REMOTE_GROUP_BIN, REMOTE_USER, REMOTE_USER_BIN,
     UNAUTHENTICATED, pass_identity, passed_subject, passed_values,
 };
+use fleetscope_model::yaml::FileError;
+use peer::PeerInfo;
 use policy::PolicyGrants;
 use tokens::Tokens;
 
@@ -55,20 +56,6 @@ pub struct SecurityFiles {
     /// The routers' identities (client certificate users): they alone may pass a
     /// caller's identity, and once any is named they alone are served.
     pub routers: Vec<String>,
-}
-
-impl SecurityFiles {
-    /// The files `args` name for authentication and the policy.
-    pub fn of(args: &crate::config::flags::SecurityArgs) -> Self {
-        Self {
-            tokens: args.tokens_file.clone(),
-            policy: args.policy.clone(),
-            client_certs: args.client_ca.is_some(),
-            open_health: args.open_health,
-            open_reflection: args.open_reflection,
-            routers: args.router_names.clone(),
-        }
-    }
 }
 
 /// The security in force: what the authentication layer checks each request against.
@@ -220,18 +207,16 @@ pub fn guard(
         )
     });
     let (in_force, policy_rx) = grants.unzip();
+    let mut rbac = None;
     if let (Some(fleet), Some(in_force)) = (cluster_rbac, &in_force) {
         let in_force = in_force.clone();
         let publish = move |r: Arc<rbac::Rbac>| in_force.update(|g| g.rbac = Some(r));
-        crate::tasks::spawn(
-            "rbac-follower",
-            rbac::follow(
-                fleet,
-                publish,
-                std::time::Duration::from_millis(100),
-                stop.clone(),
-            ),
-        );
+        rbac = Some(Box::pin(rbac::follow(
+            fleet,
+            publish,
+            std::time::Duration::from_millis(100),
+            stop.clone(),
+        )) as futures::future::BoxFuture<'static, ()>);
         tracing::info!("each cluster's RBAC grants what it grants there");
     }
     let reloadable = Reloadable {
@@ -245,6 +230,7 @@ pub fn guard(
             .clone()
             .zip(in_force)
             .map(|(path, in_force)| PolicyReload { path, in_force }),
+        rbac,
     };
     let guard = Guard {
         tokens: tokens_rx,
@@ -266,6 +252,9 @@ pub struct Reloadable {
     pub tokens: Option<TokensReload>,
     /// The policy file, when there is one.
     pub policy: Option<PolicyReload>,
+    /// With each cluster's RBAC in force: what follows it into the grants, for the
+    /// caller to run as a task (it ends at the guard's `stop`).
+    pub rbac: Option<futures::future::BoxFuture<'static, ()>>,
 }
 
 /// Reads the tokens file again into the tokens in force.
@@ -716,7 +705,7 @@ where
                             credential,
                         } = a;
                         let guard = guard.clone();
-                        let revocation = crate::grpc::Revocation::new(move || {
+                        let revocation = fleetscope_grpc::Revocation::new(move || {
                             Box::pin(guard.clone().revoked(credential.clone(), subject.clone()))
                         });
                         request.extensions_mut().insert(access);

@@ -52,7 +52,7 @@ fn suggestion(hint: &Option<String>) -> String {
 }
 
 /// The known key closest to `key`, when one is close.
-pub(crate) fn close_match(keys: &[&str], key: &str) -> Option<String> {
+pub fn close_match(keys: &[&str], key: &str) -> Option<String> {
     keys.iter()
         .map(|k| {
             (
@@ -66,8 +66,8 @@ pub(crate) fn close_match(keys: &[&str], key: &str) -> Option<String> {
 }
 
 /// A file's text, or an error naming it.
-pub(crate) fn text_of(path: &Path) -> Result<String, FileError> {
-    fleetscope_model::file::read_text_capped(path).map_err(|source| FileError::Read {
+pub fn text_of(path: &Path) -> Result<String, FileError> {
+    crate::file::read_text_capped(path).map_err(|source| FileError::Read {
         path: path.to_path_buf(),
         source,
     })
@@ -75,7 +75,7 @@ pub(crate) fn text_of(path: &Path) -> Result<String, FileError> {
 
 /// A YAML document as a JSON value (`Null` when the file is empty), with YAML 1.2's
 /// booleans only (`namespace: no` is the string "no").
-pub(crate) fn value(path: &Path, text: &str) -> Result<serde_json::Value, FileError> {
+pub fn value(path: &Path, text: &str) -> Result<serde_json::Value, FileError> {
     if text.trim().is_empty() {
         return Ok(serde_json::Value::Null);
     }
@@ -90,7 +90,7 @@ pub(crate) fn value(path: &Path, text: &str) -> Result<serde_json::Value, FileEr
 /// Reads a YAML document (`None` when the file is empty): YAML 1.2's booleans only
 /// (`namespace: no` is the string "no"), every key known (an unknown one is an error
 /// naming its full path and the closest of `keys`), every value's error naming its key.
-pub(crate) fn document<T: serde::de::DeserializeOwned>(
+pub fn document<T: serde::de::DeserializeOwned>(
     path: &Path,
     text: &str,
     keys: &[&str],

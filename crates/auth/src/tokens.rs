@@ -16,7 +16,7 @@ use std::path::Path;
 use fleetscope_model::access::Subject;
 use serde::Deserialize;
 
-use crate::config::yaml::{FileError, document, text_of};
+use fleetscope_model::yaml::{FileError, document, text_of};
 
 const KEYS: &[&str] = &["tokens", "name", "groups", "sha256"];
 

@@ -85,7 +85,7 @@ impl ConnStreams {
     }
 
     /// A connection whose peer proved who it is already (a client certificate).
-    pub(crate) fn authenticated_at_start() -> Self {
+    pub fn authenticated_at_start() -> Self {
         let s = Self::default();
         s.authenticated.store(true, Ordering::Release);
         s
@@ -93,7 +93,7 @@ impl ConnStreams {
 
     /// A connection not yet authenticated, holding its place under the connection
     /// cap (`open`), and `pending` among the connections not authenticated until it is.
-    pub(crate) fn pending(
+    pub fn pending(
         open: tokio::sync::OwnedSemaphorePermit,
         pending: tokio::sync::OwnedSemaphorePermit,
     ) -> Self {
@@ -121,14 +121,14 @@ impl ConnStreams {
     }
 
     /// Whether the peer has proved who it is.
-    pub(crate) fn is_authenticated(&self) -> bool {
+    pub fn is_authenticated(&self) -> bool {
         self.authenticated.load(Ordering::Acquire)
     }
 
     /// Tells a connection that has not authenticated to close, giving its places back
     /// at once (it closes within a frame); false when it has authenticated or was told
     /// already.
-    pub(crate) fn evict(&self) -> bool {
+    pub fn evict(&self) -> bool {
         let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
         if self.authenticated.load(Ordering::Acquire) || self.evicted.load(Ordering::Acquire) {
             return false;
@@ -145,7 +145,7 @@ impl ConnStreams {
     /// authenticated within `to_authenticate` of its start (or was evicted), else one
     /// idle long enough, given the time a connection may idle before its first stream
     /// and after one. `None` while a stream is open on an authenticated connection.
-    pub(crate) fn close_deadline(
+    pub fn close_deadline(
         &self,
         before_first: Duration,
         after: Duration,
@@ -168,7 +168,7 @@ impl ConnStreams {
     /// When the connection becomes idle long enough to close, given the time a
     /// connection may idle before its first stream and after one: `None` while a
     /// stream is open.
-    pub(crate) fn idle_deadline(
+    pub fn idle_deadline(
         &self,
         before_first: Duration,
         after: Duration,
@@ -185,7 +185,8 @@ impl ConnStreams {
         Some(since + bound)
     }
 
-    pub(crate) fn register(&self, cx: &Context<'_>) {
+    /// Wakes the connection's task (`cx`) when its last stream ends.
+    pub fn register(&self, cx: &Context<'_>) {
         self.waker.register(cx.waker());
     }
 }
@@ -200,7 +201,7 @@ struct Places {
 
 /// Why a connection is closed by the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Closing {
+pub enum Closing {
     /// No stream open for the idle timeout.
     Idle,
     /// No call authenticated within its time.
