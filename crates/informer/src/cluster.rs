@@ -484,9 +484,49 @@ impl Cluster {
         // applied to them without asking again.
         let mut known: Option<(Vec<Served>, Option<String>)> = None;
         let mut rediscover = true;
-        // Discovery is off the critical path: streams of known types start now; a type
-        // named as group/version/resource is known after one request for its group
-        // version.
+        let mut waited_on = match self.start_known(&conn).await {
+            Ok(waited_on) => waited_on,
+            Err(leave) => return leave,
+        };
+        loop {
+            if rediscover {
+                let discovered = match self.discover(&conn, waited_on, &mut failed_said).await {
+                    Ok(d) => d,
+                    Err(leave) => return leave,
+                };
+                if discovered.is_some() {
+                    waited_on = false;
+                    backoff.reset();
+                }
+                known = discovered;
+            }
+            let wait = match &known {
+                Some((served, version)) => {
+                    self.apply_discovered(&conn, served, version.as_deref(), &mut missing_said)
+                        .await;
+                    self.config.rediscovery
+                }
+                None => backoff.next_delay(),
+            };
+            let started = tokio::time::Instant::now();
+            match self.wait(wait, renew, source).await {
+                Waited::Elapsed => rediscover = true,
+                Waited::Reconfigured => {
+                    // Applied to what is known; discovery runs again when it is due.
+                    rediscover = known.is_none() || started.elapsed() >= wait;
+                }
+                Waited::Leave(leave) => return leave,
+            }
+        }
+    }
+
+    /// Starts the streams of the types known without discovery, off its critical
+    /// path: named in the catalogue, or named as group/version/resource (known after
+    /// one request for each such group version, asked for together). Whether
+    /// discovery is waited on (configured names it alone resolves, or `*` without a
+    /// kept answer): then it asks for several group versions at once; otherwise it
+    /// runs beside the streams, one request at a time.
+    async fn start_known(&mut self, conn: &source::Connection) -> Result<bool, Leave> {
         let (mut early_served, mut early, mut unresolved) = self.known_types(&[]);
         let mut group_versions: Vec<(String, String)> = Vec::new();
         for spec in &unresolved {
@@ -503,7 +543,7 @@ impl Cluster {
             // Streams wait on these: asked for together.
             let answers = tokio::select! {
                 a = discovery::group_versions(&conn.client, group_versions, discovery::DISCOVERY_CONCURRENCY) => a,
-                _ = self.cancel.cancelled() => return Leave::Shutdown,
+                _ = self.cancel.cancelled() => return Err(Leave::Shutdown),
             };
             let mut extra = Vec::new();
             for (group, version, answer) in answers {
@@ -518,82 +558,81 @@ impl Cluster {
         }
         self.start_streams(&conn.client, &early_served, &early)
             .await;
-        // Until discovery first answers, configured names it alone resolves (and `*`
-        // without a kept answer) wait on it: it asks for several group versions at
-        // once. Otherwise it runs beside the streams, one request at a time.
         let every_type = self.config.resources.iter().any(|r| r.trim() == "*");
-        let mut waited_on = !unresolved.is_empty() || (every_type && self.served.is_empty());
-        loop {
-            if rediscover {
-                let concurrency = if waited_on {
-                    discovery::DISCOVERY_CONCURRENCY
-                } else {
-                    1
-                };
-                let discovered = tokio::select! {
-                    d = discovery::discover_all(&conn.client, concurrency) => d,
-                    _ = self.cancel.cancelled() => return Leave::Shutdown,
-                };
-                match discovered {
-                    Ok(d) => {
-                        if d.failed != failed_said {
-                            for (gv, why) in &d.failed {
-                                tracing::warn!(group_version = %gv, "discovery could not read a group version; its types are kept as they were: {why}");
-                            }
-                            failed_said.clone_from(&d.failed);
-                        }
-                        let served = self.with_unanswered(d);
-                        waited_on = false;
-                        backoff.reset();
-                        let version = tokio::select! {
-                            v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
-                            _ = self.cancel.cancelled() => return Leave::Shutdown,
-                        };
-                        self.report.served(&self.name, &served);
-                        self.served.clone_from(&served);
-                        known = Some((served, version));
-                        self.outage.recovered("discovery");
+        Ok(!unresolved.is_empty() || (every_type && self.served.is_empty()))
+    }
+
+    /// Discovery of every group version (several at once when `waited_on`), and the
+    /// server's version: what the cluster serves, or `None` when discovery failed
+    /// (said, and reported). A group version that could not be read is warned of once
+    /// per change (`failed_said`).
+    async fn discover(
+        &mut self,
+        conn: &source::Connection,
+        waited_on: bool,
+        failed_said: &mut Vec<(String, String)>,
+    ) -> Result<Option<(Vec<Served>, Option<String>)>, Leave> {
+        let concurrency = if waited_on {
+            discovery::DISCOVERY_CONCURRENCY
+        } else {
+            1
+        };
+        let discovered = tokio::select! {
+            d = discovery::discover_all(&conn.client, concurrency) => d,
+            _ = self.cancel.cancelled() => return Err(Leave::Shutdown),
+        };
+        match discovered {
+            Ok(d) => {
+                if d.failed != *failed_said {
+                    for (gv, why) in &d.failed {
+                        tracing::warn!(group_version = %gv, "discovery could not read a group version; its types are kept as they were: {why}");
                     }
-                    Err(e) => {
-                        let why = format!(
-                            "discovery failed: {}",
-                            crate::cause::describe(&e, &conn.server)
-                        );
-                        self.outage.failed("discovery", &why);
-                        self.report.failed(&self.name, &why);
-                        known = None;
-                    }
+                    failed_said.clone_from(&d.failed);
                 }
+                let served = self.with_unanswered(d);
+                let version = tokio::select! {
+                    v = conn.client.apiserver_version() => v.ok().map(|v| v.git_version),
+                    _ = self.cancel.cancelled() => return Err(Leave::Shutdown),
+                };
+                self.report.served(&self.name, &served);
+                self.served.clone_from(&served);
+                self.outage.recovered("discovery");
+                Ok(Some((served, version)))
             }
-            let wait = match &known {
-                Some((served, version)) => {
-                    let resolved = discovery::resolve(&self.config.resources, served);
-                    if resolved.missing != missing_said {
-                        for (name, why) in &resolved.missing {
-                            tracing::warn!(resource = %name, "configured resource type not collected: {why}");
-                        }
-                        missing_said.clone_from(&resolved.missing);
-                    }
-                    // Streams are known before the cluster counts as discovered, so a
-                    // query never finds a discovered cluster without its types.
-                    self.reconcile(&conn.client, served, &resolved.resources)
-                        .await;
-                    self.report
-                        .discovered(&self.name, version.as_deref(), &resolved.missing);
-                    self.config.rediscovery
-                }
-                None => backoff.next_delay(),
-            };
-            let started = tokio::time::Instant::now();
-            match self.wait(wait, renew, source).await {
-                Waited::Elapsed => rediscover = true,
-                Waited::Reconfigured => {
-                    // Applied to what is known; discovery runs again when it is due.
-                    rediscover = known.is_none() || started.elapsed() >= wait;
-                }
-                Waited::Leave(leave) => return leave,
+            Err(e) => {
+                let why = format!(
+                    "discovery failed: {}",
+                    crate::cause::describe(&e, &conn.server)
+                );
+                self.outage.failed("discovery", &why);
+                self.report.failed(&self.name, &why);
+                Ok(None)
             }
         }
+    }
+
+    /// Runs the streams the settings name among what the cluster serves, then
+    /// reports the cluster discovered (streams are known first, so a query never
+    /// finds a discovered cluster without its types). Configured names it does not
+    /// serve are warned of once per change (`missing_said`).
+    async fn apply_discovered(
+        &mut self,
+        conn: &source::Connection,
+        served: &[Served],
+        version: Option<&str>,
+        missing_said: &mut Vec<(String, String)>,
+    ) {
+        let resolved = discovery::resolve(&self.config.resources, served);
+        if resolved.missing != *missing_said {
+            for (name, why) in &resolved.missing {
+                tracing::warn!(resource = %name, "configured resource type not collected: {why}");
+            }
+            missing_said.clone_from(&resolved.missing);
+        }
+        self.reconcile(&conn.client, served, &resolved.resources)
+            .await;
+        self.report
+            .discovered(&self.name, version, &resolved.missing);
     }
 
     /// Waits `wait`, or less if the source or the settings change, the credential is

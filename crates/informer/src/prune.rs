@@ -257,106 +257,146 @@ impl<'p> ListReader<'p> {
                 }
                 return Ok(());
             };
-            let unexpected = |what: &str| {
-                Err(ListError(format!(
-                    "not a list: expected {what}, found {:?} at byte {}",
-                    b as char, self.at
-                )))
-            };
-            match self.state {
-                Expect::Done => return unexpected("the end of the response"),
-                Expect::Open if b == b'{' => {
-                    self.at += 1;
-                    self.state = Expect::Key;
-                }
-                Expect::Open => return unexpected("a JSON object"),
-                Expect::Key if b == b'}' => {
-                    self.at += 1;
-                    self.state = Expect::Done;
-                }
-                Expect::Key | Expect::KeyAfterComma if b == b'"' || self.scan.started => {
-                    let Some(end) = self.scan_value(eof) else {
-                        return Ok(());
-                    };
-                    let text = std::str::from_utf8(&self.buf[self.token..end])
-                        .map_err(|e| ListError(format!("a key is not UTF-8: {e}")))?;
-                    self.key = serde_json::from_str::<String>(text)
-                        .map_err(|e| ListError(format!("a key is not a string: {e}")))?;
-                    self.at = end;
-                    self.state = Expect::Colon;
-                }
-                Expect::Key | Expect::KeyAfterComma => return unexpected("a key"),
-                Expect::Colon if b == b':' => {
-                    self.at += 1;
-                    self.state = if self.key == "items" {
-                        Expect::Items
-                    } else {
-                        Expect::Value
-                    };
-                }
-                Expect::Colon => return unexpected("':'"),
-                Expect::Value => {
-                    let Some(end) = self.scan_value(eof) else {
-                        return Ok(());
-                    };
-                    self.member_value(end)?;
-                }
-                Expect::AfterMember if b == b',' => {
-                    self.at += 1;
-                    self.state = Expect::KeyAfterComma;
-                }
-                Expect::AfterMember if b == b'}' => {
-                    self.at += 1;
-                    self.state = Expect::Done;
-                }
-                Expect::AfterMember => return unexpected("',' or '}'"),
-                Expect::Items if b == b'[' => {
-                    self.at += 1;
-                    self.state = Expect::Item;
-                }
-                Expect::Items if b == b'n' => {
-                    // `"items": null` is an empty list.
-                    if self.buf.len() < self.at + 4 {
-                        if eof {
-                            return unexpected("null");
-                        }
-                        return Ok(());
-                    }
-                    if &self.buf[self.at..self.at + 4] != b"null" {
-                        return unexpected("'[' or null");
-                    }
-                    self.at += 4;
-                    self.state = Expect::AfterMember;
-                }
-                Expect::Items => return unexpected("'[' or null"),
-                Expect::Item if b == b']' && !self.scan.started => {
-                    self.at += 1;
-                    self.state = Expect::AfterMember;
-                }
-                Expect::Item | Expect::ItemAfterComma => {
-                    let Some(end) = self.scan_value(eof) else {
-                        return Ok(());
-                    };
-                    let item = match std::str::from_utf8(&self.buf[self.token..end]) {
-                        Ok(text) => prune_with(&self.pruner, &mut self.scratch, text),
-                        Err(e) => Err(PruneError::NotAnObject(format!("not UTF-8: {e}"))),
-                    };
-                    each(item);
-                    self.at = end;
-                    self.token = end;
-                    self.state = Expect::AfterItem;
-                }
-                Expect::AfterItem if b == b',' => {
-                    self.at += 1;
-                    self.state = Expect::ItemAfterComma;
-                }
-                Expect::AfterItem if b == b']' => {
-                    self.at += 1;
-                    self.state = Expect::AfterMember;
-                }
-                Expect::AfterItem => return unexpected("',' or ']'"),
+            if !self.step(b, eof, each)? {
+                return Ok(());
             }
         }
+    }
+
+    /// One step at byte `b` (the next not yet taken): `false` when the text so far
+    /// ends inside a token, which the next part completes.
+    fn step(
+        &mut self,
+        b: u8,
+        eof: bool,
+        each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
+    ) -> Result<bool, ListError> {
+        match self.state {
+            Expect::Items | Expect::Item | Expect::ItemAfterComma | Expect::AfterItem => {
+                self.step_in_items(b, eof, each)
+            }
+            _ => self.step_in_list(b, eof),
+        }
+    }
+
+    /// A step in the list object itself: its keys, `metadata`, other members.
+    fn step_in_list(&mut self, b: u8, eof: bool) -> Result<bool, ListError> {
+        match self.state {
+            Expect::Done => return self.unexpected(b, "the end of the response"),
+            Expect::Open if b == b'{' => {
+                self.at += 1;
+                self.state = Expect::Key;
+            }
+            Expect::Open => return self.unexpected(b, "a JSON object"),
+            Expect::Key if b == b'}' => {
+                self.at += 1;
+                self.state = Expect::Done;
+            }
+            Expect::Key | Expect::KeyAfterComma if b == b'"' || self.scan.started => {
+                let Some(end) = self.scan_value(eof) else {
+                    return Ok(false);
+                };
+                let text = std::str::from_utf8(&self.buf[self.token..end])
+                    .map_err(|e| ListError(format!("a key is not UTF-8: {e}")))?;
+                self.key = serde_json::from_str::<String>(text)
+                    .map_err(|e| ListError(format!("a key is not a string: {e}")))?;
+                self.at = end;
+                self.state = Expect::Colon;
+            }
+            Expect::Key | Expect::KeyAfterComma => return self.unexpected(b, "a key"),
+            Expect::Colon if b == b':' => {
+                self.at += 1;
+                self.state = if self.key == "items" {
+                    Expect::Items
+                } else {
+                    Expect::Value
+                };
+            }
+            Expect::Colon => return self.unexpected(b, "':'"),
+            Expect::Value => {
+                let Some(end) = self.scan_value(eof) else {
+                    return Ok(false);
+                };
+                self.member_value(end)?;
+            }
+            Expect::AfterMember if b == b',' => {
+                self.at += 1;
+                self.state = Expect::KeyAfterComma;
+            }
+            Expect::AfterMember if b == b'}' => {
+                self.at += 1;
+                self.state = Expect::Done;
+            }
+            Expect::AfterMember => return self.unexpected(b, "',' or '}'"),
+            Expect::Items | Expect::Item | Expect::ItemAfterComma | Expect::AfterItem => {}
+        }
+        Ok(true)
+    }
+
+    /// A step in `items`: each item pruned and handed to `each` as it completes.
+    fn step_in_items(
+        &mut self,
+        b: u8,
+        eof: bool,
+        each: &mut dyn FnMut(Result<PrunedObject, PruneError>),
+    ) -> Result<bool, ListError> {
+        match self.state {
+            Expect::Items if b == b'[' => {
+                self.at += 1;
+                self.state = Expect::Item;
+            }
+            Expect::Items if b == b'n' => {
+                // `"items": null` is an empty list.
+                if self.buf.len() < self.at + 4 {
+                    if eof {
+                        return self.unexpected(b, "null");
+                    }
+                    return Ok(false);
+                }
+                if &self.buf[self.at..self.at + 4] != b"null" {
+                    return self.unexpected(b, "'[' or null");
+                }
+                self.at += 4;
+                self.state = Expect::AfterMember;
+            }
+            Expect::Items => return self.unexpected(b, "'[' or null"),
+            Expect::Item if b == b']' && !self.scan.started => {
+                self.at += 1;
+                self.state = Expect::AfterMember;
+            }
+            Expect::Item | Expect::ItemAfterComma => {
+                let Some(end) = self.scan_value(eof) else {
+                    return Ok(false);
+                };
+                let item = match std::str::from_utf8(&self.buf[self.token..end]) {
+                    Ok(text) => prune_with(&self.pruner, &mut self.scratch, text),
+                    Err(e) => Err(PruneError::NotAnObject(format!("not UTF-8: {e}"))),
+                };
+                each(item);
+                self.at = end;
+                self.token = end;
+                self.state = Expect::AfterItem;
+            }
+            Expect::AfterItem if b == b',' => {
+                self.at += 1;
+                self.state = Expect::ItemAfterComma;
+            }
+            Expect::AfterItem if b == b']' => {
+                self.at += 1;
+                self.state = Expect::AfterMember;
+            }
+            Expect::AfterItem => return self.unexpected(b, "',' or ']'"),
+            _ => {}
+        }
+        Ok(true)
+    }
+
+    /// The error for byte `b` where `what` was expected.
+    fn unexpected(&self, b: u8, what: &str) -> Result<bool, ListError> {
+        Err(ListError(format!(
+            "not a list: expected {what}, found {:?} at byte {}",
+            b as char, self.at
+        )))
     }
 
     /// A top-level member's value ends at `end`: `metadata` is read, the rest skipped.

@@ -229,9 +229,22 @@ impl Routed {
         let members = self.router.members()?;
         let holders = Router::holders(&members);
         let known = self.router.known(&Router::serving(&members));
-        // A stream from any holder that stays goes on (a holder ranked higher
-        // appearing is no reason to move).
-        let mut to_follow: Vec<&String> = Vec::new();
+        let to_follow = self.needing_streams(&known, &holders);
+        self.open(to_follow, &holders).await?;
+        self.end_idle();
+        Ok(())
+    }
+
+    /// The selected clusters whose stream must be opened anew: none yet, broken, or
+    /// from a replica that no longer holds the cluster ready (or leaves while another
+    /// holds it). A stream from any holder that stays goes on (a holder ranked higher
+    /// appearing is no reason to move). Those no replica holds are said unserved.
+    fn needing_streams(
+        &mut self,
+        known: &BTreeSet<String>,
+        holders: &BTreeMap<String, Vec<&fleetscope_ring::lease::Member>>,
+    ) -> Vec<String> {
+        let mut to_follow = Vec::new();
         let selected: Vec<&String> = known
             .iter()
             .filter(|c| self.query.clusters.names_match(c))
@@ -255,20 +268,29 @@ impl Routed {
             }
             self.owner.remove(cluster);
             if ready.is_some() {
-                to_follow.push(cluster);
+                to_follow.push(cluster.clone());
             } else {
                 self.unserved(cluster, self.router.unserved_why());
             }
         }
-        // Each from its first holder; from the next when that one cannot be reached
-        // (killed, before its Lease expires).
+        to_follow
+    }
+
+    /// Opens a stream for each of `to_follow` from its first holder; from the next
+    /// when that one cannot be reached (killed, before its Lease expires); said
+    /// unserved when none can.
+    async fn open(
+        &mut self,
+        mut to_follow: Vec<String>,
+        holders: &BTreeMap<String, Vec<&fleetscope_ring::lease::Member>>,
+    ) -> Result<(), FleetError> {
         let mut failed: BTreeSet<String> = BTreeSet::new();
         let mut last_error: Option<FleetError> = None;
         while !to_follow.is_empty() {
             let mut wanted: BTreeMap<String, (fleetscope_ring::lease::Member, Vec<String>)> =
                 BTreeMap::new();
             for cluster in std::mem::take(&mut to_follow) {
-                let Some(member) = holders[cluster]
+                let Some(member) = holders[&cluster]
                     .iter()
                     .find(|m| !failed.contains(&m.identity))
                 else {
@@ -277,7 +299,7 @@ impl Routed {
                         .as_ref()
                         .map_or_else(String::new, ToString::to_string);
                     self.unserved(
-                        cluster,
+                        &cluster,
                         format!("no replica holding this cluster could be followed: {why}"),
                     );
                     continue;
@@ -286,23 +308,11 @@ impl Routed {
                     .entry(member.identity.clone())
                     .or_insert_with(|| ((*member).clone(), Vec::new()))
                     .1
-                    .push(cluster.clone());
+                    .push(cluster);
             }
             for (identity, (member, clusters)) in wanted {
                 let mut request = self.request(&clusters);
-                request.positions = Some(
-                    clusters
-                        .iter()
-                        .map(|c| {
-                            let at = self
-                                .positions
-                                .get(c)
-                                .cloned()
-                                .unwrap_or_else(|| Arc::from(""));
-                            (ClusterName::from(c.as_str()), at)
-                        })
-                        .collect(),
-                );
+                request.positions = Some(self.positions_of(&clusters));
                 let opened = self
                     .router
                     .ask(&member, |remote| async move { remote.watch(request).await })
@@ -320,11 +330,31 @@ impl Routed {
                         tracing::debug!(replica = %identity, error = %e, "a routed Watch could not follow clusters from a replica: trying the next holder");
                         failed.insert(identity);
                         last_error = Some(e);
-                        to_follow.extend(holders.keys().filter(|c| clusters.contains(c)));
+                        to_follow.extend(holders.keys().filter(|c| clusters.contains(c)).cloned());
                     }
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Where the subscriber stands in each of `clusters` (empty where not known).
+    fn positions_of(&self, clusters: &[String]) -> Vec<(ClusterName, Arc<str>)> {
+        clusters
+            .iter()
+            .map(|c| {
+                let at = self
+                    .positions
+                    .get(c)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from(""));
+                (ClusterName::from(c.as_str()), at)
+            })
+            .collect()
+    }
+
+    /// Ends the streams no cluster is taken from any more.
+    fn end_idle(&mut self) {
         let drawn: HashSet<u64> = self.owner.values().map(|(_, g)| *g).collect();
         let idle: Vec<u64> = self
             .live
@@ -338,7 +368,6 @@ impl Routed {
             }
             self.initial_ended(g);
         }
-        Ok(())
     }
 
     /// Tells the subscriber, once, that `cluster` is followed from no replica now.
@@ -426,6 +455,14 @@ impl Routed {
             // Anything but the positions after the initial objects: no more to wait for.
             self.initial_ended(g);
         }
+        self.deliver(g, e);
+        Ok(())
+    }
+
+    /// What an event of stream `g`, live, means to the subscriber: its own cluster's
+    /// changes passed on with their positions noted, the positions of its initial
+    /// objects awaited, a reset passed on.
+    fn deliver(&mut self, g: u64, e: WatchEvent) {
         match e {
             WatchEvent::Object {
                 kind,
@@ -434,7 +471,7 @@ impl Routed {
                 position,
             } => {
                 if !self.takes(object.key.cluster.as_str(), g) {
-                    return Ok(());
+                    return;
                 }
                 if let Some(rv) = &position {
                     self.positions
@@ -472,7 +509,7 @@ impl Routed {
             }
             WatchEvent::Reset { cluster } => {
                 if !self.takes(cluster.as_str(), g) {
-                    return Ok(());
+                    return;
                 }
                 self.positions.insert(cluster.to_string(), Arc::from(""));
                 self.dirty = true;
@@ -484,7 +521,7 @@ impl Routed {
                 revision,
             } => {
                 if !self.takes(cluster.as_str(), g) {
-                    return Ok(());
+                    return;
                 }
                 self.positions.insert(cluster.to_string(), position.clone());
                 self.dirty = true;
@@ -501,7 +538,6 @@ impl Routed {
                 }
             }
         }
-        Ok(())
     }
 
     /// Stream `g` ended or broke: its clusters are followed again (from the same

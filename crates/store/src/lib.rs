@@ -316,67 +316,15 @@ pub trait Store: Send + Sync {
     /// after it, which is then replayed onto the snapshot. Chunks of an unfinished
     /// snapshot (a crash while writing one) are deleted.
     fn load(&self) -> Result<Loaded, StoreError> {
-        let mut loaded = Loaded::default();
-        let mut schema = None;
-        let mut revision = None;
-        let mut chunks: Vec<((u64, u32), Vec<u8>)> = Vec::new();
-        let mut event_records: Vec<(u64, Vec<u8>)> = Vec::new();
-        let damaged = |what: &str, key: &[u8], e: DecodeError| {
-            StoreError::Damaged(format!(
-                "{what} record {:?}: {e}",
-                String::from_utf8_lossy(key)
-            ))
-        };
-        self.scan(&mut |key, value| {
-            if key == codec::META_SCHEMA {
-                schema = Some(codec::decode_u64(value).map_err(|e| damaged("schema", key, e))?);
-            } else if key == codec::META_REVISION {
-                revision = Some(codec::decode_u64(value).map_err(|e| damaged("revision", key, e))?);
-            } else if key == codec::META_SNAPSHOT {
-                loaded.snapshot =
-                    Some(codec::decode_snapshot(value).map_err(|e| damaged("snapshot", key, e))?);
-            } else if key == codec::META_CLUSTERS {
-                loaded.clusters = codec::decode_names(value)
-                    .map_err(|e| damaged("clusters", key, e))?
-                    .into_iter()
-                    .map(ClusterName::from)
-                    .collect();
-            } else if key == codec::META_FIELD_INDEXES {
-                loaded.field_indexes =
-                    Some(codec::decode_names(value).map_err(|e| damaged("field indexes", key, e))?);
-            } else if let Some(id) = codec::parse_chunk_key(key) {
-                chunks.push((id, value.to_vec()));
-            } else if let Some(first) = codec::parse_event_key(key) {
-                event_records.push((first, value.to_vec()));
-            } else if key.starts_with(codec::DISCOVERY_PREFIX) {
-                let d = codec::decode_discovery(value).map_err(|e| damaged("discovery", key, e))?;
-                if codec::discovery_key(&d.cluster) != key {
-                    return Err(StoreError::Damaged(format!(
-                        "discovery record under {:?} is for {}",
-                        String::from_utf8_lossy(key),
-                        d.cluster
-                    )));
-                }
-                loaded.discovery.push(d);
-            } else if key.starts_with(codec::STREAM_PREFIX) {
-                let s = codec::decode_stream(value).map_err(|e| damaged("stream", key, e))?;
-                if codec::stream_key(&s.cluster, &s.resource.name()) != key {
-                    return Err(StoreError::Damaged(format!(
-                        "stream record under {:?} is for {}/{}",
-                        String::from_utf8_lossy(key),
-                        s.cluster,
-                        s.resource.name()
-                    )));
-                }
-                loaded.streams.push(s);
-            } else {
-                return Err(StoreError::Damaged(format!(
-                    "unknown key {:?}",
-                    String::from_utf8_lossy(key)
-                )));
-            }
-            Ok(())
-        })?;
+        let mut scanned = Scanned::default();
+        self.scan(&mut |key, value| scanned.take(key, value))?;
+        let Scanned {
+            mut loaded,
+            schema,
+            revision,
+            chunks,
+            event_records,
+        } = scanned;
         let empty = event_records.is_empty()
             && loaded.streams.is_empty()
             && chunks.is_empty()
@@ -392,76 +340,14 @@ pub trait Store: Send + Sync {
             }
         }
         loaded.revision = Revision(revision.unwrap_or(0));
-        // The current snapshot's chunks, decoded two at a time; any others are leftovers.
-        let current = loaded.snapshot.map(|s| s.id);
-        let (mine, stale): (Vec<_>, Vec<_>) = chunks
-            .into_iter()
-            .partition(|((id, _), _)| Some(*id) == current);
-        if !stale.is_empty() {
-            tracing::warn!(
-                chunks = stale.len(),
-                "removing the chunks of a snapshot whose writing was interrupted"
-            );
-            self.write(
-                stale
-                    .iter()
-                    .map(|((id, i), _)| (codec::chunk_key(*id, *i), None))
-                    .collect(),
-            )?;
-        }
-        let base = match loaded.snapshot {
-            Some(meta) => {
-                if mine.len() != meta.chunks as usize
-                    || mine
-                        .iter()
-                        .enumerate()
-                        .any(|(n, ((_, i), _))| *i as usize != n)
-                {
-                    return Err(StoreError::Damaged(format!(
-                        "snapshot {} has {} of its {} chunks",
-                        meta.id,
-                        mine.len(),
-                        meta.chunks
-                    )));
-                }
-                let objects = decode_chunks(&mine)?;
-                // The raw chunks are not needed past here: give their memory back first.
-                drop(mine);
-                if objects.len() as u64 != meta.objects
-                    || objects.windows(2).any(|w| w[0].state.key >= w[1].state.key)
-                {
-                    return Err(StoreError::Damaged(format!(
-                        "snapshot {} does not hold its {} objects in order",
-                        meta.id, meta.objects
-                    )));
-                }
-                objects
-            }
-            None => Vec::new(),
-        };
+        let base = snapshot_objects(self, loaded.snapshot, chunks)?;
         let (events, records) = decode_event_records(&event_records)?;
         loaded.events = events;
         loaded.event_records = records;
         let from = loaded.snapshot.map_or(Revision(0), |s| s.revision);
         let changes: Vec<&EventRecord> =
             loaded.events.iter().filter(|e| e.revision > from).collect();
-        // The change log runs unbroken from the snapshot to the store's revision.
-        let mut expect = from.0 + 1;
-        for e in &changes {
-            if e.revision.0 != expect {
-                return Err(StoreError::Damaged(format!(
-                    "the change log after revision {from} is missing revision {expect}"
-                )));
-            }
-            expect += 1;
-        }
-        if expect - 1 != loaded.revision.0 {
-            return Err(StoreError::Damaged(format!(
-                "the change log ends at revision {}, the store is at {}",
-                expect - 1,
-                loaded.revision
-            )));
-        }
+        unbroken(from, &changes, loaded.revision)?;
         loaded.change_log_bytes = changes.iter().map(|e| e.json_bytes() as u64).sum();
         loaded.objects = replay(base, &changes);
         Ok(loaded)
@@ -547,6 +433,159 @@ fn encode_batch(batch: &Batch) -> Writes {
 
 /// Decodes the event records, two threads at a time, checking each key against its record.
 type EventRecords = (Vec<EventRecord>, Vec<(u64, u64, usize)>);
+
+/// What a scan of the store found, before it is verified as a whole.
+#[derive(Default)]
+struct Scanned {
+    loaded: Loaded,
+    schema: Option<u64>,
+    revision: Option<u64>,
+    chunks: Vec<((u64, u32), Vec<u8>)>,
+    event_records: Vec<(u64, Vec<u8>)>,
+}
+
+impl Scanned {
+    /// Takes one record: the schema, revision, snapshot, clusters or field indexes,
+    /// a snapshot's chunk, a change log record, a cluster's discovery or a stream's
+    /// progress (each checked against its key); anything else is damage.
+    fn take(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let damaged = |what: &str, e: DecodeError| {
+            StoreError::Damaged(format!(
+                "{what} record {:?}: {e}",
+                String::from_utf8_lossy(key)
+            ))
+        };
+        let loaded = &mut self.loaded;
+        if key == codec::META_SCHEMA {
+            self.schema = Some(codec::decode_u64(value).map_err(|e| damaged("schema", e))?);
+        } else if key == codec::META_REVISION {
+            self.revision = Some(codec::decode_u64(value).map_err(|e| damaged("revision", e))?);
+        } else if key == codec::META_SNAPSHOT {
+            loaded.snapshot =
+                Some(codec::decode_snapshot(value).map_err(|e| damaged("snapshot", e))?);
+        } else if key == codec::META_CLUSTERS {
+            loaded.clusters = codec::decode_names(value)
+                .map_err(|e| damaged("clusters", e))?
+                .into_iter()
+                .map(ClusterName::from)
+                .collect();
+        } else if key == codec::META_FIELD_INDEXES {
+            loaded.field_indexes =
+                Some(codec::decode_names(value).map_err(|e| damaged("field indexes", e))?);
+        } else if let Some(id) = codec::parse_chunk_key(key) {
+            self.chunks.push((id, value.to_vec()));
+        } else if let Some(first) = codec::parse_event_key(key) {
+            self.event_records.push((first, value.to_vec()));
+        } else if key.starts_with(codec::DISCOVERY_PREFIX) {
+            let d = codec::decode_discovery(value).map_err(|e| damaged("discovery", e))?;
+            if codec::discovery_key(&d.cluster) != key {
+                return Err(StoreError::Damaged(format!(
+                    "discovery record under {:?} is for {}",
+                    String::from_utf8_lossy(key),
+                    d.cluster
+                )));
+            }
+            loaded.discovery.push(d);
+        } else if key.starts_with(codec::STREAM_PREFIX) {
+            let s = codec::decode_stream(value).map_err(|e| damaged("stream", e))?;
+            if codec::stream_key(&s.cluster, &s.resource.name()) != key {
+                return Err(StoreError::Damaged(format!(
+                    "stream record under {:?} is for {}/{}",
+                    String::from_utf8_lossy(key),
+                    s.cluster,
+                    s.resource.name()
+                )));
+            }
+            loaded.streams.push(s);
+        } else {
+            return Err(StoreError::Damaged(format!(
+                "unknown key {:?}",
+                String::from_utf8_lossy(key)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The objects of the current snapshot (`snapshot`), decoded from its `chunks` and
+/// checked whole and in order; the chunks of any other snapshot (one whose writing
+/// was interrupted) are removed from `store`.
+fn snapshot_objects<S: Store + ?Sized>(
+    store: &S,
+    snapshot: Option<SnapshotMeta>,
+    chunks: Vec<((u64, u32), Vec<u8>)>,
+) -> Result<Vec<ObjectRecord>, StoreError> {
+    let current = snapshot.map(|s| s.id);
+    let (mine, stale): (Vec<_>, Vec<_>) = chunks
+        .into_iter()
+        .partition(|((id, _), _)| Some(*id) == current);
+    if !stale.is_empty() {
+        tracing::warn!(
+            chunks = stale.len(),
+            "removing the chunks of a snapshot whose writing was interrupted"
+        );
+        store.write(
+            stale
+                .iter()
+                .map(|((id, i), _)| (codec::chunk_key(*id, *i), None))
+                .collect(),
+        )?;
+    }
+    let Some(meta) = snapshot else {
+        return Ok(Vec::new());
+    };
+    if mine.len() != meta.chunks as usize
+        || mine
+            .iter()
+            .enumerate()
+            .any(|(n, ((_, i), _))| *i as usize != n)
+    {
+        return Err(StoreError::Damaged(format!(
+            "snapshot {} has {} of its {} chunks",
+            meta.id,
+            mine.len(),
+            meta.chunks
+        )));
+    }
+    let objects = decode_chunks(&mine)?;
+    // The raw chunks are not needed past here: give their memory back first.
+    drop(mine);
+    if objects.len() as u64 != meta.objects
+        || objects.windows(2).any(|w| w[0].state.key >= w[1].state.key)
+    {
+        return Err(StoreError::Damaged(format!(
+            "snapshot {} does not hold its {} objects in order",
+            meta.id, meta.objects
+        )));
+    }
+    Ok(objects)
+}
+
+/// Checks that the change log after the snapshot's revision `from` runs unbroken to
+/// the store's `revision`.
+fn unbroken(
+    from: Revision,
+    changes: &[&EventRecord],
+    revision: Revision,
+) -> Result<(), StoreError> {
+    let mut expect = from.0 + 1;
+    for e in changes {
+        if e.revision.0 != expect {
+            return Err(StoreError::Damaged(format!(
+                "the change log after revision {from} is missing revision {expect}"
+            )));
+        }
+        expect += 1;
+    }
+    if expect - 1 != revision.0 {
+        return Err(StoreError::Damaged(format!(
+            "the change log ends at revision {}, the store is at {}",
+            expect - 1,
+            revision
+        )));
+    }
+    Ok(())
+}
 
 fn decode_event_records(records: &[(u64, Vec<u8>)]) -> Result<EventRecords, StoreError> {
     let decode = |part: &[(u64, Vec<u8>)]| -> Result<Vec<Vec<EventRecord>>, StoreError> {

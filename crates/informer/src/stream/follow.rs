@@ -20,49 +20,14 @@ impl Informer {
         from: &ListFrom,
         parts: Option<u64>,
     ) -> Result<Listed, ListStop> {
-        let mut wp = self.watch_params();
-        wp.send_initial_events = true;
-        let version = match from {
-            ListFrom::NotOlderThan(rv) => rv.as_str(),
-            // Unset: the current state, served from the cache once it has caught up.
-            ListFrom::Cache | ListFrom::Consistent | ListFrom::Exact(_) => "",
-        };
-        let req = Request::new(&self.path)
-            .watch(&wp, version)
-            .map_err(|e| Stop::Failed(e.to_string()))?;
-        let mut lines = match self.open(req).await {
-            Ok(lines) => lines,
-            // 400 and 422: the server does not take the parameters.
-            Err(Stop::Invalid(m)) => return Err(ListStop::Unsupported(m)),
-            Err(stop) => return Err(stop.into()),
-        };
-        let silence = self.config.watch_list_silence;
+        let mut lines = self.open_watch_list(from).await?;
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut objects = Vec::new();
         let mut drops = Drops::default();
         // Objects sent ahead in parts.
         let mut sent = 0;
         loop {
-            let next = tokio::select! {
-                r = tokio::time::timeout(silence, lines.next()) => r,
-                _ = self.cancel.cancelled() => return Err(Stop::Cancelled.into()),
-            };
-            let line = match next {
-                Err(_) => {
-                    return Err(ListStop::Unsupported(format!(
-                        "no initial-events-end bookmark: the server sent nothing for {silence:?} before the initial events ended"
-                    )));
-                }
-                Ok(None) => {
-                    return Err(ListStop::Unsupported(
-                        "the server ended the watch without the initial-events-end bookmark".into(),
-                    ));
-                }
-                Ok(Some(Err(e))) => {
-                    return Err(Stop::Failed(format!("the streaming list broke: {e}")).into());
-                }
-                Ok(Some(Ok(line))) => line,
-            };
+            let line = self.initial_line(&mut lines).await?;
             let Some(event) = self.event(&mut events, line) else {
                 drops.too_large += lines.too_long();
                 continue;
@@ -76,16 +41,7 @@ impl Informer {
                     if let Some(list) = parts
                         && objects.len() >= self.config.list_part
                     {
-                        let part = std::mem::take(&mut objects);
-                        sent += part.len();
-                        let part = Update::ListPart {
-                            stream: self.id.clone(),
-                            list,
-                            objects: part,
-                        };
-                        if !self.send(part).await {
-                            return Err(Stop::Cancelled.into());
-                        }
+                        sent += self.send_part(list, &mut objects).await?;
                     }
                 }
                 WatchEvent::Object { kind, .. } => {
@@ -98,33 +54,29 @@ impl Informer {
                     let end = bookmark(object.get())
                         .filter(RawBookmarkMeta::initial_events_end)
                         .map(|b| b.resource_version);
-                    return match end {
-                        Some(resource_version)
-                            if !resource_version.is_empty() && !is_resource_version(&resource_version) =>
-                        {
-                            Err(Stop::Failed(format!(
-                                "the streaming list ended at resourceVersion {resource_version:?}, not a number"
-                            ))
-                            .into())
-                        }
-                        Some(resource_version) => {
-                            if !self.report(&mut drops).await {
-                                return Err(Stop::Cancelled.into());
-                            }
-                            self.outage.recovered(&self.id.name);
-                            Ok(Listed {
-                                count: sent + objects.len(),
-                                objects,
-                                parts: parts.filter(|_| sent > 0),
-                                resource_version,
-                                method: SyncMethod::WatchList,
-                                watch: Some(lines),
-                            })
-                        }
-                        None => Err(ListStop::Unsupported(
+                    let Some(resource_version) = end else {
+                        return Err(ListStop::Unsupported(
                             "the server sent a bookmark without k8s.io/initial-events-end before the initial events ended".into(),
-                        )),
+                        ));
                     };
+                    if !resource_version.is_empty() && !is_resource_version(&resource_version) {
+                        return Err(Stop::Failed(format!(
+                            "the streaming list ended at resourceVersion {resource_version:?}, not a number"
+                        ))
+                        .into());
+                    }
+                    if !self.report(&mut drops).await {
+                        return Err(Stop::Cancelled.into());
+                    }
+                    self.outage.recovered(&self.id.name);
+                    return Ok(Listed {
+                        count: sent + objects.len(),
+                        objects,
+                        parts: parts.filter(|_| sent > 0),
+                        resource_version,
+                        method: SyncMethod::WatchList,
+                        watch: Some(lines),
+                    });
                 }
                 WatchEvent::Other { kind, object } if kind == "ERROR" => {
                     return Err(watch_error(object.get(), line).into());
@@ -136,6 +88,66 @@ impl Informer {
                 }
             }
         }
+    }
+
+    /// The watch a streaming list comes on, opened: one that refuses the parameters
+    /// (400, 422) is a server without streaming lists.
+    async fn open_watch_list(&self, from: &ListFrom) -> Result<WatchLines, ListStop> {
+        let mut wp = self.watch_params();
+        wp.send_initial_events = true;
+        let version = match from {
+            ListFrom::NotOlderThan(rv) => rv.as_str(),
+            // Unset: the current state, served from the cache once it has caught up.
+            ListFrom::Cache | ListFrom::Consistent | ListFrom::Exact(_) => "",
+        };
+        let req = Request::new(&self.path)
+            .watch(&wp, version)
+            .map_err(|e| Stop::Failed(e.to_string()))?;
+        match self.open(req).await {
+            Ok(lines) => Ok(lines),
+            Err(Stop::Invalid(m)) => Err(ListStop::Unsupported(m)),
+            Err(stop) => Err(stop.into()),
+        }
+    }
+
+    /// The next line of a streaming list before its initial events end: silence for
+    /// `watch_list_silence`, or the watch ending there, says the server does not
+    /// serve streaming lists.
+    async fn initial_line<'l>(&self, lines: &'l mut WatchLines) -> Result<&'l str, ListStop> {
+        let silence = self.config.watch_list_silence;
+        let next = tokio::select! {
+            r = tokio::time::timeout(silence, lines.next()) => r,
+            _ = self.cancel.cancelled() => return Err(Stop::Cancelled.into()),
+        };
+        match next {
+            Err(_) => Err(ListStop::Unsupported(format!(
+                "no initial-events-end bookmark: the server sent nothing for {silence:?} before the initial events ended"
+            ))),
+            Ok(None) => Err(ListStop::Unsupported(
+                "the server ended the watch without the initial-events-end bookmark".into(),
+            )),
+            Ok(Some(Err(e))) => Err(Stop::Failed(format!("the streaming list broke: {e}")).into()),
+            Ok(Some(Ok(line))) => Ok(line),
+        }
+    }
+
+    /// Sends `objects` ahead as a part of list `list`; how many were sent.
+    async fn send_part(
+        &self,
+        list: u64,
+        objects: &mut Vec<PrunedObject>,
+    ) -> Result<usize, ListStop> {
+        let part = std::mem::take(objects);
+        let n = part.len();
+        let part = Update::ListPart {
+            stream: self.id.clone(),
+            list,
+            objects: part,
+        };
+        if !self.send(part).await {
+            return Err(Stop::Cancelled.into());
+        }
+        Ok(n)
     }
 
     /// One watch line read as an event; `None` for a blank line or one that is not a
