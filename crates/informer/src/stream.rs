@@ -723,7 +723,8 @@ impl Informer {
         let req = Request::new(&self.path)
             .list(&lp)
             .map_err(|e| Stop::Failed(e.to_string()))?;
-        let mut reader = crate::prune::ListReader::new(&self.id.resource, &self.config.pruning);
+        let mut reader =
+            crate::prune::list::ListReader::new(&self.id.resource, &self.config.pruning);
         let mut none = |_: Result<PrunedObject, crate::prune::PruneError>| {};
         tokio::select! {
             r = fetch_list(&self.client, req, &mut reader, &mut none) => r.map_err(classify)?,
@@ -749,7 +750,8 @@ impl Informer {
             let req = Request::new(&self.path)
                 .list(&lp)
                 .map_err(|e| Stop::Failed(e.to_string()))?;
-            let mut reader = crate::prune::ListReader::new(&self.id.resource, &self.config.pruning);
+            let mut reader =
+                crate::prune::list::ListReader::new(&self.id.resource, &self.config.pruning);
             let mut each = |item: Result<PrunedObject, crate::prune::PruneError>| {
                 objects.extend(self.kept(item, &mut drops));
             };

@@ -305,46 +305,14 @@ fn reconcile_deployment(cluster: &Cluster, namespace: &str, name: &str) {
         None => owned.iter().map(revision_of).max().unwrap_or(0) + 1,
     };
     match current {
-        None => {
-            let mut labels = template["metadata"]["labels"].clone();
-            if !labels.is_object() {
-                labels = json!({});
-            }
-            labels[HASH_LABEL] = json!(hash);
-            let mut selector = deployment["spec"]["selector"].clone();
-            if !selector.is_object() {
-                selector = json!({});
-            }
-            selector["matchLabels"][HASH_LABEL] = json!(hash);
-            let mut rs_template = template.clone();
-            rs_template["metadata"]["labels"] = labels.clone();
-            let created = cluster.store.create(
-                REPLICASETS,
-                Some(namespace),
-                json!({
-                    "metadata": {
-                        "name": current_name,
-                        "labels": labels,
-                        "annotations": {
-                            REVISION: revision.to_string(),
-                            "deployment.kubernetes.io/desired-replicas": want.to_string(),
-                        },
-                        "ownerReferences": owner_reference("Deployment", &deployment),
-                    },
-                    "spec": {"replicas": want, "selector": selector, "template": rs_template},
-                }),
-            );
-            if created.is_ok() {
-                record(
-                    cluster,
-                    &deployment,
-                    "Deployment",
-                    "deployment-controller",
-                    "ScalingReplicaSet",
-                    format!("Scaled up replica set {current_name} to {want}"),
-                );
-            }
-        }
+        None => create_replica_set(
+            cluster,
+            &deployment,
+            namespace,
+            (&current_name, &hash),
+            revision,
+            want,
+        ),
         Some(rs) if replicas(rs) != want => {
             scale(cluster, &deployment, rs, want);
         }
@@ -365,6 +333,82 @@ fn reconcile_deployment(cluster: &Cluster, namespace: &str, name: &str) {
         .map(|o| o.value())
         .filter(|rs| controlled_by(rs, &stored.uid))
         .collect();
+    let status = deployment_status(&deployment, &owned, &current_name, want);
+    let Some(latest) = cluster.store.get(DEPLOYMENTS, namespace, name) else {
+        return;
+    };
+    let mut latest = latest.value();
+    let revised = latest["metadata"]["annotations"][REVISION] != revision.to_string().as_str();
+    if revised {
+        if !latest["metadata"]["annotations"].is_object() {
+            latest["metadata"]["annotations"] = json!({});
+        }
+        latest["metadata"]["annotations"][REVISION] = json!(revision.to_string());
+    }
+    write_status(cluster, DEPLOYMENTS, latest, Value::Object(status), revised);
+}
+
+/// Creates the ReplicaSet of a Deployment's current template (named `current_name`,
+/// labelled with its template `hash`), at `revision` with `want` replicas, and
+/// records the event the deployment controller does.
+fn create_replica_set(
+    cluster: &Cluster,
+    deployment: &Value,
+    namespace: &str,
+    (current_name, hash): (&str, &str),
+    revision: u64,
+    want: i64,
+) {
+    let template = &deployment["spec"]["template"];
+    let mut labels = template["metadata"]["labels"].clone();
+    if !labels.is_object() {
+        labels = json!({});
+    }
+    labels[HASH_LABEL] = json!(hash);
+    let mut selector = deployment["spec"]["selector"].clone();
+    if !selector.is_object() {
+        selector = json!({});
+    }
+    selector["matchLabels"][HASH_LABEL] = json!(hash);
+    let mut rs_template = template.clone();
+    rs_template["metadata"]["labels"] = labels.clone();
+    let created = cluster.store.create(
+        REPLICASETS,
+        Some(namespace),
+        json!({
+            "metadata": {
+                "name": current_name,
+                "labels": labels,
+                "annotations": {
+                    REVISION: revision.to_string(),
+                    "deployment.kubernetes.io/desired-replicas": want.to_string(),
+                },
+                "ownerReferences": owner_reference("Deployment", deployment),
+            },
+            "spec": {"replicas": want, "selector": selector, "template": rs_template},
+        }),
+    );
+    if created.is_ok() {
+        record(
+            cluster,
+            deployment,
+            "Deployment",
+            "deployment-controller",
+            "ScalingReplicaSet",
+            format!("Scaled up replica set {current_name} to {want}"),
+        );
+    }
+}
+
+/// A Deployment's status from its ReplicaSets as they are now (`owned`), the one of
+/// its current template named `current_name`, `want` replicas wanted: the counts,
+/// and the `Available` and `Progressing` conditions.
+fn deployment_status(
+    deployment: &Value,
+    owned: &[Value],
+    current_name: &str,
+    want: i64,
+) -> Map<String, Value> {
     let sum = |field: &str| owned.iter().map(|rs| status_count(rs, field)).sum::<i64>();
     let (total, ready, available) = (
         sum("replicas"),
@@ -373,7 +417,7 @@ fn reconcile_deployment(cluster: &Cluster, namespace: &str, name: &str) {
     );
     let updated = owned
         .iter()
-        .find(|rs| rs["metadata"]["name"] == current_name.as_str())
+        .find(|rs| rs["metadata"]["name"] == current_name)
         .map_or(0, |rs| status_count(rs, "replicas"));
     let now = now_rfc3339();
     let complete = updated == want && total == want && available == want;
@@ -426,18 +470,7 @@ fn reconcile_deployment(cluster: &Cluster, namespace: &str, name: &str) {
              "reason": progress_reason, "message": progress_message},
         ]),
     );
-    let Some(latest) = cluster.store.get(DEPLOYMENTS, namespace, name) else {
-        return;
-    };
-    let mut latest = latest.value();
-    let revised = latest["metadata"]["annotations"][REVISION] != revision.to_string().as_str();
-    if revised {
-        if !latest["metadata"]["annotations"].is_object() {
-            latest["metadata"]["annotations"] = json!({});
-        }
-        latest["metadata"]["annotations"][REVISION] = json!(revision.to_string());
-    }
-    write_status(cluster, DEPLOYMENTS, latest, Value::Object(status), revised);
+    status
 }
 
 fn scale(cluster: &Cluster, deployment: &Value, rs: &Value, to: i64) {

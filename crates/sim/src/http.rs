@@ -147,33 +147,8 @@ async fn serve(
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let path = req.uri().path().to_string();
-    match path.as_str() {
-        "/metrics" => {
-            let mut r = Response::new(full(cluster.metrics_text()));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
-            return Ok(r);
-        }
-        "/healthz" | "/livez" | "/readyz" => return Ok(Response::new(full("ok"))),
-        _ => {}
-    }
-    if path == "/openapi/v2" || path.starts_with("/openapi/v3") {
-        cluster.count(Verb::Discovery, "");
-        let defs = cluster.store.defs();
-        let doc = if path == "/openapi/v2" {
-            Some(crate::openapi::v2(&defs))
-        } else {
-            crate::openapi::v3(
-                &defs,
-                path.trim_start_matches("/openapi/v3")
-                    .trim_start_matches('/'),
-            )
-        };
-        return doc
-            .map(|d| value_response(StatusCode::OK, &d))
-            .ok_or_else(ApiError::unknown_resource);
+    if let Some(answer) = open_endpoint(&cluster, &path) {
+        return answer;
     }
     if let Some(e) = cluster.injected_failure() {
         return Err(e);
@@ -190,19 +165,72 @@ async fn serve(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let (user, denied) = cluster.authenticate(token)?;
+    let caller = cluster.authenticate(token)?;
     if path == "/apis/authentication.k8s.io/v1/tokenreviews" && req.method() == Method::POST {
         return token_review(&cluster, req).await;
     }
-    let query = Query::parse(req.uri().query());
-    let repr = negotiate(req.headers().get(header::ACCEPT));
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("127.0.0.1")
         .to_string();
+    match route(&path) {
+        Route::Resource {
+            group,
+            version,
+            rest,
+            legacy_watch,
+        } => {
+            let t = target(&cluster, &group, &version, &rest)?;
+            resource(cluster, conn, req, t, legacy_watch, caller).await
+        }
+        other => discovered(&cluster, other, &host).await,
+    }
+}
 
+/// What is served to anyone, before authentication and injected failures: metrics,
+/// health, the OpenAPI documents.
+fn open_endpoint(cluster: &Cluster, path: &str) -> Option<Result<Response<Body>, ApiError>> {
+    match path {
+        "/metrics" => {
+            let mut r = Response::new(full(cluster.metrics_text()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            return Some(Ok(r));
+        }
+        "/healthz" | "/livez" | "/readyz" => return Some(Ok(Response::new(full("ok")))),
+        _ => {}
+    }
+    if path == "/openapi/v2" || path.starts_with("/openapi/v3") {
+        cluster.count(Verb::Discovery, "");
+        let defs = cluster.store.defs();
+        let doc = if path == "/openapi/v2" {
+            Some(crate::openapi::v2(&defs))
+        } else {
+            crate::openapi::v3(
+                &defs,
+                path.trim_start_matches("/openapi/v3")
+                    .trim_start_matches('/'),
+            )
+        };
+        return Some(
+            doc.map(|d| value_response(StatusCode::OK, &d))
+                .ok_or_else(ApiError::unknown_resource),
+        );
+    }
+    None
+}
+
+/// A discovery document: `/version`, `/api`, `/apis`, a group, a group version
+/// (`route` is never a resource's).
+async fn discovered(
+    cluster: &Cluster,
+    route: Route,
+    host: &str,
+) -> Result<Response<Body>, ApiError> {
     let discovery = |cluster: &Cluster, doc: Option<Value>, root: bool| {
         cluster.count(Verb::Discovery, "");
         if root && cluster.discovery_failing() {
@@ -214,16 +242,16 @@ async fn serve(
         Ok(json_response(StatusCode::OK, body))
     };
     let defs = || cluster.store.defs();
-    match route(&path) {
-        Route::Version => discovery(&cluster, Some(version()), true),
-        Route::Api => discovery(&cluster, Some(resource::api_versions(&host)), true),
+    match route {
+        Route::Version => discovery(cluster, Some(version()), true),
+        Route::Api => discovery(cluster, Some(resource::api_versions(host)), true),
         Route::Apis => discovery(
-            &cluster,
+            cluster,
             Some(resource::api_group_list(defs().iter().map(|d| d.as_ref()))),
             true,
         ),
         Route::Group(g) => discovery(
-            &cluster,
+            cluster,
             resource::api_group(defs().iter().map(|d| d.as_ref()), &g),
             false,
         ),
@@ -236,64 +264,69 @@ async fn serve(
                     )));
                 }
                 discovery(
-                    &cluster,
+                    cluster,
                     resource::resource_list(defs().iter().map(|d| d.as_ref()), &g, &v),
                     false,
                 )
             })
             .await,
-        Route::NotFound => Err(ApiError::unknown_resource()),
-        Route::Resource {
-            group,
-            version,
-            rest,
-            legacy_watch,
-        } => {
-            let t = target(&cluster, &group, &version, &rest)?;
-            let method = req.method().clone();
-            let verb = match (&method, t.name.is_some()) {
-                (&Method::GET, true) => Verb::Get,
-                (&Method::GET, false) if legacy_watch || query.flag("watch") => Verb::Watch,
-                (&Method::GET, false) => Verb::List,
-                (&Method::POST, false) => Verb::Create,
-                (&Method::PUT, true) => Verb::Update,
-                (&Method::PATCH, true) => Verb::Patch,
-                (&Method::DELETE, true) => Verb::Delete,
-                _ => return Err(ApiError::method_not_allowed(method.as_str())),
-            };
-            cluster.count(verb, &t.def.id());
-            if denied.contains(&t.def.id()) {
-                return Err(ApiError::forbidden(
-                    &t.def,
-                    &user,
-                    verb.rbac(),
-                    t.namespace.as_deref(),
-                    t.name.as_deref(),
-                ));
-            }
-            let content_type = req
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("application/json")
-                .to_string();
+        Route::NotFound | Route::Resource { .. } => Err(ApiError::unknown_resource()),
+    }
+}
+
+/// A request of the resource `t`, by the authenticated `caller` (its user, and the
+/// types it is denied): the verb from the method (a watch also by the legacy
+/// `/watch/` path), checked against what the caller is denied, then served.
+async fn resource(
+    cluster: Cluster,
+    conn: CancellationToken,
+    req: Request<hyper::body::Incoming>,
+    t: Target,
+    legacy_watch: bool,
+    (user, denied): (String, std::collections::BTreeSet<String>),
+) -> Result<Response<Body>, ApiError> {
+    let query = Query::parse(req.uri().query());
+    let repr = negotiate(req.headers().get(header::ACCEPT));
+    let method = req.method().clone();
+    let verb = match (&method, t.name.is_some()) {
+        (&Method::GET, true) => Verb::Get,
+        (&Method::GET, false) if legacy_watch || query.flag("watch") => Verb::Watch,
+        (&Method::GET, false) => Verb::List,
+        (&Method::POST, false) => Verb::Create,
+        (&Method::PUT, true) => Verb::Update,
+        (&Method::PATCH, true) => Verb::Patch,
+        (&Method::DELETE, true) => Verb::Delete,
+        _ => return Err(ApiError::method_not_allowed(method.as_str())),
+    };
+    cluster.count(verb, &t.def.id());
+    if denied.contains(&t.def.id()) {
+        return Err(ApiError::forbidden(
+            &t.def,
+            &user,
+            verb.rbac(),
+            t.namespace.as_deref(),
+            t.name.as_deref(),
+        ));
+    }
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    match verb {
+        Verb::Get if t.subresource.as_deref() == Some("scale") => scale_get(&cluster, &t),
+        Verb::Get => get(&cluster, &t, repr),
+        Verb::List => list(&cluster, &t, &query, repr),
+        Verb::Watch => watch::serve(cluster, conn, t, query, repr).await,
+        _ => {
+            let body = read_body(req).await?;
             let w = crate::store::Write {
-                dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
+                dry_run: query.get("dryRun").is_some_and(|d| d == "All")
+                    || delete_options_dry_run(verb, &body),
             };
-            match verb {
-                Verb::Get if t.subresource.as_deref() == Some("scale") => scale_get(&cluster, &t),
-                Verb::Get => get(&cluster, &t, repr),
-                Verb::List => list(&cluster, &t, &query, repr),
-                Verb::Watch => watch::serve(cluster, conn, t, query, repr).await,
-                _ => {
-                    let body = read_body(req).await?;
-                    let w = crate::store::Write {
-                        dry_run: w.dry_run || delete_options_dry_run(verb, &body),
-                    };
-                    let mode = crate::validate::Mode::of(query.get("fieldValidation"))?;
-                    write(&cluster, &t, verb, &content_type, &body, w, mode)
-                }
-            }
+            let mode = crate::validate::Mode::of(query.get("fieldValidation"))?;
+            write(&cluster, &t, verb, &content_type, &body, w, mode)
         }
     }
 }
@@ -408,6 +441,78 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
 fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response<Body>, ApiError> {
     let labels = q.label_selector()?;
     let fields = q.field_selector(&t.def)?;
+    let ListRead {
+        at,
+        start,
+        kind,
+        limit,
+    } = list_read(cluster, q)?;
+    let snap = match cluster.store.snapshot(&t.def.id(), at) {
+        Err(e) if e.code == 410 && start.is_some() => {
+            return Err(ApiError::expired_continue(encode_continue(
+                -1,
+                start.as_deref().unwrap_or_default(),
+            )));
+        }
+        other => other?,
+    };
+    let prefix = t
+        .namespace
+        .as_ref()
+        .map(|ns| format!("{ns}/"))
+        .unwrap_or_default();
+    let lower = format!("{prefix}{}", start.as_deref().unwrap_or(""));
+    let upper = t.namespace.as_ref().map(|ns| format!("{ns}0"));
+    let upper_bound = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+    let mut range = snap
+        .objects
+        .range::<_, str>((Bound::Included(lower.as_str()), upper_bound));
+    let mut items: Vec<Arc<StoredObject>> = Vec::new();
+    let mut last_key: Option<Arc<str>> = None;
+    let mut has_more = false;
+    let filtering = !labels.is_empty() || !fields.is_empty();
+    for (key, obj) in range.by_ref() {
+        if limit.is_some_and(|l| items.len() >= l) {
+            has_more = true;
+            break;
+        }
+        if !filtering || (labels.matches(obj.as_ref()) && fields.matches(obj.as_ref())) {
+            items.push(obj.clone());
+        }
+        last_key = Some(key.clone());
+    }
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("resourceVersion".into(), json!(snap.rv.to_string()));
+    if has_more && let Some(last) = &last_key {
+        let relative = &last[prefix.len()..];
+        metadata.insert(
+            "continue".into(),
+            json!(encode_continue(snap.rv as i64, &format!("{relative}\u{0}"))),
+        );
+        if !filtering {
+            // The item that ended the loop was not returned; count it with the rest.
+            metadata.insert("remainingItemCount".into(), json!(1 + range.count()));
+        }
+    }
+    let body = list_body(&t.def, repr, snap.rv, &metadata, &items);
+    cluster.count_list(kind, &t.def.id(), 1, body.len() as u64);
+    cluster.count_bytes(Verb::List, body.len() as u64);
+    Ok(json_response(StatusCode::OK, body))
+}
+
+/// Where a list reads, as the API server decides it: the resourceVersion it reads at,
+/// the key it starts from (a continued list's), whether storage or the watch cache
+/// serves it, and its limit (the cache ignores it).
+struct ListRead {
+    at: ReadAt,
+    start: Option<String>,
+    kind: ListKind,
+    limit: Option<usize>,
+}
+
+/// A list's [`ListRead`] from its query: `limit`, `continue`, `resourceVersion` and
+/// `resourceVersionMatch`.
+fn list_read(cluster: &Cluster, q: &Query) -> Result<ListRead, ApiError> {
     let (rv, rv_match) = parse_rv(q)?;
     let mut limit = match q.get("limit").filter(|s| !s.is_empty()) {
         None => None,
@@ -467,55 +572,25 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
             }
         }
     };
-    let snap = match cluster.store.snapshot(&t.def.id(), at) {
-        Err(e) if e.code == 410 && start.is_some() => {
-            return Err(ApiError::expired_continue(encode_continue(
-                -1,
-                start.as_deref().unwrap_or_default(),
-            )));
-        }
-        other => other?,
-    };
-    let prefix = t
-        .namespace
-        .as_ref()
-        .map(|ns| format!("{ns}/"))
-        .unwrap_or_default();
-    let lower = format!("{prefix}{}", start.as_deref().unwrap_or(""));
-    let upper = t.namespace.as_ref().map(|ns| format!("{ns}0"));
-    let upper_bound = upper.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-    let mut range = snap
-        .objects
-        .range::<_, str>((Bound::Included(lower.as_str()), upper_bound));
-    let mut items: Vec<Arc<StoredObject>> = Vec::new();
-    let mut last_key: Option<Arc<str>> = None;
-    let mut has_more = false;
-    let filtering = !labels.is_empty() || !fields.is_empty();
-    for (key, obj) in range.by_ref() {
-        if limit.is_some_and(|l| items.len() >= l) {
-            has_more = true;
-            break;
-        }
-        if !filtering || (labels.matches(obj.as_ref()) && fields.matches(obj.as_ref())) {
-            items.push(obj.clone());
-        }
-        last_key = Some(key.clone());
-    }
-    let mut metadata = serde_json::Map::new();
-    metadata.insert("resourceVersion".into(), json!(snap.rv.to_string()));
-    if has_more && let Some(last) = &last_key {
-        let relative = &last[prefix.len()..];
-        metadata.insert(
-            "continue".into(),
-            json!(encode_continue(snap.rv as i64, &format!("{relative}\u{0}"))),
-        );
-        if !filtering {
-            // The item that ended the loop was not returned; count it with the rest.
-            metadata.insert("remainingItemCount".into(), json!(1 + range.count()));
-        }
-    }
-    let body = match repr {
-        Repr::Full => render_list(&t.def, &metadata, &items),
+    Ok(ListRead {
+        at,
+        start,
+        kind,
+        limit,
+    })
+}
+
+/// A list's body in the representation asked for: the whole objects, their metadata
+/// (`PartialObjectMetadataList`) or a table.
+fn list_body(
+    def: &ResourceDef,
+    repr: Repr,
+    rv: u64,
+    metadata: &serde_json::Map<String, Value>,
+    items: &[Arc<StoredObject>],
+) -> Vec<u8> {
+    match repr {
+        Repr::Full => render_list(def, metadata, items),
         Repr::Metadata => {
             let items: Vec<Value> = items.iter().map(|o| partial_metadata(o)).collect();
             serde_json::to_vec(
@@ -525,20 +600,17 @@ fn list(cluster: &Cluster, t: &Target, q: &Query, repr: Repr) -> Result<Response
         }
         Repr::Table => {
             let mut v = table::render(
-                &t.def,
-                snap.rv,
+                def,
+                rv,
                 metadata.get("continue").and_then(Value::as_str),
-                &items,
+                items,
             );
             if let Some(n) = metadata.get("remainingItemCount") {
                 v["metadata"]["remainingItemCount"] = n.clone();
             }
             serde_json::to_vec(&v).unwrap_or_default()
         }
-    };
-    cluster.count_list(kind, &t.def.id(), 1, body.len() as u64);
-    cluster.count_bytes(Verb::List, body.len() as u64);
-    Ok(json_response(StatusCode::OK, body))
+    }
 }
 
 /// Writes a list by splicing the stored item bytes: no object is decoded or re-encoded.
@@ -633,51 +705,7 @@ fn write(
     let ns = t.namespace.as_deref().unwrap_or("");
     let name = t.name.as_deref().unwrap_or("");
     if t.subresource.as_deref() == Some("scale") {
-        // The Scale is changed as sent, and its replicas become the object's.
-        let scale_body = if verb == Verb::Patch {
-            None
-        } else {
-            Some(body_json(content_type, body)?)
-        };
-        let patch = if verb == Verb::Patch {
-            Some((
-                crate::patch::PatchKind::of(content_type)?,
-                body_json("application/json", body)?,
-            ))
-        } else {
-            None
-        };
-        let obj = cluster.store.patch_with(
-            &id,
-            ns,
-            name,
-            |value| {
-                let mut scale = scale_of(value);
-                if let Some(b) = &scale_body {
-                    scale = b.clone();
-                }
-                if let Some((kind, p)) = &patch {
-                    crate::patch::apply(*kind, &mut scale, p)?;
-                }
-                let replicas = scale["spec"]["replicas"].as_i64().ok_or_else(|| {
-                    ApiError::invalid("autoscaling", "Scale", name, &["spec.replicas: Required value"])
-                })?;
-                if replicas < 0 {
-                    return Err(ApiError::invalid(
-                        "autoscaling",
-                        "Scale",
-                        name,
-                        &[format!(
-                            "spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"
-                        )],
-                    ));
-                }
-                value["spec"]["replicas"] = json!(replicas);
-                Ok(())
-            },
-            w,
-        )?;
-        return Ok(value_response(StatusCode::OK, &scale_of(&obj.value())));
+        return write_scale(cluster, t, verb, content_type, body, w);
     }
     let (code, obj) = match verb {
         Verb::Create => {
@@ -729,6 +757,66 @@ fn write(
         }
     }
     Ok(response)
+}
+
+/// A write of a resource's `scale` subresource: the Scale is changed as sent (put
+/// or patched), and its replicas become the object's.
+fn write_scale(
+    cluster: &Cluster,
+    t: &Target,
+    verb: Verb,
+    content_type: &str,
+    body: &[u8],
+    w: crate::store::Write,
+) -> Result<Response<Body>, ApiError> {
+    let id = t.def.id();
+    let ns = t.namespace.as_deref().unwrap_or("");
+    let name = t.name.as_deref().unwrap_or("");
+    // The Scale is changed as sent, and its replicas become the object's.
+    let scale_body = if verb == Verb::Patch {
+        None
+    } else {
+        Some(body_json(content_type, body)?)
+    };
+    let patch = if verb == Verb::Patch {
+        Some((
+            crate::patch::PatchKind::of(content_type)?,
+            body_json("application/json", body)?,
+        ))
+    } else {
+        None
+    };
+    let obj = cluster.store.patch_with(
+        &id,
+        ns,
+        name,
+        |value| {
+            let mut scale = scale_of(value);
+            if let Some(b) = &scale_body {
+                scale = b.clone();
+            }
+            if let Some((kind, p)) = &patch {
+                crate::patch::apply(*kind, &mut scale, p)?;
+            }
+            let replicas = scale["spec"]["replicas"].as_i64().ok_or_else(|| {
+                ApiError::invalid("autoscaling", "Scale", name, &["spec.replicas: Required value"])
+            })?;
+            if replicas < 0 {
+                return Err(ApiError::invalid(
+                    "autoscaling",
+                    "Scale",
+                    name,
+                    &[format!(
+                        "spec.replicas: Invalid value: {replicas}: must be greater than or equal to 0"
+                    )],
+                ));
+            }
+            value["spec"]["replicas"] = json!(replicas);
+            Ok(())
+        },
+        w,
+    )?;
+    Ok(value_response(StatusCode::OK, &scale_of(&obj.value())))
 }
 
 #[cfg(test)]

@@ -78,71 +78,10 @@ pub(crate) async fn serve(
         labels: q.label_selector()?,
         fields: q.field_selector(&t.def)?,
     };
-    let (rv, mut rv_match) = parse_rv_unchecked(&q)?;
+    let (rv, rv_match) = parse_rv_unchecked(&q)?;
     let bookmarks = q.flag("allowWatchBookmarks");
-    let mut send_initial = match q.get("sendInitialEvents") {
-        None | Some("") => None,
-        Some(v) => Some(matches!(v, "true" | "1")),
-    };
-    match cluster.watch_list() {
-        WatchListSupport::Served => {}
-        WatchListSupport::Refused if send_initial.is_some() => {
-            return Err(ApiError::invalid_options(&[
-                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
-            ]));
-        }
-        WatchListSupport::Refused => {}
-        // It knows `resourceVersionMatch` and forbids it on a watch; it does not know
-        // `sendInitialEvents`, and reads it as absent.
-        WatchListSupport::Unknown => {
-            if rv_match.is_some() {
-                let mut errors = vec![
-                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch",
-                ];
-                if rv.is_none() {
-                    errors.push(MATCH_WITHOUT_RV);
-                }
-                return Err(ApiError::invalid_options(&errors));
-            }
-            send_initial = None;
-        }
-        // A server that does not know the parameters reads them as absent.
-        WatchListSupport::Ignored => {
-            send_initial = None;
-            rv_match = None;
-        }
-    }
-    if send_initial.is_none() && rv_match.is_some() {
-        return Err(ApiError::invalid_options(&[
-            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-        ]));
-    }
-    if send_initial.is_some() {
-        if rv_match != Some("NotOlderThan") {
-            return Err(ApiError::invalid_options(&[
-                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
-            ]));
-        }
-        if !bookmarks {
-            return Err(ApiError::invalid_options(&[
-                "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set",
-            ]));
-        }
-    }
-    let timeout = match q.get("timeoutSeconds").filter(|s| !s.is_empty()) {
-        Some(s) => Duration::from_secs(
-            s.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,
-        ),
-        None => {
-            let (lo, hi) = cluster.config.watch_lifetime;
-            if hi > lo {
-                rand::rng().random_range(lo..hi)
-            } else {
-                lo
-            }
-        }
-    };
+    let send_initial = initial_events(&cluster, &q, (rv, rv_match), bookmarks)?;
+    let timeout = timeout_of(&cluster, &q)?;
 
     if cluster.take_stall() {
         // Accept, never answer: wait until released, then cut the connection.
@@ -195,6 +134,88 @@ pub(crate) async fn serve(
         HeaderValue::from_static("application/json"),
     );
     Ok(resp)
+}
+
+/// Whether a watch sends its initial events first (`sendInitialEvents`; `None` when
+/// not asked), checked as the API server checks it: with `resourceVersionMatch` of
+/// `NotOlderThan` and bookmarks allowed, and only where the server serves streaming
+/// lists (one that refuses them says so; one that does not know the parameters reads
+/// them as absent, or forbids `resourceVersionMatch` on a watch).
+fn initial_events(
+    cluster: &Cluster,
+    q: &Query,
+    (rv, mut rv_match): (Option<u64>, Option<&str>),
+    bookmarks: bool,
+) -> Result<Option<bool>, ApiError> {
+    let mut send_initial = match q.get("sendInitialEvents") {
+        None | Some("") => None,
+        Some(v) => Some(matches!(v, "true" | "1")),
+    };
+    match cluster.watch_list() {
+        WatchListSupport::Served => {}
+        WatchListSupport::Refused if send_initial.is_some() => {
+            return Err(ApiError::invalid_options(&[
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ]));
+        }
+        WatchListSupport::Refused => {}
+        // It knows `resourceVersionMatch` and forbids it on a watch; it does not know
+        // `sendInitialEvents`, and reads it as absent.
+        WatchListSupport::Unknown => {
+            if rv_match.is_some() {
+                let mut errors = vec![
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch",
+                ];
+                if rv.is_none() {
+                    errors.push(MATCH_WITHOUT_RV);
+                }
+                return Err(ApiError::invalid_options(&errors));
+            }
+            send_initial = None;
+        }
+        // A server that does not know the parameters reads them as absent.
+        WatchListSupport::Ignored => {
+            send_initial = None;
+            rv_match = None;
+        }
+    }
+    if send_initial.is_none() && rv_match.is_some() {
+        return Err(ApiError::invalid_options(&[
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        ]));
+    }
+    if send_initial.is_some() {
+        if rv_match != Some("NotOlderThan") {
+            return Err(ApiError::invalid_options(&[
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan",
+            ]));
+        }
+        if !bookmarks {
+            return Err(ApiError::invalid_options(&[
+                "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set",
+            ]));
+        }
+    }
+    Ok(send_initial)
+}
+
+/// How long a watch runs: `timeoutSeconds`, or a lifetime drawn from the cluster's
+/// range, as the API server draws one.
+fn timeout_of(cluster: &Cluster, q: &Query) -> Result<Duration, ApiError> {
+    Ok(match q.get("timeoutSeconds").filter(|s| !s.is_empty()) {
+        Some(s) => Duration::from_secs(
+            s.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,
+        ),
+        None => {
+            let (lo, hi) = cluster.config.watch_lifetime;
+            if hi > lo {
+                rand::rng().random_range(lo..hi)
+            } else {
+                lo
+            }
+        }
+    })
 }
 
 fn error_event(e: &ApiError) -> Bytes {
@@ -299,8 +320,11 @@ async fn run(
     opts: Options,
     tx: mpsc::Sender<Chunk>,
 ) {
-    let mut control = cluster.faults.control.subscribe();
-    let mut frozen = cluster.faults.frozen.subscribe();
+    // Subscribed before anything is sent: a fault injected meanwhile is not missed.
+    let mut faults = (
+        cluster.faults.control.subscribe(),
+        cluster.faults.frozen.subscribe(),
+    );
     let mut stream = Stream {
         def,
         filter,
@@ -316,34 +340,81 @@ async fn run(
         ..
     } = sub;
     let end = async {
+        stream
+            .initial(&cluster, &initial, opts.send_initial)
+            .await?;
+        for change in &backlog {
+            stream.change(change).await?;
+        }
+        stream
+            .follow(&cluster, &conn, (&mut live, &mut faults), &opts)
+            .await
+    };
+    let result: Result<(), End> = end.await;
+    if let Err(End::Abort) = result {
+        let _ = stream
+            .tx
+            .send(Err(io::Error::other("watch connection dropped")))
+            .await;
+    }
+}
+
+/// What a watch hears of the cluster's faults: commands (drop, expire, a line to
+/// send) and whether its connections are frozen.
+type Faults = (
+    broadcast::Receiver<WatchControl>,
+    tokio::sync::watch::Receiver<bool>,
+);
+
+impl Stream {
+    /// Sends the `initial` objects that match, as ADDED events in frames of up to
+    /// 64 KiB, as the apiserver's writer gathers events while more are waiting;
+    /// with `end_bookmark` (a streaming list), the bookmark that ends them, and the
+    /// list counted.
+    async fn initial(
+        &mut self,
+        cluster: &Cluster,
+        initial: &[Arc<StoredObject>],
+        end_bookmark: bool,
+    ) -> Result<(), End> {
         // The initial events go out in frames of up to 64 KiB, as the apiserver's
         // writer gathers events while more are waiting.
         const FRAME: usize = 64 << 10;
         let mut frame: Vec<u8> = Vec::with_capacity(FRAME + (8 << 10));
         let mut initial_bytes = 0u64;
-        for obj in initial.iter().filter(|o| stream.filter.matches(o)) {
-            write_object_event(&mut frame, "ADDED", &stream.def, obj, stream.repr);
+        for obj in initial.iter().filter(|o| self.filter.matches(o)) {
+            write_object_event(&mut frame, "ADDED", &self.def, obj, self.repr);
             if frame.len() >= FRAME {
                 initial_bytes += frame.len() as u64;
                 let next = Vec::with_capacity(FRAME + (8 << 10));
-                stream
-                    .send(Bytes::from(std::mem::replace(&mut frame, next)))
+                self.send(Bytes::from(std::mem::replace(&mut frame, next)))
                     .await?;
             }
         }
-        if opts.send_initial {
-            frame.extend_from_slice(&bookmark_event(&stream.def, stream.seen_rv, true));
+        if end_bookmark {
+            frame.extend_from_slice(&bookmark_event(&self.def, self.seen_rv, true));
         }
         if !frame.is_empty() {
             initial_bytes += frame.len() as u64;
-            stream.send(Bytes::from(frame)).await?;
+            self.send(Bytes::from(frame)).await?;
         }
-        if opts.send_initial {
-            cluster.count_list(ListKind::Streaming, &stream.def.id(), 0, initial_bytes);
+        if end_bookmark {
+            cluster.count_list(ListKind::Streaming, &self.def.id(), 0, initial_bytes);
         }
-        for change in &backlog {
-            stream.change(change).await?;
-        }
+        Ok(())
+    }
+
+    /// Follows the live changes until the watch's timeout (a bookmark first, when
+    /// allowed and anything changed) or the connection's end, obeying the cluster's
+    /// faults: a frozen connection sends nothing, a dropped one is cut, an expired one
+    /// ends with 410, an injected line is sent as it is.
+    async fn follow(
+        &mut self,
+        cluster: &Cluster,
+        conn: &CancellationToken,
+        (live, (control, frozen)): (&mut broadcast::Receiver<Arc<Change>>, &mut Faults),
+        opts: &Options,
+    ) -> Result<(), End> {
         let deadline = Instant::now() + opts.timeout;
         let mut ticks = tokio::time::interval_at(
             Instant::now() + opts.bookmark_interval,
@@ -367,13 +438,13 @@ async fn run(
                 c = control.recv() => match c {
                     Ok(WatchControl::Drop) => return Err(End::Abort),
                     Ok(WatchControl::Expire) => {
-                        let e = ApiError::too_old_rv(stream.seen_rv, cluster.store.oldest_resource_version().max(stream.seen_rv + 1));
-                        stream.send(error_event(&e)).await?;
+                        let e = ApiError::too_old_rv(self.seen_rv, cluster.store.oldest_resource_version().max(self.seen_rv + 1));
+                        self.send(error_event(&e)).await?;
                         return Ok(());
                     }
                     Ok(WatchControl::Line { resource, line }) => {
-                        if *resource == stream.def.id() {
-                            stream.send(Bytes::from(format!("{line}\n"))).await?;
+                        if *resource == self.def.id() {
+                            self.send(Bytes::from(format!("{line}\n"))).await?;
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
@@ -381,26 +452,19 @@ async fn run(
                 },
                 _ = frozen.changed() => {}
                 r = live.recv() => match r {
-                    Ok(change) => stream.change(&change).await?,
+                    Ok(change) => self.change(&change).await?,
                     // Fell further behind than the cluster buffers: ended, as the apiserver ends a slow watcher.
                     Err(_) => return Ok(()),
                 },
-                _ = ticks.tick() => if opts.bookmarks && stream.progressed { stream.bookmark(false).await? },
+                _ = ticks.tick() => if opts.bookmarks && self.progressed { self.bookmark(false).await? },
                 _ = tokio::time::sleep_until(deadline) => {
-                    if opts.bookmarks && stream.progressed {
-                        stream.bookmark(false).await?;
+                    if opts.bookmarks && self.progressed {
+                        self.bookmark(false).await?;
                     }
                     return Ok(());
                 }
             }
         }
-    };
-    let result: Result<(), End> = end.await;
-    if let Err(End::Abort) = result {
-        let _ = stream
-            .tx
-            .send(Err(io::Error::other("watch connection dropped")))
-            .await;
     }
 }
 

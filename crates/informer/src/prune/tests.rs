@@ -1,3 +1,4 @@
+use super::list::{ListError, ListMeta, ListReader};
 use super::*;
 use proptest::prelude::*;
 use serde_json::Value;

@@ -121,7 +121,7 @@ pub(super) const ERROR_BODY_LIMIT: usize = 64 << 10;
 pub(super) async fn fetch_list(
     client: &Client,
     req: http::Request<Vec<u8>>,
-    reader: &mut crate::prune::ListReader<'_>,
+    reader: &mut crate::prune::list::ListReader<'_>,
     each: &mut (dyn FnMut(Result<PrunedObject, crate::prune::PruneError>) + Send),
 ) -> Result<(), kube::Error> {
     use http_body_util::BodyExt;

@@ -1,0 +1,172 @@
+//! The persister's background work: snapshots of the index written beside the
+//! change log (so a restart replays little), and the store compacted once what it
+//! holds on disk has grown well past what it needs; each counted as under way while
+//! it runs, for the store's figures.
+
+use super::*;
+
+impl Persister {
+    /// Writes a snapshot of `state` to `store` now, within a batch's write.
+    pub(super) fn snapshot_now(
+        &self,
+        store: &dyn Store,
+        state: &State,
+    ) -> Result<ReadySnapshot, fleetscope_store::StoreError> {
+        let _writing = self.under_way(SNAPSHOT);
+        write_snapshot(store, state)
+    }
+
+    /// Whether a snapshot, and a compaction, is being written now.
+    pub(super) fn under_way_now(&self) -> (bool, bool) {
+        (
+            self.in_progress[SNAPSHOT].load(Ordering::Relaxed) > 0,
+            self.in_progress[COMPACTION].load(Ordering::Relaxed) > 0,
+        )
+    }
+
+    /// Counts a snapshot's writing or a compaction as under way until the guard drops.
+    fn under_way(&self, kind: usize) -> UnderWay<'_> {
+        self.in_progress[kind].fetch_add(1, Ordering::Relaxed);
+        UnderWay(&self.in_progress[kind])
+    }
+
+    /// Checks the store's size, and compacts it in the background when it has grown
+    /// past its limits: writes go on meanwhile (one at a time, as ever).
+    pub(super) fn start_compaction(self: &Arc<Self>) {
+        let mut compacting = lock(&self.compacting);
+        if compacting.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let this = self.clone();
+        *compacting = Some(tokio::task::spawn_blocking(move || {
+            let size = this.compact_if_grown();
+            lock(&this.stats).size_on_disk = size;
+        }));
+    }
+
+    /// Writes `state` as a snapshot's chunks in the background (one at a time; a
+    /// later due snapshot is captured again once this one is current).
+    pub(super) fn start_snapshot(self: &Arc<Self>, state: Arc<State>, covers: usize) {
+        let mut writing = lock(&self.snapshotting);
+        if writing.as_ref().is_some_and(|t| !t.is_finished())
+            || lock(&self.snapshot_ready).is_some()
+        {
+            return;
+        }
+        let Some(store) = lock(&self.store).clone() else {
+            return;
+        };
+        self.covered.store(covers, Ordering::Relaxed);
+        let this = self.clone();
+        *writing = Some(tokio::task::spawn_blocking(move || {
+            let written = {
+                let _writing = this.under_way(SNAPSHOT);
+                write_snapshot(&*store, &state)
+            };
+            match written {
+                Ok(ready) => *lock(&this.snapshot_ready) = Some(ready),
+                Err(e) => {
+                    this.covered.store(0, Ordering::Relaxed);
+                    // While the writes fail too, their error says it (once).
+                    if lock(&this.stats).last_error.is_none() {
+                        tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");
+                    } else {
+                        tracing::debug!(error = %e, "writing a snapshot failed while the store's writes fail");
+                    }
+                }
+            }
+            this.wake.notify_one();
+        }));
+    }
+
+    /// Compacts the store when its file has grown past its limits (see
+    /// [`PersistConfig::compact_share`]), and returns its size on disk. Runs beside
+    /// the writes, which wait only for the switch to the compacted copy. A failed
+    /// compaction is logged and leaves the store as it was; the next is tried once the
+    /// file has grown by half again.
+    pub(super) fn compact_if_grown(&self) -> u64 {
+        let Some(store) = lock(&self.store).clone() else {
+            return 0;
+        };
+        let size = store.size_on_disk();
+        let held = *lock(&self.held_json) as f64;
+        if !self.compaction_due(size, held) {
+            return size;
+        }
+        let started = Instant::now();
+        tracing::debug!(size, "compacting the store");
+        let compacting = self.under_way(COMPACTION);
+        let compacted = store.compact();
+        drop(compacting);
+        match compacted {
+            Ok(Some((before, after))) => {
+                let took = started.elapsed();
+                self.compacted.store(after, Ordering::Relaxed);
+                let mut s = lock(&self.stats);
+                s.compactions += 1;
+                s.last_compaction = took;
+                tracing::info!(
+                    before,
+                    after,
+                    took_ms = took.as_secs_f64() * 1e3,
+                    "store compacted"
+                );
+                after
+            }
+            // Nothing to reclaim (a store in memory has no size on disk to pass a limit).
+            Ok(None) => size,
+            Err(e) => {
+                self.compacted.store(size, Ordering::Relaxed);
+                tracing::warn!(error = %e, size, "store compaction failed: the store goes on as it was");
+                size
+            }
+        }
+    }
+
+    /// Whether the store has grown past its limits (see [`PersistConfig::compact_share`]).
+    pub(super) fn compaction_due(&self, size: u64, held: f64) -> bool {
+        match &mut *lock(&self.fill) {
+            Fill::Filling { .. } => return false,
+            Fill::Filled { size_due, .. } => {
+                if std::mem::take(size_due) {
+                    self.compacted.fetch_max(size, Ordering::Relaxed);
+                }
+            }
+            Fill::Never => {}
+        }
+        let limit = (self.config.compact_share * held)
+            .max(self.config.compact_min_bytes as f64)
+            .max(1.5 * self.compacted.load(Ordering::Relaxed) as f64);
+        size as f64 > limit
+    }
+}
+
+/// Which of [`Persister`]'s in-progress counters: a snapshot's writing.
+const SNAPSHOT: usize = 0;
+/// Which of [`Persister`]'s in-progress counters: a compaction.
+const COMPACTION: usize = 1;
+
+/// A snapshot's writing or a compaction under way, until dropped.
+struct UnderWay<'a>(&'a AtomicU64);
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Writes the chunks of a snapshot of `state` (not yet current); returns its meta and
+/// how long writing took.
+fn write_snapshot(
+    store: &dyn Store,
+    state: &State,
+) -> Result<ReadySnapshot, fleetscope_store::StoreError> {
+    let started = Instant::now();
+    let revision = state.revision();
+    tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
+    // Encoded straight from the index's objects: nothing is copied first.
+    let meta =
+        fleetscope_store::write_snapshot(store, revision.0, revision, state.iter().map(|o| &**o))?;
+    tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
+    Ok((meta, started.elapsed()))
+}
