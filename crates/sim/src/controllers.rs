@@ -389,12 +389,9 @@ fn create_replica_set(
         }),
     );
     if created.is_ok() {
-        record(
+        scaling(
             cluster,
             deployment,
-            "Deployment",
-            "deployment-controller",
-            "ScalingReplicaSet",
             format!("Scaled up replica set {current_name} to {want}"),
         );
     }
@@ -473,6 +470,18 @@ fn deployment_status(
     status
 }
 
+/// Records the event the deployment controller makes when it scales a ReplicaSet.
+fn scaling(cluster: &Cluster, deployment: &Value, message: String) {
+    record(
+        cluster,
+        deployment,
+        "Deployment",
+        "deployment-controller",
+        "ScalingReplicaSet",
+        message,
+    );
+}
+
 fn scale(cluster: &Cluster, deployment: &Value, rs: &Value, to: i64) {
     let (namespace, name) = (
         rs["metadata"]["namespace"].as_str().unwrap_or_default(),
@@ -488,12 +497,9 @@ fn scale(cluster: &Cluster, deployment: &Value, rs: &Value, to: i64) {
         .is_ok()
     {
         let direction = if to > replicas(rs) { "up" } else { "down" };
-        record(
+        scaling(
             cluster,
             deployment,
-            "Deployment",
-            "deployment-controller",
-            "ScalingReplicaSet",
             format!("Scaled {direction} replica set {name} to {to}"),
         );
     }

@@ -169,12 +169,7 @@ async fn serve(
     if path == "/apis/authentication.k8s.io/v1/tokenreviews" && req.method() == Method::POST {
         return token_review(&cluster, req).await;
     }
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("127.0.0.1")
-        .to_string();
+    let host = header_or(&req, header::HOST, "127.0.0.1");
     match route(&path) {
         Route::Resource {
             group,
@@ -187,6 +182,15 @@ async fn serve(
         }
         other => discovered(&cluster, other, &host).await,
     }
+}
+
+/// The value of the header `name` as text, or `default` when absent or not text.
+fn header_or<B>(req: &Request<B>, name: header::HeaderName, default: &str) -> String {
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(default)
+        .to_string()
 }
 
 /// What is served to anyone, before authentication and injected failures: metrics,
@@ -308,12 +312,7 @@ async fn resource(
             t.name.as_deref(),
         ));
     }
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string();
+    let content_type = header_or(&req, header::CONTENT_TYPE, "application/json");
     match verb {
         Verb::Get if t.subresource.as_deref() == Some("scale") => scale_get(&cluster, &t),
         Verb::Get => get(&cluster, &t, repr),
