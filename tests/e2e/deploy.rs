@@ -631,6 +631,165 @@ fn the_layers_of_docs_development_md_are_the_crates_dependencies() {
     }
 }
 
+/// No two files of a crate import each other, directly or around a loop
+/// (docs/development.md): each file's `crate::`, `self::` and `super::` paths name the
+/// files they reach, and the graph they make has no cycle.
+#[test]
+fn no_two_files_of_a_crate_import_each_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources = vec![root.join("src")];
+    for e in std::fs::read_dir(root.join("crates")).unwrap() {
+        sources.push(e.unwrap().path().join("src"));
+    }
+    for src in sources {
+        // Each file by its module path.
+        let mut files: std::collections::BTreeMap<Vec<String>, PathBuf> = Default::default();
+        for file in walk(&src)
+            .into_iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+        {
+            let rel = file.strip_prefix(&src).unwrap().with_extension("");
+            let mut module: Vec<String> = rel
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                module.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                module.pop();
+            }
+            files.insert(module, file);
+        }
+        let mut edges: std::collections::BTreeMap<Vec<String>, BTreeSet<Vec<String>>> =
+            Default::default();
+        for (module, file) in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let is_dir = matches!(
+                file.file_name().and_then(|n| n.to_str()),
+                Some("mod.rs" | "lib.rs" | "main.rs")
+            );
+            let here: Vec<String> = if is_dir {
+                module.clone()
+            } else {
+                module[..module.len().saturating_sub(1)].to_vec()
+            };
+            for (prefix, base) in [
+                ("crate::", Vec::new()),
+                ("self::", here.clone()),
+                ("super::", here[..here.len().saturating_sub(1)].to_vec()),
+            ] {
+                for (at, _) in text.match_indices(prefix) {
+                    let before = text[..at].chars().next_back();
+                    if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                        continue;
+                    }
+                    for path in paths_after(&text[at + prefix.len()..]) {
+                        let mut full = base.clone();
+                        full.extend(path);
+                        // The longest prefix that is a file.
+                        let reached = (0..=full.len())
+                            .rev()
+                            .map(|k| full[..k].to_vec())
+                            .find(|m| files.contains_key(m));
+                        if let Some(reached) = reached.filter(|m| m != module) {
+                            edges.entry(module.clone()).or_default().insert(reached);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(cycle) = a_cycle(&edges) {
+            let names: Vec<String> = cycle
+                .iter()
+                .map(|m| {
+                    files[m]
+                        .strip_prefix(root)
+                        .unwrap_or(&files[m])
+                        .display()
+                        .to_string()
+                })
+                .collect();
+            panic!(
+                "files that import each other, around a loop: {}",
+                names.join(" → ")
+            );
+        }
+    }
+}
+
+/// The paths a `crate::`/`self::`/`super::` prefix leads to in `rest`: one, or each of
+/// a `{…}` group's (nested groups read by their first segments).
+fn paths_after(rest: &str) -> Vec<Vec<String>> {
+    let segments = |s: &str| -> Vec<String> {
+        s.split("::")
+            .map(|seg| {
+                seg.chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .take_while(|seg| !seg.is_empty())
+            .collect()
+    };
+    let head: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+        .collect();
+    let path = segments(&head);
+    let after = &rest[head.len()..];
+    if head.ends_with("::") && after.starts_with('{') {
+        let group: String = after[1..].chars().take_while(|c| *c != ';').collect();
+        return group
+            .split(',')
+            .map(|item| {
+                let mut p = path.clone();
+                p.extend(segments(item.trim().trim_start_matches('{')));
+                p
+            })
+            .collect();
+    }
+    if path.is_empty() {
+        return Vec::new();
+    }
+    vec![path]
+}
+
+/// A cycle of `edges`, if there is one.
+fn a_cycle(
+    edges: &std::collections::BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+) -> Option<Vec<Vec<String>>> {
+    // Depth first: a node met again while on the stack closes a cycle.
+    fn visit(
+        node: &Vec<String>,
+        edges: &std::collections::BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        done: &mut BTreeSet<Vec<String>>,
+        stack: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<Vec<String>>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            let mut cycle = stack[at..].to_vec();
+            cycle.push(node.clone());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.clone());
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, edges, done, stack) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        done.insert(node.clone());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|node| visit(node, edges, &mut done, &mut Vec::new()))
+}
+
 /// Every file under `dir`.
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
