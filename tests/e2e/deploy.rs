@@ -719,6 +719,63 @@ fn no_two_files_of_a_crate_import_each_other() {
     }
 }
 
+/// The sizes docs/development.md holds the code to: no file over 1,000 lines before
+/// its tests, and no function over 100 lines unless it says at its top why it is long
+/// ("Long for a reason": a table, one arm per type, say).
+#[test]
+fn no_file_over_a_thousand_lines_and_no_function_over_a_hundred_without_a_reason() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources = vec![root.join("src")];
+    for e in std::fs::read_dir(root.join("crates")).unwrap() {
+        sources.push(e.unwrap().path().join("src"));
+    }
+    let mut long = Vec::new();
+    for file in sources.iter().flat_map(|s| walk(s)) {
+        if file.extension().is_none_or(|e| e != "rs") || file.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .take_while(|l| !l.starts_with("#[cfg(test)]"))
+            .collect();
+        let name = file.strip_prefix(root).unwrap().display().to_string();
+        if lines.len() > 1000 {
+            long.push(format!("{name}: {} lines", lines.len()));
+        }
+        for (at, line) in lines.iter().enumerate() {
+            let code = line.trim_start();
+            let indent = &line[..line.len() - code.len()];
+            let is_fn = ["fn ", "pub fn ", "async fn ", "pub async fn ", "const fn "]
+                .iter()
+                .chain(&["pub(crate) fn ", "pub(super) fn ", "pub(crate) async fn "])
+                .any(|p| code.starts_with(p));
+            if !is_fn || code.ends_with(';') {
+                continue;
+            }
+            // The function ends at the first line that closes it at its own indent.
+            let Some(end) = (at..lines.len()).find(|&j| lines[j] == format!("{indent}}}")) else {
+                continue;
+            };
+            let reason = lines[..at]
+                .iter()
+                .rev()
+                .take_while(|l| {
+                    l.trim_start().starts_with("///") || l.trim_start().starts_with("#[")
+                })
+                .any(|l| l.contains("Long for a reason"));
+            if end - at + 1 > 100 && !reason {
+                long.push(format!(
+                    "{name}:{}: a function of {} lines",
+                    at + 1,
+                    end - at + 1
+                ));
+            }
+        }
+    }
+    assert!(long.is_empty(), "too long: {long:#?}");
+}
+
 /// The paths a `crate::`/`self::`/`super::` prefix leads to in `rest`: one, or each of
 /// a `{…}` group's (nested groups read by their first segments).
 fn paths_after(rest: &str) -> Vec<Vec<String>> {
