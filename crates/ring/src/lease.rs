@@ -460,6 +460,17 @@ impl Observed {
         ))
     }
 
+    /// The first moment after `now` at which a Lease alive `now` stops counting,
+    /// unless it is seen renewed first (a renewal is a change of the `Observed`):
+    /// until then, [`Observed::alive`] answers the same.
+    pub fn alive_until(&self, now: Instant) -> Option<Instant> {
+        self.leases
+            .values()
+            .map(|s| s.changed_at + s.duration.min(self.lease_duration))
+            .filter(|expiry| *expiry > now)
+            .min()
+    }
+
     /// The members alive `now`, by identity: each Lease named for the identity it
     /// holds (`RING-IDENTITY`; anyone may write a Lease, but a name is one Lease) and
     /// seen to change within the ring's lease duration (or its own, if shorter).

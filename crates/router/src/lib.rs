@@ -27,7 +27,10 @@ use fleetscope_ring::vocabulary as owner;
 mod list;
 mod pool;
 pub mod stats;
+mod view;
 mod watch;
+
+use view::{View, Views};
 
 /// How the router reaches the replicas.
 #[derive(Clone)]
@@ -53,6 +56,7 @@ pub struct Router {
     upstream: Upstream,
     connections: Arc<pool::Pools>,
     stats: Arc<stats::Stats>,
+    views: Arc<Views>,
 }
 
 impl Router {
@@ -64,6 +68,7 @@ impl Router {
     ) -> Self {
         Self {
             ring,
+            views: Arc::new(Views::new(observed.clone())),
             observed,
             upstream,
             connections: Arc::default(),
@@ -71,27 +76,29 @@ impl Router {
         }
     }
 
-    /// The ring's live members now; retryable until the ring's Leases were read and
-    /// one replica's taken (before that, the ring's clusters are not known, and the
-    /// fleet would read as empty).
-    fn members(&self) -> Result<Vec<Member>, FleetError> {
-        let observed = self.observed.borrow();
-        if !observed.listed {
-            return Err(FleetError::Unavailable(format!(
-                "the router has not read the Leases of ring {} yet; retry",
-                self.ring
-            )));
-        }
-        if observed.ring_clusters().is_none() {
-            let why = observed
-                .refusals()
-                .unwrap_or_else(|| "no replica has published one yet".to_string());
-            return Err(FleetError::Unavailable(format!(
-                "the router has taken no replica's Lease of ring {} ({why}); retry",
-                self.ring
-            )));
-        }
-        Ok(observed.alive(Instant::now()))
+    /// The ring now (its live members, each cluster's holders), made again only when
+    /// the Leases change or one expires; retryable until the ring's Leases were read
+    /// and one replica's taken (before that, the ring's clusters are not known, and
+    /// the fleet would read as empty).
+    fn view(&self) -> Result<Arc<View>, FleetError> {
+        self.views.at(Instant::now(), |observed| {
+            if !observed.listed {
+                return Err(FleetError::Unavailable(format!(
+                    "the router has not read the Leases of ring {} yet; retry",
+                    self.ring
+                )));
+            }
+            if observed.ring_clusters().is_none() {
+                let why = observed
+                    .refusals()
+                    .unwrap_or_else(|| "no replica has published one yet".to_string());
+                return Err(FleetError::Unavailable(format!(
+                    "the router has taken no replica's Lease of ring {} ({why}); retry",
+                    self.ring
+                )));
+            }
+            Ok(())
+        })
     }
 
     /// Resolves once the router can answer: the ring's Leases read, one replica's
@@ -103,42 +110,6 @@ impl Router {
                 .wait_for(|o| o.listed && o.ring_clusters().is_some())
                 .await;
         }
-    }
-
-    /// The replica serving each cluster some member holds ready: among those holding
-    /// it ready, the one the rendezvous weighs highest (not leaving, when any is not),
-    /// so every router picks the same one.
-    fn serving(members: &[Member]) -> BTreeMap<String, &Member> {
-        Self::holders(members)
-            .into_iter()
-            .filter_map(|(cluster, holders)| Some((cluster, *holders.first()?)))
-            .collect()
-    }
-
-    /// Each cluster's ready holders, in the order they serve it: those not leaving
-    /// first, each group by rendezvous weight. The first serves; the next take a
-    /// request the first cannot answer (killed, before its Lease expires).
-    fn holders(members: &[Member]) -> BTreeMap<String, Vec<&Member>> {
-        let mut ready: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
-        for m in members {
-            for c in owner::ready_of(m) {
-                ready.entry(c).or_default().push(m);
-            }
-        }
-        ready
-            .into_iter()
-            .map(|(cluster, holders)| {
-                let ids: Vec<String> = holders.iter().map(|m| m.identity.clone()).collect();
-                let ranked = fleetscope_ring::assign::owners(cluster, &ids, ids.len());
-                let mut ordered: Vec<&Member> = ranked
-                    .iter()
-                    .filter_map(|id| holders.iter().copied().find(|m| m.identity == *id))
-                    .collect();
-                // Stable: the rendezvous order within each group.
-                ordered.sort_by_key(|m| owner::leaving(m));
-                (cluster.to_string(), ordered)
-            })
-            .collect()
     }
 
     /// The ring's clusters: those its replicas publish as configured (kept while
@@ -189,7 +160,7 @@ impl Router {
     /// an answer without them is partial, never a failure of the whole call.
     async fn spread<'m, T, F, Fut>(
         &self,
-        members: &'m [Member],
+        view: &'m View,
         filter: &ClusterFilter,
         call: F,
     ) -> Result<(Vec<T>, BTreeMap<String, String>), FleetError>
@@ -197,7 +168,7 @@ impl Router {
         F: Fn(&'m Member, Vec<String>) -> Fut,
         Fut: Future<Output = Result<T, FleetError>>,
     {
-        let holders = Self::holders(members);
+        let holders = view.holders();
         let mut failed: BTreeSet<&str> = BTreeSet::new();
         let mut todo: Vec<&str> = holders
             .keys()
@@ -350,8 +321,9 @@ impl Router {
     /// The ring and the replicas' calls as this router sees them now, for its
     /// metrics.
     pub fn figures(&self) -> stats::RingFigures {
-        let members = self.members().unwrap_or_default();
-        let serving = Self::serving(&members);
+        let view = self.view().unwrap_or_default();
+        let members = view.members();
+        let serving = view.serving();
         stats::RingFigures {
             members: members.len(),
             unserved: self.unserved(&serving).len(),
@@ -364,7 +336,7 @@ impl Router {
     /// Whether the router can answer: the ring's Leases read and one replica's taken
     /// (see [`Router::ready`]); why not, when not.
     pub fn readiness(&self) -> Result<(), String> {
-        self.members().map(|_| ()).map_err(|e| e.to_string())
+        self.view().map(|_| ()).map_err(|e| e.to_string())
     }
 
     fn no_owner(&self, cluster: &str) -> FleetError {
@@ -457,10 +429,10 @@ impl Router {
 
 impl Fleet for Router {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
-        if !serving.contains_key(&r.cluster) {
-            if self.known(&serving).contains(&r.cluster) {
+        let view = self.view()?;
+        let holders = view.holders_of(&r.cluster);
+        if holders.is_empty() {
+            if self.known(&view.serving()).contains(&r.cluster) {
                 return Err(self.no_owner(&r.cluster));
             }
             return Err(FleetError::NotFound(format!(
@@ -470,9 +442,8 @@ impl Fleet for Router {
         }
         // The next holder answers when the serving one cannot (killed, say, before
         // its Lease expires).
-        let holders = Self::holders(&members);
         let mut answer = None;
-        for m in holders.get(&r.cluster).into_iter().flatten() {
+        for m in holders {
             let request = r.clone();
             match self
                 .ask(m, |remote| async move { remote.get(request).await })
@@ -500,10 +471,10 @@ impl Fleet for Router {
     }
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
+        let view = self.view()?;
+        let serving = view.serving();
         let (answers, unreached) = self
-            .spread(&members, &r.query.clusters, |member, clusters| {
+            .spread(&view, &r.query.clusters, |member, clusters| {
                 let mut request = r.clone();
                 request.query.clusters = r.query.clusters.only(&clusters);
                 async move {
@@ -573,10 +544,11 @@ impl Fleet for Router {
         filter: ClusterFilter,
         access: &Access,
     ) -> Result<ClustersAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
+        let view = self.view()?;
+        let members = view.members();
+        let serving = view.serving();
         let (answers, unreached) = self
-            .spread(&members, &filter, |member, clusters| {
+            .spread(&view, &filter, |member, clusters| {
                 let filter = ClusterFilter::default().only(&clusters);
                 async move {
                     let answer = self
@@ -646,12 +618,12 @@ impl Fleet for Router {
     }
 
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
-        let members = self.members()?;
+        let view = self.view()?;
         // The types of the clusters that can be reached (the answer has no place for
         // the others: ListClusters names them).
         let (answers, _) = self
             .spread(
-                &members,
+                &view,
                 &ClusterFilter::default(),
                 |member, clusters| async move {
                     let answer = self

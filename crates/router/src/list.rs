@@ -65,11 +65,11 @@ impl Router {
     /// the merge's first `limit`, and each replica's position remembers how many of
     /// its matches follow it.
     pub(super) async fn first_list_page(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
+        let view = self.view()?;
+        let serving = view.serving();
         let limit = r.limit.max(1);
         let (pages, unreached) = self
-            .spread(&members, &r.query.clusters, |member, clusters| {
+            .spread(&view, &r.query.clusters, |member, clusters| {
                 let request = first_page(&r, &clusters, limit);
                 self.page_of(member, clusters, request)
             })
@@ -116,8 +116,8 @@ impl Router {
     /// replica only once those are exhausted; no replica is asked for objects the
     /// page will not hold.
     pub(super) async fn next_list_page(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
-        let members = self.members()?;
-        let serving = Self::serving(&members);
+        let view = self.view()?;
+        let serving = view.serving();
         let limit = r.limit.max(1);
         let mut positions: Positions = serde_json::from_slice(&r.resume)
             .map_err(|_| FleetError::InvalidArgument("page_token: not a routed list's".into()))?;
@@ -126,7 +126,7 @@ impl Router {
             .as_ref()
             .map(|(_, key)| key.clone())
             .ok_or_else(|| FleetError::InvalidArgument("page_token: no position".into()))?;
-        let asked = self.still_held(&members, &positions)?;
+        let asked = self.still_held(&view, &positions)?;
         if positions.r.len() != positions.s.len() {
             // A token of an earlier version carries no remainders: each replica counts
             // its own once.
@@ -190,10 +190,11 @@ impl Router {
     /// asked for: its snapshot is its own, exact only while it does.
     fn still_held<'m>(
         &self,
-        members: &'m [Member],
+        view: &'m super::View,
         positions: &Positions,
     ) -> Result<Vec<&'m Member>, FleetError> {
-        let holders = Self::holders(members);
+        let members = view.members();
+        let holders = view.holders();
         let mut asked = Vec::new();
         for (identity, _, clusters) in &positions.s {
             let holds = |c: &String| {

@@ -107,8 +107,8 @@ impl Routed {
                 routed.follow().await?;
             }
             None => {
-                let members = routed.router.members()?;
-                let serving = Router::serving(&members);
+                let view = routed.router.view()?;
+                let serving = view.serving();
                 let plan = Router::plan(&routed.query.clusters, &serving);
                 let opened = plan.values().map(|(member, clusters)| {
                     let mut request = routed.request(clusters);
@@ -226,9 +226,9 @@ impl Routed {
     /// why) until it is followed again (then `CLUSTER_STATUS` synced, naming the
     /// replica).
     async fn follow(&mut self) -> Result<(), FleetError> {
-        let members = self.router.members()?;
-        let holders = Router::holders(&members);
-        let known = self.router.known(&Router::serving(&members));
+        let view = self.router.view()?;
+        let holders = view.holders();
+        let known = self.router.known(&view.serving());
         let to_follow = self.needing_streams(&known, &holders);
         self.open(to_follow, &holders).await?;
         self.end_idle();
