@@ -231,11 +231,11 @@ fn stream(s: StreamInfo) -> proto::ResourceStream {
     }
 }
 
-/// A domain query as a replica is asked it: `clusters` in place of the query's own
-/// names and globs (each name matched exactly), its cluster selector kept.
-pub fn query_out(q: &Query, projection: Projection, clusters: &[String]) -> proto::Query {
+/// A domain query as the wire carries it, for `projection`: the inverse of
+/// [`query`] (its names and globs as given, its cluster selector kept).
+pub fn query_out(q: &Query, projection: Projection) -> proto::Query {
     proto::Query {
-        clusters: clusters.iter().map(|c| glob::Pattern::escape(c)).collect(),
+        clusters: q.clusters.patterns(),
         cluster_selector: q.clusters.selector().to_string(),
         resource: q.resource.clone(),
         namespaces: q.namespaces.clone(),

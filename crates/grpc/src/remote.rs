@@ -160,17 +160,13 @@ fn answered_as(
     )))
 }
 
-/// `query` as the wire carries it, for `projection`.
-fn query_out(query: &Query, projection: Projection) -> proto::Query {
-    convert::query_out(query, projection, &query.clusters.patterns())
-}
-
 /// What a Watch's position tokens are bound to: its query (names and globs aside)
 /// and projection, as one string.
 pub fn fingerprint(query: &Query, projection: Projection) -> String {
     use base64::Engine as _;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(convert::query_out(query, projection, &[]).encode_to_vec())
+    let mut q = convert::query_out(query, projection);
+    q.clusters.clear();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(q.encode_to_vec())
 }
 
 /// `g` as the wire spells it.
@@ -278,7 +274,7 @@ impl Fleet for Remote {
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
         let caller = self.caller(&r.access);
         let key = &self.speaking.page_token_key;
-        let query = query_out(&r.query, r.projection);
+        let query = convert::query_out(&r.query, r.projection);
         let limit = u32::try_from(r.limit.max(1)).unwrap_or(u32::MAX);
         let message = match &r.after {
             None => proto::ListRequest {
@@ -322,7 +318,7 @@ impl Fleet for Remote {
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
         let message = proto::CountRequest {
-            query: Some(query_out(&r.query, Projection::Full)),
+            query: Some(convert::query_out(&r.query, Projection::Full)),
             group_by: r.group_by.iter().map(group_by_out).collect(),
         };
         let request = self.request(message, &r.access);
@@ -353,7 +349,7 @@ impl Fleet for Remote {
             resource_version: rv.to_string(),
         };
         let message = proto::WatchRequest {
-            query: Some(query_out(&r.query, r.projection)),
+            query: Some(convert::query_out(&r.query, r.projection)),
             since_revision: r.since.map_or(0, |s| s.0),
             send_initial_events: r.initial,
             bookmark_interval: None,
@@ -492,6 +488,31 @@ mod tests {
                 "{value:?}: {refused}"
             );
         }
+    }
+
+    #[test]
+    fn a_query_restricted_to_clusters_reads_back_as_the_same_clusters_whatever_their_names() {
+        let names = vec![
+            "a[1]".to_string(),
+            "prod-*".to_string(),
+            "plain".to_string(),
+        ];
+        let query = Query {
+            clusters: ClusterFilter::parse(&["prod-?".to_string()], "tier=web")
+                .unwrap()
+                .only(&names),
+            resource: "pods".into(),
+            ..Query::default()
+        };
+        let wire = convert::query_out(&query, Projection::Full);
+        let back = convert::query(&wire).unwrap();
+        for name in &names {
+            assert!(back.clusters.names_match(name), "{name}");
+        }
+        // Each name is matched as written: none stands for others.
+        assert!(!back.clusters.names_match("a1"));
+        assert!(!back.clusters.names_match("prod-x"));
+        assert_eq!(back.clusters.selector().to_string(), "tier=web");
     }
 
     #[test]
