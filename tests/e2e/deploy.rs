@@ -637,11 +637,7 @@ fn the_layers_of_docs_development_md_are_the_crates_dependencies() {
 #[test]
 fn no_two_files_of_a_crate_import_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut sources = vec![root.join("src")];
-    for e in std::fs::read_dir(root.join("crates")).unwrap() {
-        sources.push(e.unwrap().path().join("src"));
-    }
-    for src in sources {
+    for src in sources(root) {
         // Each file by its module path.
         let mut files: std::collections::BTreeMap<Vec<String>, PathBuf> = Default::default();
         for file in walk(&src)
@@ -725,12 +721,8 @@ fn no_two_files_of_a_crate_import_each_other() {
 #[test]
 fn no_file_over_a_thousand_lines_and_no_function_over_a_hundred_without_a_reason() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut sources = vec![root.join("src")];
-    for e in std::fs::read_dir(root.join("crates")).unwrap() {
-        sources.push(e.unwrap().path().join("src"));
-    }
     let mut long = Vec::new();
-    for file in sources.iter().flat_map(|s| walk(s)) {
+    for file in sources(root).iter().flat_map(|s| walk(s)) {
         if file.extension().is_none_or(|e| e != "rs") || file.ends_with("tests.rs") {
             continue;
         }
@@ -746,10 +738,18 @@ fn no_file_over_a_thousand_lines_and_no_function_over_a_hundred_without_a_reason
         for (at, line) in lines.iter().enumerate() {
             let code = line.trim_start();
             let indent = &line[..line.len() - code.len()];
-            let is_fn = ["fn ", "pub fn ", "async fn ", "pub async fn ", "const fn "]
-                .iter()
-                .chain(&["pub(crate) fn ", "pub(super) fn ", "pub(crate) async fn "])
-                .any(|p| code.starts_with(p));
+            let is_fn = [
+                "fn ",
+                "pub fn ",
+                "async fn ",
+                "pub async fn ",
+                "const fn ",
+                "pub(crate) fn ",
+                "pub(super) fn ",
+                "pub(crate) async fn ",
+            ]
+            .iter()
+            .any(|p| code.starts_with(p));
             if !is_fn || code.ends_with(';') {
                 continue;
             }
@@ -845,6 +845,15 @@ fn a_cycle(
     edges
         .keys()
         .find_map(|node| visit(node, edges, &mut done, &mut Vec::new()))
+}
+
+/// The source folders of the root package and of every crate.
+fn sources(root: &Path) -> Vec<PathBuf> {
+    let mut sources = vec![root.join("src")];
+    for e in std::fs::read_dir(root.join("crates")).unwrap() {
+        sources.push(e.unwrap().path().join("src"));
+    }
+    sources
 }
 
 /// Every file under `dir`.
