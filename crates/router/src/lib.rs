@@ -102,13 +102,18 @@ impl Router {
     }
 
     /// Resolves once the router can answer: the ring's Leases read, one replica's
-    /// taken.
+    /// taken. It never does if the Leases stop being followed first (the router
+    /// stopping), so a router that never could answer never reports itself ready.
     pub fn ready(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut observed = self.observed.clone();
         async move {
-            let _ = observed
+            let readable = observed
                 .wait_for(|o| o.listed && o.ring_clusters().is_some())
-                .await;
+                .await
+                .is_ok();
+            if !readable {
+                std::future::pending::<()>().await;
+            }
         }
     }
 
@@ -665,5 +670,30 @@ impl Fleet for Router {
     async fn store(&self, _access: &Access) -> Result<Option<StoreStats>, FleetError> {
         // A router holds no store: the replicas each keep their own.
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt as _;
+
+    #[test]
+    fn a_router_whose_leases_stop_being_followed_unread_is_never_ready() {
+        let (leases, observed) = tokio::sync::watch::channel(Observed::default());
+        let router = Router::new(
+            "ring".into(),
+            observed,
+            Upstream {
+                tls: None,
+                passes_identity: false,
+                page_token_key: TokenKey::new(&[7; 32]),
+                timeout: std::time::Duration::from_secs(1),
+            },
+        );
+        let ready = router.ready();
+        // The follower stops (the router shutting down) before any Lease was read.
+        drop(leases);
+        assert!(ready.now_or_never().is_none());
     }
 }
