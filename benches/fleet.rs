@@ -550,7 +550,7 @@ fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectState {
     let json = json!({"apiVersion": "v1", "kind": "Pod", "metadata": v["metadata"], "spec": v["spec"], "status": v["status"]}).to_string().as_str().to_owned();
     ObjectState {
         key: ObjectKey::new("pods", cluster, &ns, &name),
-        json,
+        json: json.into(),
         labels: vec![
             ("app".into(), format!("app-{}", i % 100)),
             (
@@ -2424,7 +2424,7 @@ fn labelled_configmap(i: usize, labels: usize) -> ObjectState {
     });
     ObjectState {
         key: fleetscope_model::ObjectKey::new("configmaps", &ClusterName::from("c"), "ns", &name),
-        json: json.to_string(),
+        json: json.to_string().into(),
         labels: map
             .into_iter()
             .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))

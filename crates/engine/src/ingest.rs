@@ -159,10 +159,12 @@ pub(crate) fn past(update: Update) -> Past {
 }
 
 /// An object as the index takes it: everything it needs was read in the prune pass.
+/// Its JSON is held from here in an allocation of its own, made as the ingest takes
+/// it, among the index's, rather than where the prune pass made it.
 fn to_input(key: ObjectKey, o: PrunedObject) -> ObjectState {
     ObjectState {
         key,
-        json: o.json,
+        json: o.json.into(),
         labels: o.labels,
         owners: o.owners,
         fields: o.fields,

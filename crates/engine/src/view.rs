@@ -285,7 +285,7 @@ mod tests {
             });
             ObjectState {
                 key: ObjectKey::new("secrets", &ClusterName::from(cluster), ns, &name),
-                json: json.to_string(),
+                json: json.to_string().into(),
                 labels: vec![("app".into(), app.into())],
                 owners: Vec::new(),
                 fields: vec![("data.token".into(), value.into())],

@@ -546,8 +546,8 @@ impl Object {
         let name: Arc<str> = Arc::from(&*input.key.name);
         let key = ObjectKey::in_location(interner.location(input.key.location()), name);
         ObjectRef::new(Self {
-            // Held in exactly its length, in an allocation of its own.
-            body: parking_lot::RwLock::new(Body::Text(fleetscope_model::Json::from(&*input.json))),
+            // Shared with whoever made the input (the ingest, the store's load), not copied.
+            body: parking_lot::RwLock::new(Body::Text(input.json)),
             key,
             revision,
             // Labels past the cap are the object's own: not kept by the interner.

@@ -21,7 +21,7 @@ fn input(
     let json = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": ns, "resourceVersion": rv.to_string(), "labels": label_map}, "spec": {"nodeName": format!("n{}", rv % 3)}, "status": {"phase": if rv.is_multiple_of(2) { "Running" } else { "Pending" }}});
     ObjectState {
         key: ObjectKey::new(resource, &ClusterName::from(cluster), ns, name),
-        json: json.to_string(),
+        json: json.to_string().into(),
         labels: labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -45,7 +45,7 @@ fn saved_inputs(saved: &State) -> Vec<(ObjectState, Revision)> {
             (
                 ObjectState {
                     key: o.key.clone(),
-                    json: o.json().to_string(),
+                    json: o.json().as_str().into(),
                     labels: text(o.labels()),
                     owners: o.owners().iter().map(|u| u.to_string()).collect(),
                     fields: text(o.fields()),
@@ -554,7 +554,7 @@ fn the_log_is_bounded_in_bytes() {
     });
     let mut big = input("configmaps", "c1", "ns", "big", 1, &[]);
     for i in 0..50 {
-        big.json = format!("{{\"i\":{i},\"pad\":\"{}\"}}", "x".repeat(2_000));
+        big.json = format!("{{\"i\":{i},\"pad\":\"{}\"}}", "x".repeat(2_000)).into();
         idx.apply([Change::Upsert(big.clone())]);
     }
     let (events, bytes) = idx.log_size();
@@ -1442,7 +1442,7 @@ fn objects_held_compressed_read_back_exactly() {
     for p in &pods {
         let held = s.get(&p.key).unwrap();
         assert!(held.json_compressed(), "{}", p.key);
-        assert_eq!(held.json().as_str(), p.json);
+        assert_eq!(held.json().as_str(), p.json.as_str());
         assert_eq!(held.json_len(), p.json.len());
         let rv: serde_json::Value = serde_json::from_str(&p.json).unwrap();
         assert_eq!(
@@ -1458,7 +1458,7 @@ fn objects_held_compressed_read_back_exactly() {
     // Shorter than is worth compressing: held as it is.
     let tiny_held = s.get(&tiny.key).unwrap();
     assert!(!tiny_held.json_compressed());
-    assert_eq!(tiny_held.json().as_str(), tiny.json);
+    assert_eq!(tiny_held.json().as_str(), tiny.json.as_str());
     // A Secret never becomes a dictionary that would outlive its values.
     assert!(!s.get(&secret.key).unwrap().json_compressed());
     // An event shares the text it made among every subscriber that sends it.
@@ -1467,10 +1467,10 @@ fn objects_held_compressed_read_back_exactly() {
     // The same state applied again is no change; a changed one is.
     assert!(idx.apply([Change::Upsert(pods[3].clone())]).is_empty());
     let mut changed = pods[3].clone();
-    changed.json = changed.json.replace("\"Pending\"", "\"Failed\"");
+    changed.json = changed.json.replace("\"Pending\"", "\"Failed\"").into();
     let e = idx.apply([Change::Upsert(changed.clone())]);
     assert_eq!(e.len(), 1);
-    assert_eq!(e[0].object.json().as_str(), changed.json);
+    assert_eq!(e[0].object.json().as_str(), changed.json.as_str());
     assert!(!e[0].object.same_json(e[0].prev.as_ref().unwrap()));
     // Restored from what it held, compressed again.
     let restored = Index::restore(
@@ -1488,7 +1488,7 @@ fn objects_held_compressed_read_back_exactly() {
     settle(&restored);
     let held = r.get(&changed.key).unwrap();
     assert!(held.json_compressed());
-    assert_eq!(held.json().as_str(), changed.json);
+    assert_eq!(held.json().as_str(), changed.json.as_str());
 }
 
 /// Every state held, settled and compressed.
@@ -1542,11 +1542,14 @@ fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_s
         let held = before.get(&p.key).unwrap();
         assert!(held.json_compressed(), "{}", p.key);
         assert!(ObjectRef::ptr_eq(held, &e.object));
-        assert_eq!(held.json().as_str(), p.json);
-        assert_eq!(e.json().as_str(), p.json);
+        assert_eq!(held.json().as_str(), p.json.as_str());
+        assert_eq!(e.json().as_str(), p.json.as_str());
         assert_eq!(held.json_len(), p.json.len());
         assert!(idx.snapshot().get(&p.key).unwrap().same_json(held));
-        assert_eq!(&*fleetscope_model::StoredObject::json(&**held), p.json);
+        assert_eq!(
+            &*fleetscope_model::StoredObject::json(&**held),
+            p.json.as_str()
+        );
     }
     // The same text applied again is no change, compressed or not.
     assert!(idx.apply([Change::Upsert(pods[0].clone())]).is_empty());
@@ -1554,8 +1557,8 @@ fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_s
     // left for the next pass; one ahead of it is left too (newer than the pass).
     let changed = |i: usize| {
         let mut c = pods[i].clone();
-        c.json = c.json.replace("\"Pending\"", "\"Failed\"");
-        c.json = c.json.replace("\"Running\"", "\"Failed\"");
+        c.json = c.json.replace("\"Pending\"", "\"Failed\"").into();
+        c.json = c.json.replace("\"Running\"", "\"Failed\"").into();
         let e = idx.apply([Change::Upsert(c.clone())]);
         assert!(!e[0].object.same_json(e[0].prev.as_ref().unwrap()));
         (c, e[0].object.clone())
@@ -1571,7 +1574,7 @@ fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_s
     settle(&idx);
     for (c, o) in [(c1, o1), (c2, o2), (c9, o9)] {
         assert!(o.json_compressed());
-        assert_eq!(o.json().as_str(), c.json);
+        assert_eq!(o.json().as_str(), c.json.as_str());
     }
 }
 

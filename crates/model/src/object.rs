@@ -1,6 +1,6 @@
 //! An object's state as fleetscope takes it in and keeps it.
 
-use crate::ObjectKey;
+use crate::{Json, ObjectKey};
 
 /// One object's state: its identity, its pruned JSON and the values the index finds
 /// it by. The one shape of an object from ingest to disk and back: a change carries
@@ -11,8 +11,10 @@ use crate::ObjectKey;
 pub struct ObjectState {
     /// Identity.
     pub key: ObjectKey,
-    /// The pruned object as JSON, with apiVersion and kind.
-    pub json: String,
+    /// The pruned object as JSON, with apiVersion and kind: made once, where the
+    /// object is taken in or read back, and shared from there by the index, the
+    /// event log and the store's replay, never copied again.
+    pub json: Json,
     /// metadata.labels.
     pub labels: Vec<(String, String)>,
     /// The uids of metadata.ownerReferences.

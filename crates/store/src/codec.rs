@@ -249,6 +249,7 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    #[cfg(test)]
     fn object(&mut self) -> Result<ObjectRecord, DecodeError> {
         self.object_near(&mut None)
     }
@@ -283,7 +284,7 @@ impl<'a> Reader<'a> {
         };
         let key = ObjectKey::in_location(location, name.into());
         let revision = Revision(self.u64()?);
-        let json = self.str()?.to_string();
+        let json = fleetscope_model::Json::from(self.str()?);
         let labels = self.pairs()?;
         let n = self.count()?;
         let mut owners = Vec::with_capacity(n);
@@ -415,7 +416,12 @@ impl Writer {
 }
 
 impl Reader<'_> {
-    fn event(&mut self) -> Result<EventRecord, DecodeError> {
+    /// An event, its objects sharing `last`'s location when it is the same (a
+    /// record's events mostly come from one stream).
+    fn event(
+        &mut self,
+        last: &mut Option<std::sync::Arc<Location>>,
+    ) -> Result<EventRecord, DecodeError> {
         let revision = Revision(self.u64()?);
         let kind = match self.u8()? {
             1 => EventType::Added,
@@ -423,10 +429,10 @@ impl Reader<'_> {
             3 => EventType::Deleted,
             _ => return Err(DecodeError::Malformed("unknown event type")),
         };
-        let object = self.object()?;
+        let object = self.object_near(last)?;
         let prev = match self.u8()? {
             0 => None,
-            1 => Some(self.object()?),
+            1 => Some(self.object_near(last)?),
             _ => return Err(DecodeError::Malformed("bad previous-state flag")),
         };
         Ok(EventRecord {
@@ -470,8 +476,9 @@ pub(crate) fn decode_events(record: &[u8]) -> Result<Vec<EventRecord>, DecodeErr
         ));
     }
     let mut out: Vec<EventRecord> = Vec::with_capacity(n);
+    let mut last = None;
     for _ in 0..n {
-        let e = r.event()?;
+        let e = r.event(&mut last)?;
         if out.last().is_some_and(|l| l.revision.next() != e.revision) {
             return Err(DecodeError::Malformed("events out of sequence"));
         }

@@ -10,7 +10,8 @@ fn object(cluster: &str, ns: &str, name: &str, revision: u64) -> ObjectRecord {
         revision: Revision(revision),
         state: ObjectState {
             key: ObjectKey::new("pods", &ClusterName::from(cluster), ns, name),
-            json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{revision}"}}}}"#),
+            json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{revision}"}}}}"#)
+                .into(),
             labels: vec![("app".into(), "web".into())],
             owners: vec!["rs-1".into()],
             fields: vec![("spec.nodeName".into(), "n1".into())],
@@ -508,7 +509,7 @@ proptest! {
             revision: Revision(revision),
             state: ObjectState {
                 key: ObjectKey::new("deployments.apps", &ClusterName::from("c"), "", &name),
-                json,
+                json: json.into(),
                 labels,
                 owners: vec![name.clone()],
                 fields: Vec::new(),
@@ -556,7 +557,7 @@ fn churned(store: &SledStore, rounds: u64) -> Vec<ObjectRecord> {
                     })
                     .collect::<String>()
                     .repeat(8);
-                o.state.json = format!(r#"{{"round":{round},"noise":"{noise}"}}"#);
+                o.state.json = format!(r#"{{"round":{round},"noise":"{noise}"}}"#).into();
                 o
             })
             .collect();

@@ -11,7 +11,7 @@ fn pod(name: &str, rv: u64) -> Change {
         key: ObjectKey::new("pods", &ClusterName::from("c1"), "ns", name),
         json: format!(
             r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#
-        ),
+        ).into(),
         labels: Vec::new(),
         owners: Vec::new(),
         fields: Vec::new(),

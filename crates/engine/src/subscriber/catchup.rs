@@ -458,7 +458,7 @@ mod tests {
                 let o = pruned(name, *rv);
                 Change::Upsert(ObjectState {
                     key: ObjectKey::new("pods", &ClusterName::from("a"), "ns", name),
-                    json: o.json,
+                    json: o.json.into(),
                     labels: Vec::new(),
                     owners: Vec::new(),
                     fields: Vec::new(),

@@ -416,7 +416,7 @@ mod tests {
     fn change(c: &str, name: &str, revision: u64, at: Option<&str>) -> Event {
         let input = ObjectState {
             key: ObjectKey::new("pods", &ClusterName::from(c), "ns", name),
-            json: format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns"}}}}"#),
+            json: format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns"}}}}"#).into(),
             labels: Vec::new(),
             owners: Vec::new(),
             fields: Vec::new(),

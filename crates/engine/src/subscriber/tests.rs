@@ -44,7 +44,7 @@ fn pod(cluster: &str, name: &str, app: &str) -> Change {
     );
     Change::Upsert(ObjectState {
         key: ObjectKey::new("pods", &ClusterName::from(cluster), "ns", name),
-        json,
+        json: json.into(),
         labels: vec![("app".into(), app.into())],
         owners: Vec::new(),
         fields: Vec::new(),
@@ -340,7 +340,7 @@ fn pod_in(cluster: &str, namespace: &str, name: &str) -> Change {
     );
     Change::Upsert(ObjectState {
         key: ObjectKey::new("pods", &ClusterName::from(cluster), namespace, name),
-        json,
+        json: json.into(),
         labels: Vec::new(),
         owners: Vec::new(),
         fields: Vec::new(),
