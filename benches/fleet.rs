@@ -1,7 +1,7 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
 //! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|watch-load|router|persist`
-//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server; `failover` kills a replica with replication factor 1 and 2; `router-fanout` measures Watch delivery through a router against one server) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
+//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server; `failover` kills a replica with replication factor 1 and 2; `router-fanout` measures Watch delivery through a router against one server; `ring-scale`, run only when named, measures 200 clusters under one server and under four replicas behind two routers) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
 
@@ -1476,6 +1476,9 @@ fn main() {
     if part.is_empty() || part == "labels" {
         label_bomb();
     }
+    if part == "ring-scale" {
+        rt.block_on(ring_scale());
+    }
     if part.is_empty() || part == "failover" {
         rt.block_on(failover(1));
         rt.block_on(failover(2));
@@ -1648,14 +1651,16 @@ async fn list_everything(client: &mut Client) -> (Duration, usize) {
     }
 }
 
-/// Three replicas of the ring `bench` (`serve --shard-ring`, coordinated in `sim-1`'s
-/// namespace `ns-0`, each with `common` and `--shard-replication replication`) and one
-/// router over them, release binaries on loopback; the processes are killed when
+/// Replicas of the ring `bench` (`serve --shard-ring`, coordinated in `sim-1`'s
+/// namespace `ns-0`, each with `common` and `--shard-replication replication`) and
+/// routers over them, release binaries on loopback; the processes are killed when
 /// dropped.
 struct Ring {
     replicas: Vec<Option<Proc>>,
-    _router: Proc,
+    _routers: Vec<Proc>,
     router_port: u16,
+    /// Every router's port, the first being `router_port`.
+    router_ports: Vec<u16>,
 }
 
 /// What every `serve` of the router parts is given: `kubeconfig`'s pods, in memory.
@@ -1691,12 +1696,24 @@ fn free_port() -> u16 {
 }
 
 impl Ring {
+    /// Three replicas and one router.
     fn start(kubeconfig: &str, common: &[&str], replication: usize) -> Self {
+        Self::of(kubeconfig, common, replication, 3, 1)
+    }
+
+    /// `replicas` replicas and `routers` routers.
+    fn of(
+        kubeconfig: &str,
+        common: &[&str],
+        replication: usize,
+        replicas: usize,
+        routers: usize,
+    ) -> Self {
         let dir = std::path::Path::new(kubeconfig).with_file_name("ring.key");
         std::fs::write(&dir, [3u8; 32]).unwrap();
         let key = dir.display().to_string();
         let rf = replication.to_string();
-        let replicas = (0..3)
+        let replicas = (0..replicas)
             .map(|i| {
                 let listen = format!("127.0.0.1:{}", free_port());
                 let identity = format!("replica-{i}");
@@ -1722,27 +1739,32 @@ impl Ring {
                 Some(Proc::start(&[&shard[..], common].concat()))
             })
             .collect();
-        let router_port = free_port();
-        let router_listen = format!("127.0.0.1:{router_port}");
-        let router = Proc::start(&[
-            "router",
-            "--listen",
-            &router_listen,
-            "--kubeconfig",
-            kubeconfig,
-            "--shard-ring",
-            "bench",
-            "--shard-coordination",
-            "sim-1",
-            "--shard-page-token-key-file",
-            &key,
-            "--shard-lease-namespace",
-            "ns-0",
-        ]);
+        let router_ports: Vec<u16> = (0..routers).map(|_| free_port()).collect();
+        let routers = router_ports
+            .iter()
+            .map(|port| {
+                Proc::start(&[
+                    "router",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--kubeconfig",
+                    kubeconfig,
+                    "--shard-ring",
+                    "bench",
+                    "--shard-coordination",
+                    "sim-1",
+                    "--shard-page-token-key-file",
+                    &key,
+                    "--shard-lease-namespace",
+                    "ns-0",
+                ])
+            })
+            .collect();
         Self {
             replicas,
-            _router: router,
-            router_port,
+            _routers: routers,
+            router_port: router_ports[0],
+            router_ports,
         }
     }
 }
@@ -1940,6 +1962,25 @@ async fn failover(replication: usize) {
     let mut ring = Ring::start(&kc, &pod_serving(&kc), replication);
     let mut routed = client_at(ring.router_port).await;
     counts_all(&mut routed, total).await;
+    let figures = fail_over(&mut ring, &mut routed, servers, pods, replication).await;
+    println!(
+        "failover: replication {replication}, {clusters} clusters x {pods} pods, lease 15 s: {figures}"
+    );
+}
+
+/// Kills (SIGKILL) the replica of `ring` serving the most clusters while every
+/// cluster's pods change at 50/s and a Watch of every pod is open through `routed`:
+/// how long until every cluster is served whole again, and whether the Watch got
+/// every change.
+async fn fail_over(
+    ring: &mut Ring,
+    routed: &mut Client,
+    servers: Arc<Vec<SimServer>>,
+    pods: usize,
+    replication: usize,
+) -> String {
+    let clusters = servers.len();
+    let total = (clusters * pods) as u64;
     // Every cluster with all its owners ready, as the router sees them.
     let owners = loop {
         if let Ok(r) = routed
@@ -2048,8 +2089,8 @@ async fn failover(replication: usize) {
     }
     let caught_up = t.elapsed();
     watching.abort();
-    println!(
-        "failover: replication {replication}, {clusters} clusters x {pods} pods, lease 15 s: SIGKILL of {victim} (serving {n} clusters) -> {} through the router {:.1} s after the kill; a routed Watch received {} of the {written} changes written at 50/s from the kill on, the last {:.1} s after the kill, and was sent {} cluster(s) anew",
+    format!(
+        "SIGKILL of {victim} (serving {n} clusters) -> {} through the router {:.1} s after the kill; a routed Watch received {} of the {written} changes written at 50/s from the kill on, the last {:.1} s after the kill, and was sent {} cluster(s) anew",
         if first_gap.is_some() {
             "every cluster served again"
         } else {
@@ -2059,7 +2100,131 @@ async fn failover(replication: usize) {
         received.lock().unwrap().len(),
         caught_up.as_secs_f64(),
         resets.load(std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+/// Many clusters: `FLEET_BENCH_RING_CLUSTERS` (200) simulated clusters of
+/// `FLEET_BENCH_RING_PODS` (5,000) pods each, served by one `serve` and then by a ring
+/// of `FLEET_BENCH_RING_REPLICAS` (4) replicas behind two routers (release binaries on
+/// loopback, in memory): the time from start to every cluster served whole through
+/// each router, each replica's memory against its share of the one server's, the
+/// Lease writes and watches the ring makes against its coordination cluster, RPC
+/// latencies through a router, and a failover with a Watch of everything open.
+async fn ring_scale() {
+    use fleetscope_sim::Verb;
+    let clusters = env_usize("FLEET_BENCH_RING_CLUSTERS", 200);
+    let pods = env_usize("FLEET_BENCH_RING_PODS", 5_000);
+    let replicas = env_usize("FLEET_BENCH_RING_REPLICAS", 4);
+    let total = (clusters * pods) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let (servers, kubeconfig, _) = pod_clusters(clusters, pods, 0, dir.path()).await;
+    let servers = Arc::new(servers);
+    let kc = kubeconfig.display().to_string();
+    let common = pod_serving(&kc);
+    println!(
+        "ring-scale: {clusters} simulated clusters x {pods} pods ({total}), made in {:.1} s",
+        t.elapsed().as_secs_f64()
     );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    // One server over every cluster: its time to serve them all, and its memory.
+    let single_rss = {
+        let t = Instant::now();
+        let (single, port) = Proc::serve(&common);
+        let mut one = client_at(port).await;
+        counts_all(&mut one, total).await;
+        let synced = t.elapsed();
+        let rss = single.rss();
+        println!(
+            "ring-scale: one server: every cluster served {:.1} s after start; resident {:.0} MiB",
+            synced.as_secs_f64(),
+            mib(rss)
+        );
+        rss
+    };
+    let t = Instant::now();
+    let mut ring = Ring::of(&kc, &common, 1, replicas, 2);
+    let mut routers = Vec::new();
+    for port in ring.router_ports.clone() {
+        routers.push(client_at(port).await);
+    }
+    let mut served = Vec::new();
+    for r in &mut routers {
+        counts_all(r, total).await;
+        served.push(format!("{:.1} s", t.elapsed().as_secs_f64()));
+    }
+    println!(
+        "ring-scale: {replicas} replicas, 2 routers: every cluster served whole through each router {} after start",
+        served.join(" and ")
+    );
+    // Each replica's share of the clusters, as the routers see it, and its memory
+    // against that share of the one server's.
+    let owners = routers[0]
+        .list_clusters(proto::ListClustersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .clusters;
+    let mut shares: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &owners {
+        if let Some(o) = c.owners.first() {
+            *shares.entry(o.clone()).or_default() += 1;
+        }
+    }
+    let memory = ring
+        .replicas
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((format!("replica-{i}"), r.as_ref()?.rss())))
+        .map(|(name, rss)| {
+            let n = shares.get(&name).copied().unwrap_or(0);
+            let share = single_rss as f64 * n as f64 / clusters as f64;
+            format!(
+                "{name} {n} clusters {:.0} MiB ({:.2} x its share)",
+                mib(rss),
+                rss as f64 / share
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    println!("ring-scale: resident: {memory}");
+    // What the ring asks of its coordination cluster once settled.
+    let coordination = servers[0].cluster();
+    let writes = || {
+        [Verb::Create, Verb::Update, Verb::Patch]
+            .into_iter()
+            .map(|v| coordination.requests_of(v))
+            .sum::<u64>()
+    };
+    let window = Duration::from_secs(env_usize("FLEET_BENCH_RING_WINDOW_S", 30) as u64);
+    let (w0, watches0, lists0) = (
+        writes(),
+        coordination.requests_of(Verb::Watch),
+        coordination.requests_of(Verb::List),
+    );
+    let all_watches = || {
+        servers
+            .iter()
+            .map(|s| s.cluster().requests_of(Verb::Watch))
+            .sum::<u64>()
+    };
+    let every0 = all_watches();
+    tokio::time::sleep(window).await;
+    let secs = window.as_secs_f64();
+    println!(
+        "ring-scale: against the coordination cluster over {secs:.0} s: {:.2} Lease writes/s, {:.2} watches/s, {:.2} lists/s; watches opened against all {clusters} clusters {:.2}/s",
+        (writes() - w0) as f64 / secs,
+        (coordination.requests_of(Verb::Watch) - watches0) as f64 / secs,
+        (coordination.requests_of(Verb::List) - lists0) as f64 / secs,
+        (all_watches() - every0) as f64 / secs,
+    );
+    rpc_latencies(&mut routers[0], clusters, pods, 20).await;
+    println!(
+        "ring-scale: through a router: {}",
+        rpc_latencies(&mut routers[0], clusters, pods, 300).await
+    );
+    let figures = fail_over(&mut ring, &mut routers[0], servers, pods, 1).await;
+    println!("ring-scale: failover, lease 15 s: {figures}");
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {
