@@ -46,6 +46,29 @@ impl Object {
     }
 }
 
+/// The JSON field's text, copied once from the buffer into the shared [`Json`] (not
+/// into a string first): where the message arrived in one piece, as tonic hands a
+/// message over, straight from it.
+fn json_in(wire_type: WireType, buf: &mut impl Buf) -> Result<Json, prost::DecodeError> {
+    encoding::check_wire_type(WireType::LengthDelimited, wire_type)?;
+    let len = encoding::decode_varint(buf)?;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|len| *len <= buf.remaining())
+        .ok_or_else(|| prost::DecodeError::new("buffer underflow"))?;
+    let invalid = |_| prost::DecodeError::new("invalid string value: data is not UTF-8 encoded");
+    let json = match buf.chunk().get(..len) {
+        Some(bytes) => Json::from(std::str::from_utf8(bytes).map_err(invalid)?),
+        None => {
+            let bytes = buf.copy_to_bytes(len);
+            let json = Json::from(std::str::from_utf8(&bytes).map_err(invalid)?);
+            return Ok(json);
+        }
+    };
+    buf.advance(len);
+    Ok(json)
+}
+
 impl prost::Message for Object {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         for (tag, value) in self.strings() {
@@ -79,9 +102,7 @@ impl prost::Message for Object {
             6 => &mut self.resource_version,
             7 => return encoding::uint64::merge(wire_type, &mut self.revision, buf, ctx),
             JSON => {
-                let mut text = String::new();
-                encoding::string::merge(wire_type, &mut text, buf, ctx)?;
-                self.json = Json::from(text);
+                self.json = json_in(wire_type, buf)?;
                 return Ok(());
             }
             _ => return encoding::skip_field(wire_type, tag, buf, ctx),
@@ -192,5 +213,22 @@ mod tests {
         // An unknown field 9 (a varint), then name.
         let o = Object::decode(&[0x48, 0x01, 0x22, 0x01, b'p'][..]).unwrap();
         assert_eq!(o.name, "p");
+        // json given as a varint.
+        assert!(Object::decode(&[0x40, 0x01][..]).is_err());
+    }
+
+    #[test]
+    fn json_split_across_the_buffers_pieces_reads_the_same() {
+        let (ours, theirs) = pair("{\"name\":\"é\"}", 7, "n");
+        let wire = theirs.encode_to_vec();
+        // Every cut, including one inside the text and one inside the "é".
+        for cut in 0..wire.len() {
+            let (a, b) = wire.split_at(cut);
+            let back = Object::decode(prost::bytes::Buf::chain(a, b)).unwrap();
+            assert_eq!(back, ours, "cut at {cut}");
+        }
+        // Not UTF-8, split.
+        let bad = [0x42, 0x02, 0xc3, 0x28];
+        assert!(Object::decode(prost::bytes::Buf::chain(&bad[..3], &bad[3..])).is_err());
     }
 }
