@@ -47,26 +47,29 @@ impl Object {
 }
 
 /// The JSON field's text, copied once from the buffer into the shared [`Json`] (not
-/// into a string first): where the message arrived in one piece, as tonic hands a
-/// message over, straight from it.
-fn json_in(wire_type: WireType, buf: &mut impl Buf) -> Result<Json, prost::DecodeError> {
+/// into a string first) where the message's bytes are in one piece, as tonic hands a
+/// message over; anything else (a text split across pieces, a length past the end,
+/// text that is not UTF-8) is read, or refused, as prost reads a string.
+fn json_in(
+    wire_type: WireType,
+    buf: &mut impl Buf,
+    ctx: DecodeContext,
+) -> Result<Json, prost::DecodeError> {
     encoding::check_wire_type(WireType::LengthDelimited, wire_type)?;
-    let len = encoding::decode_varint(buf)?;
-    let len = usize::try_from(len)
-        .ok()
-        .filter(|len| *len <= buf.remaining())
-        .ok_or_else(|| prost::DecodeError::new("buffer underflow"))?;
-    let invalid = |_| prost::DecodeError::new("invalid string value: data is not UTF-8 encoded");
-    let json = match buf.chunk().get(..len) {
-        Some(bytes) => Json::from(std::str::from_utf8(bytes).map_err(invalid)?),
-        None => {
-            let bytes = buf.copy_to_bytes(len);
-            let json = Json::from(std::str::from_utf8(&bytes).map_err(invalid)?);
-            return Ok(json);
-        }
-    };
-    buf.advance(len);
-    Ok(json)
+    let mut peek = buf.chunk();
+    if let Ok(len) = encoding::decode_varint(&mut peek)
+        && let Ok(len) = usize::try_from(len)
+        && let Some(bytes) = peek.get(..len)
+        && let Ok(text) = std::str::from_utf8(bytes)
+    {
+        let json = Json::from(text);
+        let read = buf.chunk().len() - peek.len() + len;
+        buf.advance(read);
+        return Ok(json);
+    }
+    let mut text = String::new();
+    encoding::string::merge(wire_type, &mut text, buf, ctx)?;
+    Ok(Json::from(text))
 }
 
 impl prost::Message for Object {
@@ -102,7 +105,7 @@ impl prost::Message for Object {
             6 => &mut self.resource_version,
             7 => return encoding::uint64::merge(wire_type, &mut self.revision, buf, ctx),
             JSON => {
-                self.json = json_in(wire_type, buf)?;
+                self.json = json_in(wire_type, buf, ctx)?;
                 return Ok(());
             }
             _ => return encoding::skip_field(wire_type, tag, buf, ctx),
