@@ -716,15 +716,18 @@ fn open_store(
         continued.revision = Revision::fresh_start();
         Index::starting_after(config.index.clone(), continued.revision)
     } else {
-        Index::restore(config.index.clone(), persist::restored(&mut loaded))
+        let mut restored = persist::restored(&mut loaded);
+        // Each stream stands where its watch resumes: the member's state there is the
+        // one restored.
+        restored.positions = streams
+            .iter()
+            .map(|s| {
+                let stream = (Arc::from(s.resource.name()), s.cluster.clone());
+                (stream, Arc::from(s.resource_version.as_str()))
+            })
+            .collect();
+        Index::restore(config.index.clone(), restored)
     });
-    // Each stream stands where its watch resumes: the member's state there is the
-    // one restored.
-    index.apply(streams.iter().map(|s| fleetscope_index::Change::Reached {
-        resource: Arc::from(s.resource.name()),
-        cluster: s.cluster.clone(),
-        resource_version: Arc::from(s.resource_version.as_str()),
-    }));
     let revision = index.snapshot().revision();
     tracing::info!(objects, streams = streams.len(), %revision, took = ?started.elapsed(), "restored the index from the store");
     let mut persist_config = config.persist.clone();

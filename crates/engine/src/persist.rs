@@ -298,6 +298,7 @@ pub fn restored(loaded: &mut Loaded) -> Restored {
                 prev: e.prev.map(to_input),
             })
             .collect(),
+        positions: Vec::new(),
     }
 }
 

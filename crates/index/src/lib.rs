@@ -224,7 +224,13 @@ pub struct Restored {
     pub objects: Vec<(ObjectState, Revision)>,
     /// The retained event log, in revision order.
     pub events: Vec<RestoredEvent>,
+    /// Where each stream stood: (resource, cluster) and the member resourceVersion
+    /// its watch resumes from.
+    pub positions: Vec<(StreamKey, Arc<str>)>,
 }
+
+/// A stream of the index: (resource, cluster).
+pub type StreamKey = (Arc<str>, ClusterName);
 
 /// One event of a persisted log.
 #[derive(Debug)]
@@ -278,8 +284,10 @@ pub struct Subscription {
 /// persisted index shows nothing before it is durable; [`Index::apply`] does both.
 pub struct Index {
     config: Config,
-    writer: Mutex<(State, object::Interner)>,
+    writer: Arc<Mutex<(State, object::Interner)>>,
     published: feed::Shared,
+    /// The thread building a restored index's secondary indexes, until joined.
+    building: Mutex<Option<std::thread::JoinHandle<()>>>,
     head: watch::Sender<Revision>,
     pins: Mutex<HashMap<Revision, Pin>>,
     /// Where compressing settled objects is.
@@ -339,7 +347,8 @@ impl Index {
         }
         published.trim(&config);
         Self {
-            writer: Mutex::new((state, interner)),
+            writer: Arc::new(Mutex::new((state, interner))),
+            building: Mutex::new(None),
             published: Arc::new(RwLock::new(published)),
             head,
             pins: Mutex::new(HashMap::new()),
@@ -350,8 +359,12 @@ impl Index {
     }
 
     /// An index rebuilt from persisted state: the objects as they were, each with the
-    /// revision that produced it, the retained event log, and the revision to continue
-    /// from. Nothing is published as new events.
+    /// revision that produced it, the retained event log, each stream's position, and
+    /// the revision to continue from. Nothing is published as new events.
+    ///
+    /// It answers once the objects are in their primary order; the label, owner and
+    /// field indexes are built on a thread of their own meanwhile (queries scan until
+    /// they are in), and the first change staged waits for them.
     pub fn restore(config: Config, restored: Restored) -> Self {
         let mut interner = object::Interner::default();
         let mut state = State {
@@ -361,13 +374,16 @@ impl Index {
         let mut inputs = restored.objects;
         // A store gives its objects in key order, each once; anything else is put so.
         in_key_order(&mut inputs, |(input, _)| &input.key);
-        state.restore_all(
+        state.restore_primary(
             inputs
                 .into_iter()
                 .map(|(input, revision)| Object::from_input(input, revision, &mut interner)),
         );
         let newest_object = state.objects.iter().map(|e| e.0.revision).max();
         state.revision = restored.revision.max(newest_object.unwrap_or_default());
+        for (stream, rv) in restored.positions {
+            state.reach(stream, rv);
+        }
         let mut log = VecDeque::with_capacity(restored.events.len());
         for e in restored.events {
             // An event whose state is the one held shares it.
@@ -382,7 +398,47 @@ impl Index {
                 .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
             log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
         }
-        Self::over(config, state, interner, log)
+        let objects = state.objects.clone();
+        let index = Self::over(config, state, interner, log);
+        let (writer, published) = (index.writer.clone(), index.published.clone());
+        let build = move || {
+            let secondary = state::Secondary::of(&objects);
+            lock(&writer).0.install(&secondary);
+            // What is published holds the same objects (nothing is staged before the
+            // build is joined): it takes the same indexes.
+            let mut p = feed::write(&published);
+            let mut state = (*p.state).clone();
+            state.install(&secondary);
+            p.state = Arc::new(state);
+        };
+        // Run once, on its thread or, with no thread to be had, here before answering.
+        let job = Arc::new(Mutex::new(Some(build)));
+        let on_thread = job.clone();
+        let spawned = std::thread::Builder::new()
+            .name("index-build".into())
+            .spawn(move || {
+                let build = lock(&on_thread).take();
+                build.into_iter().for_each(|build| build());
+            });
+        match spawned {
+            Ok(handle) => *lock(&index.building) = Some(handle),
+            Err(_) => {
+                let build = lock(&job).take();
+                build.into_iter().for_each(|build| build());
+            }
+        }
+        index
+    }
+
+    /// Waits until a restored index's label, owner and field indexes are built and
+    /// in use (at once for any other index).
+    pub fn wait_for_indexes(&self) {
+        let handle = lock(&self.building).take();
+        if let Some(handle) = handle
+            && let Err(panic) = handle.join()
+        {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// The settings.
@@ -402,6 +458,8 @@ impl Index {
     /// once it is passed to [`Index::publish`]. Staged batches are published in the
     /// order they were staged.
     pub fn stage(&self, changes: impl IntoIterator<Item = Change>) -> Staged {
+        // A change is applied to the secondary indexes too: they must be in first.
+        self.wait_for_indexes();
         let mut writer = lock(&self.writer);
         let (state, interner) = &mut *writer;
         let mut events: Vec<Event> = Vec::new();

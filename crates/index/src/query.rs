@@ -115,7 +115,8 @@ impl State {
     /// Whether the secondary index alone decides the query: one label requirement that
     /// an index answers, and nothing else to filter.
     fn index_answers_exactly(&self, q: &Query) -> bool {
-        self.unindexed_labels(&q.resource).is_none()
+        !self.building
+            && self.unindexed_labels(&q.resource).is_none()
             && q.clusters.is_none()
             && q.reach.is_none()
             && q.namespaces.is_empty()
@@ -134,7 +135,11 @@ impl State {
             .and_then(|m| m.get(UNINDEXED_LABELS))
     }
 
+    /// None while the secondary indexes are being built: the primary set is scanned.
     fn indexed_candidates(&self, q: &Query) -> Option<KeySet> {
+        if self.building {
+            return None;
+        }
         let resource: Arc<str> = Arc::from(q.resource.as_str());
         let mut best: Option<KeySet> = None;
         // A label's objects in the index, and every object whose labels it does not

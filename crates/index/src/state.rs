@@ -255,6 +255,50 @@ fn index_secondary(
     }
 }
 
+/// The label, owner and field indexes of a set of objects, built apart from the state
+/// that holds them (a restored index answers while they are built).
+pub(crate) struct Secondary {
+    labels: LabelIndex,
+    owners: OwnerIndex,
+    fields: FieldIndex,
+}
+
+impl Secondary {
+    /// Built from `objects` on two threads: one gathers the label index, the other
+    /// the owner and field indexes, each value's members in key order, made persistent
+    /// once at the end (a set built from sorted members rather than a persistent map
+    /// updated per object).
+    pub(crate) fn of(objects: &KeySet) -> Self {
+        let (mut labels, mut owners, mut fields) = Default::default();
+        std::thread::scope(|s| {
+            let by_label = s.spawn(|| {
+                let mut gathered = Gathered::default();
+                objects.iter().for_each(|e| gathered.labels_of(&e.0));
+                gathered.labels
+            });
+            let mut gathered = Gathered::default();
+            objects
+                .iter()
+                .for_each(|e| gathered.owners_and_fields_of(&e.0));
+            Gathered::add_owners_and_fields(
+                gathered.owners,
+                gathered.fields,
+                &mut owners,
+                &mut fields,
+            );
+            match by_label.join() {
+                Ok(gathered) => Gathered::add_labels(gathered, &mut labels),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        });
+        Self {
+            labels,
+            owners,
+            fields,
+        }
+    }
+}
+
 /// Secondary-index entries of many objects, gathered in plain hash maps and vectors
 /// (each value's members in key order, as the objects arrive), then added to the
 /// persistent indexes with one lookup per value rather than one per object, each set
@@ -374,6 +418,9 @@ pub struct State {
     /// (resource, cluster) → the member resourceVersion the stream has reached: the
     /// member's state of that stream at it is the one held.
     pub(crate) positions: OrdMap<(Arc<str>, ClusterName), Arc<str>>,
+    /// The label, owner and field indexes are still being built (a restored index
+    /// answers before they are): queries scan the primary set meanwhile.
+    pub(crate) building: bool,
 }
 
 impl State {
@@ -444,8 +491,17 @@ impl State {
             .map(|((r, c, ns), n)| (&**r, c, &**ns, *n))
     }
 
-    /// The objects owned by an owner uid.
+    /// The objects owned by an owner uid, in key order (found by a scan while the
+    /// secondary indexes are being built).
     pub fn owned_by(&self, uid: &str) -> Vec<&ObjectRef> {
+        if self.building {
+            return self
+                .objects
+                .iter()
+                .map(|e| &e.0)
+                .filter(|o| o.owners().iter().any(|u| **u == *uid))
+                .collect();
+        }
         self.owners.owned_by(uid)
     }
 
@@ -509,71 +565,55 @@ impl State {
     }
 
     /// Adds persisted objects (distinct keys, in key order) to an empty state, with
-    /// their own revisions and no events, as `restored` makes them: batch by batch,
-    /// the calling thread makes the objects, and three more take each batch: one into
-    /// the primary set and counts, one gathering the label index, one the owner and
-    /// field indexes. Secondary entries are gathered as they come, each value's members
-    /// in key order, and made persistent once at the end: a set built from sorted
-    /// members rather than a persistent map updated per object.
-    pub(crate) fn restore_all(&mut self, restored: impl Iterator<Item = ObjectRef>) {
+    /// their own revisions and no events, as `restored` makes them: batch by batch, the
+    /// calling thread makes the objects and another takes them into the primary set and
+    /// counts. The secondary indexes are left to [`Secondary::of`]: until they are
+    /// installed the state is `building`, and its queries scan.
+    pub(crate) fn restore_primary(&mut self, restored: impl Iterator<Item = ObjectRef>) {
         const BATCH: usize = 4096;
-        type Batch = Arc<Vec<ObjectRef>>;
         let State {
             objects,
-            labels,
-            owners,
-            fields,
             counts,
+            building,
             ..
         } = self;
-        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Batch>(4);
-        let (to_labels, by_label) = std::sync::mpsc::sync_channel::<Batch>(4);
-        let (to_owners, by_owner) = std::sync::mpsc::sync_channel::<Batch>(4);
+        *building = true;
+        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Vec<ObjectRef>>(4);
         std::thread::scope(|s| {
             s.spawn(move || {
                 let mut runs = Runs::default();
                 for batch in primary {
-                    insert_in_order(objects, batch.iter().map(|o| Entry(o.clone())));
                     batch.iter().for_each(|o| runs.add(counts, &o.key));
+                    insert_in_order(objects, batch.into_iter().map(Entry));
                 }
                 runs.finish(counts);
             });
-            s.spawn(move || {
-                let mut gathered = Gathered::default();
-                for batch in by_label {
-                    batch.iter().for_each(|o| gathered.labels_of(o));
-                }
-                Gathered::add_labels(gathered.labels, labels);
-            });
-            s.spawn(move || {
-                let mut gathered = Gathered::default();
-                for batch in by_owner {
-                    batch.iter().for_each(|o| gathered.owners_and_fields_of(o));
-                }
-                Gathered::add_owners_and_fields(gathered.owners, gathered.fields, owners, fields);
-            });
-            let send = |batch: Vec<ObjectRef>| {
-                let batch = Arc::new(batch);
-                to_primary.send(batch.clone()).is_ok()
-                    && to_labels.send(batch.clone()).is_ok()
-                    && to_owners.send(batch).is_ok()
-            };
             let mut batch = Vec::with_capacity(BATCH);
             for o in restored {
                 batch.push(o);
-                // A worker gone (it panicked, which the scope then raises): stop making.
+                // The worker gone (it panicked, which the scope then raises): stop making.
                 if batch.len() == BATCH
-                    && !send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                    && to_primary
+                        .send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                        .is_err()
                 {
                     break;
                 }
             }
             if !batch.is_empty() {
-                send(batch);
+                let _ = to_primary.send(batch);
             }
-            // The workers end when their channels close.
-            drop((to_primary, to_labels, to_owners));
+            // The worker ends when its channel closes.
+            drop(to_primary);
         });
+    }
+
+    /// Takes secondary indexes built for this state's objects; it no longer scans.
+    pub(crate) fn install(&mut self, secondary: &Secondary) {
+        self.labels = secondary.labels.clone();
+        self.owners = secondary.owners.clone();
+        self.fields = secondary.fields.clone();
+        self.building = false;
     }
 
     /// Adds objects none of which is held, in key order with distinct keys (a first

@@ -663,39 +663,59 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
             revision: saved.revision(),
             objects,
             events: Vec::new(),
+            positions: vec![(
+                (Arc::from("pods"), ClusterName::from("c1")),
+                Arc::from("rv-9"),
+            )],
         },
     );
+    // Whatever it answers with its label, owner and field indexes being built (the
+    // primary set scanned), and once they are in, is what the saved state answers; a
+    // state scanning with no secondary index at all answers the same.
+    let mut scanning = (*saved).clone();
+    scanning.labels = Default::default();
+    scanning.owners = Default::default();
+    scanning.fields = Default::default();
+    scanning.building = true;
+    let same = |now: &State| {
+        assert_eq!(now.revision(), saved.revision());
+        assert_eq!(now.len(), saved.len());
+        for q in [
+            Query::all("pods"),
+            Query {
+                labels: LabelSelector::parse("app=web").unwrap(),
+                ..Query::all("pods")
+            },
+            Query {
+                fields: "spec.nodeName=n1".parse().unwrap(),
+                ..Query::all("pods")
+            },
+            Query {
+                namespaces: vec!["ns2".into()],
+                ..Query::all("pods")
+            },
+        ] {
+            assert_eq!(
+                names(&now.page(&q, None, 1000).items),
+                names(&saved.page(&q, None, 1000).items)
+            );
+            let groups = [GroupBy::Cluster, GroupBy::Namespace];
+            assert_eq!(now.count(&q, &groups), saved.count(&q, &groups));
+        }
+    };
+    same(&scanning);
+    same(&restored.snapshot());
+    restored.wait_for_indexes();
     let now = restored.snapshot();
-    assert_eq!(now.revision(), saved.revision());
-    assert_eq!(now.len(), saved.len());
-    for q in [
-        Query::all("pods"),
-        Query {
-            labels: LabelSelector::parse("app=web").unwrap(),
-            ..Query::all("pods")
-        },
-        Query {
-            fields: "spec.nodeName=n1".parse().unwrap(),
-            ..Query::all("pods")
-        },
-        Query {
-            namespaces: vec!["ns2".into()],
-            ..Query::all("pods")
-        },
-    ] {
-        assert_eq!(
-            names(&now.page(&q, None, 1000).items),
-            names(&saved.page(&q, None, 1000).items)
-        );
-    }
-    let groups = [GroupBy::Cluster, GroupBy::Namespace];
-    assert_eq!(
-        now.count(&Query::all("pods"), &groups),
-        saved.count(&Query::all("pods"), &groups)
-    );
+    assert!(!now.building);
+    same(&now);
     assert_eq!(
         now.owned_by("owner-1").len(),
         saved.owned_by("owner-1").len()
+    );
+    assert_eq!(
+        now.positions_of("pods").collect::<Vec<_>>(),
+        [(&ClusterName::from("c1"), &Arc::<str>::from("rv-9"))]
     );
     // And it continues from the saved revision.
     let e = restored.apply([Change::Upsert(input("pods", "c1", "ns0", "new", 1, &[]))]);
@@ -1096,7 +1116,7 @@ proptest! {
         // An index restored from what is held answers every query as this one does.
         let restored = Index::restore(
             config(),
-            Restored { revision: s.revision(), objects: saved_inputs(&s), events: Vec::new() },
+            Restored { revision: s.revision(), objects: saved_inputs(&s), events: Vec::new(), positions: Vec::new() },
         );
         let r = restored.snapshot();
         for selector in selectors {
@@ -1482,6 +1502,7 @@ fn objects_held_compressed_read_back_exactly() {
             revision: idx.snapshot().revision(),
             objects: saved_inputs(&idx.snapshot()),
             events: Vec::new(),
+            positions: Vec::new(),
         },
     );
     let r = restored.snapshot();
@@ -1604,6 +1625,7 @@ fn a_restored_index_compresses_what_it_restored_once_settled() {
             revision: idx.snapshot().revision(),
             objects: saved_inputs(&idx.snapshot()),
             events: Vec::new(),
+            positions: Vec::new(),
         },
     );
     assert!(restored.snapshot().iter().all(|o| !o.json_compressed()));
