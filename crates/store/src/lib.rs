@@ -317,12 +317,24 @@ pub trait Store: Send + Sync {
     /// snapshot (a crash while writing one) are deleted.
     fn load(&self) -> Result<Loaded, StoreError> {
         let mut scanned = Scanned::default();
-        self.scan(&mut |key, value| scanned.take(key, value))?;
+        // The snapshot's chunks come first in key order: each is decoded on one of two
+        // threads while the scan reads on.
+        let chunks = std::thread::scope(|s| {
+            let decoding = Decoding::start(s);
+            let scan = self.scan(&mut |key, value| match codec::parse_chunk_key(key) {
+                Some(id) => {
+                    decoding.send(id, value.to_vec());
+                    Ok(())
+                }
+                None => scanned.take(key, value),
+            });
+            let chunks = decoding.finish();
+            scan.map(|()| chunks)
+        })?;
         let Scanned {
             mut loaded,
             schema,
             revision,
-            chunks,
             event_records,
         } = scanned;
         let empty = event_records.is_empty()
@@ -440,8 +452,65 @@ struct Scanned {
     loaded: Loaded,
     schema: Option<u64>,
     revision: Option<u64>,
-    chunks: Vec<((u64, u32), Vec<u8>)>,
     event_records: Vec<(u64, Vec<u8>)>,
+}
+
+/// A snapshot chunk as decoded: its (snapshot, index) and its objects or why not.
+type DecodedChunk = ((u64, u32), Result<Vec<ObjectRecord>, DecodeError>);
+
+/// Snapshot chunks decoded on two threads as a scan hands them over.
+struct Decoding<'scope> {
+    to: std::sync::mpsc::SyncSender<(usize, (u64, u32), Vec<u8>)>,
+    sent: std::cell::Cell<usize>,
+    workers: Vec<std::thread::ScopedJoinHandle<'scope, Vec<(usize, DecodedChunk)>>>,
+}
+
+impl<'scope> Decoding<'scope> {
+    fn start<'env>(s: &'scope std::thread::Scope<'scope, 'env>) -> Self {
+        let (to, from) = std::sync::mpsc::sync_channel::<(usize, (u64, u32), Vec<u8>)>(64);
+        let from = std::sync::Arc::new(std::sync::Mutex::new(from));
+        let workers = (0..2)
+            .map(|_| {
+                let from = from.clone();
+                s.spawn(move || {
+                    let mut done = Vec::new();
+                    loop {
+                        let next = from.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        let Ok((n, id, bytes)) = next else {
+                            return done;
+                        };
+                        done.push((n, (id, codec::decode_chunk(&bytes))));
+                    }
+                })
+            })
+            .collect();
+        Self {
+            to,
+            sent: std::cell::Cell::new(0),
+            workers,
+        }
+    }
+
+    fn send(&self, id: (u64, u32), bytes: Vec<u8>) {
+        let n = self.sent.get();
+        self.sent.set(n + 1);
+        // Both workers gone (they panicked, which the scope then raises): nothing to do.
+        let _ = self.to.send((n, id, bytes));
+    }
+
+    /// Every chunk sent, decoded, in the order they were sent.
+    fn finish(self) -> Vec<DecodedChunk> {
+        drop(self.to);
+        let mut done: Vec<(usize, DecodedChunk)> = Vec::with_capacity(self.sent.get());
+        for worker in self.workers {
+            match worker.join() {
+                Ok(part) => done.extend(part),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        done.sort_unstable_by_key(|(n, _)| *n);
+        done.into_iter().map(|(_, chunk)| chunk).collect()
+    }
 }
 
 impl Scanned {
@@ -472,8 +541,6 @@ impl Scanned {
         } else if key == codec::META_FIELD_INDEXES {
             loaded.field_indexes =
                 Some(codec::decode_names(value).map_err(|e| damaged("field indexes", e))?);
-        } else if let Some(id) = codec::parse_chunk_key(key) {
-            self.chunks.push((id, value.to_vec()));
         } else if let Some(first) = codec::parse_event_key(key) {
             self.event_records.push((first, value.to_vec()));
         } else if key.starts_with(codec::DISCOVERY_PREFIX) {
@@ -507,13 +574,13 @@ impl Scanned {
     }
 }
 
-/// The objects of the current snapshot (`snapshot`), decoded from its `chunks` and
+/// The objects of the current snapshot (`snapshot`), from its decoded `chunks`,
 /// checked whole and in order; the chunks of any other snapshot (one whose writing
-/// was interrupted) are removed from `store`.
+/// was interrupted) are removed from `store`, whatever they held.
 fn snapshot_objects<S: Store + ?Sized>(
     store: &S,
     snapshot: Option<SnapshotMeta>,
-    chunks: Vec<((u64, u32), Vec<u8>)>,
+    chunks: Vec<DecodedChunk>,
 ) -> Result<Vec<ObjectRecord>, StoreError> {
     let current = snapshot.map(|s| s.id);
     let (mine, stale): (Vec<_>, Vec<_>) = chunks
@@ -547,9 +614,12 @@ fn snapshot_objects<S: Store + ?Sized>(
             meta.chunks
         )));
     }
-    let objects = decode_chunks(&mine)?;
-    // The raw chunks are not needed past here: give their memory back first.
-    drop(mine);
+    let mut objects = Vec::with_capacity(meta.objects.min(1 << 24) as usize);
+    for ((id, i), decoded) in mine {
+        let decoded =
+            decoded.map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))?;
+        objects.extend(decoded);
+    }
     if objects.len() as u64 != meta.objects
         || objects.windows(2).any(|w| w[0].state.key >= w[1].state.key)
     {
@@ -624,28 +694,6 @@ fn decode_event_records(records: &[(u64, Vec<u8>)]) -> Result<EventRecords, Stor
         return Err(StoreError::Damaged("event records overlap".into()));
     }
     Ok((events, extents))
-}
-
-/// Decodes a snapshot's chunks, two threads at a time.
-fn decode_chunks(chunks: &[((u64, u32), Vec<u8>)]) -> Result<Vec<ObjectRecord>, StoreError> {
-    let decode = |part: &[((u64, u32), Vec<u8>)]| -> Result<Vec<Vec<ObjectRecord>>, StoreError> {
-        part.iter()
-            .map(|((id, i), bytes)| {
-                codec::decode_chunk(bytes)
-                    .map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))
-            })
-            .collect()
-    };
-    let (a, b) = chunks.split_at(chunks.len() / 2);
-    let (first, second) = std::thread::scope(|s| {
-        let other = s.spawn(|| decode(a));
-        let second = decode(b);
-        (other.join(), second)
-    });
-    let first =
-        first.map_err(|_| StoreError::Damaged("a snapshot chunk failed to decode".into()))??;
-    let second = second?;
-    Ok(first.into_iter().chain(second).flatten().collect())
 }
 
 /// The snapshot's objects with the change log applied, in key order.
