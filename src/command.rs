@@ -1,13 +1,18 @@
-//! The command line: its subcommands. The servers' flags (`serve`, `router`, `demo`,
-//! `sim`) are declared in [`crate::config`], the client's (`get`, `describe`,
-//! `count`, `watch`, `clusters`, `store`) in `fleetscope_cli::args`.
+//! The command line: its subcommands, and [`main`], which parses them and dispatches.
+//! The servers' flags (`serve`, `router`, `demo`, `sim`) are declared in
+//! [`crate::config`], the client's (`get`, `describe`, `count`, `watch`, `clusters`,
+//! `store`) in `fleetscope_cli::args`.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use fleetscope_cli as cli;
 
+use crate::config;
 use crate::config::flags::{GlobalArgs, RouterArgs, ServeArgs};
 use crate::config::sim_flags::{DemoArgs, SimArgs};
+use crate::server::run;
+use crate::telemetry;
 use fleetscope_cli::args::{ClustersArgs, CountArgs, DescribeArgs, GetArgs, StoreArgs, WatchArgs};
 
 /// One gRPC view over many Kubernetes clusters.
@@ -80,4 +85,145 @@ pub enum ConfigCommand {
         #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router"])]
         command: String,
     },
+}
+
+/// Exit status when the data directory is held by another running fleetscope.
+const EXIT_DATA_DIR_LOCKED: u8 = 3;
+
+/// The `fleetscope` command: parses the command line and runs what it asks for. The
+/// binary only calls this: whatever the command runs is compiled once, in this
+/// crate, rather than instantiated again in the binary's.
+pub fn main() -> std::process::ExitCode {
+    let pages = crate::memory::small_pages();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("fleetscope: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(dispatch(pages))
+}
+
+async fn dispatch(pages: std::io::Result<()>) -> std::process::ExitCode {
+    match run_cli(pages).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with every cause, the way people read errors at a terminal.
+            eprintln!("fleetscope: {}", one_line(&e));
+            let locked = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<fleetscope_store::StoreError>(),
+                    Some(fleetscope_store::StoreError::Locked(_))
+                )
+            });
+            if locked {
+                std::process::ExitCode::from(EXIT_DATA_DIR_LOCKED)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Every cause of `e` on one line, each once: a library's message that already
+/// repeats the cause it chains is not followed by that cause again.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
+    let mut parsed = Cli::parse();
+    // With a configuration file, the command line is parsed again with the file's
+    // values as the flags' defaults (flag > environment > file > default).
+    let mut config = None;
+    let file = match &parsed.command {
+        Command::Serve(serve) => serve.file.config.clone().map(|path| ("serve", path)),
+        Command::Router(router) => router.file.config.clone().map(|path| ("router", path)),
+        _ => None,
+    };
+    if let Some((subcommand, path)) = file {
+        let argv = config::resolve::process_argv();
+        let command = <Cli as clap::CommandFactory>::command();
+        let resolved = config::resolve::resolve(command.clone(), subcommand, &argv, &path)?;
+        parsed = <Cli as clap::FromArgMatches>::from_arg_matches(&resolved.matches)?;
+        config = Some(config::reload::ConfigFile {
+            path,
+            subcommand,
+            argv,
+            command,
+            last: resolved.rows,
+        });
+    }
+    let _telemetry = telemetry::init(parsed.global.log_format);
+    if let Err(e) = pages {
+        tracing::debug!(error = %e, "transparent huge pages stay as the kernel has them");
+    }
+    match parsed.command {
+        Command::Serve(args) => Ok(run::serve(args, config).await?),
+        Command::Router(args) => Ok(run::router(*args, config).await?),
+        Command::Config(ConfigCommand::Settings {
+            output,
+            command: of,
+        }) => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            command.build();
+            run::config_settings(&command, &of, &output);
+            Ok(())
+        }
+        Command::Config(ConfigCommand::Check { file, command: of }) => Ok(run::config_check(
+            &file,
+            &of,
+            <Cli as clap::CommandFactory>::command(),
+        )?),
+        Command::Demo(args) => Ok(run::demo(args).await?),
+        Command::Sim(args) => Ok(run::sim(args).await?),
+        Command::Get(args) => {
+            let mut c = cli::connect(&args.query.server).await?;
+            Ok(cli::get(&mut c, args).await?)
+        }
+        Command::Describe(args) => {
+            let mut c = cli::connect(&args.query.server).await?;
+            Ok(cli::describe(&mut c, args).await?)
+        }
+        Command::Count(args) => {
+            let mut c = cli::connect(&args.query.server).await?;
+            Ok(cli::count(&mut c, args).await?)
+        }
+        Command::Watch(args) => {
+            let mut c = cli::connect(&args.query.server).await?;
+            Ok(cli::watch(&mut c, args).await?)
+        }
+        Command::Clusters(args) => {
+            let mut c = cli::connect(&args.server).await?;
+            Ok(cli::clusters(&mut c, args).await?)
+        }
+        Command::Store(args) => {
+            let mut c = cli::connect(&args.server).await?;
+            Ok(cli::store(&mut c, args).await?)
+        }
+        Command::Version => {
+            println!("fleetscope {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::Completion { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "fleetscope", &mut std::io::stdout());
+            Ok(())
+        }
+    }
 }
