@@ -318,6 +318,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Builds the label, owner and field indexes of a restored index's `objects` and
+/// installs them into the writer's state and the published one: both hold those same
+/// objects, as nothing is staged before the build is joined.
+fn install_secondary(
+    objects: &state::KeySet,
+    writer: &Mutex<(State, object::Interner)>,
+    published: &feed::Shared,
+) {
+    let secondary = state::Secondary::of(objects);
+    lock(writer).0.install(&secondary);
+    let mut p = feed::write(published);
+    let mut state = (*p.state).clone();
+    state.install(&secondary);
+    p.state = Arc::new(state);
+}
+
 impl Index {
     /// An empty index at revision 0.
     pub fn new(config: Config) -> Self {
@@ -401,31 +417,14 @@ impl Index {
         let objects = state.objects.clone();
         let index = Self::over(config, state, interner, log);
         let (writer, published) = (index.writer.clone(), index.published.clone());
-        let build = move || {
-            let secondary = state::Secondary::of(&objects);
-            lock(&writer).0.install(&secondary);
-            // What is published holds the same objects (nothing is staged before the
-            // build is joined): it takes the same indexes.
-            let mut p = feed::write(&published);
-            let mut state = (*p.state).clone();
-            state.install(&secondary);
-            p.state = Arc::new(state);
-        };
-        // Run once, on its thread or, with no thread to be had, here before answering.
-        let job = Arc::new(Mutex::new(Some(build)));
-        let on_thread = job.clone();
-        let spawned = std::thread::Builder::new()
+        let on_thread = objects.clone();
+        match std::thread::Builder::new()
             .name("index-build".into())
-            .spawn(move || {
-                let build = lock(&on_thread).take();
-                build.into_iter().for_each(|build| build());
-            });
-        match spawned {
+            .spawn(move || install_secondary(&on_thread, &writer, &published))
+        {
             Ok(handle) => *lock(&index.building) = Some(handle),
-            Err(_) => {
-                let build = lock(&job).take();
-                build.into_iter().for_each(|build| build());
-            }
+            // No thread to be had: built here, before the index answers.
+            Err(_) => install_secondary(&objects, &index.writer, &index.published),
         }
         index
     }
