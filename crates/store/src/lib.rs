@@ -317,25 +317,27 @@ pub trait Store: Send + Sync {
     /// snapshot (a crash while writing one) are deleted.
     fn load(&self) -> Result<Loaded, StoreError> {
         let mut scanned = Scanned::default();
-        // The snapshot's chunks come first in key order: each is decoded on one of two
-        // threads while the scan reads on.
-        let chunks = std::thread::scope(|s| {
+        // The snapshot's chunks and the change log's records are each decoded on one of
+        // two threads while the scan reads on.
+        let (chunks, event_records) = std::thread::scope(|s| {
             let decoding = Decoding::start(s);
-            let scan = self.scan(&mut |key, value| match codec::parse_chunk_key(key) {
-                Some(id) => {
-                    decoding.send(id, value.to_vec());
-                    Ok(())
+            let scan = self.scan(&mut |key, value| {
+                if let Some(id) = codec::parse_chunk_key(key) {
+                    decoding.send(Coded::Chunk(id), value.to_vec());
+                } else if let Some(first) = codec::parse_event_key(key) {
+                    decoding.send(Coded::Events(first), value.to_vec());
+                } else {
+                    return scanned.take(key, value);
                 }
-                None => scanned.take(key, value),
+                Ok(())
             });
-            let chunks = decoding.finish();
-            scan.map(|()| chunks)
+            let decoded = decoding.finish();
+            scan.map(|()| decoded)
         })?;
         let Scanned {
             mut loaded,
             schema,
             revision,
-            event_records,
         } = scanned;
         let empty = event_records.is_empty()
             && loaded.streams.is_empty()
@@ -353,7 +355,7 @@ pub trait Store: Send + Sync {
         }
         loaded.revision = Revision(revision.unwrap_or(0));
         let base = snapshot_objects(self, loaded.snapshot, chunks)?;
-        let (events, records) = decode_event_records(&event_records)?;
+        let (events, records) = change_log_of(event_records)?;
         loaded.events = events;
         loaded.event_records = records;
         let from = loaded.snapshot.map_or(Revision(0), |s| s.revision);
@@ -443,7 +445,7 @@ fn encode_batch(batch: &Batch) -> Writes {
     writes.into_iter().collect()
 }
 
-/// Decodes the event records, two threads at a time, checking each key against its record.
+/// The change log's events, and each record's first and last revision and bytes.
 type EventRecords = (Vec<EventRecord>, Vec<(u64, u64, usize)>);
 
 /// What a scan of the store found, before it is verified as a whole.
@@ -452,22 +454,37 @@ struct Scanned {
     loaded: Loaded,
     schema: Option<u64>,
     revision: Option<u64>,
-    event_records: Vec<(u64, Vec<u8>)>,
+}
+
+/// A record the scan hands to the decoders, by its key: a snapshot's chunk (snapshot,
+/// index), or a change log record (its first revision).
+enum Coded {
+    Chunk((u64, u32)),
+    Events(u64),
 }
 
 /// A snapshot chunk as decoded: its (snapshot, index) and its objects or why not.
 type DecodedChunk = ((u64, u32), Result<Vec<ObjectRecord>, DecodeError>);
 
-/// Snapshot chunks decoded on two threads as a scan hands them over.
+/// A change log record as decoded: its key's first revision and its events or why not.
+type DecodedEvents = (u64, Result<Vec<EventRecord>, DecodeError>);
+
+/// A record decoded on a worker, with its place in the scan.
+enum Decoded {
+    Chunk(DecodedChunk),
+    Events(DecodedEvents),
+}
+
+/// Records decoded on two threads as a scan hands them over.
 struct Decoding<'scope> {
-    to: std::sync::mpsc::SyncSender<(usize, (u64, u32), Vec<u8>)>,
+    to: std::sync::mpsc::SyncSender<(usize, Coded, Vec<u8>)>,
     sent: std::cell::Cell<usize>,
-    workers: Vec<std::thread::ScopedJoinHandle<'scope, Vec<(usize, DecodedChunk)>>>,
+    workers: Vec<std::thread::ScopedJoinHandle<'scope, Vec<(usize, Decoded)>>>,
 }
 
 impl<'scope> Decoding<'scope> {
     fn start<'env>(s: &'scope std::thread::Scope<'scope, 'env>) -> Self {
-        let (to, from) = std::sync::mpsc::sync_channel::<(usize, (u64, u32), Vec<u8>)>(64);
+        let (to, from) = std::sync::mpsc::sync_channel::<(usize, Coded, Vec<u8>)>(64);
         let from = std::sync::Arc::new(std::sync::Mutex::new(from));
         let workers = (0..2)
             .map(|_| {
@@ -476,10 +493,20 @@ impl<'scope> Decoding<'scope> {
                     let mut done = Vec::new();
                     loop {
                         let next = from.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        let Ok((n, id, bytes)) = next else {
+                        let Ok((n, coded, bytes)) = next else {
                             return done;
                         };
-                        done.push((n, (id, codec::decode_chunk(&bytes))));
+                        done.push((
+                            n,
+                            match coded {
+                                Coded::Chunk(id) => {
+                                    Decoded::Chunk((id, codec::decode_chunk(&bytes)))
+                                }
+                                Coded::Events(first) => {
+                                    Decoded::Events((first, codec::decode_events(&bytes)))
+                                }
+                            },
+                        ));
                     }
                 })
             })
@@ -491,17 +518,18 @@ impl<'scope> Decoding<'scope> {
         }
     }
 
-    fn send(&self, id: (u64, u32), bytes: Vec<u8>) {
+    fn send(&self, coded: Coded, bytes: Vec<u8>) {
         let n = self.sent.get();
         self.sent.set(n + 1);
         // Both workers gone (they panicked, which the scope then raises): nothing to do.
-        let _ = self.to.send((n, id, bytes));
+        let _ = self.to.send((n, coded, bytes));
     }
 
-    /// Every chunk sent, decoded, in the order they were sent.
-    fn finish(self) -> Vec<DecodedChunk> {
+    /// Every record sent, decoded, in the order they were sent: the chunks, and the
+    /// change log's records.
+    fn finish(self) -> (Vec<DecodedChunk>, Vec<DecodedEvents>) {
         drop(self.to);
-        let mut done: Vec<(usize, DecodedChunk)> = Vec::with_capacity(self.sent.get());
+        let mut done: Vec<(usize, Decoded)> = Vec::with_capacity(self.sent.get());
         for worker in self.workers {
             match worker.join() {
                 Ok(part) => done.extend(part),
@@ -509,14 +537,22 @@ impl<'scope> Decoding<'scope> {
             }
         }
         done.sort_unstable_by_key(|(n, _)| *n);
-        done.into_iter().map(|(_, chunk)| chunk).collect()
+        let (mut chunks, mut events) = (Vec::new(), Vec::new());
+        for (_, decoded) in done {
+            match decoded {
+                Decoded::Chunk(c) => chunks.push(c),
+                Decoded::Events(e) => events.push(e),
+            }
+        }
+        (chunks, events)
     }
 }
 
 impl Scanned {
-    /// Takes one record: the schema, revision, snapshot, clusters or field indexes,
-    /// a snapshot's chunk, a change log record, a cluster's discovery or a stream's
-    /// progress (each checked against its key); anything else is damage.
+    /// Takes one record other than a snapshot's chunk or a change log record (those
+    /// go to [`Decoding`]): the schema, revision, snapshot, clusters or field indexes,
+    /// a cluster's discovery or a stream's progress (each checked against its key);
+    /// anything else is damage.
     fn take(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let damaged = |what: &str, e: DecodeError| {
             StoreError::Damaged(format!(
@@ -541,8 +577,6 @@ impl Scanned {
         } else if key == codec::META_FIELD_INDEXES {
             loaded.field_indexes =
                 Some(codec::decode_names(value).map_err(|e| damaged("field indexes", e))?);
-        } else if let Some(first) = codec::parse_event_key(key) {
-            self.event_records.push((first, value.to_vec()));
         } else if key.starts_with(codec::DISCOVERY_PREFIX) {
             let d = codec::decode_discovery(value).map_err(|e| damaged("discovery", e))?;
             if codec::discovery_key(&d.cluster) != key {
@@ -657,31 +691,24 @@ fn unbroken(
     Ok(())
 }
 
-fn decode_event_records(records: &[(u64, Vec<u8>)]) -> Result<EventRecords, StoreError> {
-    let decode = |part: &[(u64, Vec<u8>)]| -> Result<Vec<Vec<EventRecord>>, StoreError> {
-        part.iter()
-            .map(|(first, bytes)| {
-                let events = codec::decode_events(bytes).map_err(|e| {
-                    StoreError::Damaged(format!("event record at revision {first}: {e}"))
-                })?;
-                if events[0].revision.0 != *first {
-                    return Err(StoreError::Damaged(format!(
-                        "event record under revision {first} is for revision {}",
-                        events[0].revision
-                    )));
-                }
-                Ok(events)
-            })
-            .collect()
-    };
-    let (a, b) = records.split_at(records.len() / 2);
-    let (first, second) = std::thread::scope(|s| {
-        let other = s.spawn(|| decode(a));
-        (other.join(), decode(b))
-    });
-    let first =
-        first.map_err(|_| StoreError::Damaged("an event record failed to decode".into()))??;
-    let runs: Vec<Vec<EventRecord>> = first.into_iter().chain(second?).collect();
+/// The change log's events from its decoded records, each checked against its key,
+/// and the records' extents; records that overlap are damage.
+fn change_log_of(records: Vec<DecodedEvents>) -> Result<EventRecords, StoreError> {
+    let runs = records
+        .into_iter()
+        .map(|(first, events)| {
+            let events = events.map_err(|e| {
+                StoreError::Damaged(format!("event record at revision {first}: {e}"))
+            })?;
+            if events[0].revision.0 != first {
+                return Err(StoreError::Damaged(format!(
+                    "event record under revision {first} is for revision {}",
+                    events[0].revision
+                )));
+            }
+            Ok(events)
+        })
+        .collect::<Result<Vec<Vec<EventRecord>>, StoreError>>()?;
     let extents = runs
         .iter()
         .map(|run| {
