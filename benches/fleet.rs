@@ -1658,8 +1658,7 @@ async fn list_everything(client: &mut Client) -> (Duration, usize) {
 struct Ring {
     replicas: Vec<Option<Proc>>,
     _routers: Vec<Proc>,
-    router_port: u16,
-    /// Every router's port, the first being `router_port`.
+    /// Every router's port.
     router_ports: Vec<u16>,
 }
 
@@ -1696,6 +1695,11 @@ fn free_port() -> u16 {
 }
 
 impl Ring {
+    /// The first router's port.
+    fn router_port(&self) -> u16 {
+        self.router_ports[0]
+    }
+
     /// Three replicas and one router.
     fn start(kubeconfig: &str, common: &[&str], replication: usize) -> Self {
         Self::of(kubeconfig, common, replication, 3, 1)
@@ -1763,7 +1767,6 @@ impl Ring {
         Self {
             replicas,
             _routers: routers,
-            router_port: router_ports[0],
             router_ports,
         }
     }
@@ -1786,7 +1789,7 @@ async fn router() {
     counts_all(&mut one, total).await;
     let single_sync = t.elapsed();
     let ring = Ring::start(&kc, &common, 1);
-    let mut routed = client_at(ring.router_port).await;
+    let mut routed = client_at(ring.router_port()).await;
     let t = Instant::now();
     counts_all(&mut routed, total).await;
     let ring_sync = t.elapsed();
@@ -1845,13 +1848,13 @@ async fn router_fanout() {
     let common = pod_serving(&kc);
     let (_single, single_port) = Proc::serve(&common);
     let ring = Ring::start(&kc, &common, 1);
-    for port in [single_port, ring.router_port] {
+    for port in [single_port, ring.router_port()] {
         counts_all(&mut client_at(port).await, total).await;
     }
     let mut round = 0usize;
     for (name, port) in [
         ("one server", single_port),
-        ("through a router", ring.router_port),
+        ("through a router", ring.router_port()),
     ] {
         round += 1;
         // When each change was written: (cluster, name, resourceVersion).
@@ -1960,7 +1963,7 @@ async fn failover(replication: usize) {
     let servers = Arc::new(servers);
     let kc = kubeconfig.display().to_string();
     let mut ring = Ring::start(&kc, &pod_serving(&kc), replication);
-    let mut routed = client_at(ring.router_port).await;
+    let mut routed = client_at(ring.router_port()).await;
     counts_all(&mut routed, total).await;
     let figures = fail_over(&mut ring, &mut routed, servers, pods, replication).await;
     println!(
