@@ -2859,8 +2859,9 @@ async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_el
     split(&[&a], &clusters, &log).await;
     routers_see(&[&router], clusters.len(), 1).await;
     let total = common::truth(&fleet, "configmaps").len() as u64;
-    // One caller's 1,000 Watches (its limit), over two connections to the router:
-    // each a stream from the router to the replica for as long as it runs.
+    // One caller's 1,000 Watches (its limit) of as many queries, over two
+    // connections to the router: each a stream from the router to the replica for
+    // as long as it runs (Watches of one query would share one).
     let url = format!("http://127.0.0.1:{}", router.port);
     let mut channels = Vec::new();
     for _ in 0..2 {
@@ -2877,7 +2878,10 @@ async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_el
         let mut c = fleetscope::proto::fleet_client::FleetClient::new(channels[i % 2].clone());
         let mut stream = c
             .watch(fleetscope::proto::WatchRequest {
-                query: Some(configmaps_query()),
+                query: Some(fleetscope::proto::Query {
+                    label_selector: format!("!absent-{i}"),
+                    ..configmaps_query()
+                }),
                 send_initial_events: true,
                 ..Default::default()
             })
@@ -2930,6 +2934,88 @@ async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_el
         .unwrap();
     assert_eq!(got.into_inner().clusters.len(), clusters.len());
     drop(watches);
+    drop((a, router));
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_s_watches_of_one_query_through_a_router_read_one_stream_and_each_stays_exact() {
+    use std::sync::{Arc, Mutex};
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 3).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&a], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    let churning = Churning::start(&kubeconfig, &clusters);
+    // Six subscribers, each from its initial objects, then resuming from its tokens.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let seen: Vec<Arc<Mutex<Seen>>> = (0..6).map(|_| Arc::default()).collect();
+    let mut tasks: Vec<_> = seen
+        .iter()
+        .map(|s| tokio::spawn(subscribe(vec![router.port], s.clone(), stop.clone())))
+        .collect();
+    // And six more Watches from now.
+    let from_now: Vec<Arc<Mutex<BTreeMap<String, usize>>>> =
+        (0..6).map(|_| Arc::default()).collect();
+    for counted in &from_now {
+        let mut client = router.client().await;
+        let mut stream = client
+            .watch(fleetscope::proto::WatchRequest {
+                query: Some(configmaps_query()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let (counted, stop) = (counted.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let e = tokio::select! {
+                    () = stop.cancelled() => return,
+                    e = stream.message() => e,
+                };
+                let Ok(Some(e)) = e else { return };
+                if let Some(o) = e.object {
+                    *counted.lock().unwrap().entry(o.cluster).or_default() += 1;
+                }
+            }
+        }));
+    }
+    for s in &seen {
+        churning.progress(s, 20).await;
+    }
+    // Once their initial objects are sent, all twelve read one stream from the
+    // replica: the router's.
+    let what = common::with_log("the replica serves the router one Watch for all", &log);
+    common::eventually(what, async || {
+        match common::sample(&a.metrics, "fleetscope_watch_subscribers").await {
+            Some(1) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    churning.progress(&seen[0], 40).await;
+    churning.stop().await;
+    let truth = || common::truth(&fleet, "configmaps");
+    for (i, s) in seen.iter().enumerate() {
+        until_truth(&format!("subscriber {i}"), s, truth, &log).await;
+    }
+    // The Watches from now received changes of every cluster.
+    for counted in &from_now {
+        let counted = counted.lock().unwrap();
+        assert!(
+            clusters
+                .iter()
+                .all(|c| counted.get(c).is_some_and(|n| *n > 0)),
+            "a Watch from now: {counted:?}"
+        );
+    }
+    stop.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
     drop((a, router));
     fleet.shutdown().await;
 }

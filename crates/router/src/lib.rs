@@ -26,6 +26,7 @@ use fleetscope_ring::vocabulary as owner;
 
 mod list;
 mod pool;
+mod shared;
 pub mod stats;
 mod view;
 mod watch;
@@ -57,6 +58,7 @@ pub struct Router {
     connections: Arc<pool::Pools>,
     stats: Arc<stats::Stats>,
     views: Arc<Views>,
+    followers: Arc<shared::Followers>,
 }
 
 impl Router {
@@ -73,6 +75,7 @@ impl Router {
             upstream,
             connections: Arc::default(),
             stats: Arc::default(),
+            followers: Arc::default(),
         }
     }
 
@@ -537,7 +540,7 @@ impl Fleet for Router {
                 oldest: None,
             });
         }
-        let routed = watch::Routed::start(self.clone(), r).await?;
+        let routed = shared::Shared::start(self.clone(), r).await?;
         Ok(Watch::new(
             routed.events(),
             Arc::new(std::sync::atomic::AtomicU64::new(0)),

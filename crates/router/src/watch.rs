@@ -22,7 +22,7 @@ use fleetscope_grpc::token::{seal, unseal};
 
 /// How often a routed Watch looks for clusters to follow elsewhere, and sends its
 /// position when it moved.
-const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+pub(super) const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a position token holds.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -69,19 +69,22 @@ pub(super) struct Routed {
     out: std::collections::VecDeque<WatchEvent>,
     tick: tokio::time::Interval,
     ended: bool,
+    /// Pass on the positions the replicas report (as [`WatchEvent::Positions`]), for
+    /// a Watch that others read ([`super::shared`]).
+    passes_positions: bool,
 }
 
 impl Routed {
-    /// Opens a routed Watch: from the initial objects, from now, or from a token.
-    pub(super) async fn start(router: Router, r: WatchRequest) -> Result<Self, FleetError> {
+    /// A routed Watch of `r` following nothing yet.
+    fn new(router: Router, r: &WatchRequest) -> Self {
         let fingerprint = fleetscope_grpc::remote::fingerprint(&r.query, r.projection);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut routed = Self {
+        Self {
             router,
-            query: r.query,
+            query: r.query.clone(),
             projection: r.projection,
-            access: r.access,
+            access: r.access.clone(),
             fingerprint,
             positions: BTreeMap::new(),
             owner: BTreeMap::new(),
@@ -97,44 +100,95 @@ impl Routed {
             out: std::collections::VecDeque::new(),
             tick,
             ended: false,
-        };
+            passes_positions: false,
+        }
+    }
+
+    /// Opens a routed Watch: from the initial objects, from now, or from a token.
+    pub(super) async fn start(router: Router, r: WatchRequest) -> Result<Self, FleetError> {
+        let mut routed = Self::new(router, &r);
         match r.resume {
             Some(resume) => {
-                routed.positions = routed.open_token(&resume.token)?;
-                for (cluster, rv) in resume.after {
-                    routed.positions.insert(cluster.to_string(), rv);
-                }
+                let positions =
+                    resume_positions(&routed.router, &r.access, &routed.fingerprint, &resume)?;
+                routed.positions = positions;
                 routed.follow().await?;
             }
-            None => {
-                let view = routed.router.view()?;
-                let serving = view.serving();
-                let plan = Router::plan(&routed.query.clusters, &serving);
-                let opened = plan.values().map(|(member, clusters)| {
-                    let mut request = routed.request(clusters);
-                    request.initial = r.initial;
-                    let router = &routed.router;
-                    async move {
-                        let stream = router
-                            .ask(member, |remote| async move { remote.watch(request).await })
-                            .await?;
-                        Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), stream))
-                    }
-                });
-                let opened = futures::future::try_join_all(opened).await?;
-                for (identity, clusters, stream) in opened {
-                    let g = routed.add(identity, &clusters, stream);
-                    if r.initial {
-                        routed.initial.insert(g);
-                    }
-                }
-                routed.initial_pending = r.initial;
-                if r.initial && routed.initial.is_empty() {
-                    routed.initial_done();
-                }
-            }
+            None => routed.open_all(r.initial).await?,
         }
         Ok(routed)
+    }
+
+    /// Opens a routed Watch from now whose every event, and every position the
+    /// replicas report, others read.
+    pub(super) async fn shared(router: Router, r: &WatchRequest) -> Result<Self, FleetError> {
+        let mut routed = Self::new(router, r);
+        routed.passes_positions = true;
+        routed.open_all(false).await?;
+        Ok(routed)
+    }
+
+    /// Opens a routed Watch continuing from `positions` (cluster: member position).
+    pub(super) async fn resumed(
+        router: Router,
+        r: &WatchRequest,
+        positions: BTreeMap<String, Arc<str>>,
+    ) -> Result<Self, FleetError> {
+        let mut routed = Self::new(router, r);
+        routed.positions = positions;
+        routed.follow().await?;
+        Ok(routed)
+    }
+
+    /// Follows every selected cluster from the replica serving it now, from now or
+    /// from its initial objects.
+    async fn open_all(&mut self, initial: bool) -> Result<(), FleetError> {
+        let view = self.router.view()?;
+        let serving = view.serving();
+        let plan = Router::plan(&self.query.clusters, &serving);
+        let opened = plan.values().map(|(member, clusters)| {
+            let mut request = self.request(clusters);
+            request.initial = initial;
+            let router = &self.router;
+            async move {
+                let stream = router
+                    .ask(member, |remote| async move { remote.watch(request).await })
+                    .await?;
+                Ok::<_, FleetError>((member.identity.clone(), clusters.clone(), stream))
+            }
+        });
+        let opened = futures::future::try_join_all(opened).await?;
+        for (identity, clusters, stream) in opened {
+            let g = self.add(identity, &clusters, stream);
+            if initial {
+                self.initial.insert(g);
+            }
+        }
+        self.initial_pending = initial;
+        if initial && self.initial.is_empty() {
+            self.initial_done();
+        }
+        Ok(())
+    }
+
+    /// Where the subscriber stands in each cluster, as delivered to it so far (and
+    /// as events still queued for it take it).
+    pub(super) fn positions(&self) -> &BTreeMap<String, Arc<str>> {
+        &self.positions
+    }
+
+    /// The clusters the subscriber was told are followed from no replica.
+    pub(super) fn told_unserved(&self) -> &BTreeSet<String> {
+        &self.unserved
+    }
+
+    /// Whether everything taken was delivered and the initial objects are all sent:
+    /// the subscriber stands exactly at [`Self::positions`].
+    pub(super) fn quiet(&self) -> bool {
+        self.out.is_empty()
+            && !self.initial_pending
+            && self.initial.is_empty()
+            && self.initial_positions.is_empty()
     }
 
     /// The request following `clusters` from one replica, with positions reported.
@@ -147,38 +201,13 @@ impl Routed {
         request
     }
 
-    /// The positions a token holds, when it is this caller's and this query's.
-    fn open_token(&self, token: &str) -> Result<BTreeMap<String, Arc<str>>, FleetError> {
-        let bad = || {
-            FleetError::InvalidArgument(
-                "resume_token was not issued to this caller for this query by a router of this ring: pass back a BOOKMARK's position_token unchanged, with the same query".into(),
-            )
-        };
-        let caller = self.access.caller();
-        let payload =
-            unseal(&self.router.upstream.page_token_key, &caller, token).ok_or_else(bad)?;
-        let t: Token = serde_json::from_slice(&payload).map_err(|_| bad())?;
-        if t.q != self.fingerprint {
-            return Err(bad());
-        }
-        Ok(t.v.into_iter().map(|(c, rv)| (c, Arc::from(rv))).collect())
-    }
-
     /// Where the subscriber stands, as a token.
     fn token(&self) -> String {
-        let t = Token {
-            q: self.fingerprint.clone(),
-            v: self
-                .positions
-                .iter()
-                .map(|(c, rv)| (c.clone(), rv.to_string()))
-                .collect(),
-        };
-        let payload = serde_json::to_vec(&t).unwrap_or_default();
-        seal(
-            &self.router.upstream.page_token_key,
-            &self.access.caller(),
-            &payload,
+        token(
+            &self.router,
+            &self.access,
+            &self.fingerprint,
+            &self.positions,
         )
     }
 
@@ -490,12 +519,23 @@ impl Routed {
                     self.initial_positions.insert(g);
                 }
             }
-            WatchEvent::Positions { positions, .. } => {
+            WatchEvent::Positions {
+                positions,
+                revision,
+            } => {
+                let mut taken = Vec::new();
                 for (cluster, rv) in positions {
                     if self.takes(cluster.as_str(), g) {
-                        self.positions.insert(cluster.to_string(), rv);
+                        self.positions.insert(cluster.to_string(), rv.clone());
                         self.dirty = true;
+                        taken.push((cluster, rv));
                     }
+                }
+                if self.passes_positions && !taken.is_empty() {
+                    self.out.push_back(WatchEvent::Positions {
+                        positions: taken,
+                        revision,
+                    });
                 }
                 if self.initial_positions.remove(&g) {
                     self.initial_ended(g);
@@ -550,7 +590,7 @@ impl Routed {
     }
 
     /// The next event for the subscriber; `None` once the Watch has ended.
-    async fn next(&mut self) -> Option<Result<WatchEvent, FleetError>> {
+    pub(super) async fn next(&mut self) -> Option<Result<WatchEvent, FleetError>> {
         loop {
             if let Some(e) = self.out.pop_front() {
                 return Some(Ok(e));
@@ -578,16 +618,6 @@ impl Routed {
             }
         }
     }
-
-    /// The Watch as a stream.
-    pub(super) fn events(
-        self,
-    ) -> impl futures::Stream<Item = Result<WatchEvent, FleetError>> + Send + 'static {
-        stream::unfold(self, |mut r| async move {
-            let e = r.next().await?;
-            Some((e, r))
-        })
-    }
 }
 
 impl Drop for Routed {
@@ -596,6 +626,55 @@ impl Drop for Routed {
             cancel.cancel();
         }
     }
+}
+
+/// The positions a routed Watch resumes from: the token's (when it is this caller's
+/// and this query's) and those reached after it.
+pub(super) fn resume_positions(
+    router: &Router,
+    access: &Access,
+    fingerprint: &str,
+    resume: &fleetscope_model::fleet::Resume,
+) -> Result<BTreeMap<String, Arc<str>>, FleetError> {
+    let bad = || {
+        FleetError::InvalidArgument(
+            "resume_token was not issued to this caller for this query by a router of this ring: pass back a BOOKMARK's position_token unchanged, with the same query".into(),
+        )
+    };
+    let payload = unseal(
+        &router.upstream.page_token_key,
+        &access.caller(),
+        &resume.token,
+    )
+    .ok_or_else(bad)?;
+    let t: Token = serde_json::from_slice(&payload).map_err(|_| bad())?;
+    if t.q != fingerprint {
+        return Err(bad());
+    }
+    let mut positions: BTreeMap<String, Arc<str>> =
+        t.v.into_iter().map(|(c, rv)| (c, Arc::from(rv))).collect();
+    for (cluster, rv) in &resume.after {
+        positions.insert(cluster.to_string(), rv.clone());
+    }
+    Ok(positions)
+}
+
+/// `positions` as a token for `access`'s caller and the query of `fingerprint`.
+pub(super) fn token(
+    router: &Router,
+    access: &Access,
+    fingerprint: &str,
+    positions: &BTreeMap<String, Arc<str>>,
+) -> String {
+    let t = Token {
+        q: fingerprint.to_string(),
+        v: positions
+            .iter()
+            .map(|(c, rv)| (c.clone(), rv.to_string()))
+            .collect(),
+    };
+    let payload = serde_json::to_vec(&t).unwrap_or_default();
+    seal(&router.upstream.page_token_key, &access.caller(), &payload)
 }
 
 /// The revision an event of a replica names, if any.
