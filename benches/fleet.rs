@@ -192,7 +192,12 @@ async fn pod_clusters(
 
 /// CPU time this process has used (user + system), from /proc/self/stat.
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_time_of("self")
+}
+
+/// CPU time process `pid` (or `self`) has used (user + system), from its stat.
+fn cpu_time_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest: Vec<&str> = stat
         .rsplit_once(')')
         .map_or("", |(_, r)| r)
@@ -1521,6 +1526,11 @@ impl Proc {
         Self(child)
     }
 
+    /// CPU time it has used.
+    fn cpu(&self) -> Duration {
+        cpu_time_of(&self.0.id().to_string())
+    }
+
     fn rss(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.0.id()))
             .ok()
@@ -1809,13 +1819,33 @@ async fn router() {
         "router: through a router:  {}",
         rpc_latencies(&mut routed, clusters, pods, 300).await
     );
+    // The CPU each process spends on it beside the time: on a machine of few cores
+    // the router's work competes with the replica's and the client's.
+    let ring_cpu = |ring: &Ring| {
+        let replicas: Duration = ring.replicas.iter().flatten().map(Proc::cpu).sum();
+        let routers: Duration = ring._routers.iter().map(Proc::cpu).sum();
+        (replicas, routers, cpu_time())
+    };
+    let (server0, client0) = (single.cpu(), cpu_time());
     let (d1, n1) = list_everything(&mut one).await;
+    let (server1, client1) = (single.cpu(), cpu_time());
+    let (replicas0, routers0, client2) = ring_cpu(&ring);
     let (d2, n2) = list_everything(&mut routed).await;
+    let (replicas1, routers1, client3) = ring_cpu(&ring);
     assert_eq!((n1 as u64, n2 as u64), (total, total));
+    let s = |d: Duration| d.as_secs_f64();
     println!(
         "router: all {total} pods in pages of 500: one server {:.2} s, through a router {:.2} s",
-        d1.as_secs_f64(),
-        d2.as_secs_f64()
+        s(d1),
+        s(d2)
+    );
+    println!(
+        "router: their CPU: one server {:.2} s + client {:.2} s; replicas {:.2} s + router {:.2} s + client {:.2} s",
+        s(server1 - server0),
+        s(client1 - client0),
+        s(replicas1 - replicas0),
+        s(routers1 - routers0),
+        s(client3 - client2)
     );
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!(

@@ -26,6 +26,7 @@ use fleetscope_ring::vocabulary as owner;
 
 mod list;
 mod pool;
+mod prefetch;
 mod shared;
 pub mod stats;
 mod view;
@@ -59,6 +60,7 @@ pub struct Router {
     stats: Arc<stats::Stats>,
     views: Arc<Views>,
     followers: Arc<shared::Followers>,
+    prefetched: Arc<prefetch::Prefetched>,
 }
 
 impl Router {
@@ -76,6 +78,7 @@ impl Router {
             connections: Arc::default(),
             stats: Arc::default(),
             followers: Arc::default(),
+            prefetched: Arc::default(),
         }
     }
 

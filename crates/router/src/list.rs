@@ -11,7 +11,7 @@ use fleetscope_model::{Fleet as _, FleetError, ObjectKey, Revision};
 
 use fleetscope_ring::lease::Member;
 
-use super::Router;
+use super::{Router, prefetch};
 
 /// Where a routed list continues: for each replica drawn on, the snapshot it listed
 /// from and the clusters it was asked for.
@@ -105,7 +105,8 @@ impl Router {
         for (i, _) in items.drain(taken..) {
             positions.r[i] += 1;
         }
-        let items = items.into_iter().map(|(_, o)| o).collect();
+        let items: Vec<FleetObject> = items.into_iter().map(|(_, o)| o).collect();
+        self.ask_ahead(&view, &positions, &r, items.last());
         Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
     }
 
@@ -151,7 +152,9 @@ impl Router {
                 limit - items.len(),
                 Some(positions.r[i]),
             );
-            let (_, _, page) = self.page_of(asked[i], run.clone(), request).await?;
+            let (_, _, page) = self
+                .page_ahead_or_now(asked[i], run.clone(), request)
+                .await?;
             missing.extend(Self::silent(
                 identity,
                 &run,
@@ -183,6 +186,7 @@ impl Router {
         clusters.extend(missing);
         self.keep_snapshots(&mut positions, &asked, &after, &r)
             .await;
+        self.ask_ahead(&view, &positions, &r, items.last());
         Ok(self.routed_page(items, clusters, partial, positions, &r, &serving))
     }
 
@@ -299,6 +303,67 @@ impl Router {
             resume: serde_json::to_vec(&positions).unwrap_or_default(),
             warnings: self.unmatched(&r.query.clusters, serving),
         }
+    }
+
+    /// `member`'s page for `request`: the one asked ahead, when there is one that
+    /// came (one that failed is asked again), or asked now.
+    async fn page_ahead_or_now(
+        &self,
+        member: &Member,
+        clusters: Vec<String>,
+        request: ListRequest,
+    ) -> Result<(String, Vec<String>, ListAnswer), FleetError> {
+        if let Some(coming) = self
+            .prefetched
+            .take(&prefetch::key(&member.identity, &request))
+            && let Ok(Ok(page)) = coming.await
+        {
+            return Ok((member.identity.clone(), clusters, page));
+        }
+        self.page_of(member, clusters, request).await
+    }
+
+    /// Asks ahead, when more follow the page ending with `last`, for what the next
+    /// page will ask a replica first: the objects after `last` of the clusters
+    /// listed next from one replica, as many as a page holds.
+    fn ask_ahead(
+        &self,
+        view: &super::View,
+        positions: &Positions,
+        r: &ListRequest,
+        last: Option<&FleetObject>,
+    ) {
+        let Some(last) = last else { return };
+        let Some((i, run)) = runs_from(positions, &last.key.cluster)
+            .into_iter()
+            .find(|(i, _)| positions.r.get(*i).is_some_and(|n| *n > 0))
+        else {
+            return;
+        };
+        let (identity, revision, _) = &positions.s[i];
+        let Some(member) = view
+            .members()
+            .iter()
+            .find(|m| m.identity == *identity)
+            .cloned()
+        else {
+            return;
+        };
+        let request = continued(
+            r,
+            (*revision, &run),
+            &last.key,
+            r.limit.max(1),
+            Some(positions.r[i]),
+        );
+        let (tx, coming) = tokio::sync::oneshot::channel();
+        self.prefetched
+            .put(prefetch::key(identity, &request), coming);
+        let router = self.clone();
+        tokio::spawn(async move {
+            let page = router.page_of(&member, run, request).await;
+            let _ = tx.send(page.map(|(_, _, page)| page));
+        });
     }
 
     /// `member`'s List page for `clusters`, with who answered and what it was asked.
