@@ -70,7 +70,7 @@ pub(super) struct Routed {
     tick: tokio::time::Interval,
     ended: bool,
     /// Pass on the positions the replicas report (as [`WatchEvent::Positions`]), for
-    /// a Watch that others read ([`super::shared`]).
+    /// a Watch that others read (a follower of the replicas).
     passes_positions: bool,
 }
 
