@@ -173,6 +173,27 @@ pub struct Described {
     pub help: String,
 }
 
+/// The first sentence of `help`: up to the first full stop followed by a space that
+/// ends neither an abbreviation (`e.g.`, `i.e.`) nor falls inside parentheses, with no
+/// full stop of its own.
+fn first_sentence(help: &str) -> &str {
+    let mut depth = 0usize;
+    for (i, c) in help.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            '.' if depth == 0 && help[i + 1..].starts_with([' ', '\n']) => {
+                let word = help[..i].rsplit([' ', '(', '\n']).next().unwrap_or("");
+                if !matches!(word, "e.g" | "i.e" | "etc" | "cf" | "vs") {
+                    return &help[..i];
+                }
+            }
+            _ => {}
+        }
+    }
+    help.trim_end().trim_end_matches('.')
+}
+
 /// Every setting of `settings` described from its declaration and its argument in
 /// `serve` (the `serve` subcommand of a built command, so global flags are in it).
 pub fn describe<'a>(
@@ -183,10 +204,7 @@ pub fn describe<'a>(
         .filter_map(|s| {
             let arg = serve.get_arguments().find(|a| a.get_id() == s.id)?;
             let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
-            let first = help
-                .split_once(". ")
-                .map_or(help.trim_end_matches('.'), |(first, _)| first)
-                .replace('\n', " ");
+            let first = first_sentence(&help).replace('\n', " ");
             Some(Described {
                 key: s.key,
                 flag: format!("--{}", arg.get_long()?),
@@ -229,4 +247,24 @@ pub fn markdown(described: &[Described]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setting_s_summary_is_its_first_sentence_whole() {
+        assert_eq!(
+            first_sentence("A JSON path to index (e.g. `spec.nodeName`); repeatable."),
+            "A JSON path to index (e.g. `spec.nodeName`); repeatable"
+        );
+        assert_eq!(
+            first_sentence("Where to listen, e.g. 0.0.0.0:50051. Restart to change."),
+            "Where to listen, e.g. 0.0.0.0:50051"
+        );
+        assert_eq!(first_sentence("One. Two."), "One");
+        assert_eq!(first_sentence("Version 1.2 of it"), "Version 1.2 of it");
+        assert_eq!(first_sentence(""), "");
+    }
 }

@@ -3108,6 +3108,31 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
         text.contains("fleetscope_grpc_server_handled_total"),
         "{text}"
     );
+    // It holds no store, and says so (each replica keeps its own).
+    let store = c
+        .get_store(fleetscope::proto::GetStoreRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !store.persisted && store.router_of_ring == RING,
+        "{store:?}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleetscope"))
+        .args([
+            "store",
+            "--server",
+            &format!("http://127.0.0.1:{}", router.port),
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && said.contains("a router (of ring")
+            && said.contains("holds no store"),
+        "{out:?}"
+    );
     drop((first, second));
     drop((a, b, router));
     fleet.shutdown().await;

@@ -195,7 +195,15 @@ pub async fn store(client: &mut Client, args: args::StoreArgs) -> Result<(), Cli
             "eventsWritten": r.events_written.to_string(), "eventsInLog": r.logged_events.to_string(),
             "snapshots": r.snapshots.to_string(), "compactions": r.compactions.to_string(),
             "lastCompactionMs": ms(&r.last_compaction), "lastError": r.last_error,
+            "routerOfRing": r.router_of_ring,
         })));
+        return Ok(());
+    }
+    if !r.router_of_ring.is_empty() {
+        print(&format!(
+            "a router (of ring {}) holds no store: each replica keeps its own; ask a replica with --server\n",
+            r.router_of_ring
+        ));
         return Ok(());
     }
     if !r.persisted {

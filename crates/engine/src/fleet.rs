@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use fleetscope_model::access::{ClusterRef, Namespaces};
 use fleetscope_model::fleet::{
     ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, GetAnswer, GetRequest, ListAnswer,
-    ListRequest, ResourceTypeInfo, StoreStats, StreamInfo, StreamState, Watch, WatchRequest,
+    ListRequest, ResourceTypeInfo, Store, StreamInfo, StreamState, Watch, WatchRequest,
 };
 use fleetscope_model::{Access, ClusterFilter, ClusterName, Fleet, FleetError, ObjectKey, Verb};
 
@@ -255,7 +255,7 @@ impl Fleet for Engine {
             .collect())
     }
 
-    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+    async fn store(&self, access: &Access) -> Result<Store, FleetError> {
         let path = fleetscope_model::access::STORE_ENDPOINT;
         if !access.policy().endpoint(access.subject(), path) {
             return Err(FleetError::PermissionDenied(format!(
@@ -263,7 +263,9 @@ impl Fleet for Engine {
                 access.subject()
             )));
         }
-        Ok(self.store_stats())
+        Ok(self
+            .store_stats()
+            .map_or(Store::InMemory, |s| Store::Persisted(Box::new(s))))
     }
 }
 

@@ -411,8 +411,16 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
         request: Request<proto::GetStoreRequest>,
     ) -> Result<Response<proto::GetStoreResponse>, Status> {
         let access = access(&request)?;
-        let Some(s) = self.fleet.store(&access).await.map_err(status)? else {
-            return Ok(self.answer(proto::GetStoreResponse::default()));
+        use fleetscope_model::fleet::Store;
+        let s = match self.fleet.store(&access).await.map_err(status)? {
+            Store::Persisted(s) => *s,
+            Store::InMemory => return Ok(self.answer(proto::GetStoreResponse::default())),
+            Store::Router { ring } => {
+                return Ok(self.answer(proto::GetStoreResponse {
+                    router_of_ring: ring,
+                    ..Default::default()
+                }));
+            }
         };
         Ok(self.answer(proto::GetStoreResponse {
             persisted: true,
@@ -429,6 +437,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
             last_error: s.last_error.unwrap_or_default(),
             failing_since: s.failing_since.map(convert::timestamp),
             write_errors: s.write_errors,
+            router_of_ring: String::new(),
         }))
     }
 }

@@ -13,8 +13,8 @@ use std::sync::atomic::AtomicU64;
 use fleetscope_model::access::{Everything, Policy, Subject};
 use fleetscope_model::fleet::{
     ClusterFreshness, ClustersAnswer, CountAnswer, CountRequest, Freshness, GetAnswer, GetRequest,
-    ListAnswer, ListRequest, Projection, Query, ResourceTypeInfo, StoreStats, Watch, WatchEvent,
-    WatchRequest,
+    ListAnswer, ListRequest, Projection, Query, ResourceTypeInfo, Store, StoreStats, Watch,
+    WatchEvent, WatchRequest,
 };
 use fleetscope_model::{Access, ClusterFilter, ClusterName, EventType, Fleet, FleetError, GroupBy};
 use futures::StreamExt as _;
@@ -420,17 +420,23 @@ impl Fleet for Remote {
             .collect())
     }
 
-    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+    async fn store(&self, access: &Access) -> Result<Store, FleetError> {
         let request = self.request(proto::GetStoreRequest {}, access);
         let s = self.answered(self.client.clone().get_store(request).await)?;
         if !s.persisted {
-            return Ok(None);
+            return Ok(if s.router_of_ring.is_empty() {
+                Store::InMemory
+            } else {
+                Store::Router {
+                    ring: s.router_of_ring,
+                }
+            });
         }
         let duration = |d: Option<prost_types::Duration>| {
             d.and_then(|d| std::time::Duration::try_from(d).ok())
                 .unwrap_or_default()
         };
-        Ok(Some(StoreStats {
+        Ok(Store::Persisted(Box::new(StoreStats {
             flushes: s.flushes,
             last_flush: duration(s.last_flush),
             max_flush: duration(s.max_flush),
@@ -447,7 +453,7 @@ impl Fleet for Remote {
             compactions: s.compactions,
             last_compaction: duration(s.last_compaction),
             ..StoreStats::default()
-        }))
+        })))
     }
 }
 

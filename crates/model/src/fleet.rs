@@ -638,7 +638,7 @@ impl<F: Fleet> Fleet for Gated<F> {
         let answer = self.inner.resource_types(access).await;
         answer.map_err(|e| self.why_unavailable(e))
     }
-    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+    async fn store(&self, access: &Access) -> Result<Store, FleetError> {
         let answer = self.inner.store(access).await;
         answer.map_err(|e| self.why_unavailable(e))
     }
@@ -784,6 +784,21 @@ pub struct ResourceTypeInfo {
     pub clusters: Vec<(ClusterName, u64)>,
 }
 
+/// What a fleet keeps on disk.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// Its store, with its figures.
+    Persisted(Box<StoreStats>),
+    /// Nothing: it runs in memory only.
+    InMemory,
+    /// Nothing of its own: it is a router of the ring named, whose replicas each keep
+    /// their own store.
+    Router {
+        /// The ring.
+        ring: String,
+    },
+}
+
 /// Figures about the store, for operators.
 #[derive(Debug, Clone, Default)]
 pub struct StoreStats {
@@ -904,12 +919,9 @@ pub trait Fleet: Send + Sync + 'static {
         &self,
         access: &Access,
     ) -> impl Future<Output = Result<Vec<ResourceTypeInfo>, FleetError>> + Send;
-    /// Store figures; `None` when running in memory. Only for a caller granted
+    /// What the fleet keeps on disk, and its figures. Only for a caller granted
     /// [`crate::access::STORE_ENDPOINT`]: others are `PermissionDenied`.
-    fn store(
-        &self,
-        access: &Access,
-    ) -> impl Future<Output = Result<Option<StoreStats>, FleetError>> + Send;
+    fn store(&self, access: &Access) -> impl Future<Output = Result<Store, FleetError>> + Send;
 }
 
 /// A fleet that is not there yet (a store still loading): every call is
@@ -969,7 +981,7 @@ impl<F: Fleet> Fleet for Deferred<F> {
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         self.ready()?.resource_types(access).await
     }
-    async fn store(&self, access: &Access) -> Result<Option<StoreStats>, FleetError> {
+    async fn store(&self, access: &Access) -> Result<Store, FleetError> {
         self.ready()?.store(access).await
     }
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use fleetscope_model::fleet::{
     ClusterFreshness, ClusterInfo, ClustersAnswer, CountAnswer, CountRequest, Fleet, Freshness,
-    GetAnswer, GetRequest, ListAnswer, ListRequest, ResourceTypeInfo, StoreStats, Watch,
-    WatchRequest, reason,
+    GetAnswer, GetRequest, ListAnswer, ListRequest, ResourceTypeInfo, Store, Watch, WatchRequest,
+    reason,
 };
 use fleetscope_model::{Access, ClusterFilter, FleetError, Revision};
 use tokio::time::Instant;
@@ -673,9 +673,11 @@ impl Fleet for Router {
             .collect())
     }
 
-    async fn store(&self, _access: &Access) -> Result<Option<StoreStats>, FleetError> {
+    async fn store(&self, _access: &Access) -> Result<Store, FleetError> {
         // A router holds no store: the replicas each keep their own.
-        Ok(None)
+        Ok(Store::Router {
+            ring: self.ring.clone(),
+        })
     }
 }
 
