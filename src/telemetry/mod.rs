@@ -44,7 +44,9 @@ pub fn init(format: LogFormat) -> Telemetry {
         .with_writer(std::io::stderr);
     let logs = match format {
         LogFormat::Text => logs.with_filter(filter).boxed(),
-        LogFormat::Json => logs.json().with_filter(filter).boxed(),
+        // One flat object a line: `message` and the event's fields beside `level`,
+        // `timestamp` and `target`, as log pipelines index them.
+        LogFormat::Json => logs.json().flatten_event(true).with_filter(filter).boxed(),
     };
     let (traces, problem) = if trace::wanted() {
         match trace::provider() {

@@ -815,8 +815,17 @@ fn spawn_serve(kc: &std::path::Path, data: &std::path::Path) -> (Child, String) 
     let line = rx
         .recv_timeout(PATIENCE)
         .expect("the server logs its address");
+    // One flat JSON object: the message and the fields beside the level.
     let log: serde_json::Value = serde_json::from_str(&line).unwrap();
-    (child, log["fields"]["addr"].as_str().unwrap().to_string())
+    assert!(
+        log["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("serving fleetscope.v1.Fleet"))
+            && log["level"] == "INFO"
+            && log.get("fields").is_none(),
+        "{line}"
+    );
+    (child, log["addr"].as_str().unwrap().to_string())
 }
 
 #[test]
