@@ -5,7 +5,41 @@ use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=build.rs");
+    commit();
     order_text()
+}
+
+/// The commit built, for `fleetscope version` and the servers' version header:
+/// `FLEETSCOPE_COMMIT` when set (a build from a tarball, or an image build given it),
+/// else the checkout's `HEAD` (with `-dirty` when files differ from it), else none.
+fn commit() {
+    println!("cargo:rerun-if-env-changed=FLEETSCOPE_COMMIT");
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(&root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = env::var("FLEETSCOPE_COMMIT").ok().or_else(|| {
+        let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+        // Built again when HEAD moves (a commit, a checkout).
+        if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+            println!("cargo:rerun-if-changed={dir}/HEAD");
+            if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                println!("cargo:rerun-if-changed={dir}/{branch}");
+            }
+        }
+        let dirty =
+            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        Some(if dirty { format!("{head}-dirty") } else { head })
+    });
+    if let Some(commit) = commit {
+        println!("cargo:rustc-env=FLEETSCOPE_COMMIT={commit}");
+    }
 }
 
 /// The functions a server runs (`link/text-order.txt`, written by `link/text-order.sh`)

@@ -52,8 +52,8 @@ pub enum Command {
     /// source (flag, environment, file or default), changing nothing.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Print the version.
-    Version,
+    /// Print the client's version and the server's (as kubectl version does).
+    Version(cli::args::VersionArgs),
     /// Print a shell completion script: `source <(fleetscope completion bash)`.
     Completion {
         /// The shell.
@@ -216,8 +216,13 @@ async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
             let mut c = cli::connect(&args.server).await?;
             Ok(cli::store(&mut c, args).await?)
         }
-        Command::Version => {
-            println!("fleetscope {}", env!("CARGO_PKG_VERSION"));
+        Command::Version(args) => {
+            println!("Client Version: {}", crate::version());
+            if args.client {
+                return Ok(());
+            }
+            let mut c = cli::connect(&args.server).await?;
+            println!("Server Version: {}", cli::server_version(&mut c).await?);
             Ok(())
         }
         Command::Completion { shell } => {

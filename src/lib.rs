@@ -16,6 +16,15 @@ pub mod shard;
 pub mod tasks;
 pub mod telemetry;
 
+/// This build's version: the package's, with the commit it was built from when known
+/// (`0.1.0 (commit 1a2b3c4d5e6f)`).
+pub fn version() -> String {
+    match option_env!("FLEETSCOPE_COMMIT") {
+        Some(commit) => format!("{} (commit {commit})", env!("CARGO_PKG_VERSION")),
+        None => env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
 pub use fleetscope_auth as auth;
 pub use fleetscope_auth::peer;
 pub use fleetscope_cli as cli;

@@ -87,6 +87,10 @@ if [ -n "$binary" ]; then
   context="$work/context"
 else
   context="$repo"
+  # The context holds no .git: the commit is given to the build.
+  if commit="$(git -C "$repo" rev-parse --short=12 HEAD 2>/dev/null)"; then
+    args+=(--build-arg "FLEETSCOPE_COMMIT=$commit")
+  fi
 fi
 if $local_base; then
   [ -n "$binary" ] || { echo "build.sh: --local-base needs --binary (its libraries)" >&2; exit 2; }

@@ -571,6 +571,7 @@ impl ListenerArgs {
             bookmark_interval: Duration::from_secs(self.bookmark_seconds.max(1)),
             max_watches_per_caller: usize::try_from(self.grpc_max_watches_per_caller)
                 .unwrap_or(usize::MAX),
+            version: crate::version().parse().ok(),
             ..ServiceConfig::new(token_key)
         }
     }

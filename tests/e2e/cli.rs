@@ -778,6 +778,23 @@ async fn serve_shuts_down_cleanly_on_sigterm_with_a_watch_open() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(size > 0.0, "{text}");
     assert!(text.contains("last error:"), "{text}");
+    // Its version is the client's (one binary), with the commit it was built from.
+    let out = Command::new(BIN)
+        .args(["version", "--server", &format!("http://{addr}")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    };
+    let client = line("Client Version: ").unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(line("Server Version: "), Some(client.clone()), "{text}");
+    assert!(client.starts_with(env!("CARGO_PKG_VERSION")), "{text}");
+    if let Some(commit) = option_env!("FLEETSCOPE_COMMIT") {
+        assert!(client.ends_with(&format!("(commit {commit})")), "{text}");
+    }
     fleet.shutdown().await;
 }
 
@@ -854,11 +871,26 @@ fn serve_refuses_a_data_directory_that_is_a_file() {
 
 #[test]
 fn version_and_shell_completions_print() {
-    let out = Command::new(BIN).arg("version").output().unwrap();
+    let out = Command::new(BIN)
+        .args(["version", "--client"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("fleetscope {}", env!("CARGO_PKG_VERSION"))
+    let client = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        client.starts_with(&format!("Client Version: {}", env!("CARGO_PKG_VERSION"))),
+        "{client}"
+    );
+    // With no server to ask: the client's, then why not the server's (as kubectl).
+    let out = Command::new(BIN)
+        .args(["version", "--server", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), client);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the fleetscope server"),
+        "{out:?}"
     );
     for shell in ["bash", "zsh", "fish"] {
         let out = Command::new(BIN)

@@ -195,6 +195,15 @@ pub struct ClustersArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// The client's version only: no server is asked.
+    #[arg(long)]
+    pub client: bool,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Debug, Args)]
 pub struct StoreArgs {
     /// Output format: table or json.
     #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]

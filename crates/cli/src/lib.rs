@@ -19,7 +19,7 @@ pub use connect::{Client, ClientError, Credentials, connect, server_url};
 pub use describe::describe;
 pub use follow::watch;
 pub use get::{count, get};
-pub use status::{clusters, store};
+pub use status::{clusters, server_version, store};
 
 #[cfg(test)]
 mod tests;

@@ -177,6 +177,21 @@ fn cluster_rows(r: &ListClustersResponse) -> (Vec<String>, Vec<Vec<String>>) {
     (header.map(String::from).to_vec(), rows)
 }
 
+/// The version the server says it is (its `fleetscope-version` header), asked with
+/// the cheapest call there is.
+pub async fn server_version(client: &mut Client) -> Result<String, ClientError> {
+    let r = client
+        .list_resource_types(fleetscope_proto::ListResourceTypesRequest::default())
+        .await?;
+    Ok(r.metadata()
+        .get(fleetscope_proto::VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(
+            || "unknown (the server does not say)".to_string(),
+            str::to_string,
+        ))
+}
+
 /// `fleetscope store`: the persisted store's figures, one per line.
 pub async fn store(client: &mut Client, args: args::StoreArgs) -> Result<(), ClientError> {
     let r = client

@@ -33,6 +33,8 @@ use fleetscope_proto::fleet_server;
 /// a wrong `--shard-advertise`) is never read as that replica.
 pub const REPLICA_HEADER: &str = "fleetscope-replica";
 
+pub use fleetscope_proto::VERSION_HEADER;
+
 /// The most `group_by` entries of a Count.
 pub const MAX_GROUP_BY: usize = 8;
 /// The most groups a Count answers with.
@@ -60,6 +62,9 @@ pub struct ServiceConfig {
     /// This server as a replica of a ring, `ring/identity`: sent as
     /// [`REPLICA_HEADER`] with every answer. Default: none (not a replica).
     pub replica: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// This server's version: sent as [`VERSION_HEADER`] with every answer. Default:
+    /// none.
+    pub version: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl ServiceConfig {
@@ -75,6 +80,7 @@ impl ServiceConfig {
             max_watches_per_caller: 1000,
             inputs: fleetscope_model::inputs::no_inputs(),
             replica: None,
+            version: None,
         }
     }
 }
@@ -119,6 +125,9 @@ impl<F: Fleet> FleetService<F> {
         let mut r = Response::new(message);
         if let Some(replica) = &self.config.replica {
             r.metadata_mut().insert(REPLICA_HEADER, replica.clone());
+        }
+        if let Some(version) = &self.config.version {
+            r.metadata_mut().insert(VERSION_HEADER, version.clone());
         }
         r
     }

@@ -15,3 +15,7 @@ pub const DEFAULT_ADDRESS: &str = "127.0.0.1:50051";
 
 /// The encoded `FileDescriptorSet` of `proto/`, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("fleetscope_descriptor");
+
+/// The response header naming the answering server's version (a router's own, through
+/// a router), as `fleetscope version` shows it.
+pub const VERSION_HEADER: &str = "fleetscope-version";
