@@ -24,19 +24,22 @@ fn commit() {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
-    let commit = env::var("FLEETSCOPE_COMMIT").ok().or_else(|| {
-        let head = git(&["rev-parse", "--short=12", "HEAD"])?;
-        // Built again when HEAD moves (a commit, a checkout).
-        if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-            println!("cargo:rerun-if-changed={dir}/HEAD");
-            if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-                println!("cargo:rerun-if-changed={dir}/{branch}");
+    let commit = env::var("FLEETSCOPE_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
+            let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+            // Built again when HEAD moves (a commit, a checkout).
+            if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+                println!("cargo:rerun-if-changed={dir}/HEAD");
+                if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                    println!("cargo:rerun-if-changed={dir}/{branch}");
+                }
             }
-        }
-        let dirty =
-            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-        Some(if dirty { format!("{head}-dirty") } else { head })
-    });
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            Some(if dirty { format!("{head}-dirty") } else { head })
+        });
     if let Some(commit) = commit {
         println!("cargo:rustc-env=FLEETSCOPE_COMMIT={commit}");
     }
