@@ -521,6 +521,20 @@ fn every_link_of_the_readme_and_the_docs_reaches_a_file_and_a_heading() {
 }
 
 #[test]
+fn the_readme_s_tour_is_what_the_demo_prints() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let (_, section) = readme.split_once("## A tour").unwrap();
+    let (_, block) = section.split_once("```sh\n").unwrap();
+    let (block, _) = block.split_once("```").unwrap();
+    assert_eq!(
+        block,
+        fleetscope::server::run::tour("fleetscope", fleetscope::proto::DEFAULT_ADDRESS),
+        "README.md's tour differs from the demo's (src/server/run/demo.rs, TOUR)"
+    );
+}
+
+#[test]
 fn the_settings_reference_is_the_declarations() {
     let page =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/settings.md"))

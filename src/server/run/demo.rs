@@ -10,6 +10,62 @@ use crate::engine::Engine;
 use crate::server;
 use crate::sources;
 
+/// The demo's tour: what it prints to try, and what the README's "A tour" holds (a
+/// test compares them). Each is a command (`fleetscope` standing for the binary,
+/// `ADDR` for the server's address) and what it shows.
+const TOUR: &[(&str, &str)] = &[
+    (
+        "fleetscope clusters",
+        "every cluster: freshness, lag, objects",
+    ),
+    (
+        "fleetscope get pods -A -l app=web",
+        "kubectl's columns, the CLUSTER first",
+    ),
+    (
+        "fleetscope get deploy,svc -n team-0 --cluster sim-1",
+        "several types, a table each",
+    ),
+    (
+        "fleetscope describe deploy web-0 -n team-0",
+        "in detail, with its cluster and events",
+    ),
+    (
+        "fleetscope count pods --by cluster,field:status.phase",
+        "grouped counts",
+    ),
+    (
+        "fleetscope watch configmaps -n team-0 -o json",
+        "resumes by itself across restarts (lists again if it must)",
+    ),
+    ("grpcurl -plaintext ADDR list", "reflection: the whole API"),
+    (
+        "grpcurl -plaintext ADDR fleetscope.v1.Fleet/ListClusters",
+        "the same over gRPC",
+    ),
+];
+
+/// The tour, each command with `cli` for the binary and `addr` for the server, its
+/// comment aligned after it.
+pub fn tour(cli: &str, addr: &str) -> String {
+    let lines: Vec<String> = TOUR
+        .iter()
+        .map(|(command, _)| {
+            let command = command.replace("ADDR", addr);
+            match command.strip_prefix("fleetscope ") {
+                Some(rest) => format!("{cli} {rest}"),
+                None => command,
+            }
+        })
+        .collect();
+    let width = lines.iter().map(String::len).max().unwrap_or(0) + 2;
+    lines
+        .iter()
+        .zip(TOUR)
+        .map(|(line, (_, what))| format!("{line:width$}# {what}\n"))
+        .collect()
+}
+
 /// `fleetscope demo`: simulated clusters and the server over them, in memory.
 pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     let listener = server::bind(&args.engine.listener.listen).await?;
@@ -30,22 +86,13 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         "fleetscope demo\n\n\
          {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\
          gRPC server on {addr} (health, reflection and the fleetscope.v1.Fleet contract).\n\n\
-         Try:\n  \
-         grpcurl -plaintext {addr} list\n  \
-         grpcurl -plaintext {addr} describe fleetscope.v1.Fleet\n  \
-         grpcurl -plaintext {addr} fleetscope.v1.Fleet/ListClusters\n  \
-         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\",\"label_selector\":\"app=web\"}},\"limit\":3}}' {addr} fleetscope.v1.Fleet/List\n  \
-         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"pods\"}},\"group_by\":[\"cluster\",\"field:status.phase\"]}}' {addr} fleetscope.v1.Fleet/Count\n  \
-         grpcurl -plaintext -d '{{\"query\":{{\"resource\":\"configmaps\"}}}}' {addr} fleetscope.v1.Fleet/Watch\n  \
-         grpcurl -plaintext {addr} grpc.health.v1.Health/Check\n\n\
-         or with the fleetscope CLI (this binary{install}):\n  \
-         export FLEETSCOPE_SERVER=http://{addr}\n  \
-         {cli} clusters\n  \
-         {cli} get pods -l app=web --cluster 'sim-*'\n  \
-         {cli} count pods --group-by cluster,field:status.phase\n  \
-         {cli} watch configmaps -n team-0\n  \
+         Try (the fleetscope CLI is this binary{install}):\n\n\
+         export FLEETSCOPE_SERVER=http://{addr}\n\
+         {tour}\n\
+         and, against the simulated clusters themselves:\n\n\
          kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
          Ctrl-C stops it.",
+        tour = tour(&cli, &addr.to_string()),
         install = if cli == "fleetscope" {
             ""
         } else {

@@ -101,7 +101,7 @@ mod serve;
 mod sim;
 
 pub use config::{config_check, config_settings};
-pub use demo::demo;
+pub use demo::{demo, tour};
 pub use route::router;
 pub use serve::{plan, serve};
 pub use sim::sim;
