@@ -241,10 +241,6 @@ impl Workload {
     pub fn step(&mut self, cluster: &Cluster) -> Result<(), ApiError> {
         let store = &cluster.store;
         let roll = self.rng.random_range(0..100);
-        let ignore_gone = |r: Result<_, ApiError>| match r {
-            Err(e) if e.code == 404 => Ok(()),
-            other => other.map(|_| ()),
-        };
         match roll {
             0..35 if !self.pods.is_empty() => {
                 let (ns, name) = self.pods[self.rng.random_range(0..self.pods.len())].clone();
@@ -276,12 +272,7 @@ impl Workload {
             _ if !self.deployments.is_empty() => {
                 let d = self.deployments[self.rng.random_range(0..self.deployments.len())].clone();
                 let replicas = self.rng.random_range(1..6);
-                ignore_gone(store.patch(
-                    "deployments.apps",
-                    &d.namespace,
-                    &d.name,
-                    &json!({"spec": {"replicas": replicas}}),
-                ))
+                scale(cluster, &d, replicas)
             }
             _ => Ok(()),
         }
@@ -308,10 +299,82 @@ impl Workload {
     }
 }
 
+/// `r`, an object gone meanwhile taken as done.
+fn ignore_gone<T>(r: Result<T, ApiError>) -> Result<(), ApiError> {
+    match r {
+        Err(e) if e.code == 404 => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Scales a workload's Deployment to `replicas`, its ReplicaSet with it, and says both
+/// are ready at once (as their controller would, a moment later): the workload's pods
+/// come and go on their own, so READY reads `replicas/replicas`, never a scale that
+/// nothing follows.
+fn scale(cluster: &Cluster, d: &Deployment, replicas: u32) -> Result<(), ApiError> {
+    let store = &cluster.store;
+    let ready =
+        json!({"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas});
+    ignore_gone(store.patch(
+        "replicasets.apps",
+        &d.namespace,
+        &d.rs_name,
+        &json!({"spec": {"replicas": replicas}, "status": ready}),
+    ))?;
+    ignore_gone(store.patch(
+        "deployments.apps",
+        &d.namespace,
+        &d.name,
+        &json!({
+            "spec": {"replicas": replicas},
+            "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas, "updatedReplicas": replicas},
+        }),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::ClusterConfig;
+
+    #[test]
+    fn a_scaled_workload_deployment_reads_ready_at_its_new_size() {
+        let c = Cluster::new(ClusterConfig::new("w"));
+        let w = Workload::populate(&c, &WorkloadSpec::new(100, 1)).unwrap();
+        let d = w.deployments[0].clone();
+        scale(&c, &d, 5).unwrap();
+        let deploy = c
+            .store
+            .get("deployments.apps", &d.namespace, &d.name)
+            .unwrap();
+        let deploy = deploy.value();
+        assert_eq!(deploy["spec"]["replicas"], 5);
+        for field in [
+            "replicas",
+            "readyReplicas",
+            "availableReplicas",
+            "updatedReplicas",
+        ] {
+            assert_eq!(deploy["status"][field], 5, "{field}: {deploy}");
+        }
+        let rs = c
+            .store
+            .get("replicasets.apps", &d.namespace, &d.rs_name)
+            .unwrap();
+        let rs = rs.value();
+        assert_eq!(
+            (&rs["spec"]["replicas"], &rs["status"]["readyReplicas"]),
+            (&json!(5), &json!(5))
+        );
+        // Gone meanwhile: nothing to scale, no error.
+        c.store
+            .delete("deployments.apps", &d.namespace, &d.name)
+            .unwrap();
+        c.store
+            .delete("replicasets.apps", &d.namespace, &d.rs_name)
+            .unwrap();
+        scale(&c, &d, 2).unwrap();
+    }
 
     #[test]
     fn populate_creates_about_the_requested_count_with_owner_chains() {
