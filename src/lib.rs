@@ -10,6 +10,7 @@
 #[allow(missing_docs)]
 pub mod command;
 pub mod config;
+pub mod kubeapi;
 pub mod memory;
 pub mod server;
 pub mod shard;

@@ -509,6 +509,11 @@ pub struct ListenerArgs {
     /// `host:port`; off unless set.
     #[arg(long, env = "FLEETSCOPE_METRICS_LISTEN", value_name = "HOST:PORT", value_parser = host_port)]
     pub metrics_listen: Option<String>,
+    ["kubeApi.listen", Text, Restart]
+    /// Serve the Kubernetes API over the fleet (kubectl, client-go, kube-rs) on this
+    /// `host:port`, with the gRPC listener's TLS and security; off unless set.
+    #[arg(long, env = "FLEETSCOPE_KUBE_API_LISTEN", value_name = "HOST:PORT", value_parser = host_port)]
+    pub kube_api_listen: Option<String>,
     ["watch.bookmarkInterval", Seconds, Restart]
     /// Seconds between Watch bookmarks.
     #[arg(long, default_value_t = 30)]

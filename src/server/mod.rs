@@ -2,6 +2,7 @@
 //! (v1 and v1alpha, so grpcurl of any age can `list` and `describe`).
 
 pub mod idle;
+pub mod kube_api;
 pub mod limits;
 pub mod probes;
 pub mod run;

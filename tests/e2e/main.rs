@@ -21,6 +21,7 @@ mod deploy;
 mod first_sync;
 mod fleet_api;
 mod grpc_api;
+mod kube_api;
 mod kubectl;
 mod limits;
 mod metrics;

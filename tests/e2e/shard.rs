@@ -662,6 +662,37 @@ fn configmaps_query() -> fleetscope::proto::Query {
     }
 }
 
+/// `clusters` simulated clusters (`sim-1`…) of `per` configmaps each, served by one
+/// replica behind one router, the router seeing the replica serve them all.
+struct OneReplica {
+    fleet: fleetscope_sim::SimFleet,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    log: std::path::PathBuf,
+    clusters: Vec<String>,
+    replica: Replica,
+    router: RouterProcess,
+}
+
+async fn one_replica(clusters: usize, per: usize) -> OneReplica {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(clusters, per).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=clusters).map(|i| format!("sim-{i}")).collect();
+    let replica = Replica::start(&kubeconfig, "replica-a", &log);
+    let router = RouterProcess::start(&kubeconfig, &log);
+    split(&[&replica], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    OneReplica {
+        fleet,
+        dir,
+        kubeconfig,
+        log,
+        clusters,
+        replica,
+        router,
+    }
+}
+
 /// Every configmap listed through `routers`, a page of `limit` from each in turn.
 async fn list_through(
     routers: &[&RouterProcess],
@@ -1566,13 +1597,15 @@ fn thaw(fleet: &fleetscope_sim::SimFleet, clusters: &[String]) {
 async fn a_watch_resumed_where_its_cluster_went_away_and_came_back_misses_no_delete() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use std::sync::Arc;
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(4, 10).await;
-    let log = dir.path().join("ring.log");
-    let clusters: Vec<String> = (1..=4).map(|i| format!("sim-{i}")).collect();
-    let a = Replica::start(&kubeconfig, "replica-a", &log);
-    let router = RouterProcess::start(&kubeconfig, &log);
-    split(&[&a], &clusters, &log).await;
-    routers_see(&[&router], clusters.len(), 1).await;
+    let OneReplica {
+        fleet,
+        dir: _dir,
+        kubeconfig,
+        log,
+        clusters,
+        replica: a,
+        router,
+    } = one_replica(4, 10).await;
 
     let configmaps_in = async |cluster: &str| -> Api<ConfigMap> {
         Api::namespaced(common::kube_client(&kubeconfig, cluster).await, "team-1")
@@ -2851,13 +2884,15 @@ fn established_to(port: u16) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_else() {
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 3).await;
-    let log = dir.path().join("ring.log");
-    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
-    let a = Replica::start(&kubeconfig, "replica-a", &log);
-    let router = RouterProcess::start(&kubeconfig, &log);
-    split(&[&a], &clusters, &log).await;
-    routers_see(&[&router], clusters.len(), 1).await;
+    let OneReplica {
+        fleet,
+        dir: _dir,
+        kubeconfig: _,
+        log: _,
+        clusters,
+        replica: a,
+        router,
+    } = one_replica(2, 3).await;
     let total = common::truth(&fleet, "configmaps").len() as u64;
     // One caller's 1,000 Watches (its limit) of as many queries, over two
     // connections to the router: each a stream from the router to the replica for
@@ -2941,13 +2976,15 @@ async fn a_caller_s_thousand_watches_through_a_router_leave_room_for_everyone_el
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_s_watches_of_one_query_through_a_router_read_one_stream_and_each_stays_exact() {
     use std::sync::{Arc, Mutex};
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 3).await;
-    let log = dir.path().join("ring.log");
-    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
-    let a = Replica::start(&kubeconfig, "replica-a", &log);
-    let router = RouterProcess::start(&kubeconfig, &log);
-    split(&[&a], &clusters, &log).await;
-    routers_see(&[&router], clusters.len(), 1).await;
+    let OneReplica {
+        fleet,
+        dir: _dir,
+        kubeconfig,
+        log,
+        clusters,
+        replica: a,
+        router,
+    } = one_replica(2, 3).await;
     let churning = Churning::start(&kubeconfig, &clusters);
     // Six subscribers, each from its initial objects, then resuming from its tokens.
     let stop = tokio_util::sync::CancellationToken::new();
@@ -3026,6 +3063,7 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
     let log = dir.path().join("ring.log");
     let clusters: Vec<String> = (1..=3).map(|i| format!("sim-{i}")).collect();
     let metrics = format!("127.0.0.1:{}", common::process::free_port());
+    let kube_api = format!("127.0.0.1:{}", common::process::free_port());
     // Before any replica runs, the router is live and not ready, and says why.
     std::fs::write(kubeconfig.with_file_name("page-token.key"), [7u8; 32]).unwrap();
     let router = RouterProcess::start_with(
@@ -3036,6 +3074,8 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
             "3s",
             "--metrics-listen",
             &metrics,
+            "--kube-api-listen",
+            &kube_api,
             "--grpc-max-watches-per-caller",
             "2",
         ],
@@ -3107,6 +3147,24 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
     assert!(
         text.contains("fleetscope_grpc_server_handled_total"),
         "{text}"
+    );
+    // The Kubernetes API over the ring's fleet: every configmap, each annotated with
+    // its cluster.
+    let (code, body) = common::http_get(&kube_api, "/clusters/*/api/v1/configmaps")
+        .await
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(
+        (code, items.len()),
+        (200, common::truth(&fleet, "configmaps").len()),
+        "{body}"
+    );
+    assert!(
+        items
+            .iter()
+            .all(|o| o["metadata"]["annotations"]["fleetscope.io/cluster"].is_string()),
+        "{body}"
     );
     // It holds no store, and says so (each replica keeps its own).
     let store = c

@@ -3,7 +3,7 @@
 use fleetscope_model::fleet::Deferred;
 
 use super::sim::{start_fleet, write_kubeconfig};
-use super::{RunError, Serving, bind_metrics, run, secure, this_binary};
+use super::{RunError, Serving, bind_kube_api, bind_metrics, run, secure, this_binary};
 use crate::config::reload::Reloads;
 use crate::config::sim_flags::DemoArgs;
 use crate::engine::Engine;
@@ -104,6 +104,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     );
     // The demo's clusters are new each run, so it keeps its state in memory.
     let metrics = bind_metrics(&args.engine.listener).await?;
+    let kube_api = bind_kube_api(&args.engine.listener).await?;
     let stop_reloads = tokio_util::sync::CancellationToken::new();
     let fleet_view = std::sync::Arc::new(Deferred::<Engine>::default());
     let mut reloads = Reloads::default();
@@ -144,6 +145,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
             security,
             reloads: stop_reloads.clone(),
             replica: None,
+            kube_api,
         },
         None,
     )

@@ -117,6 +117,8 @@ struct Serving {
     /// This server as a replica of a ring: the engine starts once it has decided what
     /// it holds, answers pass its fence, and a shutdown first hands its clusters over.
     replica: Option<crate::shard::replica::Replica>,
+    /// The Kubernetes API's listener, when it is served.
+    kube_api: Option<tokio::net::TcpListener>,
 }
 
 /// Serves at once, starts the engine with `start` (off the async workers: it may load
@@ -137,6 +139,7 @@ async fn run(
         security,
         reloads,
         replica,
+        kube_api,
     } = how;
     // From here on SIGTERM shuts down in order, whatever is starting.
     let shutdown = server::shutdown_signal().map_err(RunError::Signal)?;
@@ -147,6 +150,7 @@ async fn run(
         fleet.clone(),
         replica.as_ref().map(|r| r.gate.clone()),
     ));
+    serve_kube_api(kube_api, &gated, &security, &service, &stop);
     let service = FleetService::new(gated, service, stop.clone());
     let counted = serve_metrics(
         metrics,
@@ -548,6 +552,55 @@ async fn bind_metrics(
         Some(addr) => Ok(Some(server::bind(addr).await?)),
         None => Ok(None),
     }
+}
+
+/// The Kubernetes API's listener, bound when `--kube-api-listen` is set.
+async fn bind_kube_api(
+    args: &crate::config::flags::ListenerArgs,
+) -> Result<Option<tokio::net::TcpListener>, RunError> {
+    match &args.kube_api_listen {
+        Some(addr) => Ok(Some(server::bind(addr).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Serves the Kubernetes API over `fleet` on `listener` (when given) until `stop`,
+/// secured as the gRPC listener is, `continue` tokens signed with the gRPC service's
+/// page token key.
+fn serve_kube_api<F: fleetscope_model::Fleet + 'static>(
+    listener: Option<tokio::net::TcpListener>,
+    fleet: &std::sync::Arc<F>,
+    security: &server::Security,
+    service: &ServiceConfig,
+    stop: &tokio_util::sync::CancellationToken,
+) {
+    let Some(listener) = listener else {
+        return;
+    };
+    if let Ok(addr) = listener.local_addr() {
+        let scheme = if security.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(
+            "the Kubernetes API on {scheme}://{addr} (the fleet at /clusters/*, a cluster at /clusters/NAME)"
+        );
+    }
+    let api = crate::kubeapi::KubeApi::new(
+        fleet.clone(),
+        std::sync::Arc::new(security.guard.clone()),
+        std::sync::Arc::new(service.token_key.clone()),
+    );
+    crate::tasks::spawn(
+        "kube-api-listener",
+        server::kube_api::serve(
+            listener,
+            std::sync::Arc::new(api),
+            security.clone(),
+            stop.clone(),
+        ),
+    );
 }
 
 /// Serves the metrics of `sources` on `listener` (when given) until `stop`, `/readyz`

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::{
-    RunError, SHUTDOWN_GRACE, bind_metrics, check_security, context_source, coordination, secure,
-    serve_metrics,
+    RunError, SHUTDOWN_GRACE, bind_kube_api, bind_metrics, check_security, context_source,
+    coordination, secure, serve_kube_api, serve_metrics,
 };
 use crate::config::reload::{self, ConfigFile, Reloads};
 use crate::grpc::FleetService;
@@ -34,6 +34,7 @@ pub async fn router(
     check_security(&args.security, &kubeconfigs)?;
     let listener = server::bind(&args.listener.listen).await?;
     let metrics = bind_metrics(&args.listener).await?;
+    let kube_api = bind_kube_api(&args.listener).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let observed = follow_ring(&args, &source, &ring, &key, &stop).await?;
     tracing::info!(%ring, "routing to the ring's replicas");
@@ -64,6 +65,7 @@ pub async fn router(
         &mut reloads,
     )?;
     let mut config = args.listener.service(key);
+    serve_kube_api(kube_api, &router, &security, &config, &stop);
     config.inputs = reloads.status();
     crate::tasks::spawn("reloader", reloads.run(hangups, stop.clone()));
     // Ready once the ring's Leases have been read and one replica's taken.

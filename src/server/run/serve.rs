@@ -4,8 +4,8 @@
 use fleetscope_model::fleet::Deferred;
 
 use super::{
-    RunError, Serving, bind_metrics, check_security, context_source, private, run, secure,
-    token_key,
+    RunError, Serving, bind_kube_api, bind_metrics, check_security, context_source, private, run,
+    secure, token_key,
 };
 use crate::config::flags::{ArgsError, ServeArgs};
 use crate::config::kubeconfig::KubeconfigSources;
@@ -84,6 +84,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
     let start = move || start_engine(data_dir, engine_sources, config_now);
     let mut reloads = follow_inputs(config, sources, settings_tx, desired_tx);
     let metrics = bind_metrics(&args.engine.listener).await?;
+    let kube_api = bind_kube_api(&args.engine.listener).await?;
     let security = secure(
         &args.security,
         Some(&fleet),
@@ -109,6 +110,7 @@ pub async fn serve(args: ServeArgs, config: Option<ConfigFile>) -> Result<(), Ru
             security,
             reloads: reload.clone(),
             replica,
+            kube_api,
         },
         Some(settings),
     )

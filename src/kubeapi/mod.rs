@@ -1,0 +1,747 @@
+//! The Kubernetes API over the fleet: a second front end over the [`Fleet`] seam,
+//! beside gRPC, so that kubectl, client-go and kube-rs read the whole fleet unchanged
+//! (on `serve` and through a `router` alike). Paths follow kcp ([`path`]); discovery
+//! lists the collected types with the verbs `get`, `list` and `watch`; a
+//! `resourceVersion` is fleetscope's own revision, so a watch resumes across restarts
+//! and `410 Gone` means the position is no longer held (list again). Callers are
+//! admitted by the same guard as gRPC's (certificates, tokens, the policy) and every
+//! answer goes through the seam, so a caller sees only what it is granted. Writes are
+//! `405 MethodNotAllowed` ([`status`]). This room turns requests into the seam's and
+//! answers into the API's; the listener and its TLS are the server's.
+
+pub mod path;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use fleetscope_auth::Guard;
+use fleetscope_auth::peer::PeerInfo;
+use fleetscope_grpc::token::{TokenKey, seal, unseal};
+use fleetscope_model::fleet::{
+    ClustersAnswer, FleetObject, GetRequest, ListRequest, Projection, Query, WatchEvent,
+    WatchRequest,
+};
+use fleetscope_model::{
+    Access, ClusterFilter, EventType, FieldSelector, Fleet, FleetError, LabelSelector, ObjectKey,
+    Revision,
+};
+use futures::StreamExt as _;
+use http::{Method, Response, StatusCode, header};
+use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
+use serde_json::{Value, json};
+
+use path::{Resource, Route, Scope};
+use status::Refusal;
+
+/// The annotation naming an object's cluster in the fleet's answers.
+pub const CLUSTER_ANNOTATION: &str = "fleetscope.io/cluster";
+
+/// A response body: whole, or a watch's stream.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The most objects in one page when a client asks for more (or for none).
+const MAX_PAGE: usize = 10_000;
+
+/// The most bytes of objects one page holds.
+const MAX_PAGE_BYTES: usize = 32 << 20;
+
+/// The Kubernetes API front end over a fleet.
+pub struct KubeApi<F> {
+    fleet: Arc<F>,
+    guard: Arc<Guard>,
+    token_key: Arc<TokenKey>,
+}
+
+impl<F: Fleet + 'static> KubeApi<F> {
+    /// The front end over `fleet`, admitting callers with `guard`, signing `continue`
+    /// tokens with `token_key`.
+    pub fn new(fleet: Arc<F>, guard: Arc<Guard>, token_key: Arc<TokenKey>) -> Self {
+        Self {
+            fleet,
+            guard,
+            token_key,
+        }
+    }
+
+    /// Answers one request from the caller at `peer`.
+    pub async fn handle<B>(
+        &self,
+        request: http::Request<B>,
+        peer: Option<&PeerInfo>,
+    ) -> Response<Body> {
+        match self.answer(&request, peer).await {
+            Ok(r) => r,
+            Err(refusal) => refusal_response(&refusal),
+        }
+    }
+
+    async fn answer<B>(
+        &self,
+        request: &http::Request<B>,
+        peer: Option<&PeerInfo>,
+    ) -> Result<Response<Body>, Refusal> {
+        let path = request.uri().path();
+        let (scope, route) = path::route(path).map_err(|_| {
+            Refusal::new(
+                404,
+                "NotFound",
+                format!("the server could not find the requested resource ({path})"),
+            )
+        })?;
+        let admitted = self
+            .guard
+            .admit(path, request.headers(), peer)
+            .await
+            .map_err(|s| status::refused(&s))?;
+        let Some(admitted) = admitted else {
+            return Err(Refusal::new(403, "Forbidden", "not served"));
+        };
+        let access = admitted.access;
+        let cluster = match &scope {
+            Scope::Cluster(c) => Some(c.as_str()),
+            Scope::Fleet => None,
+        };
+        if request.method() != Method::GET && request.method() != Method::HEAD {
+            return Err(Refusal::read_only(request.method().as_str(), cluster));
+        }
+        let params = Params::of(request.uri().query().unwrap_or(""));
+        if let Scope::Cluster(c) = &scope {
+            self.known(c, &access).await?;
+        }
+        match route {
+            Route::Version => Ok(json_response(&version())),
+            Route::CoreVersions => Ok(json_response(&json!({
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+            }))),
+            Route::Groups => Ok(json_response(&groups(&self.types(&access).await?))),
+            Route::Group(g) => {
+                let types = self.types(&access).await?;
+                let all = groups(&types);
+                let found = all["groups"]
+                    .as_array()
+                    .and_then(|gs| gs.iter().find(|x| x["name"] == g.as_str()).cloned());
+                match found {
+                    Some(mut group) => {
+                        group["kind"] = json!("APIGroup");
+                        group["apiVersion"] = json!("v1");
+                        Ok(json_response(&group))
+                    }
+                    None => Err(Refusal::not_found(
+                        "",
+                        &g,
+                        "",
+                        format!("the server could not find the requested resource (group {g})"),
+                    )),
+                }
+            }
+            Route::Resources { group, version } => {
+                let types = self.types(&access).await?;
+                Ok(json_response(&resources(&types, &group, &version)))
+            }
+            Route::Subresource { name } => Err(Refusal::new(
+                404,
+                "NotFound",
+                format!("the subresource {name} is not served: fleetscope serves the objects only"),
+            )),
+            Route::Object {
+                resource,
+                namespace,
+                name,
+            } => {
+                let Some(cluster) = cluster else {
+                    return Err(Refusal::bad_request(format!(
+                        "an object is read in its cluster: /clusters/CLUSTER{path}, or list the fleet with a field selector metadata.name={name}"
+                    )));
+                };
+                self.get(&resource, cluster, namespace.as_deref(), &name, &access)
+                    .await
+            }
+            Route::Collection {
+                resource,
+                namespace,
+            } => {
+                let query = query(&resource, &scope, namespace.as_deref(), &params)?;
+                if params.flag("watch") {
+                    self.watch(&resource, query, &scope, &access, &params).await
+                } else {
+                    self.list(&resource, query, &scope, &access, &params).await
+                }
+            }
+        }
+    }
+
+    /// Refuses a cluster the fleet does not have, naming it.
+    async fn known(&self, cluster: &str, access: &Access) -> Result<(), Refusal> {
+        let filter = ClusterFilter::default().only(&[cluster.to_string()]);
+        let ClustersAnswer { clusters, .. } = self
+            .fleet
+            .clusters(filter, access)
+            .await
+            .map_err(|e| status::of(&e))?;
+        if clusters.iter().any(|c| c.name.as_str() == cluster) {
+            Ok(())
+        } else {
+            Err(Refusal::not_found(
+                "clusters",
+                "fleetscope.io",
+                cluster,
+                format!(
+                    "cluster {cluster:?} not found: it is not in fleetscope's fleet (GET /clusters/*/api/v1/namespaces lists the fleet)"
+                ),
+            ))
+        }
+    }
+
+    /// The kind of `resource`, as discovery names it (empty when not collected).
+    async fn kind(&self, resource: &Resource, access: &Access) -> String {
+        self.types(access)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .find(|t| t.group == resource.group && t.plural == resource.plural)
+            .map(|t| t.kind)
+            .unwrap_or_default()
+    }
+
+    /// The collected types the caller may see.
+    async fn types(&self, access: &Access) -> Result<Vec<fleetscope_model::ResourceType>, Refusal> {
+        let types = self
+            .fleet
+            .resource_types(access)
+            .await
+            .map_err(|e| status::of(&e))?;
+        Ok(types.into_iter().map(|t| t.resource).collect())
+    }
+
+    async fn get(
+        &self,
+        resource: &Resource,
+        cluster: &str,
+        namespace: Option<&str>,
+        name: &str,
+        access: &Access,
+    ) -> Result<Response<Body>, Refusal> {
+        let mut r = GetRequest::for_caller(access.clone());
+        r.resource = resource_name(resource);
+        r.cluster = cluster.to_string();
+        r.namespace = namespace.unwrap_or_default().to_string();
+        r.name = name.to_string();
+        r.projection = Projection::Full;
+        match self.fleet.get(r).await {
+            Ok(answer) => Ok(json_response(&object_json(&answer.object, false))),
+            Err(FleetError::NotFound(m)) => Err(Refusal::not_found(
+                &resource.plural,
+                &resource.group,
+                name,
+                format!(
+                    "{} {name:?} not found in cluster {cluster}: {m}",
+                    resource.plural
+                ),
+            )),
+            Err(e) => Err(status::of(&e)),
+        }
+    }
+
+    async fn list(
+        &self,
+        resource: &Resource,
+        query: Query,
+        scope: &Scope,
+        access: &Access,
+        params: &Params,
+    ) -> Result<Response<Body>, Refusal> {
+        let caller = access.caller();
+        let mut r = ListRequest::for_caller(access.clone());
+        let fingerprint = format!("{}|{:?}", params.fingerprint(), scope);
+        r.query = query;
+        r.projection = Projection::Full;
+        r.limit = params
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|l| *l > 0)
+            .map_or(MAX_PAGE, |l| l.min(MAX_PAGE));
+        r.max_bytes = MAX_PAGE_BYTES;
+        if let Some(token) = params.get("continue").filter(|t| !t.is_empty()) {
+            let c = Continue::open(&self.token_key, &caller, token, &fingerprint)?;
+            r.after = Some((Revision(c.revision), c.after));
+            r.resume = c.resume;
+        }
+        let answer = self.fleet.list(r).await.map_err(|e| status::of(&e))?;
+        let annotate = *scope == Scope::Fleet;
+        let items: Vec<Value> = answer
+            .items
+            .iter()
+            .map(|o| object_json(o, annotate))
+            .collect();
+        let mut metadata = json!({"resourceVersion": answer.revision.0.to_string()});
+        if let Some(after) = &answer.next {
+            metadata["continue"] = json!(
+                Continue {
+                    revision: answer.revision.0,
+                    after: after.clone(),
+                    resume: answer.resume.clone(),
+                }
+                .seal(&self.token_key, &caller, &fingerprint)
+            );
+            metadata["remainingItemCount"] = json!(answer.remaining);
+        }
+        let kind = match answer.items.first().and_then(|o| kind_in(&o.json)) {
+            Some(kind) => kind,
+            None => self.kind(resource, access).await,
+        };
+        Ok(json_response(&json!({
+            "kind": format!("{kind}List"),
+            "apiVersion": api_version(resource),
+            "metadata": metadata,
+            "items": items,
+        })))
+    }
+
+    async fn watch(
+        &self,
+        resource: &Resource,
+        query: Query,
+        scope: &Scope,
+        access: &Access,
+        params: &Params,
+    ) -> Result<Response<Body>, Refusal> {
+        let mut r = WatchRequest::for_caller(access.clone());
+        r.query = query;
+        r.projection = Projection::Full;
+        let rv = params.get("resourceVersion").unwrap_or("");
+        let send_initial = params.flag("sendInitialEvents");
+        match rv {
+            "" | "0" => r.initial = true,
+            rv => {
+                let revision = rv.parse::<u64>().map_err(|_| {
+                    Refusal::bad_request(format!(
+                        "resourceVersion {rv:?} is not one fleetscope issued: pass back a list's or an event's metadata.resourceVersion"
+                    ))
+                })?;
+                r.since = Some(Revision(revision));
+                r.initial = send_initial;
+            }
+        }
+        let watch = match self.fleet.watch(r).await {
+            Ok(w) => w,
+            // A position no longer held: as an API server says it, inside the watch.
+            Err(FleetError::OutOfRange { message, .. }) => {
+                return Ok(watch_response(
+                    futures::stream::once(async move {
+                        line(&json!({"type": "ERROR", "object": gone(&message)}))
+                    })
+                    .boxed(),
+                ));
+            }
+            Err(e) => return Err(status::of(&e)),
+        };
+        let bookmarks = params.flag("allowWatchBookmarks");
+        let annotate = *scope == Scope::Fleet;
+        let kind = self.kind(resource, access).await;
+        let api = api_version(resource);
+        let timeout = params
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(std::time::Duration::from_secs);
+        let events = watch.filter_map(move |e| {
+            let out = match e {
+                Ok(e) => event_json(&e, annotate, bookmarks, &kind, &api),
+                Err(FleetError::OutOfRange { message, .. }) => {
+                    Some(json!({"type": "ERROR", "object": gone(&message)}))
+                }
+                Err(e) => Some(json!({"type": "ERROR", "object": status::of(&e).status})),
+            };
+            futures::future::ready(out.map(|v| line(&v)))
+        });
+        let events = match timeout {
+            Some(t) => events.take_until(tokio::time::sleep(t)).boxed(),
+            None => events.boxed(),
+        };
+        Ok(watch_response(events))
+    }
+}
+
+/// A `continue` token: where the list goes on, signed for its caller and its query.
+struct Continue {
+    revision: u64,
+    after: ObjectKey,
+    resume: Vec<u8>,
+}
+
+impl Continue {
+    fn seal(&self, key: &TokenKey, caller: &str, fingerprint: &str) -> String {
+        let payload = json!({
+            "r": self.revision,
+            "a": [self.after.resource.to_string(), self.after.cluster.to_string(), self.after.namespace.to_string(), self.after.name.to_string()],
+            "p": self.resume,
+            "q": fingerprint,
+        });
+        seal(key, caller, payload.to_string().as_bytes())
+    }
+
+    fn open(key: &TokenKey, caller: &str, token: &str, fingerprint: &str) -> Result<Self, Refusal> {
+        let bad = || {
+            Refusal::bad_request(
+                "continue: not a token this server issued to this caller for this list: pass back metadata.continue unchanged, with the same selectors",
+            )
+        };
+        let payload = unseal(key, caller, token).ok_or_else(bad)?;
+        let v: Value = serde_json::from_slice(&payload).map_err(|_| bad())?;
+        if v["q"] != fingerprint {
+            return Err(bad());
+        }
+        let a: Vec<String> = serde_json::from_value(v["a"].clone()).map_err(|_| bad())?;
+        let [resource, cluster, namespace, name] = <[String; 4]>::try_from(a).map_err(|_| bad())?;
+        Ok(Self {
+            revision: v["r"].as_u64().ok_or_else(bad)?,
+            after: ObjectKey::new(
+                &resource,
+                &fleetscope_model::ClusterName::from(cluster.as_str()),
+                &namespace,
+                &name,
+            ),
+            resume: serde_json::from_value(v["p"].clone()).map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A request's query parameters.
+struct Params(BTreeMap<String, String>);
+
+impl Params {
+    fn of(query: &str) -> Self {
+        Self(
+            form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect(),
+        )
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some("true" | "1"))
+    }
+
+    /// What selects a list's objects, so that a `continue` token is taken back only
+    /// with the same.
+    fn fingerprint(&self) -> String {
+        ["labelSelector", "fieldSelector"]
+            .iter()
+            .map(|k| self.get(k).unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("|")
+    }
+}
+
+/// The seam's query for a collection of `resource` in `scope`.
+fn query(
+    resource: &Resource,
+    scope: &Scope,
+    namespace: Option<&str>,
+    params: &Params,
+) -> Result<Query, Refusal> {
+    let mut q = Query {
+        resource: resource_name(resource),
+        ..Query::default()
+    };
+    if let Scope::Cluster(c) = scope {
+        q.clusters = ClusterFilter::default().only(std::slice::from_ref(c));
+    }
+    if let Some(ns) = namespace {
+        q.namespaces = vec![ns.to_string()];
+    }
+    if let Some(s) = params.get("labelSelector") {
+        q.labels = LabelSelector::parse(s).map_err(|e| {
+            Refusal::bad_request(format!(
+                "unable to parse requirement: labelSelector {s:?}: {e}"
+            ))
+        })?;
+    }
+    if let Some(s) = params.get("fieldSelector") {
+        q.fields = FieldSelector::parse(s)
+            .map_err(|e| Refusal::bad_request(format!("fieldSelector {s:?}: {e}")))?;
+    }
+    Ok(q)
+}
+
+/// The seam's name of `resource`: `plural` or `plural.group`.
+fn resource_name(resource: &Resource) -> String {
+    if resource.group.is_empty() {
+        resource.plural.clone()
+    } else {
+        format!("{}.{}", resource.plural, resource.group)
+    }
+}
+
+/// `group/version`, or `v1` for the core group.
+fn api_version(resource: &Resource) -> String {
+    if resource.group.is_empty() {
+        resource.version.clone()
+    } else {
+        format!("{}/{}", resource.group, resource.version)
+    }
+}
+
+/// The kind an object's JSON names.
+fn kind_in(json: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(json).ok()?;
+    v["kind"].as_str().map(str::to_string)
+}
+
+/// An object as the API returns it: its JSON, annotated with its cluster in the
+/// fleet's answers.
+fn object_json(o: &FleetObject, annotate: bool) -> Value {
+    let mut v: Value = serde_json::from_str(&o.json).unwrap_or(Value::Null);
+    if annotate && let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(CLUSTER_ANNOTATION.into(), json!(o.key.cluster.as_str()));
+        }
+    }
+    v
+}
+
+/// A watch event as the API writes it; `None` for what the API has no event for.
+fn event_json(
+    e: &WatchEvent,
+    annotate: bool,
+    bookmarks: bool,
+    kind: &str,
+    api: &str,
+) -> Option<Value> {
+    let bookmark = |revision: Revision, annotations: Value| {
+        json!({"type": "BOOKMARK", "object": {
+            "kind": kind, "apiVersion": api,
+            "metadata": {"resourceVersion": revision.0.to_string(), "annotations": annotations},
+        }})
+    };
+    match e {
+        WatchEvent::Object {
+            kind: t,
+            object,
+            revision,
+            ..
+        } => {
+            let t = match t {
+                EventType::Added => "ADDED",
+                EventType::Modified => "MODIFIED",
+                EventType::Deleted => "DELETED",
+            };
+            let mut o = object_json(object, annotate);
+            // A client resumes from its last event's resourceVersion: fleetscope's.
+            if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("resourceVersion".into(), json!(revision.0.to_string()));
+            }
+            Some(json!({"type": t, "object": o}))
+        }
+        WatchEvent::InitialEventsEnd { revision, .. } => {
+            bookmarks.then(|| bookmark(*revision, json!({"k8s.io/initial-events-end": "true"})))
+        }
+        WatchEvent::Bookmark { .. } => None,
+        WatchEvent::Positions { revision, .. } => bookmarks.then(|| bookmark(*revision, json!({}))),
+        WatchEvent::ClusterStatus { .. }
+        | WatchEvent::Reset { .. }
+        | WatchEvent::ResetEnd { .. } => None,
+    }
+}
+
+/// The status of a position no longer held, as an API server sends it in a watch.
+fn gone(message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("too old resource version: {message}"),
+        "reason": "Expired", "code": 410,
+    })
+}
+
+/// fleetscope's version as `/version` answers.
+fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "gitVersion": format!("v1.33.0+fleetscope-{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": option_env!("FLEETSCOPE_COMMIT").unwrap_or(""),
+        "gitTreeState": "clean",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    })
+}
+
+/// The groups of `types`, as `/apis` lists them (the core group is `/api`'s).
+fn groups(types: &[fleetscope_model::ResourceType]) -> Value {
+    let mut by_group: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for t in types.iter().filter(|t| !t.group.is_empty()) {
+        let versions = by_group.entry(&t.group).or_default();
+        if !versions.contains(&t.version.as_str()) {
+            versions.push(&t.version);
+        }
+    }
+    let groups: Vec<Value> = by_group
+        .into_iter()
+        .map(|(name, versions)| {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+                .collect();
+            json!({"name": name, "versions": versions, "preferredVersion": versions[0]})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// The resources of `group/version` among `types`.
+fn resources(types: &[fleetscope_model::ResourceType], group: &str, version: &str) -> Value {
+    let resources: Vec<Value> = types
+        .iter()
+        .filter(|t| t.group == group && t.version == version)
+        .map(|t| {
+            json!({
+                "name": t.plural, "singularName": t.kind.to_lowercase(), "namespaced": t.namespaced,
+                "kind": t.kind, "verbs": ["get", "list", "watch"],
+            })
+        })
+        .collect();
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut text = v.to_string();
+    text.push('\n');
+    Bytes::from(text)
+}
+
+fn json_response(v: &Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed_unsync());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn watch_response(events: futures::stream::BoxStream<'static, Bytes>) -> Response<Body> {
+    let body = StreamBody::new(events.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b))));
+    let mut r = Response::new(http_body_util::BodyExt::boxed_unsync(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn refusal_response(refusal: &Refusal) -> Response<Body> {
+    let mut r = json_response(&refusal.status);
+    *r.status_mut() =
+        StatusCode::from_u16(refusal.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some(after) = refusal.retry_after
+        && let Ok(v) = header::HeaderValue::from_str(&after.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetscope_model::{ClusterName, ResourceType};
+
+    #[test]
+    fn discovery_lists_groups_and_their_resources_with_the_verbs_served() {
+        let types = [
+            ResourceType::new("", "v1", "pods", "Pod", true),
+            ResourceType::new("apps", "v1", "deployments", "Deployment", true),
+            ResourceType::new("apps", "v1", "replicasets", "ReplicaSet", true),
+        ];
+        let g = groups(&types);
+        assert_eq!(g["groups"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            g["groups"][0]["preferredVersion"]["groupVersion"],
+            "apps/v1"
+        );
+        let r = resources(&types, "apps", "v1");
+        assert_eq!(r["groupVersion"], "apps/v1");
+        assert_eq!(r["resources"].as_array().unwrap().len(), 2);
+        assert_eq!(r["resources"][0]["verbs"], json!(["get", "list", "watch"]));
+        assert_eq!(
+            resources(&types, "", "v1")["resources"][0]["namespaced"],
+            true
+        );
+    }
+
+    #[test]
+    fn a_continue_token_goes_on_only_for_its_caller_and_its_selectors() {
+        let key = TokenKey::new(&[9; 32]);
+        let c = Continue {
+            revision: 42,
+            after: ObjectKey::new("pods", &ClusterName::from("a"), "ns", "p"),
+            resume: vec![1, 2],
+        };
+        let token = c.seal(&key, "me", "app=web|");
+        let back = Continue::open(&key, "me", &token, "app=web|").unwrap();
+        assert_eq!(
+            (back.revision, back.after, back.resume),
+            (42, c.after.clone(), vec![1, 2])
+        );
+        for (caller, fingerprint, token) in [
+            ("you", "app=web|", token.as_str()),
+            ("me", "app=api|", token.as_str()),
+            ("me", "app=web|", "garbage"),
+        ] {
+            let refused = Continue::open(&key, caller, token, fingerprint)
+                .err()
+                .unwrap();
+            assert_eq!(refused.code, 400);
+        }
+    }
+
+    #[test]
+    fn watch_events_carry_fleetscope_s_revision_and_the_initial_end_bookmark() {
+        let object = FleetObject {
+            key: ObjectKey::new("pods", &ClusterName::from("a"), "ns", "p"),
+            revision: Revision(7),
+            uid: String::new(),
+            resource_version: "123".into(),
+            json: r#"{"kind":"Pod","metadata":{"name":"p","resourceVersion":"123"}}"#.into(),
+        };
+        let e = WatchEvent::Object {
+            kind: EventType::Added,
+            object,
+            revision: Revision(7),
+            position: None,
+        };
+        let v = event_json(&e, true, false, "Pod", "v1").unwrap();
+        assert_eq!(v["type"], "ADDED");
+        assert_eq!(v["object"]["metadata"]["resourceVersion"], "7");
+        assert_eq!(
+            v["object"]["metadata"]["annotations"][CLUSTER_ANNOTATION],
+            "a"
+        );
+        let end = WatchEvent::InitialEventsEnd {
+            revision: Revision(9),
+            token: String::new(),
+        };
+        assert!(event_json(&end, false, false, "Pod", "v1").is_none());
+        let v = event_json(&end, false, true, "Pod", "v1").unwrap();
+        assert_eq!(v["type"], "BOOKMARK");
+        assert_eq!(
+            v["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
+        assert_eq!(v["object"]["metadata"]["resourceVersion"], "9");
+    }
+}

@@ -1,0 +1,225 @@
+//! The Kubernetes API over the fleet (`serve --kube-api-listen`), read by the real
+//! kubectl as a process: discovery, `get` across the fleet (each object annotated
+//! with its cluster) and in one cluster, selectors, paging with `--chunk-size` (pages of 10 over more), one
+//! object, a watch that sees a change made in a cluster, a write refused saying where
+//! to write, and an unknown cluster named.
+//!
+//! kubectl is not a build dependency: without it on the PATH the test says so and
+//! checks nothing else.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::io::BufRead as _;
+use std::process::{Command, Stdio};
+
+use crate::common;
+use common::process::{Server, free_port};
+
+fn kubectl_installed() -> bool {
+    Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A kubeconfig for kubectl with a `fleet` context (the whole fleet) and one context
+/// per cluster, all at `base`.
+fn kubeconfig(path: &std::path::Path, base: &str, clusters: &[&str]) {
+    let mut text = String::from("apiVersion: v1\nkind: Config\nclusters:\n");
+    let scoped = |c: &str| {
+        if c == "fleet" {
+            "*".to_string()
+        } else {
+            c.to_string()
+        }
+    };
+    let names: Vec<&str> = std::iter::once("fleet")
+        .chain(clusters.iter().copied())
+        .collect();
+    for c in &names {
+        text.push_str(&format!(
+            "- name: {c}\n  cluster:\n    server: \"{base}/clusters/{}\"\n",
+            scoped(c)
+        ));
+    }
+    text.push_str("users:\n- name: u\n  user: {}\ncontexts:\n");
+    for c in &names {
+        text.push_str(&format!(
+            "- name: {c}\n  context:\n    cluster: {c}\n    user: u\n"
+        ));
+    }
+    text.push_str("current-context: fleet\n");
+    std::fs::write(path, text).unwrap();
+}
+
+struct Kubectl(std::path::PathBuf);
+
+impl Kubectl {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.0)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `cluster/namespace/name` of every configmap `args` get.
+    fn configmaps(&self, args: &[&str]) -> BTreeSet<String> {
+        let path = "jsonpath={range .items[*]}{.metadata.annotations.fleetscope\\.io/cluster}/{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}";
+        let mut all = vec!["get", "configmaps", "-o", path];
+        all.extend_from_slice(args);
+        self.ok(&all).lines().map(str::to_string).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
+    if !kubectl_installed() {
+        eprintln!("kubectl is not on the PATH: nothing checked");
+        return;
+    }
+    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 120).await;
+    let log = dir.path().join("serve.log");
+    let api = format!("127.0.0.1:{}", free_port());
+    let server = Server::start(
+        &kubeconfig_path,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps,namespaces",
+            "--kube-api-listen",
+            &api,
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
+    kubeconfig(&k.0, &format!("http://{api}"), &["sim-1", "sim-2"]);
+    let truth: BTreeSet<String> = common::truth(&fleet, "configmaps")
+        .into_keys()
+        .map(|(c, ns, name)| format!("{c}/{ns}/{name}"))
+        .collect();
+    assert!(truth.len() > 20, "{}", truth.len());
+
+    // Discovery: the collected types, with the verbs served.
+    let resources = k.ok(&["api-resources", "-o", "wide"]);
+    let line = resources
+        .lines()
+        .find(|l| l.starts_with("configmaps "))
+        .unwrap_or_else(|| panic!("{resources}"));
+    assert!(line.contains("get,list,watch"), "{line}");
+
+    // The whole fleet, each object annotated with its cluster; the same in pages.
+    let what = common::with_log("kubectl sees every configmap of the fleet", &log);
+    common::eventually_blocking(what, || {
+        let got = k.configmaps(&["-A"]);
+        if got == truth {
+            Ok(())
+        } else {
+            Err(format!("{} of {}", got.len(), truth.len()))
+        }
+    });
+    assert_eq!(k.configmaps(&["-A", "--chunk-size=10"]), truth);
+    // A field selector, and one cluster (its objects as the cluster has them).
+    let team_1: BTreeSet<String> = truth
+        .iter()
+        .filter(|k| k.split('/').nth(1) == Some("team-1"))
+        .cloned()
+        .collect();
+    assert!(!team_1.is_empty());
+    assert_eq!(
+        k.configmaps(&["-A", "--field-selector", "metadata.namespace=team-1"]),
+        team_1
+    );
+    let sim_1: BTreeSet<String> = truth
+        .iter()
+        .filter(|k| k.starts_with("sim-1/"))
+        .map(|k| k.trim_start_matches("sim-1").to_string())
+        .collect();
+    assert_eq!(k.configmaps(&["--context", "sim-1", "-A"]), sim_1);
+    // One object, in its cluster.
+    let one = truth.iter().find(|k| k.starts_with("sim-2/")).unwrap();
+    let [_, ns, name] = <[&str; 3]>::try_from(one.split('/').collect::<Vec<_>>()).unwrap();
+    let got = k.ok(&[
+        "--context",
+        "sim-2",
+        "get",
+        "configmap",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.metadata.name}",
+    ]);
+    assert_eq!(got, name);
+
+    // A watch of the fleet sees a configmap made in a cluster.
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&k.0)
+        .args(["get", "configmaps", "-A", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(watch.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in lines.lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    // Its list first: then the change.
+    rx.recv_timeout(common::PATIENCE).unwrap();
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "made-while-watched"}, "data": {"a": "b"}}),
+    )
+    .unwrap();
+    let api_of_sim_1: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(
+        common::kube_client(&kubeconfig_path, "sim-1").await,
+        "team-0",
+    );
+    api_of_sim_1.create(&Default::default(), &cm).await.unwrap();
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    let mut seen = false;
+    while !seen && std::time::Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(std::time::Duration::from_secs(1)) {
+            seen = l == "configmap/made-while-watched";
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen, "the watch did not show the new configmap");
+
+    // A write is refused, saying where to write; an unknown cluster is named.
+    let out = k.run(&["--context", "sim-1", "create", "configmap", "refused"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("read-only view") && said.contains("cluster sim-1"),
+        "{said}"
+    );
+    let out = k.run(&["get", "--raw", "/clusters/nope/api/v1/configmaps"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("nope") && said.contains("not found"),
+        "{said}"
+    );
+    drop(server);
+    fleet.shutdown().await;
+}
