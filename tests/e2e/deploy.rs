@@ -249,6 +249,7 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
             .unwrap()
     };
     let (grpc_port, metrics_port) = (port_of(&one("listen")), port_of(&one("metricsListen")));
+    let kube_api_port = port_of(&one("kubeApi.listen"));
 
     let sts: StatefulSet = typed(find(&objects, "StatefulSet"));
     let pod = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
@@ -261,7 +262,11 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
         .collect();
     assert_eq!(
         ports,
-        [("grpc".into(), grpc_port), ("metrics".into(), metrics_port)]
+        [
+            ("grpc".into(), grpc_port),
+            ("metrics".into(), metrics_port),
+            ("kube-api".into(), kube_api_port)
+        ]
     );
     // The kubelet's gRPC probes speak no TLS: the probes read the metrics listener's
     // open endpoints over HTTPS.
@@ -385,7 +390,7 @@ fn the_manifests_render_parse_and_agree_with_each_other() {
         assert_eq!(labels.get(&k), Some(&v), "the Service selects the pod");
     }
     let svc_ports: Vec<i32> = spec.ports.unwrap().iter().map(|p| p.port).collect();
-    assert_eq!(svc_ports, [grpc_port, metrics_port]);
+    assert_eq!(svc_ports, [grpc_port, metrics_port, kube_api_port]);
 
     // Read-only grants, covering every type the configuration collects.
     let role: ClusterRole = typed(find(&objects, "ClusterRole"));
