@@ -11,6 +11,7 @@
 
 pub mod path;
 pub mod status;
+pub mod table;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -108,6 +109,12 @@ impl<F: Fleet + 'static> KubeApi<F> {
             return Err(Refusal::read_only(request.method().as_str(), cluster));
         }
         let params = Params::of(request.uri().query().unwrap_or(""));
+        let as_table = table::wanted(
+            request
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+        );
         if let Scope::Cluster(c) = &scope {
             self.known(c, &access).await?;
         }
@@ -158,18 +165,24 @@ impl<F: Fleet + 'static> KubeApi<F> {
                         "an object is read in its cluster: /clusters/CLUSTER{path}, or list the fleet with a field selector metadata.name={name}"
                     )));
                 };
-                self.get(&resource, cluster, namespace.as_deref(), &name, &access)
-                    .await
+                let at = (cluster, namespace.as_deref(), name.as_str());
+                self.get(&resource, at, &access, as_table).await
             }
             Route::Collection {
                 resource,
                 namespace,
             } => {
                 let query = query(&resource, &scope, namespace.as_deref(), &params)?;
+                let how = How {
+                    scope: &scope,
+                    access: &access,
+                    params: &params,
+                    as_table,
+                };
                 if params.flag("watch") {
-                    self.watch(&resource, query, &scope, &access, &params).await
+                    self.watch(&resource, query, &how).await
                 } else {
-                    self.list(&resource, query, &scope, &access, &params).await
+                    self.list(&resource, query, &how).await
                 }
             }
         }
@@ -221,10 +234,9 @@ impl<F: Fleet + 'static> KubeApi<F> {
     async fn get(
         &self,
         resource: &Resource,
-        cluster: &str,
-        namespace: Option<&str>,
-        name: &str,
+        (cluster, namespace, name): (&str, Option<&str>, &str),
         access: &Access,
+        as_table: bool,
     ) -> Result<Response<Body>, Refusal> {
         let mut r = GetRequest::for_caller(access.clone());
         r.resource = resource_name(resource);
@@ -233,7 +245,21 @@ impl<F: Fleet + 'static> KubeApi<F> {
         r.name = name.to_string();
         r.projection = Projection::Full;
         match self.fleet.get(r).await {
-            Ok(answer) => Ok(json_response(&object_json(&answer.object, false))),
+            Ok(answer) => {
+                let object = object_json(&answer.object, false);
+                if as_table {
+                    let metadata = json!({"resourceVersion": answer.revision.0.to_string()});
+                    let t = table::of(
+                        &resource_name(resource),
+                        &[(cluster, object)],
+                        false,
+                        metadata,
+                    );
+                    Ok(typed_response(&t, table::CONTENT_TYPE))
+                } else {
+                    Ok(json_response(&object))
+                }
+            }
             Err(FleetError::NotFound(m)) => Err(Refusal::not_found(
                 &resource.plural,
                 &resource.group,
@@ -251,10 +277,14 @@ impl<F: Fleet + 'static> KubeApi<F> {
         &self,
         resource: &Resource,
         query: Query,
-        scope: &Scope,
-        access: &Access,
-        params: &Params,
+        how: &How<'_>,
     ) -> Result<Response<Body>, Refusal> {
+        let How {
+            scope,
+            access,
+            params,
+            as_table,
+        } = *how;
         let caller = access.caller();
         let mut r = ListRequest::for_caller(access.clone());
         let fingerprint = format!("{}|{:?}", params.fingerprint(), scope);
@@ -273,10 +303,10 @@ impl<F: Fleet + 'static> KubeApi<F> {
         }
         let answer = self.fleet.list(r).await.map_err(|e| status::of(&e))?;
         let annotate = *scope == Scope::Fleet;
-        let items: Vec<Value> = answer
+        let items: Vec<(&str, Value)> = answer
             .items
             .iter()
-            .map(|o| object_json(o, annotate))
+            .map(|o| (o.key.cluster.as_str(), object_json(o, annotate)))
             .collect();
         let mut metadata = json!({"resourceVersion": answer.revision.0.to_string()});
         if let Some(after) = &answer.next {
@@ -290,6 +320,11 @@ impl<F: Fleet + 'static> KubeApi<F> {
             );
             metadata["remainingItemCount"] = json!(answer.remaining);
         }
+        if as_table {
+            let t = table::of(&resource_name(resource), &items, annotate, metadata);
+            return Ok(typed_response(&t, table::CONTENT_TYPE));
+        }
+        let items: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
         let kind = match answer.items.first().and_then(|o| kind_in(&o.json)) {
             Some(kind) => kind,
             None => self.kind(resource, access).await,
@@ -306,10 +341,14 @@ impl<F: Fleet + 'static> KubeApi<F> {
         &self,
         resource: &Resource,
         query: Query,
-        scope: &Scope,
-        access: &Access,
-        params: &Params,
+        how: &How<'_>,
     ) -> Result<Response<Body>, Refusal> {
+        let How {
+            scope,
+            access,
+            params,
+            as_table,
+        } = *how;
         let mut r = WatchRequest::for_caller(access.clone());
         r.query = query;
         r.projection = Projection::Full;
@@ -344,13 +383,26 @@ impl<F: Fleet + 'static> KubeApi<F> {
         let annotate = *scope == Scope::Fleet;
         let kind = self.kind(resource, access).await;
         let api = api_version(resource);
+        let canonical = resource_name(resource);
         let timeout = params
             .get("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
             .map(std::time::Duration::from_secs);
         let events = watch.filter_map(move |e| {
             let out = match e {
-                Ok(e) => event_json(&e, annotate, bookmarks, &kind, &api),
+                Ok(e) => {
+                    let cluster = match &e {
+                        WatchEvent::Object { object, .. } => Some(object.key.cluster.to_string()),
+                        _ => None,
+                    };
+                    let mut v = event_json(&e, annotate, bookmarks, &kind, &api);
+                    if as_table && let (Some(v), Some(cluster)) = (v.as_mut(), cluster) {
+                        let object = v["object"].take();
+                        v["object"] =
+                            table::of(&canonical, &[(&cluster, object)], annotate, json!({}));
+                    }
+                    v
+                }
                 Err(FleetError::OutOfRange { message, .. }) => {
                     Some(json!({"type": "ERROR", "object": gone(&message)}))
                 }
@@ -364,6 +416,15 @@ impl<F: Fleet + 'static> KubeApi<F> {
         };
         Ok(watch_response(events))
     }
+}
+
+/// How a collection is read: where, by whom, with which parameters, as a Table or not.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    scope: &'a Scope,
+    access: &'a Access,
+    params: &'a Params,
+    as_table: bool,
 }
 
 /// A `continue` token: where the list goes on, signed for its caller and its query.
@@ -625,10 +686,14 @@ fn line(v: &Value) -> Bytes {
 }
 
 fn json_response(v: &Value) -> Response<Body> {
+    typed_response(v, "application/json")
+}
+
+fn typed_response(v: &Value, content_type: &'static str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed_unsync());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
+        header::HeaderValue::from_static(content_type),
     );
     r
 }

@@ -1,6 +1,7 @@
 //! The Kubernetes API over the fleet (`serve --kube-api-listen`), read by the real
 //! kubectl as a process: discovery, `get` across the fleet (each object annotated
-//! with its cluster) and in one cluster, selectors, paging with `--chunk-size` (pages of 10 over more), one
+//! with its cluster; printed from the server's Table, the CLUSTER column first) and
+//! in one cluster, selectors, paging with `--chunk-size` (pages of 10 over more), one
 //! object, a watch that sees a change made in a cluster, a write refused saying where
 //! to write, and an unknown cluster named.
 //!
@@ -166,6 +167,20 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         "jsonpath={.metadata.name}",
     ]);
     assert_eq!(got, name);
+
+    // kubectl's own printing: the server's Table, with the CLI's columns and the
+    // cluster first in the fleet's view.
+    let printed = k.ok(&["get", "configmaps", "-A"]);
+    let header: Vec<&str> = printed.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAMESPACE", "CLUSTER", "NAME", "DATA", "AGE"],
+        "{printed}"
+    );
+    assert_eq!(printed.lines().count(), truth.len() + 1, "{printed}");
+    let printed = k.ok(&["--context", "sim-1", "get", "configmaps", "-n", ns]);
+    let header: Vec<&str> = printed.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "DATA", "AGE"], "{printed}");
 
     // A watch of the fleet sees a configmap made in a cluster.
     let mut watch = Command::new("kubectl")
