@@ -21,6 +21,7 @@ use bytes::Bytes;
 use fleetscope_auth::Guard;
 use fleetscope_auth::peer::PeerInfo;
 use fleetscope_grpc::token::{TokenKey, seal, unseal};
+use fleetscope_grpc::{FleetService, Joined, Revocation, Subscribers};
 use fleetscope_model::fleet::{
     ClustersAnswer, FleetObject, GetRequest, ListRequest, Projection, Query, WatchEvent,
     WatchRequest,
@@ -54,16 +55,23 @@ pub struct KubeApi<F> {
     fleet: Arc<F>,
     guard: Arc<Guard>,
     token_key: Arc<TokenKey>,
+    /// The Watch streams open, shared with the gRPC front end: one caller's limit
+    /// counts both.
+    subscribers: Arc<Subscribers>,
+    max_watches_per_caller: usize,
 }
 
 impl<F: Fleet + 'static> KubeApi<F> {
-    /// The front end over `fleet`, admitting callers with `guard`, signing `continue`
-    /// tokens with `token_key`.
-    pub fn new(fleet: Arc<F>, guard: Arc<Guard>, token_key: Arc<TokenKey>) -> Self {
+    /// The front end over `fleet` beside the gRPC service `grpc` (whose page token
+    /// key signs `continue` tokens, and whose per-caller Watch limit it shares),
+    /// admitting callers with `guard`.
+    pub fn new<G: Fleet>(fleet: Arc<F>, guard: Arc<Guard>, grpc: &FleetService<G>) -> Self {
         Self {
             fleet,
             guard,
-            token_key,
+            token_key: Arc::new(grpc.config().token_key.clone()),
+            subscribers: grpc.subscribers(),
+            max_watches_per_caller: grpc.config().max_watches_per_caller,
         }
     }
 
@@ -100,7 +108,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
         let Some(admitted) = admitted else {
             return Err(Refusal::new(403, "Forbidden", "not served"));
         };
-        let access = admitted.access;
+        let (access, revocation) = admitted.held_to(&self.guard);
         let cluster = match &scope {
             Scope::Cluster(c) => Some(c.as_str()),
             Scope::Fleet => None,
@@ -178,6 +186,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
                     access: &access,
                     params: &params,
                     as_table,
+                    revocation: &revocation,
                 };
                 if params.flag("watch") {
                     self.watch(&resource, query, &how).await
@@ -284,6 +293,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
             access,
             params,
             as_table,
+            ..
         } = *how;
         let caller = access.caller();
         let mut r = ListRequest::for_caller(access.clone());
@@ -348,7 +358,24 @@ impl<F: Fleet + 'static> KubeApi<F> {
             access,
             params,
             as_table,
+            revocation,
         } = *how;
+        // The caller's place among its Watch streams (gRPC's too), held while it runs.
+        let place = self
+            .subscribers
+            .admit(&access.caller(), self.max_watches_per_caller)
+            .await
+            .ok_or_else(|| {
+                Refusal::new(
+                    429,
+                    "TooManyRequests",
+                    format!(
+                        "{} has {} watches open, the most one caller may: end one first",
+                        access.subject().user,
+                        self.max_watches_per_caller
+                    ),
+                )
+            })?;
         let mut r = WatchRequest::for_caller(access.clone());
         r.query = query;
         r.projection = Projection::Full;
@@ -414,7 +441,11 @@ impl<F: Fleet + 'static> KubeApi<F> {
             Some(t) => events.take_until(tokio::time::sleep(t)).boxed(),
             None => events.boxed(),
         };
-        Ok(watch_response(events))
+        Ok(watch_response(until_revoked(
+            events,
+            revocation.revoked(),
+            place,
+        )))
     }
 }
 
@@ -425,6 +456,8 @@ struct How<'a> {
     access: &'a Access,
     params: &'a Params,
     as_table: bool,
+    /// What ends a watch once the caller's credential is no longer valid.
+    revocation: &'a Revocation,
 }
 
 /// A `continue` token: where the list goes on, signed for its caller and its query.
@@ -612,6 +645,30 @@ fn event_json(
         | WatchEvent::Reset { .. }
         | WatchEvent::ResetEnd { .. } => None,
     }
+}
+
+/// `events`, until the caller's credential is revoked (then the reason, as an `ERROR`
+/// event, ends it), holding `place` while it runs.
+fn until_revoked(
+    events: futures::stream::BoxStream<'static, Bytes>,
+    revoked: futures::future::BoxFuture<'static, tonic::Status>,
+    place: Joined,
+) -> futures::stream::BoxStream<'static, Bytes> {
+    futures::stream::unfold(
+        (events, Some(revoked), place),
+        |(mut events, revoked, place)| async move {
+            let mut revoked = revoked?;
+            tokio::select! {
+                e = events.next() => e.map(|e| (e, (events, Some(revoked), place))),
+                why = &mut revoked => {
+                    let refusal = status::refused(&why);
+                    let end = line(&json!({"type": "ERROR", "object": refusal.status}));
+                    Some((end, (events, None, place)))
+                }
+            }
+        },
+    )
+    .boxed()
 }
 
 /// The status of a position no longer held, as an API server sends it in a watch.

@@ -238,3 +238,84 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
+    if !kubectl_installed() {
+        eprintln!("kubectl is not on the PATH: nothing checked");
+        return;
+    }
+    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(1, 20).await;
+    let log = dir.path().join("serve.log");
+    let api = format!("127.0.0.1:{}", free_port());
+    let server = Server::start(
+        &kubeconfig_path,
+        &[
+            "--no-persist",
+            "--resources",
+            "configmaps",
+            "--kube-api-listen",
+            &api,
+            "--grpc-max-watches-per-caller",
+            "1",
+        ],
+        &log,
+    );
+    common::wait_serving(&server.url()).await;
+    let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
+    kubeconfig(&k.0, &format!("http://{api}"), &["sim-1"]);
+    // One watch through the Kubernetes API, its list shown: the caller's one place.
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&k.0)
+        .args(["get", "configmaps", "-A", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    tokio::task::spawn_blocking(move || lines.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // A gRPC Watch of the same caller finds no place.
+    let mut client = fleetscope::proto::fleet_client::FleetClient::connect(server.url())
+        .await
+        .unwrap();
+    let refused = client
+        .watch(fleetscope::proto::WatchRequest {
+            query: Some(fleetscope::proto::Query {
+                resource: "configmaps".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    // Once the watch ends, its place is free again.
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let what = common::with_log("the gRPC Watch finds the freed place", &log);
+    common::eventually(what, async || {
+        let r = client
+            .watch(fleetscope::proto::WatchRequest {
+                query: Some(fleetscope::proto::Query {
+                    resource: "configmaps".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await;
+        r.map(|_| ()).map_err(|e| e.code())
+    })
+    .await;
+    drop(server);
+    fleet.shutdown().await;
+}

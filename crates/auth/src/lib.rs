@@ -334,6 +334,23 @@ pub struct Admitted {
     credential: Credential,
 }
 
+impl Admitted {
+    /// Its access, and what ends a stream of its once its credential no longer
+    /// establishes its identity (checked by `guard`).
+    pub fn held_to(self, guard: &Arc<Guard>) -> (Access, fleetscope_grpc::Revocation) {
+        let Admitted {
+            access,
+            subject,
+            credential,
+        } = self;
+        let guard = guard.clone();
+        let revocation = fleetscope_grpc::Revocation::new(move || {
+            Box::pin(guard.clone().revoked(credential.clone(), subject.clone()))
+        });
+        (access, revocation)
+    }
+}
+
 /// The token of an `Authorization` header's value: the scheme is case-insensitive
 /// (RFC 7235), the token not empty.
 fn bearer_token(value: &str) -> Option<&str> {
@@ -699,15 +716,7 @@ where
                         {
                             streams.authenticated();
                         }
-                        let Admitted {
-                            access,
-                            subject,
-                            credential,
-                        } = a;
-                        let guard = guard.clone();
-                        let revocation = fleetscope_grpc::Revocation::new(move || {
-                            Box::pin(guard.clone().revoked(credential.clone(), subject.clone()))
-                        });
+                        let (access, revocation) = a.held_to(&guard);
                         request.extensions_mut().insert(access);
                         request.extensions_mut().insert(revocation);
                     }

@@ -22,7 +22,7 @@ pub use status::echo;
 use status::status;
 pub use token::{RandomUnavailable, TokenKey, random_secret};
 use token::{decode_token, encode_token};
-pub use watch::{Revocation, Subscribers, WatchStream};
+pub use watch::{Joined, Revocation, Subscribers, WatchStream};
 
 use fleetscope_proto as proto;
 use fleetscope_proto::fleet_server;
@@ -118,6 +118,11 @@ impl<F: Fleet> FleetService<F> {
     /// The Watch streams this service (and its clones) has open and has ended.
     pub fn subscribers(&self) -> Arc<Subscribers> {
         self.subscribers.clone()
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &ServiceConfig {
+        &self.config
     }
 
     /// `message` as an answer, naming this server as the replica it is (if it is one).

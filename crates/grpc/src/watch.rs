@@ -114,7 +114,8 @@ impl Revocation {
         Self(Arc::new(revoked))
     }
 
-    fn revoked(&self) -> futures::future::BoxFuture<'static, Status> {
+    /// Resolves, with the status to end on, once the credentials are no longer valid.
+    pub fn revoked(&self) -> futures::future::BoxFuture<'static, Status> {
         (self.0)()
     }
 }
@@ -165,7 +166,7 @@ impl Subscribers {
 
     /// A place for one more stream of `caller`, if it has fewer than `max` open, or
     /// comes to have within [`ADMIT_WAIT`].
-    pub(crate) async fn admit(self: &Arc<Self>, caller: &str, max: usize) -> Option<Joined> {
+    pub async fn admit(self: &Arc<Self>, caller: &str, max: usize) -> Option<Joined> {
         let deadline = tokio::time::Instant::now() + ADMIT_WAIT;
         let mut waiting = false;
         let joined = loop {
@@ -216,7 +217,7 @@ impl Subscribers {
 }
 
 /// One open stream, counted until dropped.
-pub(crate) struct Joined {
+pub struct Joined {
     subscribers: Arc<Subscribers>,
     caller: String,
 }

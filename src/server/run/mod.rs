@@ -150,8 +150,8 @@ async fn run(
         fleet.clone(),
         replica.as_ref().map(|r| r.gate.clone()),
     ));
+    let service = FleetService::new(gated.clone(), service, stop.clone());
     serve_kube_api(kube_api, &gated, &security, &service, &stop);
-    let service = FleetService::new(gated, service, stop.clone());
     let counted = serve_metrics(
         metrics,
         telemetry::metrics::Sources {
@@ -565,13 +565,13 @@ async fn bind_kube_api(
 }
 
 /// Serves the Kubernetes API over `fleet` on `listener` (when given) until `stop`,
-/// secured as the gRPC listener is, `continue` tokens signed with the gRPC service's
-/// page token key.
-fn serve_kube_api<F: fleetscope_model::Fleet + 'static>(
+/// secured as the gRPC listener is, beside the gRPC service `grpc` (its page token key,
+/// its per-caller Watch limit).
+fn serve_kube_api<F: fleetscope_model::Fleet + 'static, G: fleetscope_model::Fleet>(
     listener: Option<tokio::net::TcpListener>,
     fleet: &std::sync::Arc<F>,
     security: &server::Security,
-    service: &ServiceConfig,
+    grpc: &FleetService<G>,
     stop: &tokio_util::sync::CancellationToken,
 ) {
     let Some(listener) = listener else {
@@ -587,11 +587,8 @@ fn serve_kube_api<F: fleetscope_model::Fleet + 'static>(
             "the Kubernetes API on {scheme}://{addr} (the fleet at /clusters/*, a cluster at /clusters/NAME)"
         );
     }
-    let api = crate::kubeapi::KubeApi::new(
-        fleet.clone(),
-        std::sync::Arc::new(security.guard.clone()),
-        std::sync::Arc::new(service.token_key.clone()),
-    );
+    let guard = std::sync::Arc::new(security.guard.clone());
+    let api = crate::kubeapi::KubeApi::new(fleet.clone(), guard, grpc);
     crate::tasks::spawn(
         "kube-api-listener",
         server::kube_api::serve(

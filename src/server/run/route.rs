@@ -65,13 +65,13 @@ pub async fn router(
         &mut reloads,
     )?;
     let mut config = args.listener.service(key);
-    serve_kube_api(kube_api, &router, &security, &config, &stop);
     config.inputs = reloads.status();
     crate::tasks::spawn("reloader", reloads.run(hangups, stop.clone()));
     // Ready once the ring's Leases have been read and one replica's taken.
     let ready = router.ready();
     let inputs = config.inputs.clone();
     let service = FleetService::new(router.clone(), config, stop.clone());
+    serve_kube_api(kube_api, &router, &security, &service, &stop);
     let counted = serve_metrics(
         metrics,
         telemetry::metrics::Sources {
