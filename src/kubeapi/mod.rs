@@ -23,8 +23,8 @@ use fleetscope_auth::peer::PeerInfo;
 use fleetscope_grpc::token::{TokenKey, seal, unseal};
 use fleetscope_grpc::{FleetService, Joined, Revocation, Subscribers};
 use fleetscope_model::fleet::{
-    ClustersAnswer, FleetObject, GetRequest, ListRequest, Projection, Query, WatchEvent,
-    WatchRequest,
+    ClustersAnswer, FleetObject, GetRequest, ListRequest, Projection, Query, ResourceTypeInfo,
+    WatchEvent, WatchRequest,
 };
 use fleetscope_model::{
     Access, ClusterFilter, EventType, FieldSelector, Fleet, FleetError, LabelSelector, ObjectKey,
@@ -225,19 +225,18 @@ impl<F: Fleet + 'static> KubeApi<F> {
             .await
             .unwrap_or_default()
             .into_iter()
+            .map(|t| t.resource)
             .find(|t| t.group == resource.group && t.plural == resource.plural)
             .map(|t| t.kind)
             .unwrap_or_default()
     }
 
     /// The collected types the caller may see.
-    async fn types(&self, access: &Access) -> Result<Vec<fleetscope_model::ResourceType>, Refusal> {
-        let types = self
-            .fleet
+    async fn types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, Refusal> {
+        self.fleet
             .resource_types(access)
             .await
-            .map_err(|e| status::of(&e))?;
-        Ok(types.into_iter().map(|t| t.resource).collect())
+            .map_err(|e| status::of(&e))
     }
 
     async fn get(
@@ -695,9 +694,13 @@ fn version() -> Value {
 }
 
 /// The groups of `types`, as `/apis` lists them (the core group is `/api`'s).
-fn groups(types: &[fleetscope_model::ResourceType]) -> Value {
+fn groups(types: &[ResourceTypeInfo]) -> Value {
     let mut by_group: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for t in types.iter().filter(|t| !t.group.is_empty()) {
+    for t in types
+        .iter()
+        .map(|t| &t.resource)
+        .filter(|t| !t.group.is_empty())
+    {
         let versions = by_group.entry(&t.group).or_default();
         if !versions.contains(&t.version.as_str()) {
             versions.push(&t.version);
@@ -717,14 +720,15 @@ fn groups(types: &[fleetscope_model::ResourceType]) -> Value {
 }
 
 /// The resources of `group/version` among `types`.
-fn resources(types: &[fleetscope_model::ResourceType], group: &str, version: &str) -> Value {
+fn resources(types: &[ResourceTypeInfo], group: &str, version: &str) -> Value {
     let resources: Vec<Value> = types
         .iter()
-        .filter(|t| t.group == group && t.version == version)
-        .map(|t| {
+        .filter(|t| t.resource.group == group && t.resource.version == version)
+        .map(|info| {
+            let t = &info.resource;
             json!({
                 "name": t.plural, "singularName": t.kind.to_lowercase(), "namespaced": t.namespaced,
-                "kind": t.kind, "verbs": ["get", "list", "watch"],
+                "kind": t.kind, "verbs": ["get", "list", "watch"], "shortNames": info.short_names,
             })
         })
         .collect();
@@ -784,10 +788,21 @@ mod tests {
 
     #[test]
     fn discovery_lists_groups_and_their_resources_with_the_verbs_served() {
+        let info = |resource, short: &str| ResourceTypeInfo {
+            resource,
+            short_names: vec![short.to_string()],
+            clusters: Vec::new(),
+        };
         let types = [
-            ResourceType::new("", "v1", "pods", "Pod", true),
-            ResourceType::new("apps", "v1", "deployments", "Deployment", true),
-            ResourceType::new("apps", "v1", "replicasets", "ReplicaSet", true),
+            info(ResourceType::new("", "v1", "pods", "Pod", true), "po"),
+            info(
+                ResourceType::new("apps", "v1", "deployments", "Deployment", true),
+                "deploy",
+            ),
+            info(
+                ResourceType::new("apps", "v1", "replicasets", "ReplicaSet", true),
+                "rs",
+            ),
         ];
         let g = groups(&types);
         assert_eq!(g["groups"].as_array().unwrap().len(), 1);
@@ -799,6 +814,7 @@ mod tests {
         assert_eq!(r["groupVersion"], "apps/v1");
         assert_eq!(r["resources"].as_array().unwrap().len(), 2);
         assert_eq!(r["resources"][0]["verbs"], json!(["get", "list", "watch"]));
+        assert_eq!(r["resources"][0]["shortNames"], json!(["deploy"]));
         assert_eq!(
             resources(&types, "", "v1")["resources"][0]["namespaced"],
             true

@@ -122,7 +122,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         .lines()
         .find(|l| l.starts_with("configmaps "))
         .unwrap_or_else(|| panic!("{resources}"));
-    assert!(line.contains("get,list,watch"), "{line}");
+    assert!(line.contains("get,list,watch") && line.contains(" cm "), "{line}");
 
     // The whole fleet, each object annotated with its cluster; the same in pages.
     let what = common::with_log("kubectl sees every configmap of the fleet", &log);

@@ -225,8 +225,9 @@ impl Fleet for Engine {
         Ok(self
             .status
             .catalogue()
-            .types()
-            .filter_map(|rt| {
+            .named()
+            .filter_map(|named| {
+                let rt = &named.resource;
                 let name = rt.name();
                 // Per cluster, the namespaces the caller may list; a type granted
                 // nowhere is not shown at all.
@@ -249,6 +250,7 @@ impl Fleet for Engine {
                 }
                 Some(ResourceTypeInfo {
                     resource: rt.clone(),
+                    short_names: named.short_names.clone(),
                     clusters: counts.into_iter().collect(),
                 })
             })

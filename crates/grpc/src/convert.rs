@@ -356,6 +356,7 @@ pub fn resource_type_in(t: proto::ResourceType) -> fleetscope_model::fleet::Reso
             &t.kind,
             t.namespaced,
         ),
+        short_names: t.short_names,
         clusters: t
             .clusters
             .into_iter()

@@ -414,6 +414,7 @@ impl<F: Fleet> fleet_server::Fleet for FleetService<F> {
                     kind: t.resource.kind,
                     namespaced: t.resource.namespaced,
                     clusters,
+                    short_names: t.short_names,
                 }
             })
             .collect();

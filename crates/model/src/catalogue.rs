@@ -77,6 +77,11 @@ impl Catalogue {
         self.types.iter().map(|n| &n.resource)
     }
 
+    /// Every type, with its names.
+    pub fn named(&self) -> impl ExactSizeIterator<Item = &Named> {
+        self.types.iter()
+    }
+
     /// The type `spec` names: of several, the core group's first, then the first in
     /// name order.
     pub fn resolve(&self, spec: &str) -> Option<&ResourceType> {

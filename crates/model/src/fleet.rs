@@ -780,6 +780,8 @@ pub struct ClustersAnswer {
 pub struct ResourceTypeInfo {
     /// The type.
     pub resource: ResourceType,
+    /// Its short names (`deploy`), as the clusters' discovery gives them.
+    pub short_names: Vec<String>,
     /// Objects held per cluster.
     pub clusters: Vec<(ClusterName, u64)>,
 }

@@ -659,6 +659,7 @@ impl Fleet for Router {
                     .entry(t.resource.name())
                     .or_insert_with(|| ResourceTypeInfo {
                         resource: t.resource.clone(),
+                        short_names: t.short_names.clone(),
                         clusters: Vec::new(),
                     });
                 entry.clusters.extend(counts);
