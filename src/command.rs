@@ -48,12 +48,15 @@ pub enum Command {
     Clusters(ClustersArgs),
     /// Show the persisted store: size on disk, writes and their latency, errors.
     Store(StoreArgs),
+    /// Print a kubeconfig for the server's Kubernetes API: a `fleet` context (the
+    /// whole fleet) and one per cluster, with this client's credentials.
+    Kubeconfig(fleetscope_cli::args::KubeconfigArgs),
     /// Check a configuration file: print the resolved settings with each value's
     /// source (flag, environment, file or default), changing nothing.
     #[command(subcommand)]
     Config(ConfigCommand),
     /// Print the client's version and the server's (as kubectl version does).
-    Version(cli::args::VersionArgs),
+    Version(fleetscope_cli::args::VersionArgs),
     /// Print a shell completion script: `source <(fleetscope completion bash)`.
     Completion {
         /// The shell.
@@ -215,6 +218,10 @@ async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
         Command::Store(args) => {
             let mut c = cli::connect(&args.server).await?;
             Ok(cli::store(&mut c, args).await?)
+        }
+        Command::Kubeconfig(args) => {
+            let mut c = cli::connect(&args.server).await?;
+            Ok(cli::kubeconfig(&mut c, args).await?)
         }
         Command::Version(args) => {
             println!("Client Version: {}", crate::version());

@@ -3,7 +3,8 @@
 //! with its cluster; printed from the server's Table, the CLUSTER column first) and
 //! in one cluster, selectors, paging with `--chunk-size` (pages of 10 over more), one
 //! object, a watch that sees a change made in a cluster, a write refused saying where
-//! to write, and an unknown cluster named.
+//! to write, and an unknown cluster named; kubectl reads the kubeconfig `fleetscope
+//! kubeconfig` writes.
 //!
 //! kubectl is not a build dependency: without it on the PATH the test says so and
 //! checks nothing else.
@@ -24,34 +25,15 @@ fn kubectl_installed() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// A kubeconfig for kubectl with a `fleet` context (the whole fleet) and one context
-/// per cluster, all at `base`.
-fn kubeconfig(path: &std::path::Path, base: &str, clusters: &[&str]) {
-    let mut text = String::from("apiVersion: v1\nkind: Config\nclusters:\n");
-    let scoped = |c: &str| {
-        if c == "fleet" {
-            "*".to_string()
-        } else {
-            c.to_string()
-        }
-    };
-    let names: Vec<&str> = std::iter::once("fleet")
-        .chain(clusters.iter().copied())
-        .collect();
-    for c in &names {
-        text.push_str(&format!(
-            "- name: {c}\n  cluster:\n    server: \"{base}/clusters/{}\"\n",
-            scoped(c)
-        ));
-    }
-    text.push_str("users:\n- name: u\n  user: {}\ncontexts:\n");
-    for c in &names {
-        text.push_str(&format!(
-            "- name: {c}\n  context:\n    cluster: {c}\n    user: u\n"
-        ));
-    }
-    text.push_str("current-context: fleet\n");
-    std::fs::write(path, text).unwrap();
+/// The kubeconfig `fleetscope kubeconfig` writes for the server at `grpc` whose
+/// Kubernetes API is at `api`, in `path`.
+fn kubeconfig(path: &std::path::Path, grpc: &str, api: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fleetscope"))
+        .args(["kubeconfig", "--server", grpc, "--kube-api", api])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::write(path, out.stdout).unwrap();
 }
 
 struct Kubectl(std::path::PathBuf);
@@ -109,7 +91,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     );
     common::wait_serving(&server.url()).await;
     let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
-    kubeconfig(&k.0, &format!("http://{api}"), &["sim-1", "sim-2"]);
+    kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
     let truth: BTreeSet<String> = common::truth(&fleet, "configmaps")
         .into_keys()
         .map(|(c, ns, name)| format!("{c}/{ns}/{name}"))
@@ -122,7 +104,10 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         .lines()
         .find(|l| l.starts_with("configmaps "))
         .unwrap_or_else(|| panic!("{resources}"));
-    assert!(line.contains("get,list,watch") && line.contains(" cm "), "{line}");
+    assert!(
+        line.contains("get,list,watch") && line.contains(" cm "),
+        "{line}"
+    );
 
     // The whole fleet, each object annotated with its cluster; the same in pages.
     let what = common::with_log("kubectl sees every configmap of the fleet", &log);
@@ -263,7 +248,7 @@ async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
     );
     common::wait_serving(&server.url()).await;
     let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
-    kubeconfig(&k.0, &format!("http://{api}"), &["sim-1"]);
+    kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
     // One watch through the Kubernetes API, its list shown: the caller's one place.
     let mut watch = Command::new("kubectl")
         .arg("--kubeconfig")

@@ -195,6 +195,16 @@ pub struct ClustersArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct KubeconfigArgs {
+    /// The server's Kubernetes API (its --kube-api-listen), as kubectl reaches it:
+    /// `https://HOST:PORT`, or `http://HOST:PORT` when the server is plaintext.
+    #[arg(long, env = "FLEETSCOPE_KUBE_API", value_name = "URL")]
+    pub kube_api: String,
+    #[command(flatten)]
+    pub server: ServerArg,
+}
+
+#[derive(Debug, Args)]
 pub struct VersionArgs {
     /// The client's version only: no server is asked.
     #[arg(long)]

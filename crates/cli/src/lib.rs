@@ -10,6 +10,7 @@ mod describe;
 mod follow;
 mod get;
 pub mod jsonpath;
+mod kubeconfig;
 mod lookup;
 pub mod output;
 mod printing;
@@ -19,6 +20,7 @@ pub use connect::{Client, ClientError, Credentials, connect, server_url};
 pub use describe::describe;
 pub use follow::watch;
 pub use get::{count, get};
+pub use kubeconfig::kubeconfig;
 pub use status::{clusters, server_version, store};
 
 #[cfg(test)]
