@@ -127,37 +127,11 @@ impl<F: Fleet + 'static> KubeApi<F> {
             self.known(c, &access).await?;
         }
         match route {
-            Route::Version => Ok(json_response(&version())),
-            Route::CoreVersions => Ok(json_response(&json!({
-                "kind": "APIVersions",
-                "versions": ["v1"],
-                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
-            }))),
-            Route::Groups => Ok(json_response(&groups(&self.types(&access).await?))),
-            Route::Group(g) => {
-                let types = self.types(&access).await?;
-                let all = groups(&types);
-                let found = all["groups"]
-                    .as_array()
-                    .and_then(|gs| gs.iter().find(|x| x["name"] == g.as_str()).cloned());
-                match found {
-                    Some(mut group) => {
-                        group["kind"] = json!("APIGroup");
-                        group["apiVersion"] = json!("v1");
-                        Ok(json_response(&group))
-                    }
-                    None => Err(Refusal::not_found(
-                        "",
-                        &g,
-                        "",
-                        format!("the server could not find the requested resource (group {g})"),
-                    )),
-                }
-            }
-            Route::Resources { group, version } => {
-                let types = self.types(&access).await?;
-                Ok(json_response(&resources(&types, &group, &version)))
-            }
+            Route::Version
+            | Route::CoreVersions
+            | Route::Groups
+            | Route::Group(_)
+            | Route::Resources { .. } => self.discovery(route, &access).await,
             Route::Subresource { name } => Err(Refusal::new(
                 404,
                 "NotFound",
@@ -195,6 +169,42 @@ impl<F: Fleet + 'static> KubeApi<F> {
                 }
             }
         }
+    }
+
+    /// Discovery: the version, the groups and their versions, a group version's
+    /// resources (the collected types the caller may see).
+    async fn discovery(&self, route: Route, access: &Access) -> Result<Response<Body>, Refusal> {
+        let body = match route {
+            Route::Version => version(),
+            Route::CoreVersions => json!({
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+            }),
+            Route::Groups => groups(&self.types(access).await?),
+            Route::Group(g) => {
+                let all = groups(&self.types(access).await?);
+                let found = all["groups"]
+                    .as_array()
+                    .and_then(|gs| gs.iter().find(|x| x["name"] == g.as_str()).cloned());
+                let Some(mut group) = found else {
+                    return Err(Refusal::not_found(
+                        "",
+                        &g,
+                        "",
+                        format!("the server could not find the requested resource (group {g})"),
+                    ));
+                };
+                group["kind"] = json!("APIGroup");
+                group["apiVersion"] = json!("v1");
+                group
+            }
+            Route::Resources { group, version } => {
+                resources(&self.types(access).await?, &group, &version)
+            }
+            _ => return Err(Refusal::new(404, "NotFound", "not discovery")),
+        };
+        Ok(json_response(&body))
     }
 
     /// Refuses a cluster the fleet does not have, naming it.

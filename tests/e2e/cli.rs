@@ -53,6 +53,8 @@ fn wait_for_lines(child: &mut Child, marker: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn demo_starts_clusters_and_a_healthy_server() {
+    // Where the tour's commands run (one writes a kubeconfig there).
+    let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(BIN)
         .args([
             "demo",
@@ -111,14 +113,23 @@ async fn demo_starts_clusters_and_a_healthy_server() {
         .iter()
         .filter(|l| !l.starts_with("export") && !l.starts_with("grpcurl") && !l.contains(" watch "))
         .collect();
-    assert_eq!(runs.len(), 5, "{cli:#?}");
+    assert_eq!(runs.len(), 7, "{cli:#?}");
+    let kubectl = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let runs = runs
+        .into_iter()
+        .filter(|l| kubectl || !l.starts_with("kubectl"));
     for command in runs {
         let out = tokio::task::spawn_blocking({
             let script = format!("{export}\n{command}");
+            let dir = dir.path().to_path_buf();
             move || {
                 Command::new("sh")
                     .args(["-c", &script])
                     .env("PATH", "/usr/bin:/bin")
+                    .current_dir(dir)
                     .output()
                     .unwrap()
             }
@@ -130,7 +141,10 @@ async fn demo_starts_clusters_and_a_healthy_server() {
             "{command}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!out.stdout.is_empty(), "{command} printed nothing");
+        assert!(
+            !out.stdout.is_empty() || command.contains(" > "),
+            "{command} printed nothing"
+        );
     }
 }
 

@@ -534,7 +534,11 @@ fn the_readme_s_tour_is_what_the_demo_prints() {
     let (block, _) = block.split_once("```").unwrap();
     assert_eq!(
         block,
-        fleetscope::server::run::tour("fleetscope", fleetscope::proto::DEFAULT_ADDRESS),
+        fleetscope::server::run::tour(
+            "fleetscope",
+            fleetscope::proto::DEFAULT_ADDRESS,
+            "127.0.0.1:50052"
+        ),
         "README.md's tour differs from the demo's (src/server/run/demo.rs, TOUR)"
     );
 }

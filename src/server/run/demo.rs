@@ -3,7 +3,7 @@
 use fleetscope_model::fleet::Deferred;
 
 use super::sim::{start_fleet, write_kubeconfig};
-use super::{RunError, Serving, bind_kube_api, bind_metrics, run, secure, this_binary};
+use super::{RunError, Serving, bind_metrics, run, secure, this_binary};
 use crate::config::reload::Reloads;
 use crate::config::sim_flags::DemoArgs;
 use crate::engine::Engine;
@@ -43,15 +43,23 @@ const TOUR: &[(&str, &str)] = &[
         "grpcurl -plaintext ADDR fleetscope.v1.Fleet/ListClusters",
         "the same over gRPC",
     ),
+    (
+        "fleetscope kubeconfig --kube-api http://KUBE > fleet.kubeconfig",
+        "kubectl's view of the fleet:",
+    ),
+    (
+        "kubectl --kubeconfig fleet.kubeconfig --context fleet get pods -A",
+        "the Kubernetes API: every cluster, a CLUSTER column",
+    ),
 ];
 
-/// The tour, each command with `cli` for the binary and `addr` for the server, its
-/// comment aligned after it.
-pub fn tour(cli: &str, addr: &str) -> String {
+/// The tour, each command with `cli` for the binary, `addr` for the server and `kube`
+/// for its Kubernetes API, its comment aligned after it.
+pub fn tour(cli: &str, addr: &str, kube: &str) -> String {
     let lines: Vec<String> = TOUR
         .iter()
         .map(|(command, _)| {
-            let command = command.replace("ADDR", addr);
+            let command = command.replace("ADDR", addr).replace("KUBE", kube);
             match command.strip_prefix("fleetscope ") {
                 Some(rest) => format!("{cli} {rest}"),
                 None => command,
@@ -64,6 +72,28 @@ pub fn tour(cli: &str, addr: &str) -> String {
         .zip(TOUR)
         .map(|(line, (_, what))| format!("{line:width$}# {what}\n"))
         .collect()
+}
+
+/// The demo's Kubernetes API listener: at `--kube-api-listen`, else on the gRPC
+/// listener's address `grpc` one port up (any free port when the gRPC one was the
+/// system's choice, `:0`).
+async fn demo_kube_api(
+    args: &crate::config::flags::ListenerArgs,
+    grpc: std::net::SocketAddr,
+) -> Result<tokio::net::TcpListener, RunError> {
+    let addr = match &args.kube_api_listen {
+        Some(addr) => addr.clone(),
+        None => {
+            let chosen = args.listen.rsplit_once(':').is_some_and(|(_, p)| p == "0");
+            let port = if chosen {
+                0
+            } else {
+                grpc.port().saturating_add(1)
+            };
+            std::net::SocketAddr::new(grpc.ip(), port).to_string()
+        }
+    };
+    Ok(server::bind(&addr).await?)
 }
 
 /// `fleetscope demo`: simulated clusters and the server over them, in memory.
@@ -79,20 +109,23 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
         crate::config::plan::collect(&mut config, &crate::auth::rbac::TYPES);
     }
     let addr = listener.local_addr().map_err(RunError::Listen)?;
+    let kube_api = demo_kube_api(&args.engine.listener, addr).await?;
+    let kube = kube_api.local_addr().map_err(RunError::Listen)?;
     let kc = kubeconfig.display();
     // Resolved once: it reads PATH and the file system.
     let cli = this_binary();
     say!(
         "fleetscope demo\n\n\
          {n} simulated clusters with ~{objects} objects each and {churn} changes/s, kubeconfig: {kc}\n\
-         gRPC server on {addr} (health, reflection and the fleetscope.v1.Fleet contract).\n\n\
+         gRPC server on {addr} (health, reflection and the fleetscope.v1.Fleet contract),\n\
+         the Kubernetes API on http://{kube} (kubectl, client-go, kube-rs).\n\n\
          Try (the fleetscope CLI is this binary{install}):\n\n\
          export FLEETSCOPE_SERVER=http://{addr}\n\
          {tour}\n\
          and, against the simulated clusters themselves:\n\n\
          kubectl --kubeconfig {kc} --context {first} get pods -A\n\n\
          Ctrl-C stops it.",
-        tour = tour(&cli, &addr.to_string()),
+        tour = tour(&cli, &addr.to_string(), &kube.to_string()),
         install = if cli == "fleetscope" {
             ""
         } else {
@@ -104,7 +137,6 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
     );
     // The demo's clusters are new each run, so it keeps its state in memory.
     let metrics = bind_metrics(&args.engine.listener).await?;
-    let kube_api = bind_kube_api(&args.engine.listener).await?;
     let stop_reloads = tokio_util::sync::CancellationToken::new();
     let fleet_view = std::sync::Arc::new(Deferred::<Engine>::default());
     let mut reloads = Reloads::default();
@@ -145,7 +177,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), RunError> {
             security,
             reloads: stop_reloads.clone(),
             replica: None,
-            kube_api,
+            kube_api: Some(kube_api),
         },
         None,
     )
