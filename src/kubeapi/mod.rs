@@ -108,6 +108,10 @@ impl<F: Fleet + 'static> KubeApi<F> {
         let Some(admitted) = admitted else {
             return Err(Refusal::new(403, "Forbidden", "not served"));
         };
+        // The connection's peer proved who it is: it keeps its place (as gRPC's do).
+        if let Some(streams) = peer.and_then(|p| p.streams.as_ref()) {
+            streams.authenticated();
+        }
         let (access, revocation) = admitted.held_to(&self.guard);
         let cluster = match &scope {
             Scope::Cluster(c) => Some(c.as_str()),

@@ -4,7 +4,9 @@
 //! in one cluster, selectors, paging with `--chunk-size` (pages of 10 over more), one
 //! object, a watch that sees a change made in a cluster, a write refused saying where
 //! to write, and an unknown cluster named; kubectl reads the kubeconfig `fleetscope
-//! kubeconfig` writes.
+//! kubeconfig` writes. A kube-rs reflector on a cluster's path holds the cluster's
+//! truth across changes and a SIGKILL of `serve`, resuming its watch from the
+//! resourceVersion it held without listing again.
 //!
 //! kubectl is not a build dependency: without it on the PATH the test says so and
 //! checks nothing else.
@@ -301,6 +303,122 @@ async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
         r.map(|_| ()).map_err(|e| e.code())
     })
     .await;
+    drop(server);
+    fleet.shutdown().await;
+}
+
+/// Configmaps `made`…: created in `cluster`'s team-0 through its own API server.
+async fn make_configmaps(kubeconfig: &std::path::Path, cluster: &str, names: &[String]) {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(common::kube_client(kubeconfig, cluster).await, "team-0");
+    for name in names {
+        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name}, "data": {"a": "b"}}),
+        )
+        .unwrap();
+        api.create(&Default::default(), &cm).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kube_rs_reflector_of_a_cluster_holds_its_truth_across_changes_and_a_sigkill_without_listing_again()
+ {
+    use futures::StreamExt as _;
+    use kube::runtime::{reflector, watcher};
+    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 60).await;
+    let log = dir.path().join("serve.log");
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let api = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "--data-dir",
+        data,
+        "--resources",
+        "configmaps",
+        "--kube-api-listen",
+        api.as_str(),
+    ];
+    let port = free_port();
+    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
+    common::wait_serving(&server.url()).await;
+    // kube-rs, as any Rust backend would use it, on a cluster's path. (On the fleet's
+    // path a reflector's store keys objects by namespace and name alone, so objects
+    // of the same name in two clusters are one to it.)
+    let config = kube::Config::new(format!("http://{api}/clusters/sim-1").parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::all(client);
+    let (reader, writer) = reflector::store();
+    // Every list the watcher makes begins with `Init`.
+    let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lists.clone();
+    let events = reflector(writer, watcher(configmaps, watcher::Config::default()));
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(e) = events.next().await {
+            if matches!(e, Ok(watcher::Event::Init)) {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let held = || -> BTreeSet<String> {
+        reader
+            .state()
+            .iter()
+            .map(|cm| {
+                format!(
+                    "sim-1/{}/{}",
+                    cm.metadata.namespace.clone().unwrap_or_default(),
+                    cm.metadata.name.clone().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    let truth = || -> BTreeSet<String> {
+        common::truth(&fleet, "configmaps")
+            .into_keys()
+            .filter(|(c, _, _)| c == "sim-1")
+            .map(|(c, ns, name)| format!("{c}/{ns}/{name}"))
+            .collect()
+    };
+    let reaches_truth = async |what: &str| {
+        let what = common::with_log(what, &log);
+        common::eventually(what, async || {
+            let (held, truth) = (held(), truth());
+            if held == truth {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} held, {} true; missing {:?}; extra {:?}",
+                    held.len(),
+                    truth.len(),
+                    truth.difference(&held).take(3).collect::<Vec<_>>(),
+                    held.difference(&truth).take(3).collect::<Vec<_>>()
+                ))
+            }
+        })
+        .await;
+    };
+    reaches_truth("the reflector holds every configmap of the cluster").await;
+    // Changes reach it (another cluster's do not).
+    let names = |prefix: &str| (0..5).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
+    make_configmaps(&kubeconfig_path, "sim-1", &names("before")).await;
+    make_configmaps(&kubeconfig_path, "sim-2", &names("before")).await;
+    reaches_truth("the reflector follows the cluster's changes").await;
+    assert_eq!(lists.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // fleetscope killed; changes made while it is down; started again on its data.
+    server.kill();
+    make_configmaps(&kubeconfig_path, "sim-1", &names("while-down")).await;
+    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
+    common::wait_serving(&server.url()).await;
+    reaches_truth("the reflector resumes and catches up after the restart").await;
+    // It resumed its watch from the resourceVersion it held: no list again.
+    assert_eq!(
+        lists.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the reflector listed again after the restart"
+    );
+    server.assert_running(&log);
+    task.abort();
     drop(server);
     fleet.shutdown().await;
 }
