@@ -1,6 +1,7 @@
 //! The gRPC server: the Fleet service, standard health checking and server reflection
 //! (v1 and v1alpha, so grpcurl of any age can `list` and `describe`).
 
+pub mod http;
 pub mod idle;
 pub mod kube_api;
 pub mod limits;

@@ -2,7 +2,6 @@
 //! for identities the policy grants it), `/healthz` and `/livez` (the process
 //! answers), `/readyz` (the engine or router is ready, or why not).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use fleetscope_engine::Engine;
@@ -62,61 +61,26 @@ pub async fn serve(
     security: super::Security,
     stop: CancellationToken,
 ) {
-    use futures::StreamExt as _;
-    let mut incoming = Box::pin(super::tls::incoming(
-        listener,
-        security.tls,
-        super::tls::Protocol::Http1,
-        security.admission,
-        stop.clone(),
-    ));
-    let guard = Arc::new(security.guard);
-    loop {
-        let stream = tokio::select! {
-            accepted = incoming.next() => match accepted {
-                Some(Ok(a)) => a,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
-                    continue;
-                }
-                None => return,
-            },
-            _ = stop.cancelled() => return,
-        };
-        let peer = tonic::transport::server::Connected::connect_info(&stream);
+    let guard = Arc::new(security.guard.clone());
+    let respond = move |r: Request<Incoming>, peer: crate::peer::PeerInfo| {
         let (registry, engine, guard) = (registry.clone(), engine.clone(), guard.clone());
-        let service = hyper::service::service_fn(move |r: Request<Incoming>| {
-            let (registry, engine, guard, peer) = (
-                registry.clone(),
-                engine.clone(),
-                guard.clone(),
-                peer.clone(),
-            );
-            async move {
-                if r.uri().path() == "/metrics"
-                    && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer)).await
-                {
-                    let code = match refused.code() {
-                        tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-                        tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                        _ => StatusCode::FORBIDDEN,
-                    };
-                    let body = format!("{}\n", refused.message());
-                    return Ok::<_, Infallible>(text(code, "text/plain; charset=utf-8", body));
-                }
-                Ok(answer(&r, &registry, &engine))
+        async move {
+            if r.uri().path() == "/metrics"
+                && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer)).await
+            {
+                let code = match refused.code() {
+                    tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+                    tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::FORBIDDEN,
+                };
+                let body = format!("{}\n", refused.message());
+                return text(code, "text/plain; charset=utf-8", body);
             }
-        });
-        let stop = stop.clone();
-        crate::tasks::spawn("metrics-connection", async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-            tokio::select! {
-                _ = conn => {}
-                _ = stop.cancelled() => {}
-            }
-        });
-    }
+            answer(&r, &registry, &engine)
+        }
+    };
+    let names = ("metrics", "metrics-connection");
+    super::http::serve(listener, &security, stop, names, respond).await;
 }
 
 fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {

@@ -38,6 +38,35 @@ fn kubeconfig(path: &std::path::Path, grpc: &str, api: &str) {
     std::fs::write(path, out.stdout).unwrap();
 }
 
+/// `serve` in memory over `clusters` simulated clusters of `objects` each, with
+/// `args` and the Kubernetes API on `api`, serving.
+struct Serving {
+    fleet: fleetscope_sim::SimFleet,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    log: std::path::PathBuf,
+    server: Server,
+    api: String,
+}
+
+async fn serving(clusters: usize, objects: usize, args: &[&str]) -> Serving {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(clusters, objects).await;
+    let log = dir.path().join("serve.log");
+    let api = format!("127.0.0.1:{}", free_port());
+    let mut all = vec!["--no-persist", "--kube-api-listen", api.as_str()];
+    all.extend_from_slice(args);
+    let server = Server::start(&kubeconfig, &all, &log);
+    common::wait_serving(&server.url()).await;
+    Serving {
+        fleet,
+        dir,
+        kubeconfig,
+        log,
+        server,
+        api,
+    }
+}
+
 struct Kubectl(std::path::PathBuf);
 
 impl Kubectl {
@@ -77,21 +106,14 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         eprintln!("kubectl is not on the PATH: nothing checked");
         return;
     }
-    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 120).await;
-    let log = dir.path().join("serve.log");
-    let api = format!("127.0.0.1:{}", free_port());
-    let server = Server::start(
-        &kubeconfig_path,
-        &[
-            "--no-persist",
-            "--resources",
-            "configmaps,namespaces",
-            "--kube-api-listen",
-            &api,
-        ],
-        &log,
-    );
-    common::wait_serving(&server.url()).await;
+    let Serving {
+        fleet,
+        dir,
+        kubeconfig: kubeconfig_path,
+        log,
+        server,
+        api,
+    } = serving(2, 120, &["--resources", "configmaps,namespaces"]).await;
     let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
     kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
     let truth: BTreeSet<String> = common::truth(&fleet, "configmaps")
@@ -232,23 +254,24 @@ async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
         eprintln!("kubectl is not on the PATH: nothing checked");
         return;
     }
-    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(1, 20).await;
-    let log = dir.path().join("serve.log");
-    let api = format!("127.0.0.1:{}", free_port());
-    let server = Server::start(
-        &kubeconfig_path,
+    let Serving {
+        fleet,
+        dir,
+        log,
+        server,
+        api,
+        ..
+    } = serving(
+        1,
+        20,
         &[
-            "--no-persist",
             "--resources",
             "configmaps",
-            "--kube-api-listen",
-            &api,
             "--grpc-max-watches-per-caller",
             "1",
         ],
-        &log,
-    );
-    common::wait_serving(&server.url()).await;
+    )
+    .await;
     let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
     kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
     // One watch through the Kubernetes API, its list shown: the caller's one place.
