@@ -75,25 +75,22 @@ pub fn tour(cli: &str, addr: &str, kube: &str) -> String {
 }
 
 /// The demo's Kubernetes API listener: at `--kube-api-listen`, else on the gRPC
-/// listener's address `grpc` one port up (any free port when the gRPC one was the
-/// system's choice, `:0`).
+/// listener's address `grpc` one port up, or any free port when that one is taken or
+/// the gRPC one was the system's choice (`:0`); the banner says which.
 async fn demo_kube_api(
     args: &crate::config::flags::ListenerArgs,
     grpc: std::net::SocketAddr,
 ) -> Result<tokio::net::TcpListener, RunError> {
-    let addr = match &args.kube_api_listen {
-        Some(addr) => addr.clone(),
-        None => {
-            let chosen = args.listen.rsplit_once(':').is_some_and(|(_, p)| p == "0");
-            let port = if chosen {
-                0
-            } else {
-                grpc.port().saturating_add(1)
-            };
-            std::net::SocketAddr::new(grpc.ip(), port).to_string()
-        }
-    };
-    Ok(server::bind(&addr).await?)
+    if let Some(addr) = &args.kube_api_listen {
+        return Ok(server::bind(addr).await?);
+    }
+    let chosen = args.listen.rsplit_once(':').is_some_and(|(_, p)| p == "0");
+    let next = std::net::SocketAddr::new(grpc.ip(), grpc.port().saturating_add(1));
+    if !chosen && let Ok(listener) = server::bind(&next.to_string()).await {
+        return Ok(listener);
+    }
+    let any = std::net::SocketAddr::new(grpc.ip(), 0);
+    Ok(server::bind(&any.to_string()).await?)
 }
 
 /// `fleetscope demo`: simulated clusters and the server over them, in memory.
