@@ -512,7 +512,7 @@ impl Shared {
                         // holds that.
                         Mode::Reading(reader)
                     }
-                    None => Mode::Alone(Box::new(Routed::start(router.clone(), r).await?), None),
+                    None => Mode::Alone(Box::new(Routed::start(router.clone(), &r).await?), None),
                 }
             }
             (Some(resume), _) => {
@@ -532,7 +532,7 @@ impl Shared {
                     ),
                 }
             }
-            _ => Mode::Alone(Box::new(Routed::start(router.clone(), r).await?), None),
+            _ => Mode::Alone(Box::new(Routed::start(router.clone(), &r).await?), None),
         };
         Ok(Self {
             router,

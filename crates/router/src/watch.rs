@@ -104,18 +104,11 @@ impl Routed {
         }
     }
 
-    /// Opens a routed Watch: from the initial objects, from now, or from a token.
-    pub(super) async fn start(router: Router, r: WatchRequest) -> Result<Self, FleetError> {
-        let mut routed = Self::new(router, &r);
-        match r.resume {
-            Some(resume) => {
-                let positions =
-                    resume_positions(&routed.router, &r.access, &routed.fingerprint, &resume)?;
-                routed.positions = positions;
-                routed.follow().await?;
-            }
-            None => routed.open_all(r.initial).await?,
-        }
+    /// Opens a routed Watch from its initial objects or from now (one resumed from a
+    /// token is [`Self::resumed`]).
+    pub(super) async fn start(router: Router, r: &WatchRequest) -> Result<Self, FleetError> {
+        let mut routed = Self::new(router, r);
+        routed.open_all(r.initial).await?;
         Ok(routed)
     }
 
