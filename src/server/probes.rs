@@ -68,11 +68,9 @@ pub async fn serve(
             if r.uri().path() == "/metrics"
                 && let Err(refused) = guard.admit_metrics(r.headers(), Some(&peer)).await
             {
-                let code = match refused.code() {
-                    tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-                    tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                    _ => StatusCode::FORBIDDEN,
-                };
+                // An HTTP refusal's code, as the Kubernetes API's are chosen.
+                let code = crate::kubeapi::status::refused(&refused).code;
+                let code = StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN);
                 let body = format!("{}\n", refused.message());
                 return text(code, "text/plain; charset=utf-8", body);
             }
