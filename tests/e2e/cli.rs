@@ -114,10 +114,7 @@ async fn demo_starts_clusters_and_a_healthy_server() {
         .filter(|l| !l.starts_with("export") && !l.starts_with("grpcurl") && !l.contains(" watch "))
         .collect();
     assert_eq!(runs.len(), 7, "{cli:#?}");
-    let kubectl = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let kubectl = common::kubectl_installed();
     let runs = runs
         .into_iter()
         .filter(|l| kubectl || !l.starts_with("kubectl"));

@@ -20,13 +20,6 @@ use std::process::{Command, Stdio};
 use crate::common;
 use common::process::{Server, free_port};
 
-fn kubectl_installed() -> bool {
-    Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// The kubeconfig `fleetscope kubeconfig` writes for the server at `grpc` whose
 /// Kubernetes API is at `api`, in `path`.
 fn kubeconfig(path: &std::path::Path, grpc: &str, api: &str) {
@@ -102,7 +95,7 @@ impl Kubectl {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
-    if !kubectl_installed() {
+    if !common::kubectl_installed() {
         eprintln!("kubectl is not on the PATH: nothing checked");
         return;
     }
@@ -250,7 +243,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
-    if !kubectl_installed() {
+    if !common::kubectl_installed() {
         eprintln!("kubectl is not on the PATH: nothing checked");
         return;
     }

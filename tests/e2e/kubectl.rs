@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::common::eventually_blocking;
+use crate::common::{self, eventually_blocking};
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::Value;
 
@@ -60,13 +60,6 @@ impl Kubectl {
     }
 }
 
-fn kubectl_installed() -> bool {
-    Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// An object as the simulated cluster holds it.
 fn held(fleet: &SimFleet, id: &str, namespace: &str, name: &str) -> Option<Value> {
     fleet.servers()[0]
@@ -101,7 +94,7 @@ spec:
 /// workload and controllers), off the async workers (kubectl blocks on the cluster).
 async fn with_kubectl(commands: fn(&Kubectl, &SimFleet)) {
     assert!(
-        kubectl_installed(),
+        common::kubectl_installed(),
         "kubectl is needed for this test (Debian: apt-get install kubernetes-client; .ci/run installs it)"
     );
     let fleet = SimFleet::start(&FleetSpec::numbered(1, 40, 0.0))

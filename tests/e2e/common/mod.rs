@@ -551,3 +551,12 @@ pub fn tokens_file(entries: &[(&str, &str, &[&str])]) -> String {
     }
     s
 }
+
+/// Whether the real kubectl is on the PATH (it is not a build dependency: tests that
+/// need it say so and check nothing else without it).
+pub fn kubectl_installed() -> bool {
+    std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
