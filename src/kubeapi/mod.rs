@@ -9,6 +9,7 @@
 //! `405 MethodNotAllowed` ([`status`]). This room turns requests into the seam's and
 //! answers into the API's; the listener and its TLS are the server's.
 
+pub mod names;
 pub mod path;
 pub mod status;
 pub mod table;
@@ -27,8 +28,8 @@ use fleetscope_model::fleet::{
     WatchEvent, WatchRequest,
 };
 use fleetscope_model::{
-    Access, ClusterFilter, EventType, FieldSelector, Fleet, FleetError, LabelSelector, ObjectKey,
-    Revision,
+    Access, ClusterFilter, ClusterName, EventType, FieldSelector, Fleet, FleetError, LabelSelector,
+    ObjectKey, Revision,
 };
 use futures::StreamExt as _;
 use http::{Method, Response, StatusCode, header};
@@ -146,19 +147,43 @@ impl<F: Fleet + 'static> KubeApi<F> {
                 namespace,
                 name,
             } => {
-                let Some(cluster) = cluster else {
-                    return Err(Refusal::bad_request(format!(
-                        "an object is read in its cluster: /clusters/CLUSTER{path}, or list the fleet with a field selector metadata.name={name}"
-                    )));
+                let (cluster, name) = match cluster {
+                    Some(c) => (c.to_string(), name.as_str()),
+                    None => {
+                        let clusters = self.cluster_names(&access).await?;
+                        let Some((c, bare)) = names::split(&name, &clusters) else {
+                            return Err(Refusal::not_found(
+                                &resource.plural,
+                                &resource.group,
+                                &name,
+                                format!(
+                                    "{} {name:?} not found: in the fleet's view a name carries its cluster, CLUSTER{}NAME (as the fleet's lists show it), or read it at /clusters/CLUSTER",
+                                    resource.plural,
+                                    names::SEPARATOR
+                                ),
+                            ));
+                        };
+                        (c.to_string(), bare)
+                    }
                 };
-                let at = (cluster, namespace.as_deref(), name.as_str());
-                self.get(&resource, at, &access, as_table).await
+                let at = (cluster.as_str(), namespace.as_deref(), name);
+                self.get(&resource, at, &access, (as_table, fleet_view(&scope)))
+                    .await
             }
             Route::Collection {
                 resource,
                 namespace,
             } => {
-                let query = query(&resource, &scope, namespace.as_deref(), &params)?;
+                let mut query = query(&resource, &scope, namespace.as_deref(), &params)?;
+                if scope == Scope::Fleet && !query.fields.is_empty() {
+                    let clusters = self.cluster_names(&access).await?;
+                    let (fields, cluster) = names::field_selector(&query.fields, &clusters)
+                        .map_err(Refusal::bad_request)?;
+                    query.fields = fields;
+                    if let Some(c) = cluster {
+                        query.clusters = query.clusters.only(&[c.to_string()]);
+                    }
+                }
                 let how = How {
                     scope: &scope,
                     access: &access,
@@ -233,6 +258,16 @@ impl<F: Fleet + 'static> KubeApi<F> {
         }
     }
 
+    /// The names of the clusters the caller may see.
+    async fn cluster_names(&self, access: &Access) -> Result<Vec<ClusterName>, Refusal> {
+        let ClustersAnswer { clusters, .. } = self
+            .fleet
+            .clusters(ClusterFilter::default(), access)
+            .await
+            .map_err(|e| status::of(&e))?;
+        Ok(clusters.into_iter().map(|c| c.name).collect())
+    }
+
     /// The kind of `resource`, as discovery names it (empty when not collected).
     async fn kind(&self, resource: &Resource, access: &Access) -> String {
         self.types(access)
@@ -258,7 +293,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
         resource: &Resource,
         (cluster, namespace, name): (&str, Option<&str>, &str),
         access: &Access,
-        as_table: bool,
+        (as_table, fleet): (bool, bool),
     ) -> Result<Response<Body>, Refusal> {
         let mut r = GetRequest::for_caller(access.clone());
         r.resource = resource_name(resource);
@@ -268,13 +303,13 @@ impl<F: Fleet + 'static> KubeApi<F> {
         r.projection = Projection::Full;
         match self.fleet.get(r).await {
             Ok(answer) => {
-                let object = object_json(&answer.object, false);
+                let object = object_json(&answer.object, fleet);
                 if as_table {
                     let metadata = json!({"resourceVersion": answer.revision.0.to_string()});
                     let t = table::of(
                         &resource_name(resource),
                         &[(cluster, object)],
-                        false,
+                        fleet,
                         metadata,
                     );
                     Ok(typed_response(&t, table::CONTENT_TYPE))
@@ -603,11 +638,18 @@ fn kind_in(json: &str) -> Option<String> {
     v["kind"].as_str().map(str::to_string)
 }
 
-/// An object as the API returns it: its JSON, annotated with its cluster in the
-/// fleet's answers.
+/// Whether `scope` is the fleet's view (objects annotated, names qualified).
+fn fleet_view(scope: &Scope) -> bool {
+    *scope == Scope::Fleet
+}
+
+/// An object as the API returns it: its JSON; in the fleet's answers annotated with
+/// its cluster and named `CLUSTER:NAME` ([`names`]).
 fn object_json(o: &FleetObject, annotate: bool) -> Value {
     let mut v: Value = serde_json::from_str(&o.json).unwrap_or(Value::Null);
     if annotate && let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        let name = names::qualified(o.key.cluster.as_str(), &o.key.name);
+        meta.insert("name".into(), json!(name));
         let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
         if let Some(a) = annotations.as_object_mut() {
             a.insert(CLUSTER_ANNOTATION.into(), json!(o.key.cluster.as_str()));

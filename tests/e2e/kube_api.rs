@@ -109,9 +109,10 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     } = serving(2, 120, &["--resources", "configmaps,namespaces"]).await;
     let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
     kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
+    // In the fleet's view each name carries its cluster (names repeat across clusters).
     let truth: BTreeSet<String> = common::truth(&fleet, "configmaps")
         .into_keys()
-        .map(|(c, ns, name)| format!("{c}/{ns}/{name}"))
+        .map(|(c, ns, name)| format!("{c}/{ns}/{c}:{name}"))
         .collect();
     assert!(truth.len() > 20, "{}", truth.len());
 
@@ -151,12 +152,13 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     let sim_1: BTreeSet<String> = truth
         .iter()
         .filter(|k| k.starts_with("sim-1/"))
-        .map(|k| k.trim_start_matches("sim-1").to_string())
+        .map(|k| k.trim_start_matches("sim-1").replace("sim-1:", ""))
         .collect();
     assert_eq!(k.configmaps(&["--context", "sim-1", "-A"]), sim_1);
     // One object, in its cluster.
     let one = truth.iter().find(|k| k.starts_with("sim-2/")).unwrap();
-    let [_, ns, name] = <[&str; 3]>::try_from(one.split('/').collect::<Vec<_>>()).unwrap();
+    let [_, ns, qualified] = <[&str; 3]>::try_from(one.split('/').collect::<Vec<_>>()).unwrap();
+    let name = qualified.trim_start_matches("sim-2:");
     let got = k.ok(&[
         "--context",
         "sim-2",
@@ -169,6 +171,25 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         "jsonpath={.metadata.name}",
     ]);
     assert_eq!(got, name);
+    // The same object in the fleet's view, by the name the fleet's list gave it; a
+    // bare name there says how names read.
+    let got = k.ok(&["get", "configmap", qualified, "-n", ns, "-o", "name"]);
+    assert_eq!(got.trim(), format!("configmap/{qualified}"));
+    let out = k.run(&["get", "configmap", name, "-n", ns]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("CLUSTER:NAME"),
+        "{said}"
+    );
+    assert_eq!(
+        k.configmaps(&[
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("metadata.name={qualified}")
+        ]),
+        BTreeSet::from([one.clone()])
+    );
 
     // kubectl's own printing: the server's Table, with the CLI's columns and the
     // cluster first in the fleet's view.
@@ -217,7 +238,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     let mut seen = false;
     while !seen && std::time::Instant::now() < deadline {
         if let Ok(l) = rx.recv_timeout(std::time::Duration::from_secs(1)) {
-            seen = l == "configmap/made-while-watched";
+            seen = l == "configmap/sim-1:made-while-watched";
         }
     }
     let _ = watch.kill();
@@ -336,11 +357,70 @@ async fn make_configmaps(kubeconfig: &std::path::Path, cluster: &str, names: &[S
     }
 }
 
+/// A kube-rs reflector of configmaps at `url`, as any Rust backend would run it,
+/// counting the lists its watcher makes (each begins with `Init`).
+struct Reflector {
+    reader: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
+    lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reflector {
+    fn start(url: &str) -> Self {
+        use futures::StreamExt as _;
+        use kube::runtime::{reflector, watcher};
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::all(client);
+        let (reader, writer) = reflector::store();
+        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = lists.clone();
+        let events = reflector(writer, watcher(configmaps, watcher::Config::default()));
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(e) = events.next().await {
+                if matches!(e, Ok(watcher::Event::Init)) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        Self {
+            reader,
+            lists,
+            task,
+        }
+    }
+
+    /// `cluster/namespace/name` of what the store holds: the cluster from the
+    /// fleet's annotation (none on a cluster's path).
+    fn held(&self) -> BTreeSet<String> {
+        self.reader
+            .state()
+            .iter()
+            .map(|cm| {
+                let m = &cm.metadata;
+                let cluster = m
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("fleetscope.io/cluster"))
+                    .cloned()
+                    .unwrap_or_default();
+                format!(
+                    "{cluster}/{}/{}",
+                    m.namespace.clone().unwrap_or_default(),
+                    m.name.clone().unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    fn lists(&self) -> usize {
+        self.lists.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kube_rs_reflector_of_a_cluster_holds_its_truth_across_changes_and_a_sigkill_without_listing_again()
+async fn kube_rs_reflectors_of_a_cluster_and_of_the_fleet_hold_their_truth_across_changes_and_a_sigkill_without_listing_again()
  {
-    use futures::StreamExt as _;
-    use kube::runtime::{reflector, watcher};
     let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 60).await;
     let log = dir.path().join("serve.log");
     let data = dir.path().join("data");
@@ -357,84 +437,72 @@ async fn a_kube_rs_reflector_of_a_cluster_holds_its_truth_across_changes_and_a_s
     let port = free_port();
     let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
     common::wait_serving(&server.url()).await;
-    // kube-rs, as any Rust backend would use it, on a cluster's path. (On the fleet's
-    // path a reflector's store keys objects by namespace and name alone, so objects
-    // of the same name in two clusters are one to it.)
-    let config = kube::Config::new(format!("http://{api}/clusters/sim-1").parse().unwrap());
-    let client = kube::Client::try_from(config).unwrap();
-    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::all(client);
-    let (reader, writer) = reflector::store();
-    // Every list the watcher makes begins with `Init`.
-    let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = lists.clone();
-    let events = reflector(writer, watcher(configmaps, watcher::Config::default()));
-    let task = tokio::spawn(async move {
-        let mut events = std::pin::pin!(events);
-        while let Some(e) = events.next().await {
-            if matches!(e, Ok(watcher::Event::Init)) {
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    });
-    let held = || -> BTreeSet<String> {
-        reader
-            .state()
-            .iter()
-            .map(|cm| {
-                format!(
-                    "sim-1/{}/{}",
-                    cm.metadata.namespace.clone().unwrap_or_default(),
-                    cm.metadata.name.clone().unwrap_or_default()
-                )
+    // On a cluster's path, names as the cluster has them; on the fleet's, each object
+    // of each cluster once, though the two clusters' objects share their names.
+    let one = Reflector::start(&format!("http://{api}/clusters/sim-1"));
+    let all = Reflector::start(&format!("http://{api}/clusters/*"));
+    let truth = |of_fleet: bool| -> BTreeSet<String> {
+        common::truth(&fleet, "configmaps")
+            .into_keys()
+            .filter(|(c, _, _)| of_fleet || c == "sim-1")
+            .map(|(c, ns, name)| match of_fleet {
+                true => format!("{c}/{ns}/{c}:{name}"),
+                false => format!("/{ns}/{name}"),
             })
             .collect()
     };
-    let truth = || -> BTreeSet<String> {
-        common::truth(&fleet, "configmaps")
-            .into_keys()
-            .filter(|(c, _, _)| c == "sim-1")
-            .map(|(c, ns, name)| format!("{c}/{ns}/{name}"))
-            .collect()
+    let shared = |a: &BTreeSet<String>| {
+        a.iter()
+            .filter_map(|k| k.rsplit_once(':').map(|(_, n)| n.to_string()))
+            .collect::<BTreeSet<_>>()
+            .len()
     };
     let reaches_truth = async |what: &str| {
         let what = common::with_log(what, &log);
         common::eventually(what, async || {
-            let (held, truth) = (held(), truth());
-            if held == truth {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} held, {} true; missing {:?}; extra {:?}",
-                    held.len(),
-                    truth.len(),
-                    truth.difference(&held).take(3).collect::<Vec<_>>(),
-                    held.difference(&truth).take(3).collect::<Vec<_>>()
-                ))
+            for (r, of_fleet) in [(&one, false), (&all, true)] {
+                let (held, truth) = (r.held(), truth(of_fleet));
+                if held != truth {
+                    return Err(format!(
+                        "fleet {of_fleet}: {} held, {} true; missing {:?}; extra {:?}",
+                        held.len(),
+                        truth.len(),
+                        truth.difference(&held).take(3).collect::<Vec<_>>(),
+                        held.difference(&truth).take(3).collect::<Vec<_>>()
+                    ));
+                }
             }
+            Ok(())
         })
         .await;
     };
-    reaches_truth("the reflector holds every configmap of the cluster").await;
-    // Changes reach it (another cluster's do not).
+    reaches_truth("the reflectors hold every configmap of the cluster and of the fleet").await;
+    // Changes reach them (another cluster's only the fleet's), names shared or not.
     let names = |prefix: &str| (0..5).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
     make_configmaps(&kubeconfig_path, "sim-1", &names("before")).await;
     make_configmaps(&kubeconfig_path, "sim-2", &names("before")).await;
-    reaches_truth("the reflector follows the cluster's changes").await;
-    assert_eq!(lists.load(std::sync::atomic::Ordering::Relaxed), 1);
+    reaches_truth("the reflectors follow the clusters' changes").await;
+    let held = all.held();
+    assert!(
+        shared(&held) < held.len(),
+        "the two clusters share no name: the test proves nothing"
+    );
+    assert_eq!((one.lists(), all.lists()), (1, 1));
     // fleetscope killed; changes made while it is down; started again on its data.
     server.kill();
     make_configmaps(&kubeconfig_path, "sim-1", &names("while-down")).await;
     let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
     common::wait_serving(&server.url()).await;
-    reaches_truth("the reflector resumes and catches up after the restart").await;
-    // It resumed its watch from the resourceVersion it held: no list again.
+    reaches_truth("the reflectors resume and catch up after the restart").await;
+    // They resumed their watches from the resourceVersions they held: no list again.
     assert_eq!(
-        lists.load(std::sync::atomic::Ordering::Relaxed),
-        1,
-        "the reflector listed again after the restart"
+        (one.lists(), all.lists()),
+        (1, 1),
+        "a reflector listed again after the restart"
     );
     server.assert_running(&log);
-    task.abort();
+    one.task.abort();
+    all.task.abort();
     drop(server);
     fleet.shutdown().await;
 }

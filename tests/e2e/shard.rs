@@ -3161,9 +3161,15 @@ async fn a_router_has_its_own_metrics_readiness_and_limits() {
         "{body}"
     );
     assert!(
-        items
-            .iter()
-            .all(|o| o["metadata"]["annotations"]["fleetscope.io/cluster"].is_string()),
+        items.iter().all(|o| {
+            let m = &o["metadata"];
+            let cluster = m["annotations"]["fleetscope.io/cluster"]
+                .as_str()
+                .unwrap_or("?");
+            m["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&format!("{cluster}:")))
+        }),
         "{body}"
     );
     // It holds no store, and says so (each replica keeps its own).
