@@ -2508,3 +2508,233 @@ async fn a_router_passes_its_caller_s_identity_and_nobody_else_is_served() {
         .await
         .expect("health is open");
 }
+
+/// A kube-rs client of the fleet's Kubernetes API at `api` as `who`, from the
+/// kubeconfig `fleetscope kubeconfig` writes with that identity's own files.
+async fn kube_api_client(s: &Setup, who: &Who, api: &str) -> kube::Client {
+    let arg = s.server_arg(who);
+    let p = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    let mut args = vec![
+        "kubeconfig".to_string(),
+        "--server".into(),
+        arg.server.clone(),
+    ];
+    for (flag, value) in [
+        ("--ca", p(&arg.ca)),
+        ("--cert", p(&arg.cert)),
+        ("--key", p(&arg.key)),
+        ("--token-file", p(&arg.token_file)),
+    ] {
+        if let Some(v) = value {
+            args.extend([flag.to_string(), v]);
+        }
+    }
+    args.extend(["--kube-api".to_string(), format!("https://{api}")]);
+    let out = tokio::process::Command::new(BIN)
+        .args(&args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kubeconfig: kube::config::Kubeconfig = serde_json::from_slice(&out.stdout).unwrap();
+    let options = kube::config::KubeConfigOptions {
+        context: Some("fleet".into()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The API's refusal of `r`: its HTTP code.
+fn api_code<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> u16 {
+    match r {
+        Err(kube::Error::Api(s)) => s.code,
+        other => panic!("not an API refusal: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_api_holds_each_identity_to_its_grant_in_lists_watches_and_discovery() {
+    use futures::StreamExt as _;
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    let kube_port = free_port();
+    let api = format!("127.0.0.1:{kube_port}");
+    let mut s = Setup::start_with(&["--kube-api-listen", &api]).await;
+    // kube-rs sends a token file's bytes as they are: written without a newline.
+    std::fs::write(s.path("bob.token"), "bob-token").unwrap();
+    let alice = kube_api_client(&s, &Who::Cert("alice"), &api).await;
+    let bob = kube_api_client(&s, &Who::Token("bob"), &api).await;
+    let carol = kube_api_client(&s, &Who::Token("carol"), &api).await;
+    let configmaps = |c: &kube::Client| kube::Api::<ConfigMap>::all(c.clone());
+    let names = |l: Vec<ConfigMap>| -> Vec<String> {
+        let mut n: Vec<String> = l.into_iter().filter_map(|c| c.metadata.name).collect();
+        n.sort();
+        n
+    };
+    let team0: Vec<String> = s
+        .truth("sim-1", "team-0")
+        .await
+        .into_iter()
+        .map(|n| format!("sim-1:{n}"))
+        .collect();
+    assert!(!team0.is_empty());
+
+    // Lists: alice (team-a, by certificate) sees sim-1's team-0 and nothing else, in
+    // pages too; bob sees both clusters; carol, granted nothing, is told no such type.
+    let listed = configmaps(&alice)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(names(listed.items), team0);
+    let mut paged = Vec::new();
+    let mut params = ListParams::default().limit(3);
+    loop {
+        let page = configmaps(&alice).list(&params).await.unwrap();
+        paged.extend(page.items);
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => params = params.continue_token(&c),
+            _ => break,
+        }
+    }
+    assert_eq!(names(paged), team0);
+    let all = configmaps(&bob).list(&ListParams::default()).await.unwrap();
+    assert!(all.items.len() > team0.len());
+    assert!(all.items.iter().any(|c| {
+        c.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("sim-2:"))
+    }));
+    assert_eq!(
+        api_code(configmaps(&carol).list(&ListParams::default()).await),
+        404
+    );
+    // A type outside the grant, another cluster's path: not there for alice.
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(alice.clone());
+    assert_eq!(api_code(namespaces.list(&ListParams::default()).await), 404);
+    let ca = s.ca.ca();
+    let token = std::fs::read_to_string(s.path("alice.token")).unwrap();
+    for (path, code) in [
+        ("/clusters/sim-2/api/v1/configmaps", 404),
+        ("/clusters/sim-1/api/v1/namespaces/team-1/configmaps", 200),
+        ("/clusters/*/api/v1/configmaps", 200),
+    ] {
+        let (got, body) = https_fetch(kube_port, &ca, path, Some(&token)).await;
+        assert_eq!(got, code, "{path}: {body}");
+        if path.contains("team-1") {
+            let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(list["items"], serde_json::json!([]), "{path}: {body}");
+        }
+    }
+    // Discovery: only what the grant reaches.
+    let (_, body) = https_fetch(kube_port, &ca, "/clusters/*/api/v1", Some(&token)).await;
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut kinds: Vec<&str> = served["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["configmaps", "pods", "secrets"], "{body}");
+    // No credential, a wrong one: 401, as an API server says it.
+    for token in [None, Some("guess")] {
+        let (code, body) =
+            https_fetch(kube_port, &ca, "/clusters/*/api/v1/configmaps", token).await;
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (code, &status["reason"]),
+            (401, &serde_json::json!("Unauthorized")),
+            "{body}"
+        );
+    }
+    // Secrets: redacted for alice, whole for bob (granted their values).
+    let kube = common::kube_client(&s.kubeconfig, "sim-1").await;
+    kube::Api::<Secret>::namespaced(kube, "team-0")
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db"}, "data": {"password": "aHVudGVyMg=="}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let secret = async |c: &kube::Client| -> Secret {
+        let secrets = kube::Api::<Secret>::namespaced(c.clone(), "team-0");
+        common::eventually("the Secret arrives", async || {
+            secrets.get_opt("sim-1:db").await.unwrap().ok_or("not yet")
+        })
+        .await
+    };
+    let redacted = secret(&alice).await;
+    let password = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("password"))
+            .map(|v| v.0.clone())
+    };
+    assert_eq!(password(&redacted), Some(Vec::new()));
+    assert_eq!(
+        redacted.metadata.annotations.as_ref().unwrap()["fleetscope.io/redacted"],
+        "data"
+    );
+    assert_eq!(password(&secret(&bob).await), Some(b"hunter2".to_vec()));
+
+    // A watch from the list's resourceVersion: only what the grant reaches.
+    let listed = configmaps(&alice)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let from = listed.metadata.resource_version.unwrap();
+    let mut w = configmaps(&alice)
+        .watch(&WatchParams::default(), &from)
+        .await
+        .unwrap()
+        .boxed();
+    let mut next = async || -> (&'static str, String) {
+        let e = tokio::time::timeout(PATIENCE, w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match e {
+            WatchEvent::Added(c) => ("ADDED", c.metadata.name.unwrap()),
+            WatchEvent::Modified(c) => ("MODIFIED", c.metadata.name.unwrap()),
+            WatchEvent::Deleted(c) => ("DELETED", c.metadata.name.unwrap()),
+            other => panic!("{other:?}"),
+        }
+    };
+    s.create_configmap("sim-1", "team-1", "outside").await;
+    s.create_configmap("sim-2", "team-0", "outside").await;
+    s.create_configmap("sim-1", "team-0", "inside").await;
+    assert_eq!(next().await, ("ADDED", "sim-1:inside".to_string()));
+    // The policy now grants team-1 instead: what leaves is DELETED, what enters ADDED,
+    // on the running watch; then the new grant decides.
+    let team1 = s.truth("sim-1", "team-1").await;
+    replace(&s.path("policy.yaml"), &policy("team-1"));
+    let mut expected: Vec<(&str, String)> = team0
+        .iter()
+        .cloned()
+        .chain(["sim-1:inside".to_string()])
+        .map(|n| ("DELETED", n))
+        .chain(team1.iter().map(|n| ("ADDED", format!("sim-1:{n}"))))
+        .collect();
+    expected.sort_by(|a, b| a.1.cmp(&b.1));
+    let mut got = Vec::new();
+    for _ in 0..expected.len() {
+        got.push(next().await);
+    }
+    got.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(got, expected);
+    s.create_configmap("sim-1", "team-0", "gone-now").await;
+    s.create_configmap("sim-1", "team-1", "granted-now").await;
+    assert_eq!(next().await, ("ADDED", "sim-1:granted-now".to_string()));
+    s.server.assert_running(&s.log);
+}
