@@ -9,6 +9,8 @@
 //! `405 MethodNotAllowed` ([`status`]). This room turns requests into the seam's and
 //! answers into the API's; the listener and its TLS are the server's.
 
+pub mod discovery;
+pub mod form;
 pub mod names;
 pub mod path;
 pub mod status;
@@ -36,6 +38,7 @@ use http::{Method, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
 
+use form::Form;
 use path::{Resource, Route, Scope};
 use status::Refusal;
 
@@ -122,7 +125,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
             return Err(Refusal::read_only(request.method().as_str(), cluster));
         }
         let params = Params::of(request.uri().query().unwrap_or(""));
-        let as_table = table::wanted(
+        let form = form::of(
             request
                 .headers()
                 .get(header::ACCEPT)
@@ -136,7 +139,8 @@ impl<F: Fleet + 'static> KubeApi<F> {
             | Route::CoreVersions
             | Route::Groups
             | Route::Group(_)
-            | Route::Resources { .. } => self.discovery(route, &access).await,
+            | Route::Resources { .. } => self.discovery(route, &access, form).await,
+            Route::OpenApi => Err(Refusal::no_schema(cluster)),
             Route::Subresource { name } => Err(Refusal::new(
                 404,
                 "NotFound",
@@ -149,25 +153,10 @@ impl<F: Fleet + 'static> KubeApi<F> {
             } => {
                 let (cluster, name) = match cluster {
                     Some(c) => (c.to_string(), name.as_str()),
-                    None => {
-                        let clusters = self.cluster_names(&access).await?;
-                        let Some((c, bare)) = names::split(&name, &clusters) else {
-                            return Err(Refusal::not_found(
-                                &resource.plural,
-                                &resource.group,
-                                &name,
-                                format!(
-                                    "{} {name:?} not found: in the fleet's view a name carries its cluster, CLUSTER{}NAME (as the fleet's lists show it), or read it at /clusters/CLUSTER",
-                                    resource.plural,
-                                    names::SEPARATOR
-                                ),
-                            ));
-                        };
-                        (c.to_string(), bare)
-                    }
+                    None => self.in_fleet(&resource, &name, &access).await?,
                 };
                 let at = (cluster.as_str(), namespace.as_deref(), name);
-                self.get(&resource, at, &access, (as_table, fleet_view(&scope)))
+                self.get(&resource, at, &access, (form, fleet_view(&scope)))
                     .await
             }
             Route::Collection {
@@ -188,7 +177,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
                     scope: &scope,
                     access: &access,
                     params: &params,
-                    as_table,
+                    form,
                     revocation: &revocation,
                 };
                 if params.flag("watch") {
@@ -202,17 +191,27 @@ impl<F: Fleet + 'static> KubeApi<F> {
 
     /// Discovery: the version, the groups and their versions, a group version's
     /// resources (the collected types the caller may see).
-    async fn discovery(&self, route: Route, access: &Access) -> Result<Response<Body>, Refusal> {
+    async fn discovery(
+        &self,
+        route: Route,
+        access: &Access,
+        form: Form,
+    ) -> Result<Response<Body>, Refusal> {
+        if let (Form::Discovery(v), Route::CoreVersions | Route::Groups) = (form, &route) {
+            let core = route == Route::CoreVersions;
+            let body = discovery::aggregated(&self.types(access).await?, core, v);
+            return Ok(typed_response(&body, discovery::aggregated_content_type(v)));
+        }
         let body = match route {
-            Route::Version => version(),
+            Route::Version => discovery::version(),
             Route::CoreVersions => json!({
                 "kind": "APIVersions",
                 "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
             }),
-            Route::Groups => groups(&self.types(access).await?),
+            Route::Groups => discovery::groups(&self.types(access).await?),
             Route::Group(g) => {
-                let all = groups(&self.types(access).await?);
+                let all = discovery::groups(&self.types(access).await?);
                 let found = all["groups"]
                     .as_array()
                     .and_then(|gs| gs.iter().find(|x| x["name"] == g.as_str()).cloned());
@@ -229,7 +228,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
                 group
             }
             Route::Resources { group, version } => {
-                resources(&self.types(access).await?, &group, &version)
+                discovery::resources(&self.types(access).await?, &group, &version)
             }
             _ => return Err(Refusal::new(404, "NotFound", "not discovery")),
         };
@@ -256,6 +255,29 @@ impl<F: Fleet + 'static> KubeApi<F> {
                 ),
             ))
         }
+    }
+
+    /// The cluster and the cluster's own name of the fleet's name `name` of a `resource`.
+    async fn in_fleet<'n>(
+        &self,
+        resource: &Resource,
+        name: &'n str,
+        access: &Access,
+    ) -> Result<(String, &'n str), Refusal> {
+        let clusters = self.cluster_names(access).await?;
+        let Some((c, bare)) = names::split(name, &clusters) else {
+            return Err(Refusal::not_found(
+                &resource.plural,
+                &resource.group,
+                name,
+                format!(
+                    "{} {name:?} not found: in the fleet's view a name carries its cluster, CLUSTER{}NAME (as the fleet's lists show it), or read it at /clusters/CLUSTER",
+                    resource.plural,
+                    names::SEPARATOR
+                ),
+            ));
+        };
+        Ok((c.to_string(), bare))
     }
 
     /// The names of the clusters the caller may see.
@@ -293,7 +315,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
         resource: &Resource,
         (cluster, namespace, name): (&str, Option<&str>, &str),
         access: &Access,
-        (as_table, fleet): (bool, bool),
+        (form, fleet): (Form, bool),
     ) -> Result<Response<Body>, Refusal> {
         let mut r = GetRequest::for_caller(access.clone());
         r.resource = resource_name(resource);
@@ -304,7 +326,9 @@ impl<F: Fleet + 'static> KubeApi<F> {
         match self.fleet.get(r).await {
             Ok(answer) => {
                 let object = object_json(&answer.object, fleet);
-                if as_table {
+                if form == Form::Metadata {
+                    Ok(json_response(&form::metadata(&object)))
+                } else if form == Form::Table {
                     let metadata = json!({"resourceVersion": answer.revision.0.to_string()});
                     let t = table::of(
                         &resource_name(resource),
@@ -340,7 +364,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
             scope,
             access,
             params,
-            as_table,
+            form,
             ..
         } = *how;
         let caller = access.caller();
@@ -378,11 +402,14 @@ impl<F: Fleet + 'static> KubeApi<F> {
             );
             metadata["remainingItemCount"] = json!(answer.remaining);
         }
-        if as_table {
+        if form == Form::Table {
             let t = table::of(&resource_name(resource), &items, annotate, metadata);
             return Ok(typed_response(&t, table::CONTENT_TYPE));
         }
         let items: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
+        if form == Form::Metadata {
+            return Ok(json_response(&form::metadata_list(&items, metadata)));
+        }
         let kind = match answer.items.first().and_then(|o| kind_in(&o.json)) {
             Some(kind) => kind,
             None => self.kind(resource, access).await,
@@ -405,7 +432,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
             scope,
             access,
             params,
-            as_table,
+            form,
             revocation,
         } = *how;
         // The caller's place among its Watch streams (gRPC's too), held while it runs.
@@ -454,37 +481,20 @@ impl<F: Fleet + 'static> KubeApi<F> {
             }
             Err(e) => return Err(status::of(&e)),
         };
-        let bookmarks = params.flag("allowWatchBookmarks");
-        let annotate = *scope == Scope::Fleet;
-        let kind = self.kind(resource, access).await;
-        let api = api_version(resource);
-        let canonical = resource_name(resource);
+        let render = Render {
+            annotate: *scope == Scope::Fleet,
+            bookmarks: params.flag("allowWatchBookmarks"),
+            kind: self.kind(resource, access).await,
+            api: api_version(resource),
+            canonical: resource_name(resource),
+            form,
+        };
         let timeout = params
             .get("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
             .map(std::time::Duration::from_secs);
-        let events = watch.filter_map(move |e| {
-            let out = match e {
-                Ok(e) => {
-                    let cluster = match &e {
-                        WatchEvent::Object { object, .. } => Some(object.key.cluster.to_string()),
-                        _ => None,
-                    };
-                    let mut v = event_json(&e, annotate, bookmarks, &kind, &api);
-                    if as_table && let (Some(v), Some(cluster)) = (v.as_mut(), cluster) {
-                        let object = v["object"].take();
-                        v["object"] =
-                            table::of(&canonical, &[(&cluster, object)], annotate, json!({}));
-                    }
-                    v
-                }
-                Err(FleetError::OutOfRange { message, .. }) => {
-                    Some(json!({"type": "ERROR", "object": gone(&message)}))
-                }
-                Err(e) => Some(json!({"type": "ERROR", "object": status::of(&e).status})),
-            };
-            futures::future::ready(out.map(|v| line(&v)))
-        });
+        let events =
+            watch.filter_map(move |e| futures::future::ready(render.event(e).map(|v| line(&v))));
         let events = match timeout {
             Some(t) => events.take_until(tokio::time::sleep(t)).boxed(),
             None => events.boxed(),
@@ -497,13 +507,59 @@ impl<F: Fleet + 'static> KubeApi<F> {
     }
 }
 
+/// How a watch's events are written.
+struct Render {
+    /// The fleet's view: objects annotated, names qualified.
+    annotate: bool,
+    /// Whether the client asked for bookmarks.
+    bookmarks: bool,
+    kind: String,
+    api: String,
+    /// The seam's name of the type (for a Table's columns).
+    canonical: String,
+    form: Form,
+}
+
+impl Render {
+    /// The API's event for one of the seam's, if it has one.
+    fn event(&self, e: Result<WatchEvent, FleetError>) -> Option<Value> {
+        let e = match e {
+            Ok(e) => e,
+            Err(FleetError::OutOfRange { message, .. }) => {
+                return Some(json!({"type": "ERROR", "object": gone(&message)}));
+            }
+            Err(e) => return Some(json!({"type": "ERROR", "object": status::of(&e).status})),
+        };
+        let cluster = match &e {
+            WatchEvent::Object { object, .. } => Some(object.key.cluster.to_string()),
+            _ => None,
+        };
+        let mut v = event_json(&e, self.annotate, self.bookmarks, &self.kind, &self.api)?;
+        match (self.form, cluster) {
+            (Form::Table, Some(cluster)) => {
+                let object = v["object"].take();
+                v["object"] = table::of(
+                    &self.canonical,
+                    &[(&cluster, object)],
+                    self.annotate,
+                    json!({}),
+                );
+            }
+            // Bookmarks too, as an API server sends them.
+            (Form::Metadata, _) => v["object"] = form::metadata(&v["object"]),
+            _ => {}
+        }
+        Some(v)
+    }
+}
+
 /// How a collection is read: where, by whom, with which parameters, as a Table or not.
 #[derive(Clone, Copy)]
 struct How<'a> {
     scope: &'a Scope,
     access: &'a Access,
     params: &'a Params,
-    as_table: bool,
+    form: Form,
     /// What ends a watch once the caller's credential is no longer valid.
     revocation: &'a Revocation,
 }
@@ -735,67 +791,6 @@ fn gone(message: &str) -> Value {
     })
 }
 
-/// fleetscope's version as `/version` answers.
-fn version() -> Value {
-    json!({
-        "major": "1",
-        "minor": "33",
-        "gitVersion": format!("v1.33.0+fleetscope-{}", env!("CARGO_PKG_VERSION")),
-        "gitCommit": option_env!("FLEETSCOPE_COMMIT").unwrap_or(""),
-        "gitTreeState": "clean",
-        "goVersion": "",
-        "compiler": "rustc",
-        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
-    })
-}
-
-/// The groups of `types`, as `/apis` lists them (the core group is `/api`'s).
-fn groups(types: &[ResourceTypeInfo]) -> Value {
-    let mut by_group: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for t in types
-        .iter()
-        .map(|t| &t.resource)
-        .filter(|t| !t.group.is_empty())
-    {
-        let versions = by_group.entry(&t.group).or_default();
-        if !versions.contains(&t.version.as_str()) {
-            versions.push(&t.version);
-        }
-    }
-    let groups: Vec<Value> = by_group
-        .into_iter()
-        .map(|(name, versions)| {
-            let versions: Vec<Value> = versions
-                .iter()
-                .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
-                .collect();
-            json!({"name": name, "versions": versions, "preferredVersion": versions[0]})
-        })
-        .collect();
-    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-}
-
-/// The resources of `group/version` among `types`.
-fn resources(types: &[ResourceTypeInfo], group: &str, version: &str) -> Value {
-    let resources: Vec<Value> = types
-        .iter()
-        .filter(|t| t.resource.group == group && t.resource.version == version)
-        .map(|info| {
-            let t = &info.resource;
-            json!({
-                "name": t.plural, "singularName": t.kind.to_lowercase(), "namespaced": t.namespaced,
-                "kind": t.kind, "verbs": ["get", "list", "watch"], "shortNames": info.short_names,
-            })
-        })
-        .collect();
-    let group_version = if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    };
-    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
-}
-
 fn line(v: &Value) -> Bytes {
     let mut text = v.to_string();
     text.push('\n');
@@ -840,42 +835,7 @@ fn refusal_response(refusal: &Refusal) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleetscope_model::{ClusterName, ResourceType};
-
-    #[test]
-    fn discovery_lists_groups_and_their_resources_with_the_verbs_served() {
-        let info = |resource, short: &str| ResourceTypeInfo {
-            resource,
-            short_names: vec![short.to_string()],
-            clusters: Vec::new(),
-        };
-        let types = [
-            info(ResourceType::new("", "v1", "pods", "Pod", true), "po"),
-            info(
-                ResourceType::new("apps", "v1", "deployments", "Deployment", true),
-                "deploy",
-            ),
-            info(
-                ResourceType::new("apps", "v1", "replicasets", "ReplicaSet", true),
-                "rs",
-            ),
-        ];
-        let g = groups(&types);
-        assert_eq!(g["groups"].as_array().unwrap().len(), 1);
-        assert_eq!(
-            g["groups"][0]["preferredVersion"]["groupVersion"],
-            "apps/v1"
-        );
-        let r = resources(&types, "apps", "v1");
-        assert_eq!(r["groupVersion"], "apps/v1");
-        assert_eq!(r["resources"].as_array().unwrap().len(), 2);
-        assert_eq!(r["resources"][0]["verbs"], json!(["get", "list", "watch"]));
-        assert_eq!(r["resources"][0]["shortNames"], json!(["deploy"]));
-        assert_eq!(
-            resources(&types, "", "v1")["resources"][0]["namespaced"],
-            true
-        );
-    }
+    use fleetscope_model::ClusterName;
 
     #[test]
     fn a_continue_token_goes_on_only_for_its_caller_and_its_selectors() {

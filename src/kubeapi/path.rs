@@ -58,6 +58,9 @@ pub enum Route {
         /// Its name.
         name: String,
     },
+    /// `/openapi/…`: the schema kubectl asks for before it writes (not served: the
+    /// view is read-only).
+    OpenApi,
     /// A subresource (`status`, `log`, `exec`, …): not served.
     Subresource {
         /// The subresource's name.
@@ -101,6 +104,7 @@ fn route_in(parts: &[&str]) -> Result<Route, PathError> {
         ["api"] => return Ok(Route::CoreVersions),
         ["apis"] => return Ok(Route::Groups),
         ["apis", group] => return Ok(Route::Group((*group).to_string())),
+        ["openapi", ..] => return Ok(Route::OpenApi),
         ["api", version, rest @ ..] => ("", *version, rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return Err(PathError::NotFound),

@@ -53,6 +53,19 @@ impl Refusal {
 
     /// A write, refused: the view is read-only; the message says where to write.
     pub fn read_only(method: &str, cluster: Option<&str>) -> Self {
+        Self::read_only_because(&format!("{method} is not allowed"), cluster)
+    }
+
+    /// The OpenAPI schema kubectl asks for before it writes (`apply`, `create -f`,
+    /// `edit`): not served, saying where to write.
+    pub fn no_schema(cluster: Option<&str>) -> Self {
+        Self::read_only_because(
+            "it has no OpenAPI schema, as nothing is written here",
+            cluster,
+        )
+    }
+
+    fn read_only_because(why: &str, cluster: Option<&str>) -> Self {
         let to = cluster.map_or_else(
             || "the cluster that holds the object".to_string(),
             |c| format!("cluster {c} directly (its own API server)"),
@@ -60,9 +73,7 @@ impl Refusal {
         let mut r = Self::new(
             405,
             "MethodNotAllowed",
-            format!(
-                "fleetscope serves a read-only view of the fleet ({method} is not allowed): write to {to}"
-            ),
+            format!("fleetscope serves a read-only view of the fleet ({why}): write to {to}"),
         );
         r.status["details"] = json!({"causes": [{"reason": "MethodNotAllowed", "message": "only get, list and watch are served"}]});
         r

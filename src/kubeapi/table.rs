@@ -11,15 +11,6 @@ use serde_json::{Value, json};
 /// The content type of a Table answer.
 pub const CONTENT_TYPE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 
-/// Whether an `Accept` header asks for a Table (before plain JSON, as kubectl does).
-pub fn wanted(accept: Option<&str>) -> bool {
-    accept.is_some_and(|a| {
-        a.split(',')
-            .next()
-            .is_some_and(|first| first.contains("as=Table") && first.contains("g=meta.k8s.io"))
-    })
-}
-
 /// The Table of `objects` (each with its cluster) of the type named `resource`
 /// (`pods`, `deployments.apps`), with `metadata` (the list's), a `CLUSTER` column when
 /// `fleet`.
@@ -91,11 +82,6 @@ mod tests {
 
     #[test]
     fn a_table_has_the_cli_s_columns_with_the_cluster_first_in_the_fleet() {
-        assert!(wanted(Some(
-            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
-        )));
-        assert!(!wanted(Some("application/json")));
-        assert!(!wanted(None));
         let deploy = json!({
             "metadata": {"name": "web", "namespace": "shop", "creationTimestamp": "2020-01-01T00:00:00Z"},
             "spec": {"replicas": 3},

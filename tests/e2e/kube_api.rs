@@ -4,9 +4,11 @@
 //! in one cluster, selectors, paging with `--chunk-size` (pages of 10 over more), one
 //! object, a watch that sees a change made in a cluster, a write refused saying where
 //! to write, and an unknown cluster named; kubectl reads the kubeconfig `fleetscope
-//! kubeconfig` writes. A kube-rs reflector on a cluster's path holds the cluster's
-//! truth across changes and a SIGKILL of `serve`, resuming its watch from the
-//! resourceVersion it held without listing again.
+//! kubeconfig` writes; its other outputs, `get --raw`, `describe`, `api-resources`
+//! and a refused `apply`. kube-rs reflectors on a cluster's path and on the fleet's
+//! (names carrying their cluster) hold their truth across changes and a SIGKILL of
+//! `serve`, resuming their watches from the resourceVersions they held without
+//! listing again; a metadata-only reflector holds the fleet's metadata.
 //!
 //! kubectl is not a build dependency: without it on the PATH the test says so and
 //! checks nothing else.
@@ -503,6 +505,218 @@ async fn kube_rs_reflectors_of_a_cluster_and_of_the_fleet_hold_their_truth_acros
     server.assert_running(&log);
     one.task.abort();
     all.task.abort();
+    drop(server);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_s_outputs_raw_reads_describe_api_resources_and_a_refused_apply() {
+    if !common::kubectl_installed() {
+        eprintln!("kubectl is not on the PATH: nothing checked");
+        return;
+    }
+    let Serving {
+        fleet,
+        dir,
+        server,
+        api,
+        ..
+    } = serving(2, 30, &["--resources", "configmaps,namespaces,events"]).await;
+    let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
+    kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
+    let truth = common::truth(&fleet, "configmaps");
+    let ((cluster, ns, name), _) = truth.iter().next().unwrap();
+    let qualified = format!("{cluster}:{name}");
+    common::eventually_blocking("kubectl sees the fleet's configmaps", || {
+        let n = k
+            .ok(&["get", "configmaps", "-A", "-o", "name"])
+            .lines()
+            .count();
+        if n == truth.len() {
+            Ok(())
+        } else {
+            Err(format!("{n} of {}", truth.len()))
+        }
+    });
+
+    // -o yaml / json of one object, in its cluster and in the fleet.
+    let yaml = k.ok(&[
+        "--context",
+        cluster,
+        "get",
+        "configmap",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "yaml",
+    ]);
+    assert!(yaml.contains(&format!("  name: {name}\n")), "{yaml}");
+    let json: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "configmap", &qualified, "-n", ns, "-o", "json"]))
+            .unwrap();
+    assert_eq!(
+        (
+            &json["metadata"]["name"],
+            &json["metadata"]["annotations"]["fleetscope.io/cluster"]
+        ),
+        (&serde_json::json!(qualified), &serde_json::json!(cluster))
+    );
+    // A List as json, every item there; -o wide; -o name.
+    let list: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "configmaps", "-A", "-o", "json"])).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), truth.len());
+    let wide = k.ok(&["get", "namespaces", "-o", "wide"]);
+    assert!(
+        wide.lines().next().unwrap().starts_with("CLUSTER"),
+        "{wide}"
+    );
+    let names = k.ok(&["--context", cluster, "get", "namespaces", "-o", "name"]);
+    assert!(
+        names.lines().any(|l| l == format!("namespace/{ns}")),
+        "{names}"
+    );
+
+    // get --raw: discovery and a path as an API server answers it; aggregated
+    // discovery for those who ask for it (kubectl does, first).
+    let raw: serde_json::Value = serde_json::from_str(&k.ok(&["get", "--raw", "/api/v1"])).unwrap();
+    assert_eq!(raw["kind"], "APIResourceList");
+    let raw: serde_json::Value = serde_json::from_str(&k.ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/namespaces/{ns}/configmaps/{qualified}"),
+    ]))
+    .unwrap();
+    assert_eq!(raw["metadata"]["name"], qualified.as_str());
+    let (code, body) = common::http_get_with(
+        &api,
+        "/clusters/*/apis",
+        &[(
+            "accept",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+        )],
+    )
+    .await
+    .unwrap();
+    let aggregated: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (code, &aggregated["kind"]),
+        (200, &serde_json::json!("APIGroupDiscoveryList")),
+        "{body}"
+    );
+    let resources = k.ok(&["api-resources", "--no-headers", "-o", "name"]);
+    let mut resources: Vec<&str> = resources.lines().collect();
+    resources.sort();
+    assert_eq!(resources, ["configmaps", "events", "namespaces"]);
+
+    // describe, in the cluster and in the fleet.
+    let described = k.ok(&[
+        "--context",
+        cluster,
+        "describe",
+        "configmap",
+        name,
+        "-n",
+        ns,
+    ]);
+    assert!(
+        described.contains("Name:") && described.contains(name.as_str()),
+        "{described}"
+    );
+    let described = k.ok(&["describe", "configmap", &qualified, "-n", ns]);
+    assert!(described.contains(&qualified), "{described}");
+
+    // apply: refused, saying the view is read-only and where to write.
+    let manifest = dir.path().join("cm.yaml");
+    std::fs::write(
+        &manifest,
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: {ns}\ndata:\n  a: b\n"),
+    )
+    .unwrap();
+    // kubectl first asks for the schema: refused as a method not allowed (kubectl
+    // says so in its own words); without validation, the write itself says where.
+    let manifest = manifest.to_str().unwrap();
+    let out = k.run(&["--context", cluster, "apply", "-f", manifest]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("does not allow this method"),
+        "{said}"
+    );
+    let out = k.run(&[
+        "--context",
+        cluster,
+        "apply",
+        "--validate=false",
+        "-f",
+        manifest,
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("read-only view") && said.contains(cluster.as_str()),
+        "{said}"
+    );
+    drop(server);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kube_rs_metadata_reflector_of_the_fleet_holds_every_object_s_metadata() {
+    use futures::StreamExt as _;
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::{reflector, watcher};
+    let Serving {
+        fleet,
+        log,
+        server,
+        api,
+        kubeconfig,
+        dir: _dir,
+    } = serving(2, 30, &["--resources", "configmaps"]).await;
+    let client = kube::Client::try_from(kube::Config::new(
+        format!("http://{api}/clusters/*").parse().unwrap(),
+    ))
+    .unwrap();
+    let configmaps: kube::Api<PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>> =
+        kube::Api::all(client);
+    // A list of metadata alone.
+    let listed = configmaps.list(&Default::default()).await.unwrap();
+    assert!(!listed.items.is_empty());
+    let (reader, writer) = reflector::store();
+    let events = reflector(writer, watcher(configmaps, watcher::Config::default()));
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while events.next().await.is_some() {}
+    });
+    let truth = || -> BTreeSet<String> {
+        common::truth(&fleet, "configmaps")
+            .into_keys()
+            .map(|(c, ns, name)| format!("{ns}/{c}:{name}"))
+            .collect()
+    };
+    make_configmaps(&kubeconfig, "sim-2", &["watched-metadata".to_string()]).await;
+    let what = common::with_log("the metadata reflector holds the fleet", &log);
+    common::eventually(what, async || {
+        let held: BTreeSet<String> = reader
+            .state()
+            .iter()
+            .map(|m| {
+                let m = &m.metadata;
+                format!(
+                    "{}/{}",
+                    m.namespace.clone().unwrap_or_default(),
+                    m.name.clone().unwrap_or_default()
+                )
+            })
+            .collect();
+        let truth = truth();
+        if held == truth && held.contains("team-0/sim-2:watched-metadata") {
+            Ok(())
+        } else {
+            Err(format!("{} held, {} true", held.len(), truth.len()))
+        }
+    })
+    .await;
+    task.abort();
     drop(server);
     fleet.shutdown().await;
 }

@@ -460,9 +460,23 @@ pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
 /// GET `path` from `addr` (plain HTTP): the status code and body, or `None` while
 /// nothing listens or the answer is no HTTP response.
 pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_get_with(addr, path, &[]).await
+}
+
+/// [`http_get`] with more request `headers`.
+pub async fn http_get_with(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let headers: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.ok()?;

@@ -1,0 +1,131 @@
+//! What form of answer a client asks for in `Accept`, as an API server reads it: the
+//! first entry it can serve, skipping those it cannot (protobuf, YAML), so that a
+//! client asking for protobuf first gets JSON. Besides the objects themselves:
+//! kubectl's server-side printing (`as=Table`), metadata-only answers
+//! (`as=PartialObjectMetadata` / `PartialObjectMetadataList`, for client-go's
+//! metadata informers and kube-rs' `metadata_watcher`) and aggregated discovery
+//! (`as=APIGroupDiscoveryList`).
+
+use serde_json::{Value, json};
+
+/// The form of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// The objects as JSON.
+    Object,
+    /// A `meta.k8s.io/v1` `Table`.
+    Table,
+    /// `PartialObjectMetadata` (one object, a watch's events) or
+    /// `PartialObjectMetadataList` (a list).
+    Metadata,
+    /// Aggregated discovery, `apidiscovery.k8s.io` at this version (`v2`, `v2beta1`).
+    Discovery(&'static str),
+}
+
+/// The first form `accept` names that fleetscope serves; the objects when none.
+pub fn of(accept: Option<&str>) -> Form {
+    accept
+        .unwrap_or("")
+        .split(',')
+        .find_map(entry)
+        .unwrap_or(Form::Object)
+}
+
+/// The form of one `Accept` entry, if it is JSON in a form served.
+fn entry(entry: &str) -> Option<Form> {
+    let mut parts = entry.split(';').map(str::trim);
+    let media = parts.next()?.to_ascii_lowercase();
+    if !matches!(media.as_str(), "application/json" | "application/*" | "*/*") {
+        return None;
+    }
+    let (mut r#as, mut g, mut v) = ("", "", "");
+    for p in parts {
+        match p.split_once('=') {
+            Some(("as", x)) => r#as = x,
+            Some(("g", x)) => g = x,
+            Some(("v", x)) => v = x,
+            _ => {}
+        }
+    }
+    match (r#as, g, v) {
+        ("", _, _) => Some(Form::Object),
+        ("Table", "meta.k8s.io", "v1" | "v1beta1") => Some(Form::Table),
+        ("PartialObjectMetadata" | "PartialObjectMetadataList", "meta.k8s.io", "v1") => {
+            Some(Form::Metadata)
+        }
+        ("APIGroupDiscoveryList", "apidiscovery.k8s.io", "v2") => Some(Form::Discovery("v2")),
+        ("APIGroupDiscoveryList", "apidiscovery.k8s.io", "v2beta1") => {
+            Some(Form::Discovery("v2beta1"))
+        }
+        _ => None,
+    }
+}
+
+/// `object` as `PartialObjectMetadata`: its metadata alone.
+pub fn metadata(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object["metadata"],
+    })
+}
+
+/// `objects` as a `PartialObjectMetadataList` with the list's `metadata`.
+pub fn metadata_list(objects: &[Value], list: Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list,
+        "items": objects.iter().map(metadata).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_entry_served_decides_and_protobuf_is_passed_over() {
+        assert_eq!(of(None), Form::Object);
+        assert_eq!(of(Some("application/json")), Form::Object);
+        assert_eq!(
+            of(Some(
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+            )),
+            Form::Table
+        );
+        // client-go's metadata informer asks for protobuf first.
+        assert_eq!(
+            of(Some(
+                "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+            )),
+            Form::Metadata
+        );
+        assert_eq!(
+            of(Some("application/vnd.kubernetes.protobuf, */*")),
+            Form::Object
+        );
+        // kubectl's discovery.
+        assert_eq!(
+            of(Some(
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json"
+            )),
+            Form::Discovery("v2")
+        );
+        // A form not served falls through to the next entry.
+        assert_eq!(
+            of(Some(
+                "application/json;as=Unknown;g=x;v=v9,application/json"
+            )),
+            Form::Object
+        );
+        let o = json!({"kind": "Pod", "metadata": {"name": "a"}, "spec": {"x": 1}});
+        assert_eq!(
+            metadata(&o),
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "a"}})
+        );
+        let l = metadata_list(&[o], json!({"resourceVersion": "3"}));
+        assert_eq!(l["items"][0]["metadata"]["name"], "a");
+        assert!(l["items"][0].get("spec").is_none());
+    }
+}
