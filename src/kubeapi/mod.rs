@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod form;
 pub mod names;
 pub mod path;
+pub mod routed;
 pub mod status;
 pub mod table;
 
@@ -26,8 +27,8 @@ use fleetscope_auth::peer::PeerInfo;
 use fleetscope_grpc::token::{TokenKey, seal, unseal};
 use fleetscope_grpc::{FleetService, Joined, Revocation, Subscribers};
 use fleetscope_model::fleet::{
-    ClustersAnswer, FleetObject, GetRequest, ListRequest, Projection, Query, ResourceTypeInfo,
-    WatchEvent, WatchRequest,
+    ClustersAnswer, FleetObject, Freshness, GetRequest, ListRequest, Projection, Query,
+    ResourceTypeInfo, WatchEvent, WatchRequest,
 };
 use fleetscope_model::{
     Access, ClusterFilter, ClusterName, EventType, FieldSelector, Fleet, FleetError, LabelSelector,
@@ -40,6 +41,7 @@ use serde_json::{Value, json};
 
 use form::Form;
 use path::{Resource, Route, Scope};
+use routed::{Position, Positions};
 use status::Refusal;
 
 /// The annotation naming an object's cluster in the fleet's answers.
@@ -63,19 +65,27 @@ pub struct KubeApi<F> {
     /// counts both.
     subscribers: Arc<Subscribers>,
     max_watches_per_caller: usize,
+    /// What a `resourceVersion` is: a server's revision or a router's position.
+    positions: Positions,
 }
 
 impl<F: Fleet + 'static> KubeApi<F> {
     /// The front end over `fleet` beside the gRPC service `grpc` (whose page token
     /// key signs `continue` tokens, and whose per-caller Watch limit it shares),
-    /// admitting callers with `guard`.
-    pub fn new<G: Fleet>(fleet: Arc<F>, guard: Arc<Guard>, grpc: &FleetService<G>) -> Self {
+    /// admitting callers with `guard`, its `resourceVersion`s the fleet's `positions`.
+    pub fn new<G: Fleet>(
+        fleet: Arc<F>,
+        guard: Arc<Guard>,
+        grpc: &FleetService<G>,
+        positions: Positions,
+    ) -> Self {
         Self {
             fleet,
             guard,
             token_key: Arc::new(grpc.config().token_key.clone()),
             subscribers: grpc.subscribers(),
             max_watches_per_caller: grpc.config().max_watches_per_caller,
+            positions,
         }
     }
 
@@ -364,9 +374,21 @@ impl<F: Fleet + 'static> KubeApi<F> {
             scope,
             access,
             params,
-            form,
             ..
         } = *how;
+        if self.positions == Positions::Tokens {
+            let mut r = WatchRequest::for_caller(access.clone());
+            r.query = query;
+            r.projection = Projection::Full;
+            r.initial = true;
+            r.report_positions = true;
+            let watch = self.fleet.watch(r).await.map_err(|e| status::of(&e))?;
+            let (items, position) = routed::list(watch).await?;
+            let metadata = json!({"resourceVersion": position.encode()});
+            return Ok(self
+                .list_response(resource, &items, metadata, how, None)
+                .await);
+        }
         let caller = access.caller();
         let mut r = ListRequest::for_caller(access.clone());
         let fingerprint = format!("{}|{:?}", params.fingerprint(), scope);
@@ -384,12 +406,6 @@ impl<F: Fleet + 'static> KubeApi<F> {
             r.resume = c.resume;
         }
         let answer = self.fleet.list(r).await.map_err(|e| status::of(&e))?;
-        let annotate = *scope == Scope::Fleet;
-        let items: Vec<(&str, Value)> = answer
-            .items
-            .iter()
-            .map(|o| (o.key.cluster.as_str(), object_json(o, annotate)))
-            .collect();
         let mut metadata = json!({"resourceVersion": answer.revision.0.to_string()});
         if let Some(after) = &answer.next {
             metadata["continue"] = json!(
@@ -402,24 +418,75 @@ impl<F: Fleet + 'static> KubeApi<F> {
             );
             metadata["remainingItemCount"] = json!(answer.remaining);
         }
+        // Clusters left out, as an API server warns (kubectl prints it).
+        let partial: Vec<&str> = answer
+            .clusters
+            .iter()
+            .filter(|c| c.freshness != Freshness::Synced)
+            .map(|c| c.cluster.as_str())
+            .collect();
+        let warning = (answer.partial && !partial.is_empty()).then(|| {
+            format!(
+                "299 - \"fleetscope: not synced, their objects may be missing or stale: {}\"",
+                partial.join(", ")
+            )
+        });
+        Ok(self
+            .list_response(resource, &answer.items, metadata, how, warning)
+            .await)
+    }
+
+    /// A list's answer of `objects` with the list's `metadata`, in the form asked for,
+    /// with a `Warning` header if given.
+    async fn list_response(
+        &self,
+        resource: &Resource,
+        objects: &[FleetObject],
+        metadata: Value,
+        how: &How<'_>,
+        warning: Option<String>,
+    ) -> Response<Body> {
+        let annotate = *how.scope == Scope::Fleet;
+        let items: Vec<(&str, Value)> = objects
+            .iter()
+            .map(|o| (o.key.cluster.as_str(), object_json(o, annotate)))
+            .collect();
+        let mut response = self
+            .list_body(resource, items, metadata, how, objects)
+            .await;
+        if let Some(w) = warning.and_then(|w| header::HeaderValue::from_str(&w).ok()) {
+            response.headers_mut().insert(header::WARNING, w);
+        }
+        response
+    }
+
+    async fn list_body(
+        &self,
+        resource: &Resource,
+        items: Vec<(&str, Value)>,
+        metadata: Value,
+        how: &How<'_>,
+        objects: &[FleetObject],
+    ) -> Response<Body> {
+        let (form, annotate) = (how.form, *how.scope == Scope::Fleet);
         if form == Form::Table {
             let t = table::of(&resource_name(resource), &items, annotate, metadata);
-            return Ok(typed_response(&t, table::CONTENT_TYPE));
+            return typed_response(&t, table::CONTENT_TYPE);
         }
         let items: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
         if form == Form::Metadata {
-            return Ok(json_response(&form::metadata_list(&items, metadata)));
+            return json_response(&form::metadata_list(&items, metadata));
         }
-        let kind = match answer.items.first().and_then(|o| kind_in(&o.json)) {
+        let kind = match objects.first().and_then(|o| kind_in(&o.json)) {
             Some(kind) => kind,
-            None => self.kind(resource, access).await,
+            None => self.kind(resource, how.access).await,
         };
-        Ok(json_response(&json!({
+        json_response(&json!({
             "kind": format!("{kind}List"),
             "apiVersion": api_version(resource),
             "metadata": metadata,
             "items": items,
-        })))
+        }))
     }
 
     async fn watch(
@@ -454,19 +521,17 @@ impl<F: Fleet + 'static> KubeApi<F> {
         let mut r = WatchRequest::for_caller(access.clone());
         r.query = query;
         r.projection = Projection::Full;
-        let rv = params.get("resourceVersion").unwrap_or("");
-        let send_initial = params.flag("sendInitialEvents");
-        match rv {
-            "" | "0" => r.initial = true,
-            rv => {
-                let revision = rv.parse::<u64>().map_err(|_| {
-                    Refusal::bad_request(format!(
-                        "resourceVersion {rv:?} is not one fleetscope issued: pass back a list's or an event's metadata.resourceVersion"
-                    ))
-                })?;
-                r.since = Some(Revision(revision));
-                r.initial = send_initial;
+        let routed = self.positions == Positions::Tokens;
+        match from_where(&mut r, params, routed) {
+            Ok(()) => {}
+            // As an API server says a position it no longer holds: inside the watch.
+            Err(refusal) if refusal.code == 410 => {
+                let gone = json!({"type": "ERROR", "object": refusal.status});
+                return Ok(watch_response(
+                    futures::stream::once(async move { line(&gone) }).boxed(),
+                ));
             }
+            Err(refusal) => return Err(refusal),
         }
         let watch = match self.fleet.watch(r).await {
             Ok(w) => w,
@@ -481,7 +546,9 @@ impl<F: Fleet + 'static> KubeApi<F> {
             }
             Err(e) => return Err(status::of(&e)),
         };
-        let render = Render {
+        let mut render = Render {
+            position: routed.then(Position::default),
+            ended: false,
             annotate: *scope == Scope::Fleet,
             bookmarks: params.flag("allowWatchBookmarks"),
             kind: self.kind(resource, access).await,
@@ -493,8 +560,13 @@ impl<F: Fleet + 'static> KubeApi<F> {
             .get("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
             .map(std::time::Duration::from_secs);
-        let events =
-            watch.filter_map(move |e| futures::future::ready(render.event(e).map(|v| line(&v))));
+        // An event that ends the watch (a router's reset) is the last.
+        let events = watch
+            .scan((), move |(), e| {
+                let out = (!render.ended).then(|| render.event(e));
+                futures::future::ready(out)
+            })
+            .filter_map(|v| futures::future::ready(v.map(|v| line(&v))));
         let events = match timeout {
             Some(t) => events.take_until(tokio::time::sleep(t)).boxed(),
             None => events.boxed(),
@@ -507,8 +579,35 @@ impl<F: Fleet + 'static> KubeApi<F> {
     }
 }
 
+/// Where a watch `r` starts, from the request's `resourceVersion` and
+/// `sendInitialEvents`: a server's revision, or (`routed`) a router's position.
+fn from_where(r: &mut WatchRequest, params: &Params, routed: bool) -> Result<(), Refusal> {
+    r.report_positions = routed;
+    match params.get("resourceVersion").unwrap_or("") {
+        "" | "0" => r.initial = true,
+        rv if routed => {
+            let p = Position::decode(rv).ok_or_else(|| routed::not_a_position(rv))?;
+            r.resume = Some(p.resume());
+        }
+        rv => {
+            let revision = rv.parse::<u64>().map_err(|_| {
+                Refusal::bad_request(format!(
+                    "resourceVersion {rv:?} is not one fleetscope issued: pass back a list's or an event's metadata.resourceVersion"
+                ))
+            })?;
+            r.since = Some(Revision(revision));
+            r.initial = params.flag("sendInitialEvents");
+        }
+    }
+    Ok(())
+}
+
 /// How a watch's events are written.
 struct Render {
+    /// Through a router: where the client stands (each event's `resourceVersion`).
+    position: Option<Position>,
+    /// Whether an event ended the watch.
+    ended: bool,
     /// The fleet's view: objects annotated, names qualified.
     annotate: bool,
     /// Whether the client asked for bookmarks.
@@ -522,7 +621,16 @@ struct Render {
 
 impl Render {
     /// The API's event for one of the seam's, if it has one.
-    fn event(&self, e: Result<WatchEvent, FleetError>) -> Option<Value> {
+    fn event(&mut self, e: Result<WatchEvent, FleetError>) -> Option<Value> {
+        let e = match (e, &self.position) {
+            // Through a router a cluster that cannot continue from the client's
+            // position ends the watch: the client lists again.
+            (Ok(WatchEvent::Reset { cluster }), Some(_)) => {
+                self.ended = true;
+                Err(routed::reset(&cluster))
+            }
+            (e, _) => e,
+        };
         let e = match e {
             Ok(e) => e,
             Err(FleetError::OutOfRange { message, .. }) => {
@@ -534,7 +642,21 @@ impl Render {
             WatchEvent::Object { object, .. } => Some(object.key.cluster.to_string()),
             _ => None,
         };
-        let mut v = event_json(&e, self.annotate, self.bookmarks, &self.kind, &self.api)?;
+        if let Some(p) = &mut self.position {
+            p.pass(&e);
+        }
+        let routed_bookmark = matches!(e, WatchEvent::Bookmark { .. }) && self.bookmarks;
+        let mut v = match self.position.as_ref() {
+            // A router's bookmarks are its positions: passed on when asked for.
+            Some(p) if routed_bookmark => bookmark(&self.kind, &self.api, &p.encode(), json!({})),
+            _ => event_json(&e, self.annotate, self.bookmarks, &self.kind, &self.api)?,
+        };
+        // Through a router, every event's resourceVersion is the position after it;
+        // before the initial objects end there is none yet: each object's own
+        // revision (a client resuming from it lists again).
+        if let Some(p) = self.position.as_ref().filter(|p| p.known()) {
+            v["object"]["metadata"]["resourceVersion"] = json!(p.encode());
+        }
         match (self.form, cluster) {
             (Form::Table, Some(cluster)) => {
                 let object = v["object"].take();
@@ -722,12 +844,8 @@ fn event_json(
     kind: &str,
     api: &str,
 ) -> Option<Value> {
-    let bookmark = |revision: Revision, annotations: Value| {
-        json!({"type": "BOOKMARK", "object": {
-            "kind": kind, "apiVersion": api,
-            "metadata": {"resourceVersion": revision.0.to_string(), "annotations": annotations},
-        }})
-    };
+    let bookmark =
+        |revision: Revision, annotations| bookmark(kind, api, &revision.0.to_string(), annotations);
     match e {
         WatchEvent::Object {
             kind: t,
@@ -756,6 +874,14 @@ fn event_json(
         | WatchEvent::Reset { .. }
         | WatchEvent::ResetEnd { .. } => None,
     }
+}
+
+/// A `BOOKMARK` event at `rv`, with `annotations`.
+fn bookmark(kind: &str, api: &str, rv: &str, annotations: Value) -> Value {
+    json!({"type": "BOOKMARK", "object": {
+        "kind": kind, "apiVersion": api,
+        "metadata": {"resourceVersion": rv, "annotations": annotations},
+    }})
 }
 
 /// `events`, until the caller's credential is revoked (then the reason, as an `ERROR`

@@ -361,14 +361,14 @@ async fn make_configmaps(kubeconfig: &std::path::Path, cluster: &str, names: &[S
 
 /// A kube-rs reflector of configmaps at `url`, as any Rust backend would run it,
 /// counting the lists its watcher makes (each begins with `Init`).
-struct Reflector {
+pub(crate) struct Reflector {
     reader: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
     lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
+    pub(crate) task: tokio::task::JoinHandle<()>,
 }
 
 impl Reflector {
-    fn start(url: &str) -> Self {
+    pub(crate) fn start(url: &str) -> Self {
         use futures::StreamExt as _;
         use kube::runtime::{reflector, watcher};
         let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
@@ -394,7 +394,7 @@ impl Reflector {
 
     /// `cluster/namespace/name` of what the store holds: the cluster from the
     /// fleet's annotation (none on a cluster's path).
-    fn held(&self) -> BTreeSet<String> {
+    pub(crate) fn held(&self) -> BTreeSet<String> {
         self.reader
             .state()
             .iter()
@@ -415,7 +415,7 @@ impl Reflector {
             .collect()
     }
 
-    fn lists(&self) -> usize {
+    pub(crate) fn lists(&self) -> usize {
         self.lists.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

@@ -3948,3 +3948,98 @@ async fn a_router_runs_from_its_configuration_file_and_follows_it() {
     drop((a, router));
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kube_rs_reflector_through_a_router_holds_the_fleet_across_a_killed_replica_without_listing_again()
+ {
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(3, 10).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=3).map(|i| format!("sim-{i}")).collect();
+    let kube_api = format!("127.0.0.1:{}", common::process::free_port());
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let router = RouterProcess::start_with(
+        &kubeconfig,
+        &log,
+        &[
+            "--shard-lease-duration",
+            "3s",
+            "--kube-api-listen",
+            &kube_api,
+        ],
+    );
+    split(&[&a, &b], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    // kube-rs, unchanged, on the fleet's path of the router: its list's and its
+    // events' resourceVersions are the router's positions.
+    let reflector = crate::kube_api::Reflector::start(&format!("http://{kube_api}/clusters/*"));
+    let truth = || -> std::collections::BTreeSet<String> {
+        common::truth(&fleet, "configmaps")
+            .into_keys()
+            .map(|(c, ns, name)| format!("{c}/{ns}/{c}:{name}"))
+            .collect()
+    };
+    let reaches_truth = async |what: &str| {
+        common::eventually(common::with_log(what, &log), async || {
+            let (held, truth) = (reflector.held(), truth());
+            if held == truth {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} held, {} true; missing {:?}; extra {:?}",
+                    held.len(),
+                    truth.len(),
+                    truth.difference(&held).take(3).collect::<Vec<_>>(),
+                    held.difference(&truth).take(3).collect::<Vec<_>>()
+                ))
+            }
+        })
+        .await;
+    };
+    reaches_truth("the reflector holds the fleet through the router").await;
+    let churning = Churning::start(&kubeconfig, &clusters);
+    common::eventually("changes are made", async || {
+        let made = churning.made.load(std::sync::atomic::Ordering::Relaxed);
+        if made >= 20 { Ok(()) } else { Err(made) }
+    })
+    .await;
+    // A replica is killed under the churn: its clusters go on from the other.
+    let mut a = a;
+    a.server.kill();
+    split(&[&b], &clusters, &log).await;
+    common::eventually("more changes are made", async || {
+        let made = churning.made.load(std::sync::atomic::Ordering::Relaxed);
+        if made >= 60 { Ok(()) } else { Err(made) }
+    })
+    .await;
+    // The router is killed and another takes its address: the reflector's watch
+    // breaks and resumes there from the position it held.
+    drop(router);
+    let router = RouterProcess::start_with(
+        &kubeconfig,
+        &log,
+        &[
+            "--shard-lease-duration",
+            "3s",
+            "--kube-api-listen",
+            &kube_api,
+        ],
+    );
+    routers_see(&[&router], clusters.len(), 1).await;
+    common::eventually("changes are made after the router", async || {
+        let made = churning.made.load(std::sync::atomic::Ordering::Relaxed);
+        if made >= 100 { Ok(()) } else { Err(made) }
+    })
+    .await;
+    churning.stop().await;
+    reaches_truth("the reflector holds the fleet after the replica and the router were killed")
+        .await;
+    assert_eq!(
+        reflector.lists(),
+        1,
+        "the reflector listed again: its watch did not resume from the router's position"
+    );
+    reflector.task.abort();
+    drop((b, router));
+    fleet.shutdown().await;
+}

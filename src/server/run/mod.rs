@@ -151,7 +151,8 @@ async fn run(
         replica.as_ref().map(|r| r.gate.clone()),
     ));
     let service = FleetService::new(gated.clone(), service, stop.clone());
-    serve_kube_api(kube_api, &gated, &security, &service, &stop);
+    let positions = crate::kubeapi::routed::Positions::Revisions;
+    serve_kube_api(kube_api, (&gated, positions), &security, &service, &stop);
     let counted = serve_metrics(
         metrics,
         telemetry::metrics::Sources {
@@ -569,7 +570,7 @@ async fn bind_kube_api(
 /// its per-caller Watch limit).
 fn serve_kube_api<F: fleetscope_model::Fleet + 'static, G: fleetscope_model::Fleet>(
     listener: Option<tokio::net::TcpListener>,
-    fleet: &std::sync::Arc<F>,
+    (fleet, positions): (&std::sync::Arc<F>, crate::kubeapi::routed::Positions),
     security: &server::Security,
     grpc: &FleetService<G>,
     stop: &tokio_util::sync::CancellationToken,
@@ -588,7 +589,7 @@ fn serve_kube_api<F: fleetscope_model::Fleet + 'static, G: fleetscope_model::Fle
         );
     }
     let guard = std::sync::Arc::new(security.guard.clone());
-    let api = crate::kubeapi::KubeApi::new(fleet.clone(), guard, grpc);
+    let api = crate::kubeapi::KubeApi::new(fleet.clone(), guard, grpc, positions);
     crate::tasks::spawn(
         "kube-api-listener",
         server::kube_api::serve(

@@ -71,7 +71,8 @@ pub async fn router(
     let ready = router.ready();
     let inputs = config.inputs.clone();
     let service = FleetService::new(router.clone(), config, stop.clone());
-    serve_kube_api(kube_api, &router, &security, &service, &stop);
+    let positions = crate::kubeapi::routed::Positions::Tokens;
+    serve_kube_api(kube_api, (&router, positions), &security, &service, &stop);
     let counted = serve_metrics(
         metrics,
         telemetry::metrics::Sources {
