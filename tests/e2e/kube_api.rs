@@ -720,3 +720,58 @@ async fn a_kube_rs_metadata_reflector_of_the_fleet_holds_every_object_s_metadata
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kube_rs_reflector_whose_position_is_no_longer_held_lists_again_and_holds_the_truth() {
+    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 20).await;
+    let log = dir.path().join("serve.log");
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let api = format!("127.0.0.1:{}", free_port());
+    // A short event log: what changes while fleetscope is down outruns it.
+    let args = [
+        "--data-dir",
+        data,
+        "--resources",
+        "configmaps",
+        "--event-log",
+        "20",
+        "--kube-api-listen",
+        api.as_str(),
+    ];
+    let port = free_port();
+    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
+    common::wait_serving(&server.url()).await;
+    let all = Reflector::start(&format!("http://{api}/clusters/*"));
+    let truth = || -> BTreeSet<String> {
+        common::truth(&fleet, "configmaps")
+            .into_keys()
+            .map(|(c, ns, name)| format!("{c}/{ns}/{c}:{name}"))
+            .collect()
+    };
+    let reaches_truth = async |what: &str| {
+        common::eventually(common::with_log(what, &log), async || {
+            let (held, truth) = (all.held(), truth());
+            if held == truth {
+                Ok(())
+            } else {
+                Err(format!("{} held, {} true", held.len(), truth.len()))
+            }
+        })
+        .await;
+    };
+    reaches_truth("the reflector holds the fleet").await;
+    assert_eq!(all.lists(), 1);
+    server.kill();
+    let names: Vec<String> = (0..40).map(|i| format!("while-down-{i}")).collect();
+    make_configmaps(&kubeconfig_path, "sim-1", &names).await;
+    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
+    common::wait_serving(&server.url()).await;
+    // Its position is gone (410): it lists again, and holds the truth.
+    reaches_truth("the reflector lists again and holds the fleet").await;
+    assert!(all.lists() >= 2, "the reflector never listed again");
+    server.assert_running(&log);
+    all.task.abort();
+    drop(server);
+    fleet.shutdown().await;
+}
