@@ -18,6 +18,7 @@ mod connections;
 mod crash;
 mod credentials;
 mod deploy;
+mod examples;
 mod first_sync;
 mod fleet_api;
 mod grpc_api;
