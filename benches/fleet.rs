@@ -1,11 +1,14 @@
 //! fleetscope figures on simulated clusters over loopback. Prints figures; asserts nothing.
 //!
 //! `cargo bench --bench fleet` runs every part; `cargo bench --bench fleet -- sync|first-sync|scale|fanout|watch-load|router|persist`
-//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server; `failover` kills a replica with replication factor 1 and 2; `router-fanout` measures Watch delivery through a router against one server; `ring-scale`, run only when named, measures 200 clusters under one server and under four replicas behind two routers) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
+//! runs one (`sync` includes `first-sync`; `router` measures three replicas behind a router against one server; `failover` kills a replica with replication factor 1 and 2; `router-fanout` measures Watch delivery through a router against one server; `kube-api` measures the Kubernetes API front end against gRPC (list throughput, a kube-rs reflector's first sync, Watch delivery); `ring-scale`, run only when named, measures 200 clusters under one server and under four replicas behind two routers) (`churn` and `ingest` run those parts of `persist` alone). Sizes scale with `FLEET_BENCH_PODS` (pods per cluster in the sync part),
 //! `FLEET_BENCH_OBJECTS` (objects in the scale part) and `FLEET_BENCH_STORED` (objects
 //! in the persist part).
 
 #![allow(clippy::unwrap_used, missing_docs)]
+
+#[path = "fleet/kube_api.rs"]
+mod kube_api;
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -1431,6 +1434,15 @@ fn main() {
         ));
         return;
     }
+    if args.first().map(String::as_str) == Some("--reflector-child") {
+        rt.block_on(kube_api::reflector_child(
+            &args[1],
+            &args[2],
+            &args[3],
+            args[4].parse().unwrap(),
+        ));
+        return;
+    }
     if args.first().map(String::as_str) == Some("--child") {
         rt.block_on(sync_child(&args[1], &args[2], args[3].parse().unwrap()));
         return;
@@ -1477,6 +1489,9 @@ fn main() {
     }
     if part.is_empty() || part == "router-fanout" {
         rt.block_on(router_fanout());
+    }
+    if part.is_empty() || part == "kube-api" {
+        rt.block_on(kube_api::kube_api());
     }
     if part.is_empty() || part == "labels" {
         label_bomb();
