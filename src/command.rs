@@ -57,11 +57,22 @@ pub enum Command {
     Config(ConfigCommand),
     /// Print the client's version and the server's (as kubectl version does).
     Version(fleetscope_cli::args::VersionArgs),
-    /// Print a shell completion script: `source <(fleetscope completion bash)`.
+    /// Print a shell completion script: `source <(fleetscope completion bash)` (bash
+    /// completes resource types and cluster names from the server).
     Completion {
         /// The shell.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+    /// The words that complete a resource type or a cluster name, from the server
+    /// (what the bash completion script asks).
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        /// What to complete.
+        #[arg(value_enum)]
+        what: cli::complete::Completing,
+        #[command(flatten)]
+        server: cli::args::ServerArg,
     },
 }
 
@@ -88,6 +99,16 @@ pub enum ConfigCommand {
         #[arg(long = "for", default_value = "serve", value_parser = ["serve", "router"])]
         command: String,
     },
+}
+
+/// `fleetscope completion SHELL`: clap's script, and for bash completion from the
+/// server ([`cli::complete`]).
+fn completion(shell: clap_complete::Shell) {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut command, "fleetscope", &mut std::io::stdout());
+    if shell == clap_complete::Shell::Bash {
+        print!("{}", cli::complete::BASH);
+    }
 }
 
 /// Exit status when the data directory is held by another running fleetscope.
@@ -233,8 +254,16 @@ async fn run_cli(pages: std::io::Result<()>) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Completion { shell } => {
-            let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut command, "fleetscope", &mut std::io::stdout());
+            completion(shell);
+            Ok(())
+        }
+        Command::Complete { what, server } => {
+            // Completion says nothing rather than an error at a prompt.
+            let words = cli::complete::words(&server, what).await;
+            words
+                .unwrap_or_default()
+                .iter()
+                .for_each(|w| println!("{w}"));
             Ok(())
         }
     }

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::AsyncBufReadExt as _;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{reflector, watcher};
-use futures::AsyncBufReadExt as _;
 
 use super::{
     Proc, Written, client_at, counts_all, env_usize, free_port, kube_client, label_pod,
@@ -111,7 +111,10 @@ pub async fn kube_api() {
                 let at = Instant::now();
                 let sent = written.lock().unwrap().get(&(cluster, name)).copied();
                 if let Some(sent) = sent {
-                    delays.lock().unwrap().push(at.saturating_duration_since(sent));
+                    delays
+                        .lock()
+                        .unwrap()
+                        .push(at.saturating_duration_since(sent));
                 }
             };
             tasks.push(if round == 1 {
@@ -174,7 +177,11 @@ async fn list_kube_page(kube: &kube::Client, query: &str) -> (String, String, us
         .unwrap();
     let text = kube.request_text(request).await.unwrap();
     let page: Page = serde_json::from_str(&text).unwrap();
-    (page.metadata.resource_version, page.metadata.next, page.items.len())
+    (
+        page.metadata.resource_version,
+        page.metadata.next,
+        page.items.len(),
+    )
 }
 
 /// Every pod of the fleet's path in pages of 500: how long, and how many.
@@ -239,11 +246,9 @@ async fn kube_subscriber(
     struct Event {
         object: Object,
     }
-    let request = http::Request::get(format!(
-        "/api/v1/pods?watch=true&resourceVersion={from}"
-    ))
-    .body(Vec::new())
-    .unwrap();
+    let request = http::Request::get(format!("/api/v1/pods?watch=true&resourceVersion={from}"))
+        .body(Vec::new())
+        .unwrap();
     let body = kube.request_stream(request).await.unwrap();
     let _ = ready.send(()).await;
     let mut lines = std::pin::pin!(body.lines());
@@ -281,7 +286,10 @@ pub async fn reflector_child(which: &str, kubeconfig: &str, api: &str, total: us
         stores.push(reader);
         let done = done_tx.clone();
         tokio::spawn(async move {
-            let events = reflector(writer, watcher(kube::Api::all(client), watcher::Config::default()));
+            let events = reflector(
+                writer,
+                watcher(kube::Api::all(client), watcher::Config::default()),
+            );
             let mut events = std::pin::pin!(events);
             while let Some(e) = events.next().await {
                 if matches!(e, Ok(watcher::Event::InitDone)) {

@@ -10,10 +10,12 @@
 //! answers into the API's; the listener and its TLS are the server's.
 
 pub mod discovery;
+mod events;
 pub mod form;
 pub mod names;
 pub mod path;
 pub mod routed;
+pub mod splice;
 pub mod status;
 pub mod table;
 
@@ -25,20 +27,21 @@ use bytes::Bytes;
 use fleetscope_auth::Guard;
 use fleetscope_auth::peer::PeerInfo;
 use fleetscope_grpc::token::{TokenKey, seal, unseal};
-use fleetscope_grpc::{FleetService, Joined, Revocation, Subscribers};
+use fleetscope_grpc::{FleetService, Revocation, Subscribers};
 use fleetscope_model::fleet::{
     ClustersAnswer, FleetObject, Freshness, GetRequest, ListRequest, Projection, Query,
-    ResourceTypeInfo, WatchEvent, WatchRequest,
+    ResourceTypeInfo, WatchRequest,
 };
 use fleetscope_model::{
-    Access, ClusterFilter, ClusterName, EventType, FieldSelector, Fleet, FleetError, LabelSelector,
-    ObjectKey, Revision,
+    Access, ClusterFilter, ClusterName, FieldSelector, Fleet, FleetError, LabelSelector, ObjectKey,
+    Revision,
 };
 use futures::StreamExt as _;
 use http::{Method, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full, StreamBody, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
 
+use events::{Render, gone, until_revoked};
 use form::Form;
 use path::{Resource, Route, Scope};
 use routed::{Position, Positions};
@@ -446,14 +449,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
         how: &How<'_>,
         warning: Option<String>,
     ) -> Response<Body> {
-        let annotate = *how.scope == Scope::Fleet;
-        let items: Vec<(&str, Value)> = objects
-            .iter()
-            .map(|o| (o.key.cluster.as_str(), object_json(o, annotate)))
-            .collect();
-        let mut response = self
-            .list_body(resource, items, metadata, how, objects)
-            .await;
+        let mut response = self.list_body(resource, metadata, how, objects).await;
         if let Some(w) = warning.and_then(|w| header::HeaderValue::from_str(&w).ok()) {
             response.headers_mut().insert(header::WARNING, w);
         }
@@ -463,30 +459,46 @@ impl<F: Fleet + 'static> KubeApi<F> {
     async fn list_body(
         &self,
         resource: &Resource,
-        items: Vec<(&str, Value)>,
         metadata: Value,
         how: &How<'_>,
         objects: &[FleetObject],
     ) -> Response<Body> {
         let (form, annotate) = (how.form, *how.scope == Scope::Fleet);
+        if !matches!(form, Form::Table | Form::Metadata) {
+            // The objects' text as held, spliced where the view changes it.
+            let kind = match objects.first().and_then(|o| kind_in(&o.json)) {
+                Some(kind) => kind,
+                None => self.kind(resource, how.access).await,
+            };
+            let head = json!({
+                "kind": format!("{kind}List"),
+                "apiVersion": api_version(resource),
+                "metadata": metadata,
+            })
+            .to_string();
+            let size: usize = objects.iter().map(|o| o.json.len() + 96).sum();
+            let mut body = String::with_capacity(head.len() + size + 16);
+            body.push_str(&head[..head.len() - 1]);
+            body.push_str(",\"items\":[");
+            for (i, o) in objects.iter().enumerate() {
+                if i > 0 {
+                    body.push(',');
+                }
+                body.push_str(&object_text(o, annotate, None));
+            }
+            body.push_str("]}");
+            return text_response(body, "application/json");
+        }
+        let items: Vec<(&str, Value)> = objects
+            .iter()
+            .map(|o| (o.key.cluster.as_str(), object_json(o, annotate)))
+            .collect();
         if form == Form::Table {
             let t = table::of(&resource_name(resource), &items, annotate, metadata);
             return typed_response(&t, table::CONTENT_TYPE);
         }
         let items: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
-        if form == Form::Metadata {
-            return json_response(&form::metadata_list(&items, metadata));
-        }
-        let kind = match objects.first().and_then(|o| kind_in(&o.json)) {
-            Some(kind) => kind,
-            None => self.kind(resource, how.access).await,
-        };
-        json_response(&json!({
-            "kind": format!("{kind}List"),
-            "apiVersion": api_version(resource),
-            "metadata": metadata,
-            "items": items,
-        }))
+        json_response(&form::metadata_list(&items, metadata))
     }
 
     async fn watch(
@@ -566,7 +578,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
                 let out = (!render.ended).then(|| render.event(e));
                 futures::future::ready(out)
             })
-            .filter_map(|v| futures::future::ready(v.map(|v| line(&v))));
+            .filter_map(futures::future::ready);
         let events = match timeout {
             Some(t) => events.take_until(tokio::time::sleep(t)).boxed(),
             None => events.boxed(),
@@ -600,79 +612,6 @@ fn from_where(r: &mut WatchRequest, params: &Params, routed: bool) -> Result<(),
         }
     }
     Ok(())
-}
-
-/// How a watch's events are written.
-struct Render {
-    /// Through a router: where the client stands (each event's `resourceVersion`).
-    position: Option<Position>,
-    /// Whether an event ended the watch.
-    ended: bool,
-    /// The fleet's view: objects annotated, names qualified.
-    annotate: bool,
-    /// Whether the client asked for bookmarks.
-    bookmarks: bool,
-    kind: String,
-    api: String,
-    /// The seam's name of the type (for a Table's columns).
-    canonical: String,
-    form: Form,
-}
-
-impl Render {
-    /// The API's event for one of the seam's, if it has one.
-    fn event(&mut self, e: Result<WatchEvent, FleetError>) -> Option<Value> {
-        let e = match (e, &self.position) {
-            // Through a router a cluster that cannot continue from the client's
-            // position ends the watch: the client lists again.
-            (Ok(WatchEvent::Reset { cluster }), Some(_)) => {
-                self.ended = true;
-                Err(routed::reset(&cluster))
-            }
-            (e, _) => e,
-        };
-        let e = match e {
-            Ok(e) => e,
-            Err(FleetError::OutOfRange { message, .. }) => {
-                return Some(json!({"type": "ERROR", "object": gone(&message)}));
-            }
-            Err(e) => return Some(json!({"type": "ERROR", "object": status::of(&e).status})),
-        };
-        let cluster = match &e {
-            WatchEvent::Object { object, .. } => Some(object.key.cluster.to_string()),
-            _ => None,
-        };
-        if let Some(p) = &mut self.position {
-            p.pass(&e);
-        }
-        let routed_bookmark = matches!(e, WatchEvent::Bookmark { .. }) && self.bookmarks;
-        let mut v = match self.position.as_ref() {
-            // A router's bookmarks are its positions: passed on when asked for.
-            Some(p) if routed_bookmark => bookmark(&self.kind, &self.api, &p.encode(), json!({})),
-            _ => event_json(&e, self.annotate, self.bookmarks, &self.kind, &self.api)?,
-        };
-        // Through a router, every event's resourceVersion is the position after it;
-        // before the initial objects end there is none yet: each object's own
-        // revision (a client resuming from it lists again).
-        if let Some(p) = self.position.as_ref().filter(|p| p.known()) {
-            v["object"]["metadata"]["resourceVersion"] = json!(p.encode());
-        }
-        match (self.form, cluster) {
-            (Form::Table, Some(cluster)) => {
-                let object = v["object"].take();
-                v["object"] = table::of(
-                    &self.canonical,
-                    &[(&cluster, object)],
-                    self.annotate,
-                    json!({}),
-                );
-            }
-            // Bookmarks too, as an API server sends them.
-            (Form::Metadata, _) => v["object"] = form::metadata(&v["object"]),
-            _ => {}
-        }
-        Some(v)
-    }
 }
 
 /// How a collection is read: where, by whom, with which parameters, as a Table or not.
@@ -816,6 +755,28 @@ fn kind_in(json: &str) -> Option<String> {
     v["kind"].as_str().map(str::to_string)
 }
 
+/// An object's text as the API returns it (see [`object_json`]), with
+/// `resource_version` as its `metadata.resourceVersion` when given: spliced, not
+/// parsed ([`splice`]).
+fn object_text(o: &FleetObject, annotate: bool, resource_version: Option<&str>) -> String {
+    let name = annotate.then(|| names::qualified(o.key.cluster.as_str(), &o.key.name));
+    let edit = splice::Edit {
+        name: name.as_deref(),
+        resource_version,
+        annotation: annotate.then(|| (CLUSTER_ANNOTATION, o.key.cluster.as_str())),
+    };
+    if edit.name.is_none() && edit.resource_version.is_none() {
+        return o.json.to_string();
+    }
+    splice::edit(&o.json, &edit).unwrap_or_else(|| {
+        let mut v = object_json(o, annotate);
+        if let Some(rv) = resource_version {
+            v["metadata"]["resourceVersion"] = json!(rv);
+        }
+        v.to_string()
+    })
+}
+
 /// Whether `scope` is the fleet's view (objects annotated, names qualified).
 fn fleet_view(scope: &Scope) -> bool {
     *scope == Scope::Fleet
@@ -836,87 +797,6 @@ fn object_json(o: &FleetObject, annotate: bool) -> Value {
     v
 }
 
-/// A watch event as the API writes it; `None` for what the API has no event for.
-fn event_json(
-    e: &WatchEvent,
-    annotate: bool,
-    bookmarks: bool,
-    kind: &str,
-    api: &str,
-) -> Option<Value> {
-    let bookmark =
-        |revision: Revision, annotations| bookmark(kind, api, &revision.0.to_string(), annotations);
-    match e {
-        WatchEvent::Object {
-            kind: t,
-            object,
-            revision,
-            ..
-        } => {
-            let t = match t {
-                EventType::Added => "ADDED",
-                EventType::Modified => "MODIFIED",
-                EventType::Deleted => "DELETED",
-            };
-            let mut o = object_json(object, annotate);
-            // A client resumes from its last event's resourceVersion: fleetscope's.
-            if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.insert("resourceVersion".into(), json!(revision.0.to_string()));
-            }
-            Some(json!({"type": t, "object": o}))
-        }
-        WatchEvent::InitialEventsEnd { revision, .. } => {
-            bookmarks.then(|| bookmark(*revision, json!({"k8s.io/initial-events-end": "true"})))
-        }
-        WatchEvent::Bookmark { .. } => None,
-        WatchEvent::Positions { revision, .. } => bookmarks.then(|| bookmark(*revision, json!({}))),
-        WatchEvent::ClusterStatus { .. }
-        | WatchEvent::Reset { .. }
-        | WatchEvent::ResetEnd { .. } => None,
-    }
-}
-
-/// A `BOOKMARK` event at `rv`, with `annotations`.
-fn bookmark(kind: &str, api: &str, rv: &str, annotations: Value) -> Value {
-    json!({"type": "BOOKMARK", "object": {
-        "kind": kind, "apiVersion": api,
-        "metadata": {"resourceVersion": rv, "annotations": annotations},
-    }})
-}
-
-/// `events`, until the caller's credential is revoked (then the reason, as an `ERROR`
-/// event, ends it), holding `place` while it runs.
-fn until_revoked(
-    events: futures::stream::BoxStream<'static, Bytes>,
-    revoked: futures::future::BoxFuture<'static, tonic::Status>,
-    place: Joined,
-) -> futures::stream::BoxStream<'static, Bytes> {
-    futures::stream::unfold(
-        (events, Some(revoked), place),
-        |(mut events, revoked, place)| async move {
-            let mut revoked = revoked?;
-            tokio::select! {
-                e = events.next() => e.map(|e| (e, (events, Some(revoked), place))),
-                why = &mut revoked => {
-                    let refusal = status::refused(&why);
-                    let end = line(&json!({"type": "ERROR", "object": refusal.status}));
-                    Some((end, (events, None, place)))
-                }
-            }
-        },
-    )
-    .boxed()
-}
-
-/// The status of a position no longer held, as an API server sends it in a watch.
-fn gone(message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": format!("too old resource version: {message}"),
-        "reason": "Expired", "code": 410,
-    })
-}
-
 fn line(v: &Value) -> Bytes {
     let mut text = v.to_string();
     text.push('\n');
@@ -928,7 +808,11 @@ fn json_response(v: &Value) -> Response<Body> {
 }
 
 fn typed_response(v: &Value, content_type: &'static str) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed_unsync());
+    text_response(v.to_string(), content_type)
+}
+
+fn text_response(text: String, content_type: &'static str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(text)).boxed_unsync());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(content_type),
@@ -987,41 +871,5 @@ mod tests {
                 .unwrap();
             assert_eq!(refused.code, 400);
         }
-    }
-
-    #[test]
-    fn watch_events_carry_fleetscope_s_revision_and_the_initial_end_bookmark() {
-        let object = FleetObject {
-            key: ObjectKey::new("pods", &ClusterName::from("a"), "ns", "p"),
-            revision: Revision(7),
-            uid: String::new(),
-            resource_version: "123".into(),
-            json: r#"{"kind":"Pod","metadata":{"name":"p","resourceVersion":"123"}}"#.into(),
-        };
-        let e = WatchEvent::Object {
-            kind: EventType::Added,
-            object,
-            revision: Revision(7),
-            position: None,
-        };
-        let v = event_json(&e, true, false, "Pod", "v1").unwrap();
-        assert_eq!(v["type"], "ADDED");
-        assert_eq!(v["object"]["metadata"]["resourceVersion"], "7");
-        assert_eq!(
-            v["object"]["metadata"]["annotations"][CLUSTER_ANNOTATION],
-            "a"
-        );
-        let end = WatchEvent::InitialEventsEnd {
-            revision: Revision(9),
-            token: String::new(),
-        };
-        assert!(event_json(&end, false, false, "Pod", "v1").is_none());
-        let v = event_json(&end, false, true, "Pod", "v1").unwrap();
-        assert_eq!(v["type"], "BOOKMARK");
-        assert_eq!(
-            v["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
-            "true"
-        );
-        assert_eq!(v["object"]["metadata"]["resourceVersion"], "9");
     }
 }

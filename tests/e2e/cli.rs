@@ -923,6 +923,92 @@ fn version_and_shell_completions_print() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("tcsh"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_completes_resource_types_and_cluster_names_from_the_server() {
+    let h = common::Harness::start_with(
+        fleetscope_sim::FleetSpec::numbered(2, 5, 0.0),
+        common::test_config(&["configmaps", "deployments.apps"]),
+        common::service_config(),
+    )
+    .await;
+    h.synced().await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("completion.bash");
+    let out = Command::new(BIN)
+        .args(["completion", "bash"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(&script, &out.stdout).unwrap();
+    let bin_dir = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let path = format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default());
+    // What bash offers for the line `words`, the cursor on its last word.
+    let complete = |words: &[&str]| {
+        let words = words
+            .iter()
+            .map(|w| format!("'{w}'"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let program = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}; _fleetscope_from_server fleetscope; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        );
+        let out = Command::new("bash")
+            .args(["-c", &program])
+            .env("PATH", &path)
+            .env("FLEETSCOPE_SERVER", h.url())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+    };
+    let (url, _) = (h.url(), ());
+    let resources = ["configmaps", "deployments", "deployments.apps"];
+    tokio::task::block_in_place(|| {
+        assert_eq!(complete(&["fleetscope", "get", ""]), resources);
+        assert_eq!(
+            complete(&["fleetscope", "count", "dep"]),
+            ["deployments", "deployments.apps"]
+        );
+        assert_eq!(
+            complete(&["fleetscope", "get", "pods", "--cluster", ""]),
+            ["sim-1", "sim-2"]
+        );
+        // The server named on the line is the one asked.
+        assert_eq!(
+            complete(&["fleetscope", "watch", "--server", &url, "c"]),
+            ["configmaps"]
+        );
+        // Past the type, and for flags, clap's completion as before.
+        assert!(
+            complete(&["fleetscope", "get", "configmaps", "--fie"])
+                .contains(&"--field-selector".to_string())
+        );
+        assert!(complete(&["fleetscope", "cl"]).contains(&"clusters".to_string()));
+    });
+    // No server: nothing offered, quickly, and no error at the prompt.
+    let out = Command::new(BIN)
+        .args(["__complete", "clusters", "--server", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "{out:?}"
+    );
+}
+
 /// `fleetscope serve` on a given port over a data directory, logging to `log`.
 /// `fleetscope watch configmaps -o json` against `addr` with `more` flags, its stderr
 /// in `errors`: the process, and its stdout's lines as they come.

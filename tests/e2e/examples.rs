@@ -156,7 +156,11 @@ async fn the_rust_examples_follow_the_fleet_across_a_sigkill_and_hold_its_truth(
         );
         // One list in all: each resumed from where it stood.
         assert_eq!(
-            running.seen.iter().filter(|l| l.starts_with("listed:")).count(),
+            running
+                .seen
+                .iter()
+                .filter(|l| l.starts_with("listed:"))
+                .count(),
             1,
             "{what} listed again: {:?}",
             running.seen

@@ -5,6 +5,7 @@
 #[allow(missing_docs)]
 pub mod args;
 pub mod columns;
+pub mod complete;
 mod connect;
 mod describe;
 mod follow;
