@@ -408,7 +408,28 @@ impl<F: Fleet + 'static> KubeApi<F> {
             r.after = Some((Revision(c.revision), c.after));
             r.resume = c.resume;
         }
-        let answer = self.fleet.list(r).await.map_err(|e| status::of(&e))?;
+        let continued = r.after.as_ref().map(|(_, after)| after.clone());
+        let first_page = (r.query.clone(), r.access.clone());
+        let answer = match self.fleet.list(r).await {
+            Ok(answer) => answer,
+            Err(e @ FleetError::OutOfRange { reason, .. })
+                if reason == fleetscope_model::fleet::reason::PAGE_SNAPSHOT_RELEASED =>
+            {
+                let mut expired = status::of(&e);
+                // As an API server does: a token to go on from the same place in the
+                // current snapshot (inconsistently), beside the 410.
+                if let Some(after) = continued
+                    && let Some(token) = self.go_on(first_page, after, &caller, &fingerprint).await
+                {
+                    expired.status["metadata"] = json!({"continue": token});
+                }
+                return Err(expired);
+            }
+            Err(e) => return Err(status::of(&e)),
+        };
+        if continued.is_none() {
+            at_the_version_asked(params, answer.revision)?;
+        }
         let mut metadata = json!({"resourceVersion": answer.revision.0.to_string()});
         if let Some(after) = &answer.next {
             metadata["continue"] = json!(
@@ -437,6 +458,30 @@ impl<F: Fleet + 'static> KubeApi<F> {
         Ok(self
             .list_response(resource, &answer.items, metadata, how, warning)
             .await)
+    }
+
+    /// A `continue` token that goes on after `after` in the current snapshot (pinned by
+    /// a first page of one object, if more than one object matches).
+    async fn go_on(
+        &self,
+        (query, access): (Query, Access),
+        after: ObjectKey,
+        caller: &str,
+        fingerprint: &str,
+    ) -> Option<String> {
+        let mut r = ListRequest::for_caller(access);
+        r.query = query;
+        r.projection = Projection::Metadata;
+        r.limit = 1;
+        r.max_bytes = MAX_PAGE_BYTES;
+        let pinned = self.fleet.list(r).await.ok()?;
+        pinned.next.as_ref()?;
+        let c = Continue {
+            revision: pinned.revision.0,
+            after,
+            resume: Vec::new(),
+        };
+        Some(c.seal(&self.token_key, caller, fingerprint))
     }
 
     /// A list's answer of `objects` with the list's `metadata`, in the form asked for,
@@ -588,6 +633,46 @@ impl<F: Fleet + 'static> KubeApi<F> {
             revocation.revoked(),
             place,
         )))
+    }
+}
+
+/// Whether a list answered at `revision` is what `resourceVersion` and
+/// `resourceVersionMatch` ask: any for `""` and `"0"`; for a revision, one not older
+/// (`NotOlderThan`, the default) or that one (`Exact`), as an API server answers them.
+fn at_the_version_asked(params: &Params, revision: Revision) -> Result<(), Refusal> {
+    let rv = params.get("resourceVersion").unwrap_or("");
+    if rv.is_empty() || rv == "0" {
+        return Ok(());
+    }
+    let Ok(asked) = rv.parse::<u64>() else {
+        return Err(Refusal::bad_request(format!(
+            "resourceVersion {rv:?} is not one fleetscope issued: pass back a list's or an event's metadata.resourceVersion"
+        )));
+    };
+    let current = revision.0;
+    match params.get("resourceVersionMatch").unwrap_or("NotOlderThan") {
+        "NotOlderThan" | "" if asked <= current => Ok(()),
+        "NotOlderThan" | "" => {
+            let mut r = Refusal::new(
+                504,
+                "Timeout",
+                format!("Too large resource version: {asked}, current: {current}"),
+            );
+            // What client-go's reflector looks for to list again from "".
+            r.status["details"] = json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1});
+            Err(r)
+        }
+        "Exact" if asked == current => Ok(()),
+        "Exact" => Err(Refusal::new(
+            410,
+            "Expired",
+            format!(
+                "too old resource version: {asked} ({current}): fleetscope lists at its current revision; list with resourceVersionMatch=NotOlderThan"
+            ),
+        )),
+        other => Err(Refusal::bad_request(format!(
+            "resourceVersionMatch {other:?}: expected Exact or NotOlderThan"
+        ))),
     }
 }
 
@@ -846,6 +931,22 @@ fn refusal_response(refusal: &Refusal) -> Response<Body> {
 mod tests {
     use super::*;
     use fleetscope_model::ClusterName;
+
+    #[test]
+    fn a_list_s_resource_version_is_read_as_an_api_server_reads_it() {
+        let at = |q: &str| at_the_version_asked(&Params::of(q), Revision(10)).map_err(|r| r.code);
+        assert_eq!(at(""), Ok(()));
+        assert_eq!(at("resourceVersion=0"), Ok(()));
+        assert_eq!(at("resourceVersion=7"), Ok(()));
+        assert_eq!(at("resourceVersion=10&resourceVersionMatch=Exact"), Ok(()));
+        assert_eq!(at("resourceVersion=7&resourceVersionMatch=Exact"), Err(410));
+        assert_eq!(at("resourceVersion=11"), Err(504));
+        assert_eq!(at("resourceVersion=x"), Err(400));
+        assert_eq!(
+            at("resourceVersion=7&resourceVersionMatch=Sometime"),
+            Err(400)
+        );
+    }
 
     #[test]
     fn a_continue_token_goes_on_only_for_its_caller_and_its_selectors() {

@@ -775,3 +775,84 @@ async fn a_kube_rs_reflector_whose_position_is_no_longer_held_lists_again_and_ho
     drop(server);
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_continue_is_410_expired_with_a_continue_that_goes_on_in_the_current_snapshot() {
+    let Serving {
+        fleet,
+        log,
+        server,
+        api,
+        kubeconfig,
+        dir: _dir,
+    } = serving(1, 30, &["--resources", "configmaps"]).await;
+    let get = async |path: &str| -> (u16, serde_json::Value) {
+        let (code, body) = common::http_get(&api, path).await.unwrap();
+        (code, serde_json::from_str(&body).unwrap())
+    };
+    let names = |list: &serde_json::Value| -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let path = "/clusters/*/api/v1/namespaces/team-1/configmaps";
+    for name in ["a-0", "a-1", "a-2"] {
+        make_in(&kubeconfig, "team-1", name).await;
+    }
+    let what = common::with_log("team-1's configmaps are served", &log);
+    common::eventually(what, async || {
+        let (_, l) = get(path).await;
+        if names(&l).len() >= 3 { Ok(()) } else { Err(l) }
+    })
+    .await;
+    let (code, first) = get(&format!("{path}?limit=1")).await;
+    assert_eq!(code, 200, "{first}");
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    let last = names(&first).pop().unwrap();
+    // The caller's pinned snapshots are bounded: 33 newer lists push that one out.
+    for i in 0..33 {
+        make_in(&kubeconfig, "team-1", &format!("pin-{i:02}")).await;
+        let what = common::with_log(format!("pin-{i:02} is served"), &log);
+        common::eventually(what, async || {
+            let (_, l) = get(&format!(
+                "{path}?fieldSelector=metadata.name%3Dsim-1:pin-{i:02}"
+            ))
+            .await;
+            if names(&l).len() == 1 { Ok(()) } else { Err(l) }
+        })
+        .await;
+        let (code, _) = get(&format!("{path}?limit=1")).await;
+        assert_eq!(code, 200);
+    }
+    let (code, expired) = get(&format!("{path}?limit=500&continue={token}")).await;
+    assert_eq!(
+        (code, &expired["reason"]),
+        (410, &serde_json::json!("Expired")),
+        "{expired}"
+    );
+    // Its continue goes on after the same object, in the current snapshot.
+    let go_on = expired["metadata"]["continue"].as_str().unwrap();
+    let (code, rest) = get(&format!("{path}?limit=500&continue={go_on}")).await;
+    assert_eq!(code, 200, "{rest}");
+    let rest = names(&rest);
+    assert!(rest.iter().all(|n| *n > last), "{last}: {rest:?}");
+    let truth: Vec<String> = common::truth(&fleet, "configmaps")
+        .into_keys()
+        .filter(|(_, ns, n)| ns == "team-1" && format!("sim-1:{n}") > last)
+        .map(|(c, _, n)| format!("{c}:{n}"))
+        .collect();
+    assert_eq!(rest, truth);
+    drop(server);
+    fleet.shutdown().await;
+}
+
+/// A configmap `name` in `namespace` of sim-1, made through its own API server.
+async fn make_in(kubeconfig: &std::path::Path, namespace: &str, name: &str) {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(common::kube_client(kubeconfig, "sim-1").await, namespace);
+    let cm = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    api.create(&Default::default(), &cm).await.unwrap();
+}
