@@ -863,3 +863,67 @@ async fn make_in(kubeconfig: &std::path::Path, namespace: &str, name: &str) {
     let cm = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
     api.create(&Default::default(), &cm).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_that_leaves_a_cluster_out_says_so_in_a_warning() {
+    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let mut contexts = fleet.contexts();
+    contexts.push(fleetscope_sim::Context {
+        name: "gone".into(),
+        server: format!("http://127.0.0.1:{}", free_port()),
+        token: "t".into(),
+        ca_pem: None,
+    });
+    fleetscope_sim::write_kubeconfig(&kc, &contexts).unwrap();
+    let log = dir.path().join("serve.log");
+    let api = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "--no-persist",
+        "--resources",
+        "configmaps",
+        "--kube-api-listen",
+        &api,
+    ];
+    let server = Server::start(&kc, &args, &log);
+    common::wait_serving(&server.url()).await;
+    // The raw answer: its headers.
+    let head = async || -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(&api).await.unwrap();
+        let request =
+            "GET /clusters/*/api/v1/configmaps HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        let text = String::from_utf8_lossy(&raw).to_string();
+        text.split_once("\r\n\r\n").unwrap().0.to_ascii_lowercase()
+    };
+    let what = common::with_log("the list warns that gone is left out", &log);
+    let warned = common::eventually(what, async || {
+        let h = head().await;
+        if h.contains("warning: 299 - \"fleetscope: not synced") && h.contains("gone") {
+            Ok(h)
+        } else {
+            Err(h)
+        }
+    })
+    .await;
+    assert!(!warned.contains("sim-1"), "{warned}");
+    // kubectl prints it.
+    if common::kubectl_installed() {
+        let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
+        kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
+        let out = k.run(&["get", "configmaps", "-A"]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && said.contains("Warning") && said.contains("gone"),
+            "{said}"
+        );
+    }
+    drop(server);
+    fleet.shutdown().await;
+}
