@@ -24,7 +24,7 @@ use common::process::{Server, free_port};
 
 /// The kubeconfig `fleetscope kubeconfig` writes for the server at `grpc` whose
 /// Kubernetes API is at `api`, in `path`.
-fn kubeconfig(path: &std::path::Path, grpc: &str, api: &str) {
+pub(crate) fn kubeconfig(path: &std::path::Path, grpc: &str, api: &str) {
     let out = Command::new(env!("CARGO_BIN_EXE_fleetscope"))
         .args(["kubeconfig", "--server", grpc, "--kube-api", api])
         .output()
@@ -62,7 +62,7 @@ async fn serving(clusters: usize, objects: usize, args: &[&str]) -> Serving {
     }
 }
 
-struct Kubectl(std::path::PathBuf);
+pub(crate) struct Kubectl(pub(crate) std::path::PathBuf);
 
 impl Kubectl {
     fn run(&self, args: &[&str]) -> std::process::Output {
@@ -140,6 +140,14 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         }
     });
     assert_eq!(k.configmaps(&["-A", "--chunk-size=10"]), truth);
+    // A label selector (the workload's configmaps carry their app's label).
+    let web: BTreeSet<String> = truth
+        .iter()
+        .filter(|k| k.rsplit(':').next().unwrap().starts_with("web-"))
+        .cloned()
+        .collect();
+    assert!(!web.is_empty());
+    assert_eq!(k.configmaps(&["-A", "-l", "app=web"]), web);
     // A field selector, and one cluster (its objects as the cluster has them).
     let team_1: BTreeSet<String> = truth
         .iter()

@@ -4043,3 +4043,144 @@ async fn a_kube_rs_reflector_through_a_router_holds_the_fleet_across_a_killed_re
     drop((b, router));
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_w_through_a_router_misses_and_repeats_nothing_across_a_replica_killed_and_restarted()
+ {
+    if !common::kubectl_installed() {
+        eprintln!("kubectl is not on the PATH: nothing checked");
+        return;
+    }
+    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 20).await;
+    let log = dir.path().join("ring.log");
+    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
+    let kube_api = format!("127.0.0.1:{}", common::process::free_port());
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    let b = Replica::start(&kubeconfig, "replica-b", &log);
+    let router = RouterProcess::start_with(
+        &kubeconfig,
+        &log,
+        &[
+            "--shard-lease-duration",
+            "3s",
+            "--kube-api-listen",
+            &kube_api,
+        ],
+    );
+    split(&[&a, &b], &clusters, &log).await;
+    routers_see(&[&router], clusters.len(), 1).await;
+    let k = crate::kube_api::Kubectl(dir.path().join("fleetscope.kubeconfig"));
+    let grpc = format!("http://127.0.0.1:{}", router.port);
+    crate::kube_api::kubeconfig(&k.0, &grpc, &format!("http://{kube_api}"));
+    // Every event of team-1's configmaps: its type, the object's name and the change
+    // that made it (the churn writes its number in data.i).
+    let mut watch = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&k.0)
+        .args([
+            "get",
+            "configmaps",
+            "-n",
+            "team-1",
+            "-w",
+            "--output-watch-events",
+        ])
+        .args([
+            "-o",
+            "jsonpath={.type} {.object.metadata.name} {.object.data.i}{\"\\n\"}",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let out = std::io::BufReader::new(watch.stdout.take().unwrap());
+    let into = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for l in out.lines().map_while(Result::ok) {
+            into.lock().unwrap().push(l);
+        }
+    });
+    // What the events say the namespace holds: name → data.i.
+    let folded = || -> BTreeMap<String, String> {
+        let mut held = BTreeMap::new();
+        for l in lines.lock().unwrap().iter() {
+            let mut w = l.split(' ');
+            let (t, name, i) = (
+                w.next().unwrap_or(""),
+                w.next().unwrap_or(""),
+                w.next().unwrap_or(""),
+            );
+            match t {
+                "DELETED" => {
+                    held.remove(name);
+                }
+                _ => {
+                    held.insert(name.to_string(), i.to_string());
+                }
+            }
+        }
+        held
+    };
+    let truth = || -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for s in fleet.servers() {
+            let latest = fleetscope_sim::store::ReadAt::Latest;
+            let snap = s.cluster().store.snapshot("configmaps", latest).unwrap();
+            for o in snap.objects.values().filter(|o| o.namespace == "team-1") {
+                let v: serde_json::Value = serde_json::from_slice(o.body.as_ref()).unwrap();
+                let i = v["data"]["i"].as_str().unwrap_or("").to_string();
+                out.insert(format!("{}:{}", s.cluster().name(), o.name), i);
+            }
+        }
+        out
+    };
+    let holds_truth = async |what: &str| {
+        common::eventually(common::with_log(what, &log), async || {
+            let (held, truth) = (folded(), truth());
+            if held == truth {
+                Ok(())
+            } else {
+                Err(format!("{held:?} against {truth:?}"))
+            }
+        })
+        .await;
+    };
+    holds_truth("kubectl lists team-1 through the router").await;
+    let churning = Churning::start(&kubeconfig, &clusters);
+    let made = |n: usize| {
+        let made = &churning.made;
+        async move {
+            common::eventually(format!("{n} changes made"), async || {
+                let m = made.load(std::sync::atomic::Ordering::Relaxed);
+                if m >= n { Ok(()) } else { Err(m) }
+            })
+            .await;
+        }
+    };
+    made(20).await;
+    // A replica is killed and started again under the churn.
+    let mut a = a;
+    a.server.kill();
+    split(&[&b], &clusters, &log).await;
+    made(40).await;
+    let a = Replica::start(&kubeconfig, "replica-a", &log);
+    split(&[&a, &b], &clusters, &log).await;
+    made(60).await;
+    churning.stop().await;
+    holds_truth("kubectl's events add up to team-1's truth").await;
+    let lines = lines.lock().unwrap().clone();
+    let mut seen = std::collections::BTreeSet::new();
+    let repeated: Vec<&String> = lines.iter().filter(|l| !seen.insert(*l)).collect();
+    assert!(repeated.is_empty(), "events repeated: {repeated:?}");
+    assert!(
+        watch.try_wait().unwrap().is_none(),
+        "kubectl's watch ended: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
+    drop((a, b, router));
+    fleet.shutdown().await;
+}
