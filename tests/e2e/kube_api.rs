@@ -536,7 +536,15 @@ async fn kubectl_s_outputs_raw_reads_describe_api_resources_and_a_refused_apply(
         server,
         api,
         ..
-    } = serving(2, 30, &["--resources", "configmaps,namespaces,events"]).await;
+    } = serving(
+        2,
+        30,
+        &[
+            "--resources",
+            "configmaps,namespaces,events,pods,deployments.apps,replicasets.apps,services,nodes,secrets",
+        ],
+    )
+    .await;
     let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
     kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
     let truth = common::truth(&fleet, "configmaps");
@@ -622,7 +630,38 @@ async fn kubectl_s_outputs_raw_reads_describe_api_resources_and_a_refused_apply(
     let resources = k.ok(&["api-resources", "--no-headers", "-o", "name"]);
     let mut resources: Vec<&str> = resources.lines().collect();
     resources.sort();
-    assert_eq!(resources, ["configmaps", "events", "namespaces"]);
+    assert_eq!(
+        resources,
+        [
+            "configmaps",
+            "deployments.apps",
+            "events",
+            "namespaces",
+            "nodes",
+            "pods",
+            "replicasets.apps",
+            "secrets",
+            "services"
+        ]
+    );
+    // Every collected type, across the fleet (the CLUSTER column first) and in one
+    // cluster.
+    for r in &resources {
+        let fleet_wide = k.ok(&["get", r, "-A"]);
+        // (A type with no objects prints "No resources found" on stderr.)
+        assert!(
+            fleet_wide.is_empty()
+                || fleet_wide.starts_with("NAMESPACE   CLUSTER")
+                || fleet_wide.starts_with("CLUSTER"),
+            "{r}: {fleet_wide}"
+        );
+        let one = k.ok(&["--context", cluster, "get", r, "-A"]);
+        let header = one.lines().next().unwrap_or("");
+        assert!(
+            !header.split_whitespace().any(|w| w == "CLUSTER"),
+            "{r}: {one}"
+        );
+    }
 
     // describe, in the cluster and in the fleet.
     let described = k.ok(&[
