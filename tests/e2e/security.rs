@@ -1315,6 +1315,7 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
         .await
         .unwrap();
     let log = dir.path().join("serve.log");
+    let kube_api = format!("127.0.0.1:{}", free_port());
     let server = Server::start(
         &kubeconfig,
         &[
@@ -1324,6 +1325,8 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
             "--rbac-authorization",
             "--token-review-context",
             "sim-1",
+            "--kube-api-listen",
+            &kube_api,
         ],
         &log,
     );
@@ -1380,6 +1383,35 @@ async fn each_cluster_s_own_rbac_grants_what_it_grants_there_and_a_change_reache
         },
     )
     .await;
+    // The Kubernetes API grants the same, each token reviewed as for gRPC: erin's
+    // list of the fleet counts what each cluster's RBAC grants her.
+    let by_cluster = |token: &'static str| {
+        let kube_api = kube_api.clone();
+        async move {
+            let auth = format!("Bearer {token}");
+            let headers = [("authorization", auth.as_str())];
+            let (code, body) =
+                common::http_get_with(&kube_api, "/clusters/*/api/v1/configmaps", &headers)
+                    .await
+                    .unwrap();
+            let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let mut counts = std::collections::BTreeMap::<String, u64>::new();
+            for o in list["items"].as_array().into_iter().flatten() {
+                let c = o["metadata"]["annotations"]["fleetscope.io/cluster"].as_str();
+                *counts.entry(c.unwrap_or("?").to_string()).or_default() += 1;
+            }
+            (
+                code,
+                counts
+                    .into_iter()
+                    .map(|(c, n)| (vec![c], n))
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    assert_eq!(by_cluster("erin-token").await, (200, want.clone()));
+    assert_eq!(by_cluster("fred-token").await, (200, vec![want[1].clone()]));
+    assert_eq!(by_cluster("nobody-token").await.0, 401);
     // A `*` rule grants every type there, and nothing elsewhere.
     let mut fred = connect(&ServerArg {
         server: server.url(),
