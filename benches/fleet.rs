@@ -1945,26 +1945,8 @@ async fn router_fanout() {
         // Let every replica's stream of every subscriber open (through a router, a
         // Watch is answered once each replica's is).
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let changes = 500usize;
-        let t = Instant::now();
-        for i in 0..changes {
-            let s = &servers[i % clusters];
-            let p = (i * 7919 + round) % pods;
-            // Recorded before the write: the event cannot arrive before its time is known.
-            written.lock().unwrap().insert(
-                (s.cluster().name().to_string(), format!("pod-{p}")),
-                Instant::now(),
-            );
-            label_pod(s, p, "bench-change", &format!("{round}-{i}"));
-            let due = t + Duration::from_millis(20 * (i as u64 + 1));
-            tokio::time::sleep_until(due.into()).await;
-        }
-        // Every subscriber receives every change (or the wait ends).
-        let want = changes * subscribers;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while delays.lock().unwrap().len() < want && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let want =
+            changes_delivered(&servers, (pods, round), &written, (&delays, subscribers)).await;
         for t in tasks {
             t.abort();
         }
@@ -1977,6 +1959,37 @@ async fn router_fanout() {
         );
     }
     drop(ring);
+}
+
+/// 500 changes at 50 per second, each to a pod of one of `servers` (pods of `pods`, a
+/// `round` apart from another round's), each recorded in `written` before it is made
+/// (an event cannot arrive before its time is known); then waits until `subscribers`
+/// have each received every change in `delays` (or 60 s pass). How many are wanted.
+async fn changes_delivered(
+    servers: &[SimServer],
+    (pods, round): (usize, usize),
+    written: &std::sync::Mutex<Written>,
+    (delays, subscribers): (&std::sync::Mutex<Vec<Duration>>, usize),
+) -> usize {
+    let changes = 500usize;
+    let t = Instant::now();
+    for i in 0..changes {
+        let s = &servers[i % servers.len()];
+        let p = (i * 7919 + round) % pods;
+        written.lock().unwrap().insert(
+            (s.cluster().name().to_string(), format!("pod-{p}")),
+            Instant::now(),
+        );
+        label_pod(s, p, "bench-change", &format!("{round}-{i}"));
+        let due = t + Duration::from_millis(20 * (i as u64 + 1));
+        tokio::time::sleep_until(due.into()).await;
+    }
+    let want = changes * subscribers;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delays.lock().unwrap().len() < want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    want
 }
 
 /// Sets label `key` of pod `p` (as [`pod_clusters`] names them) to `value`, straight

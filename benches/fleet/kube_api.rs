@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{reflector, watcher};
 
 use super::{
-    Proc, Written, client_at, counts_all, env_usize, free_port, kube_client, label_pod,
+    Proc, Written, changes_delivered, client_at, counts_all, env_usize, free_port, kube_client,
     list_everything, percentile, pod_clusters, pod_serving, run_child,
 };
 
@@ -126,23 +126,8 @@ pub async fn kube_api() {
         for _ in 0..subscribers {
             ready_rx.recv().await.unwrap();
         }
-        let changes = 500usize;
-        let t = Instant::now();
-        for i in 0..changes {
-            let s = &servers[i % clusters];
-            let p = (i * 7919 + round) % pods;
-            written.lock().unwrap().insert(
-                (s.cluster().name().to_string(), format!("pod-{p}")),
-                Instant::now(),
-            );
-            label_pod(s, p, "bench-change", &format!("{round}-{i}"));
-            tokio::time::sleep_until((t + Duration::from_millis(20 * (i as u64 + 1))).into()).await;
-        }
-        let want = changes * subscribers;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while delays.lock().unwrap().len() < want && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let want =
+            changes_delivered(&servers, (pods, round), &written, (&delays, subscribers)).await;
         for t in tasks {
             t.abort();
         }

@@ -12,7 +12,6 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use crate::common;
-use common::process::{Server, free_port};
 
 /// The example `name`, built as `cargo test --workspace` builds it (built here when
 /// only this test binary was).
@@ -106,23 +105,9 @@ fn number_after(line: &str, word: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_examples_follow_the_fleet_across_a_sigkill_and_hold_its_truth() {
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 20).await;
-    let log = dir.path().join("serve.log");
-    let data = dir.path().join("data");
-    let data = data.to_str().unwrap();
-    let api = format!("127.0.0.1:{}", free_port());
-    let args = [
-        "--data-dir",
-        data,
-        "--resources",
-        "configmaps",
-        "--kube-api-listen",
-        api.as_str(),
-    ];
-    let port = free_port();
-    let mut server = Server::start_at(port, &kubeconfig, &args, &log, &[]);
-    common::wait_serving(&server.url()).await;
-    let truth = || common::truth(&fleet, "configmaps").len();
+    let (s, mut server) = crate::kube_api::Persisted::start(2, 20, &[]).await;
+    let (fleet, log, api, kubeconfig) = (&s.fleet, &s.log, &s.api, &s.kubeconfig);
+    let truth = || common::truth(fleet, "configmaps").len();
     let before = truth();
     // Each follows 30 changes: 10 before the kill, 10 while fleetscope is down, 10 after.
     let mut grpc = Running::start("mirror", &["--server", &server.url(), "--changes", "30"]);
@@ -138,12 +123,11 @@ async fn the_rust_examples_follow_the_fleet_across_a_sigkill_and_hold_its_truth(
             .map(|j| format!("example-{i}-{j}"))
             .collect::<Vec<_>>()
     };
-    make(&kubeconfig, "sim-1", &batch(0)).await;
+    make(kubeconfig, "sim-1", &batch(0)).await;
     server.kill();
-    make(&kubeconfig, "sim-2", &batch(1)).await;
-    let mut server = Server::start_at(port, &kubeconfig, &args, &log, &[]);
-    common::wait_serving(&server.url()).await;
-    make(&kubeconfig, "sim-1", &batch(2)).await;
+    make(kubeconfig, "sim-2", &batch(1)).await;
+    s.restart(&mut server).await;
+    make(kubeconfig, "sim-1", &batch(2)).await;
     for (what, running) in [("mirror", &mut grpc), ("kube_mirror", &mut kube)] {
         let done = running.line("followed").await;
         assert_eq!(
@@ -166,9 +150,9 @@ async fn the_rust_examples_follow_the_fleet_across_a_sigkill_and_hold_its_truth(
             running.seen
         );
     }
-    server.assert_running(&log);
+    server.assert_running(log);
     drop(server);
-    fleet.shutdown().await;
+    s.fleet.shutdown().await;
 }
 
 /// Configmaps `names`, created in `cluster`'s team-0 through its own API server.

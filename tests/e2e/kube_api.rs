@@ -62,6 +62,61 @@ async fn serving(clusters: usize, objects: usize, args: &[&str]) -> Serving {
     }
 }
 
+/// `serve` over `clusters` simulated clusters of `objects` each, its store in a data
+/// directory and the Kubernetes API on a port of its own, started again on both (and
+/// the same data) by [`Persisted::restart`] after a [`Server::kill`].
+pub(crate) struct Persisted {
+    pub(crate) fleet: fleetscope_sim::SimFleet,
+    _dir: tempfile::TempDir,
+    pub(crate) kubeconfig: std::path::PathBuf,
+    pub(crate) log: std::path::PathBuf,
+    pub(crate) api: String,
+    args: Vec<String>,
+}
+
+impl Persisted {
+    /// Started with `more` arguments, serving.
+    pub(crate) async fn start(clusters: usize, objects: usize, more: &[&str]) -> (Self, Server) {
+        let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(clusters, objects).await;
+        let log = dir.path().join("serve.log");
+        let data = dir.path().join("data").display().to_string();
+        let api = format!("127.0.0.1:{}", free_port());
+        let mut args: Vec<String> = ["--data-dir", &data, "--resources", "configmaps"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        args.extend(more.iter().map(|a| a.to_string()));
+        args.extend(["--kube-api-listen".to_string(), api.clone()]);
+        let server = Self::serve(free_port(), &kubeconfig, &args, &log).await;
+        let s = Self {
+            fleet,
+            _dir: dir,
+            kubeconfig,
+            log,
+            api,
+            args,
+        };
+        (s, server)
+    }
+
+    async fn serve(
+        port: u16,
+        kubeconfig: &std::path::Path,
+        args: &[String],
+        log: &std::path::Path,
+    ) -> Server {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::start_at(port, kubeconfig, &args, log, &[]);
+        common::wait_serving(&server.url()).await;
+        server
+    }
+
+    /// `server` started again (after a kill) on the same ports and data, serving.
+    pub(crate) async fn restart(&self, server: &mut Server) {
+        *server = Self::serve(server.port, &self.kubeconfig, &self.args, &self.log).await;
+    }
+}
+
 pub(crate) struct Kubectl(pub(crate) std::path::PathBuf);
 
 impl Kubectl {
@@ -430,6 +485,32 @@ impl Reflector {
             .collect()
     }
 
+    /// How what the store holds differs from `truth`, if it does.
+    pub(crate) fn differs(&self, truth: &BTreeSet<String>) -> Result<(), String> {
+        let held = self.held();
+        if held == *truth {
+            return Ok(());
+        }
+        Err(format!(
+            "{} held, {} true; missing {:?}; extra {:?}",
+            held.len(),
+            truth.len(),
+            truth.difference(&held).take(3).collect::<Vec<_>>(),
+            held.difference(truth).take(3).collect::<Vec<_>>()
+        ))
+    }
+
+    /// Waits until the store holds `truth()` (its log in the failure: `log`).
+    pub(crate) async fn reaches(
+        &self,
+        what: &str,
+        log: &std::path::Path,
+        truth: impl Fn() -> BTreeSet<String>,
+    ) {
+        let what = common::with_log(what, log);
+        common::eventually(what, async || self.differs(&truth())).await;
+    }
+
     pub(crate) fn lists(&self) -> usize {
         self.lists.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -438,28 +519,14 @@ impl Reflector {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_rs_reflectors_of_a_cluster_and_of_the_fleet_hold_their_truth_across_changes_and_a_sigkill_without_listing_again()
  {
-    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 60).await;
-    let log = dir.path().join("serve.log");
-    let data = dir.path().join("data");
-    let data = data.to_str().unwrap();
-    let api = format!("127.0.0.1:{}", free_port());
-    let args = [
-        "--data-dir",
-        data,
-        "--resources",
-        "configmaps",
-        "--kube-api-listen",
-        api.as_str(),
-    ];
-    let port = free_port();
-    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
-    common::wait_serving(&server.url()).await;
+    let (s, mut server) = Persisted::start(2, 60, &[]).await;
+    let (fleet, log, api, kubeconfig_path) = (&s.fleet, &s.log, &s.api, &s.kubeconfig);
     // On a cluster's path, names as the cluster has them; on the fleet's, each object
     // of each cluster once, though the two clusters' objects share their names.
     let one = Reflector::start(&format!("http://{api}/clusters/sim-1"));
     let all = Reflector::start(&format!("http://{api}/clusters/*"));
     let truth = |of_fleet: bool| -> BTreeSet<String> {
-        common::truth(&fleet, "configmaps")
+        common::truth(fleet, "configmaps")
             .into_keys()
             .filter(|(c, _, _)| of_fleet || c == "sim-1")
             .map(|(c, ns, name)| match of_fleet {
@@ -475,29 +542,18 @@ async fn kube_rs_reflectors_of_a_cluster_and_of_the_fleet_hold_their_truth_acros
             .len()
     };
     let reaches_truth = async |what: &str| {
-        let what = common::with_log(what, &log);
+        let what = common::with_log(what, log);
         common::eventually(what, async || {
-            for (r, of_fleet) in [(&one, false), (&all, true)] {
-                let (held, truth) = (r.held(), truth(of_fleet));
-                if held != truth {
-                    return Err(format!(
-                        "fleet {of_fleet}: {} held, {} true; missing {:?}; extra {:?}",
-                        held.len(),
-                        truth.len(),
-                        truth.difference(&held).take(3).collect::<Vec<_>>(),
-                        held.difference(&truth).take(3).collect::<Vec<_>>()
-                    ));
-                }
-            }
-            Ok(())
+            one.differs(&truth(false))?;
+            all.differs(&truth(true))
         })
         .await;
     };
     reaches_truth("the reflectors hold every configmap of the cluster and of the fleet").await;
     // Changes reach them (another cluster's only the fleet's), names shared or not.
     let names = |prefix: &str| (0..5).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
-    make_configmaps(&kubeconfig_path, "sim-1", &names("before")).await;
-    make_configmaps(&kubeconfig_path, "sim-2", &names("before")).await;
+    make_configmaps(kubeconfig_path, "sim-1", &names("before")).await;
+    make_configmaps(kubeconfig_path, "sim-2", &names("before")).await;
     reaches_truth("the reflectors follow the clusters' changes").await;
     let held = all.held();
     assert!(
@@ -507,9 +563,8 @@ async fn kube_rs_reflectors_of_a_cluster_and_of_the_fleet_hold_their_truth_acros
     assert_eq!((one.lists(), all.lists()), (1, 1));
     // fleetscope killed; changes made while it is down; started again on its data.
     server.kill();
-    make_configmaps(&kubeconfig_path, "sim-1", &names("while-down")).await;
-    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
-    common::wait_serving(&server.url()).await;
+    make_configmaps(kubeconfig_path, "sim-1", &names("while-down")).await;
+    s.restart(&mut server).await;
     reaches_truth("the reflectors resume and catch up after the restart").await;
     // They resumed their watches from the resourceVersions they held: no list again.
     assert_eq!(
@@ -517,11 +572,11 @@ async fn kube_rs_reflectors_of_a_cluster_and_of_the_fleet_hold_their_truth_acros
         (1, 1),
         "a reflector listed again after the restart"
     );
-    server.assert_running(&log);
+    server.assert_running(log);
     one.task.abort();
     all.task.abort();
     drop(server);
-    fleet.shutdown().await;
+    s.fleet.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -777,57 +832,30 @@ async fn a_kube_rs_metadata_reflector_of_the_fleet_holds_every_object_s_metadata
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kube_rs_reflector_whose_position_is_no_longer_held_lists_again_and_holds_the_truth() {
-    let (fleet, dir, kubeconfig_path) = common::fleet_with_kubeconfig(2, 20).await;
-    let log = dir.path().join("serve.log");
-    let data = dir.path().join("data");
-    let data = data.to_str().unwrap();
-    let api = format!("127.0.0.1:{}", free_port());
     // A short event log: what changes while fleetscope is down outruns it.
-    let args = [
-        "--data-dir",
-        data,
-        "--resources",
-        "configmaps",
-        "--event-log",
-        "20",
-        "--kube-api-listen",
-        api.as_str(),
-    ];
-    let port = free_port();
-    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
-    common::wait_serving(&server.url()).await;
+    let (s, mut server) = Persisted::start(2, 20, &["--event-log", "20"]).await;
+    let (fleet, log, api, kubeconfig_path) = (&s.fleet, &s.log, &s.api, &s.kubeconfig);
     let all = Reflector::start(&format!("http://{api}/clusters/*"));
     let truth = || -> BTreeSet<String> {
-        common::truth(&fleet, "configmaps")
+        common::truth(fleet, "configmaps")
             .into_keys()
             .map(|(c, ns, name)| format!("{c}/{ns}/{c}:{name}"))
             .collect()
     };
-    let reaches_truth = async |what: &str| {
-        common::eventually(common::with_log(what, &log), async || {
-            let (held, truth) = (all.held(), truth());
-            if held == truth {
-                Ok(())
-            } else {
-                Err(format!("{} held, {} true", held.len(), truth.len()))
-            }
-        })
-        .await;
-    };
+    let reaches_truth = async |what: &str| all.reaches(what, log, truth).await;
     reaches_truth("the reflector holds the fleet").await;
     assert_eq!(all.lists(), 1);
     server.kill();
     let names: Vec<String> = (0..40).map(|i| format!("while-down-{i}")).collect();
-    make_configmaps(&kubeconfig_path, "sim-1", &names).await;
-    let mut server = Server::start_at(port, &kubeconfig_path, &args, &log, &[]);
-    common::wait_serving(&server.url()).await;
+    make_configmaps(kubeconfig_path, "sim-1", &names).await;
+    s.restart(&mut server).await;
     // Its position is gone (410): it lists again, and holds the truth.
     reaches_truth("the reflector lists again and holds the fleet").await;
     assert!(all.lists() >= 2, "the reflector never listed again");
-    server.assert_running(&log);
+    server.assert_running(log);
     all.task.abort();
     drop(server);
-    fleet.shutdown().await;
+    s.fleet.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -913,19 +941,7 @@ async fn make_in(kubeconfig: &std::path::Path, namespace: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_that_leaves_a_cluster_out_says_so_in_a_warning() {
-    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kc = dir.path().join("kubeconfig");
-    let mut contexts = fleet.contexts();
-    contexts.push(fleetscope_sim::Context {
-        name: "gone".into(),
-        server: format!("http://127.0.0.1:{}", free_port()),
-        token: "t".into(),
-        ca_pem: None,
-    });
-    fleetscope_sim::write_kubeconfig(&kc, &contexts).unwrap();
+    let (fleet, dir, kc) = common::fleet_with_an_unreachable_cluster(20).await;
     let log = dir.path().join("serve.log");
     let api = format!("127.0.0.1:{}", free_port());
     let args = [

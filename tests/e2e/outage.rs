@@ -143,19 +143,7 @@ async fn a_stream_whose_api_server_answers_malformed_json_reads_as_an_error_sayi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_unreachable_from_the_start_is_logged_once_not_per_request() {
-    let fleet = fleetscope_sim::SimFleet::start(&fleetscope_sim::FleetSpec::numbered(1, 20, 0.0))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    let mut contexts = fleet.contexts();
-    contexts.push(fleetscope_sim::Context {
-        name: "gone".into(),
-        server: format!("http://127.0.0.1:{}", common::process::free_port()),
-        token: "t".into(),
-        ca_pem: None,
-    });
-    fleetscope_sim::write_kubeconfig(&kubeconfig, &contexts).unwrap();
+    let (fleet, dir, kubeconfig) = common::fleet_with_an_unreachable_cluster(20).await;
     let log = dir.path().join("serve.log");
     let metrics = format!("127.0.0.1:{}", common::process::free_port());
     let server = Server::start(

@@ -3949,27 +3949,68 @@ async fn a_router_runs_from_its_configuration_file_and_follows_it() {
     fleet.shutdown().await;
 }
 
+/// Two replicas of `clusters` simulated clusters of `objects` each and a router whose
+/// Kubernetes API is on `kube_api`, every cluster served through it.
+struct KubeRing {
+    fleet: fleetscope_sim::SimFleet,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    log: std::path::PathBuf,
+    clusters: Vec<String>,
+    kube_api: String,
+    a: Replica,
+    b: Replica,
+    router: RouterProcess,
+}
+
+impl KubeRing {
+    async fn start(clusters: usize, objects: usize) -> Self {
+        let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(clusters, objects).await;
+        let log = dir.path().join("ring.log");
+        let clusters: Vec<String> = (1..=clusters).map(|i| format!("sim-{i}")).collect();
+        let kube_api = format!("127.0.0.1:{}", common::process::free_port());
+        let a = Replica::start(&kubeconfig, "replica-a", &log);
+        let b = Replica::start(&kubeconfig, "replica-b", &log);
+        let router = RouterProcess::start_with(
+            &kubeconfig,
+            &log,
+            &[
+                "--shard-lease-duration",
+                "3s",
+                "--kube-api-listen",
+                &kube_api,
+            ],
+        );
+        split(&[&a, &b], &clusters, &log).await;
+        routers_see(&[&router], clusters.len(), 1).await;
+        Self {
+            fleet,
+            dir,
+            kubeconfig,
+            log,
+            clusters,
+            kube_api,
+            a,
+            b,
+            router,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kube_rs_reflector_through_a_router_holds_the_fleet_across_a_killed_replica_without_listing_again()
  {
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(3, 10).await;
-    let log = dir.path().join("ring.log");
-    let clusters: Vec<String> = (1..=3).map(|i| format!("sim-{i}")).collect();
-    let kube_api = format!("127.0.0.1:{}", common::process::free_port());
-    let a = Replica::start(&kubeconfig, "replica-a", &log);
-    let b = Replica::start(&kubeconfig, "replica-b", &log);
-    let router = RouterProcess::start_with(
-        &kubeconfig,
-        &log,
-        &[
-            "--shard-lease-duration",
-            "3s",
-            "--kube-api-listen",
-            &kube_api,
-        ],
-    );
-    split(&[&a, &b], &clusters, &log).await;
-    routers_see(&[&router], clusters.len(), 1).await;
+    let KubeRing {
+        fleet,
+        dir: _dir,
+        kubeconfig,
+        log,
+        clusters,
+        kube_api,
+        a,
+        b,
+        router,
+    } = KubeRing::start(3, 10).await;
     // kube-rs, unchanged, on the fleet's path of the router: its list's and its
     // events' resourceVersions are the router's positions.
     let reflector = crate::kube_api::Reflector::start(&format!("http://{kube_api}/clusters/*"));
@@ -3979,23 +4020,7 @@ async fn a_kube_rs_reflector_through_a_router_holds_the_fleet_across_a_killed_re
             .map(|(c, ns, name)| format!("{c}/{ns}/{c}:{name}"))
             .collect()
     };
-    let reaches_truth = async |what: &str| {
-        common::eventually(common::with_log(what, &log), async || {
-            let (held, truth) = (reflector.held(), truth());
-            if held == truth {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} held, {} true; missing {:?}; extra {:?}",
-                    held.len(),
-                    truth.len(),
-                    truth.difference(&held).take(3).collect::<Vec<_>>(),
-                    held.difference(&truth).take(3).collect::<Vec<_>>()
-                ))
-            }
-        })
-        .await;
-    };
+    let reaches_truth = async |what: &str| reflector.reaches(what, &log, truth).await;
     reaches_truth("the reflector holds the fleet through the router").await;
     let churning = Churning::start(&kubeconfig, &clusters);
     common::eventually("changes are made", async || {
@@ -4051,24 +4076,17 @@ async fn kubectl_get_w_through_a_router_misses_and_repeats_nothing_across_a_repl
         eprintln!("kubectl is not on the PATH: nothing checked");
         return;
     }
-    let (fleet, dir, kubeconfig) = common::fleet_with_kubeconfig(2, 20).await;
-    let log = dir.path().join("ring.log");
-    let clusters: Vec<String> = (1..=2).map(|i| format!("sim-{i}")).collect();
-    let kube_api = format!("127.0.0.1:{}", common::process::free_port());
-    let a = Replica::start(&kubeconfig, "replica-a", &log);
-    let b = Replica::start(&kubeconfig, "replica-b", &log);
-    let router = RouterProcess::start_with(
-        &kubeconfig,
-        &log,
-        &[
-            "--shard-lease-duration",
-            "3s",
-            "--kube-api-listen",
-            &kube_api,
-        ],
-    );
-    split(&[&a, &b], &clusters, &log).await;
-    routers_see(&[&router], clusters.len(), 1).await;
+    let KubeRing {
+        fleet,
+        dir,
+        kubeconfig,
+        log,
+        clusters,
+        kube_api,
+        a,
+        b,
+        router,
+    } = KubeRing::start(2, 20).await;
     let k = crate::kube_api::Kubectl(dir.path().join("fleetscope.kubeconfig"));
     let grpc = format!("http://127.0.0.1:{}", router.port);
     crate::kube_api::kubeconfig(&k.0, &grpc, &format!("http://{kube_api}"));

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use fleetscope_proto::{ListClustersRequest, ListResourceTypesRequest};
+use fleetscope_proto::ListResourceTypesRequest;
 
 use super::args::ServerArg;
 use super::connect::{ClientError, connect};
@@ -42,14 +42,7 @@ pub async fn words(server: &ServerArg, what: Completing) -> Result<Vec<String>, 
                     std::iter::once(t.name).chain(plural)
                 })
                 .collect(),
-            Completing::Clusters => client
-                .list_clusters(ListClustersRequest::default())
-                .await?
-                .into_inner()
-                .clusters
-                .into_iter()
-                .map(|c| c.name)
-                .collect(),
+            Completing::Clusters => super::status::cluster_names(&mut client).await?,
         };
         Ok::<Vec<String>, ClientError>(words)
     };

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use fleetscope_proto::ListClustersRequest;
 use serde_json::{Value, json};
 
 use super::args;
@@ -24,14 +23,7 @@ pub async fn kubeconfig(
             "--kube-api {api:?}: expected https://HOST:PORT or http://HOST:PORT (the server's --kube-api-listen)"
         )));
     }
-    let clusters: Vec<String> = client
-        .list_clusters(ListClustersRequest::default())
-        .await?
-        .into_inner()
-        .clusters
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
+    let clusters = super::status::cluster_names(client).await?;
     let text = serde_json::to_string_pretty(&of(api, &clusters, &args.server)?)
         .map_err(|e| message(e.to_string()))?;
     println!("{text}");

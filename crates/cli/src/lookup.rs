@@ -6,7 +6,7 @@ use super::columns;
 use super::connect::{Client, ClientError, message};
 use super::output::{self, Format, Item, Table};
 use super::printing::warn_not_current;
-use fleetscope_proto::{ListClustersRequest, ListRequest, Query};
+use fleetscope_proto::{ListRequest, Query};
 
 /// Every object a list gave.
 pub(super) struct Listed {
@@ -222,13 +222,10 @@ pub(crate) async fn check_clusters(
     if q.clusters.is_empty() {
         return Ok(());
     }
-    let known: Vec<fleetscope_model::ClusterName> = client
-        .list_clusters(ListClustersRequest::default())
+    let known: Vec<fleetscope_model::ClusterName> = super::status::cluster_names(client)
         .await?
-        .into_inner()
-        .clusters
         .into_iter()
-        .map(|c| fleetscope_model::ClusterName::from(c.name))
+        .map(fleetscope_model::ClusterName::from)
         .collect();
     let mut unknown = Vec::new();
     for pattern in &q.clusters {

@@ -177,6 +177,16 @@ fn cluster_rows(r: &ListClustersResponse) -> (Vec<String>, Vec<Vec<String>>) {
     (header.map(String::from).to_vec(), rows)
 }
 
+/// The names of the clusters the server serves the caller.
+pub async fn cluster_names(client: &mut Client) -> Result<Vec<String>, ClientError> {
+    let r = client.list_clusters(ListClustersRequest::default()).await?;
+    Ok(r.into_inner()
+        .clusters
+        .into_iter()
+        .map(|c| c.name)
+        .collect())
+}
+
 /// The version the server says it is (its `fleetscope-version` header), asked with
 /// the cheapest call there is.
 pub async fn server_version(client: &mut Client) -> Result<String, ClientError> {

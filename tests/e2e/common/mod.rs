@@ -442,6 +442,27 @@ pub async fn fleet_with_kubeconfig(
     (fleet, dir, kubeconfig)
 }
 
+/// One simulated cluster of `objects` objects (`sim-1`) and a context `gone` whose
+/// server nothing listens at, in a kubeconfig in a temporary directory.
+pub async fn fleet_with_an_unreachable_cluster(
+    objects: usize,
+) -> (SimFleet, tempfile::TempDir, PathBuf) {
+    let fleet = SimFleet::start(&FleetSpec::numbered(1, objects, 0.0))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut contexts = fleet.contexts();
+    contexts.push(fleetscope_sim::Context {
+        name: "gone".into(),
+        server: format!("http://127.0.0.1:{}", process::free_port()),
+        token: "t".into(),
+        ca_pem: None,
+    });
+    fleetscope_sim::write_kubeconfig(&kubeconfig, &contexts).unwrap();
+    (fleet, dir, kubeconfig)
+}
+
 /// LIST and WATCH requests each simulated cluster has served.
 pub fn requests(fleet: &SimFleet) -> Vec<(u64, u64)> {
     fleet
