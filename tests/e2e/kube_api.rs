@@ -333,6 +333,7 @@ async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
         eprintln!("kubectl is not on the PATH: nothing checked");
         return;
     }
+    let metrics = format!("127.0.0.1:{}", free_port());
     let Serving {
         fleet,
         dir,
@@ -348,6 +349,8 @@ async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
             "configmaps",
             "--grpc-max-watches-per-caller",
             "1",
+            "--metrics-listen",
+            &metrics,
         ],
     )
     .await;
@@ -368,28 +371,30 @@ async fn a_caller_s_watches_through_both_front_ends_count_against_one_limit() {
         .unwrap()
         .unwrap()
         .unwrap();
-    // A gRPC Watch of the same caller finds no place, once kubectl's watch (opened
-    // after it printed the list) holds it: a Watch that got in first is dropped.
-    let mut client = fleetscope::proto::fleet_client::FleetClient::connect(server.url())
-        .await
-        .unwrap();
-    let what = common::with_log("kubectl's watch holds the caller's one place", &log);
-    let refused = common::eventually(what, async || {
-        let r = client
-            .watch(fleetscope::proto::WatchRequest {
-                query: Some(fleetscope::proto::Query {
-                    resource: "configmaps".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await;
-        match r {
-            Err(status) => Ok(status),
-            Ok(_) => Err("a place was free"),
+    // kubectl opens its watch after it prints the list: once the server counts it, a
+    // gRPC Watch of the same caller finds no place.
+    let what = common::with_log("kubectl's watch is open", &log);
+    common::eventually(what, async || {
+        match common::sample(&metrics, "fleetscope_watch_subscribers").await {
+            Some(1) => Ok(()),
+            other => Err(other),
         }
     })
     .await;
+    let mut client = fleetscope::proto::fleet_client::FleetClient::connect(server.url())
+        .await
+        .unwrap();
+    let refused = client
+        .watch(fleetscope::proto::WatchRequest {
+            query: Some(fleetscope::proto::Query {
+                resource: "configmaps".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err();
     assert_eq!(
         refused.code(),
         tonic::Code::ResourceExhausted,
