@@ -50,8 +50,9 @@ use status::Refusal;
 /// The annotation naming an object's cluster in the fleet's answers.
 pub const CLUSTER_ANNOTATION: &str = "fleetscope.io/cluster";
 
-/// A response body: whole, or a watch's stream.
-pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+/// A response body: whole, or a stream (a watch's, a list's through a router) that an
+/// error cuts short.
+pub type Body = UnsyncBoxBody<Bytes, routed::BodyError>;
 
 /// The most objects in one page when a client asks for more (or for none).
 const MAX_PAGE: usize = 10_000;
@@ -386,11 +387,9 @@ impl<F: Fleet + 'static> KubeApi<F> {
             r.initial = true;
             r.report_positions = true;
             let watch = self.fleet.watch(r).await.map_err(|e| status::of(&e))?;
-            let (items, position) = routed::list(watch).await?;
-            let metadata = json!({"resourceVersion": position.encode()});
-            return Ok(self
-                .list_response(resource, &items, metadata, how, None)
-                .await);
+            let (writing, content_type) = self.writing(resource, how).await;
+            let body = routed::list(watch, writing).await?;
+            return Ok(stream_response(body, content_type));
         }
         let caller = access.caller();
         let mut r = ListRequest::for_caller(access.clone());
@@ -458,6 +457,55 @@ impl<F: Fleet + 'static> KubeApi<F> {
         Ok(self
             .list_response(resource, &answer.items, metadata, how, warning)
             .await)
+    }
+
+    /// How a list through a router writes its objects in the form asked for, and its
+    /// content type.
+    async fn writing(&self, resource: &Resource, how: &How<'_>) -> (routed::Writing, &'static str) {
+        let annotate = *how.scope == Scope::Fleet;
+        let head = |kind: &str, api: &str| {
+            let head = json!({"kind": kind, "apiVersion": api}).to_string();
+            format!("{},\"items\":[", &head[..head.len() - 1])
+        };
+        match how.form {
+            Form::Table => {
+                let rows = table::Rows::new(&resource_name(resource), annotate);
+                let item = move |o: &FleetObject| {
+                    rows.row(o.key.cluster.as_str(), &object_json(o, annotate))
+                        .to_string()
+                };
+                let head = table::Rows::new(&resource_name(resource), annotate).head();
+                let writing = routed::Writing {
+                    head,
+                    item: Box::new(item),
+                };
+                (writing, table::CONTENT_TYPE)
+            }
+            Form::Metadata => {
+                let item =
+                    move |o: &FleetObject| form::metadata(&object_json(o, annotate)).to_string();
+                let head = head("PartialObjectMetadataList", "meta.k8s.io/v1");
+                (
+                    routed::Writing {
+                        head,
+                        item: Box::new(item),
+                    },
+                    "application/json",
+                )
+            }
+            Form::Object | Form::Discovery(_) => {
+                let kind = format!("{}List", self.kind(resource, how.access).await);
+                let head = head(&kind, &api_version(resource));
+                let item = move |o: &FleetObject| object_text(o, annotate, None);
+                (
+                    routed::Writing {
+                        head,
+                        item: Box::new(item),
+                    },
+                    "application/json",
+                )
+            }
+        }
     }
 
     /// A `continue` token that goes on after `after` in the current snapshot (pinned by
@@ -897,7 +945,8 @@ fn typed_response(v: &Value, content_type: &'static str) -> Response<Body> {
 }
 
 fn text_response(text: String, content_type: &'static str) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(text)).boxed_unsync());
+    let body = Full::new(Bytes::from(text)).map_err(|never: Infallible| match never {});
+    let mut r = Response::new(body.boxed_unsync());
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(content_type),
@@ -906,11 +955,20 @@ fn text_response(text: String, content_type: &'static str) -> Response<Body> {
 }
 
 fn watch_response(events: futures::stream::BoxStream<'static, Bytes>) -> Response<Body> {
-    let body = StreamBody::new(events.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b))));
+    stream_response(events.map(Ok).boxed(), "application/json")
+}
+
+/// A response whose body is written as `chunks` come; an error among them cuts it
+/// short (the client sees the answer end early).
+fn stream_response(
+    chunks: futures::stream::BoxStream<'static, Result<Bytes, routed::BodyError>>,
+    content_type: &'static str,
+) -> Response<Body> {
+    let body = StreamBody::new(chunks.map(|c| c.map(http_body::Frame::data)));
     let mut r = Response::new(http_body_util::BodyExt::boxed_unsync(body));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
+        header::HeaderValue::from_static(content_type),
     );
     r
 }

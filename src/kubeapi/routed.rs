@@ -16,10 +16,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
 use fleetscope_model::ClusterName;
 use fleetscope_model::FleetError;
 use fleetscope_model::fleet::{FleetObject, Resume, Watch, WatchEvent};
 use futures::StreamExt as _;
+use futures::stream::BoxStream;
 
 use super::status::Refusal;
 
@@ -127,40 +129,125 @@ pub fn not_a_position(rv: &str) -> Refusal {
     }
 }
 
-/// A list through a router: the initial objects of `watch` (opened with `initial`
-/// and `report_positions`) and the position after them.
-pub async fn list(mut watch: Watch) -> Result<(Vec<FleetObject>, Position), Refusal> {
-    let mut items = Vec::new();
-    let mut position = Position::default();
-    let drained = tokio::time::timeout(LIST_PATIENCE, async {
-        while let Some(e) = watch.next().await {
-            let e = e.map_err(|e| super::status::of(&e))?;
-            position.pass(&e);
+/// How a list through a router writes its objects: the text before the first, and
+/// each one's.
+pub struct Writing {
+    /// The list's text up to its first item (an open `items` or `rows` array).
+    pub head: String,
+    /// One object's text.
+    pub item: Box<dyn Fn(&FleetObject) -> String + Send>,
+}
+
+/// An error that cuts a response body short.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How many bytes of objects a list through a router gathers before it writes them.
+const CHUNK: usize = 256 << 10;
+
+/// A list through a router, written as the router's Watch (opened with `initial` and
+/// `report_positions`) sends its initial objects: `writing.head`, the objects, then
+/// `],"metadata":{"resourceVersion":POSITION}}` (members in any order are JSON's, and
+/// every client's), so the router holds a chunk at a time, not the list. Refused,
+/// nothing written, if the Watch fails before its first event; a failure after that
+/// cuts the body short, and the client lists again.
+pub async fn list(
+    mut watch: Watch,
+    writing: Writing,
+) -> Result<BoxStream<'static, Result<Bytes, BodyError>>, Refusal> {
+    let first = match tokio::time::timeout(LIST_PATIENCE, watch.next()).await {
+        Ok(Some(Ok(e))) => e,
+        Ok(Some(Err(e))) => return Err(super::status::of(&e)),
+        Ok(None) => return Err(unavailable(ENDED.to_string())),
+        Err(_) => return Err(unavailable(too_slow())),
+    };
+    if let WatchEvent::Reset { cluster } = &first {
+        return Err(unavailable(moved(cluster)));
+    }
+    let head = Bytes::from(writing.head.clone());
+    let state = Listing {
+        watch,
+        first: Some(first),
+        position: Position::default(),
+        wrote: false,
+        writing,
+        done: false,
+    };
+    let body = futures::stream::unfold(state, |mut s| async move {
+        if s.done {
+            return None;
+        }
+        let chunk = s.chunk().await;
+        s.done |= chunk.is_err();
+        Some((chunk, s))
+    });
+    Ok(futures::stream::once(async move { Ok(head) })
+        .chain(body)
+        .boxed())
+}
+
+/// A list through a router being written.
+struct Listing {
+    watch: Watch,
+    /// The event taken to see that the Watch began.
+    first: Option<WatchEvent>,
+    position: Position,
+    /// Whether an object was written (the next one follows a comma).
+    wrote: bool,
+    writing: Writing,
+    /// Whether the list was closed (or cut short).
+    done: bool,
+}
+
+impl Listing {
+    /// The next chunk: objects up to [`CHUNK`] bytes, and the list's end once the
+    /// initial objects have all come.
+    async fn chunk(&mut self) -> Result<Bytes, BodyError> {
+        let mut out = String::new();
+        while out.len() < CHUNK {
+            let e = match self.first.take() {
+                Some(e) => e,
+                None => match tokio::time::timeout(LIST_PATIENCE, self.watch.next()).await {
+                    Ok(Some(Ok(e))) => e,
+                    Ok(Some(Err(e))) => return Err(e.to_string().into()),
+                    Ok(None) => return Err(ENDED.into()),
+                    Err(_) => return Err(too_slow().into()),
+                },
+            };
+            self.position.pass(&e);
             match e {
-                WatchEvent::Object { object, .. } => items.push(object),
-                WatchEvent::InitialEventsEnd { .. } => return Ok(()),
-                // A cluster moved while its objects were sent: begin again.
-                WatchEvent::Reset { cluster } => {
-                    return Err(unavailable(format!(
-                        "cluster {cluster} moved between replicas while the list was read: list again"
-                    )));
+                WatchEvent::Object { object, .. } => {
+                    if self.wrote {
+                        out.push(',');
+                    }
+                    self.wrote = true;
+                    out.push_str(&(self.writing.item)(&object));
                 }
+                WatchEvent::InitialEventsEnd { .. } => {
+                    let rv = serde_json::to_string(&self.position.encode()).unwrap_or_default();
+                    out.push_str(&format!("],\"metadata\":{{\"resourceVersion\":{rv}}}}}"));
+                    self.done = true;
+                    break;
+                }
+                WatchEvent::Reset { cluster } => return Err(moved(&cluster).into()),
                 _ => {}
             }
         }
-        Err(unavailable(
-            "the router's Watch ended before its initial objects: list again".to_string(),
-        ))
-    })
-    .await;
-    match drained {
-        Ok(Ok(())) => Ok((items, position)),
-        Ok(Err(refusal)) => Err(refusal),
-        Err(_) => Err(unavailable(format!(
-            "the replicas did not send the fleet's objects within {} s: list again",
-            LIST_PATIENCE.as_secs()
-        ))),
+        Ok(Bytes::from(out))
     }
+}
+
+/// Why a list through a router ended before its objects did.
+const ENDED: &str = "the router's Watch ended before its initial objects: list again";
+
+fn too_slow() -> String {
+    format!(
+        "the replicas did not send the fleet's objects within {} s: list again",
+        LIST_PATIENCE.as_secs()
+    )
+}
+
+fn moved(cluster: &ClusterName) -> String {
+    format!("cluster {cluster} moved between replicas while the list was read: list again")
 }
 
 /// A retryable refusal (`503` with `Retry-After`).

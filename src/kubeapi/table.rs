@@ -6,6 +6,7 @@
 
 use std::time::SystemTime;
 
+use fleetscope_cli::columns::Column;
 use serde_json::{Value, json};
 
 /// The content type of a Table answer.
@@ -17,6 +18,59 @@ pub const CONTENT_TYPE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 pub fn of(resource: &str, objects: &[(&str, Value)], fleet: bool, metadata: Value) -> Value {
     let columns = fleetscope_cli::output::columns_for(resource, None);
     let now = SystemTime::now();
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|(cluster, o)| row(&columns, (cluster, o), fleet, now))
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": metadata,
+        "columnDefinitions": definitions(&columns, fleet),
+        "rows": rows,
+    })
+}
+
+/// A Table written as its rows come ([`Rows::head`], each [`Rows::row`], then the
+/// caller closes `rows` and adds the list's `metadata`).
+pub struct Rows {
+    columns: Vec<Column>,
+    fleet: bool,
+}
+
+impl Rows {
+    /// The rows of objects of `resource`, with a `CLUSTER` column when `fleet`.
+    pub fn new(resource: &str, fleet: bool) -> Self {
+        Self {
+            columns: fleetscope_cli::output::columns_for(resource, None),
+            fleet,
+        }
+    }
+
+    /// The Table's text up to its first row: `{…,"columnDefinitions":[…],"rows":[`.
+    pub fn head(&self) -> String {
+        let head = json!({
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "columnDefinitions": definitions(&self.columns, self.fleet),
+        })
+        .to_string();
+        format!("{},\"rows\":[", &head[..head.len() - 1])
+    }
+
+    /// The row of `object` of `cluster`.
+    pub fn row(&self, cluster: &str, object: &Value) -> Value {
+        row(
+            &self.columns,
+            (cluster, object),
+            self.fleet,
+            SystemTime::now(),
+        )
+    }
+}
+
+/// The column definitions: `Cluster` (in the fleet's view), `Name`, then `columns`.
+fn definitions(columns: &[Column], fleet: bool) -> Vec<Value> {
     let mut definitions = Vec::new();
     if fleet {
         definitions.push(definition(
@@ -37,31 +91,24 @@ pub fn of(resource: &str, objects: &[(&str, Value)], fleet: bool, metadata: Valu
             .iter()
             .map(|c| definition(&c.header, "", i32::from(c.wide), "")),
     );
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(|(cluster, o)| {
-            let mut cells = Vec::new();
-            if fleet {
-                cells.push(json!(cluster));
-            }
-            cells.push(o["metadata"]["name"].clone());
-            cells.extend(columns.iter().map(|c| json!((c.cell)(o, now))));
-            json!({
-                "cells": cells,
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": o["metadata"],
-                },
-            })
-        })
-        .collect();
+    definitions
+}
+
+/// One object's row: its cells, and its metadata as `PartialObjectMetadata`.
+fn row(columns: &[Column], (cluster, o): (&str, &Value), fleet: bool, now: SystemTime) -> Value {
+    let mut cells = Vec::new();
+    if fleet {
+        cells.push(json!(cluster));
+    }
+    cells.push(o["metadata"]["name"].clone());
+    cells.extend(columns.iter().map(|c| json!((c.cell)(o, now))));
     json!({
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": metadata,
-        "columnDefinitions": definitions,
-        "rows": rows,
+        "cells": cells,
+        "object": {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": o["metadata"],
+        },
     })
 }
 

@@ -4166,6 +4166,16 @@ async fn kubectl_get_w_through_a_router_misses_and_repeats_nothing_across_a_repl
         .await;
     };
     holds_truth("kubectl lists team-1 through the router").await;
+    // kubectl's own printing through the router: a Table, written as the objects come.
+    let printed = k.ok(&["get", "configmaps", "-n", "team-1"]);
+    let header: Vec<&str> = printed.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["CLUSTER", "NAME", "DATA", "AGE"], "{printed}");
+    assert_eq!(printed.lines().count(), truth().len() + 1, "{printed}");
+    let names = k.ok(&["get", "configmaps", "-A", "-o", "name"]);
+    assert_eq!(
+        names.lines().count(),
+        common::truth(&fleet, "configmaps").len()
+    );
     let churning = Churning::start(&kubeconfig, &clusters);
     let made = |n: usize| {
         let made = &churning.made;

@@ -504,7 +504,31 @@ pub async fn http_get_with(
     let text = String::from_utf8(raw).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Some((
+        code,
+        if chunked {
+            unchunked(body)?
+        } else {
+            body.to_string()
+        },
+    ))
+}
+
+/// A chunked HTTP/1.1 body's content; `None` if it is cut short.
+fn unchunked(mut body: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(rest.get(..size)?);
+        body = rest.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// The text of `/metrics` at `addr` (plain HTTP), or `None` while nothing answers.
