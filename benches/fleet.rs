@@ -1547,10 +1547,20 @@ impl Proc {
     }
 
     fn rss(&self) -> u64 {
+        self.status_bytes("VmRSS:")
+    }
+
+    /// Its peak resident memory.
+    fn peak_rss(&self) -> u64 {
+        self.status_bytes("VmHWM:")
+    }
+
+    /// A size its `/proc/PID/status` gives in kB, in bytes.
+    fn status_bytes(&self, field: &str) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.0.id()))
             .ok()
             .and_then(|s| {
-                let line = s.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
+                let line = s.lines().find(|l| l.starts_with(field))?.to_string();
                 line.split_whitespace().nth(1)?.parse::<u64>().ok()
             })
             .unwrap_or(0)
@@ -1720,6 +1730,11 @@ fn free_port() -> u16 {
 }
 
 impl Ring {
+    /// The first router's resident memory now and at its peak.
+    fn router_rss(&self) -> (u64, u64) {
+        (self._routers[0].rss(), self._routers[0].peak_rss())
+    }
+
     /// The first router's port.
     fn router_port(&self) -> u16 {
         self.router_ports[0]
@@ -1737,6 +1752,17 @@ impl Ring {
         replication: usize,
         replicas: usize,
         routers: usize,
+    ) -> Self {
+        Self::with_routers_given(kubeconfig, common, replication, (replicas, routers), &[])
+    }
+
+    /// [`Ring::of`], each router given `router_args` too.
+    fn with_routers_given(
+        kubeconfig: &str,
+        common: &[&str],
+        replication: usize,
+        (replicas, routers): (usize, usize),
+        router_args: &[&str],
     ) -> Self {
         let dir = std::path::Path::new(kubeconfig).with_file_name("ring.key");
         std::fs::write(&dir, [3u8; 32]).unwrap();
@@ -1772,10 +1798,11 @@ impl Ring {
         let routers = router_ports
             .iter()
             .map(|port| {
-                Proc::start(&[
+                let listen = format!("127.0.0.1:{port}");
+                let router = [
                     "router",
                     "--listen",
-                    &format!("127.0.0.1:{port}"),
+                    &listen,
                     "--kubeconfig",
                     kubeconfig,
                     "--shard-ring",
@@ -1786,7 +1813,8 @@ impl Ring {
                     &key,
                     "--shard-lease-namespace",
                     "ns-0",
-                ])
+                ];
+                Proc::start(&[&router[..], router_args].concat())
             })
             .collect();
         Self {

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{reflector, watcher};
 
 use super::{
-    Proc, Written, changes_delivered, client_at, counts_all, env_usize, free_port, kube_client,
-    list_everything, percentile, pod_clusters, pod_serving, run_child,
+    Proc, Ring, Written, changes_delivered, client_at, counts_all, env_usize, free_port,
+    kube_client, list_everything, percentile, pod_clusters, pod_serving, run_child,
 };
 
 /// The part: prints its figures.
@@ -70,6 +70,41 @@ pub async fn kube_api() {
         k(&by_kube),
         mean(&by_grpc) / mean(&by_kube)
     );
+
+    // Through a router over three replicas: the whole list each way.
+    let routed_api = format!("127.0.0.1:{}", free_port());
+    let ring = Ring::with_routers_given(
+        &kc,
+        &pod_serving(&kc),
+        1,
+        (3, 1),
+        &["--kube-api-listen", &routed_api],
+    );
+    let mut routed = client_at(ring.router_port()).await;
+    counts_all(&mut routed, total).await;
+    let routed_kube = kube::Client::try_from(kube::Config::new(
+        format!("http://{routed_api}/clusters/*").parse().unwrap(),
+    ))
+    .unwrap();
+    let (mut by_grpc, mut by_kube) = (Vec::new(), Vec::new());
+    for round in 0..4 {
+        let (d1, n1) = list_everything(&mut routed).await;
+        let (d2, n2) = list_kube(&routed_kube).await;
+        assert_eq!((n1 as u64, n2 as u64), (total, total));
+        if round > 0 {
+            by_grpc.push(total as f64 / d1.as_secs_f64());
+            by_kube.push(total as f64 / d2.as_secs_f64());
+        }
+    }
+    println!(
+        "kube-api: through a router over three replicas, objects/s: gRPC List in pages of 500 {}; Kubernetes API list (one answer, written as the router's Watch sends it) {} ({:.2} × gRPC's time); router resident {:.0} MiB, at its peak {:.0} MiB",
+        k(&by_grpc),
+        k(&by_kube),
+        mean(&by_grpc) / mean(&by_kube),
+        ring.router_rss().0 as f64 / (1 << 20) as f64,
+        ring.router_rss().1 as f64 / (1 << 20) as f64
+    );
+    drop(ring);
 
     // A reflector's first sync, each in a process of its own.
     for which in ["direct", "fleet", "direct", "fleet"] {
