@@ -1941,31 +1941,9 @@ async fn router_fanout() {
             .unwrap();
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(subscribers);
         for _ in 0..subscribers {
-            let mut client = FleetClient::new(channel.clone());
-            let (written, delays, ready) = (written.clone(), delays.clone(), ready_tx.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut stream = client
-                    .watch(WatchRequest {
-                        query: Some(pods_query()),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                let _ = ready.send(()).await;
-                while let Ok(Some(e)) = stream.message().await {
-                    let Some(o) = e.object else { continue };
-                    let at = Instant::now();
-                    let key = (o.cluster, o.name);
-                    let sent = written.lock().unwrap().get(&key).copied();
-                    if let Some(sent) = sent {
-                        delays
-                            .lock()
-                            .unwrap()
-                            .push(at.saturating_duration_since(sent));
-                    }
-                }
-            }));
+            let seen = delay_of(written.clone(), delays.clone());
+            let subscriber = kube_api::grpc_subscriber(channel.clone(), ready_tx.clone(), seen);
+            tasks.push(tokio::spawn(subscriber));
         }
         for _ in 0..subscribers {
             ready_rx.recv().await.unwrap();
@@ -1987,6 +1965,24 @@ async fn router_fanout() {
         );
     }
     drop(ring);
+}
+
+/// What a subscriber calls with each object it receives (its cluster and name): the
+/// delay since the change was `written`, kept in `delays`.
+fn delay_of(
+    written: Arc<std::sync::Mutex<Written>>,
+    delays: Arc<std::sync::Mutex<Vec<Duration>>>,
+) -> impl Fn(String, String) + Send + 'static {
+    move |cluster: String, name: String| {
+        let at = Instant::now();
+        let sent = written.lock().unwrap().get(&(cluster, name)).copied();
+        if let Some(sent) = sent {
+            delays
+                .lock()
+                .unwrap()
+                .push(at.saturating_duration_since(sent));
+        }
+    }
 }
 
 /// 500 changes at 50 per second, each to a pod of one of `servers` (pods of `pods`, a

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{reflector, watcher};
 
 use super::{
-    Proc, Ring, Written, changes_delivered, client_at, counts_all, env_usize, free_port,
+    Proc, Ring, Written, changes_delivered, client_at, counts_all, delay_of, env_usize, free_port,
     kube_client, list_everything, percentile, pod_clusters, pod_serving, run_child,
 };
 
@@ -141,17 +141,7 @@ pub async fn kube_api() {
             .unwrap();
         let from = list_kube_page(&kube, "limit=1").await.0;
         for _ in 0..subscribers {
-            let (written, delays, ready) = (written.clone(), delays.clone(), ready_tx.clone());
-            let seen = move |cluster: String, name: String| {
-                let at = Instant::now();
-                let sent = written.lock().unwrap().get(&(cluster, name)).copied();
-                if let Some(sent) = sent {
-                    delays
-                        .lock()
-                        .unwrap()
-                        .push(at.saturating_duration_since(sent));
-                }
-            };
+            let (seen, ready) = (delay_of(written.clone(), delays.clone()), ready_tx.clone());
             tasks.push(if round == 1 {
                 tokio::spawn(grpc_subscriber(channel.clone(), ready, seen))
             } else {
@@ -223,7 +213,7 @@ async fn list_kube(kube: &kube::Client) -> (Duration, usize) {
 }
 
 /// A gRPC Watch of every pod from now, calling `seen` with each object's cluster and name.
-async fn grpc_subscriber(
+pub async fn grpc_subscriber(
     channel: tonic::transport::Channel,
     ready: tokio::sync::mpsc::Sender<()>,
     seen: impl Fn(String, String),
