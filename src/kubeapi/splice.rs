@@ -5,11 +5,7 @@
 //! not parsed), so a list or an event costs a copy of each object rather than a parse
 //! and a print of it.
 
-use std::borrow::Cow;
-use std::fmt;
-
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
+use fleetscope_model::raw::{Members, write_str};
 
 /// What to change in an object's metadata.
 #[derive(Debug, Default, Clone, Copy)]
@@ -50,8 +46,8 @@ fn metadata(out: &mut String, json: &str, edit: &Edit<'_>) -> Option<()> {
         separate(out, n, key);
         n += 1;
         match key.as_ref() {
-            "name" if name.is_some() => string(out, name.take()?),
-            "resourceVersion" if rv.is_some() => string(out, rv.take()?),
+            "name" if name.is_some() => write_str(out, name.take()?),
+            "resourceVersion" if rv.is_some() => write_str(out, rv.take()?),
             "annotations" if annotation.is_some() => {
                 annotations(out, value.get(), annotation.take()?)?;
             }
@@ -62,7 +58,7 @@ fn metadata(out: &mut String, json: &str, edit: &Edit<'_>) -> Option<()> {
         if let Some(value) = value {
             separate(out, n, key);
             n += 1;
-            string(out, value);
+            write_str(out, value);
         }
     }
     if let Some(a) = annotation {
@@ -84,7 +80,7 @@ fn annotations(out: &mut String, json: &str, (k, v): (&str, &str)) -> Option<()>
         out.push_str(value.get());
     }
     separate(out, n, k);
-    string(out, v);
+    write_str(out, v);
     out.push('}');
     Some(())
 }
@@ -94,59 +90,8 @@ fn separate(out: &mut String, i: usize, key: &str) {
     if i > 0 {
         out.push(',');
     }
-    string(out, key);
+    write_str(out, key);
     out.push(':');
-}
-
-/// `s` as a JSON string.
-fn string(out: &mut String, s: &str) {
-    // Writing a string to a String cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
-}
-
-/// An object's members in order, each value's text as it was.
-struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Members<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(Key(key)) = map.next_key()? {
-                    members.push((key, map.next_value::<&'de RawValue>()?));
-                }
-                Ok(Members(members))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// A member's key: borrowed from the text unless it holds escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Key<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Key(Cow::Owned(s.to_string())))
-            }
-        }
-        d.deserialize_str(V)
-    }
 }
 
 #[cfg(test)]

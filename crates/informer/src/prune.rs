@@ -3,6 +3,7 @@
 //! object alone.
 
 use fleetscope_model::ResourceType;
+use fleetscope_model::raw::{Members, Text, write_str};
 use fleetscope_model::selector::field_in_json;
 use std::borrow::Cow;
 
@@ -541,63 +542,6 @@ fn write_member(out: &mut String, key: &str, value: &str) {
     write_str(out, key);
     out.push(':');
     out.push_str(value);
-}
-
-/// Writes `s` as a JSON string.
-fn write_str(out: &mut String, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push('"');
-        out.push_str(s);
-        out.push('"');
-    } else if let Ok(escaped) = serde_json::to_string(s) {
-        // Serialising a string cannot fail.
-        out.push_str(&escaped);
-    }
-}
-
-/// A JSON object's members in their order, each value as its raw text.
-struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Members<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
-            type Value = Members<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(key) = map.next_key::<Text<'de>>()? {
-                    members.push((key.0, map.next_value::<&'de RawValue>()?));
-                }
-                Ok(Members(members))
-            }
-        }
-        d.deserialize_map(Visit)
-    }
-}
-
-/// A JSON string, borrowed from the input unless it had escapes.
-struct Text<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(v.to_string())))
-            }
-        }
-        d.deserialize_str(Visit)
-    }
 }
 
 /// The text of a JSON string, given as the raw JSON the parser has already checked;

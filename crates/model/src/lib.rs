@@ -23,6 +23,7 @@ mod identity;
 pub mod inputs;
 mod json;
 mod object;
+pub mod raw;
 pub mod selector;
 pub mod yaml;
 
