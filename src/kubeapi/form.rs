@@ -6,6 +6,7 @@
 //! metadata informers and kube-rs' `metadata_watcher`) and aggregated discovery
 //! (`as=APIGroupDiscoveryList`).
 
+use fleetscope_model::fleet::FleetObject;
 use serde_json::{Value, json};
 
 /// The form of an answer.
@@ -70,19 +71,63 @@ pub fn metadata(object: &Value) -> Value {
     })
 }
 
-/// `objects` as a `PartialObjectMetadataList` with the list's `metadata`.
-pub fn metadata_list(objects: &[Value], list: Value) -> Value {
-    json!({
-        "kind": "PartialObjectMetadataList",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": list,
-        "items": objects.iter().map(metadata).collect::<Vec<_>>(),
-    })
+/// How a list is written in its form: the text before its first object (an open
+/// `items` or `rows` array), each object's text, then [`Writing::close`] with the
+/// list's `metadata` (JSON's members have no order). A server writes a page whole
+/// ([`Writing::whole`]); a router as its objects come.
+pub struct Writing {
+    /// The list's text up to its first object.
+    pub head: String,
+    /// One object's text.
+    pub item: Box<dyn Fn(&FleetObject) -> String + Send>,
+}
+
+impl Writing {
+    /// A list of `kind` and `api_version` whose items are written by `item`.
+    pub fn items(
+        kind: &str,
+        api_version: &str,
+        item: impl Fn(&FleetObject) -> String + Send + 'static,
+    ) -> Self {
+        let head = json!({"kind": kind, "apiVersion": api_version}).to_string();
+        Self {
+            head: format!("{},\"items\":[", &head[..head.len() - 1]),
+            item: Box::new(item),
+        }
+    }
+
+    /// A `PartialObjectMetadataList` of the objects `as_json` makes.
+    pub fn metadata(as_json: impl Fn(&FleetObject) -> Value + Send + 'static) -> Self {
+        Self::items("PartialObjectMetadataList", "meta.k8s.io/v1", move |o| {
+            metadata(&as_json(o)).to_string()
+        })
+    }
+
+    /// The list of `objects`, whole, with `metadata`.
+    pub fn whole(&self, objects: &[FleetObject], metadata: &Value) -> String {
+        let size: usize = objects.iter().map(|o| o.json.len() + 96).sum();
+        let mut out = String::with_capacity(self.head.len() + size + 64);
+        out.push_str(&self.head);
+        for (i, o) in objects.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&(self.item)(o));
+        }
+        out.push_str(&Self::close(metadata));
+        out
+    }
+
+    /// What closes a list after its objects: the array, and the list's `metadata`.
+    pub fn close(metadata: &Value) -> String {
+        format!("],\"metadata\":{metadata}}}")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleetscope_model::{ClusterName, ObjectKey, Revision};
 
     #[test]
     fn the_first_entry_served_decides_and_protobuf_is_passed_over() {
@@ -124,7 +169,18 @@ mod tests {
             metadata(&o),
             json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "a"}})
         );
-        let l = metadata_list(&[o], json!({"resourceVersion": "3"}));
+        let object = FleetObject {
+            key: ObjectKey::new("pods", &ClusterName::from("c"), "", "a"),
+            revision: Revision(1),
+            uid: String::new(),
+            resource_version: String::new(),
+            json: o.to_string().into(),
+        };
+        let writing = Writing::metadata(|o| serde_json::from_str(&o.json).unwrap());
+        let text = writing.whole(&[object], &json!({"resourceVersion": "3"}));
+        let l: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(l["kind"], "PartialObjectMetadataList");
+        assert_eq!(l["metadata"]["resourceVersion"], "3");
         assert_eq!(l["items"][0]["metadata"]["name"], "a");
         assert!(l["items"][0].get("spec").is_none());
     }

@@ -178,8 +178,10 @@ impl<F: Fleet + 'static> KubeApi<F> {
                 namespace,
             } => {
                 let mut query = query(&resource, &scope, namespace.as_deref(), &params)?;
-                if scope == Scope::Fleet && !query.fields.is_empty() {
-                    let clusters = self.cluster_names(&access).await?;
+                if fleet_view(&scope) && !query.fields.is_empty() {
+                    let clusters = self
+                        .cluster_names(ClusterFilter::default(), &access)
+                        .await?;
                     let (fields, cluster) = names::field_selector(&query.fields, &clusters)
                         .map_err(Refusal::bad_request)?;
                     query.fields = fields;
@@ -252,12 +254,8 @@ impl<F: Fleet + 'static> KubeApi<F> {
     /// Refuses a cluster the fleet does not have, naming it.
     async fn known(&self, cluster: &str, access: &Access) -> Result<(), Refusal> {
         let filter = ClusterFilter::default().only(&[cluster.to_string()]);
-        let ClustersAnswer { clusters, .. } = self
-            .fleet
-            .clusters(filter, access)
-            .await
-            .map_err(|e| status::of(&e))?;
-        if clusters.iter().any(|c| c.name.as_str() == cluster) {
+        let clusters = self.cluster_names(filter, access).await?;
+        if clusters.iter().any(|c| c.as_str() == cluster) {
             Ok(())
         } else {
             Err(Refusal::not_found(
@@ -278,7 +276,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
         name: &'n str,
         access: &Access,
     ) -> Result<(String, &'n str), Refusal> {
-        let clusters = self.cluster_names(access).await?;
+        let clusters = self.cluster_names(ClusterFilter::default(), access).await?;
         let Some((c, bare)) = names::split(name, &clusters) else {
             return Err(Refusal::not_found(
                 &resource.plural,
@@ -294,11 +292,15 @@ impl<F: Fleet + 'static> KubeApi<F> {
         Ok((c.to_string(), bare))
     }
 
-    /// The names of the clusters the caller may see.
-    async fn cluster_names(&self, access: &Access) -> Result<Vec<ClusterName>, Refusal> {
+    /// The names of the clusters `filter` selects that the caller may see.
+    async fn cluster_names(
+        &self,
+        filter: ClusterFilter,
+        access: &Access,
+    ) -> Result<Vec<ClusterName>, Refusal> {
         let ClustersAnswer { clusters, .. } = self
             .fleet
-            .clusters(ClusterFilter::default(), access)
+            .clusters(filter, access)
             .await
             .map_err(|e| status::of(&e))?;
         Ok(clusters.into_iter().map(|c| c.name).collect())
@@ -387,7 +389,7 @@ impl<F: Fleet + 'static> KubeApi<F> {
             r.initial = true;
             r.report_positions = true;
             let watch = self.fleet.watch(r).await.map_err(|e| status::of(&e))?;
-            let (writing, content_type) = self.writing(resource, how).await;
+            let (writing, content_type) = self.writing(resource, how, None).await;
             let body = routed::list(watch, writing).await?;
             return Ok(stream_response(body, content_type));
         }
@@ -459,51 +461,40 @@ impl<F: Fleet + 'static> KubeApi<F> {
             .await)
     }
 
-    /// How a list through a router writes its objects in the form asked for, and its
-    /// content type.
-    async fn writing(&self, resource: &Resource, how: &How<'_>) -> (routed::Writing, &'static str) {
-        let annotate = *how.scope == Scope::Fleet;
-        let head = |kind: &str, api: &str| {
-            let head = json!({"kind": kind, "apiVersion": api}).to_string();
-            format!("{},\"items\":[", &head[..head.len() - 1])
-        };
+    /// How a list is written in the form asked for (`kind` when the objects already
+    /// named it), and its content type.
+    async fn writing(
+        &self,
+        resource: &Resource,
+        how: &How<'_>,
+        kind: Option<String>,
+    ) -> (form::Writing, &'static str) {
+        let annotate = fleet_view(how.scope);
         match how.form {
             Form::Table => {
                 let rows = table::Rows::new(&resource_name(resource), annotate);
+                let head = rows.head();
                 let item = move |o: &FleetObject| {
-                    rows.row(o.key.cluster.as_str(), &object_json(o, annotate))
-                        .to_string()
+                    let object = object_json(o, annotate);
+                    rows.row(o.key.cluster.as_str(), &object).to_string()
                 };
-                let head = table::Rows::new(&resource_name(resource), annotate).head();
-                let writing = routed::Writing {
-                    head,
-                    item: Box::new(item),
-                };
-                (writing, table::CONTENT_TYPE)
+                let item = Box::new(item);
+                (form::Writing { head, item }, table::CONTENT_TYPE)
             }
             Form::Metadata => {
-                let item =
-                    move |o: &FleetObject| form::metadata(&object_json(o, annotate)).to_string();
-                let head = head("PartialObjectMetadataList", "meta.k8s.io/v1");
-                (
-                    routed::Writing {
-                        head,
-                        item: Box::new(item),
-                    },
-                    "application/json",
-                )
+                let writing = form::Writing::metadata(move |o| object_json(o, annotate));
+                (writing, "application/json")
             }
             Form::Object | Form::Discovery(_) => {
-                let kind = format!("{}List", self.kind(resource, how.access).await);
-                let head = head(&kind, &api_version(resource));
+                let kind = match kind {
+                    Some(kind) => kind,
+                    None => self.kind(resource, how.access).await,
+                };
+                // The objects' text as held, spliced where the view changes it.
                 let item = move |o: &FleetObject| object_text(o, annotate, None);
-                (
-                    routed::Writing {
-                        head,
-                        item: Box::new(item),
-                    },
-                    "application/json",
-                )
+                let list = format!("{kind}List");
+                let writing = form::Writing::items(&list, &api_version(resource), item);
+                (writing, "application/json")
             }
         }
     }
@@ -556,42 +547,9 @@ impl<F: Fleet + 'static> KubeApi<F> {
         how: &How<'_>,
         objects: &[FleetObject],
     ) -> Response<Body> {
-        let (form, annotate) = (how.form, *how.scope == Scope::Fleet);
-        if !matches!(form, Form::Table | Form::Metadata) {
-            // The objects' text as held, spliced where the view changes it.
-            let kind = match objects.first().and_then(|o| kind_in(&o.json)) {
-                Some(kind) => kind,
-                None => self.kind(resource, how.access).await,
-            };
-            let head = json!({
-                "kind": format!("{kind}List"),
-                "apiVersion": api_version(resource),
-                "metadata": metadata,
-            })
-            .to_string();
-            let size: usize = objects.iter().map(|o| o.json.len() + 96).sum();
-            let mut body = String::with_capacity(head.len() + size + 16);
-            body.push_str(&head[..head.len() - 1]);
-            body.push_str(",\"items\":[");
-            for (i, o) in objects.iter().enumerate() {
-                if i > 0 {
-                    body.push(',');
-                }
-                body.push_str(&object_text(o, annotate, None));
-            }
-            body.push_str("]}");
-            return text_response(body, "application/json");
-        }
-        let items: Vec<(&str, Value)> = objects
-            .iter()
-            .map(|o| (o.key.cluster.as_str(), object_json(o, annotate)))
-            .collect();
-        if form == Form::Table {
-            let t = table::of(&resource_name(resource), &items, annotate, metadata);
-            return typed_response(&t, table::CONTENT_TYPE);
-        }
-        let items: Vec<Value> = items.into_iter().map(|(_, o)| o).collect();
-        json_response(&form::metadata_list(&items, metadata))
+        let kind = objects.first().and_then(|o| kind_in(&o.json));
+        let (writing, content_type) = self.writing(resource, how, kind).await;
+        text_response(writing.whole(objects, &metadata), content_type)
     }
 
     async fn watch(
@@ -630,31 +588,21 @@ impl<F: Fleet + 'static> KubeApi<F> {
         match from_where(&mut r, params, routed) {
             Ok(()) => {}
             // As an API server says a position it no longer holds: inside the watch.
-            Err(refusal) if refusal.code == 410 => {
-                let gone = json!({"type": "ERROR", "object": refusal.status});
-                return Ok(watch_response(
-                    futures::stream::once(async move { line(&gone) }).boxed(),
-                ));
-            }
+            Err(refusal) if refusal.code == 410 => return Ok(ended_at_once(refusal.status)),
             Err(refusal) => return Err(refusal),
         }
         let watch = match self.fleet.watch(r).await {
             Ok(w) => w,
             // A position no longer held: as an API server says it, inside the watch.
             Err(FleetError::OutOfRange { message, .. }) => {
-                return Ok(watch_response(
-                    futures::stream::once(async move {
-                        line(&json!({"type": "ERROR", "object": gone(&message)}))
-                    })
-                    .boxed(),
-                ));
+                return Ok(ended_at_once(gone(&message)));
             }
             Err(e) => return Err(status::of(&e)),
         };
         let mut render = Render {
             position: routed.then(Position::default),
             ended: false,
-            annotate: *scope == Scope::Fleet,
+            annotate: fleet_view(scope),
             bookmarks: params.flag("allowWatchBookmarks"),
             kind: self.kind(resource, access).await,
             api: api_version(resource),
@@ -952,6 +900,13 @@ fn text_response(text: String, content_type: &'static str) -> Response<Body> {
         header::HeaderValue::from_static(content_type),
     );
     r
+}
+
+/// A watch that ends at once with `status` as an `ERROR` event, as an API server says
+/// a position it does not hold.
+fn ended_at_once(status: Value) -> Response<Body> {
+    let error = line(&json!({"type": "ERROR", "object": status}));
+    watch_response(futures::stream::once(async move { error }).boxed())
 }
 
 fn watch_response(events: futures::stream::BoxStream<'static, Bytes>) -> Response<Body> {

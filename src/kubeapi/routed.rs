@@ -19,10 +19,11 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use fleetscope_model::ClusterName;
 use fleetscope_model::FleetError;
-use fleetscope_model::fleet::{FleetObject, Resume, Watch, WatchEvent};
+use fleetscope_model::fleet::{Resume, Watch, WatchEvent};
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
 
+use super::form::Writing;
 use super::status::Refusal;
 
 /// What a `resourceVersion` is on this front end's fleet.
@@ -129,15 +130,6 @@ pub fn not_a_position(rv: &str) -> Refusal {
     }
 }
 
-/// How a list through a router writes its objects: the text before the first, and
-/// each one's.
-pub struct Writing {
-    /// The list's text up to its first item (an open `items` or `rows` array).
-    pub head: String,
-    /// One object's text.
-    pub item: Box<dyn Fn(&FleetObject) -> String + Send>,
-}
-
 /// An error that cuts a response body short.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -223,8 +215,8 @@ impl Listing {
                     out.push_str(&(self.writing.item)(&object));
                 }
                 WatchEvent::InitialEventsEnd { .. } => {
-                    let rv = serde_json::to_string(&self.position.encode()).unwrap_or_default();
-                    out.push_str(&format!("],\"metadata\":{{\"resourceVersion\":{rv}}}}}"));
+                    let metadata = serde_json::json!({"resourceVersion": self.position.encode()});
+                    out.push_str(&Writing::close(&metadata));
                     self.done = true;
                     break;
                 }
@@ -270,6 +262,7 @@ pub fn reset(cluster: &ClusterName) -> FleetError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleetscope_model::fleet::FleetObject;
     use fleetscope_model::{EventType, ObjectKey, Revision};
 
     fn object(cluster: &str, position: Option<&str>) -> WatchEvent {
