@@ -20,6 +20,7 @@ use std::io::BufRead as _;
 use std::process::{Command, Stdio};
 
 use crate::common;
+use common::Kubectl;
 use common::process::{Server, free_port};
 
 /// The kubeconfig `fleetscope kubeconfig` writes for the server at `grpc` whose
@@ -117,37 +118,12 @@ impl Persisted {
     }
 }
 
-pub(crate) struct Kubectl(pub(crate) std::path::PathBuf);
-
-impl Kubectl {
-    pub(crate) fn run(&self, args: &[&str]) -> std::process::Output {
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.0)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    pub(crate) fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// `cluster/namespace/name` of every configmap `args` get.
-    fn configmaps(&self, args: &[&str]) -> BTreeSet<String> {
-        let path = "jsonpath={range .items[*]}{.metadata.annotations.fleetscope\\.io/cluster}/{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}";
-        let mut all = vec!["get", "configmaps", "-o", path];
-        all.extend_from_slice(args);
-        self.ok(&all).lines().map(str::to_string).collect()
-    }
+/// `cluster/namespace/name` of every configmap kubectl gets with `args`.
+fn configmaps(k: &Kubectl, args: &[&str]) -> BTreeSet<String> {
+    let path = "jsonpath={range .items[*]}{.metadata.annotations.fleetscope\\.io/cluster}/{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}";
+    let mut all = vec!["get", "configmaps", "-o", path];
+    all.extend_from_slice(args);
+    k.ok(&all).lines().map(str::to_string).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,8 +140,8 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         server,
         api,
     } = serving(2, 120, &["--resources", "configmaps,namespaces"]).await;
-    let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
-    kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
+    let k = Kubectl::at(dir.path().join("fleetscope.kubeconfig"));
+    kubeconfig(&k.kubeconfig, &server.url(), &format!("http://{api}"));
     // In the fleet's view each name carries its cluster (names repeat across clusters).
     let truth: BTreeSet<String> = common::truth(&fleet, "configmaps")
         .into_keys()
@@ -187,14 +163,14 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     // The whole fleet, each object annotated with its cluster; the same in pages.
     let what = common::with_log("kubectl sees every configmap of the fleet", &log);
     common::eventually_blocking(what, || {
-        let got = k.configmaps(&["-A"]);
+        let got = configmaps(&k, &["-A"]);
         if got == truth {
             Ok(())
         } else {
             Err(format!("{} of {}", got.len(), truth.len()))
         }
     });
-    assert_eq!(k.configmaps(&["-A", "--chunk-size=10"]), truth);
+    assert_eq!(configmaps(&k, &["-A", "--chunk-size=10"]), truth);
     // A label selector (the workload's configmaps carry their app's label).
     let web: BTreeSet<String> = truth
         .iter()
@@ -202,7 +178,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         .cloned()
         .collect();
     assert!(!web.is_empty());
-    assert_eq!(k.configmaps(&["-A", "-l", "app=web"]), web);
+    assert_eq!(configmaps(&k, &["-A", "-l", "app=web"]), web);
     // A field selector, and one cluster (its objects as the cluster has them).
     let team_1: BTreeSet<String> = truth
         .iter()
@@ -211,7 +187,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         .collect();
     assert!(!team_1.is_empty());
     assert_eq!(
-        k.configmaps(&["-A", "--field-selector", "metadata.namespace=team-1"]),
+        configmaps(&k, &["-A", "--field-selector", "metadata.namespace=team-1"]),
         team_1
     );
     let sim_1: BTreeSet<String> = truth
@@ -219,7 +195,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         .filter(|k| k.starts_with("sim-1/"))
         .map(|k| k.trim_start_matches("sim-1").replace("sim-1:", ""))
         .collect();
-    assert_eq!(k.configmaps(&["--context", "sim-1", "-A"]), sim_1);
+    assert_eq!(configmaps(&k, &["--context", "sim-1", "-A"]), sim_1);
     // One object, in its cluster.
     let one = truth.iter().find(|k| k.starts_with("sim-2/")).unwrap();
     let [_, ns, qualified] = <[&str; 3]>::try_from(one.split('/').collect::<Vec<_>>()).unwrap();
@@ -247,12 +223,15 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
         "{said}"
     );
     assert_eq!(
-        k.configmaps(&[
-            "-n",
-            ns,
-            "--field-selector",
-            &format!("metadata.name={qualified}")
-        ]),
+        configmaps(
+            &k,
+            &[
+                "-n",
+                ns,
+                "--field-selector",
+                &format!("metadata.name={qualified}")
+            ]
+        ),
         BTreeSet::from([one.clone()])
     );
 
@@ -273,7 +252,7 @@ async fn kubectl_reads_the_fleet_and_each_cluster_through_the_kubernetes_api() {
     // A watch of the fleet sees a configmap made in a cluster.
     let mut watch = Command::new("kubectl")
         .arg("--kubeconfig")
-        .arg(&k.0)
+        .arg(&k.kubeconfig)
         .args(["get", "configmaps", "-A", "-w", "-o", "name"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -584,8 +563,8 @@ async fn kubectl_s_outputs_raw_reads_describe_api_resources_and_a_refused_apply(
         ],
     )
     .await;
-    let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
-    kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
+    let k = Kubectl::at(dir.path().join("fleetscope.kubeconfig"));
+    kubeconfig(&k.kubeconfig, &server.url(), &format!("http://{api}"));
     let truth = common::truth(&fleet, "configmaps");
     let ((cluster, ns, name), _) = truth.iter().next().unwrap();
     let qualified = format!("{cluster}:{name}");
@@ -962,8 +941,8 @@ async fn a_list_that_leaves_a_cluster_out_says_so_in_a_warning() {
     assert!(!warned.contains("sim-1"), "{warned}");
     // kubectl prints it.
     if common::kubectl_installed() {
-        let k = Kubectl(dir.path().join("fleetscope.kubeconfig"));
-        kubeconfig(&k.0, &server.url(), &format!("http://{api}"));
+        let k = Kubectl::at(dir.path().join("fleetscope.kubeconfig"));
+        kubeconfig(&k.kubeconfig, &server.url(), &format!("http://{api}"));
         let out = k.run(&["get", "configmaps", "-A"]);
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(

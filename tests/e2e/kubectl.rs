@@ -13,52 +13,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use crate::common::{self, eventually_blocking};
+use crate::common::{self, Kubectl, eventually_blocking};
 use fleetscope_sim::{FleetSpec, SimFleet};
 use serde_json::Value;
-
-struct Kubectl {
-    kubeconfig: PathBuf,
-    dir: PathBuf,
-}
-
-impl Kubectl {
-    /// Runs kubectl; panics with its output when it fails.
-    fn ok(&self, args: &[&str]) -> String {
-        self.ok_with(args, &[])
-    }
-
-    fn ok_with(&self, args: &[&str], env: &[(&str, &str)]) -> String {
-        let out = self.run(args, env);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .envs(env.iter().copied())
-            .current_dir(&self.dir)
-            .output()
-            .unwrap()
-    }
-
-    fn write(&self, name: &str, text: &str) -> String {
-        std::fs::write(self.dir.join(name), text).unwrap();
-        name.to_string()
-    }
-}
 
 /// An object as the simulated cluster holds it.
 fn held(fleet: &SimFleet, id: &str, namespace: &str, name: &str) -> Option<Value> {
@@ -103,10 +60,7 @@ async fn with_kubectl(commands: fn(&Kubectl, &SimFleet)) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     fleet.write_kubeconfig(&kubeconfig).unwrap();
-    let k = std::sync::Arc::new(Kubectl {
-        kubeconfig,
-        dir: dir.path().to_path_buf(),
-    });
+    let k = std::sync::Arc::new(Kubectl::at(kubeconfig));
     let fleet = std::sync::Arc::new(fleet);
     let (k2, f2) = (k.clone(), fleet.clone());
     tokio::task::spawn_blocking(move || commands(&k2, &f2))
@@ -258,7 +212,7 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
     let containers = get("deployments.apps", "default", "applied").unwrap()["spec"]["template"]["spec"]["containers"].clone();
     assert_eq!(containers[0]["image"], "main:2");
     assert_eq!(containers[1]["image"], "side:1", "merged by name");
-    let out = k.run(&["create", "-f", &file], &[]);
+    let out = k.run(&["create", "-f", &file]);
     assert!(
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("AlreadyExists")
     );
@@ -269,7 +223,7 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
             .replace("name: applied", "name: typo")
             .replace("replicas: 1", "replicaz: 1"),
     );
-    let out = k.run(&["create", "-f", &typo], &[]);
+    let out = k.run(&["create", "-f", &typo]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("unknown field \"spec.replicaz\""),
@@ -342,19 +296,16 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
         ),
         (Some("nginx:2"), Some(80))
     );
-    let out = k.run(
-        &[
-            "patch",
-            "deployment",
-            "web",
-            "-n",
-            "play",
-            "--type=json",
-            "-p",
-            r#"[{"op":"remove","path":"/nope"}]"#,
-        ],
-        &[],
-    );
+    let out = k.run(&[
+        "patch",
+        "deployment",
+        "web",
+        "-n",
+        "play",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/nope"}]"#,
+    ]);
     assert!(!out.status.success(), "a failing JSON patch is refused");
     k.ok(&["scale", "deployment", "web", "-n", "play", "--replicas=5"]);
     assert_eq!(
@@ -391,7 +342,7 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
         ),
     ];
     for (args, said) in refusals {
-        let out = k.run(args, &[]);
+        let out = k.run(args);
         assert!(!out.status.success(), "kubectl {}", args.join(" "));
         assert_eq!(
             String::from_utf8_lossy(&out.stderr).trim_end(),
@@ -449,7 +400,7 @@ fn playground(k: &Kubectl, fleet: &SimFleet) {
     assert!(get("configmaps", "play", "demo").is_some());
     k.ok(&["delete", "configmap", "demo", "-n", "play"]);
     assert!(get("configmaps", "play", "demo").is_none());
-    let out = k.run(&["get", "configmap", "demo", "-n", "play"], &[]);
+    let out = k.run(&["get", "configmap", "demo", "-n", "play"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
 
     // Reading: tables, short names, explain from OpenAPI, api-resources.

@@ -4107,14 +4107,14 @@ async fn kubectl_get_w_through_a_router_misses_and_repeats_nothing_across_a_repl
         b,
         router,
     } = KubeRing::start(2, 20).await;
-    let k = crate::kube_api::Kubectl(dir.path().join("fleetscope.kubeconfig"));
+    let k = common::Kubectl::at(dir.path().join("fleetscope.kubeconfig"));
     let grpc = format!("http://127.0.0.1:{}", router.port);
-    crate::kube_api::kubeconfig(&k.0, &grpc, &format!("http://{kube_api}"));
+    crate::kube_api::kubeconfig(&k.kubeconfig, &grpc, &format!("http://{kube_api}"));
     // Every event of team-1's configmaps: its type, the object's name and the change
     // that made it (the churn writes its number in data.i).
     let mut watch = std::process::Command::new("kubectl")
         .arg("--kubeconfig")
-        .arg(&k.0)
+        .arg(&k.kubeconfig)
         .args([
             "get",
             "configmaps",

@@ -3,7 +3,9 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod eventually;
+mod kubectl;
 pub mod process;
+pub use kubectl::Kubectl;
 pub mod subscriber;
 
 pub use eventually::{eventually, eventually_blocking, eventually_within, with_log};
