@@ -18,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
+        // prost's encoding, each message written into room reserved for it.
+        .codec_path("crate::codec::Codec")
         // Written by hand so that its JSON is shared, not copied per caller.
         .extern_path(".fleetscope.v1.Object", "crate::wire::Object")
         .compile_fds(descriptors)?;

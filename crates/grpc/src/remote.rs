@@ -301,7 +301,7 @@ impl Fleet for Remote {
             (Some(c.after), c.resume)
         };
         Ok(ListAnswer {
-            items: page.items.into_iter().map(convert::object_in).collect(),
+            items: convert::objects_in(page.items),
             next,
             revision: fleetscope_model::Revision(page.revision),
             remaining: page.remaining_item_count,

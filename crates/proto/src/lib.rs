@@ -7,6 +7,7 @@
 
 tonic::include_proto!("fleetscope.v1");
 
+pub mod codec;
 pub mod wire;
 pub use wire::Object;
 
