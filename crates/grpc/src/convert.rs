@@ -275,47 +275,13 @@ pub fn cluster_freshness_in(c: proto::ClusterFreshness) -> ClusterFreshness {
 
 /// An object as a replica returned it.
 pub fn object_in(o: proto::Object) -> FleetObject {
-    let location = location_in(&o);
-    placed_in(o, location)
-}
-
-/// Objects as a replica returned them, in order; objects of one location (a page's
-/// run of one namespace) share its one copy, as the index's keys do.
-pub fn objects_in(objects: Vec<proto::Object>) -> Vec<FleetObject> {
-    let mut last: Option<std::sync::Arc<fleetscope_model::Location>> = None;
-    objects
-        .into_iter()
-        .map(|o| {
-            let location = match &last {
-                Some(l)
-                    if *l.resource == *o.resource
-                        && l.cluster.as_str() == o.cluster
-                        && *l.namespace == *o.namespace =>
-                {
-                    l.clone()
-                }
-                _ => location_in(&o),
-            };
-            last = Some(location.clone());
-            placed_in(o, location)
-        })
-        .collect()
-}
-
-fn location_in(o: &proto::Object) -> std::sync::Arc<fleetscope_model::Location> {
-    std::sync::Arc::new(fleetscope_model::Location {
-        resource: o.resource.as_str().into(),
-        cluster: o.cluster.as_str().into(),
-        namespace: o.namespace.as_str().into(),
-    })
-}
-
-fn placed_in(
-    o: proto::Object,
-    location: std::sync::Arc<fleetscope_model::Location>,
-) -> FleetObject {
     FleetObject {
-        key: fleetscope_model::ObjectKey::in_location(location, o.name.as_str().into()),
+        key: fleetscope_model::ObjectKey::new(
+            &o.resource,
+            &o.cluster.as_str().into(),
+            &o.namespace,
+            &o.name,
+        ),
         revision: fleetscope_model::Revision(o.revision),
         uid: o.uid,
         resource_version: o.resource_version,
@@ -485,41 +451,5 @@ mod tests {
         let m = refused(pods(|q| q.resource = "p".repeat(600)));
         assert!(m.starts_with("query.resource"), "{m}");
         assert!(query(&pods(|q| q.label_selector = "app in (a,b),tier=web".into())).is_ok());
-    }
-
-    #[test]
-    fn a_page_s_objects_share_each_location_and_keep_their_own_parts() {
-        let at = |cluster: &str, namespace: &str, name: &str| proto::Object {
-            cluster: cluster.into(),
-            resource: "pods".into(),
-            namespace: namespace.into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            resource_version: "7".into(),
-            revision: 3,
-            json: format!("{{\"n\":\"{name}\"}}").into(),
-        };
-        let page = vec![
-            at("a", "x", "1"),
-            at("a", "x", "2"),
-            at("a", "y", "3"),
-            at("b", "y", "4"),
-            at("b", "y", "5"),
-        ];
-        let got = objects_in(page.clone());
-        let one_by_one: Vec<FleetObject> = page.into_iter().map(object_in).collect();
-        for (o, want) in got.iter().zip(&one_by_one) {
-            assert_eq!(o.key, want.key);
-            assert_eq!(
-                (&o.uid, &o.resource_version, o.revision),
-                (&want.uid, &want.resource_version, want.revision)
-            );
-            assert_eq!(o.json, want.json);
-        }
-        let shared = |i: usize, j: usize| {
-            std::sync::Arc::ptr_eq(got[i].key.location(), got[j].key.location())
-        };
-        assert!(shared(0, 1) && shared(3, 4));
-        assert!(!shared(1, 2) && !shared(2, 3));
     }
 }

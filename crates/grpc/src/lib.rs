@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 pub mod convert;
 pub mod identity;
+mod page;
 pub mod remote;
 pub mod status;
 pub mod token;

@@ -22,6 +22,7 @@ use prost::Message as _;
 
 use crate::convert;
 use crate::identity::{ANONYMOUS, UNAUTHENTICATED, pass_identity, passed_subject};
+use crate::page::Page;
 use crate::status::from_replica;
 use crate::token::{TokenKey, decode_token, encode_token};
 use fleetscope_proto as proto;
@@ -54,6 +55,8 @@ pub struct Speaking {
 #[derive(Clone)]
 pub struct Remote {
     client: FleetClient<tonic::transport::Channel>,
+    /// The same channel, for the calls read other than as generated ([`Page`]).
+    channel: tonic::transport::Channel,
     replica: Arc<Replica>,
     speaking: Speaking,
     /// Held while the remote or any Watch it opened lives (a router's place on a
@@ -65,7 +68,8 @@ impl Remote {
     /// A fleet asking `replica` over `channel`.
     pub fn new(channel: tonic::transport::Channel, replica: Replica, speaking: Speaking) -> Self {
         Self {
-            client: FleetClient::new(channel),
+            client: FleetClient::new(channel.clone()),
+            channel,
             replica: Arc::new(replica),
             speaking,
             held: None,
@@ -110,6 +114,24 @@ impl Remote {
                 .authenticated_by("none")
                 .caller()
         }
+    }
+
+    /// `List`, its objects read straight into the fleet's own ([`Page`]).
+    async fn list_page(
+        &self,
+        mut request: tonic::Request<proto::ListRequest>,
+    ) -> Result<tonic::Response<Page>, tonic::Status> {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+        request
+            .extensions_mut()
+            .insert(tonic::GrpcMethod::new("fleetscope.v1.Fleet", "List"));
+        let path =
+            tonic::codegen::http::uri::PathAndQuery::from_static("/fleetscope.v1.Fleet/List");
+        grpc.unary(request, path, fleetscope_proto::codec::Codec::default())
+            .await
     }
 
     /// An answer, once its headers name the replica asked (see [`answered_as`]).
@@ -292,7 +314,9 @@ impl Fleet for Remote {
             },
         };
         let request = self.request(message, &r.access);
-        let page = self.answered(self.client.clone().list(request).await)?;
+        let Page {
+            items, rest: page, ..
+        } = self.answered(self.list_page(request).await)?;
         let (next, resume) = if page.next_page_token.is_empty() {
             (None, Vec::new())
         } else {
@@ -301,7 +325,7 @@ impl Fleet for Remote {
             (Some(c.after), c.resume)
         };
         Ok(ListAnswer {
-            items: convert::objects_in(page.items),
+            items,
             next,
             revision: fleetscope_model::Revision(page.revision),
             remaining: page.remaining_item_count,
