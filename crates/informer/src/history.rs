@@ -139,7 +139,7 @@ impl History {
         let mut seen = from.to_string();
         let mut empty = 0;
         loop {
-            let (stop, reached) = informer.watch(&seen).await;
+            let (stop, reached) = informer.watch(&seen, None).await;
             if reached == seen {
                 empty += 1;
             } else {

@@ -234,6 +234,11 @@ pub struct StreamConfig {
     /// a larger one is dropped, logged and counted. Default 16 MiB, well above what
     /// an API server stores (etcd takes requests of 1.5 MiB by default).
     pub max_object_bytes: usize,
+    /// How long a watch resumed from a stored resourceVersion must stay quiet, once
+    /// its cluster has accepted it, to count as resumed: an API server sends back a
+    /// resourceVersion it no longer holds (410) and the changes since it at once.
+    /// Default 250 ms.
+    pub resumed_quiet: Duration,
 }
 
 impl StreamConfig {
@@ -271,6 +276,7 @@ impl Default for StreamConfig {
             watch_list_silence: Duration::from_secs(10),
             list_part: 4096,
             max_object_bytes: 16 << 20,
+            resumed_quiet: Duration::from_millis(250),
         }
     }
 }
@@ -430,6 +436,8 @@ struct Cursor {
     watch_list: bool,
     /// Why the stream lists although it asked for streaming lists.
     fallback: Option<String>,
+    /// Whether the stream's next watch is its first, resumed from the store.
+    restored: bool,
 }
 
 impl Cursor {
@@ -518,6 +526,7 @@ impl Informer {
         let mut c = Cursor {
             backoff: Backoff::new(self.config.backoff_start, self.config.backoff_cap),
             held: start.watch_from.clone().or(start.floor),
+            restored: start.watch_from.is_some(),
             rv: start.watch_from,
             last_logged: None,
             reason: ListReason::Initial,
@@ -544,7 +553,10 @@ impl Informer {
                         c.last_state = Some(StreamState::Watching);
                     }
                     let started = Instant::now();
-                    let (stop, seen) = self.watch(&from).await;
+                    // The first watch of a stream resumed from the store.
+                    let quiet =
+                        std::mem::take(&mut c.restored).then_some(self.config.resumed_quiet);
+                    let (stop, seen) = self.watch(&from, quiet).await;
                     c.watched(seen, started);
                     stop
                 }
@@ -638,7 +650,7 @@ impl Informer {
         }
         c.last_state = Some(StreamState::Watching);
         let started = Instant::now();
-        let (stop, seen) = self.follow(lines, list_rv).await;
+        let (stop, seen) = self.follow(lines, list_rv, None).await;
         c.watched(seen, started);
         Next::Stop(stop)
     }

@@ -18,6 +18,8 @@ const PATIENCE: Duration = Duration::from_secs(60);
 struct Setup {
     server: SimServer,
     source: ClusterSource,
+    /// The streams' [`StreamConfig::resumed_quiet`].
+    resumed_quiet: Duration,
     _dir: tempfile::TempDir,
 }
 
@@ -44,6 +46,7 @@ async fn setup() -> Setup {
     Setup {
         server,
         source,
+        resumed_quiet: StreamConfig::default().resumed_quiet,
         _dir: dir,
     }
 }
@@ -99,6 +102,7 @@ async fn start_in_parts(
         forbidden_retry: Duration::from_millis(200),
         watch_list,
         list_part,
+        resumed_quiet: s.resumed_quiet,
         ..StreamConfig::default()
     };
     tokio::spawn(stream::run(
@@ -440,10 +444,51 @@ async fn resumes_from_a_saved_resource_version_without_listing() {
         .unwrap();
     c.reset_counters();
     let (mut rx, cancel, _) = start(&s, "configmaps", Some(from)).await;
-    assert!(
-        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after")
-    );
+    // (Reported as resumed first, should the change come later than the quiet.)
+    let update = match next_data(&mut rx).await {
+        Update::Progress { .. } => next_data(&mut rx).await,
+        other => other,
+    };
+    assert!(matches!(update, Update::Applied { object, .. } if object.name == "after"));
     assert_eq!(c.requests(Verb::List, "configmaps"), 0);
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn a_quiet_resumed_watch_counts_as_resumed_and_one_whose_version_is_gone_lists() {
+    let mut s = setup().await;
+    let c = s.server.cluster().clone();
+    // Nothing changed since the stored resourceVersion: once the cluster accepts the
+    // watch and it stays quiet, progress at that version, and no LIST.
+    let from = c.store.resource_version().to_string();
+    c.reset_counters();
+    let (mut rx, cancel, _) = start(&s, "configmaps", Some(from.clone())).await;
+    match next_data(&mut rx).await {
+        Update::Progress {
+            resource_version, ..
+        } => assert_eq!(resource_version, from),
+        other => panic!("progress at the stored version, got {other:?}"),
+    }
+    assert_eq!(c.requests(Verb::List, "configmaps"), 0);
+    // Changed since: those changes, then nothing more is reported at the old version.
+    create_and_see(&c, &mut rx, "later").await;
+    cancel.cancel();
+
+    // The stored resourceVersion compacted away: the 410 comes first, never progress
+    // (the quiet longer than the test's patience, so that a slow machine cannot
+    // make it pass first).
+    s.resumed_quiet = PATIENCE * 2;
+    let gone = c.store.resource_version().to_string();
+    c.store
+        .create("configmaps", Some("a"), json!({"metadata": {"name": "x"}}))
+        .unwrap();
+    c.store.delete("configmaps", "a", "x").unwrap();
+    c.compact();
+    let (mut rx, cancel, _) = start(&s, "configmaps", Some(gone)).await;
+    match next_data(&mut rx).await {
+        Update::Listed { reason, .. } => assert_eq!(reason, stream::ListReason::Expired),
+        other => panic!("a list after the 410, got {other:?}"),
+    }
     cancel.cancel();
 }
 

@@ -227,8 +227,9 @@ impl Informer {
     }
 
     /// Watches from `from` until the stream stops; returns why, and the last
-    /// resourceVersion seen (where to resume).
-    pub(crate) async fn watch(&self, from: &str) -> (Stop, String) {
+    /// resourceVersion seen (where to resume). With `quiet`, a watch resumed from a
+    /// stored resourceVersion: see [`Informer::follow`].
+    pub(crate) async fn watch(&self, from: &str, quiet: Option<Duration>) -> (Stop, String) {
         let req = match Request::new(&self.path).watch(&self.watch_params(), from) {
             Ok(r) => r,
             Err(e) => return (Stop::Failed(e.to_string()), from.to_string()),
@@ -237,16 +238,26 @@ impl Informer {
             Ok(lines) => {
                 // The watch is accepted: the cluster answers this stream again.
                 self.outage.recovered(&self.id.name);
-                self.follow(lines, from.to_string()).await
+                self.follow(lines, from.to_string(), quiet).await
             }
             Err(stop) => (stop, from.to_string()),
         }
     }
 
     /// Follows an open watch from `seen` until it stops; returns why, and the last
-    /// resourceVersion seen.
-    pub(super) async fn follow(&self, mut lines: WatchLines, mut seen: String) -> (Stop, String) {
+    /// resourceVersion seen. With `quiet`, a watch resumed from a stored
+    /// resourceVersion that sends nothing for that long once its cluster has accepted
+    /// it is reported as progress at `seen`: an API server sends a resourceVersion it
+    /// no longer holds back at once (410 Gone) and the changes since it at once, so
+    /// a quiet one has neither, and what was restored is the cluster's state.
+    pub(super) async fn follow(
+        &self,
+        mut lines: WatchLines,
+        mut seen: String,
+        quiet: Option<Duration>,
+    ) -> (Stop, String) {
         let silence = self.config.watch_timeout + self.config.idle_margin;
+        let mut quiet = quiet.map(|d| Box::pin(tokio::time::sleep(d)));
         let mut events = EventReader::new(&self.id.resource, &self.config.pruning);
         let mut drops = Drops::default();
         let mut rewatch = self.rewatch.clone();
@@ -264,7 +275,20 @@ impl Informer {
                     tracing::debug!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "listing again to confirm the stream current, as asked");
                     return (Stop::Confirm, seen);
                 }
+                () = until(&mut quiet) => {
+                    quiet = None;
+                    let progress = Update::Progress {
+                        stream: self.id.clone(),
+                        resource_version: seen.clone(),
+                    };
+                    if !self.send(progress).await {
+                        return (Stop::Cancelled, seen);
+                    }
+                    continue;
+                }
             };
+            // Whatever the watch sends settles whether it resumed.
+            quiet = None;
             let line = match next {
                 Err(_) => {
                     tracing::warn!(cluster = %self.id.cluster, resource = %self.id.resource.name(), "watch silent for {silence:?}: reconnecting");
@@ -339,5 +363,13 @@ impl Informer {
                 seen = rv;
             }
         }
+    }
+}
+
+/// Ends when `quiet` has passed; never when there is none.
+async fn until(quiet: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match quiet {
+        Some(sleep) => sleep.as_mut().await,
+        None => std::future::pending().await,
     }
 }
