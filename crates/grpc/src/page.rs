@@ -13,6 +13,7 @@ use prost::bytes::{Buf, BufMut};
 use prost::encoding::{self, DecodeContext, WireType};
 
 use fleetscope_proto as proto;
+use fleetscope_proto::wire::tag;
 
 /// The tag of `ListResponse.items`.
 const ITEMS: u32 = 1;
@@ -50,14 +51,14 @@ impl<'a> Fields<'a> {
         while !body.is_empty() {
             let (tag, wire_type) = encoding::decode_key(&mut body).ok()?;
             let text = match tag {
-                1 => &mut f.cluster,
-                2 => &mut f.resource,
-                3 => &mut f.namespace,
-                4 => &mut f.name,
-                5 => &mut f.uid,
-                6 => &mut f.resource_version,
-                8 => &mut f.json,
-                7 => {
+                tag::CLUSTER => &mut f.cluster,
+                tag::RESOURCE => &mut f.resource,
+                tag::NAMESPACE => &mut f.namespace,
+                tag::NAME => &mut f.name,
+                tag::UID => &mut f.uid,
+                tag::RESOURCE_VERSION => &mut f.resource_version,
+                tag::JSON => &mut f.json,
+                tag::REVISION => {
                     encoding::uint64::merge(wire_type, &mut f.revision, &mut body, ctx.clone())
                         .ok()?;
                     continue;

@@ -30,18 +30,36 @@ pub struct Object {
     pub json: Json,
 }
 
-/// The tag of `json`.
-const JSON: u32 = 8;
+/// The field numbers of `fleetscope.v1.Object`.
+pub mod tag {
+    /// `cluster`.
+    pub const CLUSTER: u32 = 1;
+    /// `resource`.
+    pub const RESOURCE: u32 = 2;
+    /// `namespace`.
+    pub const NAMESPACE: u32 = 3;
+    /// `name`.
+    pub const NAME: u32 = 4;
+    /// `uid`.
+    pub const UID: u32 = 5;
+    /// `resource_version`.
+    pub const RESOURCE_VERSION: u32 = 6;
+    /// `revision`.
+    pub const REVISION: u32 = 7;
+    /// `json`.
+    pub const JSON: u32 = 8;
+}
+use tag::*;
 
 impl Object {
     fn strings(&self) -> [(u32, &String); 6] {
         [
-            (1, &self.cluster),
-            (2, &self.resource),
-            (3, &self.namespace),
-            (4, &self.name),
-            (5, &self.uid),
-            (6, &self.resource_version),
+            (CLUSTER, &self.cluster),
+            (RESOURCE, &self.resource),
+            (NAMESPACE, &self.namespace),
+            (NAME, &self.name),
+            (UID, &self.uid),
+            (RESOURCE_VERSION, &self.resource_version),
         ]
     }
 }
@@ -80,7 +98,7 @@ impl prost::Message for Object {
             }
         }
         if self.revision != 0 {
-            encoding::uint64::encode(7, &self.revision, buf);
+            encoding::uint64::encode(REVISION, &self.revision, buf);
         }
         if !self.json.is_empty() {
             encoding::encode_key(JSON, WireType::LengthDelimited, buf);
@@ -97,13 +115,13 @@ impl prost::Message for Object {
         ctx: DecodeContext,
     ) -> Result<(), prost::DecodeError> {
         let field = match tag {
-            1 => &mut self.cluster,
-            2 => &mut self.resource,
-            3 => &mut self.namespace,
-            4 => &mut self.name,
-            5 => &mut self.uid,
-            6 => &mut self.resource_version,
-            7 => return encoding::uint64::merge(wire_type, &mut self.revision, buf, ctx),
+            CLUSTER => &mut self.cluster,
+            RESOURCE => &mut self.resource,
+            NAMESPACE => &mut self.namespace,
+            NAME => &mut self.name,
+            UID => &mut self.uid,
+            RESOURCE_VERSION => &mut self.resource_version,
+            REVISION => return encoding::uint64::merge(wire_type, &mut self.revision, buf, ctx),
             JSON => {
                 self.json = json_in(wire_type, buf, ctx)?;
                 return Ok(());
@@ -123,7 +141,7 @@ impl prost::Message for Object {
         let revision = if self.revision == 0 {
             0
         } else {
-            encoding::uint64::encoded_len(7, &self.revision)
+            encoding::uint64::encoded_len(REVISION, &self.revision)
         };
         let json = if self.json.is_empty() {
             0
