@@ -329,6 +329,10 @@ impl Report for Reporter {
         }
     }
 
+    fn watch_resumed(&self, cluster: &ClusterName, resource: &ResourceType) {
+        self.status.watch_resumed(cluster, resource);
+    }
+
     fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType) {
         self.status.remove_stream(cluster, &resource.name());
     }

@@ -734,6 +734,20 @@ impl StatusTable {
         });
     }
 
+    /// A stream's watch resumed from the store was accepted and stayed quiet: what was
+    /// restored for it is current, and it is watching (told beside the ingest, whose
+    /// own report of the watch may still be on its way).
+    pub fn watch_resumed(&self, name: &ClusterName, rt: &ResourceType) {
+        self.update_stream(name, rt, |s| {
+            if s.restored {
+                s.restored = false;
+                s.state = StreamState::Watching;
+                s.stale_since = None;
+                s.current_at = Some(Instant::now());
+            }
+        });
+    }
+
     /// Ends a stream's restored state: its resumed watch is current.
     pub fn confirm_restored(&self, name: &ClusterName, rt: &ResourceType) {
         self.update_stream(name, rt, |s| {
@@ -850,6 +864,40 @@ mod tests {
         }
         assert_eq!(told.first(), Some(&Freshness::Stale), "{told:?}");
         assert_eq!(told.last(), Some(&Freshness::Synced), "{told:?}");
+    }
+
+    #[test]
+    fn a_resumed_watch_told_quiet_makes_its_stream_current_before_the_ingest_reports_it() {
+        let table = StatusTable::default();
+        let pods = ResourceType::new("", "v1", "pods", "Pod", true);
+        let c = ClusterName::from("c");
+        table.add_cluster(&c, "test", BTreeMap::new());
+        table.stream_restored(&c, &pods, "7");
+        // Neither its Watching state nor any event has come through the ingest yet.
+        table.watch_resumed(&c, &pods);
+        let (freshness, _, _) = table.cluster(&c).unwrap().freshness(Some("pods"));
+        assert_eq!(freshness, Freshness::Synced);
+        // The ingest's report of the watch, arriving after, changes nothing; a later
+        // 410 (a list) is the stream's own state again.
+        table.stream_state(&c, &pods, StreamState::Watching, None);
+        assert_eq!(
+            table.cluster(&c).unwrap().freshness(Some("pods")).0,
+            Freshness::Synced
+        );
+        table.stream_state(&c, &pods, StreamState::Listing, None);
+        assert_ne!(
+            table.cluster(&c).unwrap().freshness(Some("pods")).0,
+            Freshness::Synced
+        );
+        // A stream not restored is not touched.
+        let other = ClusterName::from("other");
+        table.add_cluster(&other, "test", BTreeMap::new());
+        table.stream_state(&other, &pods, StreamState::Listing, None);
+        table.watch_resumed(&other, &pods);
+        assert_ne!(
+            table.cluster(&other).unwrap().freshness(Some("pods")).0,
+            Freshness::Synced
+        );
     }
 
     #[test]

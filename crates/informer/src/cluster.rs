@@ -233,6 +233,9 @@ pub trait Report: Send + Sync + 'static {
     fn failed(&self, cluster: &ClusterName, error: &str);
     /// A stream started; `resumed` when it watches from a stored resourceVersion.
     fn stream_started(&self, cluster: &ClusterName, resource: &ResourceType, resumed: bool);
+    /// A stream's watch resumed from its stored resourceVersion was accepted and stayed
+    /// quiet: what was restored for it is its cluster's state.
+    fn watch_resumed(&self, _cluster: &ClusterName, _resource: &ResourceType) {}
     /// A stream stopped for good: its type is no longer served or collected.
     fn stream_stopped(&self, cluster: &ClusterName, resource: &ResourceType);
     /// Everything the cluster serves, with short and singular names, after each
@@ -855,8 +858,8 @@ impl Cluster {
                 },
                 None => stream::Start::default(),
             };
-            self.report
-                .stream_started(&self.name, rt, start.watch_from.is_some());
+            let start_resumed = start.watch_from.is_some();
+            self.report.stream_started(&self.name, rt, start_resumed);
             let token = self.cancel.child_token();
             let id =
                 Arc::new(StreamId::new(self.name.clone(), rt.clone()).selecting(selection.clone()));
@@ -871,7 +874,15 @@ impl Cluster {
                     stream,
                     start,
                     self.tx.clone(),
-                    (token.clone(), self.rewatch.clone()),
+                    stream::Steering {
+                        cancel: token.clone(),
+                        rewatch: self.rewatch.clone(),
+                        resumed: start_resumed.then(|| {
+                            let (report, name, rt) =
+                                (self.report.clone(), self.name.clone(), rt.clone());
+                            Arc::new(move || report.watch_resumed(&name, &rt)) as stream::Resumed
+                        }),
+                    },
                 )
                 .instrument(span),
             );

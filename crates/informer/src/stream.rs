@@ -382,7 +382,14 @@ pub(crate) struct Informer {
     path: String,
     /// Changed when the stream must end its watch and resume it at once.
     rewatch: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Told when the stream's watch resumed from the store has been accepted and
+    /// stayed quiet ([`StreamConfig::resumed_quiet`]).
+    resumed: Option<Resumed>,
 }
+
+/// What a stream tells when its watch resumed from the store has been accepted and
+/// stayed quiet: what was restored for it is its cluster's state.
+pub type Resumed = Arc<dyn Fn() + Send + Sync>;
 
 /// Where an informer starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -395,8 +402,17 @@ pub struct Start {
     pub floor: Option<String>,
 }
 
-/// Runs one informer until cancelled (the token of `stop`), from `start`; each change
-/// of `stop`'s receiver makes it list again (consistently), confirming it current.
+/// How a stream is steered from outside, and what it tells besides its updates.
+pub(crate) struct Steering {
+    /// Cancelled to stop it.
+    pub(crate) cancel: CancellationToken,
+    /// Each change makes it list again (consistently), confirming it current.
+    pub(crate) rewatch: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Told when its watch resumed from the store is accepted and stays quiet.
+    pub(crate) resumed: Option<Resumed>,
+}
+
+/// Runs one informer from `start` until `steering` cancels it.
 ///
 /// Returns where a successor resumes: the resourceVersion of the last update it
 /// handed to `tx` (`None` when nothing was listed), so a stream restarted with new
@@ -408,11 +424,16 @@ pub(crate) async fn run(
     config: StreamConfig,
     start: Start,
     tx: mpsc::Sender<Update>,
-    stop: (CancellationToken, Option<tokio::sync::watch::Receiver<u64>>),
+    steering: Steering,
 ) -> Option<String> {
-    let (cancel, rewatch) = stop;
+    let Steering {
+        cancel,
+        rewatch,
+        resumed,
+    } = steering;
     let mut informer = Informer::new(client, id, outage, config, tx, cancel);
     informer.rewatch = rewatch;
+    informer.resumed = resumed;
     let reached = informer.run(start).await;
     // A stream that stops holds no outage open.
     informer.outage.forget(&informer.id.name);
@@ -496,6 +517,7 @@ impl Informer {
             cancel,
             path,
             rewatch: None,
+            resumed: None,
         }
     }
 

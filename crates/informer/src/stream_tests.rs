@@ -20,6 +20,8 @@ struct Setup {
     source: ClusterSource,
     /// The streams' [`StreamConfig::resumed_quiet`].
     resumed_quiet: Duration,
+    /// How often a stream has told its resumed watch accepted and quiet.
+    resumed: Arc<std::sync::atomic::AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
@@ -47,6 +49,7 @@ async fn setup() -> Setup {
         server,
         source,
         resumed_quiet: StreamConfig::default().resumed_quiet,
+        resumed: Arc::default(),
         _dir: dir,
     }
 }
@@ -112,7 +115,16 @@ async fn start_in_parts(
         config,
         start,
         tx,
-        (cancel.clone(), None),
+        stream::Steering {
+            cancel: cancel.clone(),
+            rewatch: None,
+            resumed: Some(Arc::new({
+                let resumed = s.resumed.clone();
+                move || {
+                    resumed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })),
+        },
     ));
     (rx, cancel, id)
 }
@@ -444,12 +456,9 @@ async fn resumes_from_a_saved_resource_version_without_listing() {
         .unwrap();
     c.reset_counters();
     let (mut rx, cancel, _) = start(&s, "configmaps", Some(from)).await;
-    // (Reported as resumed first, should the change come later than the quiet.)
-    let update = match next_data(&mut rx).await {
-        Update::Progress { .. } => next_data(&mut rx).await,
-        other => other,
-    };
-    assert!(matches!(update, Update::Applied { object, .. } if object.name == "after"));
+    assert!(
+        matches!(next_data(&mut rx).await, Update::Applied { object, .. } if object.name == "after")
+    );
     assert_eq!(c.requests(Verb::List, "configmaps"), 0);
     cancel.cancel();
 }
@@ -458,25 +467,22 @@ async fn resumes_from_a_saved_resource_version_without_listing() {
 async fn a_quiet_resumed_watch_counts_as_resumed_and_one_whose_version_is_gone_lists() {
     let mut s = setup().await;
     let c = s.server.cluster().clone();
+    let resumed = || s.resumed.load(std::sync::atomic::Ordering::SeqCst);
     // Nothing changed since the stored resourceVersion: once the cluster accepts the
-    // watch and it stays quiet, progress at that version, and no LIST.
+    // watch and it stays quiet, the stream tells it resumed, without a LIST.
     let from = c.store.resource_version().to_string();
     c.reset_counters();
-    let (mut rx, cancel, _) = start(&s, "configmaps", Some(from.clone())).await;
-    match next_data(&mut rx).await {
-        Update::Progress {
-            resource_version, ..
-        } => assert_eq!(resource_version, from),
-        other => panic!("progress at the stored version, got {other:?}"),
-    }
+    let (mut rx, cancel, _) = start(&s, "configmaps", Some(from)).await;
+    wait_until(|| resumed() == 1).await;
     assert_eq!(c.requests(Verb::List, "configmaps"), 0);
-    // Changed since: those changes, then nothing more is reported at the old version.
+    // Changes after it are followed as ever, and it is told once.
     create_and_see(&c, &mut rx, "later").await;
+    assert_eq!(resumed(), 1);
     cancel.cancel();
 
-    // The stored resourceVersion compacted away: the 410 comes first, never progress
-    // (the quiet longer than the test's patience, so that a slow machine cannot
-    // make it pass first).
+    // The stored resourceVersion compacted away: the 410 and a list, never told
+    // resumed (the quiet longer than the test's patience, so that a slow machine
+    // cannot make it pass first).
     s.resumed_quiet = PATIENCE * 2;
     let gone = c.store.resource_version().to_string();
     c.store
@@ -489,6 +495,7 @@ async fn a_quiet_resumed_watch_counts_as_resumed_and_one_whose_version_is_gone_l
         Update::Listed { reason, .. } => assert_eq!(reason, stream::ListReason::Expired),
         other => panic!("a list after the 410, got {other:?}"),
     }
+    assert_eq!(resumed(), 1);
     cancel.cancel();
 }
 
@@ -563,7 +570,11 @@ async fn start_with(
         config,
         stream::Start::default(),
         tx,
-        (cancel.clone(), None),
+        stream::Steering {
+            cancel: cancel.clone(),
+            rewatch: None,
+            resumed: None,
+        },
     ));
     (rx, cancel)
 }

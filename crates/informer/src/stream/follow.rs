@@ -247,9 +247,10 @@ impl Informer {
     /// Follows an open watch from `seen` until it stops; returns why, and the last
     /// resourceVersion seen. With `quiet`, a watch resumed from a stored
     /// resourceVersion that sends nothing for that long once its cluster has accepted
-    /// it is reported as progress at `seen`: an API server sends a resourceVersion it
+    /// it is told as resumed ([`Resumed`]): an API server sends a resourceVersion it
     /// no longer holds back at once (410 Gone) and the changes since it at once, so
-    /// a quiet one has neither, and what was restored is the cluster's state.
+    /// a quiet one has neither, and what was restored is the cluster's state. It is
+    /// told beside the updates, not through the ingest: it changes nothing held.
     pub(super) async fn follow(
         &self,
         mut lines: WatchLines,
@@ -277,12 +278,8 @@ impl Informer {
                 }
                 () = until(&mut quiet) => {
                     quiet = None;
-                    let progress = Update::Progress {
-                        stream: self.id.clone(),
-                        resource_version: seen.clone(),
-                    };
-                    if !self.send(progress).await {
-                        return (Stop::Cancelled, seen);
+                    if let Some(resumed) = &self.resumed {
+                        resumed();
                     }
                     continue;
                 }
