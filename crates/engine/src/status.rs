@@ -740,12 +740,10 @@ impl StatusTable {
     pub fn watch_resumed(&self, name: &ClusterName, rt: &ResourceType) {
         self.update_stream(name, rt, |s| {
             if s.restored {
-                s.restored = false;
                 s.state = StreamState::Watching;
-                s.stale_since = None;
-                s.current_at = Some(Instant::now());
             }
         });
+        self.confirm_restored(name, rt);
     }
 
     /// Ends a stream's restored state: its resumed watch is current.

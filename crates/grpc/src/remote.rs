@@ -54,8 +54,6 @@ pub struct Speaking {
 /// One server of a ring, as a [`Fleet`].
 #[derive(Clone)]
 pub struct Remote {
-    client: FleetClient<tonic::transport::Channel>,
-    /// The same channel, for the calls read other than as generated ([`Page`]).
     channel: tonic::transport::Channel,
     replica: Arc<Replica>,
     speaking: Speaking,
@@ -68,7 +66,6 @@ impl Remote {
     /// A fleet asking `replica` over `channel`.
     pub fn new(channel: tonic::transport::Channel, replica: Replica, speaking: Speaking) -> Self {
         Self {
-            client: FleetClient::new(channel.clone()),
             channel,
             replica: Arc::new(replica),
             speaking,
@@ -116,7 +113,13 @@ impl Remote {
         }
     }
 
-    /// `List`, its objects read straight into the fleet's own ([`Page`]).
+    /// The generated client, over the replica's channel.
+    fn client(&self) -> FleetClient<tonic::transport::Channel> {
+        FleetClient::new(self.channel.clone())
+    }
+
+    /// `List`, its objects read straight into the fleet's own ([`Page`]), where the
+    /// generated client would read them into `fleetscope.v1.Object`s.
     async fn list_page(
         &self,
         mut request: tonic::Request<proto::ListRequest>,
@@ -268,7 +271,7 @@ impl Fleet for Remote {
             } as i32,
         };
         let request = self.request(message, &r.access);
-        let answer = self.answered(self.client.clone().get(request).await)?;
+        let answer = self.answered(self.client().get(request).await)?;
         let object = answer.object.ok_or_else(|| {
             FleetError::Unavailable(format!(
                 "replica {} answered without the object",
@@ -346,7 +349,7 @@ impl Fleet for Remote {
             group_by: r.group_by.iter().map(group_by_out).collect(),
         };
         let request = self.request(message, &r.access);
-        let a = self.answered(self.client.clone().count(request).await)?;
+        let a = self.answered(self.client().count(request).await)?;
         let mut groups: BTreeMap<Vec<String>, u64> = BTreeMap::new();
         for g in a.groups {
             *groups.entry(g.key).or_default() += g.count;
@@ -395,7 +398,7 @@ impl Fleet for Remote {
                 .unwrap_or_default(),
         };
         let request = self.request(message, &r.access);
-        let stream = self.answered(self.client.clone().watch(request).await)?;
+        let stream = self.answered(self.client().watch(request).await)?;
         let replica = self.replica.identity.clone();
         // The stream holds what the remote holds until it is dropped.
         let held = self.held.clone();
@@ -419,7 +422,7 @@ impl Fleet for Remote {
             clusters: filter.patterns(),
         };
         let request = self.request(message, access);
-        let a = self.answered(self.client.clone().list_clusters(request).await)?;
+        let a = self.answered(self.client().list_clusters(request).await)?;
         let time = |t: Option<prost_types::Timestamp>| {
             t.and_then(|t| std::time::SystemTime::try_from(t).ok())
                 .unwrap_or(std::time::UNIX_EPOCH)
@@ -437,7 +440,7 @@ impl Fleet for Remote {
 
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
         let request = self.request(proto::ListResourceTypesRequest {}, access);
-        let a = self.answered(self.client.clone().list_resource_types(request).await)?;
+        let a = self.answered(self.client().list_resource_types(request).await)?;
         Ok(a.resource_types
             .into_iter()
             .map(convert::resource_type_in)
@@ -446,7 +449,7 @@ impl Fleet for Remote {
 
     async fn store(&self, access: &Access) -> Result<Store, FleetError> {
         let request = self.request(proto::GetStoreRequest {}, access);
-        let s = self.answered(self.client.clone().get_store(request).await)?;
+        let s = self.answered(self.client().get_store(request).await)?;
         if !s.persisted {
             return Ok(if s.router_of_ring.is_empty() {
                 Store::InMemory

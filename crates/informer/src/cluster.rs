@@ -858,8 +858,8 @@ impl Cluster {
                 },
                 None => stream::Start::default(),
             };
-            let start_resumed = start.watch_from.is_some();
-            self.report.stream_started(&self.name, rt, start_resumed);
+            self.report
+                .stream_started(&self.name, rt, start.watch_from.is_some());
             let token = self.cancel.child_token();
             let id =
                 Arc::new(StreamId::new(self.name.clone(), rt.clone()).selecting(selection.clone()));
@@ -877,10 +877,10 @@ impl Cluster {
                     stream::Steering {
                         cancel: token.clone(),
                         rewatch: self.rewatch.clone(),
-                        resumed: start_resumed.then(|| {
+                        resumed: Some({
                             let (report, name, rt) =
                                 (self.report.clone(), self.name.clone(), rt.clone());
-                            Arc::new(move || report.watch_resumed(&name, &rt)) as stream::Resumed
+                            Arc::new(move || report.watch_resumed(&name, &rt))
                         }),
                     },
                 )

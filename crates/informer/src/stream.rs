@@ -408,7 +408,8 @@ pub(crate) struct Steering {
     pub(crate) cancel: CancellationToken,
     /// Each change makes it list again (consistently), confirming it current.
     pub(crate) rewatch: Option<tokio::sync::watch::Receiver<u64>>,
-    /// Told when its watch resumed from the store is accepted and stays quiet.
+    /// Told when its watch resumed from the store (its start's `watch_from`) is
+    /// accepted and stays quiet.
     pub(crate) resumed: Option<Resumed>,
 }
 

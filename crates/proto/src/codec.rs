@@ -101,6 +101,5 @@ mod tests {
         .await;
         assert_eq!(ours, prost);
         assert_eq!(ours.len(), 5 + page.encoded_len());
-        let _ = Reserving::<crate::ListResponse>(PhantomData).buffer_settings();
     }
 }
