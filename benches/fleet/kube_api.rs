@@ -19,6 +19,34 @@ use super::{
     kube_client, list_everything, percentile, pod_clusters, pod_serving, run_child,
 };
 
+/// A kube-rs client of the fleet's view at the Kubernetes API listening on `api`.
+fn fleet_view(api: &str) -> kube::Client {
+    kube::Client::try_from(kube::Config::new(
+        format!("http://{api}/clusters/*").parse().unwrap(),
+    ))
+    .unwrap()
+}
+
+/// Every pod listed by gRPC and by the Kubernetes API, alternating, three rounds
+/// after a warm one: objects per second each way.
+async fn alternating(
+    grpc: &mut fleetscope_proto::fleet_client::FleetClient<tonic::transport::Channel>,
+    kube: &kube::Client,
+    total: u64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut by_grpc, mut by_kube) = (Vec::new(), Vec::new());
+    for round in 0..4 {
+        let (d1, n1) = list_everything(grpc).await;
+        let (d2, n2) = list_kube(kube).await;
+        assert_eq!((n1 as u64, n2 as u64), (total, total));
+        if round > 0 {
+            by_grpc.push(total as f64 / d1.as_secs_f64());
+            by_kube.push(total as f64 / d2.as_secs_f64());
+        }
+    }
+    (by_grpc, by_kube)
+}
+
 /// The part: prints its figures.
 pub async fn kube_api() {
     let clusters = 6;
@@ -41,22 +69,8 @@ pub async fn kube_api() {
     let (server, port) = Proc::serve(&args);
     let mut grpc = client_at(port).await;
     counts_all(&mut grpc, total).await;
-    let kube = kube::Client::try_from(kube::Config::new(
-        format!("http://{api}/clusters/*").parse().unwrap(),
-    ))
-    .unwrap();
-
-    // Listing, alternating, three rounds after a warm one.
-    let (mut by_grpc, mut by_kube) = (Vec::new(), Vec::new());
-    for round in 0..4 {
-        let (d1, n1) = list_everything(&mut grpc).await;
-        let (d2, n2) = list_kube(&kube).await;
-        assert_eq!((n1 as u64, n2 as u64), (total, total));
-        if round > 0 {
-            by_grpc.push(total as f64 / d1.as_secs_f64());
-            by_kube.push(total as f64 / d2.as_secs_f64());
-        }
-    }
+    let kube = fleet_view(&api);
+    let (by_grpc, by_kube) = alternating(&mut grpc, &kube, total).await;
     let k = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{:.0}k", x / 1e3))
@@ -82,20 +96,7 @@ pub async fn kube_api() {
     );
     let mut routed = client_at(ring.router_port()).await;
     counts_all(&mut routed, total).await;
-    let routed_kube = kube::Client::try_from(kube::Config::new(
-        format!("http://{routed_api}/clusters/*").parse().unwrap(),
-    ))
-    .unwrap();
-    let (mut by_grpc, mut by_kube) = (Vec::new(), Vec::new());
-    for round in 0..4 {
-        let (d1, n1) = list_everything(&mut routed).await;
-        let (d2, n2) = list_kube(&routed_kube).await;
-        assert_eq!((n1 as u64, n2 as u64), (total, total));
-        if round > 0 {
-            by_grpc.push(total as f64 / d1.as_secs_f64());
-            by_kube.push(total as f64 / d2.as_secs_f64());
-        }
-    }
+    let (by_grpc, by_kube) = alternating(&mut routed, &fleet_view(&routed_api), total).await;
     println!(
         "kube-api: through a router over three replicas, objects/s: gRPC List in pages of 500 {}; Kubernetes API list (one answer, written as the router's Watch sends it) {} ({:.2} × gRPC's time); router resident {:.0} MiB, at its peak {:.0} MiB",
         k(&by_grpc),
