@@ -31,7 +31,7 @@ pub(crate) fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[Str
     );
     let mut redone = 0usize;
     for o in records {
-        o.state.fields = field_values(&o.state.json, paths);
+        o.state.fields = field_values(&o.text(), paths);
         redone += 1;
     }
     if redone > 0 {

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleetscope_index::{Event, Index, Object, Restored, RestoredEvent, Staged, State};
+use fleetscope_index::{
+    Event, Index, Object, Restored, RestoredEvent, RestoredObject, Staged, State,
+};
 use fleetscope_model::{ClusterName, EventType, ObjectState, ResourceType, Revision};
 use fleetscope_store::{
     Batch, EventRun, Loaded, ObjectRecord, SnapshotMeta, Store, StoredEvent, StreamRecord,
@@ -277,17 +279,23 @@ impl StoredEvent for Logged<'_> {
     }
 }
 
+/// An event's object (event records hold their JSON as text).
 fn to_input(o: ObjectRecord) -> (ObjectState, Revision) {
     (o.state, o.revision)
 }
 
-/// What the index is rebuilt from.
+/// What the index is rebuilt from: the objects as the snapshot held them, compressed
+/// or as text.
 pub fn restored(loaded: &mut Loaded) -> Restored {
     Restored {
         revision: loaded.revision,
         objects: std::mem::take(&mut loaded.objects)
             .into_iter()
-            .map(to_input)
+            .map(|o| RestoredObject {
+                state: o.state,
+                revision: o.revision,
+                packed: o.packed,
+            })
             .collect(),
         events: std::mem::take(&mut loaded.events)
             .into_iter()
@@ -320,7 +328,7 @@ impl Continued {
     /// Read off a loaded store, before its objects and events are taken.
     pub fn of(loaded: &Loaded) -> Self {
         Self {
-            held_json: loaded.objects.iter().map(|o| o.state.json.len()).sum(),
+            held_json: loaded.objects.iter().map(ObjectRecord::json_len).sum(),
             records: loaded.event_records.clone(),
             snapshot: loaded.snapshot,
             change_log: loaded.change_log_bytes as usize,

@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, Revision};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, PackedJson, Revision};
 use tokio::sync::watch;
 
 /// A hash set with a fast keyed hash.
@@ -221,12 +221,34 @@ pub struct Restored {
     /// The revision to continue from.
     pub revision: Revision,
     /// Every object, with the revision of the change that produced it.
-    pub objects: Vec<(ObjectState, Revision)>,
+    pub objects: Vec<RestoredObject>,
     /// The retained event log, in revision order.
     pub events: Vec<RestoredEvent>,
     /// Where each stream stood: (resource, cluster) and the member resourceVersion
     /// its watch resumes from.
     pub positions: Vec<(StreamKey, Arc<str>)>,
+}
+
+/// One object of persisted state.
+#[derive(Debug)]
+pub struct RestoredObject {
+    /// Its state; `state.json` is not read when `packed` is given.
+    pub state: ObjectState,
+    /// The revision of the change that produced it.
+    pub revision: Revision,
+    /// Its JSON compressed against its type's dictionary, as a snapshot stored it.
+    pub packed: Option<triomphe::Arc<PackedJson>>,
+}
+
+impl From<(ObjectState, Revision)> for RestoredObject {
+    /// An object whose JSON is its state's text.
+    fn from((state, revision): (ObjectState, Revision)) -> Self {
+        Self {
+            state,
+            revision,
+            packed: None,
+        }
+    }
 }
 
 /// A stream of the index: (resource, cluster).
@@ -292,8 +314,11 @@ pub struct Index {
     pins: Mutex<HashMap<Revision, Pin>>,
     /// Where compressing settled objects is.
     sweep: Mutex<Sweep>,
-    /// Object states compressed since the index was made.
+    /// Object states compressed since the index was made, those restored compressed
+    /// included.
     compressed: std::sync::atomic::AtomicU64,
+    /// The dictionaries objects are compressed against, by resource type.
+    dictionaries: Mutex<object::Dictionaries>,
 }
 
 /// A pass over the held objects that compresses those of a range of revisions.
@@ -303,8 +328,6 @@ struct Sweep {
     swept: Revision,
     /// The pass under way: the revision it goes to, and the last key it considered.
     under_way: Option<(Revision, ObjectKey)>,
-    /// The dictionaries objects are compressed against.
-    dictionaries: object::Dictionaries,
 }
 
 /// A snapshot kept for paging: by whom, and when it was last used.
@@ -370,6 +393,7 @@ impl Index {
             pins: Mutex::new(HashMap::new()),
             sweep: Mutex::default(),
             compressed: Default::default(),
+            dictionaries: Mutex::default(),
             config,
         }
     }
@@ -389,12 +413,32 @@ impl Index {
         };
         let mut inputs = restored.objects;
         // A store gives its objects in key order, each once; anything else is put so.
-        in_key_order(&mut inputs, |(input, _)| &input.key);
-        state.restore_primary(
-            inputs
-                .into_iter()
-                .map(|(input, revision)| Object::from_input(input, revision, &mut interner)),
-        );
+        in_key_order(&mut inputs, |o| &o.state.key);
+        let mut dictionaries = object::Dictionaries::default();
+        let mut compressed = 0;
+        state.restore_primary(inputs.into_iter().map(|o| {
+            let RestoredObject {
+                state: mut input,
+                revision,
+                packed,
+            } = o;
+            let packed = match packed {
+                // The objects of one type share the dictionary they were stored with,
+                // and the index compresses others of that type against it too.
+                Some(p) if config.compress_objects => {
+                    dictionaries.adopt(&input.key.resource, p.dictionary());
+                    compressed += 1;
+                    Some(p)
+                }
+                // Held as text where the index does not compress.
+                Some(p) => {
+                    input.json = fleetscope_model::Json::from(object::unpacked(&p));
+                    None
+                }
+                None => None,
+            };
+            Object::restored(input, revision, packed, &mut interner)
+        }));
         let newest_object = state.objects.iter().map(|e| e.0.revision).max();
         state.revision = restored.revision.max(newest_object.unwrap_or_default());
         for (stream, rv) in restored.positions {
@@ -415,7 +459,9 @@ impl Index {
             log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
         }
         let objects = state.objects.clone();
-        let index = Self::over(config, state, interner, log);
+        let mut index = Self::over(config, state, interner, log);
+        index.dictionaries = Mutex::new(dictionaries);
+        index.compressed = std::sync::atomic::AtomicU64::new(compressed);
         let (writer, published) = (index.writer.clone(), index.published.clone());
         let on_thread = objects.clone();
         match std::thread::Builder::new()
@@ -529,11 +575,8 @@ impl Index {
             return true;
         }
         let mut sweep = lock(&self.sweep);
-        let Sweep {
-            swept,
-            under_way,
-            dictionaries,
-        } = &mut *sweep;
+        let Sweep { swept, under_way } = &mut *sweep;
+        let mut dictionaries = lock(&self.dictionaries);
         let state = self.snapshot();
         let (to, objects) = match under_way.take() {
             Some((to, last)) => (
@@ -553,7 +596,7 @@ impl Index {
         let mut done = true;
         for (n, entry) in objects.enumerate() {
             let object = &entry.0;
-            if object.revision > *swept && object.revision <= to && object.pack(dictionaries) {
+            if object.revision > *swept && object.revision <= to && object.pack(&mut dictionaries) {
                 compressed += 1;
             }
             if n + 1 == most {
@@ -570,7 +613,24 @@ impl Index {
         done
     }
 
-    /// Object states compressed since the index was made ([`Index::pack_settled`]).
+    /// `object`'s JSON compressed against its type's dictionary, as a snapshot stores
+    /// it (with [`Config::compress_objects`]): the form it is held in when it is held
+    /// so, compressed now when it is held as text and compressing is worth it (it
+    /// stays held as text until it settles). `None`: stored as text.
+    pub fn packed_for_store(&self, object: &Object) -> Option<triomphe::Arc<PackedJson>> {
+        if !self.config.compress_objects {
+            return None;
+        }
+        if let Some(packed) = object.packed() {
+            return Some(packed);
+        }
+        let text = object.json();
+        let dictionary = lock(&self.dictionaries).of(&object.key.resource, &text)?;
+        PackedJson::pack(&dictionary, &text).map(triomphe::Arc::new)
+    }
+
+    /// Object states compressed since the index was made ([`Index::pack_settled`]),
+    /// and those a restored index was given compressed.
     pub fn compressed_count(&self) -> u64 {
         self.compressed.load(std::sync::atomic::Ordering::Relaxed)
     }

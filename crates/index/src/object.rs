@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use fleetscope_model::selector::{Fields, Labels, field_in_json, metadata_json};
-use fleetscope_model::{Location, ObjectKey, ObjectState, Revision};
+use fleetscope_model::{Location, ObjectKey, ObjectState, PackedJson, Revision};
 use imbl::OrdSet;
 
 use crate::HashSet;
@@ -119,30 +119,39 @@ pub(crate) struct Dictionaries(
 );
 
 impl Dictionaries {
-    /// `json` compressed against its type's dictionary; `None` when it is not worth
-    /// it or does not shrink.
-    fn pack(&mut self, resource: &Arc<str>, json: &str) -> Option<triomphe::Arc<Packed>> {
+    /// The dictionary objects of `resource` like `json` are compressed against (made
+    /// from `json` when the type has none yet); `None` when such an object is not
+    /// compressed.
+    pub(crate) fn of(&mut self, resource: &Arc<str>, json: &str) -> Option<Arc<[u8]>> {
         // A dictionary's reach is the compressor's window; an object far larger than
         // its dictionary gains little from it.
         const MOST: usize = 64 << 10;
         // A dictionary lives as long as the process: a Secret's would keep its values
         // in memory after it was changed or deleted. Secrets are held as text.
-        if json.len() < Packed::LEAST || json.len() > MOST || &**resource == "secrets" {
+        if json.len() < PackedJson::LEAST || json.len() > MOST || &**resource == "secrets" {
             return None;
         }
-        let dictionary = self
-            .0
-            .entry(resource.clone())
-            .or_insert_with(|| Arc::from(json.as_bytes()))
-            .clone();
-        let bytes = lz4_flex::block::compress_with_dict(json.as_bytes(), &dictionary);
-        match u32::try_from(json.len()) {
-            Ok(len) if bytes.len() < json.len() => Some(triomphe::Arc::new(Packed {
-                dictionary,
-                len,
-                bytes: bytes.into_boxed_slice(),
-            })),
-            _ => None,
+        Some(
+            self.0
+                .entry(resource.clone())
+                .or_insert_with(|| Arc::from(json.as_bytes()))
+                .clone(),
+        )
+    }
+
+    /// `json` compressed against its type's dictionary; `None` when it is not worth
+    /// it or does not shrink.
+    fn pack(&mut self, resource: &Arc<str>, json: &str) -> Option<triomphe::Arc<PackedJson>> {
+        let dictionary = self.of(resource, json)?;
+        PackedJson::pack(&dictionary, json).map(triomphe::Arc::new)
+    }
+
+    /// Takes `dictionary` as the one `resource`'s objects are compressed against,
+    /// unless the type has one (a restored index's, read back with the objects
+    /// compressed against it).
+    pub(crate) fn adopt(&mut self, resource: &Arc<str>, dictionary: &Arc<[u8]>) {
+        if !self.0.contains_key(resource) {
+            self.0.insert(resource.clone(), dictionary.clone());
         }
     }
 }
@@ -282,58 +291,42 @@ enum Body {
     /// The text, shared with every answer and event that carries it.
     Text(fleetscope_model::Json),
     /// Compressed against a dictionary of its type.
-    Packed(triomphe::Arc<Packed>),
+    Packed(triomphe::Arc<PackedJson>),
 }
 
-/// JSON compressed (LZ4) against a dictionary.
-#[derive(Debug)]
-struct Packed {
-    dictionary: Arc<[u8]>,
-    /// The text's length.
-    len: u32,
-    bytes: Box<[u8]>,
-}
-
-impl Packed {
-    /// Texts shorter than this are held as they are.
-    const LEAST: usize = 64;
-
-    fn text(&self) -> String {
-        // The bytes were compressed from UTF-8 text here: neither step can fail, and
-        // an empty text stands in should either.
-        lz4_flex::block::decompress_with_dict(&self.bytes, self.len as usize, &self.dictionary)
-            .ok()
-            .and_then(|bytes| String::from_utf8(bytes).ok())
-            .unwrap_or_default()
-    }
+/// The text of a packed JSON. The bytes were compressed from UTF-8 text here, or read
+/// back from a record whose checksum held: neither step fails, and an empty text
+/// stands in should either.
+pub(crate) fn unpacked(p: &PackedJson) -> String {
+    p.text().unwrap_or_default()
 }
 
 impl Body {
     fn len(&self) -> usize {
         match self {
             Body::Text(json) => json.len(),
-            Body::Packed(p) => p.len as usize,
+            Body::Packed(p) => p.text_len(),
         }
     }
 
     fn json(&self) -> fleetscope_model::Json {
         match self {
             Body::Text(json) => json.clone(),
-            Body::Packed(p) => fleetscope_model::Json::from(p.text()),
+            Body::Packed(p) => fleetscope_model::Json::from(unpacked(p)),
         }
     }
 
     fn text(&self) -> Cow<'_, str> {
         match self {
             Body::Text(json) => Cow::Borrowed(json.as_str()),
-            Body::Packed(p) => Cow::Owned(p.text()),
+            Body::Packed(p) => Cow::Owned(unpacked(p)),
         }
     }
 
     fn into_text(self) -> Text {
         match self {
             Body::Text(json) => Text::Shared(json),
-            Body::Packed(p) => Text::Made(p.text()),
+            Body::Packed(p) => Text::Made(unpacked(&p)),
         }
     }
 }
@@ -365,8 +358,8 @@ impl PartialEq for Body {
             (Body::Text(a), Body::Text(b)) => a == b,
             // Compressing is deterministic: one text against one dictionary gives
             // the same bytes.
-            (Body::Packed(a), Body::Packed(b)) if Arc::ptr_eq(&a.dictionary, &b.dictionary) => {
-                a.len == b.len && a.bytes == b.bytes
+            (Body::Packed(a), Body::Packed(b)) if Arc::ptr_eq(a.dictionary(), b.dictionary()) => {
+                a.text_len() == b.text_len() && a.bytes() == b.bytes()
             }
             _ => self.len() == other.len() && self.text() == other.text(),
         }
@@ -512,6 +505,17 @@ impl Object {
         revision: Revision,
         interner: &mut Interner,
     ) -> ObjectRef {
+        Self::restored(input, revision, None, interner)
+    }
+
+    /// An object as the index holds it, its JSON `packed` when given (as a snapshot
+    /// stored it; `input.json` is then not read), as text otherwise.
+    pub(crate) fn restored(
+        input: ObjectState,
+        revision: Revision,
+        packed: Option<triomphe::Arc<PackedJson>>,
+        interner: &mut Interner,
+    ) -> ObjectRef {
         let (labels, unindexed) = if input.labels.len() > MAX_INDEXED_LABELS {
             // Held packed and found by a scan; in the label index only as one of the
             // objects whose labels it does not hold.
@@ -547,7 +551,10 @@ impl Object {
         let key = ObjectKey::in_location(interner.location(input.key.location()), name);
         ObjectRef::new(Self {
             // Shared with whoever made the input (the ingest, the store's load), not copied.
-            body: parking_lot::RwLock::new(Body::Text(input.json)),
+            body: parking_lot::RwLock::new(match packed {
+                Some(packed) => Body::Packed(packed),
+                None => Body::Text(input.json),
+            }),
             key,
             revision,
             // Labels past the cap are the object's own: not kept by the interner.
@@ -624,6 +631,14 @@ impl Object {
     /// The length of the JSON.
     pub fn json_len(&self) -> usize {
         self.body.read().len()
+    }
+
+    /// The JSON as held compressed, when it is.
+    pub(crate) fn packed(&self) -> Option<triomphe::Arc<PackedJson>> {
+        match &*self.body.read() {
+            Body::Packed(p) => Some(p.clone()),
+            Body::Text(_) => None,
+        }
     }
 
     /// Whether the JSON is held compressed.

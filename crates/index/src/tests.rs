@@ -31,8 +31,8 @@ fn input(
     }
 }
 
-/// What a store would give back for every object held.
-fn saved_inputs(saved: &State) -> Vec<(ObjectState, Revision)> {
+/// What a store would give back for every object held, each one's JSON as text.
+fn saved_inputs(saved: &State) -> Vec<RestoredObject> {
     let text = |pairs: &[(Arc<str>, Arc<str>)]| -> Vec<(String, String)> {
         pairs
             .iter()
@@ -52,6 +52,7 @@ fn saved_inputs(saved: &State) -> Vec<(ObjectState, Revision)> {
                 },
                 o.revision,
             )
+                .into()
         })
         .collect()
 }
@@ -1510,6 +1511,114 @@ fn objects_held_compressed_read_back_exactly() {
     let held = r.get(&changed.key).unwrap();
     assert!(held.json_compressed());
     assert_eq!(held.json().as_str(), changed.json.as_str());
+}
+
+/// What a store would give back for every object held, each one's JSON as
+/// [`Index::packed_for_store`] stores it.
+fn stored_packed(idx: &Index) -> Vec<RestoredObject> {
+    let s = idx.snapshot();
+    saved_inputs(&s)
+        .into_iter()
+        .zip(s.iter())
+        .map(|(mut o, held)| {
+            o.packed = idx.packed_for_store(held);
+            if o.packed.is_some() {
+                o.state.json = Default::default();
+            }
+            o
+        })
+        .collect()
+}
+
+#[test]
+fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictionary() {
+    let compressing = || Config {
+        compress_objects: true,
+        ..Config::default()
+    };
+    let idx = Index::new(compressing());
+    let pods: Vec<ObjectState> = (0..30)
+        .map(|i| {
+            input(
+                "pods",
+                "c1",
+                "ns1",
+                &format!("p{i:02}"),
+                i,
+                &[("app", "web")],
+            )
+        })
+        .collect();
+    let secret = input("secrets", "c1", "ns1", "token", 1, &[]);
+    idx.apply(
+        pods.iter()
+            .cloned()
+            .chain([secret.clone()])
+            .map(Change::Upsert),
+    );
+    // Half settled and held compressed, half still text: all stored compressed but
+    // the Secret, and the text ones are not compressed where they are held.
+    let half = idx.snapshot().get(&pods[14].key).unwrap().revision;
+    while !idx.pack_settled(half, 100) {}
+    let stored = stored_packed(&idx);
+    let s = idx.snapshot();
+    let dictionary = stored[0].packed.as_ref().unwrap().dictionary().clone();
+    for (o, held) in stored.iter().zip(s.iter()) {
+        let secret_one = o.state.key.resource.as_ref() == "secrets";
+        assert_eq!(o.packed.is_none(), secret_one, "{}", o.state.key);
+        if let Some(p) = &o.packed {
+            assert!(std::sync::Arc::ptr_eq(p.dictionary(), &dictionary));
+            assert_eq!(p.text().unwrap(), held.json().as_str());
+        }
+    }
+    assert!(s.get(&pods[0].key).unwrap().json_compressed());
+    assert!(!s.get(&pods[29].key).unwrap().json_compressed());
+    let restore = |config: Config| {
+        Index::restore(
+            config,
+            Restored {
+                revision: s.revision(),
+                objects: stored_packed(&idx),
+                events: Vec::new(),
+                positions: Vec::new(),
+            },
+        )
+    };
+    // Held compressed as stored, reading back the same text; a state taken in later
+    // is compressed against the dictionary the snapshot gave.
+    let restored = restore(compressing());
+    assert_eq!(
+        restored.compressed_count(),
+        30,
+        "restored compressed, counted so"
+    );
+    let r = restored.snapshot();
+    for p in &pods {
+        let held = r.get(&p.key).unwrap();
+        assert!(held.json_compressed(), "{}", p.key);
+        assert_eq!(held.json().as_str(), p.json.as_str());
+        assert_eq!(held.json_len(), p.json.len());
+    }
+    assert!(!r.get(&secret.key).unwrap().json_compressed());
+    let mut changed = pods[3].clone();
+    changed.json = changed.json.replace("\"Pending\"", "\"Failed\"").into();
+    restored.apply([Change::Upsert(changed.clone())]);
+    settle(&restored);
+    let later = restored.snapshot().get(&changed.key).unwrap().clone();
+    let packed = restored.packed_for_store(&later).unwrap();
+    assert!(std::sync::Arc::ptr_eq(packed.dictionary(), &dictionary));
+    assert_eq!(later.json().as_str(), changed.json.as_str());
+    // An index that does not compress holds them as text.
+    let text = restore(Config {
+        compress_objects: false,
+        ..Config::default()
+    });
+    for p in &pods {
+        let held = text.snapshot().get(&p.key).unwrap().clone();
+        assert!(!held.json_compressed());
+        assert_eq!(held.json().as_str(), p.json.as_str());
+        assert!(text.packed_for_store(&held).is_none());
+    }
 }
 
 /// Every state held, settled and compressed.

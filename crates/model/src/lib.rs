@@ -52,6 +52,6 @@ pub use identity::{
     ClusterName, EventType, Location, ObjectKey, ResourceNameError, ResourceType, Revision,
     check_resource_name, is_resource_version,
 };
-pub use json::Json;
+pub use json::{Json, PackedJson};
 pub use object::ObjectState;
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

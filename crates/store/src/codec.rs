@@ -3,8 +3,12 @@
 //! large records (snapshot chunks and event runs) hold their payload LZ4-compressed,
 //! behind its plain length; the checksum covers the bytes as stored.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use fleetscope_model::{
-    ClusterName, EventType, Location, ObjectKey, ObjectState, ResourceType, Revision, StoredObject,
+    ClusterName, EventType, Location, ObjectKey, ObjectState, PackedJson, ResourceType, Revision,
+    StoredObject,
 };
 
 use crate::{
@@ -31,6 +35,7 @@ pub(crate) const META_REVISION: &[u8] = b"m:revision";
 pub(crate) const META_CLUSTERS: &[u8] = b"m:clusters";
 pub(crate) const META_FIELD_INDEXES: &[u8] = b"m:field-indexes";
 pub(crate) const META_SNAPSHOT: &[u8] = b"m:snapshot";
+pub(crate) const DICTIONARY_PREFIX: &[u8] = b"a:";
 pub(crate) const CHUNK_PREFIX: &[u8] = b"b:";
 pub(crate) const EVENT_PREFIX: &[u8] = b"e:";
 pub(crate) const STREAM_PREFIX: &[u8] = b"s:";
@@ -61,6 +66,23 @@ pub(crate) fn parse_chunk_key(key: &[u8]) -> Option<(u64, u32)> {
     id.copy_from_slice(&rest[..8]);
     let mut index = [0; 4];
     index.copy_from_slice(&rest[8..]);
+    Some((u64::from_be_bytes(id), u32::from_be_bytes(index)))
+}
+
+/// `a:`, the snapshot id and the dictionary's number, big-endian: a snapshot's
+/// dictionaries, which scan before any chunk.
+pub(crate) fn dictionary_key(snapshot: u64, index: u32) -> Vec<u8> {
+    let mut k = DICTIONARY_PREFIX.to_vec();
+    k.extend_from_slice(&snapshot.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+/// The snapshot id and number of a dictionary key.
+pub(crate) fn parse_dictionary_key(key: &[u8]) -> Option<(u64, u32)> {
+    let rest = key.strip_prefix(DICTIONARY_PREFIX)?;
+    let id: [u8; 8] = rest.get(..8)?.try_into().ok()?;
+    let index: [u8; 4] = rest.get(8..)?.try_into().ok()?;
     Some((u64::from_be_bytes(id), u32::from_be_bytes(index)))
 }
 
@@ -118,6 +140,13 @@ impl Writer {
         self
     }
 
+    fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        // Compressed texts and dictionaries are far below 4 GiB (objects are).
+        self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(b);
+        self
+    }
+
     fn pairs<'p>(&mut self, pairs: impl ExactSizeIterator<Item = (&'p str, &'p str)>) -> &mut Self {
         self.u32(pairs.len() as u32);
         for (k, v) in pairs {
@@ -126,15 +155,37 @@ impl Writer {
         self
     }
 
+    /// An object, its JSON as text (an event record's).
     fn object(&mut self, o: &impl StoredObject) -> &mut Self {
+        self.key_of(o).str(&o.json()).terms_of(o)
+    }
+
+    /// An object of a snapshot's chunk: its JSON behind a tag, as text (0) or
+    /// `packed` (1: the text's length, then the compressed bytes).
+    fn chunk_object(&mut self, o: &impl StoredObject, packed: Option<&PackedJson>) -> &mut Self {
+        self.key_of(o);
+        match packed {
+            Some(p) => self
+                .u8(1)
+                // A text's length fits 32 bits: it was packed from one.
+                .u32(u32::try_from(p.text_len()).unwrap_or(u32::MAX))
+                .bytes(p.bytes()),
+            None => self.u8(0).str(&o.json()),
+        };
+        self.terms_of(o)
+    }
+
+    fn key_of(&mut self, o: &impl StoredObject) -> &mut Self {
         let key = o.key();
         self.str(&key.resource)
             .str(key.cluster.as_str())
             .str(&key.namespace)
             .str(&key.name)
             .u64(o.revision().0)
-            .str(&o.json())
-            .pairs(o.labels());
+    }
+
+    fn terms_of(&mut self, o: &impl StoredObject) -> &mut Self {
+        self.pairs(o.labels());
         let owners = o.owners();
         self.u32(owners.len() as u32);
         for uid in owners {
@@ -249,16 +300,23 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
     #[cfg(test)]
     fn object(&mut self) -> Result<ObjectRecord, DecodeError> {
-        self.object_near(&mut None)
+        self.object_near(&mut None, Bodies::Text)
     }
 
     /// An object, sharing `last`'s location when it is the same (a chunk holds
-    /// objects in key order, so neighbours mostly share one).
+    /// objects in key order, so neighbours mostly share one), its JSON held as
+    /// `bodies` says.
     fn object_near(
         &mut self,
         last: &mut Option<std::sync::Arc<Location>>,
+        bodies: Bodies<'_>,
     ) -> Result<ObjectRecord, DecodeError> {
         let resource = self.str()?;
         let cluster = self.str()?;
@@ -284,7 +342,7 @@ impl<'a> Reader<'a> {
         };
         let key = ObjectKey::in_location(location, name.into());
         let revision = Revision(self.u64()?);
-        let json = fleetscope_model::Json::from(self.str()?);
+        let (json, packed) = self.body(bodies, resource)?;
         let labels = self.pairs()?;
         let n = self.count()?;
         let mut owners = Vec::with_capacity(n);
@@ -301,7 +359,38 @@ impl<'a> Reader<'a> {
                 owners,
                 fields,
             },
+            packed,
         })
+    }
+
+    /// An object's JSON, held as `bodies` says: its text, or (in a chunk) its
+    /// compressed form against the snapshot's dictionary of its type `resource`.
+    #[allow(clippy::type_complexity)]
+    fn body(
+        &mut self,
+        bodies: Bodies<'_>,
+        resource: &str,
+    ) -> Result<(fleetscope_model::Json, Option<triomphe::Arc<PackedJson>>), DecodeError> {
+        let dictionaries = match bodies {
+            Bodies::Text => return Ok((fleetscope_model::Json::from(self.str()?), None)),
+            Bodies::Tagged(dictionaries) => dictionaries,
+        };
+        match self.u8()? {
+            0 => Ok((fleetscope_model::Json::from(self.str()?), None)),
+            1 => {
+                let len = self.u32()?;
+                let bytes = self.bytes()?;
+                let dictionary = dictionaries.get(resource).ok_or(DecodeError::Malformed(
+                    "an object compressed against a dictionary the snapshot does not hold",
+                ))?;
+                let packed = PackedJson::stored(dictionary.clone(), len, bytes.into());
+                Ok((
+                    fleetscope_model::Json::default(),
+                    Some(triomphe::Arc::new(packed)),
+                ))
+            }
+            _ => Err(DecodeError::Malformed("unknown form of an object's JSON")),
+        }
     }
 
     pub(crate) fn end(&self) -> Result<(), DecodeError> {
@@ -312,6 +401,25 @@ impl<'a> Reader<'a> {
         }
     }
 }
+
+/// How a record holds each object's JSON.
+#[derive(Clone, Copy)]
+pub(crate) enum Bodies<'d> {
+    /// As text: an event record, and a chunk of the layout before.
+    Text,
+    /// Behind a tag, as text or compressed against the snapshot's dictionary of the
+    /// object's type.
+    Tagged(&'d Dictionaries),
+}
+
+/// A snapshot's dictionaries, by resource type.
+pub(crate) type Dictionaries = HashMap<String, Arc<[u8]>>;
+
+/// A chunk's first word holds its object count in the low 24 bits (a chunk of a few
+/// kilobytes holds a few hundred) and its form in the high 8: 0 for a chunk of the
+/// layout before, every object's JSON as text; this for one whose JSON is tagged
+/// ([`Bodies::Tagged`]).
+const TAGGED_CHUNK: u32 = 1 << 24;
 
 /// Builds one chunk of a snapshot: objects in key order behind one checksum.
 pub(crate) struct ChunkWriter {
@@ -326,8 +434,10 @@ impl ChunkWriter {
         Self { w, count: 0 }
     }
 
-    pub(crate) fn push(&mut self, o: &impl StoredObject) {
-        self.w.object(o);
+    /// Adds an object, its JSON `packed` when given (against the dictionary of its
+    /// type the snapshot holds), as text otherwise.
+    pub(crate) fn push(&mut self, o: &impl StoredObject, packed: Option<&PackedJson>) {
+        self.w.chunk_object(o, packed);
         self.count += 1;
     }
 
@@ -340,15 +450,29 @@ impl ChunkWriter {
     }
 
     pub(crate) fn seal(mut self) -> Vec<u8> {
-        self.w.0[4..8].copy_from_slice(&self.count.to_le_bytes());
+        // A chunk is sealed once it passes a few kilobytes, each object taking at
+        // least 28 bytes: its count stays far below the form's bits.
+        let head = (self.count & (TAGGED_CHUNK - 1)) | TAGGED_CHUNK;
+        self.w.0[4..8].copy_from_slice(&head.to_le_bytes());
         self.w.seal_compressed()
     }
 }
 
-pub(crate) fn decode_chunk(record: &[u8]) -> Result<Vec<ObjectRecord>, DecodeError> {
+/// A snapshot's chunk: its objects, any compressed ones against `dictionaries` (the
+/// snapshot's).
+pub(crate) fn decode_chunk(
+    record: &[u8],
+    dictionaries: &Dictionaries,
+) -> Result<Vec<ObjectRecord>, DecodeError> {
     let plain = unseal_compressed(record)?;
     let mut r = Reader(&plain);
-    let n = r.u32()? as usize;
+    let head = r.u32()?;
+    let bodies = match head & !(TAGGED_CHUNK - 1) {
+        0 => Bodies::Text,
+        TAGGED_CHUNK => Bodies::Tagged(dictionaries),
+        _ => return Err(DecodeError::Malformed("unknown chunk form")),
+    };
+    let n = (head & (TAGGED_CHUNK - 1)) as usize;
     // Each object takes at least 28 bytes: a larger count is damage.
     if n > r.0.len() / 28 {
         return Err(DecodeError::Malformed("count exceeds the chunk"));
@@ -356,10 +480,44 @@ pub(crate) fn decode_chunk(record: &[u8]) -> Result<Vec<ObjectRecord>, DecodeErr
     let mut out = Vec::with_capacity(n);
     let mut last = None;
     for _ in 0..n {
-        out.push(r.object_near(&mut last)?);
+        out.push(r.object_near(&mut last, bodies)?);
     }
     r.end()?;
     Ok(out)
+}
+
+/// A chunk and a snapshot record as the layout before wrote them (every object's JSON
+/// as text; no dictionaries), to test that they are read.
+#[cfg(test)]
+pub(crate) fn layout_before(objects: &[ObjectRecord], s: &SnapshotMeta) -> (Vec<u8>, Vec<u8>) {
+    let mut chunk = Writer::new();
+    chunk.u32(objects.len() as u32);
+    for o in objects {
+        chunk.object(o);
+    }
+    let mut meta = Writer::new();
+    meta.u64(s.id)
+        .u64(s.revision.0)
+        .u32(s.chunks)
+        .u64(s.objects);
+    (chunk.seal_compressed(), meta.seal())
+}
+
+/// A snapshot's dictionary: the resource type whose objects were compressed against
+/// it, and its bytes.
+pub(crate) fn encode_dictionary(resource: &str, dictionary: &[u8]) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.str(resource).bytes(dictionary);
+    w.seal_compressed()
+}
+
+pub(crate) fn decode_dictionary(record: &[u8]) -> Result<(String, Arc<[u8]>), DecodeError> {
+    let plain = unseal_compressed(record)?;
+    let mut r = Reader(&plain);
+    let resource = r.str()?.to_string();
+    let dictionary = Arc::from(r.bytes()?);
+    r.end()?;
+    Ok((resource, dictionary))
 }
 
 #[cfg(test)]
@@ -379,7 +537,11 @@ pub(crate) fn decode_object(record: &[u8]) -> Result<ObjectRecord, DecodeError> 
 
 pub(crate) fn encode_snapshot(s: &SnapshotMeta) -> Vec<u8> {
     let mut w = Writer::new();
-    w.u64(s.id).u64(s.revision.0).u32(s.chunks).u64(s.objects);
+    w.u64(s.id)
+        .u64(s.revision.0)
+        .u32(s.chunks)
+        .u64(s.objects)
+        .u32(s.dictionaries);
     w.seal()
 }
 
@@ -390,6 +552,15 @@ pub(crate) fn decode_snapshot(record: &[u8]) -> Result<SnapshotMeta, DecodeError
         revision: Revision(r.u64()?),
         chunks: r.u32()?,
         objects: r.u64()?,
+        // A snapshot of the layout before has none (and no field for them).
+        dictionaries: 0,
+    };
+    let s = match r.0.is_empty() {
+        true => s,
+        false => SnapshotMeta {
+            dictionaries: r.u32()?,
+            ..s
+        },
     };
     r.end()?;
     Ok(s)
@@ -429,10 +600,10 @@ impl Reader<'_> {
             3 => EventType::Deleted,
             _ => return Err(DecodeError::Malformed("unknown event type")),
         };
-        let object = self.object_near(last)?;
+        let object = self.object_near(last, Bodies::Text)?;
         let prev = match self.u8()? {
             0 => None,
-            1 => Some(self.object_near(last)?),
+            1 => Some(self.object_near(last, Bodies::Text)?),
             _ => return Err(DecodeError::Malformed("bad previous-state flag")),
         };
         Ok(EventRecord {

@@ -28,15 +28,21 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use fleetscope_model::{
-    ClusterName, EventType, ObjectKey, ObjectState, ResourceType, Revision, StoredObject,
+    ClusterName, EventType, ObjectKey, ObjectState, PackedJson, ResourceType, Revision,
+    StoredObject,
 };
 
 pub use codec::DecodeError;
 pub use memory::MemoryStore;
 pub use sled_store::{Opened, SledStore};
 
-/// The layout version this build reads and writes.
-pub const SCHEMA_VERSION: u64 = 3;
+/// The layout version this build writes. It reads this one and the one before
+/// ([`SCHEMA_READ`]), whose snapshots hold every object's JSON as text; a store of
+/// that version takes this one at its next snapshot.
+pub const SCHEMA_VERSION: u64 = 4;
+
+/// The oldest layout version this build reads.
+pub const SCHEMA_READ: u64 = 3;
 
 /// A snapshot chunk's target size before compression; also the size of a run of
 /// events. sled keeps up to 16 records in a leaf and stores a leaf over 128 KiB as a
@@ -53,8 +59,38 @@ const WRITE_BYTES: usize = 4 << 20;
 pub struct ObjectRecord {
     /// The revision of the change that produced this state.
     pub revision: Revision,
-    /// The object's state.
+    /// The object's state; its `json` is empty when `packed` holds it.
     pub state: ObjectState,
+    /// The JSON compressed against its type's dictionary, as a snapshot stores a
+    /// compressed object: read back as it is held, not decompressed.
+    pub packed: Option<triomphe::Arc<PackedJson>>,
+}
+
+impl ObjectRecord {
+    /// A record of `state`, its JSON as text.
+    pub fn new(revision: Revision, state: ObjectState) -> Self {
+        Self {
+            revision,
+            state,
+            packed: None,
+        }
+    }
+
+    /// The length of the JSON.
+    pub fn json_len(&self) -> usize {
+        self.packed
+            .as_ref()
+            .map_or(self.state.json.len(), |p| p.text_len())
+    }
+
+    /// The JSON's text, made from its compressed form when it is held so; an empty
+    /// text when that does not decompress (a record's checksum held, so it does).
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match &self.packed {
+            Some(p) => std::borrow::Cow::Owned(p.text().unwrap_or_default()),
+            None => std::borrow::Cow::Borrowed(self.state.json.as_str()),
+        }
+    }
 }
 
 /// One event of the log, for resuming watches across restarts.
@@ -73,7 +109,7 @@ pub struct EventRecord {
 impl EventRecord {
     /// The JSON it carries: the object's, and the previous state's when there is one.
     pub fn json_bytes(&self) -> usize {
-        self.object.state.json.len() + self.prev.as_ref().map_or(0, |p| p.state.json.len())
+        self.object.json_len() + self.prev.as_ref().map_or(0, ObjectRecord::json_len)
     }
 }
 
@@ -185,6 +221,9 @@ pub struct SnapshotMeta {
     pub chunks: u32,
     /// How many objects.
     pub objects: u64,
+    /// How many dictionaries its compressed objects were compressed against (one per
+    /// resource type at most; dictionary keys carry the snapshot's id and a number).
+    pub dictionaries: u32,
 }
 
 /// Everything a store holds, verified.
@@ -316,14 +355,19 @@ pub trait Store: Send + Sync {
     /// after it, which is then replayed onto the snapshot. Chunks of an unfinished
     /// snapshot (a crash while writing one) are deleted.
     fn load(&self) -> Result<Loaded, StoreError> {
+        let started = std::time::Instant::now();
         let mut scanned = Scanned::default();
         // The snapshot's chunks and the change log's records are each decoded on one of
-        // two threads while the scan reads on.
+        // two threads while the scan reads on. Dictionaries scan before any chunk.
+        let mut dictionaries = SnapshotDictionaries::default();
         let (chunks, event_records) = std::thread::scope(|s| {
             let decoding = Decoding::start(s);
             let scan = self.scan(&mut |key, value| {
-                if let Some(id) = codec::parse_chunk_key(key) {
-                    decoding.send(Coded::Chunk(id), value.to_vec());
+                if let Some(id) = codec::parse_dictionary_key(key) {
+                    dictionaries.take(id, key, value)?;
+                } else if let Some(id) = codec::parse_chunk_key(key) {
+                    let of_snapshot = dictionaries.of(id.0);
+                    decoding.send(Coded::Chunk(id, of_snapshot), value.to_vec());
                 } else if let Some(first) = codec::parse_event_key(key) {
                     decoding.send(Coded::Events(first), value.to_vec());
                 } else {
@@ -334,6 +378,7 @@ pub trait Store: Send + Sync {
             let decoded = decoding.finish();
             scan.map(|()| decoded)
         })?;
+        let scanned_in = started.elapsed();
         let Scanned {
             mut loaded,
             schema,
@@ -344,7 +389,7 @@ pub trait Store: Send + Sync {
             && chunks.is_empty()
             && revision.is_none();
         match schema {
-            Some(SCHEMA_VERSION) => {}
+            Some(SCHEMA_READ..=SCHEMA_VERSION) => {}
             Some(found) => return Err(StoreError::UnknownSchema { found }),
             None if empty => {}
             None => {
@@ -354,7 +399,7 @@ pub trait Store: Send + Sync {
             }
         }
         loaded.revision = Revision(revision.unwrap_or(0));
-        let base = snapshot_objects(self, loaded.snapshot, chunks)?;
+        let base = snapshot_objects(self, loaded.snapshot, chunks, dictionaries)?;
         let (events, records) = change_log_of(event_records)?;
         loaded.events = events;
         loaded.event_records = records;
@@ -363,7 +408,16 @@ pub trait Store: Send + Sync {
             loaded.events.iter().filter(|e| e.revision > from).collect();
         unbroken(from, &changes, loaded.revision)?;
         loaded.change_log_bytes = changes.iter().map(|e| e.json_bytes() as u64).sum();
+        tracing::debug!(
+            snapshot_objects = base.len(),
+            compressed = base.iter().filter(|o| o.packed.is_some()).count(),
+            changes = changes.len(),
+            change_log_bytes = loaded.change_log_bytes,
+            ?scanned_in,
+            "store read: the snapshot, and the change log after it to replay"
+        );
         loaded.objects = replay(base, &changes);
+        tracing::debug!(took = ?started.elapsed(), "store loaded");
         Ok(loaded)
     }
 
@@ -386,19 +440,20 @@ fn encode_batch(batch: &Batch) -> Writes {
     let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
     if let Some((new, old)) = &batch.snapshot {
         if let Some(old) = old {
-            for i in 0..old.chunks {
-                writes.insert(codec::chunk_key(old.id, i), None);
-            }
+            remove_snapshot(&mut writes, old);
         }
         writes.insert(
             codec::META_SNAPSHOT.to_vec(),
             Some(codec::encode_snapshot(new)),
         );
+        // A store read in the layout before takes this one with its first snapshot.
+        writes.insert(
+            codec::META_SCHEMA.to_vec(),
+            Some(codec::encode_u64(SCHEMA_VERSION)),
+        );
     }
     for discarded in &batch.discard_snapshots {
-        for i in 0..discarded.chunks {
-            writes.insert(codec::chunk_key(discarded.id, i), None);
-        }
+        remove_snapshot(&mut writes, discarded);
     }
     for r in &batch.drop_events {
         writes.insert(codec::event_key(Revision(*r)), None);
@@ -445,6 +500,16 @@ fn encode_batch(batch: &Batch) -> Writes {
     writes.into_iter().collect()
 }
 
+/// Removes a snapshot's chunks and dictionaries.
+fn remove_snapshot(writes: &mut BTreeMap<Vec<u8>, Option<Vec<u8>>>, snapshot: &SnapshotMeta) {
+    for i in 0..snapshot.chunks {
+        writes.insert(codec::chunk_key(snapshot.id, i), None);
+    }
+    for i in 0..snapshot.dictionaries {
+        writes.insert(codec::dictionary_key(snapshot.id, i), None);
+    }
+}
+
 /// The change log's events, and each record's first and last revision and bytes.
 type EventRecords = (Vec<EventRecord>, Vec<(u64, u64, usize)>);
 
@@ -459,8 +524,41 @@ struct Scanned {
 /// A record the scan hands to the decoders, by its key: a snapshot's chunk (snapshot,
 /// index), or a change log record (its first revision).
 enum Coded {
-    Chunk((u64, u32)),
+    Chunk((u64, u32), std::sync::Arc<codec::Dictionaries>),
     Events(u64),
+}
+
+/// The dictionaries the scan read, by snapshot id; each snapshot's frozen once its
+/// first chunk is handed to the decoders (all of them scan before any chunk).
+#[derive(Default)]
+struct SnapshotDictionaries(BTreeMap<u64, (Vec<u32>, std::sync::Arc<codec::Dictionaries>)>);
+
+impl SnapshotDictionaries {
+    /// Takes one dictionary record, checked.
+    fn take(&mut self, (id, n): (u64, u32), key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let damaged = |why: String| {
+            StoreError::Damaged(format!(
+                "dictionary record {:?}: {why}",
+                String::from_utf8_lossy(key)
+            ))
+        };
+        let (resource, dictionary) =
+            codec::decode_dictionary(value).map_err(|e| damaged(e.to_string()))?;
+        let (numbers, of_snapshot) = self.0.entry(id).or_default();
+        let Some(of_snapshot) = std::sync::Arc::get_mut(of_snapshot) else {
+            return Err(damaged("read after the snapshot's chunks".into()));
+        };
+        if of_snapshot.insert(resource.clone(), dictionary).is_some() {
+            return Err(damaged(format!("a second dictionary for {resource}")));
+        }
+        numbers.push(n);
+        Ok(())
+    }
+
+    /// Snapshot `id`'s dictionaries, frozen.
+    fn of(&mut self, id: u64) -> std::sync::Arc<codec::Dictionaries> {
+        self.0.entry(id).or_default().1.clone()
+    }
 }
 
 /// A snapshot chunk as decoded: its (snapshot, index) and its objects or why not.
@@ -499,8 +597,8 @@ impl<'scope> Decoding<'scope> {
                         done.push((
                             n,
                             match coded {
-                                Coded::Chunk(id) => {
-                                    Decoded::Chunk((id, codec::decode_chunk(&bytes)))
+                                Coded::Chunk(id, dictionaries) => {
+                                    Decoded::Chunk((id, codec::decode_chunk(&bytes, &dictionaries)))
                                 }
                                 Coded::Events(first) => {
                                     Decoded::Events((first, codec::decode_events(&bytes)))
@@ -615,26 +713,47 @@ fn snapshot_objects<S: Store + ?Sized>(
     store: &S,
     snapshot: Option<SnapshotMeta>,
     chunks: Vec<DecodedChunk>,
+    mut dictionaries: SnapshotDictionaries,
 ) -> Result<Vec<ObjectRecord>, StoreError> {
     let current = snapshot.map(|s| s.id);
     let (mine, stale): (Vec<_>, Vec<_>) = chunks
         .into_iter()
         .partition(|((id, _), _)| Some(*id) == current);
-    if !stale.is_empty() {
+    let numbers = current
+        .and_then(|id| dictionaries.0.remove(&id))
+        .map_or(0, |(numbers, _)| numbers.len());
+    let stale_dictionaries: Writes = dictionaries
+        .0
+        .iter()
+        .flat_map(|(id, (numbers, _))| {
+            numbers
+                .iter()
+                .map(|n| (codec::dictionary_key(*id, *n), None))
+        })
+        .collect();
+    if !stale.is_empty() || !stale_dictionaries.is_empty() {
         tracing::warn!(
             chunks = stale.len(),
+            dictionaries = stale_dictionaries.len(),
             "removing the chunks of a snapshot whose writing was interrupted"
         );
         store.write(
             stale
                 .iter()
                 .map(|((id, i), _)| (codec::chunk_key(*id, *i), None))
+                .chain(stale_dictionaries)
                 .collect(),
         )?;
     }
     let Some(meta) = snapshot else {
         return Ok(Vec::new());
     };
+    if numbers != meta.dictionaries as usize {
+        return Err(StoreError::Damaged(format!(
+            "snapshot {} has {numbers} of its {} dictionaries",
+            meta.id, meta.dictionaries
+        )));
+    }
     if mine.len() != meta.chunks as usize
         || mine
             .iter()
@@ -769,25 +888,36 @@ mod tests;
 /// Writes a snapshot of `objects` (in key order) under `id`, in chunks, each chunk
 /// durable on its own; commit a [`Batch`] with `snapshot` set to make it current.
 /// Until then (or after a crash) it is not read, and the next open deletes it. The
-/// objects are encoded in place, whoever holds them.
+/// objects are encoded in place, whoever holds them; each one's JSON as `packed` gives
+/// it compressed against its type's dictionary (written with the snapshot, one per
+/// type: an object compressed against another is stored as text), as text otherwise.
 pub fn write_snapshot<'a, O: StoredObject + 'a>(
     store: &dyn Store,
     id: u64,
     revision: Revision,
     objects: impl Iterator<Item = &'a O>,
+    mut packed: impl FnMut(&O) -> Option<triomphe::Arc<PackedJson>>,
 ) -> Result<SnapshotMeta, StoreError> {
     let mut meta = SnapshotMeta {
         id,
         revision,
         chunks: 0,
         objects: 0,
+        dictionaries: 0,
     };
+    let mut dictionaries: BTreeMap<String, std::sync::Arc<[u8]>> = BTreeMap::new();
     // Chunks are written a few megabytes at a time.
     let mut writes: Writes = Vec::new();
     let mut pending = 0;
     let mut chunk = codec::ChunkWriter::new();
     for o in objects {
-        chunk.push(o);
+        let packed = packed(o).filter(|p| {
+            let dictionary = dictionaries
+                .entry(o.key().resource.to_string())
+                .or_insert_with(|| p.dictionary().clone());
+            std::sync::Arc::ptr_eq(dictionary, p.dictionary()) || **dictionary == **p.dictionary()
+        });
+        chunk.push(o, packed.as_deref());
         meta.objects += 1;
         if chunk.len() >= CHUNK_BYTES {
             let full = std::mem::replace(&mut chunk, codec::ChunkWriter::new()).seal();
@@ -804,6 +934,13 @@ pub fn write_snapshot<'a, O: StoredObject + 'a>(
         writes.push((codec::chunk_key(id, meta.chunks), Some(chunk.seal())));
         meta.chunks += 1;
     }
+    for (resource, dictionary) in &dictionaries {
+        writes.push((
+            codec::dictionary_key(id, meta.dictionaries),
+            Some(codec::encode_dictionary(resource, dictionary)),
+        ));
+        meta.dictionaries += 1;
+    }
     if !writes.is_empty() {
         store.write(writes)?;
     }
@@ -818,7 +955,7 @@ impl StoredObject for ObjectRecord {
         self.revision
     }
     fn json(&self) -> impl std::ops::Deref<Target = str> + '_ {
-        self.state.json.as_str()
+        self.text()
     }
     fn labels(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
         self.state

@@ -6,9 +6,9 @@ use proptest::prelude::*;
 use super::*;
 
 fn object(cluster: &str, ns: &str, name: &str, revision: u64) -> ObjectRecord {
-    ObjectRecord {
-        revision: Revision(revision),
-        state: ObjectState {
+    ObjectRecord::new(
+        Revision(revision),
+        ObjectState {
             key: ObjectKey::new("pods", &ClusterName::from(cluster), ns, name),
             json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{revision}"}}}}"#)
                 .into(),
@@ -16,7 +16,17 @@ fn object(cluster: &str, ns: &str, name: &str, revision: u64) -> ObjectRecord {
             owners: vec!["rs-1".into()],
             fields: vec![("spec.nodeName".into(), "n1".into())],
         },
-    }
+    )
+}
+
+/// Writes a snapshot of records, each one's JSON as it holds it.
+fn snapshot_of(
+    store: &dyn Store,
+    id: u64,
+    revision: Revision,
+    objects: &[ObjectRecord],
+) -> SnapshotMeta {
+    write_snapshot(store, id, revision, objects.iter(), |o| o.packed.clone()).unwrap()
 }
 
 fn pods() -> ResourceType {
@@ -105,7 +115,7 @@ fn second_batch() -> Batch {
 /// A snapshot at revision 5 made current, dropping the record of events 1 to 3.
 fn snapshot_at_5(store: &dyn Store, old: Option<SnapshotMeta>) -> SnapshotMeta {
     let objects = [object("c1", "ns", "p1", 4), object("c1", "ns", "p3", 3)];
-    let meta = write_snapshot(store, 7, Revision(5), objects.iter()).unwrap();
+    let meta = snapshot_of(store, 7, Revision(5), &objects);
     store
         .commit(&Batch {
             revision: Revision(5),
@@ -187,7 +197,7 @@ fn chunks_of_an_unfinished_snapshot_are_ignored_and_deleted() {
     store.initialise().unwrap();
     store.commit(&first_batch()).unwrap();
     // A snapshot written but never made current (a crash before its commit).
-    write_snapshot(&store, 9, Revision(3), [object("c1", "ns", "zz", 1)].iter()).unwrap();
+    snapshot_of(&store, 9, Revision(3), &[object("c1", "ns", "zz", 1)]);
     let loaded = store.load().unwrap();
     assert_eq!(loaded.objects.len(), 3);
     assert!(store.keys().iter().all(|k| !k.starts_with(b"b:")));
@@ -505,16 +515,16 @@ proptest! {
         labels in proptest::collection::vec(("[a-z/.]{1,20}", ".{0,20}"), 0..5),
         revision in any::<u64>(),
     ) {
-        let o = ObjectRecord {
-            revision: Revision(revision),
-            state: ObjectState {
+        let o = ObjectRecord::new(
+            Revision(revision),
+            ObjectState {
                 key: ObjectKey::new("deployments.apps", &ClusterName::from("c"), "", &name),
                 json: json.into(),
                 labels,
                 owners: vec![name.clone()],
                 fields: Vec::new(),
             },
-        };
+        );
         prop_assert_eq!(codec::decode_object(&codec::encode_object(&o)).unwrap(), o.clone());
         let e = EventRecord { revision: Revision(revision), kind: EventType::Deleted, object: o.clone(), prev: Some(o) };
         let mut next = e.clone();
@@ -530,7 +540,8 @@ proptest! {
     fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
         let _ = codec::decode_object(&bytes);
         let _ = codec::decode_events(&bytes);
-        let _ = codec::decode_chunk(&bytes);
+        let _ = codec::decode_chunk(&bytes, &codec::Dictionaries::default());
+        let _ = codec::decode_dictionary(&bytes);
         let _ = codec::decode_snapshot(&bytes);
         let _ = codec::decode_stream(&bytes);
         let _ = codec::decode_names(&bytes);
@@ -561,7 +572,7 @@ fn churned(store: &SledStore, rounds: u64) -> Vec<ObjectRecord> {
                 o
             })
             .collect();
-        let meta = write_snapshot(store, round + 10, Revision(3), last.iter()).unwrap();
+        let meta = snapshot_of(store, round + 10, Revision(3), &last);
         store
             .commit(&Batch {
                 revision: Revision(3),
@@ -754,4 +765,211 @@ fn an_unfinished_sled_snapshot_left_by_a_kill_is_not_damage() {
     let opened = SledStore::open(dir.path()).unwrap();
     assert!(opened.moved_aside.is_none(), "{:?}", opened.moved_aside);
     assert_eq!(opened.loaded.objects, objects);
+}
+
+/// A pod of a size worth compressing.
+fn pod(name: &str) -> ObjectRecord {
+    let mut o = object("c1", "ns", name, 3);
+    o.state.json = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"3"}},"spec":{{"containers":[{{"name":"app","image":"registry.example/app:1.2.3"}}],"nodeName":"n1"}}}}"#
+    )
+    .into();
+    o
+}
+
+/// `o` with its JSON compressed against `dictionary`, as a snapshot is given it.
+fn packed(mut o: ObjectRecord, dictionary: &std::sync::Arc<[u8]>) -> ObjectRecord {
+    let p = PackedJson::pack(dictionary, &o.state.json).unwrap();
+    o.packed = Some(triomphe::Arc::new(p));
+    o.state.json = Default::default();
+    o
+}
+
+/// A config map, compressed against a dictionary of its own type; three pods
+/// compressed against theirs, one against another dictionary, one as text.
+fn mixed() -> (Vec<ObjectRecord>, Vec<String>) {
+    let of = |text: &str| -> std::sync::Arc<[u8]> { std::sync::Arc::from(text.as_bytes()) };
+    let pods = of(&pod("template").state.json);
+    let mut cm = pod("settings");
+    cm.state.key = ObjectKey::new("configmaps", &ClusterName::from("c1"), "ns", "settings");
+    let cm_dictionary = of(&cm.state.json.replace("Pod", "ConfigMap"));
+    let objects = vec![
+        packed(cm, &cm_dictionary),
+        packed(pod("a"), &pods),
+        packed(pod("b"), &of(&pod("other").state.json)),
+        pod("c"),
+        packed(pod("d"), &pods),
+    ];
+    let texts = objects.iter().map(|o| o.text().into_owned()).collect();
+    (objects, texts)
+}
+
+#[test]
+fn a_snapshot_keeps_compressed_objects_compressed_with_one_dictionary_per_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let (objects, texts) = mixed();
+    {
+        let opened = SledStore::open(dir.path()).unwrap();
+        opened.store.commit(&first_batch()).unwrap();
+        let meta = snapshot_of(&opened.store, 7, Revision(3), &objects);
+        assert_eq!((meta.objects, meta.dictionaries), (5, 2));
+        opened
+            .store
+            .commit(&Batch {
+                revision: Revision(3),
+                snapshot: Some((meta, None)),
+                ..Batch::default()
+            })
+            .unwrap();
+    }
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none());
+    let loaded = opened.loaded;
+    assert_eq!(loaded.snapshot.unwrap().dictionaries, 2);
+    let read: Vec<String> = loaded
+        .objects
+        .iter()
+        .map(|o| o.text().into_owned())
+        .collect();
+    assert_eq!(read, texts);
+    let compressed: Vec<bool> = loaded.objects.iter().map(|o| o.packed.is_some()).collect();
+    // The pod compressed against a dictionary not its type's is stored as text.
+    assert_eq!(compressed, [true, true, false, false, true]);
+    let dictionary = |i: usize| {
+        loaded.objects[i]
+            .packed
+            .as_ref()
+            .unwrap()
+            .dictionary()
+            .clone()
+    };
+    assert!(std::sync::Arc::ptr_eq(&dictionary(1), &dictionary(4)));
+    assert!(!std::sync::Arc::ptr_eq(&dictionary(0), &dictionary(1)));
+    assert_eq!(loaded.objects[1].json_len(), texts[1].len());
+    assert!(loaded.objects[1].state.json.is_empty());
+}
+
+#[test]
+fn a_store_of_the_layout_before_is_read_and_takes_this_one_at_its_next_snapshot() {
+    let store = MemoryStore::new();
+    store.overwrite_raw(codec::META_SCHEMA, codec::encode_u64(SCHEMA_READ));
+    store.commit(&first_batch()).unwrap();
+    let before = [pod("a"), pod("b")];
+    let old = SnapshotMeta {
+        id: 5,
+        revision: Revision(3),
+        chunks: 1,
+        objects: 2,
+        dictionaries: 0,
+    };
+    let (chunk, meta) = codec::layout_before(&before, &old);
+    store.overwrite_raw(&codec::chunk_key(5, 0), chunk);
+    store.overwrite_raw(codec::META_SNAPSHOT, meta);
+    let loaded = store.load().unwrap();
+    assert_eq!(loaded.snapshot, Some(old));
+    assert_eq!(loaded.objects, before);
+    // The next snapshot is written in this layout and the store says so.
+    let (objects, texts) = mixed();
+    let meta = snapshot_of(&store, 6, Revision(3), &objects);
+    store
+        .commit(&Batch {
+            revision: Revision(3),
+            snapshot: Some((meta, Some(old))),
+            ..Batch::default()
+        })
+        .unwrap();
+    assert!(!store.keys().contains(&codec::chunk_key(5, 0)));
+    let loaded = store.load().unwrap();
+    let read: Vec<String> = loaded
+        .objects
+        .iter()
+        .map(|o| o.text().into_owned())
+        .collect();
+    assert_eq!(read, texts);
+    let mut schema = Vec::new();
+    store
+        .scan(&mut |k, v| {
+            if k == codec::META_SCHEMA {
+                schema = v.to_vec();
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(codec::decode_u64(&schema).unwrap(), SCHEMA_VERSION);
+}
+
+#[test]
+fn a_missing_or_damaged_dictionary_is_damage_and_an_unfinished_snapshot_s_are_removed() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    let (objects, _) = mixed();
+    let meta = snapshot_of(&store, 7, Revision(3), &objects);
+    store
+        .commit(&Batch {
+            revision: Revision(3),
+            snapshot: Some((meta, None)),
+            ..Batch::default()
+        })
+        .unwrap();
+    // A snapshot written but never made current leaves no dictionary behind.
+    snapshot_of(&store, 9, Revision(3), &objects);
+    assert!(store.load().is_ok());
+    let dictionaries: Vec<Vec<u8>> = store
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with(codec::DICTIONARY_PREFIX))
+        .collect();
+    assert_eq!(
+        dictionaries,
+        [codec::dictionary_key(7, 0), codec::dictionary_key(7, 1)]
+    );
+    let raw = |key: &[u8]| {
+        let mut value = Vec::new();
+        store
+            .scan(&mut |k, v| {
+                if k == key {
+                    value = v.to_vec();
+                }
+                Ok(())
+            })
+            .unwrap();
+        value
+    };
+    for key in &dictionaries {
+        let original = raw(key);
+        let mut flipped = original.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x40;
+        store.overwrite_raw(key, flipped);
+        let err = store.load().unwrap_err();
+        assert!(
+            err.is_damage() && err.to_string().contains("dictionary record"),
+            "{err}"
+        );
+        store.overwrite_raw(key, original);
+    }
+    // One gone: the snapshot says how many it has.
+    let second = raw(&dictionaries[1]);
+    store.write(vec![(dictionaries[1].clone(), None)]).unwrap();
+    let err = store.load().unwrap_err();
+    assert!(
+        err.to_string().contains("has 1 of its 2 dictionaries"),
+        "{err}"
+    );
+    // ... and a chunk whose objects need it cannot be read without it.
+    let counted = SnapshotMeta {
+        dictionaries: 1,
+        ..meta
+    };
+    store.overwrite_raw(codec::META_SNAPSHOT, codec::encode_snapshot(&counted));
+    let err = store.load().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("dictionary the snapshot does not hold"),
+        "{err}"
+    );
+    store.overwrite_raw(&dictionaries[1], second);
+    store.overwrite_raw(codec::META_SNAPSHOT, codec::encode_snapshot(&meta));
+    assert!(store.load().is_ok());
 }

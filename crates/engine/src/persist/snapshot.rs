@@ -13,7 +13,7 @@ impl Persister {
         state: &State,
     ) -> Result<ReadySnapshot, fleetscope_store::StoreError> {
         let _writing = self.under_way(SNAPSHOT);
-        write_snapshot(store, state)
+        write_snapshot(store, state, &self.index)
     }
 
     /// Whether a snapshot, and a compaction, is being written now.
@@ -61,7 +61,7 @@ impl Persister {
         *writing = Some(tokio::task::spawn_blocking(move || {
             let written = {
                 let _writing = this.under_way(SNAPSHOT);
-                write_snapshot(&*store, &state)
+                write_snapshot(&*store, &state, &this.index)
             };
             match written {
                 Ok(ready) => *lock(&this.snapshot_ready) = Some(ready),
@@ -155,18 +155,25 @@ impl Drop for UnderWay<'_> {
     }
 }
 
-/// Writes the chunks of a snapshot of `state` (not yet current); returns its meta and
-/// how long writing took.
+/// Writes the chunks of a snapshot of `state` (not yet current), each object's JSON
+/// compressed as `index` compresses it, so a restart reads it back as it is held
+/// settled; returns its meta and how long writing took.
 fn write_snapshot(
     store: &dyn Store,
     state: &State,
+    index: &Index,
 ) -> Result<ReadySnapshot, fleetscope_store::StoreError> {
     let started = Instant::now();
     let revision = state.revision();
     tracing::debug!(%revision, objects = state.len(), "writing a snapshot");
     // Encoded straight from the index's objects: nothing is copied first.
-    let meta =
-        fleetscope_store::write_snapshot(store, revision.0, revision, state.iter().map(|o| &**o))?;
+    let meta = fleetscope_store::write_snapshot(
+        store,
+        revision.0,
+        revision,
+        state.iter().map(|o| &**o),
+        |o| index.packed_for_store(o),
+    )?;
     tracing::debug!(%revision, objects = meta.objects, took = ?started.elapsed(), "snapshot written");
     Ok((meta, started.elapsed()))
 }

@@ -178,6 +178,20 @@ async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_i
         "the store loads as the index it was written from"
     );
     assert_eq!(loaded.revision, index.snapshot().revision());
+    // The snapshot holds objects compressed as the index compresses them (those
+    // changed after it come from the change log as text), and a restored index holds
+    // them so, reading back the same JSON.
+    let mut loaded = loaded;
+    assert!(loaded.objects.iter().any(|o| o.packed.is_some()));
+    let restored = Index::restore(
+        fleetscope_index::Config::default(),
+        super::restored(&mut loaded),
+    );
+    let back = restored.snapshot();
+    assert!(back.iter().any(|o| o.json_compressed()));
+    for o in index.snapshot().iter() {
+        assert_eq!(back.get(&o.key).unwrap().json(), o.json(), "{}", o.key);
+    }
 }
 
 /// Whether a persister's store, started empty, is still filling.
