@@ -2468,9 +2468,10 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     assert_eq!(first.items.len(), 500);
     wait_synced(&engine, "pods", total).await;
     let synced = t.elapsed();
+    let resident = rss() as f64 / held_json(engine.index_for_tests()) as f64;
     let lists = sim_lists(&sources).await - lists_before;
     println!(
-        "  restart {n}: store opened and verified in {:.2} s, index rebuilt at {:.2} s ({:.0} objects/s), first List answered at {:.2} s (goal ≤ 4 s), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}",
+        "  restart {n}: store opened and verified in {:.2} s, index rebuilt at {:.2} s ({:.0} objects/s), first List answered at {:.2} s (goal ≤ 4 s), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}; resident ÷ pruned JSON then {resident:.2} ×",
         loaded_at.as_secs_f64(),
         restored_at.as_secs_f64(),
         total as f64 / restored_at.as_secs_f64(),

@@ -1821,3 +1821,63 @@ fn an_object_with_more_labels_than_the_index_takes_is_held_whole_and_selected_by
     let s = idx.snapshot();
     assert!(s.labels.keys().all(|(_, k)| &**k == "app"));
 }
+
+#[test]
+fn objects_carrying_the_same_values_share_them_and_each_keeps_its_own() {
+    let idx = index();
+    let many: Vec<(String, String)> = (0..MAX_INDEXED_LABELS + 6)
+        .map(|i| (format!("k{i:03}"), format!("v{i}")))
+        .collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // In key order: runs of the same values, broken by others, and two past the cap.
+    let inputs = [
+        input("pods", "c1", "ns", "p1", 2, &[("app", "web")]),
+        input("pods", "c1", "ns", "p2", 2, &[("app", "web")]),
+        input("pods", "c1", "ns", "p3", 2, &[("app", "db")]),
+        input("pods", "c1", "ns", "p4", 3, &[("app", "web")]),
+        input("pods", "c1", "ns", "p5", 3, &many),
+        input("pods", "c1", "ns", "p6", 3, &many),
+        input(
+            "pods",
+            "c1",
+            "ns",
+            "p7",
+            2,
+            &[("app", "web"), ("tier", "x")],
+        ),
+        input("pods", "c1", "ns", "p8", 2, &[("app", "web")]),
+    ];
+    idx.apply(inputs.iter().cloned().map(Change::Upsert));
+    let s = idx.snapshot();
+    for i in &inputs {
+        let held = s.get(&i.key).unwrap();
+        let mut labels: Vec<(String, String)> = fleetscope_model::StoredObject::labels(&**held)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        labels.sort();
+        let mut expected = i.labels.clone();
+        expected.sort();
+        assert_eq!(labels, expected, "{}", i.key);
+        let owners: Vec<String> = held.owners().iter().map(|u| u.to_string()).collect();
+        assert_eq!(owners, i.owners, "{}", i.key);
+        let fields: Vec<(String, String)> = held
+            .fields()
+            .iter()
+            .map(|(p, v)| (p.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(fields, i.fields, "{}", i.key);
+        assert_eq!(held.labels_unindexed(), i.labels.len() > MAX_INDEXED_LABELS);
+    }
+    let web = |name: &str| {
+        s.get(&ObjectKey::new(
+            "pods",
+            &ClusterName::from("c1"),
+            "ns",
+            name,
+        ))
+        .unwrap()
+        .clone()
+    };
+    assert!(web("p1").same_terms(&web("p2")) && web("p1").same_terms(&web("p8")));
+    assert!(!web("p1").same_terms(&web("p4")) && !web("p1").same_terms(&web("p7")));
+}
