@@ -86,13 +86,15 @@ fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
     );
     let loaded = opened.loaded;
     let mut held: BTreeMap<(String, String), BTreeSet<Versioned>> = BTreeMap::new();
-    for o in loaded.objects.iter().map(|r| &r.state) {
+    for r in &loaded.objects {
+        let o = &r.state;
         held.entry((o.key.cluster.to_string(), o.key.resource.to_string()))
             .or_default()
             .insert((
                 o.key.namespace.to_string(),
                 o.key.name.to_string(),
-                serde_json::from_str::<serde_json::Value>(&o.json).unwrap()["metadata"]
+                // Compressed in a snapshot, as text in the change log.
+                serde_json::from_str::<serde_json::Value>(&r.text()).unwrap()["metadata"]
                     ["resourceVersion"]
                     .as_str()
                     .unwrap()
