@@ -582,6 +582,13 @@ async fn served_json(
         .collect()
 }
 
+/// How many of the objects the node's index holds are held compressed, of how many.
+fn held_compressed(h: &Harness) -> (usize, usize) {
+    let held = h.engine.index_for_tests().snapshot();
+    let compressed = held.iter().filter(|o| o.json_compressed()).count();
+    (compressed, held.iter().count())
+}
+
 /// Objects held compressed (`--compress-objects`, each once settled) are served
 /// exactly as held plainly:
 /// restored from a store written plainly, changed live (each Watch event and `Get`
@@ -622,14 +629,11 @@ async fn objects_held_compressed_are_served_exactly_and_stored_compressed() {
     let index = h.engine.index_for_tests();
     let now = index.snapshot().revision();
     while !index.pack_settled(now, 1024) {}
-    let held = h.engine.index_for_tests().snapshot();
-    let compressed_held = held.iter().filter(|o| o.json_compressed()).count();
+    let (compressed_held, held) = held_compressed(&h);
     assert!(
-        compressed_held * 10 >= held.iter().count() * 9,
-        "nearly every object held compressed: {compressed_held} of {}",
-        held.iter().count()
+        compressed_held * 10 >= held * 9,
+        "nearly every object held compressed: {compressed_held} of {held}"
     );
-    drop(held);
     for (t, objects) in TYPES.iter().zip(&plain) {
         assert_eq!(&served_json(&h, t).await, objects, "{t}");
     }
@@ -690,14 +694,11 @@ async fn objects_held_compressed_are_served_exactly_and_stored_compressed() {
     )
     .await;
     h.synced().await;
-    let held = h.engine.index_for_tests().snapshot();
-    let compressed_held = held.iter().filter(|o| o.json_compressed()).count();
+    let (compressed_held, held) = held_compressed(&h);
     assert!(
-        compressed_held * 10 >= held.iter().count() * 8,
-        "most objects restored compressed: {compressed_held} of {}",
-        held.iter().count()
+        compressed_held * 10 >= held * 8,
+        "most objects restored compressed: {compressed_held} of {held}"
     );
-    drop(held);
     for (t, objects) in TYPES.iter().zip(&changed) {
         assert_eq!(&served_json(&h, t).await, objects, "{t}");
     }

@@ -1537,18 +1537,7 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
         ..Config::default()
     };
     let idx = Index::new(compressing());
-    let pods: Vec<ObjectState> = (0..30)
-        .map(|i| {
-            input(
-                "pods",
-                "c1",
-                "ns1",
-                &format!("p{i:02}"),
-                i,
-                &[("app", "web")],
-            )
-        })
-        .collect();
+    let pods = web_pods(30);
     let secret = input("secrets", "c1", "ns1", "token", 1, &[]);
     idx.apply(
         pods.iter()
@@ -1621,16 +1610,9 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
     }
 }
 
-/// Every state held, settled and compressed.
-fn settle(idx: &Index) {
-    let now = idx.snapshot().revision();
-    while !idx.pack_settled(now, 7) {}
-}
-
-#[test]
-fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_sees_it() {
-    let idx = Index::new(Config::default());
-    let pods: Vec<ObjectState> = (0..20)
+/// `n` pods of `c1`/`ns1` labelled `app=web`, named `p00`, `p01`, … in key order.
+fn web_pods(n: u64) -> Vec<ObjectState> {
+    (0..n)
         .map(|i| {
             input(
                 "pods",
@@ -1641,7 +1623,19 @@ fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_s
                 &[("app", "web")],
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Every state held, settled and compressed.
+fn settle(idx: &Index) {
+    let now = idx.snapshot().revision();
+    while !idx.pack_settled(now, 7) {}
+}
+
+#[test]
+fn a_state_is_held_as_text_until_it_settles_then_compressed_where_every_holder_sees_it() {
+    let idx = Index::new(Config::default());
+    let pods = web_pods(20);
     let events = idx.apply(pods[..10].iter().cloned().map(Change::Upsert));
     let first = idx.snapshot().revision();
     let events: Vec<_> = events

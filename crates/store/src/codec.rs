@@ -50,39 +50,40 @@ pub(crate) fn discovery_key(cluster: &ClusterName) -> Vec<u8> {
 
 /// `b:`, the snapshot id and the chunk's index, big-endian: a snapshot's chunks in order.
 pub(crate) fn chunk_key(snapshot: u64, index: u32) -> Vec<u8> {
-    let mut k = CHUNK_PREFIX.to_vec();
-    k.extend_from_slice(&snapshot.to_be_bytes());
-    k.extend_from_slice(&index.to_be_bytes());
-    k
+    numbered_key(CHUNK_PREFIX, snapshot, index)
 }
 
 /// The snapshot id and chunk index of a chunk key.
 pub(crate) fn parse_chunk_key(key: &[u8]) -> Option<(u64, u32)> {
-    let rest = key.strip_prefix(CHUNK_PREFIX)?;
-    if rest.len() != 12 {
-        return None;
-    }
-    let mut id = [0; 8];
-    id.copy_from_slice(&rest[..8]);
-    let mut index = [0; 4];
-    index.copy_from_slice(&rest[8..]);
-    Some((u64::from_be_bytes(id), u32::from_be_bytes(index)))
+    parse_numbered_key(CHUNK_PREFIX, key)
 }
 
 /// `a:`, the snapshot id and the dictionary's number, big-endian: a snapshot's
 /// dictionaries, which scan before any chunk.
 pub(crate) fn dictionary_key(snapshot: u64, index: u32) -> Vec<u8> {
-    let mut k = DICTIONARY_PREFIX.to_vec();
+    numbered_key(DICTIONARY_PREFIX, snapshot, index)
+}
+
+/// The snapshot id and number of a dictionary key.
+pub(crate) fn parse_dictionary_key(key: &[u8]) -> Option<(u64, u32)> {
+    parse_numbered_key(DICTIONARY_PREFIX, key)
+}
+
+/// `prefix`, a snapshot id and a number, big-endian, so they scan in order.
+fn numbered_key(prefix: &[u8], snapshot: u64, index: u32) -> Vec<u8> {
+    let mut k = prefix.to_vec();
     k.extend_from_slice(&snapshot.to_be_bytes());
     k.extend_from_slice(&index.to_be_bytes());
     k
 }
 
-/// The snapshot id and number of a dictionary key.
-pub(crate) fn parse_dictionary_key(key: &[u8]) -> Option<(u64, u32)> {
-    let rest = key.strip_prefix(DICTIONARY_PREFIX)?;
-    let id: [u8; 8] = rest.get(..8)?.try_into().ok()?;
-    let index: [u8; 4] = rest.get(8..)?.try_into().ok()?;
+fn parse_numbered_key(prefix: &[u8], key: &[u8]) -> Option<(u64, u32)> {
+    let rest = key.strip_prefix(prefix)?;
+    if rest.len() != 12 {
+        return None;
+    }
+    let id: [u8; 8] = rest[..8].try_into().ok()?;
+    let index: [u8; 4] = rest[8..].try_into().ok()?;
     Some((u64::from_be_bytes(id), u32::from_be_bytes(index)))
 }
 

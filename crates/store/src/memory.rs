@@ -30,6 +30,11 @@ impl MemoryStore {
         self.lock().insert(key.to_vec(), value);
     }
 
+    /// One record's bytes as held.
+    pub fn raw(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.lock().get(key).cloned()
+    }
+
     /// Every key held, in order.
     pub fn keys(&self) -> Vec<Vec<u8>> {
         self.lock().keys().cloned().collect()

@@ -243,15 +243,7 @@ fn every_damaged_record_is_detected() {
     store.initialise().unwrap();
     store.commit(&first_batch()).unwrap();
     for key in store.keys() {
-        let mut original = Vec::new();
-        store
-            .scan(&mut |k, v| {
-                if k == key {
-                    original = v.to_vec();
-                }
-                Ok(())
-            })
-            .unwrap();
+        let original = store.raw(&key).unwrap();
         for damage in [
             {
                 let mut v = original.clone();
@@ -886,15 +878,7 @@ fn a_store_of_the_layout_before_is_read_and_takes_this_one_at_its_next_snapshot(
         .map(|o| o.text().into_owned())
         .collect();
     assert_eq!(read, texts);
-    let mut schema = Vec::new();
-    store
-        .scan(&mut |k, v| {
-            if k == codec::META_SCHEMA {
-                schema = v.to_vec();
-            }
-            Ok(())
-        })
-        .unwrap();
+    let schema = store.raw(codec::META_SCHEMA).unwrap();
     assert_eq!(codec::decode_u64(&schema).unwrap(), SCHEMA_VERSION);
 }
 
@@ -924,18 +908,7 @@ fn a_missing_or_damaged_dictionary_is_damage_and_an_unfinished_snapshot_s_are_re
         dictionaries,
         [codec::dictionary_key(7, 0), codec::dictionary_key(7, 1)]
     );
-    let raw = |key: &[u8]| {
-        let mut value = Vec::new();
-        store
-            .scan(&mut |k, v| {
-                if k == key {
-                    value = v.to_vec();
-                }
-                Ok(())
-            })
-            .unwrap();
-        value
-    };
+    let raw = |key: &[u8]| store.raw(key).unwrap();
     for key in &dictionaries {
         let original = raw(key);
         let mut flipped = original.clone();
