@@ -544,6 +544,49 @@ mod tests {
     use super::*;
     use crate::persist::tests::names;
 
+    /// Field-index values are read again from each stored object's JSON when the
+    /// configured paths changed, whether a snapshot holds it compressed or as text.
+    #[test]
+    fn changed_field_indexes_are_read_again_from_compressed_and_plain_objects() {
+        let json = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"ns"},"spec":{"nodeName":"node-7","containers":[{"name":"app","image":"registry.example/app:1"}]}}"#;
+        let state = ObjectState {
+            key: ObjectKey::new("pods", &ClusterName::from("c1"), "ns", "p"),
+            json: json.into(),
+            labels: Vec::new(),
+            owners: Vec::new(),
+            fields: vec![("status.phase".into(), "Running".into())],
+        };
+        let plain =
+            fleetscope_store::ObjectRecord::new(fleetscope_model::Revision(3), state.clone());
+        let dictionary: Arc<[u8]> = Arc::from(json.replace("node-7", "node-1").as_bytes());
+        let mut packed = fleetscope_store::ObjectRecord::new(
+            fleetscope_model::Revision(3),
+            ObjectState {
+                json: Default::default(),
+                ..state
+            },
+        );
+        packed.packed = Some(
+            fleetscope_model::PackedJson::pack(&dictionary, json)
+                .unwrap()
+                .into(),
+        );
+        let mut loaded = fleetscope_store::Loaded {
+            objects: vec![plain, packed],
+            field_indexes: Some(vec!["status.phase".into()]),
+            ..Default::default()
+        };
+        let paths = vec!["spec.nodeName".to_string()];
+        reindex_fields(&mut loaded, &paths);
+        for o in &loaded.objects {
+            assert_eq!(
+                o.state.fields,
+                [("spec.nodeName".to_string(), "node-7".to_string())]
+            );
+        }
+        assert!(loaded.objects[1].packed.is_some(), "still held compressed");
+    }
+
     /// A cluster loop that ends as the engine stops may say its cluster is gone (it
     /// sees its source dropped): the ingest, stopping, deletes nothing for it.
     #[tokio::test]
