@@ -582,6 +582,28 @@ async fn served_json(
         .collect()
 }
 
+/// Starts the node again on the store in `data` with `config`, and waits until it
+/// has synced.
+async fn restart_synced(
+    h: &mut Harness,
+    config: fleetscope::engine::EngineConfig,
+    data: &std::path::Path,
+) {
+    h.start_node(config, common::service_config(), Some(data), &[])
+        .await;
+    h.synced().await;
+}
+
+/// Checks that the node serves exactly `expected` of each of [`TYPES`].
+async fn serves(
+    h: &Harness,
+    expected: &[std::collections::BTreeMap<(String, String, String), String>],
+) {
+    for (t, objects) in TYPES.iter().zip(expected) {
+        assert_eq!(&served_json(h, t).await, objects, "{t}");
+    }
+}
+
 /// How many of the objects the node's index holds are held compressed, of how many.
 fn held_compressed(h: &Harness) -> (usize, usize) {
     let held = h.engine.index_for_tests().snapshot();
@@ -617,14 +639,7 @@ async fn objects_held_compressed_are_served_exactly_and_stored_compressed() {
     h.stop_node().await;
 
     // Restored compressed from the store: every object's text as it was.
-    h.start_node(
-        compressed(),
-        common::service_config(),
-        Some(data.path()),
-        &[],
-    )
-    .await;
-    h.synced().await;
+    restart_synced(&mut h, compressed(), data.path()).await;
     // Every state settled at once, as the packer would take them after their time.
     let index = h.engine.index_for_tests();
     let now = index.snapshot().revision();
@@ -634,9 +649,7 @@ async fn objects_held_compressed_are_served_exactly_and_stored_compressed() {
         compressed_held * 10 >= held * 9,
         "nearly every object held compressed: {compressed_held} of {held}"
     );
-    for (t, objects) in TYPES.iter().zip(&plain) {
-        assert_eq!(&served_json(&h, t).await, objects, "{t}");
-    }
+    serves(&h, &plain).await;
     // Changed while held compressed: a Watch is sent each change's text, as Get is.
     let (_, revision) = served(&h, "configmaps").await;
     let mut stream = watch_from(&h, "configmaps", revision).await;
@@ -686,31 +699,18 @@ async fn objects_held_compressed_are_served_exactly_and_stored_compressed() {
 
     // Its snapshot holds the objects compressed: a restart holds them so before any
     // has settled, and serves them as they were.
-    h.start_node(
-        compressed(),
-        common::service_config(),
-        Some(data.path()),
-        &[],
-    )
-    .await;
-    h.synced().await;
+    restart_synced(&mut h, compressed(), data.path()).await;
     let (compressed_held, held) = held_compressed(&h);
     assert!(
         compressed_held * 10 >= held * 8,
         "most objects restored compressed: {compressed_held} of {held}"
     );
-    for (t, objects) in TYPES.iter().zip(&changed) {
-        assert_eq!(&served_json(&h, t).await, objects, "{t}");
-    }
+    serves(&h, &changed).await;
     h.stop_node().await;
 
     // A plain restart reads them back as text and serves every object as the
     // compressed server last did.
-    h.start_node(as_text(), common::service_config(), Some(data.path()), &[])
-        .await;
-    h.synced().await;
-    for (t, objects) in TYPES.iter().zip(&changed) {
-        assert_eq!(&served_json(&h, t).await, objects, "{t}");
-    }
+    restart_synced(&mut h, as_text(), data.path()).await;
+    serves(&h, &changed).await;
     h.shutdown().await;
 }
