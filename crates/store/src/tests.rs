@@ -29,6 +29,25 @@ fn snapshot_of(
     write_snapshot(store, id, revision, objects.iter(), |o| o.packed.clone()).unwrap()
 }
 
+/// Writes a snapshot of records and makes it current in place of `old`.
+fn current_snapshot(
+    store: &dyn Store,
+    id: u64,
+    revision: Revision,
+    objects: &[ObjectRecord],
+    old: Option<SnapshotMeta>,
+) -> SnapshotMeta {
+    let meta = snapshot_of(store, id, revision, objects);
+    store
+        .commit(&Batch {
+            revision,
+            snapshot: Some((meta, old)),
+            ..Batch::default()
+        })
+        .unwrap();
+    meta
+}
+
 fn pods() -> ResourceType {
     ResourceType::new("", "v1", "pods", "Pod", true)
 }
@@ -564,14 +583,7 @@ fn churned(store: &SledStore, rounds: u64) -> Vec<ObjectRecord> {
                 o
             })
             .collect();
-        let meta = snapshot_of(store, round + 10, Revision(3), &last);
-        store
-            .commit(&Batch {
-                revision: Revision(3),
-                snapshot: Some((meta, old)),
-                ..Batch::default()
-            })
-            .unwrap();
+        let meta = current_snapshot(store, round + 10, Revision(3), &last, old);
         old = Some(meta);
     }
     last
@@ -803,16 +815,8 @@ fn a_snapshot_keeps_compressed_objects_compressed_with_one_dictionary_per_type()
     {
         let opened = SledStore::open(dir.path()).unwrap();
         opened.store.commit(&first_batch()).unwrap();
-        let meta = snapshot_of(&opened.store, 7, Revision(3), &objects);
+        let meta = current_snapshot(&opened.store, 7, Revision(3), &objects, None);
         assert_eq!((meta.objects, meta.dictionaries), (5, 2));
-        opened
-            .store
-            .commit(&Batch {
-                revision: Revision(3),
-                snapshot: Some((meta, None)),
-                ..Batch::default()
-            })
-            .unwrap();
     }
     let opened = SledStore::open(dir.path()).unwrap();
     assert!(opened.moved_aside.is_none());
@@ -862,14 +866,7 @@ fn a_store_of_the_layout_before_is_read_and_takes_this_one_at_its_next_snapshot(
     assert_eq!(loaded.objects, before);
     // The next snapshot is written in this layout and the store says so.
     let (objects, texts) = mixed();
-    let meta = snapshot_of(&store, 6, Revision(3), &objects);
-    store
-        .commit(&Batch {
-            revision: Revision(3),
-            snapshot: Some((meta, Some(old))),
-            ..Batch::default()
-        })
-        .unwrap();
+    current_snapshot(&store, 6, Revision(3), &objects, Some(old));
     assert!(!store.keys().contains(&codec::chunk_key(5, 0)));
     let loaded = store.load().unwrap();
     let read: Vec<String> = loaded
@@ -888,14 +885,7 @@ fn a_missing_or_damaged_dictionary_is_damage_and_an_unfinished_snapshot_s_are_re
     store.initialise().unwrap();
     store.commit(&first_batch()).unwrap();
     let (objects, _) = mixed();
-    let meta = snapshot_of(&store, 7, Revision(3), &objects);
-    store
-        .commit(&Batch {
-            revision: Revision(3),
-            snapshot: Some((meta, None)),
-            ..Batch::default()
-        })
-        .unwrap();
+    let meta = current_snapshot(&store, 7, Revision(3), &objects, None);
     // A snapshot written but never made current leaves no dictionary behind.
     snapshot_of(&store, 9, Revision(3), &objects);
     assert!(store.load().is_ok());
