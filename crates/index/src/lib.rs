@@ -415,6 +415,9 @@ impl Index {
         // A store gives its objects in key order, each once; anything else is put so.
         in_key_order(&mut inputs, |o| &o.state.key);
         let mut dictionaries = object::Dictionaries::default();
+        // The type whose dictionary was last adopted: objects come in key order, type
+        // first, and those of one type share one dictionary.
+        let mut adopted: Option<Arc<str>> = None;
         let mut compressed = 0;
         state.restore_primary(inputs.into_iter().map(|o| {
             let RestoredObject {
@@ -426,7 +429,10 @@ impl Index {
                 // The objects of one type share the dictionary they were stored with,
                 // and the index compresses others of that type against it too.
                 Some(p) if config.compress_objects => {
-                    dictionaries.adopt(&input.key.resource, p.dictionary());
+                    if adopted.as_deref() != Some(&*input.key.resource) {
+                        dictionaries.adopt(&input.key.resource, p.dictionary());
+                        adopted = Some(input.key.resource.clone());
+                    }
                     compressed += 1;
                     Some(p)
                 }

@@ -556,12 +556,13 @@ pub(crate) fn decode_snapshot(record: &[u8]) -> Result<SnapshotMeta, DecodeError
         // A snapshot of the layout before has none (and no field for them).
         dictionaries: 0,
     };
-    let s = match r.0.is_empty() {
-        true => s,
-        false => SnapshotMeta {
+    let s = if r.0.is_empty() {
+        s
+    } else {
+        SnapshotMeta {
             dictionaries: r.u32()?,
             ..s
-        },
+        }
     };
     r.end()?;
     Ok(s)
