@@ -406,7 +406,6 @@ impl Index {
     /// field indexes are built on a thread of their own meanwhile (queries scan until
     /// they are in), and the first change staged waits for them.
     pub fn restore(config: Config, restored: Restored) -> Self {
-        let mut interner = object::Interner::default();
         let mut state = State {
             indexed_paths: Arc::new(config.field_indexes.clone()),
             ..State::default()
@@ -414,39 +413,28 @@ impl Index {
         let mut inputs = restored.objects;
         // A store gives its objects in key order, each once; anything else is put so.
         in_key_order(&mut inputs, |o| &o.state.key);
-        let mut dictionaries = object::Dictionaries::default();
-        // The type whose dictionary was last adopted: objects come in key order, type
-        // first, and those of one type share one dictionary.
-        let mut adopted: Option<Arc<str>> = None;
-        let mut compressed = 0;
-        state.restore_primary(inputs.into_iter().map(|o| {
-            let RestoredObject {
-                state: mut input,
-                revision,
-                packed,
-            } = o;
-            let packed = match packed {
-                // The objects of one type share the dictionary they were stored with,
-                // and the index compresses others of that type against it too.
-                Some(p) if config.compress_objects => {
-                    if adopted.as_deref() != Some(&*input.key.resource) {
-                        dictionaries.adopt(&input.key.resource, p.dictionary());
-                        adopted = Some(input.key.resource.clone());
-                    }
-                    compressed += 1;
-                    Some(p)
-                }
-                // Held as text where the index does not compress.
-                Some(p) => {
-                    input.json = fleetscope_model::Json::from(object::unpacked(&p));
-                    None
-                }
-                None => None,
-            };
-            Object::restored(input, revision, packed, &mut interner)
-        }));
-        let newest_object = state.objects.iter().map(|e| e.0.revision).max();
-        state.revision = restored.revision.max(newest_object.unwrap_or_default());
+        // Made on two threads, each taking a run of them at a time and sharing what
+        // they repeat through an interner of its own.
+        let inputs = Mutex::new(inputs.into_iter());
+        let mut makers = [Maker::new(&config), Maker::new(&config)];
+        let [first, second] = &mut makers;
+        state.restore_primary(
+            runs_of(&inputs).map(|o| first.make(o)),
+            runs_of(&inputs).map(|o| second.make(o)),
+        );
+        let [maker, other] = makers;
+        let Maker {
+            mut interner,
+            mut dictionaries,
+            mut compressed,
+            mut newest,
+            ..
+        } = maker;
+        interner.absorb(other.interner);
+        dictionaries.absorb(other.dictionaries);
+        compressed += other.compressed;
+        newest = newest.max(other.newest);
+        state.revision = restored.revision.max(newest);
         for (stream, rv) in restored.positions {
             state.reach(stream, rv);
         }
@@ -911,6 +899,73 @@ pub fn transition(query: &Query, event: &Event) -> Option<EventType> {
 
 /// Puts items in key order, each key once: the last of equal keys wins, as if they
 /// were applied in order.
+/// The items `from` yields, taken a run at a time: threads taking from one source each
+/// get runs in its order.
+fn runs_of<T>(from: &Mutex<std::vec::IntoIter<T>>) -> impl Iterator<Item = T> + '_ {
+    const RUN: usize = 1024;
+    std::iter::from_fn(|| {
+        let run: Vec<T> = lock(from).by_ref().take(RUN).collect();
+        (!run.is_empty()).then_some(run)
+    })
+    .flatten()
+}
+
+/// Makes restored objects as the index holds them, sharing what they repeat through an
+/// interner of its own: one maker per thread that makes them.
+struct Maker<'c> {
+    config: &'c Config,
+    interner: object::Interner,
+    dictionaries: object::Dictionaries,
+    /// The type whose dictionary was last adopted: objects come in key order, type
+    /// first, and those of one type share one dictionary.
+    adopted: Option<Arc<str>>,
+    /// How many it made held compressed.
+    compressed: u64,
+    /// The newest revision of those it made.
+    newest: Revision,
+}
+
+impl<'c> Maker<'c> {
+    fn new(config: &'c Config) -> Self {
+        Self {
+            config,
+            interner: object::Interner::default(),
+            dictionaries: object::Dictionaries::default(),
+            adopted: None,
+            compressed: 0,
+            newest: Revision::default(),
+        }
+    }
+
+    fn make(&mut self, o: RestoredObject) -> ObjectRef {
+        let RestoredObject {
+            state: mut input,
+            revision,
+            packed,
+        } = o;
+        let packed = match packed {
+            // The objects of one type share the dictionary they were stored with,
+            // and the index compresses others of that type against it too.
+            Some(p) if self.config.compress_objects => {
+                if self.adopted.as_deref() != Some(&*input.key.resource) {
+                    self.dictionaries.adopt(&input.key.resource, p.dictionary());
+                    self.adopted = Some(input.key.resource.clone());
+                }
+                self.compressed += 1;
+                Some(p)
+            }
+            // Held as text where the index does not compress.
+            Some(p) => {
+                input.json = fleetscope_model::Json::from(object::unpacked(&p));
+                None
+            }
+            None => None,
+        };
+        self.newest = self.newest.max(revision);
+        Object::restored(input, revision, packed, &mut self.interner)
+    }
+}
+
 fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
     if items.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
         return;

@@ -57,6 +57,32 @@ impl Interner {
         fresh
     }
 
+    /// Takes what `other` shares and this one does not, while there is room: objects
+    /// made through either are then shared with those made later.
+    pub(crate) fn absorb(&mut self, other: Interner) {
+        fn union<T: std::hash::Hash + Eq>(into: &mut HashSet<T>, from: HashSet<T>) {
+            for v in from {
+                if into.len() >= Interner::CAPACITY {
+                    return;
+                }
+                into.insert(v);
+            }
+        }
+        let Interner {
+            strings,
+            locations,
+            last_location: _,
+            labels,
+            terms,
+            uids,
+        } = other;
+        union(&mut self.strings, strings);
+        union(&mut self.locations, locations);
+        union(&mut self.labels, labels);
+        union(&mut self.terms, terms);
+        union(&mut self.uids, uids);
+    }
+
     /// The same key, in its shared location.
     pub(crate) fn key(&mut self, key: &ObjectKey) -> ObjectKey {
         ObjectKey::in_location(self.location(key.location()), key.name.clone())
@@ -144,6 +170,13 @@ impl Dictionaries {
     fn pack(&mut self, resource: &Arc<str>, json: &str) -> Option<triomphe::Arc<PackedJson>> {
         let dictionary = self.of(resource, json)?;
         PackedJson::pack(&dictionary, json).map(triomphe::Arc::new)
+    }
+
+    /// Takes the dictionaries of the types that have none here.
+    pub(crate) fn absorb(&mut self, other: Dictionaries) {
+        for (resource, dictionary) in other.0 {
+            self.0.entry(resource).or_insert(dictionary);
+        }
     }
 
     /// Takes `dictionary` as the one `resource`'s objects are compressed against,

@@ -2,6 +2,7 @@
 //! shares everything with the live state.
 
 use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, Revision};
 use imbl::{OrdMap, OrdSet};
@@ -382,6 +383,26 @@ impl Runs {
     }
 }
 
+/// Makes `objects` and sends them to `to` in batches, until done or nobody takes them
+/// (the taker panicked, which its scope then raises).
+fn send_batches(objects: impl Iterator<Item = ObjectRef>, to: &SyncSender<Vec<ObjectRef>>) {
+    const BATCH: usize = 4096;
+    let mut batch = Vec::with_capacity(BATCH);
+    for o in objects {
+        batch.push(o);
+        if batch.len() == BATCH
+            && to
+                .send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
+                .is_err()
+        {
+            return;
+        }
+    }
+    if !batch.is_empty() {
+        let _ = to.send(batch);
+    }
+}
+
 fn same_place(a: &ObjectKey, b: &ObjectKey) -> bool {
     a.resource == b.resource && a.cluster == b.cluster && a.namespace == b.namespace
 }
@@ -564,13 +585,17 @@ impl State {
         }
     }
 
-    /// Adds persisted objects (distinct keys, in key order) to an empty state, with
-    /// their own revisions and no events, as `restored` makes them: batch by batch, the
-    /// calling thread makes the objects and another takes them into the primary set and
-    /// counts. The secondary indexes are left to [`Secondary::of`]: until they are
-    /// installed the state is `building`, and its queries scan.
-    pub(crate) fn restore_primary(&mut self, restored: impl Iterator<Item = ObjectRef>) {
-        const BATCH: usize = 4096;
+    /// Adds persisted objects (distinct keys, each part in key order) to an empty
+    /// state, with their own revisions and no events, as `restored` makes them: the
+    /// calling thread makes the first part's objects and another thread the second's,
+    /// batch by batch, and a third takes them into the primary set and counts. The
+    /// secondary indexes are left to [`Secondary::of`]: until they are installed the
+    /// state is `building`, and its queries scan.
+    pub(crate) fn restore_primary(
+        &mut self,
+        first: impl Iterator<Item = ObjectRef>,
+        second: impl Iterator<Item = ObjectRef> + Send,
+    ) {
         let State {
             objects,
             counts,
@@ -578,7 +603,7 @@ impl State {
             ..
         } = self;
         *building = true;
-        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Vec<ObjectRef>>(4);
+        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Vec<ObjectRef>>(8);
         std::thread::scope(|s| {
             s.spawn(move || {
                 let mut runs = Runs::default();
@@ -588,22 +613,10 @@ impl State {
                 }
                 runs.finish(counts);
             });
-            let mut batch = Vec::with_capacity(BATCH);
-            for o in restored {
-                batch.push(o);
-                // The worker gone (it panicked, which the scope then raises): stop making.
-                if batch.len() == BATCH
-                    && to_primary
-                        .send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
-                        .is_err()
-                {
-                    break;
-                }
-            }
-            if !batch.is_empty() {
-                let _ = to_primary.send(batch);
-            }
-            // The worker ends when its channel closes.
+            let to_second = to_primary.clone();
+            s.spawn(move || send_batches(second, &to_second));
+            send_batches(first, &to_primary);
+            // The worker ends when both senders are gone.
             drop(to_primary);
         });
     }

@@ -632,7 +632,8 @@ fn secondary_sets_grow_past_a_few_members_and_shrink_back() {
 fn a_restored_index_answers_as_the_one_it_was_saved_from() {
     let idx = index();
     let cluster = |i: u64| if i.is_multiple_of(2) { "c1" } else { "c2" };
-    idx.apply((0..300u64).map(|i| {
+    // More than the runs two threads take objects to make in at a restore.
+    idx.apply((0..5000u64).map(|i| {
         let app = if i.is_multiple_of(5) { "web" } else { "db" };
         Change::Upsert(input(
             "pods",
@@ -643,7 +644,7 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
             &[("app", app)],
         ))
     }));
-    idx.apply((0..300u64).step_by(7).map(|i| {
+    idx.apply((0..5000u64).step_by(7).map(|i| {
         Change::Delete(ObjectKey::new(
             "pods",
             &ClusterName::from(cluster(i)),
@@ -655,11 +656,24 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
     // Saved out of order: the restore sorts.
     let mut objects = saved_inputs(&saved);
     objects.reverse();
-    let restored = Index::restore(
-        Config {
-            field_indexes: vec!["spec.nodeName".into()],
-            ..Config::default()
+    let config = || Config {
+        field_indexes: vec!["spec.nodeName".into()],
+        ..Config::default()
+    };
+    // Restored at an older revision than its newest object's, it continues from that
+    // object's (an upsert of p4999, made by whichever thread took it).
+    let behind = Index::restore(
+        config(),
+        Restored {
+            revision: Revision(1),
+            objects: saved_inputs(&saved),
+            events: Vec::new(),
+            positions: Vec::new(),
         },
+    );
+    assert_eq!(behind.snapshot().revision(), Revision(5000));
+    let restored = Index::restore(
+        config(),
         Restored {
             revision: saved.revision(),
             objects,
@@ -697,8 +711,8 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
             },
         ] {
             assert_eq!(
-                names(&now.page(&q, None, 1000).items),
-                names(&saved.page(&q, None, 1000).items)
+                names(&now.page(&q, None, usize::MAX).items),
+                names(&saved.page(&q, None, usize::MAX).items)
             );
             let groups = [GroupBy::Cluster, GroupBy::Namespace];
             assert_eq!(now.count(&q, &groups), saved.count(&q, &groups));
@@ -1537,7 +1551,8 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
         ..Config::default()
     };
     let idx = Index::new(compressing());
-    let pods = web_pods(30);
+    // More than the runs two threads take objects to make in at a restore.
+    let pods = web_pods(3000);
     let secret = input("secrets", "c1", "ns1", "token", 1, &[]);
     idx.apply(
         pods.iter()
@@ -1547,7 +1562,7 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
     );
     // Half settled and held compressed, half still text: all stored compressed but
     // the Secret, and the text ones are not compressed where they are held.
-    let half = idx.snapshot().get(&pods[14].key).unwrap().revision;
+    let half = idx.snapshot().get(&pods[1499].key).unwrap().revision;
     while !idx.pack_settled(half, 100) {}
     let stored = stored_packed(&idx);
     let s = idx.snapshot();
@@ -1561,7 +1576,7 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
         }
     }
     assert!(s.get(&pods[0].key).unwrap().json_compressed());
-    assert!(!s.get(&pods[29].key).unwrap().json_compressed());
+    assert!(!s.get(&pods[2999].key).unwrap().json_compressed());
     let restore = |config: Config| {
         Index::restore(
             config,
@@ -1578,7 +1593,7 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
     let restored = restore(compressing());
     assert_eq!(
         restored.compressed_count(),
-        30,
+        3000,
         "restored compressed, counted so"
     );
     let r = restored.snapshot();
@@ -1874,4 +1889,16 @@ fn objects_carrying_the_same_values_share_them_and_each_keeps_its_own() {
     };
     assert!(web("p1").same_terms(&web("p2")) && web("p1").same_terms(&web("p8")));
     assert!(!web("p1").same_terms(&web("p4")) && !web("p1").same_terms(&web("p7")));
+}
+
+#[test]
+fn an_interner_absorbing_another_keeps_its_own_values_and_shares_the_other_s() {
+    let mut mine = object::Interner::default();
+    let mut other = object::Interner::default();
+    let a = mine.get("app");
+    let (a_other, b) = (other.get("app"), other.get("web"));
+    mine.absorb(other);
+    assert!(Arc::ptr_eq(&mine.get("app"), &a));
+    assert!(!Arc::ptr_eq(&mine.get("app"), &a_other));
+    assert!(Arc::ptr_eq(&mine.get("web"), &b));
 }

@@ -484,6 +484,10 @@ pub(crate) fn decode_chunk(
         out.push(r.object_near(&mut last, bodies)?);
     }
     r.end()?;
+    // Checked here, on the thread that decoded them, while they are in its cache.
+    if out.windows(2).any(|w| w[0].state.key >= w[1].state.key) {
+        return Err(DecodeError::Malformed("objects out of key order"));
+    }
     Ok(out)
 }
 

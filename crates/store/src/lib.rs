@@ -409,8 +409,8 @@ pub trait Store: Send + Sync {
         unbroken(from, &changes, loaded.revision)?;
         loaded.change_log_bytes = changes.iter().map(|e| e.json_bytes() as u64).sum();
         tracing::debug!(
-            snapshot_objects = base.len(),
-            compressed = base.iter().filter(|o| o.packed.is_some()).count(),
+            snapshot_objects = base.iter().map(Vec::len).sum::<usize>(),
+            compressed = base.iter().flatten().filter(|o| o.packed.is_some()).count(),
             changes = changes.len(),
             change_log_bytes = loaded.change_log_bytes,
             ?scanned_in,
@@ -737,7 +737,7 @@ fn snapshot_objects<S: Store + ?Sized>(
     snapshot: Option<SnapshotMeta>,
     chunks: Vec<DecodedChunk>,
     mut dictionaries: SnapshotDictionaries,
-) -> Result<Vec<ObjectRecord>, StoreError> {
+) -> Result<Vec<Vec<ObjectRecord>>, StoreError> {
     let current = snapshot.map(|s| s.id);
     let (mine, stale): (Vec<_>, Vec<_>) = chunks
         .into_iter()
@@ -790,15 +790,21 @@ fn snapshot_objects<S: Store + ?Sized>(
             meta.chunks
         )));
     }
-    let mut objects = Vec::with_capacity(meta.objects.min(1 << 24) as usize);
-    for ((id, i), decoded) in mine {
-        let decoded =
-            decoded.map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))?;
-        objects.extend(decoded);
-    }
-    if objects.len() as u64 != meta.objects
-        || objects.windows(2).any(|w| w[0].state.key >= w[1].state.key)
-    {
+    // Each chunk was checked in key order as it was decoded; here, each against the
+    // one before.
+    let objects = mine
+        .into_iter()
+        .map(|((id, i), decoded)| {
+            decoded.map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ends = objects
+        .iter()
+        .filter_map(|c| Some((&c.first()?.state.key, &c.last()?.state.key)));
+    let in_order = ends.next().is_none_or(|(_, mut end)| {
+        ends.all(|(first, last)| std::mem::replace(&mut end, last) < first)
+    });
+    if objects.iter().map(Vec::len).sum::<usize>() as u64 != meta.objects || !in_order {
         return Err(StoreError::Damaged(format!(
             "snapshot {} does not hold its {} objects in order",
             meta.id, meta.objects
@@ -865,12 +871,11 @@ fn change_log_of(records: Vec<DecodedEvents>) -> Result<EventRecords, StoreError
     Ok((events, extents))
 }
 
-/// The snapshot's objects with the change log applied, in key order.
-fn replay(base: Vec<ObjectRecord>, changes: &[&EventRecord]) -> Vec<ObjectRecord> {
-    if changes.is_empty() {
-        return base;
-    }
-    // The last change per key wins; merged with the snapshot in one ordered pass.
+/// The snapshot's objects (its chunks, each in key order and all of them in order)
+/// with the change log applied, in key order: each chunk is moved over whole, but
+/// for the objects the log changed, found by binary search.
+fn replay(chunks: Vec<Vec<ObjectRecord>>, changes: &[&EventRecord]) -> Vec<ObjectRecord> {
+    // The last change per key wins.
     let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
     for e in changes {
         let state = match e.kind {
@@ -879,27 +884,24 @@ fn replay(base: Vec<ObjectRecord>, changes: &[&EventRecord]) -> Vec<ObjectRecord
         };
         last.insert(&e.object.state.key, state);
     }
-    let mut out = Vec::with_capacity(base.len() + last.len());
+    let held: usize = chunks.iter().map(Vec::len).sum();
+    let mut out = Vec::with_capacity(held + last.len());
     let mut changed = last.into_iter().peekable();
-    for o in base {
-        while let Some((k, state)) = changed.peek() {
-            if **k >= o.state.key {
-                break;
+    for chunk in chunks {
+        let mut rest = chunk.into_iter();
+        // Each change up to the chunk's last key: the objects before it moved over,
+        // the one it replaces (if any) dropped, its state (unless a delete) taken.
+        while let Some((key, state)) =
+            changed.next_if(|(k, _)| rest.as_slice().last().is_some_and(|o| **k <= o.state.key))
+        {
+            let before = rest.as_slice().partition_point(|o| o.state.key < *key);
+            out.extend(rest.by_ref().take(before));
+            if rest.as_slice().first().is_some_and(|o| o.state.key == *key) {
+                rest.next();
             }
-            if let Some(s) = state {
-                out.push((*s).clone());
-            }
-            changed.next();
+            out.extend(state.cloned());
         }
-        match changed.peek() {
-            Some((k, state)) if **k == o.state.key => {
-                if let Some(s) = state {
-                    out.push((*s).clone());
-                }
-                changed.next();
-            }
-            _ => out.push(o),
-        }
+        out.extend(rest);
     }
     out.extend(changed.filter_map(|(_, s)| s.cloned()));
     out

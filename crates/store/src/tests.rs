@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, ResourceType, Revision};
@@ -240,6 +241,34 @@ fn a_gap_in_the_change_log_is_damage() {
         .unwrap();
     let err = store.load().unwrap_err();
     assert!(err.is_damage(), "{err}");
+}
+
+#[test]
+fn a_snapshot_out_of_key_order_is_damage_within_a_chunk_and_across_chunks() {
+    let out_of_order = |objects: &[ObjectRecord]| {
+        let store = MemoryStore::new();
+        store.initialise().unwrap();
+        current_snapshot(&store, 1, Revision(0), objects, None);
+        let err = store.load().unwrap_err();
+        assert!(err.is_damage(), "{err}");
+        err.to_string()
+    };
+    let (a, b) = (object("c", "ns", "a", 0), object("c", "ns", "b", 0));
+    let err = out_of_order(&[b.clone(), a.clone()]);
+    assert!(
+        err.contains("chunk 0: malformed record: objects out of key order"),
+        "{err}"
+    );
+    // Objects of a chunk each: every chunk in order, the two out of it.
+    let large = |mut o: ObjectRecord| {
+        o.state.json = "x".repeat(CHUNK_BYTES).into();
+        o
+    };
+    let err = out_of_order(&[large(b), large(a)]);
+    assert!(
+        err.contains("does not hold its 2 objects in order"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -545,6 +574,47 @@ proptest! {
         if revision < u64::MAX {
             prop_assert_eq!(codec::decode_events(&codec::encode_events(&events).unwrap().2).unwrap(), events);
         }
+    }
+
+    #[test]
+    fn replaying_a_change_log_onto_chunks_gives_what_applying_it_one_by_one_gives(
+        held in proptest::collection::btree_set(0u16..400, 0..120),
+        cuts in proptest::collection::vec(0usize..120, 0..6),
+        changes in proptest::collection::vec((0u16..400, any::<bool>()), 0..60),
+    ) {
+        let name = |n: u16| format!("p{n:03}");
+        let mut model: BTreeMap<String, ObjectRecord> = held
+            .iter()
+            .map(|n| (name(*n), object("c", "ns", &name(*n), 1)))
+            .collect();
+        // The snapshot's objects cut into chunks, some of them empty.
+        let mut objects: Vec<ObjectRecord> = model.values().cloned().collect();
+        let mut chunks = Vec::new();
+        let mut cuts = cuts;
+        cuts.sort_unstable();
+        for cut in cuts.into_iter().rev() {
+            chunks.push(objects.split_off(cut.min(objects.len())));
+        }
+        chunks.push(objects);
+        chunks.reverse();
+        let events: Vec<EventRecord> = changes
+            .iter()
+            .enumerate()
+            .map(|(i, (n, delete))| EventRecord {
+                revision: Revision(i as u64 + 2),
+                kind: if *delete { EventType::Deleted } else { EventType::Modified },
+                object: object("c", "ns", &name(*n), i as u64 + 2),
+                prev: None,
+            })
+            .collect();
+        for e in &events {
+            match e.kind {
+                EventType::Deleted => model.remove(&*e.object.state.key.name),
+                _ => model.insert(e.object.state.key.name.to_string(), e.object.clone()),
+            };
+        }
+        let replayed = replay(chunks, &events.iter().collect::<Vec<_>>());
+        prop_assert_eq!(replayed, model.into_values().collect::<Vec<_>>());
     }
 
     #[test]
