@@ -897,8 +897,6 @@ pub fn transition(query: &Query, event: &Event) -> Option<EventType> {
     }
 }
 
-/// Puts items in key order, each key once: the last of equal keys wins, as if they
-/// were applied in order.
 /// The items `from` yields, taken a run at a time: threads taking from one source each
 /// get runs in its order.
 fn runs_of<T>(from: &Mutex<std::vec::IntoIter<T>>) -> impl Iterator<Item = T> + '_ {
@@ -966,6 +964,8 @@ impl<'c> Maker<'c> {
     }
 }
 
+/// Puts items in key order, each key once: the last of equal keys wins, as if they
+/// were applied in order.
 fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
     if items.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
         return;
