@@ -416,14 +416,17 @@ impl Index {
         // Made on two threads, each taking a run of them at a time and sharing what
         // they repeat through an interner of its own.
         let inputs = Mutex::new(inputs.into_iter());
-        let mut makers = [Maker::new(&config), Maker::new(&config)];
+        let mut makers = [
+            object::Maker::new(config.compress_objects),
+            object::Maker::new(config.compress_objects),
+        ];
         let [first, second] = &mut makers;
         state.restore_primary(
-            runs_of(&inputs).map(|o| first.make(o)),
-            runs_of(&inputs).map(|o| second.make(o)),
+            state::runs_of(&inputs).map(|o| first.make(o.state, o.revision, o.packed)),
+            state::runs_of(&inputs).map(|o| second.make(o.state, o.revision, o.packed)),
         );
         let [maker, other] = makers;
-        let Maker {
+        let object::Maker {
             mut interner,
             mut dictionaries,
             mut compressed,
@@ -894,73 +897,6 @@ pub fn transition(query: &Query, event: &Event) -> Option<EventType> {
         (EventType::Modified, true, false) => Some(EventType::Deleted),
         (EventType::Deleted, b, n) if b || n => Some(EventType::Deleted),
         _ => None,
-    }
-}
-
-/// The items `from` yields, taken a run at a time: threads taking from one source each
-/// get runs in its order.
-fn runs_of<T>(from: &Mutex<std::vec::IntoIter<T>>) -> impl Iterator<Item = T> + '_ {
-    const RUN: usize = 1024;
-    std::iter::from_fn(|| {
-        let run: Vec<T> = lock(from).by_ref().take(RUN).collect();
-        (!run.is_empty()).then_some(run)
-    })
-    .flatten()
-}
-
-/// Makes restored objects as the index holds them, sharing what they repeat through an
-/// interner of its own: one maker per thread that makes them.
-struct Maker<'c> {
-    config: &'c Config,
-    interner: object::Interner,
-    dictionaries: object::Dictionaries,
-    /// The type whose dictionary was last adopted: objects come in key order, type
-    /// first, and those of one type share one dictionary.
-    adopted: Option<Arc<str>>,
-    /// How many it made held compressed.
-    compressed: u64,
-    /// The newest revision of those it made.
-    newest: Revision,
-}
-
-impl<'c> Maker<'c> {
-    fn new(config: &'c Config) -> Self {
-        Self {
-            config,
-            interner: object::Interner::default(),
-            dictionaries: object::Dictionaries::default(),
-            adopted: None,
-            compressed: 0,
-            newest: Revision::default(),
-        }
-    }
-
-    fn make(&mut self, o: RestoredObject) -> ObjectRef {
-        let RestoredObject {
-            state: mut input,
-            revision,
-            packed,
-        } = o;
-        let packed = match packed {
-            // The objects of one type share the dictionary they were stored with,
-            // and the index compresses others of that type against it too.
-            Some(p) if self.config.compress_objects => {
-                if self.adopted.as_deref() != Some(&*input.key.resource) {
-                    self.dictionaries.adopt(&input.key.resource, p.dictionary());
-                    self.adopted = Some(input.key.resource.clone());
-                }
-                self.compressed += 1;
-                Some(p)
-            }
-            // Held as text where the index does not compress.
-            Some(p) => {
-                input.json = fleetscope_model::Json::from(object::unpacked(&p));
-                None
-            }
-            None => None,
-        };
-        self.newest = self.newest.max(revision);
-        Object::restored(input, revision, packed, &mut self.interner)
     }
 }
 

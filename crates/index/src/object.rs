@@ -137,6 +137,65 @@ impl Interner {
     }
 }
 
+/// Makes restored objects as the index holds them, sharing what they repeat through an
+/// interner of its own: one maker per thread that makes them.
+pub(crate) struct Maker {
+    /// Whether the index holds objects compressed.
+    compress: bool,
+    pub(crate) interner: Interner,
+    pub(crate) dictionaries: Dictionaries,
+    /// The type whose dictionary was last adopted: objects come in key order, type
+    /// first, and those of one type share one dictionary.
+    adopted: Option<Arc<str>>,
+    /// How many it made held compressed.
+    pub(crate) compressed: u64,
+    /// The newest revision of those it made.
+    pub(crate) newest: Revision,
+}
+
+impl Maker {
+    pub(crate) fn new(compress: bool) -> Self {
+        Self {
+            compress,
+            interner: Interner::default(),
+            dictionaries: Dictionaries::default(),
+            adopted: None,
+            compressed: 0,
+            newest: Revision::default(),
+        }
+    }
+
+    /// `input` as the index holds it, its JSON `packed` when given (as a snapshot
+    /// stored it), with `revision`.
+    pub(crate) fn make(
+        &mut self,
+        mut input: ObjectState,
+        revision: Revision,
+        packed: Option<triomphe::Arc<PackedJson>>,
+    ) -> ObjectRef {
+        let packed = match packed {
+            // The objects of one type share the dictionary they were stored with,
+            // and the index compresses others of that type against it too.
+            Some(p) if self.compress => {
+                if self.adopted.as_deref() != Some(&*input.key.resource) {
+                    self.dictionaries.adopt(&input.key.resource, p.dictionary());
+                    self.adopted = Some(input.key.resource.clone());
+                }
+                self.compressed += 1;
+                Some(p)
+            }
+            // Held as text where the index does not compress.
+            Some(p) => {
+                input.json = fleetscope_model::Json::from(unpacked(&p));
+                None
+            }
+            None => None,
+        };
+        self.newest = self.newest.max(revision);
+        Object::restored(input, revision, packed, &mut self.interner)
+    }
+}
+
 /// Each resource type's dictionary: the JSON of the first object of that type held
 /// compressed. Objects of one type share most of their text with it.
 #[derive(Debug, Default)]
