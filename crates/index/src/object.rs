@@ -8,24 +8,70 @@ use fleetscope_model::selector::{Fields, Labels, field_in_json, metadata_json};
 use fleetscope_model::{Location, ObjectKey, ObjectState, PackedJson, Revision};
 use imbl::OrdSet;
 
-use crate::HashSet;
-
 /// Shares what many objects repeat (resource names, namespaces, label keys and values,
 /// owner uids, whole label and field sets) so each is held once. Bounded: past its
 /// capacity, new values are still used, only not shared.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
-    strings: HashSet<Arc<str>>,
-    locations: HashSet<Arc<Location>>,
+    strings: Table<Arc<str>>,
+    locations: Table<Arc<Location>>,
     /// The last location asked for and its shared copy: objects arrive in runs of one.
     last_location: Option<(Arc<Location>, Arc<Location>)>,
-    labels: HashSet<LabelSet>,
-    terms: HashSet<Arc<Terms>>,
-    uids: HashSet<Uid>,
+    labels: Table<SharedLabels>,
+    terms: Table<Arc<Terms>>,
+    uids: Table<Uid>,
 }
+
+/// One of the interner's tables: found by an equivalent of what it holds, too.
+type Table<T> = hashbrown::HashSet<T, foldhash::fast::RandomState>;
 
 /// metadata.labels, sorted by key.
 type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
+
+/// A label set as the interner holds it: found by the text of its labels
+/// ([`LabelsOf`]), so an object whose set is held is not interned label by label.
+#[derive(Debug, PartialEq, Eq)]
+struct SharedLabels(LabelSet);
+
+/// An object's labels, sorted, as they came: the key its shared set is found by.
+struct LabelsOf<'a>(&'a [(String, String)]);
+
+/// The one hash of a label set, whichever form it is in.
+fn hash_labels<'a, H: std::hash::Hasher>(
+    labels: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    state: &mut H,
+) {
+    state.write_usize(labels.len());
+    for (k, v) in labels {
+        state.write(k.as_bytes());
+        state.write_u8(0xff);
+        state.write(v.as_bytes());
+        state.write_u8(0xff);
+    }
+}
+
+impl std::hash::Hash for SharedLabels {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        hash_labels(self.0.iter().map(|(k, v)| (&**k, &**v)), state);
+    }
+}
+
+impl std::hash::Hash for LabelsOf<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        hash_labels(self.0.iter().map(|(k, v)| (k.as_str(), v.as_str())), state);
+    }
+}
+
+impl hashbrown::Equivalent<SharedLabels> for LabelsOf<'_> {
+    fn equivalent(&self, held: &SharedLabels) -> bool {
+        self.0.len() == held.0.len()
+            && self
+                .0
+                .iter()
+                .zip(held.0.iter())
+                .all(|((k, v), (hk, hv))| k.as_str() == &**hk && v.as_str() == &**hv)
+    }
+}
 
 /// An owner's uid: a handle of one word (the object record holds one), shared.
 pub type Uid = arcstr::ArcStr;
@@ -43,7 +89,7 @@ impl Interner {
     }
 
     /// `s` as `table` holds it, added when there is room.
-    fn string<T>(table: &mut HashSet<T>, s: &str) -> T
+    fn string<T>(table: &mut Table<T>, s: &str) -> T
     where
         T: for<'a> From<&'a str> + std::borrow::Borrow<str> + std::hash::Hash + Eq + Clone,
     {
@@ -60,7 +106,7 @@ impl Interner {
     /// Takes what `other` shares and this one does not, while there is room: objects
     /// made through either are then shared with those made later.
     pub(crate) fn absorb(&mut self, other: Interner) {
-        fn union<T: std::hash::Hash + Eq>(into: &mut HashSet<T>, from: HashSet<T>) {
+        fn union<T: std::hash::Hash + Eq>(into: &mut Table<T>, from: Table<T>) {
             for v in from {
                 if into.len() >= Interner::CAPACITY {
                     return;
@@ -114,13 +160,18 @@ impl Interner {
         fresh
     }
 
-    fn labels(&mut self, labels: Vec<(Arc<str>, Arc<str>)>) -> LabelSet {
-        if let Some(shared) = self.labels.get(labels.as_slice()) {
-            return shared.clone();
+    /// The shared set of `labels` (sorted): found whole, or made of shared keys and
+    /// values.
+    fn labels(&mut self, labels: &[(String, String)]) -> LabelSet {
+        if let Some(shared) = self.labels.get(&LabelsOf(labels)) {
+            return shared.0.clone();
         }
-        let fresh: LabelSet = Arc::from(labels);
+        let fresh: LabelSet = labels
+            .iter()
+            .map(|(k, v)| (self.get(k), self.get(v)))
+            .collect();
         if self.labels.len() < Self::CAPACITY {
-            self.labels.insert(fresh.clone());
+            self.labels.insert(SharedLabels(fresh.clone()));
         }
         fresh
     }
@@ -614,13 +665,9 @@ impl Object {
             let unindexed: LabelSet = Arc::from([(Arc::from(""), Arc::from(""))]);
             (unindexed, Some(PackedLabels::new(input.labels)))
         } else {
-            let mut labels: Vec<(Arc<str>, Arc<str>)> = input
-                .labels
-                .into_iter()
-                .map(|(k, v)| (interner.get(&k), interner.get(&v)))
-                .collect();
-            labels.sort();
-            (interner.labels(labels), None)
+            let mut labels = input.labels;
+            labels.sort_unstable();
+            (interner.labels(&labels), None)
         };
         let mut owners: Vec<Uid> = input.owners.iter().map(|u| interner.uid(u)).collect();
         let owner = match owners.len() {

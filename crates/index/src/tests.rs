@@ -1902,3 +1902,63 @@ fn an_interner_absorbing_another_keeps_its_own_values_and_shares_the_other_s() {
     assert!(!Arc::ptr_eq(&mine.get("app"), &a_other));
     assert!(Arc::ptr_eq(&mine.get("web"), &b));
 }
+
+#[test]
+fn objects_with_the_same_labels_in_any_order_share_one_label_set() {
+    let idx = index();
+    let labels = |o: &Object| o.labels().as_ptr();
+    idx.apply([
+        Change::Upsert(input(
+            "pods",
+            "c1",
+            "ns",
+            "p1",
+            1,
+            &[("b", "2"), ("a", "1")],
+        )),
+        Change::Upsert(input(
+            "pods",
+            "c1",
+            "ns",
+            "p2",
+            1,
+            &[("a", "1"), ("b", "2")],
+        )),
+        Change::Upsert(input(
+            "pods",
+            "c1",
+            "ns",
+            "p3",
+            1,
+            &[("a", "1"), ("b", "3")],
+        )),
+        Change::Upsert(input("pods", "c1", "ns", "p4", 1, &[("a", "1")])),
+    ]);
+    let s = idx.snapshot();
+    let held = |name: &str| {
+        s.get(&ObjectKey::new(
+            "pods",
+            &ClusterName::from("c1"),
+            "ns",
+            name,
+        ))
+        .unwrap()
+        .clone()
+    };
+    assert_eq!(labels(&held("p1")), labels(&held("p2")));
+    assert_ne!(labels(&held("p1")), labels(&held("p3")));
+    assert_ne!(labels(&held("p1")), labels(&held("p4")));
+    // The sets differ; their keys and values are shared.
+    assert!(Arc::ptr_eq(
+        &held("p1").labels()[0].0,
+        &held("p4").labels()[0].0
+    ));
+    assert_eq!(
+        held("p3")
+            .labels()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>(),
+        ["a=1", "b=3"]
+    );
+}
