@@ -20,6 +20,8 @@ pub(crate) struct Interner {
     labels: Table<SharedLabels>,
     terms: Table<Arc<Terms>>,
     uids: Table<Uid>,
+    /// The last uid asked for, shared.
+    last_uid: Option<Uid>,
 }
 
 /// One of the interner's tables: found by an equivalent of what it holds, too.
@@ -83,9 +85,17 @@ impl Interner {
         Self::string(&mut self.strings, s)
     }
 
-    /// An owner's uid, shared.
+    /// An owner's uid, shared. Objects of one owner mostly come one after another (in
+    /// key order, a workload's pods): the last uid is taken without a lookup.
     fn uid(&mut self, s: &str) -> Uid {
-        Self::string(&mut self.uids, s)
+        if let Some(last) = &self.last_uid
+            && last.as_str() == s
+        {
+            return last.clone();
+        }
+        let shared = Self::string(&mut self.uids, s);
+        self.last_uid = Some(shared.clone());
+        shared
     }
 
     /// `s` as `table` holds it, added when there is room.
@@ -121,6 +131,7 @@ impl Interner {
             labels,
             terms,
             uids,
+            last_uid: _,
         } = other;
         union(&mut self.strings, strings);
         union(&mut self.locations, locations);
@@ -669,10 +680,10 @@ impl Object {
             labels.sort_unstable();
             (interner.labels(&labels), None)
         };
-        let mut owners: Vec<Uid> = input.owners.iter().map(|u| interner.uid(u)).collect();
-        let owner = match owners.len() {
-            1 => owners.pop(),
-            _ => None,
+        // A sole owner, as most objects have, is the object's own: no list to make.
+        let (owner, owners): (Option<Uid>, Box<[Uid]>) = match input.owners.as_slice() {
+            [sole] => (Some(interner.uid(sole)), Box::default()),
+            many => (None, many.iter().map(|u| interner.uid(u)).collect()),
         };
         let terms = Terms {
             labels,
@@ -682,7 +693,7 @@ impl Object {
                 .iter()
                 .map(|(p, v)| (interner.get(p), Arc::from(v.as_str())))
                 .collect(),
-            owners: owners.into_boxed_slice(),
+            owners,
         };
         // The name in an allocation of its own made now, among the index's, rather than
         // wherever its producer made it, among what it has since freed.
