@@ -1831,6 +1831,18 @@ fn an_object_with_more_labels_than_the_index_takes_is_held_whole_and_selected_by
     assert!(s.labels.keys().all(|(_, k)| &**k == "app"));
 }
 
+/// The pod `name` of namespace `ns` in cluster `c1`, as `s` holds it.
+fn held_pod(s: &State, name: &str) -> ObjectRef {
+    s.get(&ObjectKey::new(
+        "pods",
+        &ClusterName::from("c1"),
+        "ns",
+        name,
+    ))
+    .unwrap()
+    .clone()
+}
+
 #[test]
 fn objects_carrying_the_same_values_share_them_and_each_keeps_its_own() {
     let idx = index();
@@ -1877,16 +1889,7 @@ fn objects_carrying_the_same_values_share_them_and_each_keeps_its_own() {
         assert_eq!(fields, i.fields, "{}", i.key);
         assert_eq!(held.labels_unindexed(), i.labels.len() > MAX_INDEXED_LABELS);
     }
-    let web = |name: &str| {
-        s.get(&ObjectKey::new(
-            "pods",
-            &ClusterName::from("c1"),
-            "ns",
-            name,
-        ))
-        .unwrap()
-        .clone()
-    };
+    let web = |name: &str| held_pod(&s, name);
     assert!(web("p1").same_terms(&web("p2")) && web("p1").same_terms(&web("p8")));
     assert!(!web("p1").same_terms(&web("p4")) && !web("p1").same_terms(&web("p7")));
 }
@@ -1935,16 +1938,7 @@ fn objects_with_the_same_labels_in_any_order_share_one_label_set() {
         Change::Upsert(input("pods", "c1", "ns", "p4", 1, &[("a", "1")])),
     ]);
     let s = idx.snapshot();
-    let held = |name: &str| {
-        s.get(&ObjectKey::new(
-            "pods",
-            &ClusterName::from("c1"),
-            "ns",
-            name,
-        ))
-        .unwrap()
-        .clone()
-    };
+    let held = |name: &str| held_pod(&s, name);
     assert_eq!(labels(&held("p1")), labels(&held("p2")));
     assert_ne!(labels(&held("p1")), labels(&held("p3")));
     assert_ne!(labels(&held("p1")), labels(&held("p4")));
