@@ -425,18 +425,15 @@ impl Index {
             state::runs_of(&inputs).map(|o| first.make(o.state, o.revision, o.packed)),
             state::runs_of(&inputs).map(|o| second.make(o.state, o.revision, o.packed)),
         );
-        let [maker, other] = makers;
+        let [mut maker, other] = makers;
+        maker.absorb(other);
         let object::Maker {
             mut interner,
-            mut dictionaries,
-            mut compressed,
-            mut newest,
+            dictionaries,
+            compressed,
+            newest,
             ..
         } = maker;
-        interner.absorb(other.interner);
-        dictionaries.absorb(other.dictionaries);
-        compressed += other.compressed;
-        newest = newest.max(other.newest);
         state.revision = restored.revision.max(newest);
         for (stream, rv) in restored.positions {
             state.reach(stream, rv);

@@ -256,6 +256,15 @@ impl Maker {
         self.newest = self.newest.max(revision);
         Object::restored(input, revision, packed, &mut self.interner)
     }
+
+    /// Takes in what `other` made alongside: what it shares, its dictionaries, its
+    /// counts.
+    pub(crate) fn absorb(&mut self, other: Maker) {
+        self.interner.absorb(other.interner);
+        self.dictionaries.absorb(other.dictionaries);
+        self.compressed += other.compressed;
+        self.newest = self.newest.max(other.newest);
+    }
 }
 
 /// Each resource type's dictionary: the JSON of the first object of that type held

@@ -1762,12 +1762,17 @@ fn an_event_is_held_in_eight_words() {
     assert_eq!(std::mem::size_of::<Event>(), 64);
 }
 
+/// `extra` labels more than the label index takes of one object: `k0000=v0`, …
+fn labels_past_the_cap(extra: usize) -> Vec<(String, String)> {
+    (0..MAX_INDEXED_LABELS + extra)
+        .map(|i| (format!("k{i:04}"), format!("v{i}")))
+        .collect()
+}
+
 #[test]
 fn an_object_with_more_labels_than_the_index_takes_is_held_whole_and_selected_by_a_scan() {
     let idx = index();
-    let many: Vec<(String, String)> = (0..MAX_INDEXED_LABELS + 36)
-        .map(|i| (format!("k{i:04}"), format!("v{i}")))
-        .collect();
+    let many = labels_past_the_cap(36);
     let borrowed: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let mut with_app = borrowed.clone();
     with_app.push(("app", "web"));
@@ -1846,9 +1851,7 @@ fn held_pod(s: &State, name: &str) -> ObjectRef {
 #[test]
 fn objects_carrying_the_same_values_share_them_and_each_keeps_its_own() {
     let idx = index();
-    let many: Vec<(String, String)> = (0..MAX_INDEXED_LABELS + 6)
-        .map(|i| (format!("k{i:03}"), format!("v{i}")))
-        .collect();
+    let many = labels_past_the_cap(6);
     let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     // In key order: runs of the same values, broken by others, and two past the cap.
     let inputs = [
