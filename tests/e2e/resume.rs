@@ -5,8 +5,9 @@
 //! - killed with SIGKILL thirty times (compactions and snapshots included), every
 //!   resume is accepted and the rebuilt state ends equal to the clusters', with
 //!   revisions strictly increasing throughout; so too across five kills with objects
-//!   held compressed (`--compress-objects`), after which a plain start serves every
-//!   object's text as the compressed server did;
+//!   held compressed (`--compress-objects`) over 2,400 configmaps (each restart makes them
+//!   on two threads), after which a plain start serves every object's text as the
+//!   compressed server did;
 //! - restarted without continuing its store (`--no-persist`, or a store moved aside
 //!   as damaged), the resume is OUT_OF_RANGE (never NOT_FOUND, never other events) and
 //!   a re-list plus a Watch from the list's revision converges;
@@ -53,7 +54,12 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Self {
-        let fleet = SimFleet::start(&FleetSpec::numbered(2, 100, 0.0))
+        Self::with(100).await
+    }
+
+    /// Two simulated clusters of `objects` each.
+    async fn with(objects: usize) -> Self {
+        let fleet = SimFleet::start(&FleetSpec::numbered(2, objects, 0.0))
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -224,7 +230,9 @@ async fn a_subscriber_resuming_after_each_of_thirty_sigkills_ends_equal_to_the_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_equal_to_the_clusters()
  {
-    let setup = Setup::start().await;
+    // Enough objects that each restart makes them on both of its threads, from a
+    // snapshot of many chunks with the change log replayed across them.
+    let setup = Setup::with(8_000).await;
     let churn = Churn::start(&setup.fleet, &churn(3_000));
     let data = setup.data();
     let data = data.to_str().unwrap();
@@ -254,6 +262,7 @@ async fn with_objects_held_compressed_a_subscriber_resuming_after_sigkills_ends_
     let mut server = setup.serve(&last);
     let mut stream = sub.watch(&server.url()).await.expect("the last resume");
     let truth = common::truth(&setup.fleet, "configmaps");
+    assert!(truth.len() > 2 * 1024, "{} configmaps", truth.len());
     sub.converge(&mut stream, &truth).await;
     // Every state has settled: what is listed next is read from compressed objects.
     let compressed_total = || async {
