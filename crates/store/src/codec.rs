@@ -372,9 +372,9 @@ impl<'a> Reader<'a> {
         bodies: Bodies<'_>,
         resource: &str,
     ) -> Result<(fleetscope_model::Json, Option<triomphe::Arc<PackedJson>>), DecodeError> {
-        let dictionaries = match bodies {
+        let (dictionaries, empty) = match bodies {
             Bodies::Text => return Ok((fleetscope_model::Json::from(self.str()?), None)),
-            Bodies::Tagged(dictionaries) => dictionaries,
+            Bodies::Tagged(dictionaries, empty) => (dictionaries, empty),
         };
         match self.u8()? {
             0 => Ok((fleetscope_model::Json::from(self.str()?), None)),
@@ -385,10 +385,7 @@ impl<'a> Reader<'a> {
                     "an object compressed against a dictionary the snapshot does not hold",
                 ))?;
                 let packed = PackedJson::stored(dictionary.clone(), len, bytes.into());
-                Ok((
-                    fleetscope_model::Json::default(),
-                    Some(triomphe::Arc::new(packed)),
-                ))
+                Ok((empty.clone(), Some(triomphe::Arc::new(packed))))
             }
             _ => Err(DecodeError::Malformed("unknown form of an object's JSON")),
         }
@@ -409,8 +406,9 @@ pub(crate) enum Bodies<'d> {
     /// As text: an event record, and a chunk of the layout before.
     Text,
     /// Behind a tag, as text or compressed against the snapshot's dictionary of the
-    /// object's type.
-    Tagged(&'d Dictionaries),
+    /// object's type; the chunk's compressed objects share one empty text (an
+    /// allocation each, made and freed a million times at a restart, otherwise).
+    Tagged(&'d Dictionaries, &'d fleetscope_model::Json),
 }
 
 /// A snapshot's dictionaries, by resource type.
@@ -467,10 +465,11 @@ pub(crate) fn decode_chunk(
 ) -> Result<Vec<ObjectRecord>, DecodeError> {
     let plain = unseal_compressed(record)?;
     let mut r = Reader(&plain);
+    let empty = fleetscope_model::Json::default();
     let head = r.u32()?;
     let bodies = match head & !(TAGGED_CHUNK - 1) {
         0 => Bodies::Text,
-        TAGGED_CHUNK => Bodies::Tagged(dictionaries),
+        TAGGED_CHUNK => Bodies::Tagged(dictionaries, &empty),
         _ => return Err(DecodeError::Malformed("unknown chunk form")),
     };
     let n = (head & (TAGGED_CHUNK - 1)) as usize;

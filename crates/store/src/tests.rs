@@ -913,6 +913,11 @@ fn a_snapshot_keeps_compressed_objects_compressed_with_one_dictionary_per_type()
     assert!(!std::sync::Arc::ptr_eq(&dictionary(0), &dictionary(1)));
     assert_eq!(loaded.objects[1].json_len(), texts[1].len());
     assert!(loaded.objects[1].state.json.is_empty());
+    // The compressed objects of a chunk share one empty text, not an allocation each.
+    assert!(std::ptr::eq(
+        loaded.objects[0].state.json.as_str(),
+        loaded.objects[1].state.json.as_str()
+    ));
 }
 
 #[test]
