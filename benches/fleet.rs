@@ -571,6 +571,22 @@ fn input_at(cluster: &ClusterName, i: usize, rv: usize) -> ObjectState {
     }
 }
 
+/// Waits until what was freed is returned (the allocator's purge delay, then the due
+/// purges a server runs every second), then prints resident memory grown since
+/// `before`, per object and against the pruned JSON.
+async fn resident_once_purged(what: &str, before: u64, total: usize, pruned: usize) {
+    let purged = Duration::from_millis(purge_delay().parse().unwrap_or(DEPLOYED_PURGE_DELAY_MS))
+        + fleetscope::memory::RETURN_EVERY * 3 / 2;
+    tokio::time::sleep(purged).await;
+    let grown = rss().saturating_sub(before);
+    println!(
+        "  {what}, {:.1} s later: resident {:.0} B/object; resident ÷ pruned JSON = {:.2} (goal ≤ 1.2)",
+        purged.as_secs_f64(),
+        grown as f64 / total as f64,
+        grown as f64 / pruned as f64
+    );
+}
+
 fn pods_type() -> ResourceType {
     ResourceType::new("", "v1", "pods", "Pod", true)
 }
@@ -683,17 +699,8 @@ async fn scale() {
         peak as f64 / pruned as f64
     );
     // What the index holds, apart from what the load freed and the allocator keeps
-    // until its purge delay has passed (a server runs the due purges every second).
-    let purged = Duration::from_millis(purge_delay().parse().unwrap_or(DEPLOYED_PURGE_DELAY_MS))
-        + fleetscope::memory::RETURN_EVERY * 3 / 2;
-    tokio::time::sleep(purged).await;
-    let held = rss().saturating_sub(before);
-    println!(
-        "  {:.1} s later, nothing changed: resident {:.0} B/object; resident ÷ pruned JSON = {:.2}",
-        purged.as_secs_f64(),
-        held as f64 / total as f64,
-        held as f64 / pruned as f64
-    );
+    // until its purge delay has passed.
+    resident_once_purged("nothing changed", before, total, pruned).await;
     if engine.index_for_tests().config().compress_objects {
         // What the packer does once the states have settled, done here at once.
         let index = engine.index_for_tests();
@@ -712,14 +719,7 @@ async fn scale() {
         // What is given back once the allocator's purge delay has passed and the due
         // purges have run: read at once, the figure above depends on when a purge
         // happens to land.
-        tokio::time::sleep(purged).await;
-        let grown = rss().saturating_sub(before);
-        println!(
-            "  settled, {:.1} s later: resident {:.0} B/object; resident ÷ pruned JSON = {:.2} (goal ≤ 1.2)",
-            purged.as_secs_f64(),
-            grown as f64 / total as f64,
-            grown as f64 / pruned as f64
-        );
+        resident_once_purged("settled", before, total, pruned).await;
         // A later pass after one change: what the packer pays per pass under churn.
         index.apply([Change::Upsert(input_at(&names[0], 0, total + 1))]);
         let now = index.snapshot().revision();
