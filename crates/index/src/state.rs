@@ -389,12 +389,7 @@ impl Runs {
 pub(crate) fn runs_of<T>(from: &Mutex<std::vec::IntoIter<T>>) -> impl Iterator<Item = T> + '_ {
     const RUN: usize = 1024;
     std::iter::from_fn(|| {
-        let run: Vec<T> = from
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_ref()
-            .take(RUN)
-            .collect();
+        let run: Vec<T> = crate::lock(from).by_ref().take(RUN).collect();
         (!run.is_empty()).then_some(run)
     })
     .flatten()
