@@ -86,7 +86,7 @@ fn check_store(data: &std::path::Path, fleet: &SimFleet) -> usize {
     );
     let loaded = opened.loaded;
     let mut held: BTreeMap<(String, String), BTreeSet<Versioned>> = BTreeMap::new();
-    for r in &loaded.objects {
+    for r in &loaded.objects.to_records() {
         let o = &r.state;
         held.entry((o.key.cluster.to_string(), o.key.resource.to_string()))
             .or_default()

@@ -23,7 +23,9 @@ pub(crate) fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[Str
     if loaded.field_indexes.as_deref() == Some(paths) {
         return;
     }
-    let records = loaded.objects.iter_mut().chain(
+    // Read out as records: each one's fields are made again.
+    let mut objects = std::mem::take(&mut loaded.objects).into_records();
+    let records = objects.iter_mut().chain(
         loaded
             .events
             .iter_mut()
@@ -34,6 +36,7 @@ pub(crate) fn reindex_fields(loaded: &mut fleetscope_store::Loaded, paths: &[Str
         o.state.fields = field_values(&o.text(), paths);
         redone += 1;
     }
+    loaded.objects = fleetscope_store::Objects::from(objects);
     if redone > 0 {
         tracing::info!(
             objects = redone,
@@ -572,19 +575,20 @@ mod tests {
                 .into(),
         );
         let mut loaded = fleetscope_store::Loaded {
-            objects: vec![plain, packed],
+            objects: vec![plain, packed].into(),
             field_indexes: Some(vec!["status.phase".into()]),
             ..Default::default()
         };
         let paths = vec!["spec.nodeName".to_string()];
         reindex_fields(&mut loaded, &paths);
-        for o in &loaded.objects {
+        let objects = loaded.objects.to_records();
+        for o in &objects {
             assert_eq!(
                 o.state.fields,
                 [("spec.nodeName".to_string(), "node-7".to_string())]
             );
         }
-        assert!(loaded.objects[1].packed.is_some(), "still held compressed");
+        assert!(objects[1].packed.is_some(), "still held compressed");
     }
 
     /// A cluster loop that ends as the engine stops may say its cluster is gone (it

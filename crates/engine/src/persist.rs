@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fleetscope_index::{
-    Event, Index, Object, Restored, RestoredEvent, RestoredObject, Staged, State,
+    Event, Index, Object, Restored, RestoredEvent, RestoredObject, RestoredRun, Staged, State,
 };
 use fleetscope_model::{ClusterName, EventType, ObjectState, ResourceType, Revision};
 use fleetscope_store::{
-    Batch, EventRun, Loaded, ObjectRecord, SnapshotMeta, Store, StoredEvent, StreamRecord,
+    Batch, EventRun, Loaded, ObjectRecord, Run, SnapshotMeta, Store, StoredEvent, StreamRecord,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -290,11 +290,21 @@ pub fn restored(loaded: &mut Loaded) -> Restored {
     Restored {
         revision: loaded.revision,
         objects: std::mem::take(&mut loaded.objects)
+            .into_runs()
             .into_iter()
-            .map(|o| RestoredObject {
-                state: o.state,
-                revision: o.revision,
-                packed: o.packed,
+            .map(|run| match run {
+                Run::Records(records) => RestoredRun::Objects(
+                    records
+                        .into_iter()
+                        .map(|o| RestoredObject {
+                            state: o.state,
+                            revision: o.revision,
+                            packed: o.packed,
+                        })
+                        .collect(),
+                ),
+                // Its objects are made where the chunk holds them.
+                Run::Chunk(chunk) => RestoredRun::Stored(Box::new(chunk)),
             })
             .collect(),
         events: std::mem::take(&mut loaded.events)
@@ -328,7 +338,7 @@ impl Continued {
     /// Read off a loaded store, before its objects and events are taken.
     pub fn of(loaded: &Loaded) -> Self {
         Self {
-            held_json: loaded.objects.iter().map(ObjectRecord::json_len).sum(),
+            held_json: loaded.objects.json_bytes(),
             records: loaded.event_records.clone(),
             snapshot: loaded.snapshot,
             change_log: loaded.change_log_bytes as usize,

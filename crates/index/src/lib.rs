@@ -18,6 +18,7 @@ mod feed;
 mod object;
 mod owners;
 mod query;
+mod restore;
 mod state;
 
 use std::collections::{HashMap, VecDeque};
@@ -34,6 +35,7 @@ pub use feed::{Feed, FeedError, Staged};
 pub use fleetscope_model::GroupBy;
 pub use object::{MAX_INDEXED_LABELS, Object, ObjectRef, uid_and_resource_version};
 pub use query::{Counts, Page, Query};
+pub use restore::{Restored, RestoredEvent, RestoredObject, RestoredRun};
 pub use state::{Event, State};
 
 /// Index settings.
@@ -215,57 +217,8 @@ impl Walk {
     }
 }
 
-/// Persisted state to rebuild an index from.
-#[derive(Debug, Default)]
-pub struct Restored {
-    /// The revision to continue from.
-    pub revision: Revision,
-    /// Every object, with the revision of the change that produced it.
-    pub objects: Vec<RestoredObject>,
-    /// The retained event log, in revision order.
-    pub events: Vec<RestoredEvent>,
-    /// Where each stream stood: (resource, cluster) and the member resourceVersion
-    /// its watch resumes from.
-    pub positions: Vec<(StreamKey, Arc<str>)>,
-}
-
-/// One object of persisted state.
-#[derive(Debug)]
-pub struct RestoredObject {
-    /// Its state; `state.json` is not read when `packed` is given.
-    pub state: ObjectState,
-    /// The revision of the change that produced it.
-    pub revision: Revision,
-    /// Its JSON compressed against its type's dictionary, as a snapshot stored it.
-    pub packed: Option<triomphe::Arc<PackedJson>>,
-}
-
-impl From<(ObjectState, Revision)> for RestoredObject {
-    /// An object whose JSON is its state's text.
-    fn from((state, revision): (ObjectState, Revision)) -> Self {
-        Self {
-            state,
-            revision,
-            packed: None,
-        }
-    }
-}
-
 /// A stream of the index: (resource, cluster).
 pub type StreamKey = (Arc<str>, ClusterName);
-
-/// One event of a persisted log.
-#[derive(Debug)]
-pub struct RestoredEvent {
-    /// The event's revision.
-    pub revision: Revision,
-    /// What happened.
-    pub kind: EventType,
-    /// The object after the change (for a delete, its last state), with its revision.
-    pub object: (ObjectState, Revision),
-    /// The object before the change, with its revision.
-    pub prev: Option<(ObjectState, Revision)>,
-}
 
 /// A watch cannot start from the revision asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -341,22 +294,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Builds the label, owner and field indexes of a restored index's `objects` and
-/// installs them into the writer's state and the published one: both hold those same
-/// objects, as nothing is staged before the build is joined.
-fn install_secondary(
-    objects: &state::KeySet,
-    writer: &Mutex<(State, object::Interner)>,
-    published: &feed::Shared,
-) {
-    let secondary = state::Secondary::of(objects);
-    lock(writer).0.install(&secondary);
-    let mut p = feed::write(published);
-    let mut state = (*p.state).clone();
-    state.install(&secondary);
-    p.state = Arc::new(state);
-}
-
 impl Index {
     /// An empty index at revision 0.
     pub fn new(config: Config) -> Self {
@@ -396,77 +333,6 @@ impl Index {
             dictionaries: Mutex::default(),
             config,
         }
-    }
-
-    /// An index rebuilt from persisted state: the objects as they were, each with the
-    /// revision that produced it, the retained event log, each stream's position, and
-    /// the revision to continue from. Nothing is published as new events.
-    ///
-    /// It answers once the objects are in their primary order; the label, owner and
-    /// field indexes are built on a thread of their own meanwhile (queries scan until
-    /// they are in), and the first change staged waits for them.
-    pub fn restore(config: Config, restored: Restored) -> Self {
-        let mut state = State {
-            indexed_paths: Arc::new(config.field_indexes.clone()),
-            ..State::default()
-        };
-        let mut inputs = restored.objects;
-        // A store gives its objects in key order, each once; anything else is put so.
-        in_key_order(&mut inputs, |o| &o.state.key);
-        // Made on two threads, each taking a run of them at a time and sharing what
-        // they repeat through an interner of its own.
-        let inputs = Mutex::new(inputs.into_iter());
-        let mut makers = [
-            object::Maker::new(config.compress_objects),
-            object::Maker::new(config.compress_objects),
-        ];
-        let [first, second] = &mut makers;
-        state.restore_primary(
-            state::runs_of(&inputs).map(|o| first.make(o.state, o.revision, o.packed)),
-            state::runs_of(&inputs).map(|o| second.make(o.state, o.revision, o.packed)),
-        );
-        let [mut maker, other] = makers;
-        maker.absorb(other);
-        let object::Maker {
-            mut interner,
-            dictionaries,
-            compressed,
-            newest,
-            ..
-        } = maker;
-        state.revision = restored.revision.max(newest);
-        for (stream, rv) in restored.positions {
-            state.reach(stream, rv);
-        }
-        let mut log = VecDeque::with_capacity(restored.events.len());
-        for e in restored.events {
-            // An event whose state is the one held shares it.
-            let held = state
-                .get(&e.object.0.key)
-                .filter(|o| o.revision == e.object.1)
-                .cloned();
-            let object =
-                held.unwrap_or_else(|| Object::from_input(e.object.0, e.object.1, &mut interner));
-            let prev = e
-                .prev
-                .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
-            log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
-        }
-        let objects = state.objects.clone();
-        let mut index = Self::over(config, state, interner, log);
-        index.dictionaries = Mutex::new(dictionaries);
-        index.compressed = std::sync::atomic::AtomicU64::new(compressed);
-        let (writer, published) = (index.writer.clone(), index.published.clone());
-        let on_thread = objects.clone();
-        match std::thread::Builder::new()
-            .name("index-build".into())
-            .spawn(move || install_secondary(&on_thread, &writer, &published))
-        {
-            Ok(handle) => *lock(&index.building) = Some(handle),
-            // No thread to be had: built here, before the index answers.
-            Err(_) => install_secondary(&objects, &index.writer, &index.published),
-        }
-        index
     }
 
     /// Waits until a restored index's label, owner and field indexes are built and

@@ -5,7 +5,9 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use fleetscope_model::selector::{Fields, Labels, field_in_json, metadata_json};
-use fleetscope_model::{Location, ObjectKey, ObjectState, PackedJson, Revision};
+use fleetscope_model::{
+    Location, ObjectKey, ObjectState, PackedJson, Revision, StoredJson, StoredView,
+};
 use imbl::OrdSet;
 
 /// Shares what many objects repeat (resource names, namespaces, label keys and values,
@@ -36,7 +38,24 @@ type LabelSet = Arc<[(Arc<str>, Arc<str>)]>;
 struct SharedLabels(LabelSet);
 
 /// An object's labels, sorted, as they came: the key its shared set is found by.
-struct LabelsOf<'a>(&'a [(String, String)]);
+struct LabelsOf<'a, S>(&'a [(S, S)]);
+
+/// A location by its parts, as a record holds them: the key its shared copy is found
+/// by. Hashes as [`Location`] does: its three strings in order.
+#[derive(Hash)]
+struct LocationOf<'a> {
+    resource: &'a str,
+    cluster: &'a str,
+    namespace: &'a str,
+}
+
+impl hashbrown::Equivalent<Arc<Location>> for LocationOf<'_> {
+    fn equivalent(&self, held: &Arc<Location>) -> bool {
+        *held.resource == *self.resource
+            && held.cluster.as_str() == self.cluster
+            && *held.namespace == *self.namespace
+    }
+}
 
 /// The one hash of a label set, whichever form it is in.
 fn hash_labels<'a, H: std::hash::Hasher>(
@@ -58,20 +77,20 @@ impl std::hash::Hash for SharedLabels {
     }
 }
 
-impl std::hash::Hash for LabelsOf<'_> {
+impl<S: AsRef<str>> std::hash::Hash for LabelsOf<'_, S> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        hash_labels(self.0.iter().map(|(k, v)| (k.as_str(), v.as_str())), state);
+        hash_labels(self.0.iter().map(|(k, v)| (k.as_ref(), v.as_ref())), state);
     }
 }
 
-impl hashbrown::Equivalent<SharedLabels> for LabelsOf<'_> {
+impl<S: AsRef<str>> hashbrown::Equivalent<SharedLabels> for LabelsOf<'_, S> {
     fn equivalent(&self, held: &SharedLabels) -> bool {
         self.0.len() == held.0.len()
             && self
                 .0
                 .iter()
                 .zip(held.0.iter())
-                .all(|((k, v), (hk, hv))| k.as_str() == &**hk && v.as_str() == &**hv)
+                .all(|((k, v), (hk, hv))| k.as_ref() == &**hk && v.as_ref() == &**hv)
     }
 }
 
@@ -156,6 +175,32 @@ impl Interner {
         shared
     }
 
+    /// The shared location of a key read in place, by its parts.
+    fn location_of(&mut self, at: LocationOf<'_>) -> Arc<Location> {
+        use hashbrown::Equivalent;
+        if let Some((_, shared)) = &self.last_location
+            && at.equivalent(shared)
+        {
+            return shared.clone();
+        }
+        let shared = match self.locations.get(&at) {
+            Some(shared) => shared.clone(),
+            None => {
+                let fresh = Arc::new(Location {
+                    resource: self.get(at.resource),
+                    cluster: fleetscope_model::ClusterName::from(at.cluster),
+                    namespace: self.get(at.namespace),
+                });
+                if self.locations.len() < Self::CAPACITY {
+                    self.locations.insert(fresh.clone());
+                }
+                fresh
+            }
+        };
+        self.last_location = Some((shared.clone(), shared.clone()));
+        shared
+    }
+
     fn location_slow(&mut self, location: &Arc<Location>) -> Arc<Location> {
         if let Some(shared) = self.locations.get(location) {
             return shared.clone();
@@ -173,13 +218,13 @@ impl Interner {
 
     /// The shared set of `labels` (sorted): found whole, or made of shared keys and
     /// values.
-    fn labels(&mut self, labels: &[(String, String)]) -> LabelSet {
+    fn labels<S: AsRef<str>>(&mut self, labels: &[(S, S)]) -> LabelSet {
         if let Some(shared) = self.labels.get(&LabelsOf(labels)) {
             return shared.0.clone();
         }
         let fresh: LabelSet = labels
             .iter()
-            .map(|(k, v)| (self.get(k), self.get(v)))
+            .map(|(k, v)| (self.get(k.as_ref()), self.get(v.as_ref())))
             .collect();
         if self.labels.len() < Self::CAPACITY {
             self.labels.insert(SharedLabels(fresh.clone()));
@@ -235,26 +280,51 @@ impl Maker {
         revision: Revision,
         packed: Option<triomphe::Arc<PackedJson>>,
     ) -> ObjectRef {
-        let packed = match packed {
-            // The objects of one type share the dictionary they were stored with,
-            // and the index compresses others of that type against it too.
-            Some(p) if self.compress => {
-                if self.adopted.as_deref() != Some(&*input.key.resource) {
-                    self.dictionaries.adopt(&input.key.resource, p.dictionary());
-                    self.adopted = Some(input.key.resource.clone());
-                }
-                self.compressed += 1;
-                Some(p)
-            }
-            // Held as text where the index does not compress.
-            Some(p) => {
-                input.json = fleetscope_model::Json::from(unpacked(&p));
+        self.newest = self.newest.max(revision);
+        let packed = match packed.map(|p| self.held(&input.key.resource, p)) {
+            Some(Body::Packed(p)) => Some(p),
+            Some(Body::Text(text)) => {
+                input.json = text;
                 None
             }
             None => None,
         };
-        self.newest = self.newest.max(revision);
         Object::restored(input, revision, packed, &mut self.interner)
+    }
+
+    /// Makes an object from a record read in place, as a snapshot's chunk holds it.
+    pub(crate) fn make_viewed(&mut self, view: &StoredView<'_>) -> ObjectRef {
+        self.newest = self.newest.max(view.revision);
+        let body = match view.json {
+            StoredJson::Text(text) => Body::Text(fleetscope_model::Json::from(text)),
+            StoredJson::Packed {
+                dictionary,
+                len,
+                bytes,
+            } => {
+                // Its bytes in an allocation made here, among the index's.
+                let packed = PackedJson::stored(dictionary.clone(), len, bytes.into());
+                self.held(view.resource, triomphe::Arc::new(packed))
+            }
+        };
+        Object::viewed(view, body, &mut self.interner)
+    }
+
+    /// How an object of `resource` stored compressed (`packed`) is held.
+    fn held(&mut self, resource: &str, packed: triomphe::Arc<PackedJson>) -> Body {
+        if !self.compress {
+            // Held as text where the index does not compress.
+            return Body::Text(fleetscope_model::Json::from(unpacked(&packed)));
+        }
+        // The objects of one type share the dictionary they were stored with, and the
+        // index compresses others of that type against it too.
+        if self.adopted.as_deref() != Some(resource) {
+            let resource: Arc<str> = Arc::from(resource);
+            self.dictionaries.adopt(&resource, packed.dictionary());
+            self.adopted = Some(resource);
+        }
+        self.compressed += 1;
+        Body::Packed(packed)
     }
 
     /// Takes in what `other` made alongside: what it shares, its dictionaries, its
@@ -356,6 +426,22 @@ pub(crate) struct PackedLabels {
     /// Per label, sorted by key: where its key ends and where its value ends in
     /// `text` (each starts where the one before ends).
     ends: Box<[(u32, u32)]>,
+}
+
+/// What an object is made of besides its JSON, its strings borrowed.
+struct Parts<'a, S> {
+    location: Arc<Location>,
+    name: &'a str,
+    labels: Labelled,
+    owners: &'a [S],
+    fields: &'a [(S, S)],
+}
+
+/// An object's labels: a set the index shares and indexes, or more than it indexes of
+/// one object, the object's own.
+enum Labelled {
+    Indexed(LabelSet),
+    Unindexed(PackedLabels),
 }
 
 impl PackedLabels {
@@ -679,41 +765,109 @@ impl Object {
         packed: Option<triomphe::Arc<PackedJson>>,
         interner: &mut Interner,
     ) -> ObjectRef {
-        let (labels, unindexed) = if input.labels.len() > MAX_INDEXED_LABELS {
-            // Held packed and found by a scan; in the label index only as one of the
-            // objects whose labels it does not hold.
-            let unindexed: LabelSet = Arc::from([(Arc::from(""), Arc::from(""))]);
-            (unindexed, Some(PackedLabels::new(input.labels)))
+        let labels = if input.labels.len() > MAX_INDEXED_LABELS {
+            Labelled::Unindexed(PackedLabels::new(input.labels))
         } else {
             let mut labels = input.labels;
             labels.sort_unstable();
-            (interner.labels(&labels), None)
+            Labelled::Indexed(interner.labels(&labels))
+        };
+        let location = interner.location(input.key.location());
+        Self::assemble(
+            Parts {
+                location,
+                name: &input.key.name,
+                labels,
+                owners: &input.owners,
+                fields: &input.fields,
+            },
+            match packed {
+                Some(packed) => Body::Packed(packed),
+                None => Body::Text(input.json),
+            },
+            revision,
+            interner,
+        )
+    }
+
+    /// An object as the index holds it, made from a record read in place (`view`),
+    /// its JSON held as `body`.
+    fn viewed(view: &StoredView<'_>, body: Body, interner: &mut Interner) -> ObjectRef {
+        let labels = if view.labels.len() > MAX_INDEXED_LABELS {
+            Labelled::Unindexed(PackedLabels::new(
+                view.labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ))
+        } else if view.labels.is_sorted() {
+            // As a snapshot stores them: the index's own, sorted.
+            Labelled::Indexed(interner.labels(view.labels))
+        } else {
+            let mut labels = view.labels.to_vec();
+            labels.sort_unstable();
+            Labelled::Indexed(interner.labels(&labels))
+        };
+        let location = interner.location_of(LocationOf {
+            resource: view.resource,
+            cluster: view.cluster,
+            namespace: view.namespace,
+        });
+        Self::assemble(
+            Parts {
+                location,
+                name: view.name,
+                labels,
+                owners: view.owners,
+                fields: view.fields,
+            },
+            body,
+            view.revision,
+            interner,
+        )
+    }
+
+    /// An object as the index holds it, of `parts` (strings borrowed from whoever
+    /// holds them) and its JSON.
+    fn assemble<S: AsRef<str>>(
+        parts: Parts<'_, S>,
+        body: Body,
+        revision: Revision,
+        interner: &mut Interner,
+    ) -> ObjectRef {
+        let (labels, unindexed) = match parts.labels {
+            Labelled::Indexed(labels) => (labels, None),
+            // Held packed and found by a scan; in the label index only as one of the
+            // objects whose labels it does not hold.
+            Labelled::Unindexed(packed) => {
+                let unindexed: LabelSet = Arc::from([(Arc::from(""), Arc::from(""))]);
+                (unindexed, Some(packed))
+            }
         };
         // A sole owner, as most objects have, is the object's own: no list to make.
-        let (owner, owners): (Option<Uid>, Box<[Uid]>) = match input.owners.as_slice() {
-            [sole] => (Some(interner.uid(sole)), Box::default()),
-            many => (None, many.iter().map(|u| interner.uid(u)).collect()),
+        let (owner, owners): (Option<Uid>, Box<[Uid]>) = match parts.owners {
+            [sole] => (Some(interner.uid(sole.as_ref())), Box::default()),
+            many => (
+                None,
+                many.iter().map(|u| interner.uid(u.as_ref())).collect(),
+            ),
         };
         let terms = Terms {
             labels,
             unindexed,
-            fields: input
+            fields: parts
                 .fields
                 .iter()
-                .map(|(p, v)| (interner.get(p), Arc::from(v.as_str())))
+                .map(|(p, v)| (interner.get(p.as_ref()), Arc::from(v.as_ref())))
                 .collect(),
             owners,
         };
         // The name in an allocation of its own made now, among the index's, rather than
         // wherever its producer made it, among what it has since freed.
-        let name: Arc<str> = Arc::from(&*input.key.name);
-        let key = ObjectKey::in_location(interner.location(input.key.location()), name);
+        let key = ObjectKey::in_location(parts.location, Arc::from(parts.name));
         ObjectRef::new(Self {
             // Shared with whoever made the input (the ingest, the store's load), not copied.
-            body: parking_lot::RwLock::new(match packed {
-                Some(packed) => Body::Packed(packed),
-                None => Body::Text(input.json),
-            }),
+            body: parking_lot::RwLock::new(body),
             key,
             revision,
             // Labels past the cap are the object's own: not kept by the interner.

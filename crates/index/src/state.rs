@@ -2,7 +2,6 @@
 //! shares everything with the live state.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::mpsc::SyncSender;
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, ObjectState, Revision};
@@ -382,17 +381,6 @@ impl Runs {
             add_count(counts, &first, n);
         }
     }
-}
-
-/// The items `from` yields, taken a run at a time: threads taking from one source each
-/// get runs in its order.
-pub(crate) fn runs_of<T>(from: &Mutex<std::vec::IntoIter<T>>) -> impl Iterator<Item = T> + '_ {
-    const RUN: usize = 1024;
-    std::iter::from_fn(|| {
-        let run: Vec<T> = crate::lock(from).by_ref().take(RUN).collect();
-        (!run.is_empty()).then_some(run)
-    })
-    .flatten()
 }
 
 /// Makes `objects` and sends them to `to` in batches, until done or nobody takes them

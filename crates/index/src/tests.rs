@@ -666,7 +666,7 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
         config(),
         Restored {
             revision: Revision(1),
-            objects: saved_inputs(&saved),
+            objects: vec![RestoredRun::Objects(saved_inputs(&saved))],
             events: Vec::new(),
             positions: Vec::new(),
         },
@@ -676,7 +676,7 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
         config(),
         Restored {
             revision: saved.revision(),
-            objects,
+            objects: vec![RestoredRun::Objects(objects)],
             events: Vec::new(),
             positions: vec![(
                 (Arc::from("pods"), ClusterName::from("c1")),
@@ -1131,7 +1131,7 @@ proptest! {
         // An index restored from what is held answers every query as this one does.
         let restored = Index::restore(
             config(),
-            Restored { revision: s.revision(), objects: saved_inputs(&s), events: Vec::new(), positions: Vec::new() },
+            Restored { revision: s.revision(), objects: vec![RestoredRun::Objects(saved_inputs(&s))], events: Vec::new(), positions: Vec::new() },
         );
         let r = restored.snapshot();
         for selector in selectors {
@@ -1515,7 +1515,7 @@ fn objects_held_compressed_read_back_exactly() {
         },
         Restored {
             revision: idx.snapshot().revision(),
-            objects: saved_inputs(&idx.snapshot()),
+            objects: vec![RestoredRun::Objects(saved_inputs(&idx.snapshot()))],
             events: Vec::new(),
             positions: Vec::new(),
         },
@@ -1582,7 +1582,7 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
             config,
             Restored {
                 revision: s.revision(),
-                objects: stored_packed(&idx),
+                objects: vec![RestoredRun::Objects(stored_packed(&idx))],
                 events: Vec::new(),
                 positions: Vec::new(),
             },
@@ -1741,7 +1741,7 @@ fn a_restored_index_compresses_what_it_restored_once_settled() {
         Config::default(),
         Restored {
             revision: idx.snapshot().revision(),
-            objects: saved_inputs(&idx.snapshot()),
+            objects: vec![RestoredRun::Objects(saved_inputs(&idx.snapshot()))],
             events: Vec::new(),
             positions: Vec::new(),
         },

@@ -53,5 +53,5 @@ pub use identity::{
     check_resource_name, is_resource_version,
 };
 pub use json::{Json, PackedJson};
-pub use object::ObjectState;
+pub use object::{ObjectState, StoredJson, StoredRun, StoredView};
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

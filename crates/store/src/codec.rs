@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use fleetscope_model::{
     ClusterName, EventType, Location, ObjectKey, ObjectState, PackedJson, ResourceType, Revision,
-    StoredObject,
+    StoredJson, StoredObject, StoredView,
 };
 
 use crate::{
@@ -292,15 +292,6 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
-    fn pairs(&mut self) -> Result<Vec<(String, String)>, DecodeError> {
-        let n = self.count()?;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            out.push((self.str()?.to_string(), self.str()?.to_string()));
-        }
-        Ok(out)
-    }
-
     fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let n = self.u32()? as usize;
         self.take(n)
@@ -308,87 +299,66 @@ impl<'a> Reader<'a> {
 
     #[cfg(test)]
     fn object(&mut self) -> Result<ObjectRecord, DecodeError> {
-        self.object_near(&mut None, Bodies::Text)
+        self.object_near(&mut None)
     }
 
-    /// An object, sharing `last`'s location when it is the same (a chunk holds
-    /// objects in key order, so neighbours mostly share one), its JSON held as
-    /// `bodies` says.
+    /// An object whose JSON is text (an event's), sharing `last`'s location when it
+    /// is the same.
     fn object_near(
         &mut self,
-        last: &mut Option<std::sync::Arc<Location>>,
-        bodies: Bodies<'_>,
+        last: &mut Option<Arc<Location>>,
     ) -> Result<ObjectRecord, DecodeError> {
-        let resource = self.str()?;
-        let cluster = self.str()?;
-        let namespace = self.str()?;
-        let name = self.str()?;
-        let location = match last {
-            Some(l)
-                if *l.resource == *resource
-                    && l.cluster.as_str() == cluster
-                    && *l.namespace == *namespace =>
-            {
-                l.clone()
-            }
-            _ => {
-                let fresh = std::sync::Arc::new(Location {
-                    resource: resource.into(),
-                    cluster: ClusterName::from(cluster),
-                    namespace: namespace.into(),
-                });
-                *last = Some(fresh.clone());
-                fresh
-            }
-        };
-        let key = ObjectKey::in_location(location, name.into());
-        let revision = Revision(self.u64()?);
-        let (json, packed) = self.body(bodies, resource)?;
-        let labels = self.pairs()?;
-        let n = self.count()?;
-        let mut owners = Vec::with_capacity(n);
-        for _ in 0..n {
-            owners.push(self.str()?.to_string());
-        }
-        let fields = self.pairs()?;
-        Ok(ObjectRecord {
-            revision,
-            state: ObjectState {
-                key,
-                json,
-                labels,
-                owners,
-                fields,
-            },
-            packed,
-        })
+        let mut scratch = Scratch::default();
+        let (key, revision, json) = self.head(Bodies::Text)?;
+        self.terms(&mut scratch)?;
+        let view = scratch.view(key, revision, json);
+        Ok(record_of(&view, last, &fleetscope_model::Json::default()))
     }
 
-    /// An object's JSON, held as `bodies` says: its text, or (in a chunk) its
-    /// compressed form against the snapshot's dictionary of its type `resource`.
-    #[allow(clippy::type_complexity)]
-    fn body(
+    /// An object's key, revision and JSON (held as `bodies` says), read in place.
+    fn head(
         &mut self,
-        bodies: Bodies<'_>,
-        resource: &str,
-    ) -> Result<(fleetscope_model::Json, Option<triomphe::Arc<PackedJson>>), DecodeError> {
-        let (dictionaries, empty) = match bodies {
-            Bodies::Text => return Ok((fleetscope_model::Json::from(self.str()?), None)),
-            Bodies::Tagged(dictionaries, empty) => (dictionaries, empty),
+        bodies: Bodies<'a>,
+    ) -> Result<([&'a str; 4], Revision, StoredJson<'a>), DecodeError> {
+        let key = [self.str()?, self.str()?, self.str()?, self.str()?];
+        let revision = Revision(self.u64()?);
+        let json = match bodies {
+            Bodies::Text => StoredJson::Text(self.str()?),
+            Bodies::Tagged(dictionaries) => match self.u8()? {
+                0 => StoredJson::Text(self.str()?),
+                1 => {
+                    let len = self.u32()?;
+                    let bytes = self.bytes()?;
+                    let dictionary = dictionaries.get(key[0]).ok_or(DecodeError::Malformed(
+                        "an object compressed against a dictionary the snapshot does not hold",
+                    ))?;
+                    StoredJson::Packed {
+                        dictionary,
+                        len,
+                        bytes,
+                    }
+                }
+                _ => return Err(DecodeError::Malformed("unknown form of an object's JSON")),
+            },
         };
-        match self.u8()? {
-            0 => Ok((fleetscope_model::Json::from(self.str()?), None)),
-            1 => {
-                let len = self.u32()?;
-                let bytes = self.bytes()?;
-                let dictionary = dictionaries.get(resource).ok_or(DecodeError::Malformed(
-                    "an object compressed against a dictionary the snapshot does not hold",
-                ))?;
-                let packed = PackedJson::stored(dictionary.clone(), len, bytes.into());
-                Ok((empty.clone(), Some(triomphe::Arc::new(packed))))
-            }
-            _ => Err(DecodeError::Malformed("unknown form of an object's JSON")),
+        Ok((key, revision, json))
+    }
+
+    /// An object's labels, owners and fields, read in place into `scratch`.
+    fn terms(&mut self, scratch: &mut Scratch<'a>) -> Result<(), DecodeError> {
+        scratch.labels.clear();
+        scratch.owners.clear();
+        scratch.fields.clear();
+        for _ in 0..self.count()? {
+            scratch.labels.push((self.str()?, self.str()?));
         }
+        for _ in 0..self.count()? {
+            scratch.owners.push(self.str()?);
+        }
+        for _ in 0..self.count()? {
+            scratch.fields.push((self.str()?, self.str()?));
+        }
+        Ok(())
     }
 
     pub(crate) fn end(&self) -> Result<(), DecodeError> {
@@ -406,13 +376,98 @@ pub(crate) enum Bodies<'d> {
     /// As text: an event record, and a chunk of the layout before.
     Text,
     /// Behind a tag, as text or compressed against the snapshot's dictionary of the
-    /// object's type; the chunk's compressed objects share one empty text (an
-    /// allocation each, made and freed a million times at a restart, otherwise).
-    Tagged(&'d Dictionaries, &'d fleetscope_model::Json),
+    /// object's type.
+    Tagged(&'d Dictionaries),
 }
 
 /// A snapshot's dictionaries, by resource type.
 pub(crate) type Dictionaries = HashMap<String, Arc<[u8]>>;
+
+/// Where an object's labels, owners and fields are read into, in place: reused from
+/// one object to the next, so reading one allocates nothing.
+#[derive(Default)]
+struct Scratch<'a> {
+    labels: Vec<(&'a str, &'a str)>,
+    owners: Vec<&'a str>,
+    fields: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Scratch<'a> {
+    fn view(&self, key: [&'a str; 4], revision: Revision, json: StoredJson<'a>) -> StoredView<'_> {
+        let [resource, cluster, namespace, name] = key;
+        StoredView {
+            resource,
+            cluster,
+            namespace,
+            name,
+            revision,
+            json,
+            labels: &self.labels,
+            owners: &self.owners,
+            fields: &self.fields,
+        }
+    }
+}
+
+/// A record of the object `view`, sharing `last`'s location when it is the same (a
+/// record holds objects in key order, so neighbours mostly share one), and `empty` as
+/// the text of a compressed one (its JSON is `packed`).
+pub(crate) fn record_of(
+    view: &StoredView<'_>,
+    last: &mut Option<Arc<Location>>,
+    empty: &fleetscope_model::Json,
+) -> ObjectRecord {
+    let location = match last {
+        Some(l)
+            if *l.resource == *view.resource
+                && l.cluster.as_str() == view.cluster
+                && *l.namespace == *view.namespace =>
+        {
+            l.clone()
+        }
+        _ => {
+            let fresh = Arc::new(Location {
+                resource: view.resource.into(),
+                cluster: ClusterName::from(view.cluster),
+                namespace: view.namespace.into(),
+            });
+            *last = Some(fresh.clone());
+            fresh
+        }
+    };
+    let (json, packed) = match view.json {
+        StoredJson::Text(text) => (fleetscope_model::Json::from(text), None),
+        StoredJson::Packed {
+            dictionary,
+            len,
+            bytes,
+        } => (
+            empty.clone(),
+            Some(triomphe::Arc::new(PackedJson::stored(
+                dictionary.clone(),
+                len,
+                bytes.into(),
+            ))),
+        ),
+    };
+    let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    ObjectRecord {
+        revision: view.revision,
+        state: ObjectState {
+            key: ObjectKey::in_location(location, view.name.into()),
+            json,
+            labels: owned(view.labels),
+            owners: view.owners.iter().map(|u| (*u).to_owned()).collect(),
+            fields: owned(view.fields),
+        },
+        packed,
+    }
+}
 
 /// A chunk's first word holds its object count in the low 24 bits (a chunk of a few
 /// kilobytes holds a few hundred) and its form in the high 8: 0 for a chunk of the
@@ -457,37 +512,98 @@ impl ChunkWriter {
     }
 }
 
-/// A snapshot's chunk: its objects, any compressed ones against `dictionaries` (the
-/// snapshot's).
+/// A snapshot's chunk, its checksum checked and its payload decompressed: its
+/// objects read in place, as often as needed.
+#[derive(Debug)]
+pub(crate) struct PlainChunk(Vec<u8>);
+
+/// What reading a whole chunk found besides its objects.
+#[derive(Debug)]
+pub(crate) struct ChunkSummary {
+    /// How many objects it holds.
+    pub(crate) count: usize,
+    /// Its first and last key (`None` for an empty chunk).
+    pub(crate) ends: Option<(ObjectKey, ObjectKey)>,
+    /// The length of its objects' JSON.
+    pub(crate) json_bytes: usize,
+}
+
+impl PlainChunk {
+    pub(crate) fn open(record: &[u8]) -> Result<Self, DecodeError> {
+        unseal_compressed(record).map(Self)
+    }
+
+    /// Calls `each` with every object of the chunk, in order, any compressed ones
+    /// against `dictionaries` (the snapshot's), checking the chunk whole: its form and
+    /// count, each object, their key order, nothing after them.
+    pub(crate) fn read(
+        &self,
+        dictionaries: &Dictionaries,
+        mut each: impl FnMut(&StoredView<'_>),
+    ) -> Result<ChunkSummary, DecodeError> {
+        let mut r = Reader(&self.0);
+        let head = r.u32()?;
+        let bodies = match head & !(TAGGED_CHUNK - 1) {
+            0 => Bodies::Text,
+            TAGGED_CHUNK => Bodies::Tagged(dictionaries),
+            _ => return Err(DecodeError::Malformed("unknown chunk form")),
+        };
+        let count = (head & (TAGGED_CHUNK - 1)) as usize;
+        // Each object takes at least 28 bytes: a larger count is damage.
+        if count > r.0.len() / 28 {
+            return Err(DecodeError::Malformed("count exceeds the chunk"));
+        }
+        let mut scratch = Scratch::default();
+        let (mut first, mut last): (Option<[&str; 4]>, Option<[&str; 4]>) = (None, None);
+        let mut json_bytes = 0;
+        for _ in 0..count {
+            let (key, revision, json) = r.head(bodies)?;
+            if last.is_some_and(|before| before >= key) {
+                return Err(DecodeError::Malformed("objects out of key order"));
+            }
+            first.get_or_insert(key);
+            last = Some(key);
+            json_bytes += match json {
+                StoredJson::Text(text) => text.len(),
+                StoredJson::Packed { len, .. } => len as usize,
+            };
+            r.terms(&mut scratch)?;
+            each(&scratch.view(key, revision, json));
+        }
+        r.end()?;
+        let key = |[resource, cluster, namespace, name]: [&str; 4]| {
+            ObjectKey::new(resource, &ClusterName::from(cluster), namespace, name)
+        };
+        Ok(ChunkSummary {
+            count,
+            ends: first.zip(last).map(|(first, last)| (key(first), key(last))),
+            json_bytes,
+        })
+    }
+
+    /// The chunk's objects as records.
+    pub(crate) fn records(
+        &self,
+        dictionaries: &Dictionaries,
+    ) -> Result<Vec<ObjectRecord>, DecodeError> {
+        let (mut out, mut last) = (Vec::new(), None);
+        // Compressed objects share one empty text (an allocation each otherwise).
+        let empty = fleetscope_model::Json::default();
+        self.read(dictionaries, |view| {
+            out.push(record_of(view, &mut last, &empty));
+        })?;
+        Ok(out)
+    }
+}
+
+/// A snapshot's chunk as records: its objects, any compressed ones against
+/// `dictionaries` (the snapshot's).
+#[cfg(test)]
 pub(crate) fn decode_chunk(
     record: &[u8],
     dictionaries: &Dictionaries,
 ) -> Result<Vec<ObjectRecord>, DecodeError> {
-    let plain = unseal_compressed(record)?;
-    let mut r = Reader(&plain);
-    let empty = fleetscope_model::Json::default();
-    let head = r.u32()?;
-    let bodies = match head & !(TAGGED_CHUNK - 1) {
-        0 => Bodies::Text,
-        TAGGED_CHUNK => Bodies::Tagged(dictionaries, &empty),
-        _ => return Err(DecodeError::Malformed("unknown chunk form")),
-    };
-    let n = (head & (TAGGED_CHUNK - 1)) as usize;
-    // Each object takes at least 28 bytes: a larger count is damage.
-    if n > r.0.len() / 28 {
-        return Err(DecodeError::Malformed("count exceeds the chunk"));
-    }
-    let mut out = Vec::with_capacity(n);
-    let mut last = None;
-    for _ in 0..n {
-        out.push(r.object_near(&mut last, bodies)?);
-    }
-    r.end()?;
-    // Checked here, on the thread that decoded them, while they are in its cache.
-    if out.windows(2).any(|w| w[0].state.key >= w[1].state.key) {
-        return Err(DecodeError::Malformed("objects out of key order"));
-    }
-    Ok(out)
+    PlainChunk::open(record)?.records(dictionaries)
 }
 
 /// A chunk and a snapshot record as the layout before wrote them (every object's JSON
@@ -605,10 +721,10 @@ impl Reader<'_> {
             3 => EventType::Deleted,
             _ => return Err(DecodeError::Malformed("unknown event type")),
         };
-        let object = self.object_near(last, Bodies::Text)?;
+        let object = self.object_near(last)?;
         let prev = match self.u8()? {
             0 => None,
-            1 => Some(self.object_near(last, Bodies::Text)?),
+            1 => Some(self.object_near(last)?),
             _ => return Err(DecodeError::Malformed("bad previous-state flag")),
         };
         Ok(EventRecord {

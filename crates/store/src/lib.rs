@@ -22,6 +22,7 @@
 
 mod codec;
 mod memory;
+mod objects;
 mod sled_store;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use fleetscope_model::{
 
 pub use codec::DecodeError;
 pub use memory::MemoryStore;
+pub use objects::{Objects, Run, StoredChunk};
 pub use sled_store::{Opened, SledStore};
 
 /// The layout version this build writes. It reads this one and the one before
@@ -231,8 +233,9 @@ pub struct SnapshotMeta {
 pub struct Loaded {
     /// The last revision applied.
     pub revision: Revision,
-    /// Every object, in key order: the snapshot with the later events replayed.
-    pub objects: Vec<ObjectRecord>,
+    /// Every object, in key order: the snapshot with the later events replayed, the
+    /// chunks those left unchanged as they are stored.
+    pub objects: Objects,
     /// The current snapshot.
     pub snapshot: Option<SnapshotMeta>,
     /// Bytes of events after the snapshot (the change log).
@@ -357,8 +360,9 @@ pub trait Store: Send + Sync {
     fn load(&self) -> Result<Loaded, StoreError> {
         let started = std::time::Instant::now();
         let mut scanned = Scanned::default();
-        // The snapshot's chunks and the change log's records are each decoded on one of
-        // two threads while the scan reads on. Dictionaries scan before any chunk.
+        // The snapshot's chunks (read and verified whole, their objects left in place)
+        // and the change log's records (decoded) are each taken by one of two threads
+        // while the scan reads on. Dictionaries scan before any chunk.
         let mut dictionaries = SnapshotDictionaries::default();
         let (chunks, event_records) = std::thread::scope(|s| {
             let decoding = Decoding::start(s);
@@ -399,7 +403,7 @@ pub trait Store: Send + Sync {
             }
         }
         loaded.revision = Revision(revision.unwrap_or(0));
-        let base = snapshot_objects(self, loaded.snapshot, chunks, dictionaries)?;
+        let base = objects::snapshot_objects(self, loaded.snapshot, chunks, dictionaries)?;
         let (events, records) = change_log_of(event_records)?;
         loaded.events = events;
         loaded.event_records = records;
@@ -409,14 +413,16 @@ pub trait Store: Send + Sync {
         unbroken(from, &changes, loaded.revision)?;
         loaded.change_log_bytes = changes.iter().map(|e| e.json_bytes() as u64).sum();
         tracing::debug!(
-            snapshot_objects = base.iter().map(Vec::len).sum::<usize>(),
-            compressed = base.iter().flatten().filter(|o| o.packed.is_some()).count(),
+            snapshot_objects = base
+                .iter()
+                .map(fleetscope_model::StoredRun::len)
+                .sum::<usize>(),
             changes = changes.len(),
             change_log_bytes = loaded.change_log_bytes,
             ?scanned_in,
             "store read: the snapshot, and the change log after it to replay"
         );
-        loaded.objects = replay(base, &changes);
+        loaded.objects = objects::replay(base, &changes);
         tracing::debug!(took = ?started.elapsed(), "store loaded");
         Ok(loaded)
     }
@@ -561,8 +567,8 @@ impl SnapshotDictionaries {
     }
 }
 
-/// A snapshot chunk as decoded: its (snapshot, index) and its objects or why not.
-type DecodedChunk = ((u64, u32), Result<Vec<ObjectRecord>, DecodeError>);
+/// A snapshot chunk as read: its (snapshot, index) and the chunk verified or why not.
+type DecodedChunk = ((u64, u32), Result<StoredChunk, DecodeError>);
 
 /// A change log record as decoded: its key's first revision and its events or why not.
 type DecodedEvents = (u64, Result<Vec<EventRecord>, DecodeError>);
@@ -663,7 +669,7 @@ impl<'scope> Decoding<'scope> {
 fn decode(coded: Coded, bytes: &[u8]) -> Decoded {
     match coded {
         Coded::Chunk(id, dictionaries) => {
-            Decoded::Chunk((id, codec::decode_chunk(bytes, &dictionaries)))
+            Decoded::Chunk((id, StoredChunk::read(bytes, dictionaries)))
         }
         Coded::Events(first) => Decoded::Events((first, codec::decode_events(bytes))),
     }
@@ -729,90 +735,6 @@ impl Scanned {
     }
 }
 
-/// The objects of the current snapshot (`snapshot`), from its decoded `chunks`,
-/// checked whole and in order; the chunks of any other snapshot (one whose writing
-/// was interrupted) are removed from `store`, whatever they held.
-fn snapshot_objects<S: Store + ?Sized>(
-    store: &S,
-    snapshot: Option<SnapshotMeta>,
-    chunks: Vec<DecodedChunk>,
-    mut dictionaries: SnapshotDictionaries,
-) -> Result<Vec<Vec<ObjectRecord>>, StoreError> {
-    let current = snapshot.map(|s| s.id);
-    let (mine, stale): (Vec<_>, Vec<_>) = chunks
-        .into_iter()
-        .partition(|((id, _), _)| Some(*id) == current);
-    let numbers = current
-        .and_then(|id| dictionaries.0.remove(&id))
-        .map_or(0, |(numbers, _)| numbers.len());
-    let stale_dictionaries: Writes = dictionaries
-        .0
-        .iter()
-        .flat_map(|(id, (numbers, _))| {
-            numbers
-                .iter()
-                .map(|n| (codec::dictionary_key(*id, *n), None))
-        })
-        .collect();
-    if !stale.is_empty() || !stale_dictionaries.is_empty() {
-        tracing::warn!(
-            chunks = stale.len(),
-            dictionaries = stale_dictionaries.len(),
-            "removing the chunks of a snapshot whose writing was interrupted"
-        );
-        store.write(
-            stale
-                .iter()
-                .map(|((id, i), _)| (codec::chunk_key(*id, *i), None))
-                .chain(stale_dictionaries)
-                .collect(),
-        )?;
-    }
-    let Some(meta) = snapshot else {
-        return Ok(Vec::new());
-    };
-    if numbers != meta.dictionaries as usize {
-        return Err(StoreError::Damaged(format!(
-            "snapshot {} has {numbers} of its {} dictionaries",
-            meta.id, meta.dictionaries
-        )));
-    }
-    if mine.len() != meta.chunks as usize
-        || mine
-            .iter()
-            .enumerate()
-            .any(|(n, ((_, i), _))| *i as usize != n)
-    {
-        return Err(StoreError::Damaged(format!(
-            "snapshot {} has {} of its {} chunks",
-            meta.id,
-            mine.len(),
-            meta.chunks
-        )));
-    }
-    // Each chunk was checked in key order as it was decoded; here, each against the
-    // one before.
-    let objects = mine
-        .into_iter()
-        .map(|((id, i), decoded)| {
-            decoded.map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut ends = objects
-        .iter()
-        .filter_map(|c| Some((&c.first()?.state.key, &c.last()?.state.key)));
-    let in_order = ends.next().is_none_or(|(_, mut end)| {
-        ends.all(|(first, last)| std::mem::replace(&mut end, last) < first)
-    });
-    if objects.iter().map(Vec::len).sum::<usize>() as u64 != meta.objects || !in_order {
-        return Err(StoreError::Damaged(format!(
-            "snapshot {} does not hold its {} objects in order",
-            meta.id, meta.objects
-        )));
-    }
-    Ok(objects)
-}
-
 /// Checks that the change log after the snapshot's revision `from` runs unbroken to
 /// the store's `revision`.
 fn unbroken(
@@ -869,42 +791,6 @@ fn change_log_of(records: Vec<DecodedEvents>) -> Result<EventRecords, StoreError
         return Err(StoreError::Damaged("event records overlap".into()));
     }
     Ok((events, extents))
-}
-
-/// The snapshot's objects (its chunks, each in key order and all of them in order)
-/// with the change log applied, in key order: each chunk is moved over whole, but
-/// for the objects the log changed, found by binary search.
-fn replay(chunks: Vec<Vec<ObjectRecord>>, changes: &[&EventRecord]) -> Vec<ObjectRecord> {
-    // The last change per key wins.
-    let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
-    for e in changes {
-        let state = match e.kind {
-            EventType::Deleted => None,
-            _ => Some(&e.object),
-        };
-        last.insert(&e.object.state.key, state);
-    }
-    let held: usize = chunks.iter().map(Vec::len).sum();
-    let mut out = Vec::with_capacity(held + last.len());
-    let mut changed = last.into_iter().peekable();
-    for chunk in chunks {
-        let mut rest = chunk.into_iter();
-        // Each change up to the chunk's last key: the objects before it moved over,
-        // the one it replaces (if any) dropped, its state (unless a delete) taken.
-        while let Some((key, state)) =
-            changed.next_if(|(k, _)| rest.as_slice().last().is_some_and(|o| **k <= o.state.key))
-        {
-            let before = rest.as_slice().partition_point(|o| o.state.key < *key);
-            out.extend(rest.by_ref().take(before));
-            if rest.as_slice().first().is_some_and(|o| o.state.key == *key) {
-                rest.next();
-            }
-            out.extend(state.cloned());
-        }
-        out.extend(rest);
-    }
-    out.extend(changed.filter_map(|(_, s)| s.cloned()));
-    out
 }
 
 #[cfg(test)]

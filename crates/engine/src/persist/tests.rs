@@ -166,6 +166,7 @@ async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_i
     let loaded = store.load().unwrap();
     let held: Vec<String> = loaded
         .objects
+        .to_records()
         .iter()
         .map(|o| o.state.key.name.to_string())
         .collect();
@@ -182,7 +183,22 @@ async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_i
     // changed after it come from the change log as text), and a restored index holds
     // them so, reading back the same JSON.
     let mut loaded = loaded;
-    assert!(loaded.objects.iter().any(|o| o.packed.is_some()));
+    assert!(
+        loaded
+            .objects
+            .to_records()
+            .iter()
+            .any(|o| o.packed.is_some())
+    );
+    // The snapshot's chunks are handed on as they are stored, their objects made
+    // where they lie.
+    assert!(
+        loaded
+            .objects
+            .runs()
+            .iter()
+            .any(|r| matches!(r, fleetscope_store::Run::Chunk(_)))
+    );
     let restored = Index::restore(
         fleetscope_index::Config::default(),
         super::restored(&mut loaded),
@@ -190,7 +206,23 @@ async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_i
     let back = restored.snapshot();
     assert!(back.iter().any(|o| o.json_compressed()));
     for o in index.snapshot().iter() {
-        assert_eq!(back.get(&o.key).unwrap().json(), o.json(), "{}", o.key);
+        let b = back.get(&o.key).unwrap();
+        assert_eq!(b.json(), o.json(), "{}", o.key);
+        assert_eq!(b.revision, o.revision, "{}", o.key);
+        assert_eq!(b.labels(), o.labels(), "{}", o.key);
+        assert_eq!(b.owners(), o.owners(), "{}", o.key);
+        assert_eq!(b.fields(), o.fields(), "{}", o.key);
+    }
+    // Objects made where their chunk holds them share one location per namespace, as
+    // those made from records do.
+    let held: Vec<_> = back.iter().collect();
+    for pair in held.windows(2) {
+        let (a, b) = (&pair[0].key, &pair[1].key);
+        assert_eq!(
+            std::sync::Arc::ptr_eq(a.location(), b.location()),
+            **a.location() == **b.location(),
+            "{a} and {b}"
+        );
     }
 }
 

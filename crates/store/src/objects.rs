@@ -1,0 +1,296 @@
+//! The objects a load gives: the current snapshot's chunks, verified and left as they
+//! are stored until the index makes its objects from them, with the change log after
+//! the snapshot replayed onto them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fleetscope_model::{EventType, ObjectKey, StoredRun, StoredView};
+
+use crate::codec::{self, DecodeError, Dictionaries, PlainChunk};
+use crate::{EventRecord, ObjectRecord, SnapshotMeta, Store, StoreError, Writes};
+
+/// Every object a load gives, in key order, each key once: runs of records, and
+/// snapshot chunks whose objects are read in place when they are made.
+#[derive(Debug, Default)]
+pub struct Objects(Vec<Run>);
+
+/// A run of [`Objects`].
+#[derive(Debug)]
+pub enum Run {
+    /// Objects as records: ones the change log changed, or given so.
+    Records(Vec<ObjectRecord>),
+    /// A snapshot's chunk the change log left as it was.
+    Chunk(StoredChunk),
+}
+
+impl Run {
+    fn len(&self) -> usize {
+        match self {
+            Run::Records(records) => records.len(),
+            Run::Chunk(chunk) => chunk.len(),
+        }
+    }
+}
+
+impl Objects {
+    /// How many objects.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Run::len).sum()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|r| r.len() == 0)
+    }
+
+    /// The length of their JSON.
+    pub fn json_bytes(&self) -> usize {
+        self.0
+            .iter()
+            .map(|r| match r {
+                Run::Records(records) => records.iter().map(ObjectRecord::json_len).sum(),
+                Run::Chunk(chunk) => chunk.json_bytes,
+            })
+            .sum()
+    }
+
+    /// The runs, in key order.
+    pub fn runs(&self) -> &[Run] {
+        &self.0
+    }
+
+    /// The runs, in key order.
+    pub fn into_runs(self) -> Vec<Run> {
+        self.0
+    }
+
+    /// Every object as a record, chunks read out.
+    pub fn to_records(&self) -> Vec<ObjectRecord> {
+        let mut out = Vec::with_capacity(self.len());
+        for run in &self.0 {
+            match run {
+                Run::Records(records) => out.extend(records.iter().cloned()),
+                Run::Chunk(chunk) => out.extend(chunk.records()),
+            }
+        }
+        out
+    }
+
+    /// Every object as a record, chunks read out.
+    pub fn into_records(self) -> Vec<ObjectRecord> {
+        let mut out = Vec::with_capacity(self.len());
+        for run in self.0 {
+            match run {
+                Run::Records(records) => out.extend(records),
+                Run::Chunk(chunk) => out.extend(chunk.records()),
+            }
+        }
+        out
+    }
+}
+
+impl From<Vec<ObjectRecord>> for Objects {
+    /// Records in key order, each key once.
+    fn from(records: Vec<ObjectRecord>) -> Self {
+        Self(vec![Run::Records(records)])
+    }
+}
+
+/// One chunk of a snapshot, read and verified whole (checksum, form, every object,
+/// key order), its objects left where they lie: the index makes its objects from
+/// them in place, with no record of each made and dropped first.
+#[derive(Debug)]
+pub struct StoredChunk {
+    plain: PlainChunk,
+    /// The snapshot's dictionaries, which its compressed objects are read against.
+    dictionaries: Arc<Dictionaries>,
+    count: usize,
+    ends: Option<(ObjectKey, ObjectKey)>,
+    json_bytes: usize,
+}
+
+impl StoredChunk {
+    /// A chunk's record, read and verified.
+    pub(crate) fn read(
+        record: &[u8],
+        dictionaries: Arc<Dictionaries>,
+    ) -> Result<Self, DecodeError> {
+        let plain = PlainChunk::open(record)?;
+        let summary = plain.read(&dictionaries, |_| {})?;
+        Ok(Self {
+            plain,
+            dictionaries,
+            count: summary.count,
+            ends: summary.ends,
+            json_bytes: summary.json_bytes,
+        })
+    }
+
+    /// Its objects as records.
+    pub fn records(&self) -> Vec<ObjectRecord> {
+        // Verified when it was read: it reads the same again.
+        self.plain.records(&self.dictionaries).unwrap_or_default()
+    }
+
+    /// Its first and last key.
+    fn ends(&self) -> Option<(&ObjectKey, &ObjectKey)> {
+        self.ends.as_ref().map(|(first, last)| (first, last))
+    }
+}
+
+/// A chunk of `records` (in key order), as a snapshot stores it, each JSON as text.
+#[cfg(test)]
+pub(crate) fn chunk_of(records: &[ObjectRecord]) -> StoredChunk {
+    let mut w = codec::ChunkWriter::new();
+    for o in records {
+        w.push(o, None);
+    }
+    StoredChunk::read(&w.seal(), Arc::default()).expect("a chunk as written reads back")
+}
+
+impl StoredRun for StoredChunk {
+    fn len(&self) -> usize {
+        self.count
+    }
+
+    fn visit(&self, each: &mut dyn FnMut(&StoredView<'_>)) {
+        // Verified when it was read: it reads the same again.
+        let _ = self.plain.read(&self.dictionaries, each);
+    }
+}
+
+/// The objects of the current snapshot (`snapshot`), from its decoded `chunks`,
+/// checked whole and in order; the chunks of any other snapshot (one whose writing
+/// was interrupted) are removed from `store`, whatever they held.
+pub(crate) fn snapshot_objects<S: Store + ?Sized>(
+    store: &S,
+    snapshot: Option<SnapshotMeta>,
+    chunks: Vec<crate::DecodedChunk>,
+    mut dictionaries: crate::SnapshotDictionaries,
+) -> Result<Vec<StoredChunk>, StoreError> {
+    let current = snapshot.map(|s| s.id);
+    let (mine, stale): (Vec<_>, Vec<_>) = chunks
+        .into_iter()
+        .partition(|((id, _), _)| Some(*id) == current);
+    let numbers = current
+        .and_then(|id| dictionaries.0.remove(&id))
+        .map_or(0, |(numbers, _)| numbers.len());
+    let stale_dictionaries: Writes = dictionaries
+        .0
+        .iter()
+        .flat_map(|(id, (numbers, _))| {
+            numbers
+                .iter()
+                .map(|n| (codec::dictionary_key(*id, *n), None))
+        })
+        .collect();
+    if !stale.is_empty() || !stale_dictionaries.is_empty() {
+        tracing::warn!(
+            chunks = stale.len(),
+            dictionaries = stale_dictionaries.len(),
+            "removing the chunks of a snapshot whose writing was interrupted"
+        );
+        store.write(
+            stale
+                .iter()
+                .map(|((id, i), _)| (codec::chunk_key(*id, *i), None))
+                .chain(stale_dictionaries)
+                .collect(),
+        )?;
+    }
+    let Some(meta) = snapshot else {
+        return Ok(Vec::new());
+    };
+    if numbers != meta.dictionaries as usize {
+        return Err(StoreError::Damaged(format!(
+            "snapshot {} has {numbers} of its {} dictionaries",
+            meta.id, meta.dictionaries
+        )));
+    }
+    if mine.len() != meta.chunks as usize
+        || mine
+            .iter()
+            .enumerate()
+            .any(|(n, ((_, i), _))| *i as usize != n)
+    {
+        return Err(StoreError::Damaged(format!(
+            "snapshot {} has {} of its {} chunks",
+            meta.id,
+            mine.len(),
+            meta.chunks
+        )));
+    }
+    // Each chunk was checked in key order as it was read; here, each against the
+    // one before.
+    let chunks = mine
+        .into_iter()
+        .map(|((id, i), decoded)| {
+            decoded.map_err(|e| StoreError::Damaged(format!("snapshot {id} chunk {i}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ends = chunks.iter().filter_map(StoredChunk::ends);
+    let in_order = ends.next().is_none_or(|(_, mut end)| {
+        ends.all(|(first, last)| std::mem::replace(&mut end, last) < first)
+    });
+    if chunks.iter().map(StoredChunk::len).sum::<usize>() as u64 != meta.objects || !in_order {
+        return Err(StoreError::Damaged(format!(
+            "snapshot {} does not hold its {} objects in order",
+            meta.id, meta.objects
+        )));
+    }
+    Ok(chunks)
+}
+
+/// The snapshot's objects (its chunks, each in key order and all of them in order)
+/// with the change log applied, in key order: a chunk the log did not change is
+/// passed on as it is; one it did is read out as records, with each change found by
+/// binary search.
+pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Objects {
+    // The last change per key wins.
+    let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
+    for e in changes {
+        let state = match e.kind {
+            EventType::Deleted => None,
+            _ => Some(&e.object),
+        };
+        last.insert(&e.object.state.key, state);
+    }
+    let mut changed = last.into_iter().peekable();
+    let mut runs = Vec::new();
+    // Records of the run being gathered.
+    let mut records: Vec<ObjectRecord> = Vec::new();
+    for chunk in chunks {
+        let Some((first, end)) = chunk.ends() else {
+            continue;
+        };
+        // The states of changes to keys before the chunk.
+        while let Some((_, state)) = changed.next_if(|(k, _)| *k < first) {
+            records.extend(state.cloned());
+        }
+        if changed.peek().is_none_or(|(k, _)| *k > end) {
+            if !records.is_empty() {
+                runs.push(Run::Records(std::mem::take(&mut records)));
+            }
+            runs.push(Run::Chunk(chunk));
+            continue;
+        }
+        let mut rest = chunk.records().into_iter();
+        // Each change up to the chunk's last key: the objects before it moved over,
+        // the one it replaces (if any) dropped, its state (unless a delete) taken.
+        while let Some((key, state)) = changed.next_if(|(k, _)| *k <= end) {
+            let before = rest.as_slice().partition_point(|o| o.state.key < *key);
+            records.extend(rest.by_ref().take(before));
+            if rest.as_slice().first().is_some_and(|o| o.state.key == *key) {
+                rest.next();
+            }
+            records.extend(state.cloned());
+        }
+        records.extend(rest);
+    }
+    records.extend(changed.filter_map(|(_, s)| s.cloned()));
+    if !records.is_empty() {
+        runs.push(Run::Records(records));
+    }
+    Objects(runs)
+}
