@@ -24,6 +24,10 @@ pub(crate) struct Interner {
     uids: Table<Uid>,
     /// The last uid asked for, shared.
     last_uid: Option<Uid>,
+    /// Locations shared with an interner working alongside (the other maker of a
+    /// restore): a location is then one allocation whichever thread meets it first,
+    /// and keys made on either compare by pointer.
+    alongside: Option<Arc<std::sync::Mutex<Table<Arc<Location>>>>>,
 }
 
 /// One of the interner's tables: found by an equivalent of what it holds, too.
@@ -151,7 +155,10 @@ impl Interner {
             terms,
             uids,
             last_uid: _,
+            alongside: _,
         } = other;
+        // What it shared with the other is held here now: it works alone from here on.
+        self.alongside = None;
         union(&mut self.strings, strings);
         union(&mut self.locations, locations);
         union(&mut self.labels, labels);
@@ -185,17 +192,7 @@ impl Interner {
         }
         let shared = match self.locations.get(&at) {
             Some(shared) => shared.clone(),
-            None => {
-                let fresh = Arc::new(Location {
-                    resource: self.get(at.resource),
-                    cluster: fleetscope_model::ClusterName::from(at.cluster),
-                    namespace: self.get(at.namespace),
-                });
-                if self.locations.len() < Self::CAPACITY {
-                    self.locations.insert(fresh.clone());
-                }
-                fresh
-            }
+            None => self.new_location(&at, || fleetscope_model::ClusterName::from(at.cluster)),
         };
         self.last_location = Some((shared.clone(), shared.clone()));
         shared
@@ -205,10 +202,34 @@ impl Interner {
         if let Some(shared) = self.locations.get(location) {
             return shared.clone();
         }
-        let fresh = Arc::new(Location {
-            resource: self.get(&location.resource),
-            cluster: location.cluster.clone(),
-            namespace: self.get(&location.namespace),
+        let at = LocationOf {
+            resource: &location.resource,
+            cluster: location.cluster.as_str(),
+            namespace: &location.namespace,
+        };
+        self.new_location(&at, || location.cluster.clone())
+    }
+
+    /// A location this interner does not hold: the one an interner alongside made, or
+    /// a new one of shared strings.
+    fn new_location(
+        &mut self,
+        at: &LocationOf<'_>,
+        cluster: impl FnOnce() -> fleetscope_model::ClusterName,
+    ) -> Arc<Location> {
+        let alongside = self.alongside.clone();
+        let mut made = alongside.as_deref().map(crate::lock);
+        let held = made.as_ref().and_then(|m| m.get(at).cloned());
+        let fresh = held.unwrap_or_else(|| {
+            let fresh = Arc::new(Location {
+                resource: self.get(at.resource),
+                cluster: cluster(),
+                namespace: self.get(at.namespace),
+            });
+            if let Some(made) = made.as_mut() {
+                made.insert(fresh.clone());
+            }
+            fresh
         });
         if self.locations.len() < Self::CAPACITY {
             self.locations.insert(fresh.clone());
@@ -261,7 +282,17 @@ pub(crate) struct Maker {
 }
 
 impl Maker {
-    pub(crate) fn new(compress: bool) -> Self {
+    /// Two makers that work side by side, sharing the locations they make.
+    pub(crate) fn pair(compress: bool) -> [Self; 2] {
+        let alongside = Arc::default();
+        [(); 2].map(|()| {
+            let mut maker = Self::new(compress);
+            maker.interner.alongside = Some(Arc::clone(&alongside));
+            maker
+        })
+    }
+
+    fn new(compress: bool) -> Self {
         Self {
             compress,
             interner: Interner::default(),

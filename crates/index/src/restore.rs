@@ -100,10 +100,7 @@ impl Index {
         // Made on two threads, each taking a run of them at a time and sharing what
         // they repeat through an interner of its own.
         let runs = Mutex::new(in_runs(restored.objects).into_iter());
-        let mut makers = [
-            object::Maker::new(config.compress_objects),
-            object::Maker::new(config.compress_objects),
-        ];
+        let mut makers = object::Maker::pair(config.compress_objects);
         let [first, second] = &mut makers;
         state.restore_primary(made_by(first, &runs), made_by(second, &runs));
         let [mut maker, other] = makers;

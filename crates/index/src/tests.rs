@@ -724,6 +724,12 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
     let now = restored.snapshot();
     assert!(!now.building);
     same(&now);
+    // Made on two threads, the keys of one namespace share one location.
+    let held: Vec<_> = now.iter().collect();
+    assert!(held.windows(2).all(|w| {
+        let (a, b) = (w[0].key.location(), w[1].key.location());
+        Arc::ptr_eq(a, b) == (**a == **b)
+    }));
     assert_eq!(
         now.owned_by("owner-1").len(),
         saved.owned_by("owner-1").len()
