@@ -20,6 +20,7 @@ mod owners;
 mod query;
 mod restore;
 mod state;
+mod terms;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -33,10 +34,11 @@ type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 pub use feed::{Feed, FeedError, Staged};
 pub use fleetscope_model::GroupBy;
-pub use object::{MAX_INDEXED_LABELS, Object, ObjectRef, uid_and_resource_version};
+pub use object::{Object, ObjectRef, uid_and_resource_version};
 pub use query::{Counts, Page, Query};
 pub use restore::{Restored, RestoredEvent, RestoredObject, RestoredRun};
 pub use state::{Event, State};
+pub use terms::MAX_INDEXED_LABELS;
 
 /// Index settings.
 #[derive(Debug, Clone)]
@@ -259,7 +261,7 @@ pub struct Subscription {
 /// persisted index shows nothing before it is durable; [`Index::apply`] does both.
 pub struct Index {
     config: Config,
-    writer: Arc<Mutex<(State, object::Interner)>>,
+    writer: Arc<Mutex<(State, terms::Interner)>>,
     published: feed::Shared,
     /// The thread building a restored index's secondary indexes, until joined.
     building: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -307,13 +309,13 @@ impl Index {
             revision,
             ..State::default()
         };
-        Self::over(config, state, object::Interner::default(), VecDeque::new())
+        Self::over(config, state, terms::Interner::default(), VecDeque::new())
     }
 
     fn over(
         config: Config,
         state: State,
-        interner: object::Interner,
+        interner: terms::Interner,
         log: VecDeque<Arc<Event>>,
     ) -> Self {
         let (head, _) = watch::channel(state.revision());
@@ -779,7 +781,7 @@ fn in_key_order<T>(items: &mut Vec<T>, key: impl Fn(&T) -> &ObjectKey) {
 /// no longer has deleted, the rest upserted (a first list added at once).
 fn replace(
     state: &mut State,
-    interner: &mut object::Interner,
+    interner: &mut terms::Interner,
     events: &mut Vec<Event>,
     (resource, cluster): (&str, &ClusterName),
     objects: Vec<ObjectState>,
@@ -813,7 +815,7 @@ fn replace(
 /// Objects arriving together: each new one added at once, each held one upserted.
 fn add(
     state: &mut State,
-    interner: &mut object::Interner,
+    interner: &mut terms::Interner,
     events: &mut Vec<Event>,
     objects: Vec<ObjectState>,
 ) {

@@ -54,7 +54,7 @@ impl Ord for Sole {
 /// One (owner uid, object) pair of an object with several owners.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Owned {
-    uid: crate::object::Uid,
+    uid: crate::terms::Uid,
     entry: Entry,
 }
 

@@ -11,8 +11,9 @@ use fleetscope_model::access::{Hidden, Reach};
 use fleetscope_model::selector::{FieldOp, Labels, Requirement};
 use fleetscope_model::{ClusterName, FieldSelector, GroupBy, LabelSelector, ObjectKey};
 
-use crate::object::{Object, ObjectRef, UNINDEXED_LABELS};
+use crate::object::{Object, ObjectRef};
 use crate::state::{KeySet, Members, State};
+use crate::terms::UNINDEXED_LABELS;
 
 /// Which objects of one resource type to read.
 #[derive(Debug, Clone, Default)]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use fleetscope_model::{EventType, ObjectState, PackedJson, Revision, StoredRun};
 
 use crate::state::{self, Event, State};
-use crate::{Config, Index, Object, ObjectRef, StreamKey, feed, in_key_order, lock, object};
+use crate::{Config, Index, Object, ObjectRef, StreamKey, feed, in_key_order, lock, object, terms};
 
 /// Persisted state to rebuild an index from.
 #[derive(Debug, Default)]
@@ -73,7 +73,7 @@ pub struct RestoredEvent {
 /// objects, as nothing is staged before the build is joined.
 fn install_secondary(
     objects: &state::KeySet,
-    writer: &Mutex<(State, object::Interner)>,
+    writer: &Mutex<(State, terms::Interner)>,
     published: &feed::Shared,
 ) {
     let secondary = state::Secondary::of(objects);

@@ -15,8 +15,9 @@ type StdHashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSt
 type HashMap<K, V> =
     imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
 
-use crate::object::{Entry, Interner, Object, ObjectRef, insert_in_order};
+use crate::object::{Entry, Object, ObjectRef, insert_in_order};
 use crate::owners::{GatheredOwners, OwnerIndex};
+use crate::terms::Interner;
 
 /// One applied change, with the state before it, so filters can see transitions.
 #[derive(Debug)]

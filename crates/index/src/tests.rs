@@ -1176,7 +1176,7 @@ fn objects_of_one_owner_share_one_copy_of_its_uid() {
         let key = ObjectKey::new("pods", &ClusterName::from("c"), "ns", name);
         state.get(&key).unwrap().owners()[0].clone()
     };
-    assert!(crate::object::Uid::ptr_eq(&uid("p1"), &uid("p3")));
+    assert!(crate::terms::Uid::ptr_eq(&uid("p1"), &uid("p3")));
     assert_eq!((&*uid("p1"), &*uid("p2")), ("owner-1", "owner-0"));
 }
 
@@ -1905,8 +1905,8 @@ fn objects_carrying_the_same_values_share_them_and_each_keeps_its_own() {
 
 #[test]
 fn an_interner_absorbing_another_keeps_its_own_values_and_shares_the_other_s() {
-    let mut mine = object::Interner::default();
-    let mut other = object::Interner::default();
+    let mut mine = terms::Interner::default();
+    let mut other = terms::Interner::default();
     let a = mine.get("app");
     let (a_other, b) = (other.get("app"), other.get("web"));
     mine.absorb(other);
