@@ -613,10 +613,21 @@ async fn scale() {
             .status_for_tests()
             .update_stream(n, &pods_type(), |_| {});
     }
-    // As the informers feed it: each cluster's pods as one list (a first sync), or,
-    // with FLEET_BENCH_SCALE_FEED=events, one watch event per pod, the clusters'
-    // events interleaved, in batches of 10,000.
-    let by_events = std::env::var("FLEET_BENCH_SCALE_FEED").is_ok_and(|v| v == "events");
+    // As the informers feed it: each cluster's pods as one list (a first sync by a
+    // LIST); with FLEET_BENCH_SCALE_FEED=parts, each cluster's first list in parts of
+    // 4,096 as a streaming list hands them over (the informer's `list_part`), the
+    // clusters' parts interleaved; with FLEET_BENCH_SCALE_FEED=events, one watch event
+    // per pod, the clusters' events interleaved, in batches of 10,000.
+    let feed = std::env::var("FLEET_BENCH_SCALE_FEED").unwrap_or_default();
+    let (by_events, in_parts) = (feed == "events", feed == "parts");
+    // Each cluster's pods in the order a list gives them: by namespace, then name.
+    let listed: Vec<Vec<usize>> = (0..clusters)
+        .map(|c| {
+            let mut locals: Vec<usize> = (0..total / clusters).collect();
+            locals.sort_by_cached_key(|l| (format!("ns-{}", l % 20), format!("pod-{l}")));
+            locals.into_iter().map(|l| l * clusters + c).collect()
+        })
+        .collect();
     let before = rss();
     // Resident memory every 10 ms while the load runs, for its highest reading.
     let (peak, loading) = (
@@ -641,10 +652,16 @@ async fn scale() {
             .chunks(10_000)
             .map(<[usize]>::to_vec)
             .collect()
-    } else {
-        (0..clusters)
-            .map(|c| (c..total).step_by(clusters).collect())
+    } else if in_parts {
+        let parts: Vec<Vec<Vec<usize>>> = listed
+            .iter()
+            .map(|l| l.chunks(4096).map(<[usize]>::to_vec).collect())
+            .collect();
+        (0..parts.iter().map(Vec::len).max().unwrap_or(0))
+            .flat_map(|p| parts.iter().filter_map(move |c| c.get(p).cloned()))
             .collect()
+    } else {
+        listed
     };
     for batch in batches {
         // A list's objects share one key location per namespace, as the informers' do.
@@ -663,6 +680,8 @@ async fn scale() {
         pruned += inputs.iter().map(|o| o.json.len()).sum::<usize>();
         let changes = if by_events {
             inputs.into_iter().map(Change::Upsert).collect()
+        } else if in_parts {
+            vec![Change::Add(inputs)]
         } else {
             // A list comes in the API server's order: by namespace, then name.
             inputs.sort_by(|a, b| a.key.cmp(&b.key));
@@ -688,6 +707,8 @@ async fn scale() {
         "  generated and indexed {total} objects ({}) in {:.1} s, the index applying {:.0} objects/s; pruned JSON {:.0} B/object; resident {:.0} B/object; resident ÷ pruned JSON = {:.2}, at its highest during the load {:.2} (goal ≤ 1.5)",
         if by_events {
             "one watch event each"
+        } else if in_parts {
+            "each cluster's list in parts of 4,096"
         } else {
             "one list per cluster"
         },

@@ -819,15 +819,28 @@ fn add(
     events: &mut Vec<Event>,
     objects: Vec<ObjectState>,
 ) {
-    let (held, mut new): (Vec<ObjectState>, Vec<ObjectState>) = objects
+    let mut objects: Vec<ObjectState> = objects
         .into_iter()
         .map(|mut o| {
             o.key = interner.key(&o.key);
             o
         })
-        .partition(|o| state.get(&o.key).is_some());
+        .collect();
     // The last of one key wins, as upserts in order would have it.
-    in_key_order(&mut new, |o| &o.key);
+    in_key_order(&mut objects, |o| &o.key);
+    // Nothing held in their range (the parts of a first list, coming in order): all
+    // new, without a lookup for each.
+    let none_held = match (objects.first(), objects.last()) {
+        (Some(first), Some(last)) => !state.holds_between(&first.key, &last.key),
+        _ => true,
+    };
+    let (held, new): (Vec<ObjectState>, Vec<ObjectState>) = if none_held {
+        (Vec::new(), objects)
+    } else {
+        objects
+            .into_iter()
+            .partition(|o| state.get(&o.key).is_some())
+    };
     state.add_new(new, interner, events);
     for input in held {
         events.extend(state.upsert(input, interner));

@@ -489,6 +489,14 @@ impl State {
         self.objects.get(key).map(|e| &e.0)
     }
 
+    /// Whether any object is held from `first` to `last` (inclusive).
+    pub(crate) fn holds_between(&self, first: &ObjectKey, last: &ObjectKey) -> bool {
+        self.objects
+            .range::<_, ObjectKey>(first..=last)
+            .next()
+            .is_some()
+    }
+
     /// Every object, in key order.
     pub fn iter(&self) -> impl Iterator<Item = &ObjectRef> {
         self.objects.iter().map(|e| &e.0)

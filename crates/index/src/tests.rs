@@ -1965,3 +1965,54 @@ fn objects_with_the_same_labels_in_any_order_share_one_label_set() {
         ["a=1", "b=3"]
     );
 }
+
+#[test]
+fn objects_added_together_are_added_when_new_and_upserted_when_held() {
+    let idx = index();
+    let kinds = |events: &[Arc<Event>]| -> Vec<(String, EventType)> {
+        events
+            .iter()
+            .map(|e| (e.object.key.name.to_string(), e.kind))
+            .collect()
+    };
+    // The parts of a first list, in order: nothing held in their range.
+    let first = idx.apply([Change::Add(vec![
+        input("pods", "c", "x", "p1", 1, &[]),
+        input("pods", "c", "x", "p2", 2, &[]),
+    ])]);
+    let second = idx.apply([Change::Add(vec![
+        input("pods", "c", "x", "p4", 4, &[]),
+        input("pods", "c", "x", "p3", 3, &[]),
+    ])]);
+    assert_eq!(
+        kinds(&[first, second].concat()),
+        [
+            ("p1".into(), EventType::Added),
+            ("p2".into(), EventType::Added),
+            ("p3".into(), EventType::Added),
+            ("p4".into(), EventType::Added),
+        ]
+    );
+    // A part over held objects: the new ones added, the held ones upserted, the last
+    // of a key given twice winning.
+    let mixed = idx.apply([Change::Add(vec![
+        input("pods", "c", "x", "p0", 5, &[]),
+        input("pods", "c", "x", "p2", 6, &[("app", "a")]),
+        input("pods", "c", "x", "p2", 7, &[("app", "b")]),
+        input("pods", "c", "x", "p5", 8, &[]),
+    ])]);
+    assert_eq!(
+        kinds(&mixed),
+        [
+            ("p0".into(), EventType::Added),
+            ("p5".into(), EventType::Added),
+            ("p2".into(), EventType::Modified),
+        ]
+    );
+    let s = idx.snapshot();
+    assert_eq!(s.len(), 6);
+    let p2 = s
+        .get(&ObjectKey::new("pods", &ClusterName::from("c"), "x", "p2"))
+        .unwrap();
+    assert_eq!(p2.labels(), [(Arc::from("app"), Arc::from("b"))]);
+}
