@@ -119,7 +119,10 @@ impl History {
             return HistoryEnd::Cancelled;
         };
         let informer = self.informer(tx, cancel);
-        let listed = match informer.list(&ListFrom::Exact(from.to_string())).await {
+        let listed = match informer
+            .list(&ListFrom::Exact(from.to_string()), None)
+            .await
+        {
             Ok(listed) => listed,
             Err(ListStop::Stop(stop)) => return ended(stop),
             Err(ListStop::Unsupported(why)) => return HistoryEnd::Failed(why),

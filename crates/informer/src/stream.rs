@@ -285,6 +285,11 @@ impl Default for StreamConfig {
 /// the next one's.
 static LIST_NUMBER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// A number for a list handed over in parts, unlike any other's.
+fn next_list_number() -> u64 {
+    LIST_NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Where a list reads from: what the stream holds decides it, as client-go's
 /// reflector decides it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -611,12 +616,11 @@ impl Informer {
         // after a 410 included) is applied whole, diffed against what is held. The
         // ingest checks again that nothing is held.
         let first = c.reason == ListReason::Initial && c.held.is_none();
-        let parts = (first && self.config.list_part > 0)
-            .then(|| LIST_NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let parts = (first && self.config.list_part > 0).then(next_list_number);
         let listed = if c.watch_list {
             self.watch_list(&from, parts).instrument(span.clone()).await
         } else {
-            self.list(&from).instrument(span.clone()).await
+            self.list(&from, parts).instrument(span.clone()).await
         };
         if let Ok(l) = &listed {
             span.record("objects", i64::try_from(l.count).unwrap_or(i64::MAX));
@@ -749,8 +753,6 @@ impl Informer {
         lp
     }
 
-    /// Lists every page, pruning each item as its bytes arrive. An expired continue
-    /// token restarts the list, so the result is always one consistent snapshot.
     /// The member's newest resourceVersion of this stream's collection now: a
     /// consistent list of one object (read from etcd), its objects passed over.
     pub(crate) async fn newest(&self) -> Result<String, Stop> {
@@ -777,9 +779,20 @@ impl Informer {
         Ok(meta.resource_version)
     }
 
-    pub(crate) async fn list(&self, from: &ListFrom) -> Result<Listed, ListStop> {
+    /// Lists every page, pruning each item as its bytes arrive. An expired continue
+    /// token restarts the list, so the result is always one consistent snapshot. A
+    /// list numbered `parts` (a first one) is handed over in parts of `list_part`
+    /// objects as it arrives, as a streaming list is; one restarted after parts went
+    /// takes a number of its own, so it is not taken for the rest of the first.
+    pub(crate) async fn list(
+        &self,
+        from: &ListFrom,
+        mut parts: Option<u64>,
+    ) -> Result<Listed, ListStop> {
         let mut objects = Vec::new();
         let mut drops = Drops::default();
+        // Objects sent ahead in parts.
+        let mut sent = 0;
         let mut lp = self.list_params(from);
         loop {
             let req = Request::new(&self.path)
@@ -787,30 +800,36 @@ impl Informer {
                 .map_err(|e| Stop::Failed(e.to_string()))?;
             let mut reader =
                 crate::prune::list::ListReader::new(&self.id.resource, &self.config.pruning);
-            let mut each = |item: Result<PrunedObject, crate::prune::PruneError>| {
-                objects.extend(self.kept(item, &mut drops));
-            };
-            let fetched = tokio::select! {
-                r = fetch_list(&self.client, req, &mut reader, &mut each) => r.map_err(classify),
-                _ = self.cancel.cancelled() => Err(Stop::Cancelled),
-            };
+            let fetched = self
+                .fetch_page(req, &mut reader, &mut objects, &mut drops, parts, &mut sent)
+                .await;
             match fetched {
-                Err(Stop::Expired)
+                Err(ListStop::Stop(Stop::Expired))
                     if lp.continue_token.is_some() && !matches!(from, ListFrom::Exact(_)) =>
                 {
                     objects.clear();
+                    if sent > 0 {
+                        parts = parts.map(|_| next_list_number());
+                        sent = 0;
+                    }
                     lp = self.list_params(from);
                     continue;
                 }
                 other => other?,
             }
             let meta = reader
-                .finish(&mut each)
+                .finish(&mut |item| objects.extend(self.kept(item, &mut drops)))
                 .map_err(|e| Stop::Failed(format!("the list response is not a list: {e}")))?;
             // Room for the rest at once, rather than growing by doubling (the list is
-            // held whole until it is applied; a bound, as the count comes from outside).
+            // held whole until it is applied, unless it goes in parts; a bound, as the
+            // count comes from outside).
             let remaining = meta.remaining_item_count.unwrap_or(0).min(1 << 20);
-            objects.reserve(usize::try_from(remaining).unwrap_or(0));
+            let room = if parts.is_some() {
+                remaining.min(self.config.list_part as u64)
+            } else {
+                remaining
+            };
+            objects.reserve(usize::try_from(room).unwrap_or(0));
             match meta.continue_token.filter(|c| !c.is_empty()) {
                 // Later pages come from storage at the first page's resourceVersion.
                 Some(c) => lp = lp.continue_token(&c),
@@ -830,14 +849,46 @@ impl Informer {
                         return Err(Stop::Cancelled.into());
                     }
                     return Ok(Listed {
-                        count: objects.len(),
+                        count: sent + objects.len(),
                         objects,
-                        parts: None,
+                        parts: parts.filter(|_| sent > 0),
                         resource_version: meta.resource_version,
                         method: from.method(),
                         watch: None,
                     });
                 }
+            }
+        }
+    }
+
+    /// Reads one page of a list into `objects` frame by frame, sending them ahead as
+    /// a part of list `parts` whenever `list_part` of them are in.
+    async fn fetch_page(
+        &self,
+        req: http::Request<Vec<u8>>,
+        reader: &mut crate::prune::list::ListReader<'_>,
+        objects: &mut Vec<PrunedObject>,
+        drops: &mut Drops,
+        parts: Option<u64>,
+        sent: &mut usize,
+    ) -> Result<(), ListStop> {
+        let mut body = tokio::select! {
+            r = ListBody::open(&self.client, req) => r.map_err(classify)?,
+            _ = self.cancel.cancelled() => return Err(Stop::Cancelled.into()),
+        };
+        loop {
+            let mut each = |item| objects.extend(self.kept(item, drops));
+            let more = tokio::select! {
+                r = body.feed(reader, &mut each) => r.map_err(classify)?,
+                _ = self.cancel.cancelled() => return Err(Stop::Cancelled.into()),
+            };
+            if let Some(list) = parts
+                && objects.len() >= self.config.list_part
+            {
+                *sent += self.send_part(list, objects).await?;
+            }
+            if !more {
+                return Ok(());
             }
         }
     }

@@ -804,6 +804,41 @@ async fn a_first_streaming_list_is_handed_over_in_parts_as_it_arrives() {
 }
 
 #[tokio::test]
+async fn a_first_list_without_streaming_is_handed_over_in_parts_as_it_arrives() {
+    let s = setup().await;
+    // A server without streaming lists: the first list is a LIST, from the cache.
+    let (mut rx, cancel, _) =
+        start_in_parts(&s, "configmaps", stream::Start::default(), false, 3, || {}).await;
+    let (mut names, mut lists) = (Vec::new(), Vec::new());
+    let (rest, parts, method) = loop {
+        match next_data(&mut rx).await {
+            Update::ListPart { list, objects, .. } => {
+                assert!(objects.len() >= 3, "a part holds at least list_part objects");
+                names.extend(objects.into_iter().map(|o| o.name));
+                lists.push(list);
+            }
+            Update::Listed {
+                objects,
+                parts,
+                method,
+                ..
+            } => break (objects, parts, method),
+            other => panic!("parts, then the rest; not {other:?}"),
+        }
+    };
+    assert!(!lists.is_empty(), "the list came in parts");
+    assert!(lists.iter().all(|l| Some(*l) == parts), "one list's parts");
+    assert_eq!(method, Some(SyncMethod::ListFromCache));
+    names.extend(rest.into_iter().map(|o| o.name));
+    names.sort();
+    let want: Vec<String> = (0..7).map(|i| format!("cm-{i}")).collect();
+    assert_eq!(names, want);
+    wait_state(&mut rx, StreamState::Watching).await;
+    create_and_see(s.server.cluster(), &mut rx, "live").await;
+    cancel.cancel();
+}
+
+#[tokio::test]
 async fn a_list_with_something_held_is_handed_over_whole() {
     let s = setup().await;
     let c = s.server.cluster().clone();

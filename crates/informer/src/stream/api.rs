@@ -124,30 +124,57 @@ pub(super) async fn fetch_list(
     reader: &mut crate::prune::list::ListReader<'_>,
     each: &mut (dyn FnMut(Result<PrunedObject, crate::prune::PruneError>) + Send),
 ) -> Result<(), kube::Error> {
-    use http_body_util::BodyExt;
-    let res = client.send(req.map(kube::client::Body::from)).await?;
-    let status = res.status();
-    let mut stream = res.into_body();
-    if status.is_client_error() || status.is_server_error() {
-        let mut body = Vec::new();
-        while let Some(frame) = stream.frame().await {
-            if let Ok(data) = frame?.into_data() {
-                body.extend_from_slice(&data[..data.len().min(ERROR_BODY_LIMIT - body.len())]);
-                if body.len() >= ERROR_BODY_LIMIT {
-                    break;
+    let mut body = ListBody::open(client, req).await?;
+    while body.feed(reader, each).await? {}
+    Ok(())
+}
+
+/// A list response whose status said it holds a list, read frame by frame.
+pub(super) struct ListBody(kube::client::Body);
+
+impl ListBody {
+    /// Sends `req`; an error status is the error its body describes.
+    pub(super) async fn open(
+        client: &Client,
+        req: http::Request<Vec<u8>>,
+    ) -> Result<Self, kube::Error> {
+        use http_body_util::BodyExt;
+        let res = client.send(req.map(kube::client::Body::from)).await?;
+        let status = res.status();
+        let mut stream = res.into_body();
+        if status.is_client_error() || status.is_server_error() {
+            let mut body = Vec::new();
+            while let Some(frame) = stream.frame().await {
+                if let Ok(data) = frame?.into_data() {
+                    body.extend_from_slice(&data[..data.len().min(ERROR_BODY_LIMIT - body.len())]);
+                    if body.len() >= ERROR_BODY_LIMIT {
+                        break;
+                    }
                 }
             }
+            return Err(api_error(status, &body));
         }
-        return Err(api_error(status, &body));
+        Ok(Self(stream))
     }
-    while let Some(frame) = stream.frame().await {
+
+    /// Feeds the next frame to `reader`, each item it completes to `each`; whether
+    /// there was one (`false` at the end of the response).
+    pub(super) async fn feed(
+        &mut self,
+        reader: &mut crate::prune::list::ListReader<'_>,
+        each: &mut (dyn FnMut(Result<PrunedObject, crate::prune::PruneError>) + Send),
+    ) -> Result<bool, kube::Error> {
+        use http_body_util::BodyExt;
+        let Some(frame) = self.0.frame().await else {
+            return Ok(false);
+        };
         if let Ok(data) = frame?.into_data() {
             reader.feed(&data, each).map_err(|e| {
                 kube::Error::Service(format!("the list response is not a list: {e}").into())
             })?;
         }
+        Ok(true)
     }
-    Ok(())
 }
 
 /// A complete state of a stream, and how it was read.

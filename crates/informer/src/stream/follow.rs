@@ -132,7 +132,7 @@ impl Informer {
     }
 
     /// Sends `objects` ahead as a part of list `list`; how many were sent.
-    async fn send_part(
+    pub(super) async fn send_part(
         &self,
         list: u64,
         objects: &mut Vec<PrunedObject>,
