@@ -641,8 +641,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub watch_list: bool,
     ["informer.listPart", Count, Collection]
-    /// A first streaming list reaches the index in parts of this many objects as they
-    /// arrive (0: whole, at its end).
+    /// A first list (streaming, or a LIST) reaches the index in parts of this many
+    /// objects as they arrive (0: whole, at its end).
     #[arg(long, default_value_t = 4096)]
     pub list_part: usize,
     ["retention.events", Count, Restart]

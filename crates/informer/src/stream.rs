@@ -226,9 +226,9 @@ pub struct StreamConfig {
     /// nothing): the stream lists instead. Default 10 s (an API server answers from its
     /// watch cache, waiting at most 3 s for it to catch up).
     pub watch_list_silence: Duration,
-    /// A first streaming list (nothing held for the stream) is handed over in parts of
-    /// this many objects as they arrive, so the index is built beside the transfer;
-    /// 0 hands it over whole. Default 4,096.
+    /// A first list, streaming or not (nothing held for the stream), is handed over in
+    /// parts of this many objects as they arrive, so the index is built beside the
+    /// transfer; 0 hands it over whole. Default 4,096.
     pub list_part: usize,
     /// The largest object taken, as its cluster sends it (its JSON, before pruning):
     /// a larger one is dropped, logged and counted. Default 16 MiB, well above what

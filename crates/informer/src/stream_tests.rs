@@ -78,7 +78,7 @@ async fn start_after(
     start_in_parts(s, resource, start, watch_list, 0, before).await
 }
 
-/// As `start_after`, a first streaming list handed over in parts of `list_part` objects.
+/// As `start_after`, a first list handed over in parts of `list_part` objects.
 async fn start_in_parts(
     s: &Setup,
     resource: &str,
@@ -813,7 +813,10 @@ async fn a_first_list_without_streaming_is_handed_over_in_parts_as_it_arrives() 
     let (rest, parts, method) = loop {
         match next_data(&mut rx).await {
             Update::ListPart { list, objects, .. } => {
-                assert!(objects.len() >= 3, "a part holds at least list_part objects");
+                assert!(
+                    objects.len() >= 3,
+                    "a part holds at least list_part objects"
+                );
                 names.extend(objects.into_iter().map(|o| o.name));
                 lists.push(list);
             }
