@@ -795,12 +795,22 @@ async fn a_first_streaming_list_is_handed_over_in_parts_as_it_arrives() {
         "the end names the list its parts belong to"
     );
     assert_eq!(lists[0], lists[1]);
+    every_one_then_watching(&s, &mut rx, names).await;
+    cancel.cancel();
+}
+
+/// `names` are the seven configmaps `setup` makes, each once; then the stream
+/// watches and sees a change.
+async fn every_one_then_watching(
+    s: &Setup,
+    rx: &mut mpsc::Receiver<Update>,
+    mut names: Vec<String>,
+) {
     names.sort();
     let want: Vec<String> = (0..7).map(|i| format!("cm-{i}")).collect();
     assert_eq!(names, want);
-    wait_state(&mut rx, StreamState::Watching).await;
-    create_and_see(s.server.cluster(), &mut rx, "live").await;
-    cancel.cancel();
+    wait_state(rx, StreamState::Watching).await;
+    create_and_see(s.server.cluster(), rx, "live").await;
 }
 
 #[tokio::test]
@@ -833,11 +843,7 @@ async fn a_first_list_without_streaming_is_handed_over_in_parts_as_it_arrives() 
     assert!(lists.iter().all(|l| Some(*l) == parts), "one list's parts");
     assert_eq!(method, Some(SyncMethod::ListFromCache));
     names.extend(rest.into_iter().map(|o| o.name));
-    names.sort();
-    let want: Vec<String> = (0..7).map(|i| format!("cm-{i}")).collect();
-    assert_eq!(names, want);
-    wait_state(&mut rx, StreamState::Watching).await;
-    create_and_see(s.server.cluster(), &mut rx, "live").await;
+    every_one_then_watching(&s, &mut rx, names).await;
     cancel.cancel();
 }
 
