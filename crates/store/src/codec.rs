@@ -316,10 +316,13 @@ impl<'a> Reader<'a> {
     }
 
     /// An object's key, revision and JSON (held as `bodies` says), read in place.
-    fn head(
+    fn head<'d>(
         &mut self,
-        bodies: Bodies<'a>,
-    ) -> Result<([&'a str; 4], Revision, StoredJson<'a>), DecodeError> {
+        bodies: Bodies<'d>,
+    ) -> Result<([&'a str; 4], Revision, StoredJson<'d>), DecodeError>
+    where
+        'a: 'd,
+    {
         let key = [self.str()?, self.str()?, self.str()?, self.str()?];
         let revision = Revision(self.u64()?);
         let json = match bodies {
@@ -519,11 +522,11 @@ pub(crate) struct PlainChunk(Vec<u8>);
 
 /// What reading a whole chunk found besides its objects.
 #[derive(Debug)]
-pub(crate) struct ChunkSummary {
+pub(crate) struct ChunkSummary<'a> {
     /// How many objects it holds.
     pub(crate) count: usize,
-    /// Its first and last key (`None` for an empty chunk).
-    pub(crate) ends: Option<(ObjectKey, ObjectKey)>,
+    /// The parts of its first and last key (`None` for an empty chunk).
+    pub(crate) ends: Option<([&'a str; 4], [&'a str; 4])>,
     /// The length of its objects' JSON.
     pub(crate) json_bytes: usize,
 }
@@ -540,7 +543,7 @@ impl PlainChunk {
         &self,
         dictionaries: &Dictionaries,
         mut each: impl FnMut(&StoredView<'_>),
-    ) -> Result<ChunkSummary, DecodeError> {
+    ) -> Result<ChunkSummary<'_>, DecodeError> {
         let mut r = Reader(&self.0);
         let head = r.u32()?;
         let bodies = match head & !(TAGGED_CHUNK - 1) {
@@ -571,12 +574,9 @@ impl PlainChunk {
             each(&scratch.view(key, revision, json));
         }
         r.end()?;
-        let key = |[resource, cluster, namespace, name]: [&str; 4]| {
-            ObjectKey::new(resource, &ClusterName::from(cluster), namespace, name)
-        };
         Ok(ChunkSummary {
             count,
-            ends: first.zip(last).map(|(first, last)| (key(first), key(last))),
+            ends: first.zip(last),
             json_bytes,
         })
     }

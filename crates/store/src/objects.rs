@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fleetscope_model::{EventType, ObjectKey, StoredRun, StoredView};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, StoredRun, StoredView};
 
 use crate::codec::{self, DecodeError, Dictionaries, PlainChunk};
 use crate::{EventRecord, ObjectRecord, SnapshotMeta, Store, StoreError, Writes};
@@ -118,12 +118,17 @@ impl StoredChunk {
     ) -> Result<Self, DecodeError> {
         let plain = PlainChunk::open(record)?;
         let summary = plain.read(&dictionaries, |_| {})?;
+        let key = |[resource, cluster, namespace, name]: [&str; 4]| {
+            ObjectKey::new(resource, &ClusterName::from(cluster), namespace, name)
+        };
+        let (count, json_bytes) = (summary.count, summary.json_bytes);
+        let ends = summary.ends.map(|(first, last)| (key(first), key(last)));
         Ok(Self {
             plain,
             dictionaries,
-            count: summary.count,
-            ends: summary.ends,
-            json_bytes: summary.json_bytes,
+            count,
+            ends,
+            json_bytes,
         })
     }
 
