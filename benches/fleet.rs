@@ -2522,21 +2522,26 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     let answered = t.elapsed();
     let answered_cpu = cpu_time() - cpu;
     assert_eq!(first.items.len(), 500);
+    // The objects are made on a thread of their own while the engine answers.
+    engine.index_for_tests().restored().await;
+    let (whole, whole_cpu) = (t.elapsed(), cpu_time() - cpu);
     wait_synced(&engine, "pods", total).await;
     let synced = t.elapsed();
     let resident = rss() as f64 / held_json(engine.index_for_tests()) as f64;
     let lists = sim_lists(&sources).await - lists_before;
     println!(
-        "  restart {n}: store opened and verified in {:.2} s, index rebuilt at {:.2} s ({:.0} objects/s), first List answered at {:.2} s (goal ≤ 4 s), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}; resident ÷ pruned JSON then {resident:.2} ×; the process's CPU to each of the first three: {:.2}, {:.2}, {:.2} s",
+        "  restart {n}: store opened and verified in {:.2} s, engine started at {:.2} s, first List answered at {:.2} s (goal ≤ 1 s), index whole at {:.2} s ({:.0} objects/s since opened), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}; resident ÷ pruned JSON then {resident:.2} ×; the process's CPU to each of the first four: {:.2}, {:.2}, {:.2}, {:.2} s",
         loaded_at.as_secs_f64(),
         restored_at.as_secs_f64(),
-        total as f64 / restored_at.as_secs_f64(),
         answered.as_secs_f64(),
+        whole.as_secs_f64(),
+        total as f64 / (whole - loaded_at).as_secs_f64(),
         synced.as_secs_f64(),
         cold / answered.as_secs_f64(),
         loaded_cpu.as_secs_f64(),
         restored_cpu.as_secs_f64(),
-        answered_cpu.as_secs_f64()
+        answered_cpu.as_secs_f64(),
+        whole_cpu.as_secs_f64()
     );
     engine.shutdown(Duration::from_secs(30)).await;
 }

@@ -19,6 +19,7 @@ use crate::view::{fleet_object, holds_secrets, shown};
 
 impl Fleet for Engine {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
+        self.index.restored().await;
         if r.cluster.is_empty() {
             return Err(FleetError::InvalidArgument(
                 "cluster is required: Get reads one object of one cluster (ListClusters names them); to find an object by name in every cluster, List with field_selector metadata.name=NAME".into(),
@@ -82,6 +83,18 @@ impl Fleet for Engine {
     }
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
+        // While a restored index is still being made, a first page that lies within
+        // the objects made so far is answered from them, as soon as it does.
+        if r.after.is_none() {
+            self.index.made_some().await;
+            while let Some(early) = self.index.early(&r.access.caller()) {
+                if let Some(answer) = self.list_early(&r, early.clone()).await? {
+                    return Ok(answer);
+                }
+                self.index.made_more(&early).await;
+            }
+        }
+        self.index.restored().await;
         let snapshot = self.snapshot_for(&r.after)?;
         let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
         let deadline = std::time::Instant::now() + self.query_timeout;
@@ -107,34 +120,13 @@ impl Fleet for Engine {
             // The next page reads this snapshot too, for as long as tokens live.
             self.index.pin(snapshot.clone(), &r.access.caller());
         }
-        let items = page.items.iter().map(|o| fleet_object(o, r.projection));
-        let items = if holds_secrets(&built.query.resource) {
-            let policy = r.access.policy();
-            let labels = self.status.all_labels();
-            let none = BTreeMap::new();
-            items
-                .map(|o| {
-                    let l = labels.get(&o.key.cluster).unwrap_or(&none);
-                    shown(o, policy.as_ref(), r.access.subject(), l)
-                })
-                .collect()
-        } else {
-            items.collect()
-        };
-        Ok(ListAnswer {
-            items,
-            next: page.next,
-            revision: snapshot.revision(),
-            remaining: page.remaining,
-            clusters: built.freshness,
-            partial: built.partial,
-            // The next page's remainder is this one's less what it returns.
-            resume: fleetscope_model::fleet::remaining_resume(page.remaining),
-            warnings: built.warnings,
-        })
+        // The next page's remainder is this one's less what it returns.
+        let resume = fleetscope_model::fleet::remaining_resume(page.remaining);
+        Ok(self.list_answer(&r, built, page, snapshot.revision(), resume))
     }
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
+        self.index.restored().await;
         let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
         let deadline = std::time::Instant::now() + self.query_timeout;
         built.query.deadline = Some(deadline);
@@ -158,6 +150,7 @@ impl Fleet for Engine {
     }
 
     async fn watch(&self, r: WatchRequest) -> Result<Watch, FleetError> {
+        self.index.restored().await;
         crate::subscriber::start(self, r)
     }
 
@@ -166,6 +159,7 @@ impl Fleet for Engine {
         filter: ClusterFilter,
         access: &Access,
     ) -> Result<ClustersAnswer, FleetError> {
+        self.index.restored().await;
         let snapshot = self.index.snapshot();
         let policy = access.policy();
         let who = access.subject();
@@ -218,6 +212,7 @@ impl Fleet for Engine {
     }
 
     async fn resource_types(&self, access: &Access) -> Result<Vec<ResourceTypeInfo>, FleetError> {
+        self.index.restored().await;
         let snapshot = self.index.snapshot();
         let labels = self.status.all_labels();
         let policy = access.policy();
@@ -268,6 +263,73 @@ impl Fleet for Engine {
         Ok(self
             .store_stats()
             .map_or(Store::InMemory, |s| Store::Persisted(Box::new(s))))
+    }
+}
+
+impl Engine {
+    /// A first page from the objects a restore has made so far ([`Index::early`]),
+    /// if one lies within them. The page token's snapshot is the whole index at the
+    /// same revision, pinned for the caller once it is in; the remainder is a lower
+    /// bound, so the next page counts what follows it anew.
+    ///
+    /// [`Index::early`]: fleetscope_index::Index::early
+    async fn list_early(
+        &self,
+        r: &ListRequest,
+        early: fleetscope_index::Early,
+    ) -> Result<Option<ListAnswer>, FleetError> {
+        let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
+        let deadline = std::time::Instant::now() + self.query_timeout;
+        built.query.deadline = Some(deadline);
+        let (limit, max_bytes) = (r.limit.max(1), r.max_bytes);
+        let query = built.query.clone();
+        let revision = early.state.revision();
+        let page = self
+            .evaluate(deadline, move || {
+                early
+                    .state
+                    .early_page(&query, &early.through, limit, max_bytes)
+            })
+            .await?;
+        if built.query.expired() {
+            return Err(self.too_slow());
+        }
+        Ok(page.map(|page| self.list_answer(r, built, page, revision, Vec::new())))
+    }
+
+    /// A page as the seam answers it: each object shown as the caller may see it.
+    fn list_answer(
+        &self,
+        r: &ListRequest,
+        built: crate::plan::Built,
+        page: fleetscope_index::Page,
+        revision: fleetscope_model::Revision,
+        resume: Vec<u8>,
+    ) -> ListAnswer {
+        let items = page.items.iter().map(|o| fleet_object(o, r.projection));
+        let items = if holds_secrets(&built.query.resource) {
+            let policy = r.access.policy();
+            let labels = self.status.all_labels();
+            let none = BTreeMap::new();
+            items
+                .map(|o| {
+                    let l = labels.get(&o.key.cluster).unwrap_or(&none);
+                    shown(o, policy.as_ref(), r.access.subject(), l)
+                })
+                .collect()
+        } else {
+            items.collect()
+        };
+        ListAnswer {
+            items,
+            next: page.next,
+            revision,
+            remaining: page.remaining,
+            clusters: built.freshness,
+            partial: built.partial,
+            resume,
+            warnings: built.warnings,
+        }
     }
 }
 

@@ -242,7 +242,7 @@ impl Engine {
         store: Option<Stored>,
     ) -> Self {
         let status = StatusTable::default();
-        let (index, persister, stored, restored) = match store {
+        let (index, persister, stored, restored, then) = match store {
             None => (
                 Arc::new(Index::starting_after(
                     config.index.clone(),
@@ -251,6 +251,7 @@ impl Engine {
                 None,
                 HashMap::new(),
                 false,
+                None,
             ),
             Some(Stored { store, loaded }) => {
                 let configured: BTreeSet<ClusterName> = desired
@@ -259,7 +260,8 @@ impl Engine {
                     .iter()
                     .map(|s| ClusterName::from(s.name.as_str()))
                     .collect();
-                open_store(&config, &status, configured, store, loaded)
+                let s = open_store(&config, &status, configured, store, loaded);
+                (s.index, Some(s.persister), s.resume, s.restored, s.then)
             }
         };
         let cancel = CancellationToken::new();
@@ -277,16 +279,31 @@ impl Engine {
                     .instrument(tracing::info_span!("store")),
             );
         }
+        let ingesting = ingest::ingest(
+            index.clone(),
+            status.clone(),
+            persister.clone(),
+            rx,
+            batch,
+            config.keep_removed_clusters,
+            cancel.clone(),
+        );
         tasks.spawn(
-            ingest::ingest(
-                index.clone(),
-                status.clone(),
-                persister.clone(),
-                rx,
-                batch,
-                config.keep_removed_clusters,
-                cancel.clone(),
-            )
+            {
+                let (index, cancel) = (index.clone(), cancel.clone());
+                // Nothing is applied before a restored index is whole and what it
+                // left to do is done.
+                async move {
+                    tokio::select! {
+                        () = index.restored() => {}
+                        () = cancel.cancelled() => return,
+                    }
+                    if let Some(then) = then {
+                        then();
+                    }
+                    ingesting.await;
+                }
+            }
             .instrument(tracing::info_span!("ingest")),
         );
         upkeep(&index, &config, &tasks, &cancel);
@@ -421,12 +438,13 @@ impl Engine {
     /// unreachable cluster is reported, not waited for), or has had
     /// [`EngineConfig::ready_patience`] to answer (a hung one is not waited for either).
     pub fn is_ready(&self) -> bool {
-        self.restored
-            || !self
-                .status
-                .clusters()
-                .iter()
-                .any(|c| c.discovering() && c.joined.elapsed() < self.ready_patience)
+        self.index.is_restored()
+            && (self.restored
+                || !self
+                    .status
+                    .clusters()
+                    .iter()
+                    .any(|c| c.discovering() && c.joined.elapsed() < self.ready_patience))
     }
 
     /// Persistence figures, when running with a store.
@@ -453,11 +471,17 @@ impl Engine {
     /// objects held by type and cluster, every cluster's status with its streams,
     /// the cluster sources in force, the store's figures, and whether it is ready.
     pub fn observe(&self) -> Observation {
-        let snapshot = self.index.snapshot();
-        let objects = snapshot
-            .counts()
-            .map(|(resource, cluster, n)| (resource.to_string(), cluster.clone(), n as u64))
-            .collect();
+        // Nothing is counted while a restored index is still being made (it is not
+        // ready then): an observation never waits.
+        let objects = if self.index.is_restored() {
+            self.index
+                .snapshot()
+                .counts()
+                .map(|(resource, cluster, n)| (resource.to_string(), cluster.clone(), n as u64))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Observation {
             objects,
             clusters: self.status.clusters(),
@@ -551,6 +575,10 @@ async fn pack(index: Arc<Index>, after: Duration, cancel: CancellationToken) {
     const BATCH: usize = 2048;
     let every = (after / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let mut passes = Passes::new(after);
+    tokio::select! {
+        () = index.restored() => {}
+        () = cancel.cancelled() => return,
+    }
     loop {
         let snapshot = index.snapshot();
         let (revision, held) = (snapshot.revision(), snapshot.len());
@@ -688,21 +716,36 @@ fn upkeep(
     }
 }
 
+/// What is left to do once a restored index is whole, before any change is applied.
+type Then = Box<dyn FnOnce() + Send>;
+
+/// The engine's state as a store gives it.
+struct FromStore {
+    index: Arc<Index>,
+    persister: Arc<Persister>,
+    /// Where stored streams resume, by configured cluster.
+    resume: HashMap<ClusterName, Seed>,
+    /// Whether anything was restored.
+    restored: bool,
+    /// What is left to do once the index is whole.
+    then: Option<Then>,
+}
+
 /// Opens the engine's state from a store: the index, the persister, where stored
-/// streams resume (by configured cluster), and whether anything was restored.
-/// Stored clusters not `configured` are deleted, or kept as reported stale.
+/// streams resume (by configured cluster), whether anything was restored, and what
+/// is left to do once the index is whole. Stored clusters not `configured` are
+/// deleted, or kept as reported stale.
+///
+/// When every cluster the store names is configured, the index makes its objects on
+/// a thread of its own ([`Index::restoring`]) and the engine answers meanwhile; the
+/// check for objects of clusters no longer configured then runs once they are made.
 fn open_store(
     config: &EngineConfig,
     status: &StatusTable,
     configured: BTreeSet<ClusterName>,
     store: Arc<dyn fleetscope_store::Store>,
     mut loaded: fleetscope_store::Loaded,
-) -> (
-    Arc<Index>,
-    Option<Arc<Persister>>,
-    HashMap<ClusterName, Seed>,
-    bool,
-) {
+) -> FromStore {
     let started = std::time::Instant::now();
     ingest::reindex_fields(&mut loaded, &config.index.field_indexes);
     let mut continued = persist::Continued::of(&loaded);
@@ -712,9 +755,18 @@ fn open_store(
     // nothing: its revisions begin above anything an earlier run issued, and the
     // first write keeps that start on disk.
     let fresh = loaded.revision == Revision(0) && objects == 0 && streams.is_empty();
-    let index = Arc::new(if fresh {
+    let in_background = !fresh
+        && loaded
+            .clusters
+            .iter()
+            .chain(streams.iter().map(|s| &s.cluster))
+            .all(|c| configured.contains(c));
+    let index = if fresh {
         continued.revision = Revision::fresh_start();
-        Index::starting_after(config.index.clone(), continued.revision)
+        Arc::new(Index::starting_after(
+            config.index.clone(),
+            continued.revision,
+        ))
     } else {
         let mut restored = persist::restored(&mut loaded);
         // Each stream stands where its watch resumes: the member's state there is the
@@ -726,10 +778,13 @@ fn open_store(
                 (stream, Arc::from(s.resource_version.as_str()))
             })
             .collect();
-        Index::restore(config.index.clone(), restored)
-    });
-    let revision = index.snapshot().revision();
-    tracing::info!(objects, streams = streams.len(), %revision, took = ?started.elapsed(), "restored the index from the store");
+        if in_background {
+            Index::restoring(config.index.clone(), restored)
+        } else {
+            Arc::new(Index::restore(config.index.clone(), restored))
+        }
+    };
+    tracing::info!(objects, streams = streams.len(), revision = %loaded.revision, took = ?started.elapsed(), in_background, "restoring the index from the store");
     let mut persist_config = config.persist.clone();
     persist_config.log_retention = config.index.log_retention;
     let persister = Arc::new(Persister::new(
@@ -746,7 +801,6 @@ fn open_store(
     if fresh {
         persister.write_snapshot_of(index.snapshot());
     }
-    let kept = not_configured(config, &index, &persister, &configured, &streams);
     let mut resume: HashMap<ClusterName, Seed> = HashMap::new();
     for d in std::mem::take(&mut loaded.discovery) {
         if configured.contains(&d.cluster) {
@@ -756,7 +810,55 @@ fn open_store(
             persister.record_discovery(d.cluster, None);
         }
     }
-    for c in &kept {
+    for s in &streams {
+        if configured.contains(&s.cluster) {
+            resume.entry(s.cluster.clone()).or_default().resume.insert(
+                s.resource.name(),
+                ResumePoint {
+                    resource: s.resource.clone(),
+                    resource_version: s.resource_version.clone(),
+                    selection: s.selection.clone(),
+                },
+            );
+        }
+    }
+    let then = {
+        let (config, status, index, persister) = (
+            config.clone(),
+            status.clone(),
+            index.clone(),
+            persister.clone(),
+        );
+        move || {
+            let kept = not_configured(&config, &index, &persister, &configured, &streams);
+            report_kept(&config, &status, &kept, &streams);
+            tracing::info!(objects = index.snapshot().len(), took = ?started.elapsed(), "restored the index from the store");
+        }
+    };
+    let then: Option<Then> = if in_background {
+        Some(Box::new(then))
+    } else {
+        then();
+        None
+    };
+    FromStore {
+        index,
+        persister,
+        resume,
+        restored: !fresh,
+        then,
+    }
+}
+
+/// Reports clusters no longer configured whose objects are kept: stale, leaving,
+/// their streams where they stood.
+fn report_kept(
+    config: &EngineConfig,
+    status: &StatusTable,
+    kept: &[ClusterName],
+    streams: &[fleetscope_store::StreamRecord],
+) {
+    for c in kept {
         status.add_cluster(
             c,
             "no longer configured",
@@ -764,24 +866,12 @@ fn open_store(
         );
         status.update(c, |s| s.leaving = true);
     }
-    for s in streams {
-        if kept.contains(&s.cluster) {
-            status.stream_restored(&s.cluster, &s.resource, &s.resource_version);
-        } else if configured.contains(&s.cluster) {
-            resume.entry(s.cluster.clone()).or_default().resume.insert(
-                s.resource.name(),
-                ResumePoint {
-                    resource: s.resource,
-                    resource_version: s.resource_version,
-                    selection: s.selection,
-                },
-            );
-        }
+    for s in streams.iter().filter(|s| kept.contains(&s.cluster)) {
+        status.stream_restored(&s.cluster, &s.resource, &s.resource_version);
     }
-    for c in &kept {
+    for c in kept {
         status.cluster_gone(c, true);
     }
-    (index, Some(persister), resume, !fresh)
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ pub use feed::{Feed, FeedError, Staged};
 pub use fleetscope_model::GroupBy;
 pub use object::{Object, ObjectRef, uid_and_resource_version};
 pub use query::{Counts, Page, Query};
-pub use restore::{Restored, RestoredEvent, RestoredObject, RestoredRun};
+pub use restore::{Early, Restored, RestoredEvent, RestoredObject, RestoredRun};
 pub use state::{Event, State};
 pub use terms::MAX_INDEXED_LABELS;
 
@@ -265,6 +265,8 @@ pub struct Index {
     published: feed::Shared,
     /// The thread building a restored index's secondary indexes, until joined.
     building: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// A restore on a thread of its own ([`Index::restoring`]), while under way.
+    restoring: restore::Restoring,
     head: watch::Sender<Revision>,
     pins: Mutex<HashMap<Revision, Pin>>,
     /// Where compressing settled objects is.
@@ -327,6 +329,7 @@ impl Index {
         Self {
             writer: Arc::new(Mutex::new((state, interner))),
             building: Mutex::new(None),
+            restoring: restore::Restoring::whole(),
             published: Arc::new(RwLock::new(published)),
             head,
             pins: Mutex::new(HashMap::new()),
@@ -340,6 +343,7 @@ impl Index {
     /// Waits until a restored index's label, owner and field indexes are built and
     /// in use (at once for any other index).
     pub fn wait_for_indexes(&self) {
+        self.restoring.wait();
         let handle = lock(&self.building).take();
         if let Some(handle) = handle
             && let Err(panic) = handle.join()
@@ -433,6 +437,7 @@ impl Index {
     /// has a newer revision, for a later pass: a state that changes within its first
     /// moments is never compressed, and compressing stays off the path of a sync.
     pub fn pack_settled(&self, settled: Revision, most: usize) -> bool {
+        self.restoring.wait();
         if !self.config.compress_objects {
             return true;
         }
@@ -500,6 +505,7 @@ impl Index {
     /// Whether anything of one resource type in one cluster is held, staged changes
     /// included.
     pub fn holds_any(&self, resource: &str, cluster: &ClusterName) -> bool {
+        self.restoring.wait();
         let writer = lock(&self.writer);
         writer.0.holds_any(resource, cluster)
     }
@@ -552,22 +558,26 @@ impl Index {
 
     /// The published state: consistent, at one revision, free to hold.
     pub fn snapshot(&self) -> Arc<State> {
+        self.restoring.wait();
         feed::read(&self.published).state.clone()
     }
 
     /// The oldest revision a watch can resume from.
     pub fn oldest_resumable(&self) -> Revision {
+        self.restoring.wait();
         feed::read(&self.published).oldest_resumable()
     }
 
     /// The events and their JSON bytes the log holds.
     pub fn log_size(&self) -> (usize, usize) {
+        self.restoring.wait();
         let p = feed::read(&self.published);
         (p.log.len(), p.log_bytes)
     }
 
     /// Registers a subscriber from now (`None`) or after a revision.
     pub fn subscribe(&self, since: Option<Revision>) -> Result<Subscription, IndexError> {
+        self.restoring.wait();
         let p = feed::read(&self.published);
         let current = p.state.revision();
         let position = match since {
@@ -620,6 +630,7 @@ impl Index {
         resource: &str,
         positions: &[(ClusterName, Arc<str>)],
     ) -> (Subscription, Vec<Start>) {
+        self.restoring.wait();
         let p = feed::read(&self.published);
         let current = p.state.revision();
         let mut walks: HashMap<&ClusterName, Walk> = HashMap::new();
@@ -734,6 +745,7 @@ impl Index {
 
     /// A pinned snapshot, if it has not expired; using it extends its life.
     pub fn pinned(&self, revision: Revision) -> Option<Arc<State>> {
+        self.restoring.wait();
         let now = Instant::now();
         let mut pins = lock(&self.pins);
         match pins.get_mut(&revision) {

@@ -343,6 +343,22 @@ impl State {
         cut(self.matching(q, after), limit, max_bytes, known)
     }
 
+    /// A first page from a state a restore is still making ([`crate::Early`]), whose
+    /// objects up to `through` are all made: `None` unless a whole page lies within
+    /// them with a match after it, so that what it says follows is so. Its
+    /// remainder counts only the matches made so far: a lower bound.
+    pub fn early_page(
+        &self,
+        q: &Query,
+        through: &ObjectKey,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Option<Page> {
+        let made = self.matching(q, None).take_while(|o| o.key <= *through);
+        let page = cut(made, limit, max_bytes, None);
+        page.next.is_some().then_some(page)
+    }
+
     /// Counts the matching objects, grouped.
     pub fn count(&self, q: &Query, group_by: &[GroupBy]) -> Counts {
         let by_place = group_by

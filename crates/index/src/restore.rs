@@ -2,9 +2,11 @@
 //! made of it.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
-use fleetscope_model::{EventType, ObjectState, PackedJson, Revision, StoredRun};
+use fleetscope_model::{EventType, ObjectKey, ObjectState, PackedJson, Revision, StoredRun};
+use tokio::sync::watch;
 
 use crate::state::{self, Event, State};
 use crate::{Config, Index, Object, ObjectRef, StreamKey, feed, in_key_order, lock, object, terms};
@@ -84,6 +86,199 @@ fn install_secondary(
     p.state = Arc::new(state);
 }
 
+/// The objects a restore still under way has made so far: every object up to
+/// `through`, in key order, is in `state`; what follows it may not be yet.
+#[derive(Clone)]
+pub struct Early {
+    /// A state holding the objects made so far, at the revision the restore
+    /// continues from; its label, owner and field indexes are not built (it scans).
+    pub state: Arc<State>,
+    /// The last key of the made prefix.
+    pub through: ObjectKey,
+    /// Which of the prefixes offered this is (they grow).
+    number: u64,
+}
+
+impl std::fmt::Debug for Early {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Early")
+            .field("revision", &self.state.revision())
+            .field("objects", &self.state.len())
+            .field("through", &self.through)
+            .finish()
+    }
+}
+
+/// How far a restore made on a thread of its own ([`Index::restoring`]) is.
+pub(crate) struct Restoring {
+    /// Set while the restore is under way: every call that reads the index waits.
+    under_way: AtomicBool,
+    /// The latest prefix made, and the callers answered from it (their next pages
+    /// read the whole index at the same revision, pinned for them once it is in).
+    early: Mutex<(Option<Early>, Vec<Arc<str>>)>,
+    outcome: Mutex<Outcome>,
+    finished: Condvar,
+    /// How far it is, for waiting without a thread.
+    phase: watch::Sender<Phase>,
+    /// Prefixes offered.
+    offered: std::sync::atomic::AtomicU64,
+}
+
+/// How far a restore is, as it is awaited.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    /// Nothing made yet.
+    Starting,
+    /// Objects made, offered as the prefix of this number ([`Index::early`]).
+    Made(u64),
+    /// Over: every object made (or the restore failed).
+    Over,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    UnderWay,
+    Whole,
+    Failed,
+}
+
+impl Restoring {
+    /// Nothing under way: the index is whole from the start.
+    pub(crate) fn whole() -> Self {
+        Self {
+            under_way: AtomicBool::new(false),
+            early: Mutex::default(),
+            outcome: Mutex::new(Outcome::Whole),
+            finished: Condvar::new(),
+            phase: watch::Sender::new(Phase::Over),
+            offered: Default::default(),
+        }
+    }
+
+    fn begin(&self) {
+        *lock(&self.outcome) = Outcome::UnderWay;
+        self.phase.send_replace(Phase::Starting);
+        self.under_way.store(true, Ordering::Release);
+    }
+
+    fn offer(&self, mut early: Early) {
+        early.number = self.offered.fetch_add(1, Ordering::Relaxed) + 1;
+        let number = early.number;
+        lock(&self.early).0 = Some(early);
+        self.phase.send_if_modified(|p| {
+            let newer = *p < Phase::Made(number);
+            if newer {
+                *p = Phase::Made(number);
+            }
+            newer
+        });
+    }
+
+    /// Ends the restore: callers answered early, to pin the whole state for.
+    fn end(&self, outcome: Outcome) -> Vec<Arc<str>> {
+        let owners = {
+            let mut early = lock(&self.early);
+            early.0 = None;
+            std::mem::take(&mut early.1)
+        };
+        *lock(&self.outcome) = outcome;
+        self.under_way.store(false, Ordering::Release);
+        self.finished.notify_all();
+        self.phase.send_replace(Phase::Over);
+        owners
+    }
+
+    /// Blocks until the restore is over; a failed one is raised here.
+    pub(crate) fn wait(&self) {
+        if !self.under_way.load(Ordering::Acquire) {
+            return;
+        }
+        let mut outcome = lock(&self.outcome);
+        while *outcome == Outcome::UnderWay {
+            outcome = self
+                .finished
+                .wait(outcome)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        assert!(
+            *outcome == Outcome::Whole,
+            "the index could not be restored: its restore thread failed"
+        );
+    }
+}
+
+/// An index made of persisted state, not yet installed.
+struct Built {
+    state: State,
+    interner: terms::Interner,
+    log: VecDeque<Arc<Event>>,
+    dictionaries: object::Dictionaries,
+    compressed: u64,
+}
+
+/// Makes an index of persisted state, offering each prefix it has made in key order
+/// to `early` as it goes.
+fn build(config: &Config, restored: Restored, early: &(dyn Fn(Early) + Sync)) -> Built {
+    let paths = Arc::new(config.field_indexes.clone());
+    let mut state = State {
+        indexed_paths: paths.clone(),
+        ..State::default()
+    };
+    // Made on two threads, each taking a run of them at a time and sharing what
+    // they repeat through an interner of its own.
+    let runs = Mutex::new(in_runs(restored.objects).into_iter().enumerate());
+    let mut makers = object::Maker::pair(config.compress_objects);
+    let [first, second] = &mut makers;
+    let offer = |objects: &state::KeySet, through: &ObjectKey| {
+        early(Early {
+            state: Arc::new(State {
+                revision: restored.revision,
+                objects: objects.clone(),
+                indexed_paths: paths.clone(),
+                building: true,
+                ..State::default()
+            }),
+            through: through.clone(),
+            number: 0,
+        });
+    };
+    state.restore_primary(made_by(first, &runs), made_by(second, &runs), &offer);
+    let [mut maker, other] = makers;
+    maker.absorb(other);
+    let object::Maker {
+        mut interner,
+        dictionaries,
+        compressed,
+        newest,
+        ..
+    } = maker;
+    state.revision = restored.revision.max(newest);
+    for (stream, rv) in restored.positions {
+        state.reach(stream, rv);
+    }
+    let mut log = VecDeque::with_capacity(restored.events.len());
+    for e in restored.events {
+        // An event whose state is the one held shares it.
+        let held = state
+            .get(&e.object.0.key)
+            .filter(|o| o.revision == e.object.1)
+            .cloned();
+        let object =
+            held.unwrap_or_else(|| Object::from_input(e.object.0, e.object.1, &mut interner));
+        let prev = e
+            .prev
+            .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
+        log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
+    }
+    Built {
+        state,
+        interner,
+        log,
+        dictionaries,
+        compressed,
+    }
+}
+
 impl Index {
     /// An index rebuilt from persisted state: the objects as they were, each with the
     /// revision that produced it, the retained event log, each stream's position, and
@@ -93,58 +288,142 @@ impl Index {
     /// field indexes are built on a thread of their own meanwhile (queries scan until
     /// they are in), and the first change staged waits for them.
     pub fn restore(config: Config, restored: Restored) -> Self {
-        let mut state = State {
+        let index = Self::empty_at(config, restored.revision);
+        let built = build(&index.config, restored, &|_| {});
+        index.install(built);
+        index
+    }
+
+    /// [`Index::restore`] on a thread of its own: returned at once, the index makes
+    /// its objects meanwhile. Every call that reads or changes it waits until they are
+    /// all made ([`Index::restored`] waits without a thread), except
+    /// [`Index::early`], which gives the prefix made so far.
+    pub fn restoring(config: Config, restored: Restored) -> Arc<Self> {
+        let index = Arc::new(Self::empty_at(config, restored.revision));
+        index.restoring.begin();
+        let work = Arc::new(Mutex::new(Some(restored)));
+        let run = {
+            let (index, work) = (index.clone(), work.clone());
+            move || {
+                let Some(restored) = lock(&work).take() else {
+                    return;
+                };
+                let offer = |early| index.restoring.offer(early);
+                let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    build(&index.config, restored, &offer)
+                }));
+                match made {
+                    Ok(built) => index.install(built),
+                    Err(panic) => {
+                        index.restoring.end(Outcome::Failed);
+                        std::panic::resume_unwind(panic);
+                    }
+                }
+            }
+        };
+        if std::thread::Builder::new()
+            .name("index-restore".into())
+            .spawn(run)
+            .is_err()
+        {
+            // No thread to be had: made here, before it is returned.
+            if let Some(restored) = lock(&work).take() {
+                let built = build(&index.config, restored, &|_| {});
+                index.install(built);
+            }
+        }
+        index
+    }
+
+    /// While a restore is under way ([`Index::restoring`]), the objects made so far,
+    /// for a first page that lies within them; `owner` (the caller) gets the whole
+    /// index pinned at the same revision once it is in, for the pages that follow.
+    /// `None` once the restore is over (or before it has made anything).
+    pub fn early(&self, owner: &str) -> Option<Early> {
+        if !self.restoring.under_way.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut early = lock(&self.restoring.early);
+        let made = early.0.clone()?;
+        if !early.1.iter().any(|o| **o == *owner) {
+            early.1.push(Arc::from(owner));
+        }
+        Some(made)
+    }
+
+    /// Resolves once every object is made (at once unless [`Index::restoring`]).
+    pub async fn restored(&self) {
+        self.reached(Phase::Over).await;
+    }
+
+    /// Resolves once a restore under way has made its first objects (for
+    /// [`Index::early`]) or is over.
+    pub async fn made_some(&self) {
+        self.reached(Phase::Made(1)).await;
+    }
+
+    /// Resolves once a restore under way has made more than `early` holds, or is over.
+    pub async fn made_more(&self, early: &Early) {
+        self.reached(Phase::Made(early.number + 1)).await;
+    }
+
+    async fn reached(&self, phase: Phase) {
+        let mut now = self.restoring.phase.subscribe();
+        // The sender lives as long as the index: `wait_for` ends there.
+        let _ = now.wait_for(|now| *now >= phase).await;
+    }
+
+    /// Whether every object is made (always, unless [`Index::restoring`] is under way).
+    pub fn is_restored(&self) -> bool {
+        !self.restoring.under_way.load(Ordering::Acquire)
+    }
+
+    /// An empty index at `revision`, its objects to be installed.
+    fn empty_at(config: Config, revision: Revision) -> Self {
+        let state = State {
             indexed_paths: Arc::new(config.field_indexes.clone()),
+            revision,
             ..State::default()
         };
-        // Made on two threads, each taking a run of them at a time and sharing what
-        // they repeat through an interner of its own.
-        let runs = Mutex::new(in_runs(restored.objects).into_iter());
-        let mut makers = object::Maker::pair(config.compress_objects);
-        let [first, second] = &mut makers;
-        state.restore_primary(made_by(first, &runs), made_by(second, &runs));
-        let [mut maker, other] = makers;
-        maker.absorb(other);
-        let object::Maker {
-            mut interner,
+        Self::over(config, state, terms::Interner::default(), VecDeque::new())
+    }
+
+    /// Makes `built` the index's state and log, starts building its secondary
+    /// indexes, and ends a restore under way.
+    fn install(&self, built: Built) {
+        let Built {
+            state,
+            interner,
+            log,
             dictionaries,
             compressed,
-            newest,
-            ..
-        } = maker;
-        state.revision = restored.revision.max(newest);
-        for (stream, rv) in restored.positions {
-            state.reach(stream, rv);
-        }
-        let mut log = VecDeque::with_capacity(restored.events.len());
-        for e in restored.events {
-            // An event whose state is the one held shares it.
-            let held = state
-                .get(&e.object.0.key)
-                .filter(|o| o.revision == e.object.1)
-                .cloned();
-            let object =
-                held.unwrap_or_else(|| Object::from_input(e.object.0, e.object.1, &mut interner));
-            let prev = e
-                .prev
-                .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
-            log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
-        }
+        } = built;
+        let revision = state.revision();
         let objects = state.objects.clone();
-        let mut index = Self::over(config, state, interner, log);
-        index.dictionaries = Mutex::new(dictionaries);
-        index.compressed = std::sync::atomic::AtomicU64::new(compressed);
-        let (writer, published) = (index.writer.clone(), index.published.clone());
+        let mut published = feed::Published::new(state.clone());
+        for e in log {
+            published.push(e);
+        }
+        published.trim(&self.config);
+        let whole = published.state.clone();
+        *lock(&self.writer) = (state, interner);
+        *feed::write(&self.published) = published;
+        *lock(&self.dictionaries) = dictionaries;
+        self.compressed.store(compressed, Ordering::Relaxed);
+        self.head.send_replace(revision);
+        let (writer, shared) = (self.writer.clone(), self.published.clone());
         let on_thread = objects.clone();
         match std::thread::Builder::new()
             .name("index-build".into())
-            .spawn(move || install_secondary(&on_thread, &writer, &published))
+            .spawn(move || install_secondary(&on_thread, &writer, &shared))
         {
-            Ok(handle) => *lock(&index.building) = Some(handle),
+            Ok(handle) => *lock(&self.building) = Some(handle),
             // No thread to be had: built here, before the index answers.
-            Err(_) => install_secondary(&objects, &index.writer, &index.published),
+            Err(_) => install_secondary(&objects, &self.writer, &self.published),
         }
-        index
+        for owner in self.restoring.end(Outcome::Whole) {
+            self.pin(whole.clone(), &owner);
+        }
     }
 }
 
@@ -181,24 +460,27 @@ fn in_runs(runs: Vec<RestoredRun>) -> Vec<RestoredRun> {
     out
 }
 
-/// The objects `maker` makes of the runs it takes from `runs`, one run at a time.
+/// The runs `maker` makes of those it takes from `runs`, one at a time, each with its
+/// place in key order.
 fn made_by<'a>(
     maker: &'a mut object::Maker,
-    runs: &'a Mutex<std::vec::IntoIter<RestoredRun>>,
-) -> impl Iterator<Item = ObjectRef> + 'a {
+    runs: &'a Mutex<std::iter::Enumerate<std::vec::IntoIter<RestoredRun>>>,
+) -> impl Iterator<Item = (usize, Vec<ObjectRef>)> + 'a {
     std::iter::from_fn(move || {
-        let run = lock(runs).next()?;
-        Some(match run {
-            RestoredRun::Objects(objects) => objects
-                .into_iter()
-                .map(|o| maker.make(o.state, o.revision, o.packed))
-                .collect(),
-            RestoredRun::Stored(stored) => {
-                let mut made = Vec::with_capacity(stored.len());
-                stored.visit(&mut |view| made.push(maker.make_viewed(view)));
-                made
-            }
-        })
+        let (n, run) = lock(runs).next()?;
+        Some((
+            n,
+            match run {
+                RestoredRun::Objects(objects) => objects
+                    .into_iter()
+                    .map(|o| maker.make(o.state, o.revision, o.packed))
+                    .collect(),
+                RestoredRun::Stored(stored) => {
+                    let mut made = Vec::with_capacity(stored.len());
+                    stored.visit(&mut |view| made.push(maker.make_viewed(view)));
+                    made
+                }
+            },
+        ))
     })
-    .flatten()
 }

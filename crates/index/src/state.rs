@@ -384,23 +384,16 @@ impl Runs {
     }
 }
 
-/// Makes `objects` and sends them to `to` in batches, until done or nobody takes them
-/// (the taker panicked, which its scope then raises).
-fn send_batches(objects: impl Iterator<Item = ObjectRef>, to: &SyncSender<Vec<ObjectRef>>) {
-    const BATCH: usize = 4096;
-    let mut batch = Vec::with_capacity(BATCH);
-    for o in objects {
-        batch.push(o);
-        if batch.len() == BATCH
-            && to
-                .send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))
-                .is_err()
-        {
+/// Sends each run made to `to`, until done or nobody takes them (the taker
+/// panicked, which its scope then raises).
+fn send_runs(
+    runs: impl Iterator<Item = (usize, Vec<ObjectRef>)>,
+    to: &SyncSender<(usize, Vec<ObjectRef>)>,
+) {
+    for run in runs {
+        if to.send(run).is_err() {
             return;
         }
-    }
-    if !batch.is_empty() {
-        let _ = to.send(batch);
     }
 }
 
@@ -594,17 +587,22 @@ impl State {
         }
     }
 
-    /// Adds persisted objects (distinct keys, each part in key order) to an empty
-    /// state, with their own revisions and no events, as `restored` makes them: the
-    /// calling thread makes the first part's objects and another thread the second's,
-    /// batch by batch, and a third takes them into the primary set and counts. The
-    /// secondary indexes are left to [`Secondary::of`]: until they are installed the
-    /// state is `building`, and its queries scan.
+    /// Adds persisted objects (runs of distinct keys, each numbered by its place in
+    /// key order) to an empty state, with their own revisions and no events, as
+    /// `restored` makes them: the calling thread makes the first part's runs and
+    /// another thread the second's, and a third takes them into the primary set in
+    /// key order and counts, offering the set made so far and its last key to `offer`
+    /// every so many runs. The secondary indexes are left to [`Secondary::of`]: until
+    /// they are installed the state is `building`, and its queries scan.
     pub(crate) fn restore_primary(
         &mut self,
-        first: impl Iterator<Item = ObjectRef>,
-        second: impl Iterator<Item = ObjectRef> + Send,
+        first: impl Iterator<Item = (usize, Vec<ObjectRef>)>,
+        second: impl Iterator<Item = (usize, Vec<ObjectRef>)> + Send,
+        offer: &(dyn Fn(&KeySet, &ObjectKey) + Sync),
     ) {
+        /// The most runs taken between two offers: the first is offered at once, and
+        /// each after it once the runs taken have doubled, up to this many more.
+        const OFFER_EVERY: usize = 32;
         let State {
             objects,
             counts,
@@ -612,19 +610,35 @@ impl State {
             ..
         } = self;
         *building = true;
-        let (to_primary, primary) = std::sync::mpsc::sync_channel::<Vec<ObjectRef>>(8);
+        let (to_primary, primary) = std::sync::mpsc::sync_channel::<(usize, Vec<ObjectRef>)>(8);
         std::thread::scope(|s| {
             s.spawn(move || {
                 let mut runs = Runs::default();
-                for batch in primary {
-                    batch.iter().for_each(|o| runs.add(counts, &o.key));
-                    insert_in_order(objects, batch.into_iter().map(Entry));
+                // Runs made ahead of one still being made, by their number.
+                let mut ahead: std::collections::BTreeMap<usize, Vec<ObjectRef>> =
+                    std::collections::BTreeMap::new();
+                let (mut next, mut offered) = (0, None);
+                for (n, run) in primary {
+                    ahead.insert(n, run);
+                    let mut last = None;
+                    while let Some(run) = ahead.remove(&next) {
+                        next += 1;
+                        run.iter().for_each(|o| runs.add(counts, &o.key));
+                        last = run.last().map(|o| o.key.clone()).or(last);
+                        insert_in_order(objects, run.into_iter().map(Entry));
+                    }
+                    if let Some(last) = last
+                        && offered.is_none_or(|at: usize| next - at >= at.min(OFFER_EVERY))
+                    {
+                        offer(objects, &last);
+                        offered = Some(next);
+                    }
                 }
                 runs.finish(counts);
             });
             let to_second = to_primary.clone();
-            s.spawn(move || send_batches(second, &to_second));
-            send_batches(first, &to_primary);
+            s.spawn(move || send_runs(second, &to_second));
+            send_runs(first, &to_primary);
             // The worker ends when both senders are gone.
             drop(to_primary);
         });

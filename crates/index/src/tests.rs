@@ -743,6 +743,126 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
     assert_eq!(e[0].revision, saved.revision().next());
 }
 
+/// A stored run that holds nothing and is not read until released: a restore that
+/// takes it is held there.
+#[derive(Debug)]
+struct Held(Mutex<std::sync::mpsc::Receiver<()>>);
+
+impl fleetscope_model::StoredRun for Held {
+    fn len(&self) -> usize {
+        0
+    }
+
+    fn visit(&self, _: &mut dyn FnMut(&fleetscope_model::StoredView<'_>)) {
+        let _ = lock(&self.0).recv();
+    }
+}
+
+#[test]
+fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_once_whole() {
+    let idx = index();
+    idx.apply((0..5000u64).map(|i| {
+        let app = if i.is_multiple_of(100) { "rare" } else { "db" };
+        Change::Upsert(input(
+            "pods",
+            if i < 2500 { "c1" } else { "c2" },
+            "ns",
+            &format!("p{i:04}"),
+            i,
+            &[("app", app)],
+        ))
+    }));
+    let saved = idx.snapshot();
+    let mut objects = saved_inputs(&saved);
+    let after: Vec<RestoredObject> = objects.split_off(2048);
+    let (release, held) = std::sync::mpsc::channel();
+    // Two runs of 1,024 objects, then one the restore is held at, then the rest.
+    let restoring = Index::restoring(
+        Config::default(),
+        Restored {
+            revision: saved.revision(),
+            objects: vec![
+                RestoredRun::Objects(objects),
+                RestoredRun::Stored(Box::new(Held(Mutex::new(held)))),
+                RestoredRun::Objects(after),
+            ],
+            events: Vec::new(),
+            positions: Vec::new(),
+        },
+    );
+    assert!(!restoring.is_restored());
+    // What it has made so far: at least the first run, never past the held one.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let early = loop {
+        if let Some(early) = restoring.early("caller-a") {
+            break early;
+        }
+        assert!(Instant::now() < deadline, "nothing made after a minute");
+        std::thread::yield_now();
+    };
+    let keys = names(&saved.page(&Query::all("pods"), None, usize::MAX).items);
+    let through = keys.iter().position(|k| *k == early.through.to_string());
+    assert!(matches!(through, Some(1023 | 2047)), "{through:?}");
+    assert_eq!(early.state.revision(), saved.revision());
+    // A first page within it, as the whole index gives it, with what follows it.
+    let q = Query::all("pods");
+    let page = early
+        .state
+        .early_page(&q, &early.through, 500, usize::MAX)
+        .unwrap();
+    assert_eq!(names(&page.items), keys[..500]);
+    assert_eq!(
+        page.next.as_ref().map(ToString::to_string),
+        Some(keys[499].clone())
+    );
+    assert!(page.remaining >= 1);
+    // Not a page that reaches past it, nor one with nothing after it within it (21
+    // of the first 2,048 are `rare`).
+    assert!(
+        early
+            .state
+            .early_page(&q, &early.through, 2048, usize::MAX)
+            .is_none()
+    );
+    let rare = Query {
+        labels: LabelSelector::parse("app=rare").unwrap(),
+        ..Query::all("pods")
+    };
+    assert!(
+        early
+            .state
+            .early_page(&rare, &early.through, 25, usize::MAX)
+            .is_none()
+    );
+    let c2 = Query {
+        clusters: Some(vec![ClusterName::from("c2")]),
+        ..Query::all("pods")
+    };
+    assert!(
+        early
+            .state
+            .early_page(&c2, &early.through, 1, usize::MAX)
+            .is_none()
+    );
+    assert!(!restoring.is_restored());
+    // Released, it is whole: every call waits for that, and the caller answered early
+    // finds its snapshot pinned for the next page.
+    release.send(()).unwrap();
+    let whole = restoring.snapshot();
+    assert!(restoring.is_restored());
+    assert!(restoring.early("caller-b").is_none());
+    assert_eq!(names(&whole.page(&q, None, usize::MAX).items), keys);
+    assert_eq!(whole.count(&rare, &[]).total, 50);
+    let pinned = restoring
+        .pinned(saved.revision())
+        .expect("pinned for caller-a");
+    let next = pinned.page(&q, page.next.as_ref(), 500);
+    assert_eq!(names(&next.items), keys[500..1000]);
+    assert_eq!(next.remaining, 4000);
+    let e = restoring.apply([Change::Upsert(input("pods", "c1", "ns", "new", 1, &[]))]);
+    assert_eq!(e[0].revision, saved.revision().next());
+}
+
 #[test]
 fn uid_and_resource_version_are_read_from_the_json() {
     let idx = index();
