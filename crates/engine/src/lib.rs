@@ -289,22 +289,8 @@ impl Engine {
             cancel.clone(),
         );
         tasks.spawn(
-            {
-                let (index, cancel) = (index.clone(), cancel.clone());
-                // Nothing is applied before a restored index is whole and what it
-                // left to do is done.
-                async move {
-                    tokio::select! {
-                        () = index.restored() => {}
-                        () = cancel.cancelled() => return,
-                    }
-                    if let Some(then) = then {
-                        then();
-                    }
-                    ingesting.await;
-                }
-            }
-            .instrument(tracing::info_span!("ingest")),
+            once_whole(index.clone(), then, ingesting, cancel.clone())
+                .instrument(tracing::info_span!("ingest")),
         );
         upkeep(&index, &config, &tasks, &cancel);
         let histories = subscriber::Histories::default();
@@ -719,6 +705,24 @@ fn upkeep(
 /// What is left to do once a restored index is whole, before any change is applied.
 type Then = Box<dyn FnOnce() + Send>;
 
+/// Runs `ingesting` once `index` is whole and `then` is done: nothing is applied
+/// before.
+async fn once_whole(
+    index: Arc<Index>,
+    then: Option<Then>,
+    ingesting: impl std::future::Future<Output = ()>,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        () = index.restored() => {}
+        () = cancel.cancelled() => return,
+    }
+    if let Some(then) = then {
+        then();
+    }
+    ingesting.await;
+}
+
 /// The engine's state as a store gives it.
 struct FromStore {
     index: Arc<Index>,
@@ -801,27 +805,12 @@ fn open_store(
     if fresh {
         persister.write_snapshot_of(index.snapshot());
     }
-    let mut resume: HashMap<ClusterName, Seed> = HashMap::new();
-    for d in std::mem::take(&mut loaded.discovery) {
-        if configured.contains(&d.cluster) {
-            resume.entry(d.cluster.clone()).or_default().served =
-                d.served.into_iter().map(reconcile::served_of).collect();
-        } else {
-            persister.record_discovery(d.cluster, None);
-        }
-    }
-    for s in &streams {
-        if configured.contains(&s.cluster) {
-            resume.entry(s.cluster.clone()).or_default().resume.insert(
-                s.resource.name(),
-                ResumePoint {
-                    resource: s.resource.clone(),
-                    resource_version: s.resource_version.clone(),
-                    selection: s.selection.clone(),
-                },
-            );
-        }
-    }
+    let resume = seeds(
+        &configured,
+        std::mem::take(&mut loaded.discovery),
+        &streams,
+        &persister,
+    );
     let then = {
         let (config, status, index, persister) = (
             config.clone(),
@@ -848,6 +837,38 @@ fn open_store(
         restored: !fresh,
         then,
     }
+}
+
+/// What each configured cluster starts from: its stored discovery and where its
+/// stored streams resume. Discovery of clusters not configured is forgotten.
+fn seeds(
+    configured: &BTreeSet<ClusterName>,
+    discovery: Vec<fleetscope_store::DiscoveryRecord>,
+    streams: &[fleetscope_store::StreamRecord],
+    persister: &Persister,
+) -> HashMap<ClusterName, Seed> {
+    let mut resume: HashMap<ClusterName, Seed> = HashMap::new();
+    for d in discovery {
+        if configured.contains(&d.cluster) {
+            resume.entry(d.cluster.clone()).or_default().served =
+                d.served.into_iter().map(reconcile::served_of).collect();
+        } else {
+            persister.record_discovery(d.cluster, None);
+        }
+    }
+    for s in streams {
+        if configured.contains(&s.cluster) {
+            resume.entry(s.cluster.clone()).or_default().resume.insert(
+                s.resource.name(),
+                ResumePoint {
+                    resource: s.resource.clone(),
+                    resource_version: s.resource_version.clone(),
+                    selection: s.selection.clone(),
+                },
+            );
+        }
+    }
+    resume
 }
 
 /// Reports clusters no longer configured whose objects are kept: stale, leaving,
