@@ -817,33 +817,21 @@ fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_
     );
     assert!(page.remaining >= 1);
     // Not a page that reaches past it, nor one with nothing after it within it (21
-    // of the first 2,048 are `rare`).
-    assert!(
-        early
-            .state
-            .early_page(&q, &early.through, 2048, usize::MAX)
-            .is_none()
-    );
+    // of the first 2,048 are `rare`, and c2's pods all come after them).
     let rare = Query {
         labels: LabelSelector::parse("app=rare").unwrap(),
         ..Query::all("pods")
     };
-    assert!(
-        early
-            .state
-            .early_page(&rare, &early.through, 25, usize::MAX)
-            .is_none()
-    );
     let c2 = Query {
         clusters: Some(vec![ClusterName::from("c2")]),
         ..Query::all("pods")
     };
-    assert!(
-        early
+    for (query, limit) in [(&q, 2048), (&rare, 25), (&c2, 1)] {
+        let page = early
             .state
-            .early_page(&c2, &early.through, 1, usize::MAX)
-            .is_none()
-    );
+            .early_page(query, &early.through, limit, usize::MAX);
+        assert!(page.is_none(), "{query:?} {limit}");
+    }
     assert!(!restoring.is_restored());
     // Released, it is whole: every call waits for that, and the caller answered early
     // finds its snapshot pinned for the next page.
