@@ -84,12 +84,19 @@ impl Fleet for Engine {
 
     async fn list(&self, r: ListRequest) -> Result<ListAnswer, FleetError> {
         // While a restored index is still being made, a first page that lies within
-        // the objects made so far is answered from them, as soon as it does.
+        // the objects made so far is answered from them, as soon as it does. Each try
+        // reads what is made, so the next waits until that has doubled: a page that
+        // never fits costs a few reads of the index, not one per prefix offered.
         if r.after.is_none() {
             self.index.made_some().await;
+            let mut tried = 0;
             while let Some(early) = self.index.early(&r.access.caller()) {
-                if let Some(answer) = self.list_early(&r, early.clone()).await? {
-                    return Ok(answer);
+                let made = early.state.len();
+                if made >= tried * 2 {
+                    tried = made.max(1);
+                    if let Some(answer) = self.list_early(&r, early.clone()).await? {
+                        return Ok(answer);
+                    }
                 }
                 self.index.made_more(&early).await;
             }
