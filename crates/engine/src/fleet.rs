@@ -19,7 +19,6 @@ use crate::view::{fleet_object, holds_secrets, shown};
 
 impl Fleet for Engine {
     async fn get(&self, r: GetRequest) -> Result<GetAnswer, FleetError> {
-        self.index.restored().await;
         if r.cluster.is_empty() {
             return Err(FleetError::InvalidArgument(
                 "cluster is required: Get reads one object of one cluster (ListClusters names them); to find an object by name in every cluster, List with field_selector metadata.name=NAME".into(),
@@ -53,8 +52,8 @@ impl Fleet for Engine {
         let granted = policy
             .namespaces(who, Verb::Get, &rt, here)
             .allows(&r.namespace);
-        let snapshot = self.index.snapshot();
         let key = ObjectKey::new(&rt.name(), &cluster, &r.namespace, &r.name);
+        let snapshot = self.holding(&key).await;
         // An object not granted is answered as one that does not exist, word for word,
         // so a caller learns nothing of what they may not read.
         let object = snapshot.get(&key).filter(|_| granted).ok_or_else(|| {
@@ -86,11 +85,12 @@ impl Fleet for Engine {
         // While a restored index is still being made, a first page that lies within
         // the objects made so far is answered from them, as soon as it does. Each try
         // reads what is made, so the next waits until that has doubled: a page that
-        // never fits costs a few reads of the index, not one per prefix offered.
+        // never fits costs a few reads of the index, not one per prefix offered. (A
+        // token reads a pinned snapshot: the whole index, once it is in.)
         if r.after.is_none() {
             self.index.made_some().await;
             let mut tried = 0;
-            while let Some(early) = self.index.early(&r.access.caller()) {
+            while let Some(early) = self.index.early(Some(&r.access.caller())) {
                 let made = early.state.len();
                 if made >= tried * 2 {
                     tried = made.max(1);
@@ -302,6 +302,21 @@ impl Engine {
             return Err(self.too_slow());
         }
         Ok(page.map(|page| self.list_answer(r, built, page, revision, Vec::new())))
+    }
+
+    /// The index to read `key` in: while a restore is under way, the objects made so
+    /// far once they reach `key` (every key up to the last made is made, so one not
+    /// among them is not held), else the whole index.
+    async fn holding(&self, key: &ObjectKey) -> std::sync::Arc<fleetscope_index::State> {
+        self.index.made_some().await;
+        while let Some(early) = self.index.early(None) {
+            if *key <= early.through {
+                return early.state;
+            }
+            self.index.made_more(&early).await;
+        }
+        self.index.restored().await;
+        self.index.snapshot()
     }
 
     /// A page as the seam answers it: each object shown as the caller may see it.

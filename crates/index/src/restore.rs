@@ -336,16 +336,18 @@ impl Index {
     }
 
     /// While a restore is under way ([`Index::restoring`]), the objects made so far,
-    /// for a first page that lies within them; `owner` (the caller) gets the whole
-    /// index pinned at the same revision once it is in, for the pages that follow.
-    /// `None` once the restore is over (or before it has made anything).
-    pub fn early(&self, owner: &str) -> Option<Early> {
+    /// for an answer that lies within them; a page's `owner` (the caller) gets the
+    /// whole index pinned at the same revision once it is in, for the pages that
+    /// follow. `None` once the restore is over (or before it has made anything).
+    pub fn early(&self, owner: Option<&str>) -> Option<Early> {
         if !self.restoring.under_way.load(Ordering::Acquire) {
             return None;
         }
         let mut early = lock(&self.restoring.early);
         let made = early.0.clone()?;
-        if !early.1.iter().any(|o| **o == *owner) {
+        if let Some(owner) = owner
+            && !early.1.iter().any(|o| **o == *owner)
+        {
             early.1.push(Arc::from(owner));
         }
         Some(made)

@@ -794,7 +794,7 @@ fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_
     // What it has made so far: at least the first run, never past the held one.
     let deadline = Instant::now() + Duration::from_secs(60);
     let early = loop {
-        if let Some(early) = restoring.early("caller-a") {
+        if let Some(early) = restoring.early(Some("caller-a")) {
             break early;
         }
         assert!(Instant::now() < deadline, "nothing made after a minute");
@@ -816,6 +816,11 @@ fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_
         Some(keys[499].clone())
     );
     assert!(page.remaining >= 1);
+    // An object up to its last key is held there or not at all.
+    let key = |name: &str| ObjectKey::new("pods", &ClusterName::from("c1"), "ns", name);
+    assert!(early.state.get(&key("p0999")).is_some());
+    assert!(key("p0999x") <= early.through);
+    assert!(early.state.get(&key("p0999x")).is_none());
     // Not a page that reaches past it, nor one with nothing after it within it (21
     // of the first 2,048 are `rare`, and c2's pods all come after them).
     let rare = Query {
@@ -838,7 +843,7 @@ fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_
     release.send(()).unwrap();
     let whole = restoring.snapshot();
     assert!(restoring.is_restored());
-    assert!(restoring.early("caller-b").is_none());
+    assert!(restoring.early(Some("caller-b")).is_none());
     assert_eq!(names(&whole.page(&q, None, usize::MAX).items), keys);
     assert_eq!(whole.count(&rare, &[]).total, 50);
     let pinned = restoring
