@@ -111,7 +111,8 @@ impl std::fmt::Debug for Early {
 
 /// How far a restore made on a thread of its own ([`Index::restoring`]) is.
 pub(crate) struct Restoring {
-    /// Set while the restore is under way: every call that reads the index waits.
+    /// Set while the restore is under way, and after one that failed: every call
+    /// that reads the index waits, and then fails if it did.
     under_way: AtomicBool,
     /// The latest prefix made, and the callers answered from it (their next pages
     /// read the whole index at the same revision, pinned for them once it is in).
@@ -182,7 +183,10 @@ impl Restoring {
             std::mem::take(&mut early.1)
         };
         *lock(&self.outcome) = outcome;
-        self.under_way.store(false, Ordering::Release);
+        // A failed restore leaves the index unmade: every wait goes on to fail.
+        if outcome == Outcome::Whole {
+            self.under_way.store(false, Ordering::Release);
+        }
         self.finished.notify_all();
         self.phase.send_replace(Phase::Over);
         owners
@@ -375,7 +379,8 @@ impl Index {
         let _ = now.wait_for(|now| *now >= phase).await;
     }
 
-    /// Whether every object is made (always, unless [`Index::restoring`] is under way).
+    /// Whether every object is made (always, unless [`Index::restoring`] is under way
+    /// or failed).
     pub fn is_restored(&self) -> bool {
         !self.restoring.under_way.load(Ordering::Acquire)
     }

@@ -856,6 +856,42 @@ fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_
     assert_eq!(e[0].revision, saved.revision().next());
 }
 
+/// A stored run whose reading fails (as a bug would).
+#[derive(Debug)]
+struct Failing;
+
+impl fleetscope_model::StoredRun for Failing {
+    fn len(&self) -> usize {
+        1
+    }
+
+    fn visit(&self, _: &mut dyn FnMut(&fleetscope_model::StoredView<'_>)) {
+        panic!("a stored run that cannot be read");
+    }
+}
+
+#[test]
+fn a_restore_that_fails_leaves_an_index_that_is_never_whole_and_fails_every_read() {
+    let restoring = Index::restoring(
+        Config::default(),
+        Restored {
+            revision: Revision(7),
+            objects: vec![RestoredRun::Stored(Box::new(Failing))],
+            events: Vec::new(),
+            positions: Vec::new(),
+        },
+    );
+    // Waits for the restore to end, then fails rather than answer from nothing.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| restoring.snapshot()));
+    assert!(read.is_err());
+    assert!(!restoring.is_restored());
+    assert!(restoring.early(Some("caller")).is_none());
+    let staged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        restoring.apply([Change::Upsert(input("pods", "c1", "ns", "p", 1, &[]))])
+    }));
+    assert!(staged.is_err());
+}
+
 #[test]
 fn uid_and_resource_version_are_read_from_the_json() {
     let idx = index();
