@@ -22,7 +22,7 @@ mod restore;
 mod state;
 mod terms;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -311,23 +311,10 @@ impl Index {
             revision,
             ..State::default()
         };
-        Self::over(config, state, terms::Interner::default(), VecDeque::new())
-    }
-
-    fn over(
-        config: Config,
-        state: State,
-        interner: terms::Interner,
-        log: VecDeque<Arc<Event>>,
-    ) -> Self {
         let (head, _) = watch::channel(state.revision());
-        let mut published = feed::Published::new(state.clone());
-        for e in log {
-            published.push(e);
-        }
-        published.trim(&config);
+        let published = feed::Published::new(state.clone());
         Self {
-            writer: Arc::new(Mutex::new((state, interner))),
+            writer: Arc::new(Mutex::new((state, terms::Interner::default()))),
             building: Mutex::new(None),
             restoring: restore::Restoring::whole(),
             published: Arc::new(RwLock::new(published)),
@@ -556,29 +543,31 @@ impl Index {
         self.head.send_replace(revision);
     }
 
+    /// What readers see, once a restore under way is over.
+    fn published(&self) -> std::sync::RwLockReadGuard<'_, feed::Published> {
+        self.restoring.wait();
+        feed::read(&self.published)
+    }
+
     /// The published state: consistent, at one revision, free to hold.
     pub fn snapshot(&self) -> Arc<State> {
-        self.restoring.wait();
-        feed::read(&self.published).state.clone()
+        self.published().state.clone()
     }
 
     /// The oldest revision a watch can resume from.
     pub fn oldest_resumable(&self) -> Revision {
-        self.restoring.wait();
-        feed::read(&self.published).oldest_resumable()
+        self.published().oldest_resumable()
     }
 
     /// The events and their JSON bytes the log holds.
     pub fn log_size(&self) -> (usize, usize) {
-        self.restoring.wait();
-        let p = feed::read(&self.published);
+        let p = self.published();
         (p.log.len(), p.log_bytes)
     }
 
     /// Registers a subscriber from now (`None`) or after a revision.
     pub fn subscribe(&self, since: Option<Revision>) -> Result<Subscription, IndexError> {
-        self.restoring.wait();
-        let p = feed::read(&self.published);
+        let p = self.published();
         let current = p.state.revision();
         let position = match since {
             None => current,
@@ -630,8 +619,7 @@ impl Index {
         resource: &str,
         positions: &[(ClusterName, Arc<str>)],
     ) -> (Subscription, Vec<Start>) {
-        self.restoring.wait();
-        let p = feed::read(&self.published);
+        let p = self.published();
         let current = p.state.revision();
         let mut walks: HashMap<&ClusterName, Walk> = HashMap::new();
         for (cluster, rv) in positions {

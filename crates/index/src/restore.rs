@@ -121,8 +121,6 @@ pub(crate) struct Restoring {
     finished: Condvar,
     /// How far it is, for waiting without a thread.
     phase: watch::Sender<Phase>,
-    /// Prefixes offered.
-    offered: std::sync::atomic::AtomicU64,
 }
 
 /// How far a restore is, as it is awaited.
@@ -152,7 +150,6 @@ impl Restoring {
             outcome: Mutex::new(Outcome::Whole),
             finished: Condvar::new(),
             phase: watch::Sender::new(Phase::Over),
-            offered: Default::default(),
         }
     }
 
@@ -162,17 +159,14 @@ impl Restoring {
         self.under_way.store(true, Ordering::Release);
     }
 
+    /// Makes `early` the latest prefix, numbered after the one before.
     fn offer(&self, mut early: Early) {
-        early.number = self.offered.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut held = lock(&self.early);
+        early.number = held.0.as_ref().map_or(1, |before| before.number + 1);
         let number = early.number;
-        lock(&self.early).0 = Some(early);
-        self.phase.send_if_modified(|p| {
-            let newer = *p < Phase::Made(number);
-            if newer {
-                *p = Phase::Made(number);
-            }
-            newer
-        });
+        held.0 = Some(early);
+        drop(held);
+        self.phase.send_replace(Phase::Made(number));
     }
 
     /// Ends the restore: callers answered early, to pin the whole state for.
@@ -292,7 +286,7 @@ impl Index {
     /// field indexes are built on a thread of their own meanwhile (queries scan until
     /// they are in), and the first change staged waits for them.
     pub fn restore(config: Config, restored: Restored) -> Self {
-        let index = Self::empty_at(config, restored.revision);
+        let index = Self::starting_after(config, restored.revision);
         let built = build(&index.config, restored, &|_| {});
         index.install(built);
         index
@@ -303,7 +297,7 @@ impl Index {
     /// all made ([`Index::restored`] waits without a thread), except
     /// [`Index::early`], which gives the prefix made so far.
     pub fn restoring(config: Config, restored: Restored) -> Arc<Self> {
-        let index = Arc::new(Self::empty_at(config, restored.revision));
+        let index = Arc::new(Self::starting_after(config, restored.revision));
         index.restoring.begin();
         let work = Arc::new(Mutex::new(Some(restored)));
         let run = {
@@ -383,16 +377,6 @@ impl Index {
     /// or failed).
     pub fn is_restored(&self) -> bool {
         !self.restoring.under_way.load(Ordering::Acquire)
-    }
-
-    /// An empty index at `revision`, its objects to be installed.
-    fn empty_at(config: Config, revision: Revision) -> Self {
-        let state = State {
-            indexed_paths: Arc::new(config.field_indexes.clone()),
-            revision,
-            ..State::default()
-        };
-        Self::over(config, state, terms::Interner::default(), VecDeque::new())
     }
 
     /// Makes `built` the index's state and log, starts building its secondary
