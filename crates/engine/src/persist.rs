@@ -599,7 +599,21 @@ impl Persister {
         if let Some(task) = compacting {
             let _ = task.await;
         }
-        lock(&self.store).take();
+        let store = lock(&self.store).take();
+        if let Some(store) = store {
+            // The next start then reads the store's layout, not its log.
+            let recorded = tokio::task::spawn_blocking(move || store.checkpoint()).await;
+            match recorded {
+                Ok(Ok(Some(took))) => {
+                    tracing::debug!(?took, "store layout recorded for the next start")
+                }
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "recording the store's layout at stop failed: the next start reads its log")
+                }
+                Err(e) => tracing::warn!(error = %e, "recording the store's layout at stop failed"),
+            }
+        }
         flushed
     }
 

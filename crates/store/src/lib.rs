@@ -353,6 +353,14 @@ pub trait Store: Send + Sync {
         Ok(None)
     }
 
+    /// Has the storage engine record where everything is now, so that the next open
+    /// reads that rather than the writes since it was last opened (a process stopping
+    /// calls it last); returns how long writes waited, or `None` where there was
+    /// nothing to record.
+    fn checkpoint(&self) -> Result<Option<std::time::Duration>, StoreError> {
+        Ok(None)
+    }
+
     /// Loads and verifies everything: every record's checksum, every key against its
     /// record, the schema version, the snapshot's chunks and an unbroken change log
     /// after it, which is then replayed onto the snapshot. Chunks of an unfinished

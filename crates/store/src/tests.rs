@@ -381,6 +381,76 @@ fn sled_store_persists_across_reopen() {
     check_after_both(&opened.loaded);
 }
 
+/// Where sled's newest record of its layout (its page-table snapshot) reaches in its
+/// log: an open reads the log from there on.
+fn layout_recorded_through(db: &Path) -> u64 {
+    std::fs::read_dir(db)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            u64::from_str_radix(name.strip_prefix("snap.")?, 16).ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_checkpoint_records_the_layout_through_every_write_and_keeps_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (objects, added) = {
+        let opened = SledStore::open(dir.path()).unwrap();
+        let objects = churned(&opened.store, 10);
+        let before = layout_recorded_through(&dir.path().join("db"));
+        opened.store.checkpoint().unwrap();
+        // Every write so far is covered: an open reads none of them from the log.
+        let through = layout_recorded_through(&dir.path().join("db"));
+        assert!(
+            through > before && through >= opened.store.size_on_disk() / 2,
+            "recorded through {through} of the log (before: {before})"
+        );
+        // Reads and writes go on.
+        assert_eq!(opened.store.load().unwrap().objects.to_records(), objects);
+        let added = object("c1", "ns", "p9999", 4);
+        opened
+            .store
+            .commit(&Batch {
+                revision: Revision(4),
+                events: vec![run(vec![EventRecord {
+                    revision: Revision(4),
+                    kind: EventType::Added,
+                    object: added.clone(),
+                    prev: None,
+                }])],
+                ..Batch::default()
+            })
+            .unwrap();
+        (objects, added)
+    };
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none(), "{:?}", opened.moved_aside);
+    assert_eq!(
+        opened.loaded.objects.to_records(),
+        [objects, vec![added]].concat()
+    );
+    assert_eq!(opened.loaded.revision, Revision(4));
+}
+
+#[test]
+fn writes_past_the_checkpoint_size_reopen_the_database_and_keep_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = {
+        let mut opened = SledStore::open(dir.path()).unwrap();
+        opened.store.checkpoint_min = 256 << 10;
+        // About 2 MB written: the layout recorded on the way, with no call for it.
+        let objects = churned(&opened.store, 20);
+        assert!(layout_recorded_through(&dir.path().join("db")) > 0);
+        objects
+    };
+    let opened = SledStore::open(dir.path()).unwrap();
+    assert!(opened.moved_aside.is_none(), "{:?}", opened.moved_aside);
+    assert_eq!(opened.loaded.objects.to_records(), objects);
+}
+
 #[test]
 fn a_second_opener_is_refused_while_the_first_holds_the_lock() {
     let dir = tempfile::tempdir().unwrap();
