@@ -663,8 +663,10 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub compress_objects: bool,
     ["index.compressAfter", Duration, Restart]
-    /// How long an object's state stays unchanged before it is held compressed: a
-    /// state that changes sooner is never compressed, and a first sync is not slowed.
+    /// How long an object's state stays unchanged before it is held compressed, a
+    /// tenth of it for states read by a list (a first sync, a relist): a state that
+    /// changes sooner is never compressed, and a first sync is not slowed within that
+    /// tenth.
     #[arg(long, default_value = "10s", value_parser = crate::config::parse_duration)]
     pub compress_after: Duration,
     ["watch.subscriberBuffer", Count, Restart]

@@ -569,7 +569,8 @@ async fn pack(index: Arc<Index>, after: Duration, cancel: CancellationToken) {
         let snapshot = index.snapshot();
         let (revision, held) = (snapshot.revision(), snapshot.len());
         drop(snapshot);
-        if let Some(settled) = passes.due(std::time::Instant::now(), revision, held) {
+        let seen = (revision, index.listed_count());
+        if let Some(settled) = passes.due(std::time::Instant::now(), seen, held) {
             while !index.pack_settled(settled, BATCH) && !cancel.is_cancelled() {
                 tokio::task::yield_now().await;
             }
@@ -581,18 +582,24 @@ async fn pack(index: Arc<Index>, after: Duration, cancel: CancellationToken) {
     }
 }
 
-/// When a pass that compresses settled objects is due. A pass goes through every
-/// object held, so one starts once the settled changes since the last are a
-/// sixty-fourth of the objects held, or a minute after the last when fewer: a fleet of
-/// a million objects under steady churn is gone through once a minute, not once a
-/// second.
+/// When a pass that compresses settled objects is due. A state has settled once it has
+/// gone unchanged for `after`; a stretch of changes nine tenths made by lists (a first
+/// sync, a relist: states the cluster has held for a while, not ones that just changed)
+/// once it has for a tenth of that, so a sync longer than that has what it read first
+/// compressed while the rest arrives, where it would otherwise hold all of it as text
+/// until `after` past its end. A pass goes through every object held, so one starts
+/// once the settled changes since the last are a sixty-fourth of the objects held, or a
+/// minute after the last when fewer: a fleet of a million objects under steady churn is
+/// gone through once a minute, not once a second.
 #[derive(Debug)]
 struct Passes {
     after: Duration,
-    /// The index's revision as it was seen at each tick, oldest first.
-    seen: std::collections::VecDeque<(std::time::Instant, Revision)>,
-    /// The newest revision seen at least `after` ago: every state up to it has settled.
-    settled: Revision,
+    /// The index's revision and its count of changes made by lists
+    /// ([`Index::listed_count`]) as seen at each tick, oldest first.
+    seen: std::collections::VecDeque<(std::time::Instant, Revision, u64)>,
+    /// The newest revision every state up to which has settled, and the count of
+    /// changes made by lists when it was seen.
+    settled: (Revision, u64),
     /// Where the last pass went to, and when it started.
     last: Option<(Revision, std::time::Instant)>,
 }
@@ -605,36 +612,46 @@ impl Passes {
         Self {
             after,
             seen: Default::default(),
-            settled: Revision(0),
+            settled: (Revision(0), 0),
             last: None,
         }
     }
 
-    /// Notes the index at `revision`, holding `held` objects, at `now`; the revision
-    /// a pass is to go to, when one is due (it is then counted as started).
+    /// Notes the index at `revision`, with `listed` changes made by lists so far,
+    /// holding `held` objects, at `now`; the revision a pass is to go to, when one is
+    /// due (it is then counted as started).
     fn due(
         &mut self,
         now: std::time::Instant,
-        revision: Revision,
+        (revision, listed): (Revision, u64),
         held: usize,
     ) -> Option<Revision> {
-        self.seen.push_back((now, revision));
-        while let Some(&(at, revision)) = self.seen.front()
-            && now.duration_since(at) >= self.after
-        {
-            self.settled = revision;
+        self.seen.push_back((now, revision, listed));
+        while let Some(&(at, revision, listed)) = self.seen.front() {
+            let waited = now.duration_since(at);
+            let (from, listed_from) = self.settled;
+            let changes = revision.0.saturating_sub(from.0);
+            let by_lists = listed.saturating_sub(listed_from);
+            let settled = waited >= self.after
+                || (waited >= self.after / 10
+                    && by_lists.saturating_mul(10) >= changes.saturating_mul(9));
+            if !settled {
+                break;
+            }
+            self.settled = (revision, listed);
             self.seen.pop_front();
         }
+        let settled = self.settled.0;
         let since = self.last.map_or(0, |(to, _)| to.0);
-        let new = self.settled.0.saturating_sub(since);
+        let new = settled.0.saturating_sub(since);
         let due = new > 0
             && (new.saturating_mul(64) >= held as u64
                 || self
                     .last
                     .is_some_and(|(_, at)| now.duration_since(at) >= Self::LONGEST));
         due.then(|| {
-            self.last = Some((self.settled, now));
-            self.settled
+            self.last = Some((settled, now));
+            settled
         })
     }
 }
@@ -904,30 +921,63 @@ mod tests {
         let t0 = std::time::Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut p = Passes::new(Duration::from_secs(10));
-        // Nothing has settled before `after`.
-        assert_eq!(p.due(at(0), Revision(1000), 1000), None);
-        assert_eq!(p.due(at(5), Revision(1500), 1000), None);
+        // Changes by watch events: nothing has settled before `after`.
+        let by_events = |r: u64| (Revision(r), 0);
+        assert_eq!(p.due(at(0), by_events(1000), 1000), None);
+        assert_eq!(p.due(at(5), by_events(1500), 1000), None);
         // The revision seen ten seconds ago has settled: 1,000 changes, a pass.
-        assert_eq!(p.due(at(10), Revision(1600), 1000), Some(Revision(1000)));
+        assert_eq!(p.due(at(10), by_events(1600), 1000), Some(Revision(1000)));
         // 500 more settled: over a sixty-fourth of 1,000 objects.
-        assert_eq!(p.due(at(15), Revision(1600), 1000), Some(Revision(1500)));
+        assert_eq!(p.due(at(15), by_events(1600), 1000), Some(Revision(1500)));
         // 100 more settle: over a sixty-fourth of 1,000 objects.
-        assert_eq!(p.due(at(20), Revision(1610), 1000), Some(Revision(1600)));
+        assert_eq!(p.due(at(20), by_events(1610), 1000), Some(Revision(1600)));
         // Twenty more settle: under a sixty-fourth of 10,000 objects, so not before a
         // minute after the last pass.
-        assert_eq!(p.due(at(31), Revision(1620), 10_000), None);
-        assert_eq!(p.due(at(79), Revision(1620), 10_000), None);
-        assert_eq!(p.due(at(80), Revision(1620), 10_000), Some(Revision(1620)));
+        assert_eq!(p.due(at(31), by_events(1620), 10_000), None);
+        assert_eq!(p.due(at(79), by_events(1620), 10_000), None);
+        assert_eq!(p.due(at(80), by_events(1620), 10_000), Some(Revision(1620)));
         // Nothing new: no pass, however long.
-        assert_eq!(p.due(at(400), Revision(1620), 10_000), None);
+        assert_eq!(p.due(at(400), by_events(1620), 10_000), None);
+    }
+
+    #[test]
+    fn changes_made_by_lists_settle_in_a_tenth_of_the_wait_and_never_ahead_of_others() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut p = Passes::new(Duration::from_secs(10));
+        // A first sync: every change by a list. Settled a second after it was seen.
+        assert_eq!(p.due(at(0), (Revision(10_000), 10_000), 10_000), None);
+        assert_eq!(p.due(at(999), (Revision(20_000), 20_000), 20_000), None);
+        assert_eq!(
+            p.due(at(1_000), (Revision(30_000), 30_000), 30_000),
+            Some(Revision(10_000))
+        );
+        // A stretch of watch events (4,000 of 10,000 changes): it waits the whole ten
+        // seconds, and the listed stretch after it waits for it.
+        assert_eq!(
+            p.due(at(2_000), (Revision(40_000), 36_000), 40_000),
+            Some(Revision(30_000))
+        );
+        assert_eq!(p.due(at(3_000), (Revision(50_000), 46_000), 50_000), None);
+        assert_eq!(p.due(at(11_999), (Revision(50_000), 46_000), 50_000), None);
+        assert_eq!(
+            p.due(at(12_000), (Revision(50_000), 46_000), 50_000),
+            Some(Revision(50_000))
+        );
+        // Nine in ten by lists counts as listed.
+        assert_eq!(p.due(at(13_000), (Revision(60_000), 55_000), 60_000), None);
+        assert_eq!(
+            p.due(at(14_000), (Revision(60_000), 55_000), 60_000),
+            Some(Revision(60_000))
+        );
     }
 
     #[test]
     fn with_no_wait_every_change_is_settled_at_once() {
         let t0 = std::time::Instant::now();
         let mut p = Passes::new(Duration::ZERO);
-        assert_eq!(p.due(t0, Revision(7), 7), Some(Revision(7)));
-        assert_eq!(p.due(t0, Revision(7), 7), None);
-        assert_eq!(p.due(t0, Revision(8), 7), Some(Revision(8)));
+        assert_eq!(p.due(t0, (Revision(7), 0), 7), Some(Revision(7)));
+        assert_eq!(p.due(t0, (Revision(7), 0), 7), None);
+        assert_eq!(p.due(t0, (Revision(8), 0), 7), Some(Revision(8)));
     }
 }

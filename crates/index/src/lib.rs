@@ -66,8 +66,9 @@ pub struct Config {
     /// read. A state is held as text until then. Default on.
     pub compress_objects: bool,
     /// How long a state stays unchanged before it is compressed: the engine's packer
-    /// passes [`Index::pack_settled`] the revision the index had that long ago.
-    /// Default 10 seconds.
+    /// passes [`Index::pack_settled`] the revision the index had that long ago, or a
+    /// tenth of that ago where the changes since were made by lists (see
+    /// [`Index::listed_count`]). Default 10 seconds.
     pub compress_after: Duration,
 }
 
@@ -274,6 +275,9 @@ pub struct Index {
     /// Object states compressed since the index was made, those restored compressed
     /// included.
     compressed: std::sync::atomic::AtomicU64,
+    /// Changes staged from lists ([`Change::Replace`], [`Change::Add`]) since the
+    /// index was made ([`Index::listed_count`]).
+    listed: std::sync::atomic::AtomicU64,
     /// The dictionaries objects are compressed against, by resource type.
     dictionaries: Mutex<object::Dictionaries>,
 }
@@ -322,6 +326,7 @@ impl Index {
             pins: Mutex::new(HashMap::new()),
             sweep: Mutex::default(),
             compressed: Default::default(),
+            listed: Default::default(),
             dictionaries: Mutex::default(),
             config,
         }
@@ -362,6 +367,7 @@ impl Index {
         let (state, interner) = &mut *writer;
         let mut events: Vec<Event> = Vec::new();
         let mut moved = false;
+        let mut listed = 0;
         for change in changes {
             match change {
                 Change::UpsertAt(mut input, rv) => {
@@ -399,13 +405,23 @@ impl Index {
                     resource,
                     cluster,
                     objects,
-                } => replace(state, interner, &mut events, (&resource, &cluster), objects),
-                Change::Add(objects) => add(state, interner, &mut events, objects),
+                } => {
+                    let before = events.len();
+                    replace(state, interner, &mut events, (&resource, &cluster), objects);
+                    listed += events.len() - before;
+                }
+                Change::Add(objects) => {
+                    let before = events.len();
+                    add(state, interner, &mut events, objects);
+                    listed += events.len() - before;
+                }
                 Change::RemoveCluster(cluster) => {
                     moved |= remove_cluster(state, &mut events, &cluster);
                 }
             }
         }
+        self.listed
+            .fetch_add(listed as u64, std::sync::atomic::Ordering::Relaxed);
         let events: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
         if events.is_empty() && !moved {
             return Staged::default();
@@ -487,6 +503,14 @@ impl Index {
     /// and those a restored index was given compressed.
     pub fn compressed_count(&self) -> u64 {
         self.compressed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes made by lists ([`Change::Replace`], [`Change::Add`]: a first sync, a
+    /// relist) since the index was made, staged ones included. Beside the revision, it
+    /// tells how much of a stretch of changes came from lists: states a cluster has
+    /// held for a while, rather than ones that just changed.
+    pub fn listed_count(&self) -> u64 {
+        self.listed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether anything of one resource type in one cluster is held, staged changes

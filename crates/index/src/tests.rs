@@ -2165,3 +2165,30 @@ fn objects_added_together_are_added_when_new_and_upserted_when_held() {
         .unwrap();
     assert_eq!(p2.labels(), [(Arc::from("app"), Arc::from("b"))]);
 }
+
+#[test]
+fn changes_made_by_lists_are_counted_apart_from_watch_events() {
+    let idx = index();
+    idx.apply([Change::Add(vec![
+        input("pods", "c", "x", "p1", 1, &[]),
+        input("pods", "c", "x", "p2", 2, &[]),
+    ])]);
+    assert_eq!(idx.listed_count(), 2);
+    // Watch events are not.
+    idx.apply([
+        Change::Upsert(input("pods", "c", "x", "p3", 3, &[])),
+        Change::Delete(ObjectKey::new("pods", &ClusterName::from("c"), "x", "p1")),
+    ]);
+    assert_eq!(idx.listed_count(), 2);
+    // A relist: its changes only (p3 gone, p2 changed, p4 new; p1 long gone).
+    idx.apply([Change::Replace {
+        resource: "pods".into(),
+        cluster: ClusterName::from("c"),
+        objects: vec![
+            input("pods", "c", "x", "p2", 5, &[("app", "a")]),
+            input("pods", "c", "x", "p4", 6, &[]),
+        ],
+    }]);
+    assert_eq!(idx.listed_count(), 5);
+    assert_eq!(idx.snapshot().revision(), Revision(7));
+}
