@@ -246,7 +246,8 @@ impl SledStore {
     fn reopened<'s>(&self, slot: &'s mut Option<sled::Db>) -> Result<&'s sled::Db, StoreError> {
         if slot.is_none() {
             finish_switch(&self.dir)?;
-            *slot = Some(Self::open_db(&self.dir.join("db"))?);
+            let db = slot.insert(Self::open_db(&self.dir.join("db"))?);
+            self.reopened_at(db);
         }
         slot.as_ref()
             .ok_or_else(|| StoreError::Engine("the store is not open".into()))

@@ -381,6 +381,25 @@ fn sled_store_persists_across_reopen() {
     check_after_both(&opened.loaded);
 }
 
+/// Commits one more pod at revision 4, with `streams`' progress; returns it.
+fn add_one(store: &SledStore, streams: Vec<StreamRecord>) -> ObjectRecord {
+    let added = object("c1", "ns", "p9999", 4);
+    store
+        .commit(&Batch {
+            revision: Revision(4),
+            events: vec![run(vec![EventRecord {
+                revision: Revision(4),
+                kind: EventType::Added,
+                object: added.clone(),
+                prev: None,
+            }])],
+            streams,
+            ..Batch::default()
+        })
+        .unwrap();
+    added
+}
+
 /// Where sled's newest record of its layout (its page-table snapshot) reaches in its
 /// log: an open reads the log from there on.
 fn layout_recorded_through(db: &Path) -> u64 {
@@ -410,20 +429,7 @@ fn a_checkpoint_records_the_layout_through_every_write_and_keeps_every_record() 
         );
         // Reads and writes go on.
         assert_eq!(opened.store.load().unwrap().objects.to_records(), objects);
-        let added = object("c1", "ns", "p9999", 4);
-        opened
-            .store
-            .commit(&Batch {
-                revision: Revision(4),
-                events: vec![run(vec![EventRecord {
-                    revision: Revision(4),
-                    kind: EventType::Added,
-                    object: added.clone(),
-                    prev: None,
-                }])],
-                ..Batch::default()
-            })
-            .unwrap();
+        let added = add_one(&opened.store, Vec::new());
         (objects, added)
     };
     let opened = SledStore::open(dir.path()).unwrap();
@@ -756,21 +762,7 @@ fn compaction_reclaims_space_and_keeps_every_record() {
         assert_eq!(opened.store.size_on_disk(), after);
         // Reads and writes go on in the compacted store.
         assert_eq!(opened.store.load().unwrap().objects.to_records(), objects);
-        let added = object("c1", "ns", "p9999", 4);
-        opened
-            .store
-            .commit(&Batch {
-                revision: Revision(4),
-                events: vec![run(vec![EventRecord {
-                    revision: Revision(4),
-                    kind: EventType::Added,
-                    object: added.clone(),
-                    prev: None,
-                }])],
-                streams: vec![stream("c1", "104")],
-                ..Batch::default()
-            })
-            .unwrap();
+        let added = add_one(&opened.store, vec![stream("c1", "104")]);
         [objects, vec![added]].concat()
     };
     assert!(!dir.path().join("db.next").exists());
