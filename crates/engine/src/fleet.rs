@@ -103,26 +103,20 @@ impl Fleet for Engine {
         }
         self.index.restored().await;
         let snapshot = self.snapshot_for(&r.after)?;
-        let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
-        let deadline = std::time::Instant::now() + self.query_timeout;
-        built.query.deadline = Some(deadline);
         let (limit, max_bytes) = (r.limit.max(1), r.max_bytes);
-        let (query, after) = (built.query.clone(), r.after.clone());
+        let after = r.after.clone();
         // A continued list: how many matched after the previous page, as it said.
         let known = r
             .after
             .as_ref()
             .and_then(|_| fleetscope_model::fleet::resumed_remaining(&r.resume));
-        let (page, snapshot) = self
-            .evaluate(deadline, move || {
+        let ((page, snapshot), built) = self
+            .run_query(&r.query, &r.access, move |query| {
                 let after = after.as_ref().map(|(_, key)| key);
-                let page = snapshot.page_from(&query, after, known, limit, max_bytes);
+                let page = snapshot.page_from(query, after, known, limit, max_bytes);
                 (page, snapshot)
             })
             .await?;
-        if built.query.expired() {
-            return Err(self.too_slow());
-        }
         if page.next.is_some() || r.keep_snapshot {
             // The next page reads this snapshot too, for as long as tokens live.
             self.index.pin(snapshot.clone(), &r.access.caller());
@@ -134,18 +128,14 @@ impl Fleet for Engine {
 
     async fn count(&self, r: CountRequest) -> Result<CountAnswer, FleetError> {
         self.index.restored().await;
-        let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
-        let deadline = std::time::Instant::now() + self.query_timeout;
-        built.query.deadline = Some(deadline);
         let snapshot = self.index.snapshot();
         let revision = snapshot.revision();
-        let (query, group_by) = (built.query.clone(), r.group_by.clone());
-        let counts = self
-            .evaluate(deadline, move || snapshot.count(&query, &group_by))
+        let group_by = r.group_by.clone();
+        let (counts, built) = self
+            .run_query(&r.query, &r.access, move |query| {
+                snapshot.count(query, &group_by)
+            })
             .await?;
-        if built.query.expired() {
-            return Err(self.too_slow());
-        }
         Ok(CountAnswer {
             groups: counts.groups,
             total: counts.total,
@@ -285,22 +275,15 @@ impl Engine {
         r: &ListRequest,
         early: fleetscope_index::Early,
     ) -> Result<Option<ListAnswer>, FleetError> {
-        let (_, mut built) = self.build(&r.query, &r.access, Verb::List)?;
-        let deadline = std::time::Instant::now() + self.query_timeout;
-        built.query.deadline = Some(deadline);
         let (limit, max_bytes) = (r.limit.max(1), r.max_bytes);
-        let query = built.query.clone();
         let revision = early.state.revision();
-        let page = self
-            .evaluate(deadline, move || {
+        let (page, built) = self
+            .run_query(&r.query, &r.access, move |query| {
                 early
                     .state
-                    .early_page(&query, &early.through, limit, max_bytes)
+                    .early_page(query, &early.through, limit, max_bytes)
             })
             .await?;
-        if built.query.expired() {
-            return Err(self.too_slow());
-        }
         Ok(page.map(|page| self.list_answer(r, built, page, revision, Vec::new())))
     }
 

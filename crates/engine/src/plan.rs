@@ -213,6 +213,26 @@ impl Engine {
         .map_err(|_| FleetError::Unavailable("evaluating the query failed: retry".into()))
     }
 
+    /// Plans `q`, a List or a Count by `access`, and runs `work` on the planned query
+    /// on a query thread ([`Engine::evaluate`]) within the engine's query timeout: one
+    /// that runs past it is `DEADLINE_EXCEEDED`. Returns what `work` gave, and the plan.
+    pub(crate) async fn run_query<T: Send + 'static>(
+        &self,
+        q: &Query,
+        access: &Access,
+        work: impl FnOnce(&fleetscope_index::Query) -> T + Send + 'static,
+    ) -> Result<(T, Built), FleetError> {
+        let (_, mut built) = self.build(q, access, Verb::List)?;
+        let deadline = std::time::Instant::now() + self.query_timeout;
+        built.query.deadline = Some(deadline);
+        let query = built.query.clone();
+        let out = self.evaluate(deadline, move || work(&query)).await?;
+        if built.query.expired() {
+            return Err(self.too_slow());
+        }
+        Ok((out, built))
+    }
+
     /// The error of a query whose evaluation ran past its deadline.
     pub(crate) fn too_slow(&self) -> FleetError {
         FleetError::DeadlineExceeded(format!(
