@@ -369,6 +369,10 @@ impl Index {
         let mut moved = false;
         let mut listed = 0;
         for change in changes {
+            let (before, by_list) = (
+                events.len(),
+                matches!(change, Change::Replace { .. } | Change::Add(_)),
+            );
             match change {
                 Change::UpsertAt(mut input, rv) => {
                     input.key = interner.key(&input.key);
@@ -405,19 +409,14 @@ impl Index {
                     resource,
                     cluster,
                     objects,
-                } => {
-                    let before = events.len();
-                    replace(state, interner, &mut events, (&resource, &cluster), objects);
-                    listed += events.len() - before;
-                }
-                Change::Add(objects) => {
-                    let before = events.len();
-                    add(state, interner, &mut events, objects);
-                    listed += events.len() - before;
-                }
+                } => replace(state, interner, &mut events, (&resource, &cluster), objects),
+                Change::Add(objects) => add(state, interner, &mut events, objects),
                 Change::RemoveCluster(cluster) => {
                     moved |= remove_cluster(state, &mut events, &cluster);
                 }
+            }
+            if by_list {
+                listed += events.len() - before;
             }
         }
         self.listed
