@@ -437,7 +437,8 @@ impl Index {
     /// `most` of them per call, and resumes where the last call stopped; returns true
     /// once no object up to `settled` is left to consider. An object changed since
     /// has a newer revision, for a later pass: a state that changes within its first
-    /// moments is never compressed, and compressing stays off the path of a sync.
+    /// moments is never compressed, and compressing stays off the path of a sync (the
+    /// caller decides what has settled: see [`Config::compress_after`]).
     pub fn pack_settled(&self, settled: Revision, most: usize) -> bool {
         self.restoring.wait();
         if !self.config.compress_objects {
