@@ -194,8 +194,10 @@ async fn pod_clusters(
 }
 
 /// CPU time this process has used (user + system), from /proc/self/stat.
+/// CPU time this process has used, every thread's (user + system), to the nanosecond.
 fn cpu_time() -> Duration {
-    cpu_time_of("self")
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// CPU time process `pid` (or `self`) has used (user + system), from its stat.
@@ -1287,7 +1289,7 @@ fn first_sync() {
     let pods = env_usize("FLEET_BENCH_PODS", 25_000);
     let configmaps = env_usize("FLEET_BENCH_CONFIGMAPS", 3_880);
     println!(
-        "first sync against the API server's floor: {clusters} simulated clusters over HTTPS ({pods} pods and {configmaps} configmaps each, in their own process); the floor reads every cluster's list raw from its watch cache (resourceVersion=0), unparsed, in parallel; every side is timed from its process start to a complete index (to the last byte, for the floor), each run in a process of its own"
+        "first sync against the API server's floor: {clusters} simulated clusters over HTTPS ({pods} pods and {configmaps} configmaps each, in their own process); the floor reads every cluster's list raw from its watch cache (resourceVersion=0), unparsed, in parallel (`floor-streamed`: as a streaming list, cut into lines; `floor-parsed`: each line also parsed as JSON, nothing kept; `floor-kept`: each line parsed and kept by namespace and name); every side is timed from its process start to a complete index (to the last byte, for the floor), each run in a process of its own"
     );
     let dir = tempfile::tempdir().unwrap();
     let (mut sims, _, mut out) = spawn_sims(dir.path(), clusters, pods, configmaps);
@@ -1414,6 +1416,22 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
         );
         return;
     }
+    if let Some(floor) = which.strip_prefix("floor-") {
+        let read = match floor {
+            "streamed" => Read::Raw,
+            "parsed" => Read::Parsed,
+            _ => Read::Kept,
+        };
+        let (bytes, kept) = floor_streamed(&path, &sources, resource, read).await;
+        println!(
+            "#first {} {} {}",
+            started.elapsed().as_secs_f64(),
+            bytes.iter().sum::<usize>(),
+            cpu_time().as_secs_f64()
+        );
+        drop(kept);
+        return;
+    }
     let all = which == "fleetscope-all";
     let mut config = engine_config(vec![if all { "*".into() } else { resource.into() }]);
     config.stream.watch_list = which != "fleetscope-list";
@@ -1445,6 +1463,95 @@ async fn first_sync_child(which: &str, resource: &str, dir: &str, total: usize) 
         cpu_time().as_secs_f64()
     );
     engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// What a floor of a streaming list does with each line.
+#[derive(Clone, Copy, PartialEq)]
+enum Read {
+    /// Nothing.
+    Raw,
+    /// Parses it as JSON, keeping nothing: the least any informer that reads what it
+    /// is sent does.
+    Parsed,
+    /// Parses it, reading the object's namespace and name, and keeps the line by
+    /// them in a map: the least a cache does (client-go's store, without decoding).
+    Kept,
+}
+
+/// The parts of a watch event a cache keys an object by.
+#[derive(serde::Deserialize)]
+struct KeyedEvent<'a> {
+    #[serde(borrow)]
+    object: KeyedObject<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct KeyedObject<'a> {
+    #[serde(borrow)]
+    metadata: KeyedMeta<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct KeyedMeta<'a> {
+    #[serde(borrow, default)]
+    namespace: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    name: std::borrow::Cow<'a, str>,
+}
+
+/// What a cache floor keeps: each object's line by namespace and name.
+type Kept = std::collections::HashMap<String, Box<[u8]>>;
+
+/// The floors of a streaming list: every cluster's initial events read as they come
+/// on a watch (`sendInitialEvents`), in parallel, to the bookmark that ends them, cut
+/// into lines, each line then `read`. The bytes read from each, and what each kept
+/// (let go once the time is taken).
+async fn floor_streamed(
+    path: &std::path::Path,
+    sources: &[fleetscope_informer::ClusterSource],
+    resource: &str,
+    read: Read,
+) -> (Vec<usize>, Vec<Kept>) {
+    use http_body_util::BodyExt;
+    let reads = sources.iter().map(|source| async move {
+        let client = kube_client(path, &source.name).await;
+        let request = http::Request::get(format!(
+            "/api/v1/{resource}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+        ))
+        .body(kube::client::Body::empty())
+        .unwrap();
+        let mut body = client.send(request).await.unwrap().into_body();
+        let (mut n, mut buf, mut kept) = (0, Vec::new(), Kept::new());
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.unwrap().into_data() else {
+                continue;
+            };
+            n += data.len();
+            buf.extend_from_slice(&data);
+            let mut start = 0;
+            while let Some(end) = memchr::memchr(b'\n', &buf[start..]) {
+                let line = &buf[start..start + end];
+                start += end + 1;
+                // The one bookmark before the initial events end is the one ending them.
+                if line.get(..32).is_some_and(|h| memchr::memmem::find(h, b"BOOKMARK").is_some()) {
+                    return (n, kept);
+                }
+                match read {
+                    Read::Raw => {}
+                    Read::Parsed => {
+                        serde_json::from_slice::<serde::de::IgnoredAny>(line).unwrap();
+                    }
+                    Read::Kept => {
+                        let meta = serde_json::from_slice::<KeyedEvent<'_>>(line).unwrap().object.metadata;
+                        kept.insert(format!("{}/{}", meta.namespace, meta.name), line.into());
+                    }
+                }
+            }
+            buf.drain(..start);
+        }
+        (n, kept)
+    });
+    futures::future::join_all(reads).await.into_iter().unzip()
 }
 
 fn main() {
@@ -2395,6 +2502,10 @@ fn held_json(index: &fleetscope_index::Index) -> usize {
 }
 
 async fn wait_synced(engine: &Engine, resource: &str, total: usize) {
+    // Woken by every change of a cluster's freshness, and looked at each millisecond
+    // besides (a stream's own freshness and the index's size are not announced), so
+    // the time read is within a millisecond of the sync.
+    let mut changes = engine.status_for_tests().subscribe();
     loop {
         let synced = engine
             .status_for_tests()
@@ -2404,7 +2515,7 @@ async fn wait_synced(engine: &Engine, resource: &str, total: usize) {
         if synced && engine.index_for_tests().snapshot().len() == total {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let _ = tokio::time::timeout(Duration::from_millis(1), changes.recv()).await;
     }
 }
 
