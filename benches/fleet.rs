@@ -139,7 +139,10 @@ async fn pod_clusters(
     let mut servers = Vec::new();
     let mut bytes = 0;
     for c in 0..clusters {
-        let cluster = Cluster::new(ClusterConfig::new(&format!("sim-{}", c + 1)));
+        let mut config = ClusterConfig::new(&format!("sim-{}", c + 1));
+        // FLEET_BENCH_SIM_HISTORY: changes each cluster keeps to watch from.
+        config.history = env_usize("FLEET_BENCH_SIM_HISTORY", config.history);
+        let cluster = Cluster::new(config);
         for n in 0..10 {
             cluster
                 .store
@@ -240,6 +243,23 @@ async fn sim_child(dir: &str, clusters: usize, pods: usize, configmaps: usize) {
                 "reset" => {
                     clusters.iter().for_each(Cluster::reset_counters);
                     cpu_at_reset = cpu_time();
+                    println!("ok");
+                }
+                // `churn N`: N pods modified (their status, as a kubelet does), clusters
+                // in turn.
+                churn if churn.starts_with("churn ") => {
+                    let n: usize = churn["churn ".len()..].parse().unwrap();
+                    for k in 0..n {
+                        let cluster = &clusters[k % clusters.len()];
+                        let i = k / clusters.len() % pods.max(1);
+                        let (ns, name) = (format!("ns-{}", i % 10), format!("pod-{i}"));
+                        let mut value = pod(cluster.name(), &ns, &name, i);
+                        value["status"]["conditions"][0]["lastProbeTime"] =
+                            json!(format!("2026-01-01T00:{:02}:{:02}Z", k / 60 % 60, k % 60));
+                        value["status"]["containerStatuses"] =
+                            json!([{"name": "main", "ready": true, "restartCount": k}]);
+                        cluster.store.update("pods", &ns, &name, value).unwrap();
+                    }
                     println!("ok");
                 }
                 // The simulated API servers' CPU time since the reset comes last.
@@ -2535,9 +2555,22 @@ fn persist() {
         "persist: {clusters} simulated clusters × {per} pods over HTTPS; a cold start into an empty store, then restarts from it, each in a process of its own"
     );
     let dir = tempfile::tempdir().unwrap();
-    let (mut sims, _, _) = spawn_sims(dir.path(), clusters, per, 0);
+    let (mut sims, _, mut out) = spawn_sims(dir.path(), clusters, per, 0);
     let mut cold = String::from("0");
+    // FLEET_BENCH_RESTART_CHURN: pods modified while nothing runs, after the cold start
+    // (with FLEET_BENCH_SIM_HISTORY large enough to watch from): the first restart
+    // catches up with them and writes them to its change log, which the next replays.
+    let churn = env_usize("FLEET_BENCH_RESTART_CHURN", 0);
     for n in 0..=env_usize("FLEET_BENCH_RESTARTS", 3) {
+        if n == 1 && churn > 0 {
+            use std::io::{BufRead, Write};
+            let stdin = sims.stdin.as_mut().unwrap();
+            writeln!(stdin, "churn {churn}").unwrap();
+            stdin.flush().unwrap();
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "ok");
+        }
         let dir = dir.path().to_string_lossy();
         let args = [
             "--restart-child",
@@ -2583,6 +2616,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     let t = Instant::now();
     let cpu = cpu_time();
     let opened = fleetscope_store::SledStore::open(&data).unwrap();
+    let replayed = opened.loaded.change_log_bytes;
     let loaded_at = t.elapsed();
     let loaded_cpu = cpu_time() - cpu;
     let engine = Arc::new(Engine::start_with_store(
@@ -2642,7 +2676,7 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     let resident = rss() as f64 / held_json(engine.index_for_tests()) as f64;
     let lists = sim_lists(&sources).await - lists_before;
     println!(
-        "  restart {n}: store opened and verified in {:.2} s, engine started at {:.2} s, first List answered at {:.2} s (goal ≤ 1 s), index whole at {:.2} s ({:.0} objects/s since opened), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}; resident ÷ pruned JSON then {resident:.2} ×; the process's CPU to each of the first four: {:.2}, {:.2}, {:.2}, {:.2} s",
+        "  restart {n}: store opened and verified in {:.2} s, engine started at {:.2} s, first List answered at {:.2} s (goal ≤ 1 s), index whole at {:.2} s ({:.0} objects/s since opened), every watch resumed at {:.2} s with {lists} LIST requests; cold start ÷ restart to first List = {:.1}; resident ÷ pruned JSON then {resident:.2} ×; the process's CPU to each of the first four: {:.2}, {:.2}, {:.2}, {:.2} s; the change log replayed {:.0} MB",
         loaded_at.as_secs_f64(),
         restored_at.as_secs_f64(),
         answered.as_secs_f64(),
@@ -2653,9 +2687,58 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
         loaded_cpu.as_secs_f64(),
         restored_cpu.as_secs_f64(),
         answered_cpu.as_secs_f64(),
-        whole_cpu.as_secs_f64()
+        whole_cpu.as_secs_f64(),
+        replayed as f64 / 1e6
     );
+    if n == 1 && env_usize("FLEET_BENCH_RESTART_CHURN", 0) > 0 {
+        caught_up(&engine, dir, &sources).await;
+        println!(
+            "  restart 1 caught up with the changes made while it was down at {:.2} s, durable",
+            t.elapsed().as_secs_f64()
+        );
+    }
     engine.shutdown(Duration::from_secs(30)).await;
+}
+
+/// Waits until every cluster's pods stream stands, durably, at the resourceVersion the
+/// cluster is at now.
+async fn caught_up(
+    engine: &Engine,
+    dir: &std::path::Path,
+    sources: &[fleetscope_informer::ClusterSource],
+) {
+    for source in sources {
+        let client = kube_client(&dir.join("kubeconfig"), &source.name).await;
+        let list: serde_json::Value = client
+            .request(
+                http::Request::get("/api/v1/pods?limit=1")
+                    .body(Vec::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let now: u64 = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let name = ClusterName::from(source.name.as_str());
+        let mut changes = engine.status_for_tests().subscribe();
+        loop {
+            let at = engine.status_for_tests().cluster(&name).and_then(|c| {
+                c.streams
+                    .get("pods")?
+                    .1
+                    .resource_version
+                    .parse::<u64>()
+                    .ok()
+            });
+            if at.is_some_and(|at| at >= now) {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(10), changes.recv()).await;
+        }
+    }
 }
 
 /// An index and a write-behind persister over a fresh store, fed directly.
