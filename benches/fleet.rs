@@ -196,7 +196,6 @@ async fn pod_clusters(
     (servers, path, bytes)
 }
 
-/// CPU time this process has used (user + system), from /proc/self/stat.
 /// CPU time this process has used, every thread's (user + system), to the nanosecond.
 fn cpu_time() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
