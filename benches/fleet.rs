@@ -2581,6 +2581,15 @@ fn persist() {
         if let Some(c) = run_child(&args, "#cold ").pop() {
             cold = c;
         }
+        // FLEET_BENCH_RESTART_COMPACT: the store compacted after the catching-up
+        // restart, before the next start.
+        if n == 1 && churn > 0 && env_usize("FLEET_BENCH_RESTART_COMPACT", 0) > 0 {
+            let data = std::path::Path::new(dir.as_ref()).join("data");
+            let opened = fleetscope_store::SledStore::open(&data).unwrap();
+            let sizes = opened.store.compact().unwrap();
+            opened.store.checkpoint().unwrap();
+            println!("  the store compacted before restart 2: {sizes:?}");
+        }
     }
     drop(sims.stdin.take());
     sims.wait().unwrap();
