@@ -141,13 +141,7 @@ async fn a_restart_serves_at_once_and_resumes_every_watch_without_listing() {
     h.stop_node().await;
     // Stopping had sled record where its pages are (a `snap.` file naming how far
     // into its log it reaches), so the next start reads that rather than the log.
-    let recorded = std::fs::read_dir(data.path().join("db"))
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            u64::from_str_radix(name.strip_prefix("snap.")?, 16).ok()
-        })
-        .max();
+    let recorded = fleetscope_store::SledStore::layout_recorded_through(data.path());
     assert!(recorded > Some(0), "recorded through {recorded:?}");
     let stored = fleetscope_store::SledStore::open(data.path())
         .unwrap()

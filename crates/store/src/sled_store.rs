@@ -302,6 +302,19 @@ impl SledStore {
         Ok(Some(held.elapsed()))
     }
 
+    /// How far into its log sled's newest record of its layout (a `snap.` file of
+    /// the database in data directory `dir`, named by that offset) reaches: opening
+    /// the store reads the log from there on. `None` before sled has recorded any.
+    pub fn layout_recorded_through(dir: &Path) -> Option<u64> {
+        std::fs::read_dir(dir.join("db"))
+            .ok()?
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                u64::from_str_radix(name.strip_prefix("snap.")?, 16).ok()
+            })
+            .max()
+    }
+
     /// Notes that `db` was just opened: its log is read from here on.
     fn reopened_at(&self, db: &sled::Db) {
         self.logged.store(0, Ordering::Relaxed);

@@ -400,29 +400,16 @@ fn add_one(store: &SledStore, streams: Vec<StreamRecord>) -> ObjectRecord {
     added
 }
 
-/// Where sled's newest record of its layout (its page-table snapshot) reaches in its
-/// log: an open reads the log from there on.
-fn layout_recorded_through(db: &Path) -> u64 {
-    std::fs::read_dir(db)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            u64::from_str_radix(name.strip_prefix("snap.")?, 16).ok()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_checkpoint_records_the_layout_through_every_write_and_keeps_every_record() {
     let dir = tempfile::tempdir().unwrap();
     let (objects, added) = {
         let opened = SledStore::open(dir.path()).unwrap();
         let objects = churned(&opened.store, 10);
-        let before = layout_recorded_through(&dir.path().join("db"));
+        let before = SledStore::layout_recorded_through(dir.path()).unwrap_or(0);
         opened.store.checkpoint().unwrap();
         // Every write so far is covered: an open reads none of them from the log.
-        let through = layout_recorded_through(&dir.path().join("db"));
+        let through = SledStore::layout_recorded_through(dir.path()).unwrap_or(0);
         assert!(
             through > before && through >= opened.store.size_on_disk() / 2,
             "recorded through {through} of the log (before: {before})"
@@ -449,7 +436,7 @@ fn writes_past_the_checkpoint_size_reopen_the_database_and_keep_every_record() {
         opened.store.checkpoint_min = 256 << 10;
         // About 2 MB written: the layout recorded on the way, with no call for it.
         let objects = churned(&opened.store, 20);
-        assert!(layout_recorded_through(&dir.path().join("db")) > 0);
+        assert!(SledStore::layout_recorded_through(dir.path()).unwrap_or(0) > 0);
         objects
     };
     let opened = SledStore::open(dir.path()).unwrap();
