@@ -305,6 +305,8 @@ pub fn restored(loaded: &mut Loaded) -> Restored {
                 ),
                 // Its objects are made where the chunk holds them.
                 Run::Chunk(chunk) => RestoredRun::Stored(Box::new(chunk)),
+                // And so are those no change touched.
+                Run::Patched(patched) => RestoredRun::Stored(Box::new(patched)),
             })
             .collect(),
         events: std::mem::take(&mut loaded.events)

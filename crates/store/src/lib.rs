@@ -35,7 +35,7 @@ use fleetscope_model::{
 
 pub use codec::DecodeError;
 pub use memory::MemoryStore;
-pub use objects::{Objects, Run, StoredChunk};
+pub use objects::{Objects, PatchedChunk, Run, StoredChunk};
 pub use sled_store::{Opened, SledStore};
 
 /// The layout version this build writes. It reads this one and the one before

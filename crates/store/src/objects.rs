@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, StoredRun, StoredView};
+use fleetscope_model::{ClusterName, EventType, ObjectKey, StoredJson, StoredRun, StoredView};
 
 use crate::codec::{self, DecodeError, Dictionaries, PlainChunk};
 use crate::{EventRecord, ObjectRecord, SnapshotMeta, Store, StoreError, Writes};
@@ -22,6 +22,8 @@ pub enum Run {
     Records(Vec<ObjectRecord>),
     /// A snapshot's chunk the change log left as it was.
     Chunk(StoredChunk),
+    /// A snapshot's chunk with the change log's changes to keys within it laid over it.
+    Patched(PatchedChunk),
 }
 
 impl Run {
@@ -29,6 +31,7 @@ impl Run {
         match self {
             Run::Records(records) => records.len(),
             Run::Chunk(chunk) => chunk.len(),
+            Run::Patched(patched) => patched.len(),
         }
     }
 }
@@ -51,6 +54,7 @@ impl Objects {
             .map(|r| match r {
                 Run::Records(records) => records.iter().map(ObjectRecord::json_len).sum(),
                 Run::Chunk(chunk) => chunk.json_bytes,
+                Run::Patched(patched) => patched.json_bytes,
             })
             .sum()
     }
@@ -72,6 +76,7 @@ impl Objects {
             match run {
                 Run::Records(records) => out.extend(records.iter().cloned()),
                 Run::Chunk(chunk) => out.extend(chunk.records()),
+                Run::Patched(patched) => out.extend(patched.records()),
             }
         }
         out
@@ -84,6 +89,7 @@ impl Objects {
             match run {
                 Run::Records(records) => out.extend(records),
                 Run::Chunk(chunk) => out.extend(chunk.records()),
+                Run::Patched(patched) => out.extend(patched.records()),
             }
         }
         out
@@ -163,6 +169,143 @@ impl StoredRun for StoredChunk {
         // Verified when it was read: it reads the same again.
         let _ = self.plain.read(&self.dictionaries, each);
     }
+}
+
+/// A snapshot's chunk with the last change of the change log to each key within its
+/// range laid over it: the objects no change touched are read in place, as from a
+/// chunk left as it was, and only the changed ones are records. A log of changes
+/// spread over many chunks so costs a record per change, not one per object of every
+/// chunk it touches.
+#[derive(Debug)]
+pub struct PatchedChunk {
+    chunk: StoredChunk,
+    /// The last change to each key within the chunk's range, in key order: the state
+    /// it left (`None`: deleted).
+    changes: Vec<(ObjectKey, Option<ObjectRecord>)>,
+    count: usize,
+    json_bytes: usize,
+}
+
+/// One object of a [`PatchedChunk`]: read in place, or a change's record.
+enum Patched<'v, 'a> {
+    Stored(&'v StoredView<'a>),
+    Changed(&'v ObjectRecord),
+}
+
+impl PatchedChunk {
+    /// `chunk` with `changes` (keys within its first and last, in key order) laid
+    /// over it.
+    fn new(chunk: StoredChunk, changes: Vec<(ObjectKey, Option<ObjectRecord>)>) -> Self {
+        let mut patched = Self {
+            chunk,
+            changes,
+            count: 0,
+            json_bytes: 0,
+        };
+        let (mut count, mut json_bytes) = (0, 0);
+        patched.walk(|o| {
+            count += 1;
+            json_bytes += match o {
+                Patched::Stored(view) => match view.json {
+                    StoredJson::Text(text) => text.len(),
+                    StoredJson::Packed { len, .. } => len as usize,
+                },
+                Patched::Changed(record) => record.json_len(),
+            };
+        });
+        (patched.count, patched.json_bytes) = (count, json_bytes);
+        patched
+    }
+
+    /// Calls `each` with every object in key order: the chunk's, a changed key's
+    /// taken from its change (none for a delete).
+    fn walk(&self, mut each: impl FnMut(Patched<'_, '_>)) {
+        let mut changes = self.changes.iter().peekable();
+        // Verified when it was read: it reads the same again.
+        let _ = self.chunk.plain.read(&self.chunk.dictionaries, |view| {
+            let key = [view.resource, view.cluster, view.namespace, view.name];
+            while let Some((_, state)) = changes.next_if(|(k, _)| key_parts(k) < key) {
+                if let Some(record) = state {
+                    each(Patched::Changed(record));
+                }
+            }
+            match changes.next_if(|(k, _)| key_parts(k) == key) {
+                Some((_, Some(record))) => each(Patched::Changed(record)),
+                Some((_, None)) => {}
+                None => each(Patched::Stored(view)),
+            }
+        });
+        for record in changes.filter_map(|(_, state)| state.as_ref()) {
+            each(Patched::Changed(record));
+        }
+    }
+
+    /// Its objects as records.
+    fn records(&self) -> Vec<ObjectRecord> {
+        let (mut out, mut last) = (Vec::with_capacity(self.count), None);
+        // Compressed objects share one empty text (an allocation each otherwise).
+        let empty = fleetscope_model::Json::default();
+        self.walk(|o| {
+            out.push(match o {
+                Patched::Stored(view) => codec::record_of(view, &mut last, &empty),
+                Patched::Changed(record) => record.clone(),
+            })
+        });
+        out
+    }
+}
+
+/// A key's parts, in the order keys are ordered by.
+fn key_parts(k: &ObjectKey) -> [&str; 4] {
+    [&k.resource, k.cluster.as_str(), &k.namespace, &k.name]
+}
+
+impl StoredRun for PatchedChunk {
+    fn len(&self) -> usize {
+        self.count
+    }
+
+    fn visit(&self, each: &mut dyn FnMut(&StoredView<'_>)) {
+        self.walk(|o| match o {
+            Patched::Stored(view) => each(view),
+            Patched::Changed(record) => view_record(record, each),
+        });
+    }
+}
+
+fn pairs_of(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+/// Calls `each` with a view of `record`.
+fn view_record(record: &ObjectRecord, each: &mut dyn FnMut(&StoredView<'_>)) {
+    let state = &record.state;
+    let (labels, fields) = (pairs_of(&state.labels), pairs_of(&state.fields));
+    let owners: Vec<&str> = state.owners.iter().map(String::as_str).collect();
+    let json = match &record.packed {
+        Some(packed) => StoredJson::Packed {
+            dictionary: packed.dictionary(),
+            // A text's length fits 32 bits: it was packed from one.
+            len: u32::try_from(packed.text_len()).unwrap_or(u32::MAX),
+            bytes: packed.bytes(),
+        },
+        None => StoredJson::Text(state.json.as_str()),
+    };
+    let [resource, cluster, namespace, name] = key_parts(&state.key);
+    each(&StoredView {
+        resource,
+        cluster,
+        namespace,
+        name,
+        revision: record.revision,
+        json,
+        labels: &labels,
+        owners: &owners,
+        fields: &fields,
+    });
 }
 
 /// The objects of the current snapshot (`snapshot`), from its decoded `chunks`,
@@ -249,8 +392,8 @@ pub(crate) fn snapshot_objects<S: Store + ?Sized>(
 
 /// The snapshot's objects (its chunks, each in key order and all of them in order)
 /// with the change log applied, in key order: a chunk the log did not change is
-/// passed on as it is; one it did is read out as records, with each change found by
-/// binary search.
+/// passed on as it is; one it did, with the changes to keys within it laid over it
+/// ([`PatchedChunk`]); changes to keys between chunks as records.
 pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Objects {
     // The last change per key wins.
     let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
@@ -263,7 +406,7 @@ pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Obje
     }
     let mut changed = last.into_iter().peekable();
     let mut runs = Vec::new();
-    // Records of the run being gathered.
+    // Records of the run being gathered: changes to keys between chunks.
     let mut records: Vec<ObjectRecord> = Vec::new();
     for chunk in chunks {
         let Some((first, end)) = chunk.ends() else {
@@ -273,25 +416,23 @@ pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Obje
         while let Some((_, state)) = changed.next_if(|(k, _)| *k < first) {
             records.extend(state.cloned());
         }
-        if changed.peek().is_none_or(|(k, _)| *k > end) {
-            if !records.is_empty() {
-                runs.push(Run::Records(std::mem::take(&mut records)));
-            }
+        // The changes to keys within it.
+        let within: Vec<(ObjectKey, Option<ObjectRecord>)> =
+            std::iter::from_fn(|| changed.next_if(|(k, _)| *k <= end))
+                .map(|(key, state)| (key.clone(), state.cloned()))
+                .collect();
+        if !records.is_empty() {
+            runs.push(Run::Records(std::mem::take(&mut records)));
+        }
+        if within.is_empty() {
             runs.push(Run::Chunk(chunk));
             continue;
         }
-        let mut rest = chunk.records().into_iter();
-        // Each change up to the chunk's last key: the objects before it moved over,
-        // the one it replaces (if any) dropped, its state (unless a delete) taken.
-        while let Some((key, state)) = changed.next_if(|(k, _)| *k <= end) {
-            let before = rest.as_slice().partition_point(|o| o.state.key < *key);
-            records.extend(rest.by_ref().take(before));
-            if rest.as_slice().first().is_some_and(|o| o.state.key == *key) {
-                rest.next();
-            }
-            records.extend(state.cloned());
+        let patched = PatchedChunk::new(chunk, within);
+        // A chunk whose every object was deleted holds none.
+        if patched.count > 0 {
+            runs.push(Run::Patched(patched));
         }
-        records.extend(rest);
     }
     records.extend(changed.filter_map(|(_, s)| s.cloned()));
     if !records.is_empty() {

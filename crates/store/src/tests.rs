@@ -606,6 +606,25 @@ fn a_wrong_schema_on_disk_is_moved_aside() {
     assert!(reopened.moved_aside.is_none());
 }
 
+/// Every object of `objects` as the index makes them: records as they are, chunks
+/// visited where they lie, each view read back as a record.
+fn visited(objects: &Objects) -> Vec<ObjectRecord> {
+    use fleetscope_model::StoredRun;
+    let (mut out, mut last) = (Vec::new(), None);
+    let empty = fleetscope_model::Json::default();
+    for run in objects.runs() {
+        let mut each = |view: &fleetscope_model::StoredView<'_>| {
+            out.push(codec::record_of(view, &mut last, &empty));
+        };
+        match run {
+            Run::Records(records) => out.extend(records.iter().cloned()),
+            Run::Chunk(chunk) => chunk.visit(&mut each),
+            Run::Patched(patched) => patched.visit(&mut each),
+        }
+    }
+    out
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -670,7 +689,6 @@ proptest! {
                 })
             })
             .count();
-        let chunks: Vec<StoredChunk> = chunks.iter().map(|c| objects::chunk_of(c)).collect();
         let events: Vec<EventRecord> = changes
             .iter()
             .enumerate()
@@ -687,10 +705,21 @@ proptest! {
                 _ => model.insert(e.object.state.key.name.to_string(), e.object.clone()),
             };
         }
+        let touched = chunks.iter().filter(|c| !c.is_empty()).count() - untouched;
+        let chunks: Vec<StoredChunk> = chunks.iter().map(|c| objects::chunk_of(c)).collect();
         let replayed = objects::replay(chunks, &events.iter().collect::<Vec<_>>());
         let passed = replayed.runs().iter().filter(|r| matches!(r, Run::Chunk(_))).count();
         prop_assert_eq!(passed, untouched);
-        prop_assert_eq!(replayed.into_records(), model.into_values().collect::<Vec<_>>());
+        // A touched chunk is read in place with its changes laid over it (unless every
+        // object it held is gone), never read out as records.
+        let patched = replayed.runs().iter().filter(|r| matches!(r, Run::Patched(_))).count();
+        prop_assert!(patched <= touched);
+        let expected: Vec<ObjectRecord> = model.into_values().collect();
+        // What the index is made from, each run visited as it makes it, is the same.
+        prop_assert_eq!(&visited(&replayed), &expected);
+        prop_assert_eq!(replayed.len(), expected.len());
+        prop_assert_eq!(replayed.json_bytes(), expected.iter().map(ObjectRecord::json_len).sum::<usize>());
+        prop_assert_eq!(replayed.into_records(), expected);
     }
 
     #[test]

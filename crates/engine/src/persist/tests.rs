@@ -190,15 +190,12 @@ async fn a_snapshot_written_beside_the_writes_becomes_current_and_loads_as_the_i
             .iter()
             .any(|o| o.packed.is_some())
     );
-    // The snapshot's chunks are handed on as they are stored, their objects made
-    // where they lie.
-    assert!(
-        loaded
-            .objects
-            .runs()
-            .iter()
-            .any(|r| matches!(r, fleetscope_store::Run::Chunk(_)))
-    );
+    // The snapshot's chunks are handed on as they are stored (with any changes after
+    // it laid over them), their objects made where they lie.
+    assert!(loaded.objects.runs().iter().any(|r| matches!(
+        r,
+        fleetscope_store::Run::Chunk(_) | fleetscope_store::Run::Patched(_)
+    )));
     let restored = Index::restore(
         fleetscope_index::Config::default(),
         super::restored(&mut loaded),
