@@ -147,7 +147,8 @@ impl Fleet for Engine {
     }
 
     async fn watch(&self, r: WatchRequest) -> Result<Watch, FleetError> {
-        self.index.restored().await;
+        // A Watch resumes from the log: after a restore, once its events are in.
+        self.index.history_restored().await;
         crate::subscriber::start(self, r)
     }
 

@@ -578,20 +578,28 @@ impl Index {
         self.published().state.clone()
     }
 
+    /// What readers see, once a restore under way is over and its retained events
+    /// are in the log ([`Index::history_restored`] awaits the same).
+    fn published_log(&self) -> std::sync::RwLockReadGuard<'_, feed::Published> {
+        self.restoring.wait();
+        self.restoring.wait_history();
+        feed::read(&self.published)
+    }
+
     /// The oldest revision a watch can resume from.
     pub fn oldest_resumable(&self) -> Revision {
-        self.published().oldest_resumable()
+        self.published_log().oldest_resumable()
     }
 
     /// The events and their JSON bytes the log holds.
     pub fn log_size(&self) -> (usize, usize) {
-        let p = self.published();
+        let p = self.published_log();
         (p.log.len(), p.log_bytes)
     }
 
     /// Registers a subscriber from now (`None`) or after a revision.
     pub fn subscribe(&self, since: Option<Revision>) -> Result<Subscription, IndexError> {
-        let p = self.published();
+        let p = self.published_log();
         let current = p.state.revision();
         let position = match since {
             None => current,
@@ -643,7 +651,7 @@ impl Index {
         resource: &str,
         positions: &[(ClusterName, Arc<str>)],
     ) -> (Subscription, Vec<Start>) {
-        let p = self.published();
+        let p = self.published_log();
         let current = p.state.revision();
         let mut walks: HashMap<&ClusterName, Walk> = HashMap::new();
         for (cluster, rv) in positions {

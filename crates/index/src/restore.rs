@@ -1,7 +1,6 @@
 //! An index rebuilt from persisted state: what a store gives, and how the index is
 //! made of it.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -121,6 +120,13 @@ pub(crate) struct Restoring {
     finished: Condvar,
     /// How far it is, for waiting without a thread.
     phase: watch::Sender<Phase>,
+    /// Whether the retained events are still being made, after the objects: until
+    /// they are in, the log holds only the events after the restored revision, and
+    /// every call that reads the log waits.
+    history: Mutex<bool>,
+    history_in: Condvar,
+    /// The same, for waiting without a thread.
+    history_phase: watch::Sender<bool>,
 }
 
 /// How far a restore is, as it is awaited.
@@ -132,6 +138,18 @@ enum Phase {
     Made(u64),
     /// Over: every object made (or the restore failed).
     Over,
+}
+
+/// The retained events of a restore being made ([`Restoring::hold_history`]): the log
+/// is whole again once this drops.
+pub(crate) struct HistoryHeld<'a>(&'a Restoring);
+
+impl Drop for HistoryHeld<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.history) = false;
+        self.0.history_in.notify_all();
+        self.0.history_phase.send_replace(false);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -150,6 +168,28 @@ impl Restoring {
             outcome: Mutex::new(Outcome::Whole),
             finished: Condvar::new(),
             phase: watch::Sender::new(Phase::Over),
+            history: Mutex::new(false),
+            history_in: Condvar::new(),
+            history_phase: watch::Sender::new(false),
+        }
+    }
+
+    /// Marks the retained events as being made: reads of the log wait until the
+    /// guard is dropped (made or not).
+    pub(crate) fn hold_history(&self) -> HistoryHeld<'_> {
+        *lock(&self.history) = true;
+        self.history_phase.send_replace(true);
+        HistoryHeld(self)
+    }
+
+    /// Blocks until the retained events of a restore are in the log.
+    pub(crate) fn wait_history(&self) {
+        let mut pending = lock(&self.history);
+        while *pending {
+            pending = self
+                .history_in
+                .wait(pending)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -209,7 +249,8 @@ impl Restoring {
 struct Built {
     state: State,
     interner: terms::Interner,
-    log: VecDeque<Arc<Event>>,
+    /// The retained events, made once the objects answer.
+    events: Vec<RestoredEvent>,
     dictionaries: object::Dictionaries,
     compressed: u64,
 }
@@ -244,7 +285,7 @@ fn build(config: &Config, restored: Restored, early: &(dyn Fn(Early) + Sync)) ->
     let [mut maker, other] = makers;
     maker.absorb(other);
     let object::Maker {
-        mut interner,
+        interner,
         dictionaries,
         compressed,
         newest,
@@ -254,24 +295,13 @@ fn build(config: &Config, restored: Restored, early: &(dyn Fn(Early) + Sync)) ->
     for (stream, rv) in restored.positions {
         state.reach(stream, rv);
     }
-    let mut log = VecDeque::with_capacity(restored.events.len());
-    for e in restored.events {
-        // An event whose state is the one held shares it.
-        let held = state
-            .get(&e.object.0.key)
-            .filter(|o| o.revision == e.object.1)
-            .cloned();
-        let object =
-            held.unwrap_or_else(|| Object::from_input(e.object.0, e.object.1, &mut interner));
-        let prev = e
-            .prev
-            .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
-        log.push_back(Arc::new(Event::new(e.revision, e.kind, object, prev)));
-    }
+    // Those the log would drop at once are not made.
+    let mut events = restored.events;
+    events.drain(..events.len().saturating_sub(config.log_retention));
     Built {
         state,
         interner,
-        log,
+        events,
         dictionaries,
         compressed,
     }
@@ -356,6 +386,15 @@ impl Index {
         self.reached(Phase::Over).await;
     }
 
+    /// Resolves once a restore's retained events are in the log too (at once unless
+    /// one is under way): what reading the log ([`Index::subscribe`]) waits for.
+    pub async fn history_restored(&self) {
+        self.restored().await;
+        let mut pending = self.restoring.history_phase.subscribe();
+        // The sender lives as long as the index: `wait_for` ends there.
+        let _ = pending.wait_for(|pending| !*pending).await;
+    }
+
     /// Resolves once a restore under way has made its first objects (for
     /// [`Index::early`]) or is over.
     pub async fn made_some(&self) {
@@ -385,17 +424,13 @@ impl Index {
         let Built {
             state,
             interner,
-            log,
+            events,
             dictionaries,
             compressed,
         } = built;
         let revision = state.revision();
         let objects = state.objects.clone();
-        let mut published = feed::Published::new(state.clone());
-        for e in log {
-            published.push(e);
-        }
-        published.trim(&self.config);
+        let published = feed::Published::new(state.clone());
         let whole = published.state.clone();
         *lock(&self.writer) = (state, interner);
         *feed::write(&self.published) = published;
@@ -412,9 +447,46 @@ impl Index {
             // No thread to be had: built here, before the index answers.
             Err(_) => install_secondary(&objects, &self.writer, &self.published),
         }
+        // Reads of the log wait for the retained events from here: none reads it
+        // before they are in.
+        let history = self.restoring.hold_history();
         for owner in self.restoring.end(Outcome::Whole) {
             self.pin(whole.clone(), &owner);
         }
+        // The objects answer, and changes are taken, while the events are made.
+        self.restore_history(events, &whole);
+        drop(history);
+    }
+
+    /// Makes a restore's retained `events` and puts them in the log before those
+    /// published since; an event whose state is the one `whole` holds shares it.
+    pub(crate) fn restore_history(&self, events: Vec<RestoredEvent>, whole: &State) {
+        if events.is_empty() {
+            return;
+        }
+        let mut interner = terms::Interner::default();
+        let made: Vec<Arc<Event>> = events
+            .into_iter()
+            .map(|e| {
+                let held = whole
+                    .get(&e.object.0.key)
+                    .filter(|o| o.revision == e.object.1)
+                    .cloned();
+                let object = held
+                    .unwrap_or_else(|| Object::from_input(e.object.0, e.object.1, &mut interner));
+                let prev = e
+                    .prev
+                    .map(|(input, revision)| Object::from_input(input, revision, &mut interner));
+                Arc::new(Event::new(e.revision, e.kind, object, prev))
+            })
+            .collect();
+        let mut p = feed::write(&self.published);
+        let since = std::mem::take(&mut p.log);
+        p.log_bytes = 0;
+        for e in made.into_iter().chain(since) {
+            p.push(e);
+        }
+        p.trim(&self.config);
     }
 }
 

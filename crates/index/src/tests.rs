@@ -33,28 +33,27 @@ fn input(
 
 /// What a store would give back for every object held, each one's JSON as text.
 fn saved_inputs(saved: &State) -> Vec<RestoredObject> {
+    saved.iter().map(|o| state_of(o).into()).collect()
+}
+
+/// An object's state as a store saves it, with its revision.
+fn state_of(o: &Object) -> (ObjectState, Revision) {
     let text = |pairs: &[(Arc<str>, Arc<str>)]| -> Vec<(String, String)> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     };
-    saved
-        .iter()
-        .map(|o| {
-            (
-                ObjectState {
-                    key: o.key.clone(),
-                    json: o.json().as_str().into(),
-                    labels: text(o.labels()),
-                    owners: o.owners().iter().map(|u| u.to_string()).collect(),
-                    fields: text(o.fields()),
-                },
-                o.revision,
-            )
-                .into()
-        })
-        .collect()
+    (
+        ObjectState {
+            key: o.key.clone(),
+            json: o.json().as_str().into(),
+            labels: text(o.labels()),
+            owners: o.owners().iter().map(|u| u.to_string()).collect(),
+            fields: text(o.fields()),
+        },
+        o.revision,
+    )
 }
 
 fn index() -> Index {
@@ -868,6 +867,148 @@ impl fleetscope_model::StoredRun for Failing {
     fn visit(&self, _: &mut dyn FnMut(&fleetscope_model::StoredView<'_>)) {
         panic!("a stored run that cannot be read");
     }
+}
+
+/// Every event a new subscriber from `since` is given, and its kind, by name.
+fn resumed(idx: &Index, since: Revision) -> Vec<(Revision, EventType, String)> {
+    let mut feed = idx.subscribe(Some(since)).unwrap().feed;
+    let mut out = Vec::new();
+    loop {
+        let events = feed.try_next().unwrap();
+        if events.is_empty() {
+            return out;
+        }
+        out.extend(
+            events
+                .iter()
+                .map(|e| (e.revision, e.kind, e.object.key.name.to_string())),
+        );
+    }
+}
+
+#[test]
+fn a_restored_index_takes_changes_while_its_retained_events_are_made_and_a_watch_resumes_through_both()
+ {
+    let config = || Config {
+        log_retention: 25,
+        ..Config::default()
+    };
+    // Twenty pods made, then ten of them changed.
+    let fill = |idx: &Index| {
+        idx.apply(
+            (0..20).map(|i| Change::Upsert(input("pods", "c1", "ns1", &format!("p{i}"), i, &[]))),
+        );
+        idx.apply((0..10).map(|i| {
+            Change::Upsert(input(
+                "pods",
+                "c1",
+                "ns1",
+                &format!("p{i}"),
+                100 + i,
+                &[("app", "web")],
+            ))
+        }));
+    };
+    let saved = Index::new(config());
+    fill(&saved);
+    let state = saved.snapshot();
+    let kept = resumed(&saved, saved.oldest_resumable());
+    assert_eq!(kept.len(), 25, "the log keeps its last 25 events");
+    assert!(saved.subscribe(Some(Revision(0))).is_err());
+    // A store keeps all thirty.
+    let wide = Index::new(Config::default());
+    fill(&wide);
+    let mut feed = wide.subscribe(Some(Revision(0))).unwrap().feed;
+    let mut all = Vec::new();
+    loop {
+        let events = feed.try_next().unwrap();
+        if events.is_empty() {
+            break;
+        }
+        all.extend(events);
+    }
+    assert_eq!(all.len(), 30);
+    let events = || -> Vec<RestoredEvent> {
+        all.iter()
+            .map(|e| RestoredEvent {
+                revision: e.revision,
+                kind: e.kind,
+                object: state_of(&e.object),
+                prev: e.prev.as_deref().map(state_of),
+            })
+            .collect()
+    };
+    let restored = Index::restore(
+        config(),
+        Restored {
+            revision: state.revision(),
+            objects: vec![RestoredRun::Objects(saved_inputs(&state))],
+            events: Vec::new(),
+            positions: Vec::new(),
+        },
+    );
+    let whole = restored.snapshot();
+    // A change taken before the retained events are in, which they then go before.
+    restored.apply([Change::Delete(ObjectKey::new(
+        "pods",
+        &ClusterName::from("c1"),
+        "ns1",
+        "p19",
+    ))]);
+    restored.restore_history(events(), &whole);
+    let mut expected = kept.clone();
+    expected.push((state.revision().next(), EventType::Deleted, "p19".into()));
+    // Trimmed to the last 25 with the change taken.
+    expected.remove(0);
+    assert_eq!(resumed(&restored, restored.oldest_resumable()), expected);
+    // An event whose state is the one held shares it; the one before is its own.
+    let p3 = ObjectKey::new("pods", &ClusterName::from("c1"), "ns1", "p3");
+    let mut feed = restored
+        .subscribe(Some(restored.oldest_resumable()))
+        .unwrap()
+        .feed;
+    let modified = feed
+        .try_next()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.object.key == p3)
+        .unwrap();
+    assert!(ObjectRef::ptr_eq(
+        &modified.object,
+        restored.snapshot().get(&p3).unwrap()
+    ));
+    assert_eq!(modified.prev.as_ref().unwrap().json(), all[3].object.json());
+    // Restored whole, the index holds the same events as one restored with them.
+    let whole = Index::restore(
+        config(),
+        Restored {
+            revision: state.revision(),
+            objects: vec![RestoredRun::Objects(saved_inputs(&state))],
+            events: events(),
+            positions: Vec::new(),
+        },
+    );
+    assert_eq!(resumed(&whole, whole.oldest_resumable()), kept);
+}
+
+#[test]
+fn reading_the_log_waits_until_a_restore_s_retained_events_are_in() {
+    let idx = Arc::new(index());
+    idx.apply([upsert("c1", "ns1", "p0")]);
+    let held = idx.restoring.hold_history();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let idx = idx.clone();
+        std::thread::spawn(move || tx.send(idx.oldest_resumable()).unwrap())
+    };
+    // Not before the events are in (the reader may not have started yet either).
+    assert!(rx.try_recv().is_err());
+    drop(held);
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap(),
+        Revision(0)
+    );
+    reader.join().unwrap();
 }
 
 #[test]
