@@ -395,6 +395,7 @@ pub(crate) fn snapshot_objects<S: Store + ?Sized>(
 /// passed on as it is; one it did, with the changes to keys within it laid over it
 /// ([`PatchedChunk`]); changes to keys between chunks as records.
 pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Objects {
+    let started = std::time::Instant::now();
     // The last change per key wins.
     let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
     for e in changes {
@@ -404,8 +405,9 @@ pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Obje
         };
         last.insert(&e.object.state.key, state);
     }
+    let keys = last.len();
     let mut changed = last.into_iter().peekable();
-    let mut runs = Vec::new();
+    let mut pending = Vec::new();
     // Records of the run being gathered: changes to keys between chunks.
     let mut records: Vec<ObjectRecord> = Vec::new();
     for chunk in chunks {
@@ -422,21 +424,78 @@ pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Obje
                 .map(|(key, state)| (key.clone(), state.cloned()))
                 .collect();
         if !records.is_empty() {
-            runs.push(Run::Records(std::mem::take(&mut records)));
+            pending.push(Pending::Run(Run::Records(std::mem::take(&mut records))));
         }
-        if within.is_empty() {
-            runs.push(Run::Chunk(chunk));
-            continue;
-        }
-        let patched = PatchedChunk::new(chunk, within);
-        // A chunk whose every object was deleted holds none.
-        if patched.count > 0 {
-            runs.push(Run::Patched(patched));
-        }
+        pending.push(if within.is_empty() {
+            Pending::Run(Run::Chunk(chunk))
+        } else {
+            Pending::Patch(chunk, within)
+        });
     }
     records.extend(changed.filter_map(|(_, s)| s.cloned()));
     if !records.is_empty() {
-        runs.push(Run::Records(records));
+        pending.push(Pending::Run(Run::Records(records)));
     }
+    let gathered_in = started.elapsed();
+    let patched = pending
+        .iter()
+        .filter(|p| matches!(p, Pending::Patch(..)))
+        .count();
+    let runs = patch_all(pending);
+    tracing::debug!(
+        changes = changes.len(),
+        keys,
+        patched,
+        ?gathered_in,
+        took = ?started.elapsed(),
+        "change log replayed onto the snapshot"
+    );
     Objects(runs)
+}
+
+/// A run of a replay, or a chunk and the changes to lay over it.
+enum Pending {
+    Run(Run),
+    Patch(StoredChunk, Vec<(ObjectKey, Option<ObjectRecord>)>),
+}
+
+/// The runs of `pending`, in order: each chunk with changes patched (reading it
+/// whole), on as many threads as there are cores (up to four), a stretch each.
+fn patch_all(mut pending: Vec<Pending>) -> Vec<Run> {
+    let patch = |part: Vec<Pending>| -> Vec<Run> {
+        part.into_iter()
+            .filter_map(|p| match p {
+                Pending::Run(run) => Some(run),
+                Pending::Patch(chunk, within) => {
+                    let patched = PatchedChunk::new(chunk, within);
+                    // A chunk whose every object was deleted holds none.
+                    (patched.count > 0).then_some(Run::Patched(patched))
+                }
+            })
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    if threads < 2 || pending.len() < 2 * threads {
+        return patch(pending);
+    }
+    let per = pending.len().div_ceil(threads);
+    let mut parts = Vec::with_capacity(threads);
+    while pending.len() > per {
+        let rest = pending.split_off(per);
+        parts.push(std::mem::replace(&mut pending, rest));
+    }
+    parts.push(pending);
+    std::thread::scope(|s| {
+        let patching: Vec<_> = parts
+            .into_iter()
+            .map(|part| s.spawn(move || patch(part)))
+            .collect();
+        patching
+            .into_iter()
+            .flat_map(|t| {
+                t.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }

@@ -659,7 +659,7 @@ proptest! {
     #[test]
     fn replaying_a_change_log_onto_chunks_gives_what_applying_it_one_by_one_gives(
         held in proptest::collection::btree_set(0u16..400, 0..120),
-        cuts in proptest::collection::vec(0usize..120, 0..6),
+        cuts in proptest::collection::vec(0usize..120, 0..12),
         changes in proptest::collection::vec((0u16..400, any::<bool>()), 0..60),
     ) {
         let name = |n: u16| format!("p{n:03}");
