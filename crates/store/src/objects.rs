@@ -2,7 +2,6 @@
 //! are stored until the index makes its objects from them, with the change log after
 //! the snapshot replayed onto them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fleetscope_model::{ClusterName, EventType, ObjectKey, StoredJson, StoredRun, StoredView};
@@ -396,15 +395,22 @@ pub(crate) fn snapshot_objects<S: Store + ?Sized>(
 /// ([`PatchedChunk`]); changes to keys between chunks as records.
 pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Objects {
     let started = std::time::Instant::now();
-    // The last change per key wins.
-    let mut last: BTreeMap<&ObjectKey, Option<&ObjectRecord>> = BTreeMap::new();
-    for e in changes {
-        let state = match e.kind {
-            EventType::Deleted => None,
-            _ => Some(&e.object),
-        };
-        last.insert(&e.object.state.key, state);
-    }
+    // The last change per key wins: the changes in key order, each key's in the
+    // order they were made (a stable sort), then each key's last.
+    let mut last: Vec<(&ObjectKey, Option<&ObjectRecord>)> = changes
+        .iter()
+        .map(|e| {
+            let state = match e.kind {
+                EventType::Deleted => None,
+                _ => Some(&e.object),
+            };
+            (&e.object.state.key, state)
+        })
+        .collect();
+    last.sort_by(|a, b| a.0.cmp(b.0));
+    last.reverse();
+    last.dedup_by(|later, earlier| later.0 == earlier.0);
+    last.reverse();
     let keys = last.len();
     let mut changed = last.into_iter().peekable();
     let mut pending = Vec::new();
@@ -418,11 +424,9 @@ pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Obje
         while let Some((_, state)) = changed.next_if(|(k, _)| *k < first) {
             records.extend(state.cloned());
         }
-        // The changes to keys within it.
-        let within: Vec<(ObjectKey, Option<ObjectRecord>)> =
-            std::iter::from_fn(|| changed.next_if(|(k, _)| *k <= end))
-                .map(|(key, state)| (key.clone(), state.cloned()))
-                .collect();
+        // The changes to keys within it (their records copied where it is patched).
+        let within: Vec<(&ObjectKey, Option<&ObjectRecord>)> =
+            std::iter::from_fn(|| changed.next_if(|(k, _)| *k <= end)).collect();
         if !records.is_empty() {
             pending.push(Pending::Run(Run::Records(std::mem::take(&mut records))));
         }
@@ -454,19 +458,24 @@ pub(crate) fn replay(chunks: Vec<StoredChunk>, changes: &[&EventRecord]) -> Obje
 }
 
 /// A run of a replay, or a chunk and the changes to lay over it.
-enum Pending {
+enum Pending<'c> {
     Run(Run),
-    Patch(StoredChunk, Vec<(ObjectKey, Option<ObjectRecord>)>),
+    Patch(StoredChunk, Vec<(&'c ObjectKey, Option<&'c ObjectRecord>)>),
 }
 
-/// The runs of `pending`, in order: each chunk with changes patched (reading it
-/// whole), on as many threads as there are cores (up to four), a stretch each.
-fn patch_all(mut pending: Vec<Pending>) -> Vec<Run> {
-    let patch = |part: Vec<Pending>| -> Vec<Run> {
+/// The runs of `pending`, in order: each chunk with changes patched (their records
+/// copied, the chunk read whole), on as many threads as there are cores (up to
+/// four), a stretch each.
+fn patch_all(mut pending: Vec<Pending<'_>>) -> Vec<Run> {
+    let patch = |part: Vec<Pending<'_>>| -> Vec<Run> {
         part.into_iter()
             .filter_map(|p| match p {
                 Pending::Run(run) => Some(run),
                 Pending::Patch(chunk, within) => {
+                    let within = within
+                        .into_iter()
+                        .map(|(key, state)| (key.clone(), state.cloned()))
+                        .collect();
                     let patched = PatchedChunk::new(chunk, within);
                     // A chunk whose every object was deleted holds none.
                     (patched.count > 0).then_some(Run::Patched(patched))
