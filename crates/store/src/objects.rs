@@ -272,6 +272,7 @@ impl StoredRun for PatchedChunk {
     }
 }
 
+/// `pairs` as a view of a record holds them, borrowed.
 fn pairs_of(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
     pairs
         .iter()
