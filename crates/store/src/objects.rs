@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use fleetscope_model::{ClusterName, EventType, ObjectKey, StoredJson, StoredRun, StoredView};
+use fleetscope_model::{
+    ClusterName, EventType, ObjectKey, StoredJson, StoredObject, StoredRun, StoredView,
+};
 
 use crate::codec::{self, DecodeError, Dictionaries, PlainChunk};
 use crate::{EventRecord, ObjectRecord, SnapshotMeta, Store, StoreError, Writes};
@@ -272,19 +274,12 @@ impl StoredRun for PatchedChunk {
     }
 }
 
-/// `pairs` as a view of a record holds them, borrowed.
-fn pairs_of(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
-}
-
 /// Calls `each` with a view of `record`.
 fn view_record(record: &ObjectRecord, each: &mut dyn FnMut(&StoredView<'_>)) {
     let state = &record.state;
-    let (labels, fields) = (pairs_of(&state.labels), pairs_of(&state.fields));
-    let owners: Vec<&str> = state.owners.iter().map(String::as_str).collect();
+    let labels: Vec<(&str, &str)> = record.labels().collect();
+    let owners: Vec<&str> = record.owners().collect();
+    let fields: Vec<(&str, &str)> = record.fields().collect();
     let json = match &record.packed {
         Some(packed) => StoredJson::Packed {
             dictionary: packed.dictionary(),
