@@ -2521,20 +2521,25 @@ fn held_json(index: &fleetscope_index::Index) -> usize {
 }
 
 async fn wait_synced(engine: &Engine, resource: &str, total: usize) {
-    // Woken by every change of a cluster's freshness, and looked at each millisecond
-    // besides (a stream's own freshness and the index's size are not announced), so
-    // the time read is within a millisecond of the sync.
-    let mut changes = engine.status_for_tests().subscribe();
-    loop {
+    // Looked at each millisecond besides (a stream's own freshness and the index's
+    // size are not announced), so the time read is within a millisecond of the sync.
+    status_until(engine, Duration::from_millis(1), || {
         let synced = engine
             .status_for_tests()
             .clusters()
             .iter()
             .all(|c| c.freshness(Some(resource)).0 == fleetscope::status::Freshness::Synced);
-        if synced && engine.index_for_tests().snapshot().len() == total {
-            return;
-        }
-        let _ = tokio::time::timeout(Duration::from_millis(1), changes.recv()).await;
+        synced && engine.index_for_tests().snapshot().len() == total
+    })
+    .await;
+}
+
+/// Waits until `done`, looked at on every change of a cluster's status and every
+/// `period` besides.
+async fn status_until(engine: &Engine, period: Duration, mut done: impl FnMut() -> bool) {
+    let mut changes = engine.status_for_tests().subscribe();
+    while !done() {
+        let _ = tokio::time::timeout(period, changes.recv()).await;
     }
 }
 
@@ -2731,8 +2736,7 @@ async fn caught_up(
             .parse()
             .unwrap();
         let name = ClusterName::from(source.name.as_str());
-        let mut changes = engine.status_for_tests().subscribe();
-        loop {
+        status_until(engine, Duration::from_millis(10), || {
             let at = engine.status_for_tests().cluster(&name).and_then(|c| {
                 c.streams
                     .get("pods")?
@@ -2741,11 +2745,9 @@ async fn caught_up(
                     .parse::<u64>()
                     .ok()
             });
-            if at.is_some_and(|at| at >= now) {
-                break;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(10), changes.recv()).await;
-        }
+            at.is_some_and(|at| at >= now)
+        })
+        .await;
     }
 }
 
