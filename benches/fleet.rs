@@ -2705,10 +2705,27 @@ async fn restart_child(dir: &str, n: usize, total: usize, cold: f64) {
     );
     if n == 1 && env_usize("FLEET_BENCH_RESTART_CHURN", 0) > 0 {
         caught_up(&engine, dir, &sources).await;
+        let persister = engine.persister().unwrap();
         println!(
-            "  restart 1 caught up with the changes made while it was down at {:.2} s, durable",
-            t.elapsed().as_secs_f64()
+            "  restart 1 caught up with the changes made while it was down at {:.2} s, durable, with {:.0} MB of change log",
+            t.elapsed().as_secs_f64(),
+            persister.change_log_bytes() as f64 / 1e6
         );
+        // FLEET_BENCH_RESTART_SETTLE: it runs on until the change log is within its
+        // bound (a snapshot written once the last is far enough behind), as a
+        // process does that is not stopped right after a burst of changes.
+        if env_usize("FLEET_BENCH_RESTART_SETTLE", 0) > 0 {
+            let bound = fleetscope::engine::persist::PersistConfig::default().snapshot_log_bytes;
+            status_until(&engine, Duration::from_millis(100), || {
+                persister.change_log_bytes() <= bound
+            })
+            .await;
+            println!(
+                "  restart 1's change log within its bound at {:.2} s ({:.0} MB)",
+                t.elapsed().as_secs_f64(),
+                persister.change_log_bytes() as f64 / 1e6
+            );
+        }
     }
     engine.shutdown(Duration::from_secs(30)).await;
 }

@@ -56,6 +56,14 @@ pub struct PersistConfig {
     pub snapshot_share: f64,
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
+    /// The change log a restart should find at most: past it, a snapshot is due as
+    /// soon as `snapshot_busy_share` allows, whether changes keep coming or not.
+    /// Default 64 MiB.
+    pub snapshot_log_bytes: usize,
+    /// The share of one core that snapshots written for `snapshot_log_bytes` may take
+    /// while running: after one that took `d`, the next waits `d` ÷ this share.
+    /// Default 0.1.
+    pub snapshot_busy_share: f64,
     /// The store is compacted (its live records copied to a fresh file) once its
     /// size on disk passes this share of the held objects' JSON, `compact_min_bytes`,
     /// and 1.5 × its size after the last compaction. A store that starts empty is not
@@ -75,6 +83,8 @@ impl Default for PersistConfig {
             log_share: 0.5,
             snapshot_share: 0.5,
             snapshot_min_bytes: 1 << 20,
+            snapshot_log_bytes: 64 << 20,
+            snapshot_busy_share: 0.1,
             compact_share: 1.0,
             compact_min_bytes: 4 << 20,
         }
@@ -250,6 +260,17 @@ pub struct Persister {
     /// Bytes of change log that the snapshot being written (or written and not yet
     /// current) covers: not counted towards the next one.
     covered: std::sync::atomic::AtomicUsize,
+    /// The last snapshot made current: when, and how long writing it took.
+    last_snapshot: Mutex<Option<LastSnapshot>>,
+}
+
+/// A snapshot made current, for spacing the next (see
+/// [`PersistConfig::snapshot_busy_share`]).
+#[derive(Debug, Clone, Copy)]
+struct LastSnapshot {
+    /// On tokio's clock, as the writer's wait for the next one is.
+    current_at: tokio::time::Instant,
+    took: Duration,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -397,6 +418,7 @@ impl Persister {
             snapshot_ready: Mutex::new(None),
             compacting: Mutex::new(None),
             covered: std::sync::atomic::AtomicUsize::new(0),
+            last_snapshot: Mutex::new(None),
         }
     }
 
@@ -447,19 +469,13 @@ impl Persister {
         // share of the objects, or when a backlog the store cannot take grows past the
         // retained log: the snapshot then stands in for the changes.
         p.bytes += added;
-        // A snapshot being written already covers the log up to its revision.
-        let (on_disk, snapshot) = {
-            let disk = lock(&self.disk);
-            (disk.change_log, disk.snapshot_revision())
-        };
-        let change_log = (on_disk + p.bytes).saturating_sub(self.covered.load(Ordering::Relaxed));
-        let change_log =
-            change_log.saturating_sub(self.fill_log(change_log, added, held_json, snapshot));
+        let change_log = self.change_log(p.bytes, added, held_json);
         let over_log =
             p.events.len() > self.config.log_retention || p.bytes > self.config.max_pending_bytes;
         let due = change_log as f64
             > (held_json * self.config.snapshot_share).max(self.config.snapshot_min_bytes as f64)
-            || over_log;
+            || over_log
+            || (change_log > self.config.snapshot_log_bytes && self.snapshot_spaced());
         if due
             && p.snapshot
                 .as_ref()
@@ -541,6 +557,12 @@ impl Persister {
         p.field_indexes = Some(field_indexes);
     }
 
+    /// Bytes of the change log on disk after the current snapshot: what a restart
+    /// now would replay.
+    pub fn change_log_bytes(&self) -> usize {
+        lock(&self.disk).change_log
+    }
+
     /// The current figures.
     pub fn stats(&self) -> PersistStats {
         let mut s = lock(&self.stats).clone();
@@ -556,10 +578,29 @@ impl Persister {
         let mut last_report = Instant::now();
         loop {
             if lock(&self.pending).is_empty() && lock(&self.snapshot_ready).is_none() {
+                // A change log past `snapshot_log_bytes` is snapshotted once the spacing
+                // allows, even if no change comes to find it due.
+                let log_snapshot = self.log_snapshot_at();
+                let spaced = async {
+                    match log_snapshot {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 // `record` (and a finished snapshot) leaves a permit when nobody
                 // waits: no wake-up is lost.
                 tokio::select! {
                     _ = self.wake.notified() => {}
+                    () = spaced => {
+                        if !self.capture_log_snapshot().await {
+                            // Nothing to capture now: the next record or snapshot says
+                            // when to look again.
+                            tokio::select! {
+                                _ = self.wake.notified() => {}
+                                _ = cancel.cancelled() => break,
+                            }
+                        }
+                    }
                     _ = cancel.cancelled() => break,
                 }
             }
@@ -698,9 +739,13 @@ impl Persister {
         snapshot_took: Option<Duration>,
         took: Duration,
     ) {
-        if snapshot_took.is_some() {
+        if let Some(took) = snapshot_took {
             // The new snapshot is current: the change log is counted after it.
             self.covered.store(0, Ordering::Relaxed);
+            *lock(&self.last_snapshot) = Some(LastSnapshot {
+                current_at: tokio::time::Instant::now(),
+                took,
+            });
         }
         *lock(&self.disk) = disk;
         let mut s = lock(&self.stats);
@@ -753,6 +798,18 @@ impl Persister {
             events: events.into(),
         });
         after.apply(&self.status);
+    }
+
+    /// The change log a snapshot would cover, with `gathered` bytes not yet written
+    /// (`added` of them just recorded): on disk and gathered, less what a snapshot
+    /// being written already covers and what counts as one (see [`Self::fill_log`]).
+    fn change_log(&self, gathered: usize, added: usize, held_json: f64) -> usize {
+        let (on_disk, snapshot) = {
+            let disk = lock(&self.disk);
+            (disk.change_log, disk.snapshot_revision())
+        };
+        let change_log = (on_disk + gathered).saturating_sub(self.covered.load(Ordering::Relaxed));
+        change_log.saturating_sub(self.fill_log(change_log, added, held_json, snapshot))
     }
 
     /// What of `change_log` counts as a snapshot, with `added` bytes of JSON just

@@ -418,6 +418,11 @@ impl Index {
         !self.restoring.under_way.load(Ordering::Acquire)
     }
 
+    /// Whether the retained events are in the log too (see [`Index::history_restored`]).
+    pub fn is_history_restored(&self) -> bool {
+        self.is_restored() && !*self.restoring.history_phase.borrow()
+    }
+
     /// Makes `built` the index's state and log, starts building its secondary
     /// indexes, and ends a restore under way.
     fn install(&self, built: Built) {

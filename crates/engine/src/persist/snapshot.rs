@@ -16,6 +16,62 @@ impl Persister {
         write_snapshot(store, state, &self.index)
     }
 
+    /// Whether a snapshot due only to `snapshot_log_bytes` may start now: the last
+    /// one made current ended long enough ago for snapshots to keep within
+    /// `snapshot_busy_share` of a core (before the first, once a restore is over).
+    pub(super) fn snapshot_spaced(&self) -> bool {
+        match *lock(&self.last_snapshot) {
+            // Not while a restore is still making the index: it has the cores.
+            None => self.index.is_history_restored(),
+            Some(last) => {
+                last.current_at.elapsed().as_secs_f64() * self.config.snapshot_busy_share
+                    >= last.took.as_secs_f64()
+            }
+        }
+    }
+
+    /// When a snapshot due to `snapshot_log_bytes` alone may start, if the change
+    /// log is past it and no snapshot being written covers it: at once, or once the
+    /// last snapshot is far enough behind; `None` if never (a zero share).
+    pub(super) fn log_snapshot_at(&self) -> Option<tokio::time::Instant> {
+        let gathered = lock(&self.pending).bytes;
+        let held_json = (*lock(&self.held_json)).max(0) as f64;
+        if self.change_log(gathered, 0, held_json) <= self.config.snapshot_log_bytes {
+            return None;
+        }
+        match *lock(&self.last_snapshot) {
+            None => Some(tokio::time::Instant::now()),
+            Some(last) => {
+                let spacing = last.took.as_secs_f64() / self.config.snapshot_busy_share;
+                let spacing = Duration::try_from_secs_f64(spacing).ok()?;
+                last.current_at.checked_add(spacing)
+            }
+        }
+    }
+
+    /// Captures the published state as the next snapshot (written beside the
+    /// batches) when one is due to `snapshot_log_bytes` alone and nothing is
+    /// gathered: the writer found the log past it with no change arriving. Whether
+    /// it did.
+    pub(super) async fn capture_log_snapshot(&self) -> bool {
+        // Not while a restore is still making the index (and its retained events).
+        self.index.history_restored().await;
+        if self
+            .log_snapshot_at()
+            .is_none_or(|at| at > tokio::time::Instant::now())
+        {
+            return false;
+        }
+        let state = self.index.snapshot();
+        let mut p = lock(&self.pending);
+        if p.snapshot.is_some() || !p.events.is_empty() || state.revision() != p.revision {
+            return false;
+        }
+        tracing::debug!(revision = %state.revision(), "the change log passed its bound: a snapshot is due");
+        p.snapshot = Some(state);
+        true
+    }
+
     /// Whether a snapshot, and a compaction, is being written now.
     pub(super) fn under_way_now(&self) -> (bool, bool) {
         (
@@ -59,6 +115,7 @@ impl Persister {
         self.covered.store(covers, Ordering::Relaxed);
         let this = self.clone();
         *writing = Some(tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
             let written = {
                 let _writing = this.under_way(SNAPSHOT);
                 write_snapshot(&*store, &state, &this.index)
@@ -67,6 +124,12 @@ impl Persister {
                 Ok(ready) => *lock(&this.snapshot_ready) = Some(ready),
                 Err(e) => {
                     this.covered.store(0, Ordering::Relaxed);
+                    // Spaced as a snapshot would be, so a failing one is not retried
+                    // over and over.
+                    *lock(&this.last_snapshot) = Some(LastSnapshot {
+                        current_at: tokio::time::Instant::now(),
+                        took: started.elapsed().max(Duration::from_secs(1)),
+                    });
                     // While the writes fail too, their error says it (once).
                     if lock(&this.stats).last_error.is_none() {
                         tracing::warn!(error = %e, "writing a snapshot failed: the change log is kept, and a snapshot is tried again");

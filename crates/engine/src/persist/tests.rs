@@ -346,3 +346,115 @@ async fn a_write_starts_as_soon_as_there_is_something_to_write() {
     cancel.cancel();
     writer.await.unwrap();
 }
+
+/// A persister whose change log on disk is `change_log` bytes, past filling, with
+/// `last` as its last snapshot (taken `ago`, writing it took `took`).
+fn with_log(
+    config: PersistConfig,
+    change_log: usize,
+    last: Option<(Duration, Duration)>,
+) -> Arc<Persister> {
+    let (_, persister, _) = persisted_with(config);
+    *lock(&persister.fill) = Fill::Never;
+    lock(&persister.disk).change_log = change_log;
+    *lock(&persister.last_snapshot) = last.map(|(ago, took)| LastSnapshot {
+        current_at: tokio::time::Instant::now() - ago,
+        took,
+    });
+    persister
+}
+
+#[tokio::test]
+async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_enough_behind() {
+    let config = PersistConfig {
+        snapshot_log_bytes: 1_000,
+        snapshot_busy_share: 0.1,
+        ..PersistConfig::default()
+    };
+    let second = Duration::from_secs(1);
+    // Under the bound: never due for it.
+    let under = with_log(config.clone(), 1_000, None);
+    assert_eq!(under.log_snapshot_at(), None);
+    // Past it, with no snapshot yet (and no restore under way): at once.
+    let first = with_log(config.clone(), 1_001, None);
+    assert!(first.snapshot_spaced());
+    assert!(first.log_snapshot_at().unwrap() <= tokio::time::Instant::now());
+    // The last took 1 s: the next waits 10 s after it (a tenth of a core).
+    let soon = with_log(config.clone(), 1_001, Some((5 * second, second)));
+    assert!(!soon.snapshot_spaced());
+    let at = soon.log_snapshot_at().unwrap();
+    let expected = tokio::time::Instant::now() + 5 * second;
+    assert!(at <= expected && at + second > expected, "due 5 s from now");
+    let later = with_log(config.clone(), 1_001, Some((11 * second, second)));
+    assert!(later.snapshot_spaced());
+    // A snapshot being written covers the log it was started for.
+    later.covered.store(1_001, Ordering::Relaxed);
+    assert_eq!(later.log_snapshot_at(), None);
+    // A zero share: never for the bound alone.
+    let never = with_log(
+        PersistConfig {
+            snapshot_busy_share: 0.0,
+            ..config
+        },
+        1_001,
+        Some((11 * second, second)),
+    );
+    assert!(!never.snapshot_spaced());
+    assert_eq!(never.log_snapshot_at(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_writer_snapshots_a_change_log_past_its_bound_once_spaced_with_no_change_coming() {
+    // Only the bound makes a snapshot due, and only once the last is a million times
+    // its writing time behind: long after the last change.
+    let (index, persister, store) = persisted_with(PersistConfig {
+        snapshot_share: f64::INFINITY,
+        snapshot_min_bytes: 0,
+        snapshot_log_bytes: 4_000,
+        snapshot_busy_share: 1e-6,
+        ..PersistConfig::default()
+    });
+    let cancel = CancellationToken::new();
+    let writer = tokio::spawn(persister.clone().run(cancel.clone()));
+    // The first change goes with the fresh store's first snapshot; once that is
+    // current, the bound is not spaced again for a long while.
+    record(&index, &persister, pod("p0", 1));
+    while persister.stats().snapshots < 1 || lock(&persister.pending).changes() > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Ten pods changed over and over: past filling (see `FILLED_SHARE`), then a log
+    // well past the bound, all recorded before the clock moves.
+    for i in 2..=400 {
+        record(&index, &persister, pod(&format!("p{}", i % 10), i));
+    }
+    assert!(!persister.snapshot_spaced());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+    while persister.change_log_bytes() > 4_000 || lock(&persister.pending).changes() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the log stayed at {} bytes",
+            persister.change_log_bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        persister.stats().snapshots,
+        2,
+        "the first, then one for the bound"
+    );
+    cancel.cancel();
+    writer.await.unwrap();
+    persister.close().await.unwrap();
+    let loaded = store.load().unwrap();
+    assert!(loaded.change_log_bytes <= 4_000);
+    let mut held: Vec<String> = loaded
+        .objects
+        .to_records()
+        .iter()
+        .map(|o| o.state.key.name.to_string())
+        .collect();
+    held.sort();
+    let mut expected = names(&index);
+    expected.sort();
+    assert_eq!(held, expected);
+}
