@@ -5,7 +5,7 @@
 
 use fleetscope_engine::EngineConfig;
 
-use super::flags::{ArgsError, ServeArgs, ensure};
+use super::flags::{ArgsError, ServeArgs, ensure, mib};
 use super::kubeconfig::KubeconfigSources;
 
 /// Settings that do not make a plan.
@@ -48,6 +48,10 @@ pub fn plan(
         p.compact_share.is_finite() && p.compact_share >= 0.0,
         "--compact-share must be a number, 0 or more",
     )?;
+    ensure(
+        p.snapshot_cpu_share.is_finite() && (0.0..=1.0).contains(&p.snapshot_cpu_share),
+        "--snapshot-cpu-share must be a number from 0 to 1",
+    )?;
     if args.security.rbac_authorization {
         collect(&mut config, authorization_types);
     }
@@ -55,6 +59,8 @@ pub fn plan(
     config.persist.log_share = p.event_log_disk_share;
     config.persist.compact_share = p.compact_share;
     config.persist.compact_min_bytes = p.compact_min_mib.saturating_mul(1 << 20);
+    config.persist.snapshot_log_bytes = mib(p.snapshot_log_mib);
+    config.persist.snapshot_cpu_share = p.snapshot_cpu_share;
     Ok((sources, config))
 }
 

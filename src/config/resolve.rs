@@ -286,12 +286,12 @@ mod tests {
              resources: {pods: {namespace: x, fieldIndexes: [spec.nodeName]}}\nfieldIndexes: [status.phase]\n\
              pruning: {managedFields: keep, annotations: [a]}\ninformer: {pageSize: 3, execTimeout: 5s}\n\
              retention: {events: 9, eventsMib: 8, diskShare: 0.3}\nwatch: {subscriberBuffer: 7, bookmarkInterval: 1m}\n\
-             store: {dataDir: /tmp/x, persist: true, keepRemovedClusters: true, compactShare: 2, compactMinMib: 1}\n\
+             store: {dataDir: /tmp/x, persist: true, keepRemovedClusters: true, compactShare: 2, compactMinMib: 1, snapshotLogMib: 32, snapshotCpuShare: 0.2}\n\
              grpc: {requestTimeout: 10s, maxInFlight: 5}\n",
         );
         let r = resolve(&argv(&[], f.path()), f.path()).unwrap();
         let from_file: Vec<&Row> = r.rows.iter().filter(|r| r.source == "file").collect();
-        assert_eq!(from_file.len(), 28, "{from_file:#?}");
+        assert_eq!(from_file.len(), 30, "{from_file:#?}");
         for row in from_file {
             assert_ne!(row.key, "-", "{row:?}");
         }

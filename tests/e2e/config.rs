@@ -407,6 +407,10 @@ async fn config_check_prints_each_value_with_its_source_and_names_bad_keys() {
         ),
         ("sharding:\n  ring: r\n", "sharding.pageTokenKeyFile"),
         (
+            "store:\n  snapshotCpuShare: 2\n",
+            "--snapshot-cpu-share must be a number from 0 to 1",
+        ),
+        (
             "security:\n  policy: /dev/zero\n",
             "/dev/zero: larger than 64 MiB",
         ),

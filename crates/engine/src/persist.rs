@@ -57,13 +57,13 @@ pub struct PersistConfig {
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
     /// The change log a restart should find at most: past it, a snapshot is due as
-    /// soon as `snapshot_busy_share` allows, whether changes keep coming or not.
+    /// soon as `snapshot_cpu_share` allows, whether changes keep coming or not.
     /// Default 64 MiB.
     pub snapshot_log_bytes: usize,
     /// The share of one core that snapshots written for `snapshot_log_bytes` may take
     /// while running: after one that took `d`, the next waits `d` ÷ this share.
     /// Default 0.1.
-    pub snapshot_busy_share: f64,
+    pub snapshot_cpu_share: f64,
     /// The store is compacted (its live records copied to a fresh file) once its
     /// size on disk passes this share of the held objects' JSON, `compact_min_bytes`,
     /// and 1.5 × its size after the last compaction. A store that starts empty is not
@@ -84,7 +84,7 @@ impl Default for PersistConfig {
             snapshot_share: 0.5,
             snapshot_min_bytes: 1 << 20,
             snapshot_log_bytes: 64 << 20,
-            snapshot_busy_share: 0.1,
+            snapshot_cpu_share: 0.1,
             compact_share: 1.0,
             compact_min_bytes: 4 << 20,
         }
@@ -265,7 +265,7 @@ pub struct Persister {
 }
 
 /// A snapshot made current, for spacing the next (see
-/// [`PersistConfig::snapshot_busy_share`]).
+/// [`PersistConfig::snapshot_cpu_share`]).
 #[derive(Debug, Clone, Copy)]
 struct LastSnapshot {
     /// On tokio's clock, as the writer's wait for the next one is.

@@ -18,13 +18,13 @@ impl Persister {
 
     /// Whether a snapshot due only to `snapshot_log_bytes` may start now: the last
     /// one made current ended long enough ago for snapshots to keep within
-    /// `snapshot_busy_share` of a core (before the first, once a restore is over).
+    /// `snapshot_cpu_share` of a core (before the first, once a restore is over).
     pub(super) fn snapshot_spaced(&self) -> bool {
         match *lock(&self.last_snapshot) {
             // Not while a restore is still making the index: it has the cores.
             None => self.index.is_history_restored(),
             Some(last) => {
-                last.current_at.elapsed().as_secs_f64() * self.config.snapshot_busy_share
+                last.current_at.elapsed().as_secs_f64() * self.config.snapshot_cpu_share
                     >= last.took.as_secs_f64()
             }
         }
@@ -42,7 +42,7 @@ impl Persister {
         match *lock(&self.last_snapshot) {
             None => Some(tokio::time::Instant::now()),
             Some(last) => {
-                let spacing = last.took.as_secs_f64() / self.config.snapshot_busy_share;
+                let spacing = last.took.as_secs_f64() / self.config.snapshot_cpu_share;
                 let spacing = Duration::try_from_secs_f64(spacing).ok()?;
                 last.current_at.checked_add(spacing)
             }

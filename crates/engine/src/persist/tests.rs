@@ -368,7 +368,7 @@ fn with_log(
 async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_enough_behind() {
     let config = PersistConfig {
         snapshot_log_bytes: 1_000,
-        snapshot_busy_share: 0.1,
+        snapshot_cpu_share: 0.1,
         ..PersistConfig::default()
     };
     let second = Duration::from_secs(1);
@@ -393,7 +393,7 @@ async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_
     // A zero share: never for the bound alone.
     let never = with_log(
         PersistConfig {
-            snapshot_busy_share: 0.0,
+            snapshot_cpu_share: 0.0,
             ..config
         },
         1_001,
@@ -411,7 +411,7 @@ async fn the_writer_snapshots_a_change_log_past_its_bound_once_spaced_with_no_ch
         snapshot_share: f64::INFINITY,
         snapshot_min_bytes: 0,
         snapshot_log_bytes: 4_000,
-        snapshot_busy_share: 1e-6,
+        snapshot_cpu_share: 1e-6,
         ..PersistConfig::default()
     });
     let cancel = CancellationToken::new();
