@@ -22,7 +22,8 @@ use fleetscope_index::{
 };
 use fleetscope_model::{ClusterName, EventType, ObjectState, ResourceType, Revision};
 use fleetscope_store::{
-    Batch, EventRun, Loaded, ObjectRecord, Run, SnapshotMeta, Store, StoredEvent, StreamRecord,
+    Batch, EventRecord, EventRun, Loaded, ObjectRecord, Run, SnapshotMeta, Store, StoredEvent,
+    StreamRecord,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -332,15 +333,34 @@ pub fn restored(loaded: &mut Loaded) -> Restored {
             .collect(),
         events: std::mem::take(&mut loaded.events)
             .into_iter()
-            .map(|e| RestoredEvent {
-                revision: e.revision,
-                kind: e.kind,
-                object: to_input(e.object),
-                prev: e.prev.map(to_input),
-            })
+            .map(to_restored)
             .collect(),
+        earlier: Some(earlier_read(std::mem::take(&mut loaded.earlier_events))),
         positions: Vec::new(),
     }
+}
+
+/// An event as the index restores it.
+fn to_restored(e: EventRecord) -> RestoredEvent {
+    RestoredEvent {
+        revision: e.revision,
+        kind: e.kind,
+        object: to_input(e.object),
+        prev: e.prev.map(to_input),
+    }
+}
+
+/// Reads the retained events a load held undecoded, once the index asks. They were
+/// verified at load, so failing now is the storage changing under the process: the
+/// log then starts after them, and a watch resuming from before is told to list.
+fn earlier_read(earlier: fleetscope_store::EarlierEvents) -> fleetscope_index::EarlierEvents {
+    Box::new(move |keep| match earlier.decode_newest(keep) {
+        Ok(events) => events.into_iter().map(to_restored).collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "the retained events before the store's snapshot could not be read: watches resume only from after it");
+            Vec::new()
+        }
+    })
 }
 
 /// What a loaded store holds, for the persister that continues it.

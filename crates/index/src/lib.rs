@@ -36,7 +36,7 @@ pub use feed::{Feed, FeedError, Staged};
 pub use fleetscope_model::GroupBy;
 pub use object::{Object, ObjectRef, uid_and_resource_version};
 pub use query::{Counts, Page, Query};
-pub use restore::{Early, Restored, RestoredEvent, RestoredObject, RestoredRun};
+pub use restore::{EarlierEvents, Early, Restored, RestoredEvent, RestoredObject, RestoredRun};
 pub use state::{Event, State};
 pub use terms::MAX_INDEXED_LABELS;
 

@@ -11,7 +11,7 @@ use crate::state::{self, Event, State};
 use crate::{Config, Index, Object, ObjectRef, StreamKey, feed, in_key_order, lock, object, terms};
 
 /// Persisted state to rebuild an index from.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Restored {
     /// The revision to continue from.
     pub revision: Revision,
@@ -19,10 +19,29 @@ pub struct Restored {
     pub objects: Vec<RestoredRun>,
     /// The retained event log, in revision order.
     pub events: Vec<RestoredEvent>,
+    /// Retained events older than `events`, read only once the objects answer (and
+    /// only as many as the log keeps).
+    pub earlier: Option<EarlierEvents>,
     /// Where each stream stood: (resource, cluster) and the member resourceVersion
     /// its watch resumes from.
     pub positions: Vec<(StreamKey, Arc<str>)>,
 }
+
+impl std::fmt::Debug for Restored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Restored")
+            .field("revision", &self.revision)
+            .field("objects", &self.objects)
+            .field("events", &self.events)
+            .field("earlier", &self.earlier.is_some())
+            .field("positions", &self.positions)
+            .finish()
+    }
+}
+
+/// Reads the newest of a restore's earlier retained events, as many as it is given
+/// (fewer if there are fewer), oldest first.
+pub type EarlierEvents = Box<dyn FnOnce(usize) -> Vec<RestoredEvent> + Send>;
 
 /// A run of persisted objects.
 #[derive(Debug)]
@@ -249,8 +268,10 @@ impl Restoring {
 struct Built {
     state: State,
     interner: terms::Interner,
-    /// The retained events, made once the objects answer.
+    /// The retained events, made once the objects answer (the earlier ones read
+    /// then).
     events: Vec<RestoredEvent>,
+    earlier: Option<EarlierEvents>,
     dictionaries: object::Dictionaries,
     compressed: u64,
 }
@@ -295,13 +316,17 @@ fn build(config: &Config, restored: Restored, early: &(dyn Fn(Early) + Sync)) ->
     for (stream, rv) in restored.positions {
         state.reach(stream, rv);
     }
-    // Those the log would drop at once are not made.
+    // Those the log would drop at once are not made, nor read.
     let mut events = restored.events;
     events.drain(..events.len().saturating_sub(config.log_retention));
+    let earlier = restored
+        .earlier
+        .filter(|_| events.len() < config.log_retention);
     Built {
         state,
         interner,
         events,
+        earlier,
         dictionaries,
         compressed,
     }
@@ -429,7 +454,8 @@ impl Index {
         let Built {
             state,
             interner,
-            events,
+            mut events,
+            earlier,
             dictionaries,
             compressed,
         } = built;
@@ -458,7 +484,13 @@ impl Index {
         for owner in self.restoring.end(Outcome::Whole) {
             self.pin(whole.clone(), &owner);
         }
-        // The objects answer, and changes are taken, while the events are made.
+        // The objects answer, and changes are taken, while the events are read and
+        // made.
+        if let Some(read) = earlier {
+            let mut all = read(self.config.log_retention - events.len());
+            all.append(&mut events);
+            events = all;
+        }
         self.restore_history(events, &whole);
         drop(history);
     }

@@ -667,6 +667,7 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
             revision: Revision(1),
             objects: vec![RestoredRun::Objects(saved_inputs(&saved))],
             events: Vec::new(),
+            earlier: None,
             positions: Vec::new(),
         },
     );
@@ -677,6 +678,7 @@ fn a_restored_index_answers_as_the_one_it_was_saved_from() {
             revision: saved.revision(),
             objects: vec![RestoredRun::Objects(objects)],
             events: Vec::new(),
+            earlier: None,
             positions: vec![(
                 (Arc::from("pods"), ClusterName::from("c1")),
                 Arc::from("rv-9"),
@@ -786,6 +788,7 @@ fn a_restore_under_way_answers_first_pages_within_what_it_has_made_and_the_rest_
                 RestoredRun::Objects(after),
             ],
             events: Vec::new(),
+            earlier: None,
             positions: Vec::new(),
         },
     );
@@ -944,6 +947,7 @@ fn a_restored_index_takes_changes_while_its_retained_events_are_made_and_a_watch
             revision: state.revision(),
             objects: vec![RestoredRun::Objects(saved_inputs(&state))],
             events: Vec::new(),
+            earlier: None,
             positions: Vec::new(),
         },
     );
@@ -985,10 +989,55 @@ fn a_restored_index_takes_changes_while_its_retained_events_are_made_and_a_watch
             revision: state.revision(),
             objects: vec![RestoredRun::Objects(saved_inputs(&state))],
             events: events(),
+            earlier: None,
             positions: Vec::new(),
         },
     );
     assert_eq!(resumed(&whole, whole.oldest_resumable()), kept);
+    // The same, the older twenty read only once the objects answer, and only as many
+    // as the log keeps besides the ten given.
+    let asked = Arc::new(Mutex::new(None));
+    let (older, newer) = {
+        let mut all = events();
+        let newer = all.split_off(20);
+        (all, newer)
+    };
+    let earlier: crate::EarlierEvents = {
+        let asked = asked.clone();
+        Box::new(move |keep| {
+            *asked.lock().unwrap() = Some(keep);
+            let mut older = older;
+            older.drain(..older.len().saturating_sub(keep));
+            older
+        })
+    };
+    let split = Index::restore(
+        config(),
+        Restored {
+            revision: state.revision(),
+            objects: vec![RestoredRun::Objects(saved_inputs(&state))],
+            events: newer,
+            earlier: Some(earlier),
+            positions: Vec::new(),
+        },
+    );
+    assert_eq!(resumed(&split, split.oldest_resumable()), kept);
+    assert_eq!(*asked.lock().unwrap(), Some(15));
+    // With as many given as the log keeps, the older ones are never read.
+    let mut newest = events();
+    newest.drain(..5);
+    let never: crate::EarlierEvents = Box::new(|_| panic!("read although the log is full"));
+    let full = Index::restore(
+        config(),
+        Restored {
+            revision: state.revision(),
+            objects: vec![RestoredRun::Objects(saved_inputs(&state))],
+            events: newest,
+            earlier: Some(never),
+            positions: Vec::new(),
+        },
+    );
+    assert_eq!(resumed(&full, full.oldest_resumable()), kept);
 }
 
 #[test]
@@ -1019,6 +1068,7 @@ fn a_restore_that_fails_leaves_an_index_that_is_never_whole_and_fails_every_read
             revision: Revision(7),
             objects: vec![RestoredRun::Stored(Box::new(Failing))],
             events: Vec::new(),
+            earlier: None,
             positions: Vec::new(),
         },
     );
@@ -1427,7 +1477,7 @@ proptest! {
         // An index restored from what is held answers every query as this one does.
         let restored = Index::restore(
             config(),
-            Restored { revision: s.revision(), objects: vec![RestoredRun::Objects(saved_inputs(&s))], events: Vec::new(), positions: Vec::new() },
+            Restored { revision: s.revision(), objects: vec![RestoredRun::Objects(saved_inputs(&s))], events: Vec::new(), earlier: None, positions: Vec::new() },
         );
         let r = restored.snapshot();
         for selector in selectors {
@@ -1813,6 +1863,7 @@ fn objects_held_compressed_read_back_exactly() {
             revision: idx.snapshot().revision(),
             objects: vec![RestoredRun::Objects(saved_inputs(&idx.snapshot()))],
             events: Vec::new(),
+            earlier: None,
             positions: Vec::new(),
         },
     );
@@ -1880,6 +1931,7 @@ fn objects_stored_compressed_are_restored_compressed_against_their_type_s_dictio
                 revision: s.revision(),
                 objects: vec![RestoredRun::Objects(stored_packed(&idx))],
                 events: Vec::new(),
+                earlier: None,
                 positions: Vec::new(),
             },
         )
@@ -2039,6 +2091,7 @@ fn a_restored_index_compresses_what_it_restored_once_settled() {
             revision: idx.snapshot().revision(),
             objects: vec![RestoredRun::Objects(saved_inputs(&idx.snapshot()))],
             events: Vec::new(),
+            earlier: None,
             positions: Vec::new(),
         },
     );

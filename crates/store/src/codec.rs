@@ -708,6 +708,21 @@ impl Writer {
 }
 
 impl Reader<'_> {
+    /// Passes over an object as an event record holds it; returns its JSON's length.
+    fn skip_object(&mut self) -> Result<usize, DecodeError> {
+        for _ in 0..4 {
+            self.bytes()?;
+        }
+        self.u64()?;
+        let json = self.bytes()?.len();
+        for pairs in [2, 1, 2] {
+            for _ in 0..self.count()? * pairs {
+                self.bytes()?;
+            }
+        }
+        Ok(json)
+    }
+
     /// An event, its objects sharing `last`'s location when it is the same (a
     /// record's events mostly come from one stream).
     fn event(
@@ -758,8 +773,64 @@ pub(crate) fn encode_events<E: StoredEvent>(
 }
 
 pub(crate) fn decode_events(record: &[u8]) -> Result<Vec<EventRecord>, DecodeError> {
+    decode_plain_events(&unseal_compressed(record)?)
+}
+
+/// What a change log record holds, read without making its events: the first and
+/// last revision, the events, and their JSON bytes (as [`EventRecord::json_bytes`]
+/// counts them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Skimmed {
+    pub first: u64,
+    pub last: u64,
+    pub events: usize,
+    pub json_bytes: usize,
+}
+
+/// Reads a change log record's checksum and layout as [`decode_events`] does, without
+/// copying out its objects; returns what it holds and the record unsealed (for
+/// [`decode_plain_events`]).
+pub(crate) fn skim_events(record: &[u8]) -> Result<(Skimmed, Vec<u8>), DecodeError> {
     let plain = unseal_compressed(record)?;
     let mut r = Reader(&plain);
+    let n = r.u32()? as usize;
+    if n == 0 || n > r.0.len() / 38 {
+        return Err(DecodeError::Malformed(
+            "event count does not fit the record",
+        ));
+    }
+    let (mut first, mut last, mut json_bytes) = (0, 0, 0);
+    for i in 0..n {
+        let revision = r.u64()?;
+        if i == 0 {
+            first = revision;
+        } else if revision != last + 1 {
+            return Err(DecodeError::Malformed("events out of sequence"));
+        }
+        last = revision;
+        if !(1..=3).contains(&r.u8()?) {
+            return Err(DecodeError::Malformed("unknown event type"));
+        }
+        json_bytes += r.skip_object()?;
+        match r.u8()? {
+            0 => {}
+            1 => json_bytes += r.skip_object()?,
+            _ => return Err(DecodeError::Malformed("bad previous-state flag")),
+        }
+    }
+    r.end()?;
+    let skimmed = Skimmed {
+        first,
+        last,
+        events: n,
+        json_bytes,
+    };
+    Ok((skimmed, plain))
+}
+
+/// The events of an unsealed change log record.
+pub(crate) fn decode_plain_events(plain: &[u8]) -> Result<Vec<EventRecord>, DecodeError> {
+    let mut r = Reader(plain);
     let n = r.u32()? as usize;
     // Each event takes at least 38 bytes: a larger count is damage.
     if n == 0 || n > r.0.len() / 38 {

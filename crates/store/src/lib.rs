@@ -21,6 +21,7 @@
 //! Nothing else in fleetscope touches sled.
 
 mod codec;
+mod earlier;
 mod memory;
 mod objects;
 mod sled_store;
@@ -34,6 +35,7 @@ use fleetscope_model::{
 };
 
 pub use codec::DecodeError;
+pub use earlier::EarlierEvents;
 pub use memory::MemoryStore;
 pub use objects::{Objects, PatchedChunk, Run, StoredChunk};
 pub use sled_store::{Opened, SledStore};
@@ -242,8 +244,12 @@ pub struct Loaded {
     pub change_log_bytes: u64,
     /// The event log's records: first and last revision and JSON bytes, oldest first.
     pub event_records: Vec<(u64, u64, usize)>,
-    /// The retained event log, in revision order.
+    /// The retained event log after `earlier_events`, in revision order: every event
+    /// after the snapshot (the change log), and any before it in the same records.
     pub events: Vec<EventRecord>,
+    /// The retained events before `events`, at or before the snapshot: verified, not
+    /// yet decoded.
+    pub earlier_events: EarlierEvents,
     /// Every stream that completed a list.
     pub streams: Vec<StreamRecord>,
     /// The clusters configured when the store was last written.
@@ -344,6 +350,18 @@ pub trait Store: Send + Sync {
     /// Applies writes atomically and durably.
     fn write(&self, writes: Writes) -> Result<(), StoreError>;
 
+    /// The record under `key`, if there is one.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut found = None;
+        self.scan(&mut |k, v| {
+            if k == key {
+                found = Some(v.to_vec());
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
     /// Bytes the store takes on disk (0 in memory).
     fn size_on_disk(&self) -> u64;
 
@@ -372,8 +390,14 @@ pub trait Store: Send + Sync {
         // and the change log's records (decoded) are each taken by one of two threads
         // while the scan reads on. Dictionaries scan before any chunk.
         let mut dictionaries = SnapshotDictionaries::default();
+        // The retained events at or before the snapshot are only verified now, and
+        // decoded once asked for (the meta records scan after the events).
+        let snapshot_at = self
+            .get(codec::META_SNAPSHOT)?
+            .and_then(|v| codec::decode_snapshot(&v).ok())
+            .map(|s| s.revision.0);
         let (chunks, event_records) = std::thread::scope(|s| {
-            let decoding = Decoding::start(s);
+            let decoding = Decoding::start(s, snapshot_at);
             let scan = self.scan(&mut |key, value| {
                 if let Some(id) = codec::parse_dictionary_key(key) {
                     dictionaries.take(id, key, value)?;
@@ -412,10 +436,11 @@ pub trait Store: Send + Sync {
         }
         loaded.revision = Revision(revision.unwrap_or(0));
         let base = objects::snapshot_objects(self, loaded.snapshot, chunks, dictionaries)?;
-        let (events, records) = change_log_of(event_records)?;
-        loaded.events = events;
-        loaded.event_records = records;
         let from = loaded.snapshot.map_or(Revision(0), |s| s.revision);
+        let (events, earlier, records) = change_log_of(event_records, from.0)?;
+        loaded.events = events;
+        loaded.earlier_events = earlier;
+        loaded.event_records = records;
         let changes: Vec<&EventRecord> =
             loaded.events.iter().filter(|e| e.revision > from).collect();
         unbroken(from, &changes, loaded.revision)?;
@@ -524,8 +549,9 @@ fn remove_snapshot(writes: &mut BTreeMap<Vec<u8>, Option<Vec<u8>>>, snapshot: &S
     }
 }
 
-/// The change log's events, and each record's first and last revision and bytes.
-type EventRecords = (Vec<EventRecord>, Vec<(u64, u64, usize)>);
+/// The change log's events decoded, those before them held undecoded, and each
+/// record's first and last revision and bytes.
+type EventRecords = (Vec<EventRecord>, EarlierEvents, Vec<(u64, u64, usize)>);
 
 /// What a scan of the store found, before it is verified as a whole.
 #[derive(Default)]
@@ -578,8 +604,15 @@ impl SnapshotDictionaries {
 /// A snapshot chunk as read: its (snapshot, index) and the chunk verified or why not.
 type DecodedChunk = ((u64, u32), Result<StoredChunk, DecodeError>);
 
-/// A change log record as decoded: its key's first revision and its events or why not.
-type DecodedEvents = (u64, Result<Vec<EventRecord>, DecodeError>);
+/// A change log record as read: its key's first revision and its events, or the
+/// record verified and held undecoded, or why not.
+type DecodedEvents = (u64, Result<LogRecord, DecodeError>);
+
+/// A change log record, decoded or held for later.
+enum LogRecord {
+    Decoded(Vec<EventRecord>),
+    Held(earlier::Held),
+}
 
 /// A record decoded on a worker, with its place in the scan.
 enum Decoded {
@@ -604,7 +637,9 @@ impl<'scope> Decoding<'scope> {
     /// Records a batch holds.
     const BATCH: usize = 32;
 
-    fn start<'env>(s: &'scope std::thread::Scope<'scope, 'env>) -> Self {
+    /// Starts the workers; change log records wholly at or before `snapshot_at` are
+    /// held undecoded.
+    fn start<'env>(s: &'scope std::thread::Scope<'scope, 'env>, snapshot_at: Option<u64>) -> Self {
         let (to, from) = std::sync::mpsc::sync_channel::<Vec<Numbered>>(4);
         let from = std::sync::Arc::new(std::sync::Mutex::new(from));
         let workers = (0..2)
@@ -620,7 +655,7 @@ impl<'scope> Decoding<'scope> {
                         done.extend(
                             batch
                                 .into_iter()
-                                .map(|(n, coded, bytes)| (n, decode(coded, &bytes))),
+                                .map(|(n, coded, bytes)| (n, decode(coded, bytes, snapshot_at))),
                         );
                     }
                 })
@@ -673,13 +708,23 @@ impl<'scope> Decoding<'scope> {
     }
 }
 
-/// One record decoded.
-fn decode(coded: Coded, bytes: &[u8]) -> Decoded {
+/// One record decoded, or verified and held if it is a change log record wholly at
+/// or before `snapshot_at`.
+fn decode(coded: Coded, bytes: Vec<u8>, snapshot_at: Option<u64>) -> Decoded {
     match coded {
         Coded::Chunk(id, dictionaries) => {
-            Decoded::Chunk((id, StoredChunk::read(bytes, dictionaries)))
+            Decoded::Chunk((id, StoredChunk::read(&bytes, dictionaries)))
         }
-        Coded::Events(first) => Decoded::Events((first, codec::decode_events(bytes))),
+        Coded::Events(first) => {
+            let read = codec::skim_events(&bytes).and_then(|(skimmed, plain)| {
+                if snapshot_at.is_some_and(|at| skimmed.last <= at) {
+                    Ok(LogRecord::Held(earlier::Held::new(skimmed, bytes)))
+                } else {
+                    codec::decode_plain_events(&plain).map(LogRecord::Decoded)
+                }
+            });
+            Decoded::Events((first, read))
+        }
     }
 }
 
@@ -771,34 +816,54 @@ fn unbroken(
 
 /// The change log's events from its decoded records, each checked against its key,
 /// and the records' extents; records that overlap are damage.
-fn change_log_of(records: Vec<DecodedEvents>) -> Result<EventRecords, StoreError> {
-    let runs = records
-        .into_iter()
-        .map(|(first, events)| {
-            let events = events.map_err(|e| {
-                StoreError::Damaged(format!("event record at revision {first}: {e}"))
-            })?;
-            if events[0].revision.0 != first {
-                return Err(StoreError::Damaged(format!(
-                    "event record under revision {first} is for revision {}",
-                    events[0].revision
-                )));
+fn change_log_of(
+    records: Vec<DecodedEvents>,
+    snapshot_at: u64,
+) -> Result<EventRecords, StoreError> {
+    let mut earlier = EarlierEvents::default();
+    let mut runs: Vec<Vec<EventRecord>> = Vec::new();
+    let mut extents = Vec::with_capacity(records.len());
+    for (first, read) in records {
+        let read = read
+            .map_err(|e| StoreError::Damaged(format!("event record at revision {first}: {e}")))?;
+        let (events, skimmed) = match read {
+            // Held only while every one before it is, and if the snapshot read
+            // during the scan is the one read before it.
+            LogRecord::Held(held) if runs.is_empty() && held.skimmed.last <= snapshot_at => {
+                let skimmed = held.skimmed;
+                earlier.0.push(held);
+                (None, skimmed)
             }
-            Ok(events)
-        })
-        .collect::<Result<Vec<Vec<EventRecord>>, StoreError>>()?;
-    let extents = runs
-        .iter()
-        .map(|run| {
-            let bytes = run.iter().map(EventRecord::json_bytes).sum();
-            (run[0].revision.0, run[run.len() - 1].revision.0, bytes)
-        })
-        .collect();
-    let events: Vec<EventRecord> = runs.into_iter().flatten().collect();
-    if events.windows(2).any(|w| w[0].revision >= w[1].revision) {
-        return Err(StoreError::Damaged("event records overlap".into()));
+            LogRecord::Held(held) => {
+                let events = held.decode()?;
+                (Some(events), held.skimmed)
+            }
+            LogRecord::Decoded(events) => {
+                let skimmed = codec::Skimmed {
+                    first: events[0].revision.0,
+                    last: events[events.len() - 1].revision.0,
+                    events: events.len(),
+                    json_bytes: events.iter().map(EventRecord::json_bytes).sum(),
+                };
+                (Some(events), skimmed)
+            }
+        };
+        if skimmed.first != first {
+            return Err(StoreError::Damaged(format!(
+                "event record under revision {first} is for revision {}",
+                skimmed.first
+            )));
+        }
+        if extents
+            .last()
+            .is_some_and(|&(_, last, _)| last >= skimmed.first)
+        {
+            return Err(StoreError::Damaged("event records overlap".into()));
+        }
+        extents.push((skimmed.first, skimmed.last, skimmed.json_bytes));
+        runs.extend(events);
     }
-    Ok((events, extents))
+    Ok((runs.into_iter().flatten().collect(), earlier, extents))
 }
 
 #[cfg(test)]

@@ -53,6 +53,10 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.lock().get(key).cloned())
+    }
+
     fn write(&self, writes: Writes) -> Result<(), StoreError> {
         if self.fail_writes.load(Ordering::SeqCst) {
             return Err(StoreError::Engine(

@@ -489,6 +489,10 @@ impl Store for SledStore {
         })
     }
 
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.with_db(|db| Ok(db.get(key).map_err(engine)?.map(|v| v.to_vec())))
+    }
+
     fn write(&self, writes: Writes) -> Result<(), StoreError> {
         let bytes: usize = writes
             .iter()

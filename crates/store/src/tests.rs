@@ -147,7 +147,15 @@ fn snapshot_at_5(store: &dyn Store, old: Option<SnapshotMeta>) -> SnapshotMeta {
     meta
 }
 
+/// Every retained event a load gives: those held undecoded, then the rest.
+fn retained(loaded: &Loaded) -> Vec<EventRecord> {
+    let mut events = loaded.earlier_events.decode_newest(usize::MAX).unwrap();
+    events.extend(loaded.events.iter().cloned());
+    events
+}
+
 fn check_after_both(loaded: &Loaded) {
+    let events = retained(loaded);
     assert_eq!(loaded.revision, Revision(5));
     let objects = loaded.objects.to_records();
     let names: Vec<(&str, u64)> = objects
@@ -156,12 +164,8 @@ fn check_after_both(loaded: &Loaded) {
         .collect();
     assert_eq!(names, [("p1", 4), ("p3", 3)]);
     assert_eq!(objects[0].state.labels, [("app".into(), "web".into())]);
-    assert_eq!(loaded.events.last().map(|e| e.revision), Some(Revision(5)));
-    let modified = loaded
-        .events
-        .iter()
-        .find(|e| e.revision == Revision(4))
-        .unwrap();
+    assert_eq!(events.last().map(|e| e.revision), Some(Revision(5)));
+    let modified = events.iter().find(|e| e.revision == Revision(4)).unwrap();
     assert_eq!(
         modified.prev.as_ref().map(|p| p.revision),
         Some(Revision(1))
@@ -184,13 +188,17 @@ fn memory_store_round_trips_batches() {
     let loaded = store.load().unwrap();
     check_after_both(&loaded);
     assert_eq!(loaded.events.len(), 5);
+    assert!(loaded.earlier_events.is_empty(), "no snapshot: all decoded");
     // Then from a snapshot: the same objects, and only the kept events.
     let meta = snapshot_at_5(&store, None);
     let loaded = store.load().unwrap();
     check_after_both(&loaded);
     assert_eq!(loaded.snapshot, Some(meta));
-    let kept: Vec<u64> = loaded.events.iter().map(|e| e.revision.0).collect();
+    let kept: Vec<u64> = retained(&loaded).iter().map(|e| e.revision.0).collect();
     assert_eq!(kept, [4, 5]);
+    // Both are at or before the snapshot: held, decoded only when asked.
+    assert!(loaded.events.is_empty());
+    assert_eq!(loaded.earlier_events.len(), 2);
     // A newer snapshot replaces the old one's chunks; changes after it replay on top.
     let third = Batch {
         revision: Revision(6),
@@ -239,6 +247,45 @@ fn a_gap_in_the_change_log_is_damage() {
         .unwrap();
     let err = store.load().unwrap_err();
     assert!(err.is_damage(), "{err}");
+}
+
+#[test]
+fn retained_events_before_the_snapshot_are_verified_at_load_and_decoded_when_asked() {
+    let store = MemoryStore::new();
+    store.initialise().unwrap();
+    store.commit(&first_batch()).unwrap();
+    store.commit(&second_batch()).unwrap();
+    snapshot_at_5(&store, None);
+    let loaded = store.load().unwrap();
+    assert!(loaded.events.is_empty());
+    assert_eq!(
+        loaded.event_records,
+        [(
+            4,
+            5,
+            retained(&loaded).iter().map(EventRecord::json_bytes).sum()
+        )]
+    );
+    // The newest asked for, whole records or not.
+    let newest = |keep| -> Vec<u64> {
+        let events = loaded.earlier_events.decode_newest(keep).unwrap();
+        events.iter().map(|e| e.revision.0).collect()
+    };
+    assert_eq!(newest(1), [5]);
+    assert_eq!(newest(2), [4, 5]);
+    assert_eq!(newest(9), [4, 5]);
+    assert!(newest(0).is_empty());
+    // A held record that is damaged fails the load, as a decoded one does.
+    let key = codec::event_key(Revision(4));
+    let mut record = store.get(&key).unwrap().unwrap();
+    let last = record.len() - 1;
+    record[last] ^= 1;
+    store.overwrite_raw(&key, record);
+    let err = store.load().unwrap_err();
+    assert!(
+        err.is_damage() && err.to_string().contains("revision 4"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -652,7 +699,17 @@ proptest! {
         next.prev = None;
         let events = vec![e, next];
         if revision < u64::MAX {
-            prop_assert_eq!(codec::decode_events(&codec::encode_events(&events).unwrap().2).unwrap(), events);
+            let record = codec::encode_events(&events).unwrap().2;
+            prop_assert_eq!(codec::decode_events(&record).unwrap(), events.clone());
+            // Skimmed, it says what decoding it gives, and holds what decodes to it.
+            let (skimmed, plain) = codec::skim_events(&record).unwrap();
+            prop_assert_eq!(skimmed, codec::Skimmed {
+                first: revision,
+                last: revision + 1,
+                events: 2,
+                json_bytes: events.iter().map(EventRecord::json_bytes).sum(),
+            });
+            prop_assert_eq!(codec::decode_plain_events(&plain).unwrap(), events);
         }
     }
 
@@ -726,6 +783,8 @@ proptest! {
     fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
         let _ = codec::decode_object(&bytes);
         let _ = codec::decode_events(&bytes);
+        let _ = codec::skim_events(&bytes);
+        let _ = codec::decode_plain_events(&bytes);
         let _ = codec::decode_chunk(&bytes, &codec::Dictionaries::default());
         let _ = codec::decode_dictionary(&bytes);
         let _ = codec::decode_snapshot(&bytes);
