@@ -731,9 +731,9 @@ pub struct PersistArgs {
     pub compact_min_mib: u64,
     ["store.snapshotLogMib", Count, Restart]
     /// The change log, in MiB, that a restart should find at most (it replays the log
-    /// onto the last snapshot of the objects): past it, a snapshot is written as soon
-    /// as `--snapshot-cpu-share` allows, whether changes keep coming or not. The log
-    /// never passes half the held objects' JSON size either way.
+    /// onto the last snapshot of the objects): past it, a snapshot is written a second
+    /// after changes stop, or while they go on as soon as `--snapshot-cpu-share`
+    /// allows. The log never passes half the held objects' JSON size either way.
     #[arg(long, default_value_t = 64)]
     pub snapshot_log_mib: u64,
     ["store.snapshotCpuShare", Number, Restart]

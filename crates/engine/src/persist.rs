@@ -58,7 +58,7 @@ pub struct PersistConfig {
     /// The change log's size below which no snapshot is written. Default 1 MiB.
     pub snapshot_min_bytes: usize,
     /// The change log a restart should find at most: past it, a snapshot is due as
-    /// soon as `snapshot_cpu_share` allows, whether changes keep coming or not.
+    /// soon as `snapshot_cpu_share` allows, or once changes stop for a second.
     /// Default 64 MiB.
     pub snapshot_log_bytes: usize,
     /// The share of one core that snapshots written for `snapshot_log_bytes` may take
@@ -263,6 +263,8 @@ pub struct Persister {
     covered: std::sync::atomic::AtomicUsize,
     /// The last snapshot made current: when, and how long writing it took.
     last_snapshot: Mutex<Option<LastSnapshot>>,
+    /// When the last change was recorded (tokio's clock).
+    last_change: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A snapshot made current, for spacing the next (see
@@ -439,6 +441,7 @@ impl Persister {
             compacting: Mutex::new(None),
             covered: std::sync::atomic::AtomicUsize::new(0),
             last_snapshot: Mutex::new(None),
+            last_change: Mutex::new(None),
         }
     }
 
@@ -453,6 +456,9 @@ impl Persister {
     ) {
         let mut held = 0i64;
         let mut added = 0usize;
+        if !staged.events.is_empty() {
+            *lock(&self.last_change) = Some(tokio::time::Instant::now());
+        }
         let mut p = lock(&self.pending);
         for e in &staged.events {
             match e.kind {

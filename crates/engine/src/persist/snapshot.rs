@@ -31,22 +31,30 @@ impl Persister {
     }
 
     /// When a snapshot due to `snapshot_log_bytes` alone may start, if the change
-    /// log is past it and no snapshot being written covers it: at once, or once the
-    /// last snapshot is far enough behind; `None` if never (a zero share).
+    /// log is past it and no snapshot being written covers it: once the last
+    /// snapshot is far enough behind, or once changes have stopped for [`QUIET`] (a
+    /// burst over), whichever is first; `None` if never (a zero share).
     pub(super) fn log_snapshot_at(&self) -> Option<tokio::time::Instant> {
+        if self.config.snapshot_cpu_share <= 0.0 {
+            return None;
+        }
         let gathered = lock(&self.pending).bytes;
         let held_json = (*lock(&self.held_json)).max(0) as f64;
         if self.change_log(gathered, 0, held_json) <= self.config.snapshot_log_bytes {
             return None;
         }
-        match *lock(&self.last_snapshot) {
-            None => Some(tokio::time::Instant::now()),
+        let now = tokio::time::Instant::now();
+        let quiet = lock(&self.last_change).map_or(now, |at| at + QUIET);
+        let spaced = match *lock(&self.last_snapshot) {
+            None => Some(now),
             Some(last) => {
                 let spacing = last.took.as_secs_f64() / self.config.snapshot_cpu_share;
-                let spacing = Duration::try_from_secs_f64(spacing).ok()?;
-                last.current_at.checked_add(spacing)
+                Duration::try_from_secs_f64(spacing)
+                    .ok()
+                    .and_then(|spacing| last.current_at.checked_add(spacing))
             }
-        }
+        };
+        Some(spaced.map_or(quiet, |spaced| spaced.min(quiet)))
     }
 
     /// Captures the published state as the next snapshot (written beside the
@@ -203,6 +211,11 @@ impl Persister {
         size as f64 > limit
     }
 }
+
+/// How long changes must have stopped for a burst of them to count as over: a change
+/// log past `snapshot_log_bytes` is then snapshotted without waiting out the spacing
+/// (changes that never stop this long are paced by it).
+pub(super) const QUIET: Duration = Duration::from_secs(1);
 
 /// Which of [`Persister`]'s in-progress counters: a snapshot's writing.
 const SNAPSHOT: usize = 0;

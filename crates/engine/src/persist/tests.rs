@@ -361,6 +361,8 @@ fn with_log(
         current_at: tokio::time::Instant::now() - ago,
         took,
     });
+    // Changes keep coming.
+    *lock(&persister.last_change) = Some(tokio::time::Instant::now() + Duration::from_secs(3600));
     persister
 }
 
@@ -385,6 +387,9 @@ async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_
     let at = soon.log_snapshot_at().unwrap();
     let expected = tokio::time::Instant::now() + 5 * second;
     assert!(at <= expected && at + second > expected, "due 5 s from now");
+    // Changes that stopped a second ago: a burst over, no need to wait.
+    *lock(&soon.last_change) = Some(tokio::time::Instant::now() - 2 * second);
+    assert!(soon.log_snapshot_at().unwrap() <= tokio::time::Instant::now());
     let later = with_log(config.clone(), 1_001, Some((11 * second, second)));
     assert!(later.snapshot_spaced());
     // A snapshot being written covers the log it was started for.
@@ -401,12 +406,14 @@ async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_
     );
     assert!(!never.snapshot_spaced());
     assert_eq!(never.log_snapshot_at(), None);
+    *lock(&never.last_change) = None;
+    assert_eq!(never.log_snapshot_at(), None);
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_writer_snapshots_a_change_log_past_its_bound_once_spaced_with_no_change_coming() {
-    // Only the bound makes a snapshot due, and only once the last is a million times
-    // its writing time behind: long after the last change.
+async fn the_writer_snapshots_a_change_log_past_its_bound_once_changes_stop() {
+    // Only the bound makes a snapshot due; the spacing (a million times the last
+    // snapshot's writing time) is not waited out once changes have stopped.
     let (index, persister, store) = persisted_with(PersistConfig {
         snapshot_share: f64::INFINITY,
         snapshot_min_bytes: 0,
