@@ -17,14 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleetscope_index::{
-    Event, Index, Object, Restored, RestoredEvent, RestoredObject, RestoredRun, Staged, State,
-};
-use fleetscope_model::{ClusterName, EventType, ObjectState, ResourceType, Revision};
-use fleetscope_store::{
-    Batch, EventRecord, EventRun, Loaded, ObjectRecord, Run, SnapshotMeta, Store, StoredEvent,
-    StreamRecord,
-};
+use fleetscope_index::{Event, Index, Object, Staged, State};
+use fleetscope_model::{ClusterName, EventType, ResourceType, Revision};
+use fleetscope_store::{Batch, EventRun, SnapshotMeta, Store, StoredEvent, StreamRecord};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -303,95 +298,6 @@ impl StoredEvent for Logged<'_> {
     }
 }
 
-/// An event's object (event records hold their JSON as text).
-fn to_input(o: ObjectRecord) -> (ObjectState, Revision) {
-    (o.state, o.revision)
-}
-
-/// What the index is rebuilt from: the objects as the snapshot held them, compressed
-/// or as text.
-pub fn restored(loaded: &mut Loaded) -> Restored {
-    Restored {
-        revision: loaded.revision,
-        objects: std::mem::take(&mut loaded.objects)
-            .into_runs()
-            .into_iter()
-            .map(|run| match run {
-                Run::Records(records) => RestoredRun::Objects(
-                    records
-                        .into_iter()
-                        .map(|o| RestoredObject {
-                            state: o.state,
-                            revision: o.revision,
-                            packed: o.packed,
-                        })
-                        .collect(),
-                ),
-                // Its objects are made where the chunk holds them.
-                Run::Chunk(chunk) => RestoredRun::Stored(Box::new(chunk)),
-                // And so are those no change touched.
-                Run::Patched(patched) => RestoredRun::Stored(Box::new(patched)),
-            })
-            .collect(),
-        events: std::mem::take(&mut loaded.events)
-            .into_iter()
-            .map(to_restored)
-            .collect(),
-        earlier: Some(earlier_read(std::mem::take(&mut loaded.earlier_events))),
-        positions: Vec::new(),
-    }
-}
-
-/// An event as the index restores it.
-fn to_restored(e: EventRecord) -> RestoredEvent {
-    RestoredEvent {
-        revision: e.revision,
-        kind: e.kind,
-        object: to_input(e.object),
-        prev: e.prev.map(to_input),
-    }
-}
-
-/// Reads the retained events a load held undecoded, once the index asks. They were
-/// verified at load, so failing now is the storage changing under the process: the
-/// log then starts after them, and a watch resuming from before is told to list.
-fn earlier_read(earlier: fleetscope_store::EarlierEvents) -> fleetscope_index::EarlierEvents {
-    Box::new(move |keep| match earlier.decode_newest(keep) {
-        Ok(events) => events.into_iter().map(to_restored).collect(),
-        Err(e) => {
-            tracing::error!(error = %e, "the retained events before the store's snapshot could not be read: watches resume only from after it");
-            Vec::new()
-        }
-    })
-}
-
-/// What a loaded store holds, for the persister that continues it.
-pub struct Continued {
-    /// The held objects' JSON bytes.
-    pub held_json: usize,
-    /// The persisted event records: first and last revision and bytes, oldest first.
-    pub records: Vec<(u64, u64, usize)>,
-    /// The current snapshot.
-    pub snapshot: Option<SnapshotMeta>,
-    /// Bytes of the change log after the snapshot.
-    pub change_log: usize,
-    /// The store's revision.
-    pub revision: Revision,
-}
-
-impl Continued {
-    /// Read off a loaded store, before its objects and events are taken.
-    pub fn of(loaded: &Loaded) -> Self {
-        Self {
-            held_json: loaded.objects.json_bytes(),
-            records: loaded.event_records.clone(),
-            snapshot: loaded.snapshot,
-            change_log: loaded.change_log_bytes as usize,
-            revision: loaded.revision,
-        }
-    }
-}
-
 impl Persister {
     /// A persister over `store`, continuing what it holds, publishing what it makes
     /// durable to `index` and `status`.
@@ -607,9 +513,13 @@ impl Persister {
                 // A change log past `snapshot_log_bytes` is snapshotted once the spacing
                 // allows, even if no change comes to find it due.
                 let log_snapshot = self.log_snapshot_at();
+                // Not while a restore is still making the index: it has the cores.
                 let spaced = async {
                     match log_snapshot {
-                        Some(at) => tokio::time::sleep_until(at).await,
+                        Some(at) => {
+                            self.index.history_restored().await;
+                            tokio::time::sleep_until(at).await;
+                        }
                         None => std::future::pending().await,
                     }
                 };
@@ -618,7 +528,7 @@ impl Persister {
                 tokio::select! {
                     _ = self.wake.notified() => {}
                     () = spaced => {
-                        if !self.capture_log_snapshot().await {
+                        if !self.capture_log_snapshot() {
                             // Nothing to capture now: the next record or snapshot says
                             // when to look again.
                             tokio::select! {
@@ -992,7 +902,10 @@ fn batch_of(p: &Pending) -> Batch {
     batch
 }
 
+mod loaded;
 mod snapshot;
+
+pub use loaded::{Continued, restored};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -61,12 +61,12 @@ impl Persister {
     /// batches) when one is due to `snapshot_log_bytes` alone and nothing is
     /// gathered: the writer found the log past it with no change arriving. Whether
     /// it did.
-    pub(super) async fn capture_log_snapshot(&self) -> bool {
+    pub(super) fn capture_log_snapshot(&self) -> bool {
         // Not while a restore is still making the index (and its retained events).
-        self.index.history_restored().await;
-        if self
-            .log_snapshot_at()
-            .is_none_or(|at| at > tokio::time::Instant::now())
+        if !self.index.is_history_restored()
+            || self
+                .log_snapshot_at()
+                .is_none_or(|at| at > tokio::time::Instant::now())
         {
             return false;
         }

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use fleetscope_index::Change;
-use fleetscope_model::ObjectKey;
+use fleetscope_model::{ObjectKey, ObjectState};
 use fleetscope_store::MemoryStore;
 
 use super::*;
