@@ -18,8 +18,12 @@ impl Persister {
 
     /// Whether a snapshot due only to `snapshot_log_bytes` may start now: the last
     /// one made current ended long enough ago for snapshots to keep within
-    /// `snapshot_cpu_share` of a core (before the first, once a restore is over).
+    /// `snapshot_cpu_share` of a core (before the first, once a restore is over; not
+    /// during a first fill).
     pub(super) fn snapshot_spaced(&self) -> bool {
+        if self.first_fill() {
+            return false;
+        }
         match *lock(&self.last_snapshot) {
             // Not while a restore is still making the index: it has the cores.
             None => self.index.is_history_restored(),
@@ -32,8 +36,9 @@ impl Persister {
 
     /// When a snapshot due to `snapshot_log_bytes` alone may start, if the change
     /// log is past it and no snapshot being written covers it: once the last
-    /// snapshot is far enough behind, or once changes have stopped for [`QUIET`] (a
-    /// burst over), whichever is first; `None` if never (a zero share).
+    /// snapshot is far enough behind (not during a first fill), or once changes have
+    /// stopped for [`QUIET`] (a burst over), whichever is first; `None` if never (a
+    /// zero share).
     pub(super) fn log_snapshot_at(&self) -> Option<tokio::time::Instant> {
         if self.config.snapshot_cpu_share <= 0.0 {
             return None;
@@ -46,6 +51,7 @@ impl Persister {
         let now = tokio::time::Instant::now();
         let quiet = lock(&self.last_change).map_or(now, |at| at + QUIET);
         let spaced = match *lock(&self.last_snapshot) {
+            _ if self.first_fill() => None,
             None => Some(now),
             Some(last) => {
                 let spacing = last.took.as_secs_f64() / self.config.snapshot_cpu_share;
@@ -78,6 +84,17 @@ impl Persister {
         tracing::debug!(revision = %state.revision(), "the change log passed its bound: a snapshot is due");
         p.snapshot = Some(state);
         true
+    }
+
+    /// Whether a store that started empty has had no snapshot since it filled: its
+    /// first sync's own snapshots are those of `snapshot_share` (each one there
+    /// moves the next), and the bound is met once changes stop.
+    fn first_fill(&self) -> bool {
+        match *lock(&self.fill) {
+            Fill::Filling { .. } => true,
+            Fill::Filled { snapshot, .. } => snapshot == lock(&self.disk).snapshot_revision(),
+            Fill::Never => false,
+        }
     }
 
     /// Whether a snapshot, and a compaction, is being written now.

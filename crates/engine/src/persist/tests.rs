@@ -395,6 +395,18 @@ async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_
     // A snapshot being written covers the log it was started for.
     later.covered.store(1_001, Ordering::Relaxed);
     assert_eq!(later.log_snapshot_at(), None);
+    // A store that started empty, filled, with no snapshot since: its first sync is
+    // paced by the share of the objects alone, and the bound met once changes stop.
+    let filled = with_log(config.clone(), 1_001, Some((11 * second, second)));
+    *lock(&filled.fill) = Fill::Filled {
+        snapshot: 0,
+        log: 0,
+        size_due: false,
+    };
+    assert!(!filled.snapshot_spaced());
+    let stopped = tokio::time::Instant::now() - second / 2;
+    *lock(&filled.last_change) = Some(stopped);
+    assert_eq!(filled.log_snapshot_at(), Some(stopped + snapshot::QUIET));
     // A zero share: never for the bound alone.
     let never = with_log(
         PersistConfig {
