@@ -16,29 +16,35 @@ impl Persister {
         write_snapshot(store, state, &self.index)
     }
 
-    /// Whether a snapshot due only to `snapshot_log_bytes` may start now: the last
-    /// one made current ended long enough ago for snapshots to keep within
-    /// `snapshot_cpu_share` of a core (before the first, once a restore is over; not
-    /// during a first fill).
+    /// Whether a snapshot due only to `snapshot_log_bytes` may start now as changes
+    /// go on: once a restore is over, when [`Self::paced_from`] allows.
     pub(super) fn snapshot_spaced(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        self.index.is_history_restored() && self.paced_from(now).is_some_and(|at| at <= now)
+    }
+
+    /// When the pacing lets the next snapshot for `snapshot_log_bytes` start: once the
+    /// last one made current is far enough behind for snapshots to keep within
+    /// `snapshot_cpu_share` of a core (`now` before the first); never during a first
+    /// fill, nor with a zero share.
+    fn paced_from(&self, now: tokio::time::Instant) -> Option<tokio::time::Instant> {
         if self.first_fill() {
-            return false;
+            return None;
         }
-        match *lock(&self.last_snapshot) {
-            // Not while a restore is still making the index: it has the cores.
-            None => self.index.is_history_restored(),
-            Some(last) => {
-                last.current_at.elapsed().as_secs_f64() * self.config.snapshot_cpu_share
-                    >= last.took.as_secs_f64()
-            }
-        }
+        let last = *lock(&self.last_snapshot);
+        let Some(last) = last else {
+            return Some(now);
+        };
+        let spacing = last.took.as_secs_f64() / self.config.snapshot_cpu_share;
+        Duration::try_from_secs_f64(spacing)
+            .ok()
+            .and_then(|spacing| last.current_at.checked_add(spacing))
     }
 
     /// When a snapshot due to `snapshot_log_bytes` alone may start, if the change
-    /// log is past it and no snapshot being written covers it: once the last
-    /// snapshot is far enough behind (not during a first fill), or once changes have
-    /// stopped for [`QUIET`] (a burst over), whichever is first; `None` if never (a
-    /// zero share).
+    /// log is past it and no snapshot being written covers it: as the pacing allows,
+    /// or once changes have stopped for [`QUIET`] (a burst over), whichever is first;
+    /// `None` if never (a zero share).
     pub(super) fn log_snapshot_at(&self) -> Option<tokio::time::Instant> {
         if self.config.snapshot_cpu_share <= 0.0 {
             return None;
@@ -50,17 +56,7 @@ impl Persister {
         }
         let now = tokio::time::Instant::now();
         let quiet = lock(&self.last_change).map_or(now, |at| at + QUIET);
-        let spaced = match *lock(&self.last_snapshot) {
-            _ if self.first_fill() => None,
-            None => Some(now),
-            Some(last) => {
-                let spacing = last.took.as_secs_f64() / self.config.snapshot_cpu_share;
-                Duration::try_from_secs_f64(spacing)
-                    .ok()
-                    .and_then(|spacing| last.current_at.checked_add(spacing))
-            }
-        };
-        Some(spaced.map_or(quiet, |spaced| spaced.min(quiet)))
+        Some(self.paced_from(now).map_or(quiet, |paced| paced.min(quiet)))
     }
 
     /// Captures the published state as the next snapshot (written beside the
@@ -90,7 +86,8 @@ impl Persister {
     /// first sync's own snapshots are those of `snapshot_share` (each one there
     /// moves the next), and the bound is met once changes stop.
     fn first_fill(&self) -> bool {
-        match *lock(&self.fill) {
+        let fill = *lock(&self.fill);
+        match fill {
             Fill::Filling { .. } => true,
             Fill::Filled { snapshot, .. } => snapshot == lock(&self.disk).snapshot_revision(),
             Fill::Never => false,
