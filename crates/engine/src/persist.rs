@@ -269,6 +269,8 @@ struct LastSnapshot {
     /// On tokio's clock, as the writer's wait for the next one is.
     current_at: tokio::time::Instant,
     took: Duration,
+    /// Writing it failed: the next waits out the spacing even once changes stop.
+    failed: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -681,6 +683,7 @@ impl Persister {
             *lock(&self.last_snapshot) = Some(LastSnapshot {
                 current_at: tokio::time::Instant::now(),
                 took,
+                failed: false,
             });
         }
         *lock(&self.disk) = disk;

@@ -43,8 +43,8 @@ impl Persister {
 
     /// When a snapshot due to `snapshot_log_bytes` alone may start, if the change
     /// log is past it and no snapshot being written covers it: as the pacing allows,
-    /// or once changes have stopped for [`QUIET`] (a burst over), whichever is first;
-    /// `None` if never (a zero share).
+    /// or once changes have stopped for [`QUIET`] (a burst over), whichever is first
+    /// (only the pacing after a snapshot that failed); `None` if never (a zero share).
     pub(super) fn log_snapshot_at(&self) -> Option<tokio::time::Instant> {
         if self.config.snapshot_cpu_share <= 0.0 {
             return None;
@@ -55,8 +55,13 @@ impl Persister {
             return None;
         }
         let now = tokio::time::Instant::now();
+        let paced = self.paced_from(now);
+        if lock(&self.last_snapshot).is_some_and(|last| last.failed) {
+            // Not tried again over and over on a failing disk.
+            return paced;
+        }
         let quiet = lock(&self.last_change).map_or(now, |at| at + QUIET);
-        Some(self.paced_from(now).map_or(quiet, |paced| paced.min(quiet)))
+        Some(paced.map_or(quiet, |paced| paced.min(quiet)))
     }
 
     /// Captures the published state as the next snapshot (written beside the
@@ -151,6 +156,7 @@ impl Persister {
                     *lock(&this.last_snapshot) = Some(LastSnapshot {
                         current_at: tokio::time::Instant::now(),
                         took: started.elapsed().max(Duration::from_secs(1)),
+                        failed: true,
                     });
                     // While the writes fail too, their error says it (once).
                     if lock(&this.stats).last_error.is_none() {

@@ -360,6 +360,7 @@ fn with_log(
     *lock(&persister.last_snapshot) = last.map(|(ago, took)| LastSnapshot {
         current_at: tokio::time::Instant::now() - ago,
         took,
+        failed: false,
     });
     // Changes keep coming.
     *lock(&persister.last_change) = Some(tokio::time::Instant::now() + Duration::from_secs(3600));
@@ -387,8 +388,12 @@ async fn a_change_log_past_its_bound_is_due_for_a_snapshot_once_the_last_is_far_
     let at = soon.log_snapshot_at().unwrap();
     let expected = tokio::time::Instant::now() + 5 * second;
     assert!(at <= expected && at + second > expected, "due 5 s from now");
-    // Changes that stopped a second ago: a burst over, no need to wait.
+    // Changes that stopped two seconds ago: a burst over, no need to wait; unless
+    // the last snapshot failed, which the spacing then paces.
     *lock(&soon.last_change) = Some(tokio::time::Instant::now() - 2 * second);
+    lock(&soon.last_snapshot).as_mut().unwrap().failed = true;
+    assert_eq!(soon.log_snapshot_at(), Some(at));
+    lock(&soon.last_snapshot).as_mut().unwrap().failed = false;
     assert!(soon.log_snapshot_at().unwrap() <= tokio::time::Instant::now());
     let later = with_log(config.clone(), 1_001, Some((11 * second, second)));
     assert!(later.snapshot_spaced());
