@@ -708,6 +708,28 @@ impl Writer {
 }
 
 impl Reader<'_> {
+    /// An event's kind, as [`kind_code`] wrote it.
+    fn event_kind(&mut self) -> Result<EventType, DecodeError> {
+        match self.u8()? {
+            1 => Ok(EventType::Added),
+            2 => Ok(EventType::Modified),
+            3 => Ok(EventType::Deleted),
+            _ => Err(DecodeError::Malformed("unknown event type")),
+        }
+    }
+
+    /// A change log record's count of events.
+    fn event_count(&mut self) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        // Each event takes at least 38 bytes: a larger count is damage.
+        if n == 0 || n > self.0.len() / 38 {
+            return Err(DecodeError::Malformed(
+                "event count does not fit the record",
+            ));
+        }
+        Ok(n)
+    }
+
     /// Passes over an object as an event record holds it; returns its JSON's length.
     fn skip_object(&mut self) -> Result<usize, DecodeError> {
         for _ in 0..4 {
@@ -730,12 +752,7 @@ impl Reader<'_> {
         last: &mut Option<std::sync::Arc<Location>>,
     ) -> Result<EventRecord, DecodeError> {
         let revision = Revision(self.u64()?);
-        let kind = match self.u8()? {
-            1 => EventType::Added,
-            2 => EventType::Modified,
-            3 => EventType::Deleted,
-            _ => return Err(DecodeError::Malformed("unknown event type")),
-        };
+        let kind = self.event_kind()?;
         let object = self.object_near(last)?;
         let prev = match self.u8()? {
             0 => None,
@@ -793,12 +810,7 @@ pub(crate) struct Skimmed {
 pub(crate) fn skim_events(record: &[u8]) -> Result<(Skimmed, Vec<u8>), DecodeError> {
     let plain = unseal_compressed(record)?;
     let mut r = Reader(&plain);
-    let n = r.u32()? as usize;
-    if n == 0 || n > r.0.len() / 38 {
-        return Err(DecodeError::Malformed(
-            "event count does not fit the record",
-        ));
-    }
+    let n = r.event_count()?;
     let (mut first, mut last, mut json_bytes) = (0, 0, 0);
     for i in 0..n {
         let revision = r.u64()?;
@@ -808,9 +820,7 @@ pub(crate) fn skim_events(record: &[u8]) -> Result<(Skimmed, Vec<u8>), DecodeErr
             return Err(DecodeError::Malformed("events out of sequence"));
         }
         last = revision;
-        if !(1..=3).contains(&r.u8()?) {
-            return Err(DecodeError::Malformed("unknown event type"));
-        }
+        r.event_kind()?;
         json_bytes += r.skip_object()?;
         match r.u8()? {
             0 => {}
@@ -831,13 +841,7 @@ pub(crate) fn skim_events(record: &[u8]) -> Result<(Skimmed, Vec<u8>), DecodeErr
 /// The events of an unsealed change log record.
 pub(crate) fn decode_plain_events(plain: &[u8]) -> Result<Vec<EventRecord>, DecodeError> {
     let mut r = Reader(plain);
-    let n = r.u32()? as usize;
-    // Each event takes at least 38 bytes: a larger count is damage.
-    if n == 0 || n > r.0.len() / 38 {
-        return Err(DecodeError::Malformed(
-            "event count does not fit the record",
-        ));
-    }
+    let n = r.event_count()?;
     let mut out: Vec<EventRecord> = Vec::with_capacity(n);
     let mut last = None;
     for _ in 0..n {

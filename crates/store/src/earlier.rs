@@ -20,13 +20,13 @@ impl Held {
 
     /// Its events, decoded.
     pub(crate) fn decode(&self) -> Result<Vec<EventRecord>, StoreError> {
-        codec::decode_events(&self.record).map_err(|e| {
-            StoreError::Damaged(format!(
-                "event record at revision {}: {e}",
-                self.skimmed.first
-            ))
-        })
+        codec::decode_events(&self.record).map_err(|e| damaged_record(self.skimmed.first, &e))
     }
+}
+
+/// The damage of the change log record keyed by revision `first`.
+pub(crate) fn damaged_record(first: u64, e: &codec::DecodeError) -> StoreError {
+    StoreError::Damaged(format!("event record at revision {first}: {e}"))
 }
 
 /// The retained events at or before the snapshot, oldest first, not yet decoded.

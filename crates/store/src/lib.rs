@@ -608,9 +608,9 @@ type DecodedChunk = ((u64, u32), Result<StoredChunk, DecodeError>);
 /// record verified and held undecoded, or why not.
 type DecodedEvents = (u64, Result<LogRecord, DecodeError>);
 
-/// A change log record, decoded or held for later.
+/// A change log record, decoded (with what it holds) or held for later.
 enum LogRecord {
-    Decoded(Vec<EventRecord>),
+    Decoded(codec::Skimmed, Vec<EventRecord>),
     Held(earlier::Held),
 }
 
@@ -720,7 +720,8 @@ fn decode(coded: Coded, bytes: Vec<u8>, snapshot_at: Option<u64>) -> Decoded {
                 if snapshot_at.is_some_and(|at| skimmed.last <= at) {
                     Ok(LogRecord::Held(earlier::Held::new(skimmed, bytes)))
                 } else {
-                    codec::decode_plain_events(&plain).map(LogRecord::Decoded)
+                    codec::decode_plain_events(&plain)
+                        .map(|events| LogRecord::Decoded(skimmed, events))
                 }
             });
             Decoded::Events((first, read))
@@ -814,8 +815,9 @@ fn unbroken(
     Ok(())
 }
 
-/// The change log's events from its decoded records, each checked against its key,
-/// and the records' extents; records that overlap are damage.
+/// The change log's events from its records, each checked against its key, those
+/// wholly at or before `snapshot_at` held undecoded while every record before them is;
+/// and the records' extents. Records that overlap are damage.
 fn change_log_of(
     records: Vec<DecodedEvents>,
     snapshot_at: u64,
@@ -824,8 +826,7 @@ fn change_log_of(
     let mut runs: Vec<Vec<EventRecord>> = Vec::new();
     let mut extents = Vec::with_capacity(records.len());
     for (first, read) in records {
-        let read = read
-            .map_err(|e| StoreError::Damaged(format!("event record at revision {first}: {e}")))?;
+        let read = read.map_err(|e| earlier::damaged_record(first, &e))?;
         let (events, skimmed) = match read {
             // Held only while every one before it is, and if the snapshot read
             // during the scan is the one read before it.
@@ -838,15 +839,7 @@ fn change_log_of(
                 let events = held.decode()?;
                 (Some(events), held.skimmed)
             }
-            LogRecord::Decoded(events) => {
-                let skimmed = codec::Skimmed {
-                    first: events[0].revision.0,
-                    last: events[events.len() - 1].revision.0,
-                    events: events.len(),
-                    json_bytes: events.iter().map(EventRecord::json_bytes).sum(),
-                };
-                (Some(events), skimmed)
-            }
+            LogRecord::Decoded(skimmed, events) => (Some(events), skimmed),
         };
         if skimmed.first != first {
             return Err(StoreError::Damaged(format!(
